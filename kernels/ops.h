@@ -1,0 +1,72 @@
+// Parameters of the compute operations, shared by every backend. Plain C++.
+#ifndef GPUCOMPUTE_KERNELS_OPS_H_
+#define GPUCOMPUTE_KERNELS_OPS_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace gpucompute {
+
+enum class ReduceKind : uint8_t { kSum, kProd, kMin, kMax, kMean, kNorm2, kArgmin, kArgmax };
+
+// A reduction viewed as [outer, extent, inner] in memory order, reducing the middle axis.
+// A whole-array reduction is {1, n, 1}. For a C-layout (m, n) array, axis 1 is {m, n, 1}
+// and axis 0 is {1, m, n}.
+struct ReduceShape {
+  int64_t outer = 1;
+  int64_t extent = 1;
+  int64_t inner = 1;
+  // Whole-array argmin/argmax of an F-layout (rows, cols) array: when non-zero, the
+  // memory position p found is reported as the C-order index (p % rows) * cols + p / rows,
+  // as numpy.argmin gives. Backends apply it; kernels see positions only.
+  int64_t f_order_rows = 0;
+};
+
+// NumPy's result dtypes: sum and prod of bool/int32/int64 give int64, of floats the same
+// float; mean and norm2 of integers give float64; min and max keep the dtype; argmin and
+// argmax give int64.
+constexpr DType ReduceResultDType(ReduceKind kind, DType in) {
+  switch (kind) {
+    case ReduceKind::kSum:
+    case ReduceKind::kProd:
+      return IsFloat(in) ? in : DType::kInt64;
+    case ReduceKind::kMean:
+    case ReduceKind::kNorm2:
+      return IsFloat(in) ? in : DType::kFloat64;
+    case ReduceKind::kMin:
+    case ReduceKind::kMax:
+      return in;
+    case ReduceKind::kArgmin:
+    case ReduceKind::kArgmax:
+      return DType::kInt64;
+  }
+  return in;
+}
+
+struct GemvShape {
+  int64_t rows = 0;         // rows of A as stored (m)
+  int64_t cols = 0;         // columns of A as stored (n)
+  bool col_major = false;   // layout F
+  bool transpose = false;   // op(A) = A^T: x has `rows` elements, y has `cols`
+};
+
+enum class Distribution : uint8_t { kUniform, kNormal, kIntegers };
+
+// A counter-based random fill. Element i of the output is drawn from Philox4x32-10 with
+// key (seed low 32 bits, seed high 32 bits) and counter (offset + i / k, 0, 0) as a
+// 128-bit little-endian number, taking lane i % k of that block, where k =
+// ElementsPerCounter(dist, dtype). See kernels/philox.h for the exact transforms.
+struct RandomParams {
+  Distribution distribution = Distribution::kUniform;
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // first Philox counter used
+  double mean = 0.0;    // normal
+  double stddev = 1.0;  // normal
+  int64_t low = 0;      // integers: [low, high)
+  int64_t high = 0;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_KERNELS_OPS_H_

@@ -1,0 +1,145 @@
+// The contract every compute backend implements: device memory, streams with events,
+// and the kernels the service runs. The executor (server/executor.h) is written against
+// this interface alone, so the CPU backend and the CUDA backend are interchangeable and
+// are checked by one conformance suite (tests/backend_conformance_test.cc).
+//
+// The model is CUDA's: work is enqueued on a Stream and runs in enqueue order; an Event
+// recorded on a stream completes when the work enqueued before it has; a stream can be
+// made to wait for an event recorded on another. Enqueueing never waits for the device.
+#ifndef GPUCOMPUTE_SERVER_BACKEND_H_
+#define GPUCOMPUTE_SERVER_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+#include "kernels/ops.h"
+#include "server/expression/expression.h"
+
+namespace gpucompute {
+
+// Owns an allocation of device memory. Move-only; frees on destruction.
+class DeviceMemory {
+ public:
+  using Deleter = std::function<void(void* ptr, uint64_t size)>;
+
+  DeviceMemory() = default;
+  DeviceMemory(void* ptr, uint64_t size, int device, Deleter deleter)
+      : ptr_(ptr), size_(size), device_(device), deleter_(std::move(deleter)) {}
+  DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      device_ = other.device_;
+      deleter_ = std::move(other.deleter_);
+    }
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() { Reset(); }
+
+  void* data() const { return ptr_; }
+  uint64_t size() const { return size_; }
+  int device() const { return device_; }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr && deleter_) deleter_(ptr_, size_);
+    ptr_ = nullptr;
+  }
+
+  void* ptr_ = nullptr;
+  uint64_t size_ = 0;
+  int device_ = 0;
+  Deleter deleter_;
+};
+
+// A point in a stream's work. Completes when everything enqueued before it has.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual int device() const = 0;
+  // Work enqueued after this call starts only once `event` (from any stream of the
+  // same backend) has completed.
+  virtual absl::Status Wait(std::shared_ptr<Event> event) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Event>> Record() = 0;
+  // Runs `fn` on a backend-owned host thread once all work enqueued before it has
+  // completed, with the stream's error state. `fn` may enqueue work on any stream.
+  virtual absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) = 0;
+};
+
+struct DeviceDescription {
+  int index = 0;
+  std::string name;
+  uint64_t total_memory_bytes = 0;
+  double peak_bandwidth_gbps = 0;  // 0 when unknown
+  int compute_units = 0;
+};
+
+// What a kernel launch reports besides its device time.
+struct LaunchInfo {
+  double compile_seconds = 0;  // time spent compiling before launching
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual absl::string_view name() const = 0;  // "cpu" or "cuda"
+  virtual const std::vector<DeviceDescription>& devices() const = 0;
+
+  // Allocates `bytes` on `device`, aligned to at least 256 bytes.
+  virtual absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) = 0;
+  // Seconds of device time between two events recorded on one stream, both complete.
+  virtual absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) = 0;
+
+  // Every call below enqueues work on `stream` and returns without waiting for it.
+  // Memory and host pointers passed in must stay valid until that work completes;
+  // sizes and offsets have been validated by the caller.
+  virtual absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
+                                    uint64_t dst_offset, uint64_t bytes) = 0;
+  virtual absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                                  void* dst, uint64_t bytes) = 0;
+  virtual absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                            DeviceMemory& dst, uint64_t dst_offset, uint64_t bytes) = 0;
+  // Sets `count` elements of `dtype` at the start of `dst` to `value` (already
+  // converted to dtype, in its native representation, DTypeSize(dtype) bytes).
+  virtual absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                            int64_t count) = 0;
+  // out[i] = program(inputs[..][i]) for i < n. inputs follow program.inputs(); entries
+  // for scalar inputs are null. `out` may be one of the inputs.
+  virtual absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                                 std::span<const DeviceMemory* const> inputs,
+                                                 DeviceMemory& out, DType out_dtype,
+                                                 int64_t n) = 0;
+  // See cpu::Reduce in server/cpu/kernels.h for the exact semantics.
+  virtual absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
+                              const DeviceMemory& in, const ReduceShape& shape,
+                              DeviceMemory& out) = 0;
+  virtual absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                            const DeviceMemory& a, const DeviceMemory& x, double beta,
+                            DeviceMemory& y) = 0;
+  virtual absl::Status Random(Stream& stream, const RandomParams& params, DType dtype,
+                              DeviceMemory& out, int64_t n) = 0;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_BACKEND_H_

@@ -1,0 +1,172 @@
+#include "server/buffer_registry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/ids.h"
+
+namespace gpucompute {
+
+absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes) {
+  uint64_t used = used_.load();
+  do {
+    if (bytes > limit_ - std::min(used, limit_)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "allocating ", bytes, " bytes would exceed the server's memory limit: ", used, " of ",
+          limit_, " bytes are in use"));
+    }
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+  uint64_t peak = peak_.load();
+  while (used + bytes > peak && !peak_.compare_exchange_weak(peak, used + bytes)) {
+  }
+  return Charge(this, bytes);
+}
+
+uint64_t BufferMeta::num_elements() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<uint64_t> CheckedElementCount(const std::vector<uint64_t>& shape, size_t itemsize) {
+  if (shape.size() > kMaxDimensions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape has ", shape.size(), " dimensions; at most ", kMaxDimensions, " are supported"));
+  }
+  constexpr uint64_t kMaxBytes = std::numeric_limits<int64_t>::max();
+  uint64_t n = 1;
+  for (uint64_t d : shape) {
+    if (d != 0 && n > kMaxBytes / itemsize / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] is too large: its size overflows"));
+    }
+    n *= d;
+  }
+  return n;
+}
+
+absl::Status ValidateBufferName(absl::string_view name) {
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer name is ", name.size(), " bytes; at most ",
+                                                   kMaxNameBytes, " are allowed"));
+  }
+  if (name.rfind("buf-", 0) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer name '", name, "' may not start with 'buf-', which marks buffer ids"));
+  }
+  for (char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError("buffer name contains a control character");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string BufferRegistry::NameKey(absl::string_view client, absl::string_view name) {
+  // The client name cannot contain a NUL byte (metadata values are printable).
+  return absl::StrCat(client, absl::string_view("\0", 1), name);
+}
+
+absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, absl::string_view name,
+                                                      DType dtype, std::vector<uint64_t> shape,
+                                                      Layout layout, int device) {
+  if (absl::Status s = ValidateBufferName(name); !s.ok()) return s;
+  absl::StatusOr<uint64_t> n = CheckedElementCount(shape, DTypeSize(dtype));
+  if (!n.ok()) return n.status();
+  if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
+                                                   backend_.devices().size(), " device(s)"));
+  }
+  if (!name.empty()) {
+    std::lock_guard lock(mu_);
+    if (id_by_name_.contains(NameKey(client, name))) {
+      return absl::AlreadyExistsError(absl::StrCat("a buffer named '", name, "' already exists"));
+    }
+  }
+  const uint64_t bytes = *n * DTypeSize(dtype);
+  absl::StatusOr<MemoryLimiter::Charge> charge = limiter_.TryCharge(bytes);
+  if (!charge.ok()) return charge.status();
+  absl::StatusOr<DeviceMemory> memory = backend_.Allocate(device, bytes);
+  if (!memory.ok()) return memory.status();
+
+  auto entry = std::make_shared<BufferEntry>();
+  entry->id = NewId("buf-");
+  entry->name = std::string(name);
+  entry->client = std::string(client);
+  entry->dtype = dtype;
+  entry->shape = std::move(shape);
+  entry->layout = entry->shape.size() >= 2 ? layout : Layout::kC;
+  entry->create_time_unix_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count();
+  entry->device = device;
+  entry->memory = *std::move(memory);
+  entry->charge = *std::move(charge);
+  return entry;
+}
+
+absl::Status BufferRegistry::Register(const BufferHandle& entry) {
+  std::lock_guard lock(mu_);
+  if (!entry->name.empty()) {
+    auto [it, inserted] = id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
+    if (!inserted) {
+      return absl::AlreadyExistsError(absl::StrCat("a buffer named '", entry->name, "' already exists"));
+    }
+  }
+  by_id_.emplace(entry->id, entry);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view client,
+                                                          absl::string_view ref) const {
+  if (ref.empty()) return absl::InvalidArgumentError("no buffer given");
+  if (ref.rfind("buf-", 0) == 0) {
+    auto it = by_id_.find(ref);
+    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
+    return it->second;
+  }
+  auto name = id_by_name_.find(NameKey(client, ref));
+  if (name == id_by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat("no buffer named '", ref, "'"));
+  }
+  return by_id_.at(name->second);
+}
+
+absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
+                                                    absl::string_view ref) const {
+  std::lock_guard lock(mu_);
+  return LookupLocked(client, ref);
+}
+
+absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, absl::string_view ref) {
+  std::lock_guard lock(mu_);
+  absl::StatusOr<BufferHandle> entry = LookupLocked(client, ref);
+  if (!entry.ok()) return entry.status();
+  if (!(*entry)->name.empty()) id_by_name_.erase(NameKey((*entry)->client, (*entry)->name));
+  by_id_.erase((*entry)->id);
+  return entry;
+}
+
+std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
+  std::vector<BufferHandle> out;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, entry] : by_id_) {
+      if (entry->client == client) out.push_back(entry);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const BufferHandle& a, const BufferHandle& b) {
+    return std::tie(a->create_time_unix_nanos, a->id) < std::tie(b->create_time_unix_nanos, b->id);
+  });
+  return out;
+}
+
+size_t BufferRegistry::size() const {
+  std::lock_guard lock(mu_);
+  return by_id_.size();
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,135 @@
+// Resident buffers: their metadata, their device memory, the memory limit they are
+// charged against, and the per-client names that refer to them.
+#ifndef GPUCOMPUTE_SERVER_BUFFER_REGISTRY_H_
+#define GPUCOMPUTE_SERVER_BUFFER_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+#include "server/backend.h"
+
+namespace gpucompute {
+
+enum class Layout : uint8_t { kC, kF };
+
+inline constexpr size_t kMaxDimensions = 8;
+inline constexpr size_t kMaxNameBytes = 256;
+
+// Bytes charged against the server's memory limit; returned on destruction.
+class MemoryLimiter {
+ public:
+  class Charge {
+   public:
+    Charge() = default;
+    Charge(MemoryLimiter* limiter, uint64_t bytes) : limiter_(limiter), bytes_(bytes) {}
+    Charge(Charge&& o) noexcept : limiter_(std::exchange(o.limiter_, nullptr)), bytes_(o.bytes_) {}
+    Charge& operator=(Charge&& o) noexcept {
+      if (this != &o) {
+        Release();
+        limiter_ = std::exchange(o.limiter_, nullptr);
+        bytes_ = o.bytes_;
+      }
+      return *this;
+    }
+    ~Charge() { Release(); }
+
+   private:
+    void Release() {
+      if (limiter_ != nullptr) limiter_->used_.fetch_sub(bytes_);
+      limiter_ = nullptr;
+    }
+    MemoryLimiter* limiter_ = nullptr;
+    uint64_t bytes_ = 0;
+  };
+
+  explicit MemoryLimiter(uint64_t limit_bytes) : limit_(limit_bytes) {}
+
+  // RESOURCE_EXHAUSTED, saying how much is in use, when `bytes` does not fit.
+  absl::StatusOr<Charge> TryCharge(uint64_t bytes);
+  uint64_t limit() const { return limit_; }
+  uint64_t used() const { return used_.load(); }
+  uint64_t peak() const { return peak_.load(); }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> peak_{0};
+};
+
+class Work;  // executor.h
+
+// What a buffer is, without its memory: cheap to copy into results.
+struct BufferMeta {
+  std::string id;
+  std::string name;    // may be empty
+  std::string client;  // owner of the name
+  DType dtype = DType::kFloat32;
+  std::vector<uint64_t> shape;
+  Layout layout = Layout::kC;
+  int device = 0;
+  int64_t create_time_unix_nanos = 0;
+
+  uint64_t num_elements() const;
+  uint64_t size_bytes() const { return num_elements() * DTypeSize(dtype); }
+};
+
+// One resident array. Metadata is immutable after creation; the hazard fields belong to
+// the Executor and are guarded by its mutex.
+struct BufferEntry : BufferMeta {
+  DeviceMemory memory;
+  MemoryLimiter::Charge charge;
+
+  // Executor-owned: the last work that writes it, and the work reading it since.
+  std::shared_ptr<Work> last_writer;
+  std::vector<std::shared_ptr<Work>> readers;
+};
+
+using BufferHandle = std::shared_ptr<BufferEntry>;
+
+// Returns the element count of `shape`, or INVALID_ARGUMENT if it has too many
+// dimensions or its byte size (at `itemsize` bytes an element) overflows 63 bits.
+absl::StatusOr<uint64_t> CheckedElementCount(const std::vector<uint64_t>& shape, size_t itemsize);
+
+// Validates a client-chosen buffer name (empty is allowed: no name).
+absl::Status ValidateBufferName(absl::string_view name);
+
+class BufferRegistry {
+ public:
+  BufferRegistry(Backend& backend, MemoryLimiter& limiter) : backend_(backend), limiter_(limiter) {}
+
+  // Allocates an entry that is not yet visible to lookups. Checks the shape, the name
+  // (and that the client does not already use it) and the memory limit.
+  absl::StatusOr<BufferHandle> Allocate(absl::string_view client, absl::string_view name, DType dtype,
+                                        std::vector<uint64_t> shape, Layout layout, int device);
+  // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile.
+  absl::Status Register(const BufferHandle& entry);
+  // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.
+  absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
+  // Unregisters; the memory lives on while queued work holds the handle.
+  absl::StatusOr<BufferHandle> Remove(absl::string_view client, absl::string_view ref);
+  // The client's buffers, oldest first.
+  std::vector<BufferHandle> List(absl::string_view client) const;
+  size_t size() const;
+
+ private:
+  absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const;
+  static std::string NameKey(absl::string_view client, absl::string_view name);
+
+  Backend& backend_;
+  MemoryLimiter& limiter_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, BufferHandle> by_id_;
+  absl::flat_hash_map<std::string, std::string> id_by_name_;  // NameKey -> id
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_BUFFER_REGISTRY_H_

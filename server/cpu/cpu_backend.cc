@@ -1,0 +1,273 @@
+#include "server/cpu/cpu_backend.h"
+
+#include <sys/sysinfo.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "server/cpu/elementwise.h"
+#include "server/cpu/kernels.h"
+
+namespace gpucompute::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kAlignment = 256;
+constexpr int64_t kCopyGrain = 1 << 22;  // bytes per parallel copy chunk
+
+class CpuEvent final : public Event {
+ public:
+  void Complete() {
+    std::lock_guard lock(mu_);
+    time_ = Clock::now();
+    done_ = true;
+    cv_.notify_all();
+  }
+  Clock::time_point WaitDone() const {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return time_;
+  }
+  bool done() const {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  Clock::time_point time_;
+};
+
+// A thread draining a FIFO of tasks: the CPU image of a CUDA stream.
+class CpuStream final : public Stream {
+ public:
+  explicit CpuStream(int device) : device_(device), thread_([this] { Run(); }) {}
+  ~CpuStream() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  int device() const override { return device_; }
+
+  absl::Status Wait(std::shared_ptr<Event> event) override {
+    auto e = std::dynamic_pointer_cast<CpuEvent>(std::move(event));
+    if (e == nullptr) return absl::InvalidArgumentError("event is not from the CPU backend");
+    Enqueue([e = std::move(e)] { e->WaitDone(); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<Event>> Record() override {
+    auto event = std::make_shared<CpuEvent>();
+    // The task holds the event alive until it fires, so dropping the handle early is safe.
+    Enqueue([event] { event->Complete(); });
+    return event;
+  }
+
+  absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override {
+    Enqueue([fn = std::move(fn)]() mutable { std::move(fn)(absl::OkStatus()); });
+    return absl::OkStatus();
+  }
+
+  void Enqueue(absl::AnyInvocable<void() &&> task) {
+    {
+      std::lock_guard lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      absl::AnyInvocable<void() &&> task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        // Drain before stopping: queued work may hold callbacks someone waits for.
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      std::move(task)();
+    }
+  }
+
+  const int device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<absl::AnyInvocable<void() &&>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the queue exists
+};
+
+CpuStream& AsCpu(Stream& stream) { return static_cast<CpuStream&>(stream); }
+
+char* Bytes(const DeviceMemory& m) { return static_cast<char*>(m.data()); }
+
+uint64_t PhysicalMemoryBytes() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return 0;
+  return static_cast<uint64_t>(info.totalram) * info.mem_unit;
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "CPU";
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(size_t threads) : pool_(std::make_unique<ThreadPool>(threads)) {
+  DeviceDescription d;
+  d.index = 0;
+  d.name = CpuModelName();
+  d.total_memory_bytes = PhysicalMemoryBytes();
+  d.compute_units = static_cast<int>(pool_->size());
+  devices_.push_back(d);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
+  if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  // aligned_alloc needs a size that is a multiple of the alignment, and a non-zero one.
+  const uint64_t rounded = bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded < bytes) return absl::ResourceExhaustedError("allocation size overflows");
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", bytes, " bytes"));
+  }
+  return DeviceMemory(p, bytes, device, [](void* ptr, uint64_t) { std::free(ptr); });
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {
+  if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  return std::make_unique<CpuStream>(device);
+}
+
+absl::StatusOr<double> CpuBackend::ElapsedSeconds(const Event& start, const Event& end) {
+  const auto* s = dynamic_cast<const CpuEvent*>(&start);
+  const auto* e = dynamic_cast<const CpuEvent*>(&end);
+  if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CPU backend");
+  if (!s->done() || !e->done()) return absl::FailedPreconditionError("event has not completed");
+  return std::chrono::duration<double>(e->WaitDone() - s->WaitDone()).count();
+}
+
+void CpuBackend::ParallelCopy(void* dst, const void* src, uint64_t bytes) {
+  if (dst == src) return;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  pool_->ParallelFor(static_cast<int64_t>(bytes), kCopyGrain,
+                     [&](int64_t begin, int64_t end) { std::memmove(d + begin, s + begin, end - begin); });
+}
+
+absl::Status CpuBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
+                                      uint64_t dst_offset, uint64_t bytes) {
+  char* d = Bytes(dst) + dst_offset;
+  AsCpu(stream).Enqueue([this, d, src, bytes] { ParallelCopy(d, src, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                                    void* dst, uint64_t bytes) {
+  const char* s = Bytes(src) + src_offset;
+  AsCpu(stream).Enqueue([this, s, dst, bytes] { ParallelCopy(dst, s, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                              DeviceMemory& dst, uint64_t dst_offset, uint64_t bytes) {
+  const char* s = Bytes(src) + src_offset;
+  char* d = Bytes(dst) + dst_offset;
+  AsCpu(stream).Enqueue([this, s, d, bytes] { ParallelCopy(d, s, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                              int64_t count) {
+  char* d = Bytes(dst);
+  AsCpu(stream).Enqueue([this, d, dtype, value_bits, count] {
+    VisitDType(dtype, [&](auto zero) {
+      using T = std::conditional_t<std::is_same_v<decltype(zero), bool>, uint8_t, decltype(zero)>;
+      T value;
+      std::memcpy(&value, &value_bits, sizeof(T));
+      T* out = reinterpret_cast<T*>(d);
+      pool_->ParallelFor(count, kCopyGrain / sizeof(T), [&](int64_t begin, int64_t end) {
+        std::fill(out + begin, out + end, value);
+      });
+    });
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchInfo> CpuBackend::Elementwise(Stream& stream, const expr::Program& program,
+                                                   std::span<const DeviceMemory* const> inputs,
+                                                   DeviceMemory& out, DType out_dtype, int64_t n) {
+  std::vector<const void*> ptrs;
+  ptrs.reserve(inputs.size());
+  for (const DeviceMemory* m : inputs) ptrs.push_back(m == nullptr ? nullptr : m->data());
+  void* o = out.data();
+  // The Program is copied into the task: the caller's may not outlive the enqueue.
+  AsCpu(stream).Enqueue([this, program, ptrs = std::move(ptrs), o, out_dtype, n] {
+    EvaluateElementwise(program, ptrs, o, out_dtype, n, *pool_);
+  });
+  return LaunchInfo{};
+}
+
+absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
+                                const DeviceMemory& in, const ReduceShape& shape,
+                                DeviceMemory& out) {
+  const void* i = in.data();
+  void* o = out.data();
+  AsCpu(stream).Enqueue([this, kind, in_dtype, i, shape, o] {
+    cpu::Reduce(kind, in_dtype, i, shape, o, *pool_);
+    if (shape.f_order_rows > 0 && (kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax)) {
+      auto* index = static_cast<int64_t*>(o);
+      const int64_t rows = shape.f_order_rows;
+      const int64_t cols = shape.extent / rows;
+      *index = (*index % rows) * cols + *index / rows;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                              const DeviceMemory& a, const DeviceMemory& x, double beta,
+                              DeviceMemory& y) {
+  const void* pa = a.data();
+  const void* px = x.data();
+  void* py = y.data();
+  AsCpu(stream).Enqueue([this, dtype, shape, alpha, pa, px, beta, py] {
+    cpu::Gemv(dtype, shape, alpha, pa, px, beta, py, *pool_);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Random(Stream& stream, const RandomParams& params, DType dtype,
+                                DeviceMemory& out, int64_t n) {
+  void* o = out.data();
+  AsCpu(stream).Enqueue([this, params, dtype, o, n] { cpu::Random(params, dtype, o, n, *pool_); });
+  return absl::OkStatus();
+}
+
+}  // namespace gpucompute::cpu

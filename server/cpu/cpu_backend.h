@@ -1,0 +1,57 @@
+// The CPU backend: host memory stands in for device memory, each Stream is a thread
+// that runs its work in order, and kernels run data-parallel on a shared ThreadPool.
+// It keeps every semantic of the Backend contract, and is the reference the other
+// backends are compared against.
+#ifndef GPUCOMPUTE_SERVER_CPU_CPU_BACKEND_H_
+#define GPUCOMPUTE_SERVER_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "server/backend.h"
+#include "server/cpu/thread_pool.h"
+
+namespace gpucompute::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  // threads == 0: one per hardware thread.
+  explicit CpuBackend(size_t threads = 0);
+  ~CpuBackend() override;
+
+  absl::string_view name() const override { return "cpu"; }
+  const std::vector<DeviceDescription>& devices() const override { return devices_; }
+
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override;
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override;
+
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
+                            uint64_t dst_offset, uint64_t bytes) override;
+  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                          uint64_t bytes) override;
+  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                    uint64_t dst_offset, uint64_t bytes) override;
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                    int64_t count) override;
+  absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                         std::span<const DeviceMemory* const> inputs,
+                                         DeviceMemory& out, DType out_dtype, int64_t n) override;
+  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                      const ReduceShape& shape, DeviceMemory& out) override;
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                    const DeviceMemory& a, const DeviceMemory& x, double beta,
+                    DeviceMemory& y) override;
+  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                      int64_t n) override;
+
+ private:
+  // Copies of large ranges are split across the pool.
+  void ParallelCopy(void* dst, const void* src, uint64_t bytes);
+
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<DeviceDescription> devices_;
+};
+
+}  // namespace gpucompute::cpu
+
+#endif  // GPUCOMPUTE_SERVER_CPU_CPU_BACKEND_H_

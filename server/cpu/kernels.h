@@ -1,0 +1,38 @@
+// The CPU backend's compute kernels: reductions, gemv and random fills. Each runs on
+// host memory, parallelised with a ThreadPool, and gives the reference results that
+// every other backend is checked against.
+#ifndef GPUCOMPUTE_SERVER_CPU_KERNELS_H_
+#define GPUCOMPUTE_SERVER_CPU_KERNELS_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/ops.h"
+#include "server/cpu/thread_pool.h"
+
+namespace gpucompute::cpu {
+
+// out[o * inner + i] = reduce_{r < extent} in[(o * extent + r) * inner + i], for
+// o < shape.outer and i < shape.inner. `in` has dtype `in_dtype`, `out` has
+// ReduceResultDType(kind, in_dtype). extent must be >= 1 (the caller rejects empty
+// reductions of min, max, argmin and argmax). Argmin and argmax write the position r
+// (int64) of the first extreme; NaN counts as the extreme, as in NumPy.
+// Deterministic: the summation order depends only on the shape, never on the thread
+// count. Float sums, means and norms accumulate in float64 over fixed blocks.
+void Reduce(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& shape, void* out,
+            ThreadPool& pool);
+
+// y = alpha * op(A) * x + beta * y, BLAS semantics: A is rows x cols, stored row-major
+// (layout C) or column-major (layout F); op(A) is A or its transpose. All of A, x and y
+// have dtype `dtype` (float32 or float64). When beta == 0, y is not read (NaN in y does
+// not propagate). Deterministic: every y element is summed in a fixed order.
+void Gemv(DType dtype, const GemvShape& shape, double alpha, const void* a, const void* x, double beta,
+          void* y, ThreadPool& pool);
+
+// Fills out[0, n) as RandomParams and kernels/philox.h define. Bit-identical across
+// runs and thread counts.
+void Random(const RandomParams& params, DType dtype, void* out, int64_t n, ThreadPool& pool);
+
+}  // namespace gpucompute::cpu
+
+#endif  // GPUCOMPUTE_SERVER_CPU_KERNELS_H_

@@ -1,0 +1,479 @@
+#include "server/executor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/ids.h"
+
+namespace gpucompute {
+
+struct StreamState {
+  std::string id;
+  std::string client;
+  int device = 0;
+  bool is_default = false;
+  std::unique_ptr<Stream> stream;
+  // Submitted and not yet dispatched, in submission order.
+  std::deque<std::shared_ptr<Operation>> pending;
+  std::shared_ptr<Operation> last;  // the newest submission
+  uint64_t unfinished = 0;
+  // PumpLocked re-entrancy: a pump asked for while one runs is folded into it.
+  bool pumping = false;
+  bool repump = false;
+  Work* blocked_on = nullptr;  // the dependency the head waits for, if any
+};
+
+namespace {
+
+std::string DefaultStreamKey(absl::string_view client, int device) {
+  return absl::StrCat(client, absl::string_view("\0", 1), device);
+}
+
+}  // namespace
+
+// Holds the executor's mutex; on destruction releases it and then runs the callbacks
+// queued meanwhile, so that callers' callbacks never run under the lock.
+class Executor::Guard {
+ public:
+  explicit Guard(Executor& e) : e_(e), lock_(e.mu_) {}
+  ~Guard() {
+    std::vector<absl::AnyInvocable<void() &&>> run = std::move(e_.deferred_);
+    e_.deferred_.clear();
+    lock_.unlock();
+    for (auto& fn : run) std::move(fn)();
+  }
+
+ private:
+  Executor& e_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+Executor::Executor(Backend& backend, int default_device)
+    : backend_(backend), default_device_(default_device) {
+  for (const DeviceDescription& d : backend_.devices()) {
+    absl::StatusOr<std::unique_ptr<Stream>> s = backend_.CreateStream(d.index);
+    // A backend that cannot create one stream per device at start-up is unusable.
+    if (!s.ok()) std::abort();
+    transfer_streams_.push_back(*std::move(s));
+  }
+}
+
+Executor::~Executor() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  auto streams = std::move(streams_);
+  auto retired = std::move(retired_);
+  lock.unlock();
+  // Streams are destroyed here, on this thread, never on their own.
+  for (auto& [id, s] : streams) s->stream.reset();
+  retired.clear();
+  transfer_streams_.clear();
+}
+
+StreamInfo Executor::InfoLocked(const StreamState& s) const {
+  return StreamInfo{s.id, s.device, s.is_default, s.unfinished};
+}
+
+absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::string_view client,
+                                                                       int device, bool is_default) {
+  if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
+                                                   backend_.devices().size(), " device(s)"));
+  }
+  size_t owned = 0;
+  for (const auto& [id, s] : streams_) owned += s->client == client;
+  if (owned >= kMaxStreamsPerClient) {
+    return absl::ResourceExhaustedError(absl::StrCat("a client may have at most ", kMaxStreamsPerClient,
+                                                     " streams; delete one first"));
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> stream = backend_.CreateStream(device);
+  if (!stream.ok()) return stream.status();
+  auto s = std::make_shared<StreamState>();
+  s->id = NewId("str-");
+  s->client = std::string(client);
+  s->device = device;
+  s->is_default = is_default;
+  s->stream = *std::move(stream);
+  streams_.emplace(s->id, s);
+  if (is_default) default_streams_.emplace(DefaultStreamKey(client, device), s->id);
+  return s;
+}
+
+absl::StatusOr<StreamInfo> Executor::CreateStream(absl::string_view client, int device) {
+  std::vector<std::unique_ptr<Stream>> retired;
+  absl::StatusOr<StreamInfo> info;
+  {
+    Guard guard(*this);
+    retired = std::move(retired_);
+    retired_.clear();
+    absl::StatusOr<std::shared_ptr<StreamState>> s = NewStreamLocked(client, device, false);
+    info = s.ok() ? absl::StatusOr<StreamInfo>(InfoLocked(**s)) : s.status();
+  }
+  // Streams of deleted StreamStates are destroyed here, on a thread none of them owns.
+  retired.clear();
+  return info;
+}
+
+absl::StatusOr<StreamInfo> Executor::DefaultStream(absl::string_view client, int device) {
+  Guard guard(*this);
+  absl::StatusOr<std::shared_ptr<StreamState>> s = ResolveStreamLocked(client, "", device);
+  if (!s.ok()) return s.status();
+  return InfoLocked(**s);
+}
+
+absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(absl::string_view client,
+                                                                           absl::string_view stream_id,
+                                                                           int device) {
+  if (stream_id.empty()) {
+    auto it = default_streams_.find(DefaultStreamKey(client, device));
+    if (it != default_streams_.end()) return streams_.at(it->second);
+    return NewStreamLocked(client, device, true);
+  }
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  if (it->second->device != device) {
+    return absl::InvalidArgumentError(absl::StrCat("stream ", stream_id, " is on device ", it->second->device,
+                                                   " but the operation's buffers are on device ", device));
+  }
+  return it->second;
+}
+
+absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view stream_id,
+                                    absl::AnyInvocable<void() &&> done) {
+  Guard guard(*this);
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  std::shared_ptr<StreamState> s = it->second;
+  if (s->is_default) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stream ", stream_id, " is a default stream and cannot be deleted"));
+  }
+  streams_.erase(it);
+  // The backend stream is retired once its last operation is done; it is destroyed
+  // later on another thread, since completions run on the stream's own thread.
+  auto retire = [this, s, done = std::move(done)]() mutable {
+    {
+      std::lock_guard lock(mu_);
+      retired_.push_back(std::move(s->stream));
+    }
+    std::move(done)();
+  };
+  if (s->last != nullptr && !s->last->status_.done()) {
+    s->last->on_done_.push_back(std::move(retire));
+  } else {
+    deferred_.push_back(std::move(retire));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Synchronize(absl::string_view stream_id, absl::AnyInvocable<void() &&> done) {
+  Guard guard(*this);
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  // Operations on one stream finish in order, so the newest being done means all are.
+  const std::shared_ptr<Operation>& last = it->second->last;
+  if (last != nullptr && !last->status_.done()) {
+    last->on_done_.push_back(std::move(done));
+  } else {
+    deferred_.push_back(std::move(done));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<StreamInfo> Executor::ListStreams(absl::string_view client) {
+  Guard guard(*this);
+  std::vector<StreamInfo> out;
+  for (const auto& [id, s] : streams_) {
+    if (s->client == client) out.push_back(InfoLocked(*s));
+  }
+  std::sort(out.begin(), out.end(), [](const StreamInfo& a, const StreamInfo& b) {
+    return std::tie(b.is_default, a.device, a.id) < std::tie(a.is_default, b.device, b.id);
+  });
+  return out;
+}
+
+void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
+                                  const std::vector<Access>& accesses) {
+  // One entry per buffer; a buffer both read and written counts as written.
+  std::vector<Access> merged;
+  for (const Access& a : accesses) {
+    auto same = std::find_if(merged.begin(), merged.end(),
+                             [&](const Access& m) { return m.buffer == a.buffer; });
+    if (same == merged.end()) {
+      merged.push_back(a);
+    } else {
+      same->write |= a.write;
+    }
+  }
+  auto add_dep = [&](const std::shared_ptr<Work>& dep) {
+    if (dep == nullptr || dep == work || dep->phase_ == Work::Phase::kDone) return;
+    if (std::find(work->deps_.begin(), work->deps_.end(), dep) == work->deps_.end()) {
+      work->deps_.push_back(dep);
+    }
+  };
+  for (const Access& a : merged) {
+    BufferEntry& b = *a.buffer;
+    add_dep(b.last_writer);
+    std::erase_if(b.readers, [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    if (a.write) {
+      for (const auto& r : b.readers) add_dep(r);
+      b.readers.clear();
+      b.last_writer = work;
+    } else {
+      b.readers.push_back(work);
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view client,
+                                                            absl::string_view stream_id, OpSpec spec) {
+  int device = spec.accesses.empty() ? default_device_ : spec.accesses.front().buffer->device;
+  for (const Access& a : spec.accesses) {
+    if (a.buffer->device != device) {
+      return absl::InvalidArgumentError(absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ",
+                                                     a.buffer->id, " are on different devices (", device,
+                                                     " and ", a.buffer->device,
+                                                     "); an operation runs on one device"));
+    }
+  }
+  Guard guard(*this);
+  absl::StatusOr<std::shared_ptr<StreamState>> stream = ResolveStreamLocked(client, stream_id, device);
+  if (!stream.ok()) return stream.status();
+  std::shared_ptr<StreamState> s = *std::move(stream);
+
+  auto op = std::make_shared<Operation>();
+  OperationStatus& st = op->status_;
+  st.id = NewId("op-");
+  st.kind = spec.kind;
+  st.stream_id = s->id;
+  st.device = device;
+  st.timing.bytes_read = spec.bytes_read;
+  st.timing.bytes_written = spec.bytes_written;
+  st.timing.flops = spec.flops;
+  st.outputs = std::move(spec.outputs);
+  op->stream_ = s.get();
+  op->stream_state_ = s;
+  op->launch_ = std::move(spec.launch);
+  op->submit_time_ = Clock::now();
+  for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
+  TrackHazardsLocked(op, spec.accesses);
+
+  s->pending.push_back(op);
+  s->last = op;
+  ++s->unfinished;
+  ++in_flight_;
+  operations_.emplace(st.id, op);
+  PumpLocked(s);
+  return op;
+}
+
+void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
+  if (s->pumping) {
+    s->repump = true;
+    return;
+  }
+  s->pumping = true;
+  do {
+    s->repump = false;
+    while (!s->pending.empty()) {
+      const std::shared_ptr<Operation> op = s->pending.front();
+      std::vector<std::shared_ptr<Event>> waits;
+      Work* blocked = nullptr;
+      for (const std::shared_ptr<Work>& dep : op->deps_) {
+        if (dep->phase_ == Work::Phase::kDone || dep->stream_ == s.get()) continue;
+        if (dep->phase_ == Work::Phase::kDispatched && dep->end_event_ != nullptr) {
+          waits.push_back(dep->end_event_);
+          continue;
+        }
+        blocked = dep.get();
+        break;
+      }
+      if (blocked != nullptr) {
+        if (s->blocked_on != blocked) {
+          s->blocked_on = blocked;
+          blocked->listeners_.push_back([this, s] {
+            s->blocked_on = nullptr;
+            PumpLocked(s);
+          });
+        }
+        break;
+      }
+      s->blocked_on = nullptr;
+      s->pending.pop_front();
+      DispatchLocked(op, std::move(waits));
+    }
+  } while (s->repump);
+  s->pumping = false;
+}
+
+void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
+                              std::vector<std::shared_ptr<Event>> waits) {
+  Stream& stream = *op->stream_state_->stream;
+  absl::Status status;
+  for (auto& w : waits) {
+    if (status.ok()) status = stream.Wait(std::move(w));
+  }
+  absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
+  if (start.ok()) {
+    op->start_event_ = *start;
+    absl::StatusOr<LaunchInfo> info = std::move(op->launch_)(stream, op->status_.result);
+    if (info.ok()) {
+      op->status_.timing.compile_seconds = info->compile_seconds;
+    } else {
+      status = info.status();
+    }
+  } else {
+    status = start.status();
+  }
+  op->launch_ = nullptr;  // drop what the launch captured
+  if (status.ok()) {
+    absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
+    if (end.ok()) {
+      op->end_event_ = *end;
+    } else {
+      status = end.status();
+    }
+  }
+  op->deps_.clear();
+  op->status_.state = OperationStatus::State::kRunning;
+  op->phase_ = Work::Phase::kDispatched;
+  // Even a failed launch completes through the stream, so that it stays in order with
+  // the work before it.
+  absl::Status enqueued = stream.OnComplete([this, op, status](absl::Status device_status) {
+    CompleteOperation(op, status.ok() ? device_status : status);
+  });
+  if (!enqueued.ok()) {
+    // The stream is unusable; finish the operation from another thread.
+    deferred_.push_back([this, op, enqueued] { CompleteOperation(op, enqueued); });
+  }
+  NotifyLocked(*op);
+}
+
+void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) {
+  double device_seconds = 0;
+  if (status.ok() && op->start_event_ != nullptr && op->end_event_ != nullptr) {
+    absl::StatusOr<double> elapsed = backend_.ElapsedSeconds(*op->start_event_, *op->end_event_);
+    if (elapsed.ok()) device_seconds = *elapsed;
+  }
+  const double since_submit = std::chrono::duration<double>(Clock::now() - op->submit_time_).count();
+
+  Guard guard(*this);
+  OperationStatus& st = op->status_;
+  st.timing.device_seconds = device_seconds;
+  st.timing.queued_seconds = std::max(0.0, since_submit - device_seconds);
+  st.state = status.ok() ? OperationStatus::State::kSucceeded : OperationStatus::State::kFailed;
+  st.error = status;
+  if (!status.ok()) st.result = OpResult{};
+
+  KindStats& k = stats_[static_cast<int>(st.kind)];
+  ++k.count;
+  k.failed += !status.ok();
+  k.device_seconds += device_seconds;
+  k.bytes_read += st.timing.bytes_read;
+  k.bytes_written += st.timing.bytes_written;
+  k.flops += st.timing.flops;
+
+  op->phase_ = Work::Phase::kDone;
+  op->buffers_.clear();
+  op->start_event_.reset();
+  --op->stream_state_->unfinished;
+  for (auto& fn : op->on_done_) deferred_.push_back(std::move(fn));
+  op->on_done_.clear();
+  NotifyLocked(*op);
+  op->end_event_.reset();
+
+  finished_order_.push_back(st.id);
+  while (finished_order_.size() > kRetainedOperations) {
+    operations_.erase(finished_order_.front());
+    finished_order_.pop_front();
+  }
+  if (--in_flight_ == 0) idle_cv_.notify_all();
+}
+
+void Executor::NotifyLocked(Work& work) {
+  std::vector<absl::AnyInvocable<void()>> listeners = std::move(work.listeners_);
+  work.listeners_.clear();
+  for (auto& l : listeners) l();
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view id) {
+  Guard guard(*this);
+  auto it = operations_.find(id);
+  if (it == operations_.end()) {
+    return absl::NotFoundError(absl::StrCat("operation ", id, " not found (the server keeps the last ",
+                                            kRetainedOperations, " finished operations)"));
+  }
+  return it->second;
+}
+
+OperationStatus Executor::GetStatus(const Operation& op) {
+  Guard guard(*this);
+  if (op.status_.done()) return op.status_;
+  // The device may still be writing the inline results; copy everything else.
+  OperationStatus copy = op.status_;
+  copy.result = OpResult{};
+  return copy;
+}
+
+void Executor::OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn) {
+  Guard guard(*this);
+  if (op->status_.done()) {
+    deferred_.push_back(std::move(fn));
+  } else {
+    op->on_done_.push_back(std::move(fn));
+  }
+}
+
+std::shared_ptr<HostAccess> Executor::AcquireHostAccess(std::vector<Access> accesses, ReadyFn ready) {
+  Guard guard(*this);
+  auto access = std::make_shared<HostAccess>();
+  for (const Access& a : accesses) access->buffers_.push_back(a.buffer);
+  access->ready_ = std::move(ready);
+  TrackHazardsLocked(access, accesses);
+  CheckHostAccessLocked(access);
+  return access;
+}
+
+void Executor::CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) {
+  if (access->phase_ != Work::Phase::kPending) return;
+  for (const std::shared_ptr<Work>& dep : access->deps_) {
+    if (dep->phase_ != Work::Phase::kDone) {
+      dep->listeners_.push_back([this, access] { CheckHostAccessLocked(access); });
+      return;
+    }
+  }
+  access->deps_.clear();
+  access->phase_ = Work::Phase::kDispatched;
+  deferred_.push_back([access, ready = std::move(access->ready_)]() mutable { std::move(ready)(access); });
+}
+
+void Executor::Release(const std::shared_ptr<HostAccess>& access) {
+  Guard guard(*this);
+  if (access->phase_ == Work::Phase::kDone) return;
+  access->phase_ = Work::Phase::kDone;
+  access->buffers_.clear();
+  access->deps_.clear();
+  access->ready_ = nullptr;
+  NotifyLocked(*access);
+}
+
+Stream& Executor::TransferStream(int device) { return *transfer_streams_.at(device); }
+
+void Executor::RecordTransfer(OpKind kind, uint64_t bytes) {
+  Guard guard(*this);
+  KindStats& k = stats_[static_cast<int>(kind)];
+  ++k.count;
+  if (kind == OpKind::kUpload) {
+    k.bytes_written += bytes;
+  } else {
+    k.bytes_read += bytes;
+  }
+}
+
+std::array<KindStats, kNumOpKinds> Executor::Stats() {
+  Guard guard(*this);
+  return stats_;
+}
+
+}  // namespace gpucompute

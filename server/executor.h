@@ -1,0 +1,246 @@
+// The executor owns the streams, the operations in flight and the hazard tracking that
+// orders conflicting accesses to a buffer across streams. It is written against the
+// Backend interface alone.
+//
+// Ordering. Work on one stream is dispatched to the backend in submission order. Each
+// submission reads the hazard state of the buffers it touches: a reader depends on the
+// buffer's last writer (read after write); a writer depends on the last writer and on
+// every reader since (write after write, write after read). A dependency on another
+// stream becomes a backend-side wait on that work's end event once it is dispatched, so
+// the host never waits for the device; until then, the dependent stays queued here.
+// Dependencies only point to earlier submissions, so there are no cycles.
+//
+// Host accesses (downloads, deletes) take part in the same hazard tracking: they start
+// once conflicting earlier work is done, and later conflicting work waits for them.
+#ifndef GPUCOMPUTE_SERVER_EXECUTOR_H_
+#define GPUCOMPUTE_SERVER_EXECUTOR_H_
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/backend.h"
+#include "server/buffer_registry.h"
+
+namespace gpucompute {
+
+enum class OpKind : uint8_t {
+  kElementwise,
+  kGemv,
+  kReduce,
+  kRandom,
+  kFill,
+  kCopy,
+  kUpload,
+  kDownload,
+};
+inline constexpr int kNumOpKinds = 8;
+
+// Traffic and timing of one operation.
+struct OpTiming {
+  double queued_seconds = 0;
+  double device_seconds = 0;
+  double compile_seconds = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t flops = 0;
+};
+
+// Results an operation's launch can leave for its caller, besides its output buffers.
+struct OpResult {
+  // Inline values (small reductions): raw elements of `values_dtype`. The launch
+  // enqueues the copy into `values`, which stays put until the operation completes.
+  DType values_dtype = DType::kFloat64;
+  std::vector<uint8_t> values;
+  uint64_t next_offset = 0;  // random fills
+};
+
+struct StreamState;
+
+// A node in the dependency graph: an operation or a host access.
+class Work {
+ public:
+  virtual ~Work() = default;
+
+ private:
+  friend class Executor;
+  enum class Phase : uint8_t { kPending, kDispatched, kDone };
+  Phase phase_ = Phase::kPending;
+  StreamState* stream_ = nullptr;  // null for host accesses
+  std::shared_ptr<Event> end_event_;
+  std::vector<std::shared_ptr<Work>> deps_;
+  // Called under the executor's mutex when this work is dispatched or done.
+  std::vector<absl::AnyInvocable<void()>> listeners_;
+};
+
+// What a caller sees of an operation.
+struct OperationStatus {
+  enum class State : uint8_t { kQueued, kRunning, kSucceeded, kFailed };
+  std::string id;
+  OpKind kind = OpKind::kElementwise;
+  std::string stream_id;
+  int device = 0;
+  State state = State::kQueued;
+  absl::Status error;
+  OpTiming timing;
+  std::vector<BufferMeta> outputs;
+  OpResult result;
+  bool done() const { return state == State::kSucceeded || state == State::kFailed; }
+};
+
+class Operation final : public Work {
+ public:
+  const std::string& id() const { return status_.id; }
+
+ private:
+  friend class Executor;
+  using Clock = std::chrono::steady_clock;
+  OperationStatus status_;
+  std::shared_ptr<StreamState> stream_state_;
+  std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
+  absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
+  Clock::time_point submit_time_;
+  std::shared_ptr<Event> start_event_;
+  std::vector<absl::AnyInvocable<void() &&>> on_done_;
+};
+
+class HostAccess final : public Work {
+ private:
+  friend class Executor;
+  std::vector<BufferHandle> buffers_;
+  absl::AnyInvocable<void(const std::shared_ptr<HostAccess>&) &&> ready_;
+};
+
+struct StreamInfo {
+  std::string id;
+  int device = 0;
+  bool is_default = false;
+  uint64_t pending_operations = 0;
+};
+
+struct KindStats {
+  uint64_t count = 0;
+  uint64_t failed = 0;
+  double device_seconds = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t flops = 0;
+};
+
+class Executor {
+ public:
+  static constexpr size_t kMaxStreamsPerClient = 64;
+  static constexpr size_t kRetainedOperations = 65536;
+
+  explicit Executor(Backend& backend, int default_device = 0);
+  // Waits for all submitted work to finish.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  Backend& backend() { return backend_; }
+  int default_device() const { return default_device_; }
+
+  // --- Streams. Ids are global and unguessable; listings are per client.
+  absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
+  // The client's default stream on `device`, created on first use.
+  absl::StatusOr<StreamInfo> DefaultStream(absl::string_view client, int device);
+  // Forgets the stream at once; `done` runs once the work queued on it has finished.
+  absl::Status DeleteStream(absl::string_view client, absl::string_view stream_id,
+                            absl::AnyInvocable<void() &&> done);
+  // `done` runs once every operation submitted to the stream so far has finished.
+  absl::Status Synchronize(absl::string_view stream_id, absl::AnyInvocable<void() &&> done);
+  std::vector<StreamInfo> ListStreams(absl::string_view client);
+
+  // --- Operations.
+  struct Access {
+    BufferHandle buffer;
+    bool write = false;
+  };
+  struct OpSpec {
+    OpKind kind = OpKind::kElementwise;
+    std::vector<Access> accesses;
+    // Traffic and flops, known before launch.
+    uint64_t bytes_read = 0;
+    uint64_t bytes_written = 0;
+    uint64_t flops = 0;
+    // Buffers reported as the operation's outputs.
+    std::vector<BufferMeta> outputs;
+    // Enqueues the operation's work on the stream. Runs under the executor's mutex:
+    // it must only enqueue, never wait.
+    absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;
+  };
+  // Queues an operation on `stream_id` (empty: the client's default stream on the
+  // device of the buffers it touches). All accessed buffers must be on the stream's
+  // device.
+  absl::StatusOr<std::shared_ptr<Operation>> Submit(absl::string_view client,
+                                                    absl::string_view stream_id, OpSpec spec);
+  absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view id);
+  OperationStatus GetStatus(const Operation& op);
+  // Runs fn once the operation is done: at once, on this thread, if it already is.
+  void OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn);
+
+  // --- Host accesses: `ready` runs (possibly at once, on this thread) when all
+  // conflicting earlier work is done. Later conflicting work waits for Release.
+  using ReadyFn = absl::AnyInvocable<void(const std::shared_ptr<HostAccess>&) &&>;
+  std::shared_ptr<HostAccess> AcquireHostAccess(std::vector<Access> accesses, ReadyFn ready);
+  void Release(const std::shared_ptr<HostAccess>& access);
+  // A stream for staging transfers to and from `device`, outside any client's order.
+  Stream& TransferStream(int device);
+
+  std::array<KindStats, kNumOpKinds> Stats();
+  // Counts a finished upload or download in the statistics.
+  void RecordTransfer(OpKind kind, uint64_t bytes);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  class Guard;
+
+  absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
+                                                               bool is_default);
+  absl::StatusOr<std::shared_ptr<StreamState>> ResolveStreamLocked(absl::string_view client,
+                                                                    absl::string_view stream_id,
+                                                                    int device);
+  // Adds the hazards of `accesses` to work's dependencies and records work as the
+  // buffers' newest reader or writer.
+  void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses);
+  void PumpLocked(const std::shared_ptr<StreamState>& stream);
+  void DispatchLocked(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Event>> waits);
+  void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access);
+  void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status);
+  // Marks work done or dispatched and wakes whatever waits on it.
+  void NotifyLocked(Work& work);
+  StreamInfo InfoLocked(const StreamState& s) const;
+
+  Backend& backend_;
+  const int default_device_;
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  uint64_t in_flight_ = 0;  // operations submitted and not done
+  absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_;
+  // (client, device) -> default stream id.
+  absl::flat_hash_map<std::string, std::string> default_streams_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_;
+  std::deque<std::string> finished_order_;  // for retention
+  std::vector<std::unique_ptr<Stream>> transfer_streams_;
+  // Streams of deleted StreamStates, destroyed with the executor.
+  std::vector<std::unique_ptr<Stream>> retired_;
+  // Callbacks to run once the mutex is released (see Guard).
+  std::vector<absl::AnyInvocable<void() &&>> deferred_;
+  std::array<KindStats, kNumOpKinds> stats_{};
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_EXECUTOR_H_

@@ -1,0 +1,15 @@
+// Unguessable identifiers for buffers, streams and operations.
+#ifndef GPUCOMPUTE_SERVER_IDS_H_
+#define GPUCOMPUTE_SERVER_IDS_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+namespace gpucompute {
+
+// `prefix` followed by 32 hex digits from the kernel's CSPRNG (128 bits).
+std::string NewId(absl::string_view prefix);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_IDS_H_

@@ -1,0 +1,503 @@
+// BufferService: CreateBuffer, Upload, Download, GetBuffer, ListBuffers, DeleteBuffer.
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "server/service/operation_planner.h"
+#include "server/service/services.h"
+
+namespace gpucompute {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
+                                                 const v1::CreateBufferRequest& request) {
+  absl::StatusOr<DType> dtype = FromProto(request.dtype());
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<Layout> layout = FromProto(request.layout());
+  if (!layout.ok()) return layout.status();
+  const int device = request.has_device() ? request.device() : ctx.executor.default_device();
+  return ctx.registry.Allocate(client, request.name(), *dtype,
+                               std::vector<uint64_t>(request.shape().begin(), request.shape().end()), *layout,
+                               device);
+}
+
+void SetTransfer(uint64_t bytes, Clock::time_point start, v1::TransferStats* stats) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  stats->set_bytes(bytes);
+  stats->set_seconds(seconds);
+  if (seconds > 0) stats->set_gbps(static_cast<double>(bytes) / seconds / 1e9);
+}
+
+// Receives the header, then chunks into device memory through the transfer stream,
+// reading the next chunk while the previous one is being copied. A new buffer is
+// registered, and an existing one overwritten (by one ordered copy from staging
+// memory), only once every declared byte has arrived.
+class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(ServiceContext& ctx, std::string client, v1::UploadResponse* response)
+      : state_(std::make_shared<State>(ctx, std::move(client), response)) {
+    state_->reactor = this;
+    StartRead(&state_->slots[0]);
+    state_->reading = true;
+  }
+
+  void OnReadDone(bool ok) override {
+    std::unique_lock lock(state_->mu);
+    state_->reading = false;
+    if (!ok) {
+      state_->closed = true;
+      MaybeCommitLocked(state_, lock);
+      return;
+    }
+    if (absl::Status s = HandleMessageLocked(state_); !s.ok()) {
+      FinishLocked(state_, ToGrpcStatus(s));
+      return;
+    }
+    ReadNextLocked(state_);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(state_->mu);
+      state_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct State {
+    State(ServiceContext& c, std::string cl, v1::UploadResponse* r) : ctx(c), client(std::move(cl)), response(r) {}
+    ServiceContext& ctx;
+    const std::string client;
+    v1::UploadResponse* const response;
+    std::mutex mu;
+    UploadReactor* reactor = nullptr;  // null once the call is over
+    v1::UploadRequest slots[2];
+    bool slot_busy[2] = {false, false};  // a copy from this slot is in flight
+    int read_slot = 0;
+    bool reading = false;
+    bool closed = false;
+    bool finished = false;
+    bool have_header = false;
+    Clock::time_point start = Clock::now();
+    uint64_t expected = 0;
+    uint64_t received = 0;
+    absl::Status copy_error;
+    // A new buffer, or staging memory for a range of an existing one.
+    BufferHandle created;
+    BufferHandle target;
+    uint64_t target_offset = 0;
+    DeviceMemory staging;
+    MemoryLimiter::Charge staging_charge;
+    DeviceMemory* destination = nullptr;
+  };
+  using StatePtr = std::shared_ptr<State>;
+
+  static void FinishLocked(const StatePtr& s, grpc::Status status) {
+    if (s->finished || s->reactor == nullptr) return;
+    s->finished = true;
+    s->reactor->Finish(std::move(status));
+  }
+
+  static absl::Status HandleHeaderLocked(const StatePtr& s, const v1::UploadHeader& header) {
+    s->have_header = true;
+    ServiceContext& ctx = s->ctx;
+    switch (header.target_case()) {
+      case v1::UploadHeader::kCreate: {
+        if (header.offset_bytes() != 0) {
+          return absl::InvalidArgumentError("an upload that creates a buffer must start at offset 0");
+        }
+        absl::StatusOr<BufferHandle> b = AllocateFromRequest(ctx, s->client, header.create());
+        if (!b.ok()) return b.status();
+        if (header.create().has_fill()) {
+          return absl::InvalidArgumentError("an upload provides the contents; 'fill' is not allowed");
+        }
+        const uint64_t size = (*b)->size_bytes();
+        if (header.size_bytes() != 0 && header.size_bytes() != size) {
+          return absl::InvalidArgumentError(absl::StrCat("size_bytes is ", header.size_bytes(), " but a ",
+                                                         DTypeName((*b)->dtype), " buffer of that shape holds ",
+                                                         size, " bytes"));
+        }
+        s->created = *b;
+        s->expected = size;
+        s->destination = &s->created->memory;
+        return absl::OkStatus();
+      }
+      case v1::UploadHeader::kBuffer: {
+        absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(s->client, header.buffer());
+        if (!b.ok()) return b.status();
+        const uint64_t size = (*b)->size_bytes();
+        if (header.offset_bytes() > size || header.size_bytes() > size - header.offset_bytes()) {
+          return absl::InvalidArgumentError(absl::StrCat("bytes [", header.offset_bytes(), ", +",
+                                                         header.size_bytes(), ") are outside buffer ", (*b)->id,
+                                                         " of ", size, " bytes"));
+        }
+        absl::StatusOr<MemoryLimiter::Charge> charge = ctx.limiter.TryCharge(header.size_bytes());
+        if (!charge.ok()) return charge.status();
+        absl::StatusOr<DeviceMemory> staging = ctx.backend.Allocate((*b)->device, header.size_bytes());
+        if (!staging.ok()) return staging.status();
+        s->target = *b;
+        s->target_offset = header.offset_bytes();
+        s->staging = *std::move(staging);
+        s->staging_charge = *std::move(charge);
+        s->expected = header.size_bytes();
+        s->destination = &s->staging;
+        return absl::OkStatus();
+      }
+      case v1::UploadHeader::TARGET_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("the upload header names no target: set 'create' or 'buffer'");
+  }
+
+  static absl::Status HandleMessageLocked(const StatePtr& s) {
+    v1::UploadRequest& msg = s->slots[s->read_slot];
+    if (!s->have_header) {
+      if (msg.part_case() != v1::UploadRequest::kHeader) {
+        return absl::InvalidArgumentError("the first upload message must be the header");
+      }
+      return HandleHeaderLocked(s, msg.header());
+    }
+    if (msg.part_case() != v1::UploadRequest::kChunk) {
+      return absl::InvalidArgumentError("only chunks may follow the upload header");
+    }
+    const uint64_t n = msg.chunk().size();
+    if (n > s->expected - s->received) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the upload sent more than the ", s->expected, " bytes it declared"));
+    }
+    if (n == 0) return absl::OkStatus();
+    const int slot = s->read_slot;
+    s->slot_busy[slot] = true;
+    Stream& stream = s->ctx.executor.TransferStream(s->destination->device());
+    absl::Status st = s->ctx.backend.CopyFromHost(stream, msg.chunk().data(), *s->destination, s->received, n);
+    if (st.ok()) {
+      st = stream.OnComplete([s, slot](absl::Status status) {
+        std::unique_lock lock(s->mu);
+        s->slot_busy[slot] = false;
+        if (!status.ok() && s->copy_error.ok()) s->copy_error = status;
+        if (!s->reading && !s->closed) ReadNextLocked(s);
+        MaybeCommitLocked(s, lock);
+      });
+    }
+    if (!st.ok()) {
+      s->slot_busy[slot] = false;
+      return st;
+    }
+    s->received += n;
+    return absl::OkStatus();
+  }
+
+  // Starts the next read into a slot whose copy is done, if there is one.
+  static void ReadNextLocked(const StatePtr& s) {
+    if (s->finished || s->reactor == nullptr || s->reading) return;
+    for (int i = 0; i < 2; ++i) {
+      const int slot = (s->read_slot + 1 + i) % 2;
+      if (!s->slot_busy[slot]) {
+        s->read_slot = slot;
+        s->reading = true;
+        s->reactor->StartRead(&s->slots[slot]);
+        return;
+      }
+    }
+  }
+
+  static void MaybeCommitLocked(const StatePtr& s, std::unique_lock<std::mutex>& lock) {
+    if (!s->closed || s->finished || s->slot_busy[0] || s->slot_busy[1]) return;
+    if (!s->copy_error.ok()) return FinishLocked(s, ToGrpcStatus(s->copy_error));
+    if (!s->have_header) {
+      return FinishLocked(s, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the upload sent no header"));
+    }
+    if (s->received != s->expected) {
+      return FinishLocked(s, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                          absl::StrCat("the upload ended after ", s->received, " of the ",
+                                                       s->expected, " bytes it declared; nothing was changed")));
+    }
+    ServiceContext& ctx = s->ctx;
+    if (s->created != nullptr) {
+      absl::Status st = ctx.registry.Register(s->created);
+      if (st.ok()) {
+        ToProto(*s->created, s->response->mutable_buffer());
+        SetTransfer(s->received, s->start, s->response->mutable_transfer());
+        ctx.executor.RecordTransfer(OpKind::kUpload, s->received);
+      }
+      return FinishLocked(s, ToGrpcStatus(st));
+    }
+    // Overwrite the range in stream order with everything else that touches the buffer.
+    Executor::OpSpec spec;
+    spec.kind = OpKind::kCopy;
+    spec.accesses = {{s->target, true}};
+    spec.bytes_read = s->expected;
+    spec.bytes_written = s->expected;
+    spec.outputs.push_back(*s->target);
+    spec.launch = [&backend = ctx.backend, s](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+      absl::Status st = backend.Copy(stream, s->staging, 0, s->target->memory, s->target_offset, s->expected);
+      if (!st.ok()) return st;
+      return LaunchInfo{};
+    };
+    absl::StatusOr<std::shared_ptr<Operation>> op = ctx.executor.Submit(s->client, "", std::move(spec));
+    if (!op.ok()) return FinishLocked(s, ToGrpcStatus(op.status()));
+    lock.unlock();
+    ctx.executor.OnDone(*op, [s, op = *op] {
+      std::lock_guard lock(s->mu);
+      const OperationStatus done = s->ctx.executor.GetStatus(*op);
+      if (done.error.ok()) {
+        ToProto(*s->target, s->response->mutable_buffer());
+        SetTransfer(s->received, s->start, s->response->mutable_transfer());
+        s->ctx.executor.RecordTransfer(OpKind::kUpload, s->received);
+      }
+      FinishLocked(s, ToGrpcStatus(done.error));
+    });
+    lock.lock();
+  }
+
+  StatePtr state_;
+};
+
+// Waits for the buffer's pending writers, then streams the range in chunks, copying
+// chunk k+1 off the device while chunk k is on the wire.
+class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+ public:
+  DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk)
+      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk)) {
+    state_->reactor = this;
+    StatePtr s = state_;
+    std::shared_ptr<HostAccess> access =
+        ctx.executor.AcquireHostAccess({{state_->buffer, false}}, [s](const std::shared_ptr<HostAccess>&) {
+          std::lock_guard lock(s->mu);
+          s->ready = true;
+          PumpLocked(s);
+        });
+    std::lock_guard lock(state_->mu);
+    state_->access = std::move(access);
+  }
+
+  void OnCancel() override {
+    std::lock_guard lock(state_->mu);
+    FinishLocked(state_, grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(state_->mu);
+    state_->writing = false;
+    if (!ok) {
+      // The client went away; nothing more can be sent.
+      FinishLocked(state_, grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
+      return;
+    }
+    state_->slots[state_->write_slot].filled = false;
+    state_->write_slot ^= 1;
+    PumpLocked(state_);
+  }
+
+  void OnDone() override {
+    std::shared_ptr<HostAccess> access;
+    {
+      std::lock_guard lock(state_->mu);
+      state_->reactor = nullptr;
+      access = state_->access;
+    }
+    if (access != nullptr) state_->ctx.executor.Release(access);
+    delete this;
+  }
+
+ private:
+  struct Slot {
+    v1::DownloadResponse message;
+    bool copying = false;
+    bool filled = false;
+  };
+  struct State {
+    State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch)
+        : ctx(c), buffer(std::move(b)), offset(off), end(off + sz), chunk(ch), next(off) {}
+    ServiceContext& ctx;
+    BufferHandle buffer;
+    const uint64_t offset;
+    const uint64_t end;
+    const uint64_t chunk;
+    std::mutex mu;
+    DownloadReactor* reactor = nullptr;
+    std::shared_ptr<HostAccess> access;
+    bool ready = false;
+    bool writing = false;
+    bool finished = false;
+    bool sent_any = false;
+    uint64_t next;  // next byte to copy off the device
+    Slot slots[2];
+    int fill_slot = 0;
+    int write_slot = 0;
+    absl::Status copy_error;
+    Clock::time_point start = Clock::now();
+  };
+  using StatePtr = std::shared_ptr<State>;
+
+  static void FinishLocked(const StatePtr& s, grpc::Status status) {
+    if (s->finished || s->reactor == nullptr) return;
+    s->finished = true;
+    s->reactor->Finish(std::move(status));
+  }
+
+  // Starts copies into free slots and the write of the next filled slot.
+  static void PumpLocked(const StatePtr& s) {
+    if (!s->ready || s->finished || s->reactor == nullptr) return;
+    if (!s->copy_error.ok()) return FinishLocked(s, ToGrpcStatus(s->copy_error));
+    Slot& w = s->slots[s->write_slot];
+    while (s->next < s->end || (!s->sent_any && s->end == s->offset)) {
+      Slot& f = s->slots[s->fill_slot];
+      if (f.copying || f.filled) break;
+      const uint64_t n = std::min(s->chunk, s->end - s->next);
+      f.message.Clear();
+      f.message.set_offset_bytes(s->next);
+      std::string* data = f.message.mutable_data();
+      data->resize(n);
+      if (!s->sent_any && s->next == s->offset) ToProto(*s->buffer, f.message.mutable_buffer());
+      s->next += n;
+      s->sent_any = true;
+      if (n == 0) {
+        f.filled = true;
+        break;
+      }
+      f.copying = true;
+      Stream& stream = s->ctx.executor.TransferStream(s->buffer->device);
+      absl::Status st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(), data->data(), n);
+      Slot* slot = &f;
+      if (st.ok()) {
+        st = stream.OnComplete([s, slot](absl::Status status) {
+          std::lock_guard lock(s->mu);
+          slot->copying = false;
+          slot->filled = true;
+          if (!status.ok() && s->copy_error.ok()) s->copy_error = status;
+          PumpLocked(s);
+        });
+      }
+      if (!st.ok()) {
+        f.copying = false;
+        return FinishLocked(s, ToGrpcStatus(st));
+      }
+      s->fill_slot ^= 1;
+    }
+    if (s->writing) return;
+    if (w.filled) {
+      const bool last = w.message.offset_bytes() + w.message.data().size() == s->end && s->next == s->end;
+      if (last) {
+        const uint64_t bytes = s->end - s->offset;
+        SetTransfer(bytes, s->start, w.message.mutable_transfer());
+        s->ctx.executor.RecordTransfer(OpKind::kDownload, bytes);
+      }
+      s->writing = true;
+      s->reactor->StartWrite(&w.message);
+      return;
+    }
+    const bool all_sent = s->sent_any && s->next == s->end && !s->slots[0].filled && !s->slots[1].filled &&
+                          !s->slots[0].copying && !s->slots[1].copying;
+    if (all_sent) FinishLocked(s, grpc::Status::OK);
+  }
+
+  StatePtr state_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerContext* context,
+                                                          const v1::CreateBufferRequest* request,
+                                                          v1::CreateBufferResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, *client, *request);
+  if (!buffer.ok()) return FinishNow(context, buffer.status());
+  if (request->has_fill()) {
+    absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->fill());
+    if (!plan.ok()) return FinishNow(context, plan.status());
+    plan->created = *buffer;
+    absl::StatusOr<std::shared_ptr<Operation>> op = SubmitPlan(ctx_, *client, "", *std::move(plan));
+    if (!op.ok()) return FinishNow(context, op.status());
+  } else if (absl::Status s = ctx_.registry.Register(*buffer); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  ToProto(**buffer, response->mutable_buffer());
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(grpc::CallbackServerContext* context,
+                                                                      v1::UploadResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) {
+    // A reactor that refuses at once.
+    class Refuse final : public grpc::ServerReadReactor<v1::UploadRequest> {
+     public:
+      explicit Refuse(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(client.status());
+  }
+  return new UploadReactor(ctx_, *std::move(client), response);
+}
+
+grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc::CallbackServerContext* context,
+                                                                            const v1::DownloadRequest* request) {
+  class Refuse final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+   public:
+    explicit Refuse(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
+    void OnDone() override { delete this; }
+  };
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return new Refuse(client.status());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  if (!buffer.ok()) return new Refuse(buffer.status());
+  const uint64_t size = (*buffer)->size_bytes();
+  const uint64_t offset = request->offset_bytes();
+  if (offset > size || request->size_bytes() > size - offset) {
+    return new Refuse(absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", request->size_bytes(),
+                                                              ") are outside buffer ", (*buffer)->id, " of ", size,
+                                                              " bytes")));
+  }
+  const uint64_t length = request->size_bytes() == 0 ? size - offset : request->size_bytes();
+  const uint64_t chunk = request->chunk_bytes() == 0
+                             ? kDefaultChunkBytes
+                             : std::clamp<uint64_t>(request->chunk_bytes(), 4096, kMaxChunkBytes);
+  return new DownloadReactor(ctx_, *std::move(buffer), offset, length, chunk);
+}
+
+grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerContext* context,
+                                                       const v1::GetBufferRequest* request, v1::BufferInfo* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  if (buffer.ok()) ToProto(**buffer, response);
+  return FinishNow(context, buffer.status());
+}
+
+grpc::ServerUnaryReactor* BufferServiceImpl::ListBuffers(grpc::CallbackServerContext* context,
+                                                         const v1::ListBuffersRequest* request,
+                                                         v1::ListBuffersResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  uint64_t total = 0;
+  for (const BufferHandle& b : ctx_.registry.List(*client)) {
+    ToProto(*b, response->add_buffers());
+    total += b->size_bytes();
+  }
+  response->set_total_bytes(total);
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerContext* context,
+                                                          const v1::DeleteBufferRequest* request,
+                                                          v1::DeleteBufferResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(*client, request->buffer());
+  if (!buffer.ok()) return FinishNow(context, buffer.status());
+  // Answer once the work queued on the buffer is done; the memory goes with the last handle.
+  auto* reactor = new DeferredReactor();
+  ctx_.executor.AcquireHostAccess(
+      {{*buffer, true}}, [this, state = reactor->state()](const std::shared_ptr<HostAccess>& access) {
+        ctx_.executor.Release(access);
+        DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
+      });
+  return reactor;
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,455 @@
+#include "server/service/operation_planner.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/philox.h"
+#include "server/expression/expression.h"
+
+namespace gpucompute {
+namespace {
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string Describe(const BufferMeta& b) {
+  return absl::StrCat(b.name.empty() ? b.id : absl::StrCat("'", b.name, "'"), " (", DTypeName(b.dtype),
+                      ShapeString(b.shape), ")");
+}
+
+enum class CastRule { kExact, kSameKind };
+
+// The buffer an operation writes: an existing one, checked against the result's shape
+// and dtype, or a new, not yet registered one.
+absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
+                                           const v1::Output& output, DType natural,
+                                           const std::vector<uint64_t>& shape, Layout layout,
+                                           int device, CastRule rule, bool* created) {
+  std::optional<DType> requested;
+  if (output.dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> d = FromProto(output.dtype());
+    if (!d.ok()) return d.status();
+    requested = *d;
+  }
+  auto check_cast = [&](DType to) -> absl::Status {
+    const bool ok = rule == CastRule::kExact ? natural == to : expr::CanCastSameKind(natural, to);
+    if (ok) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the result is ", DTypeName(natural), " and cannot be written as ", DTypeName(to),
+        rule == CastRule::kExact ? " (the dtypes must match)" : " (only same-kind casts are allowed)"));
+  };
+  if (!output.buffer().empty()) {
+    absl::StatusOr<BufferHandle> out = ctx.registry.Lookup(client, output.buffer());
+    if (!out.ok()) return out.status();
+    const BufferEntry& b = **out;
+    if (b.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has shape ", ShapeString(b.shape),
+                                                     " but the result has shape ", ShapeString(shape)));
+    }
+    if (requested.has_value() && *requested != b.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("output dtype ", DTypeName(*requested),
+                                                     " differs from the existing output ", Describe(b)));
+    }
+    if (b.shape.size() >= 2 && b.layout != layout) {
+      return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has a different layout than the result"));
+    }
+    if (absl::Status s = check_cast(b.dtype); !s.ok()) return s;
+    *created = false;
+    return out;
+  }
+  const DType dtype = requested.value_or(natural);
+  if (absl::Status s = check_cast(dtype); !s.ok()) return s;
+  *created = true;
+  return ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device);
+}
+
+absl::StatusOr<BufferHandle> Lookup(ServiceContext& ctx, absl::string_view client, absl::string_view what,
+                                    const std::string& ref) {
+  if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is required"));
+  return ctx.registry.Lookup(client, ref);
+}
+
+absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
+                                     const v1::ElementwiseOp& op) {
+  if (op.expression().size() > kMaxExpressionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("expression is ", op.expression().size(),
+                                                   " bytes; at most ", kMaxExpressionBytes, " are allowed"));
+  }
+  std::map<std::string, expr::InputType, std::less<>> types;
+  std::map<std::string, BufferHandle, std::less<>> arrays;
+  const BufferEntry* first = nullptr;
+  for (const auto& [name, operand] : op.inputs()) {
+    switch (operand.value_case()) {
+      case v1::Operand::kBuffer: {
+        absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(client, operand.buffer());
+        if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat("input '", name, "': ", b.status().message()));
+        if (first == nullptr) {
+          first = b->get();
+        } else if ((*b)->shape != first->shape) {
+          return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
+                                                         " does not have the shape of ", Describe(*first)));
+        } else if ((*b)->shape.size() >= 2 && (*b)->layout != first->layout) {
+          return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
+                                                         " has a different layout than ", Describe(*first)));
+        }
+        types.emplace(name, expr::ArrayInput{(*b)->dtype});
+        arrays.emplace(name, *b);
+        break;
+      }
+      case v1::Operand::kScalar: {
+        const v1::Scalar& s = operand.scalar();
+        expr::ScalarInput in;
+        switch (s.value_case()) {
+          case v1::Scalar::kFloatValue: in.dtype = DType::kFloat64; in.f = s.float_value(); break;
+          case v1::Scalar::kIntValue: in.dtype = DType::kInt64; in.i = s.int_value(); break;
+          case v1::Scalar::kBoolValue: in.dtype = DType::kBool; in.i = s.bool_value(); break;
+          case v1::Scalar::VALUE_NOT_SET:
+            return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
+        }
+        types.emplace(name, in);
+        break;
+      }
+      case v1::Operand::VALUE_NOT_SET:
+        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
+    }
+  }
+  absl::StatusOr<expr::Program> program = expr::Compile(op.expression(), types);
+  if (!program.ok()) return program.status();
+
+  const std::vector<uint64_t> shape = first != nullptr ? first->shape : std::vector<uint64_t>{};
+  const Layout layout = first != nullptr ? first->layout : Layout::kC;
+  const int device = first != nullptr ? first->device : ctx.executor.default_device();
+  Plan plan;
+  bool created = false;
+  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, op.output(), program->result_dtype(), shape,
+                                                   layout, device, CastRule::kSameKind, &created);
+  if (!out.ok()) return out.status();
+  if (created) plan.created = *out;
+
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OpKind::kElementwise;
+  const uint64_t n = (*out)->num_elements();
+  std::vector<BufferHandle> inputs;  // parallel to program->inputs(); null for scalars
+  for (const std::string& name : program->inputs()) {
+    auto it = arrays.find(name);
+    if (it == arrays.end()) {
+      inputs.push_back(nullptr);
+      continue;
+    }
+    inputs.push_back(it->second);
+    const bool seen = std::any_of(spec.accesses.begin(), spec.accesses.end(),
+                                  [&](const Executor::Access& a) { return a.buffer == it->second; });
+    if (!seen) {
+      spec.accesses.push_back({it->second, false});
+      spec.bytes_read += it->second->size_bytes();
+    }
+  }
+  spec.accesses.push_back({*out, true});
+  spec.bytes_written = (*out)->size_bytes();
+  spec.flops = static_cast<uint64_t>(program->ops_per_element()) * n;
+  spec.outputs.push_back(**out);
+  spec.launch = [&backend = ctx.backend, program = *std::move(program), inputs = std::move(inputs),
+                 out = *out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    std::vector<const DeviceMemory*> memories;
+    for (const BufferHandle& b : inputs) memories.push_back(b == nullptr ? nullptr : &b->memory);
+    return backend.Elementwise(stream, program, memories, out->memory, out->dtype, static_cast<int64_t>(n));
+  };
+  return plan;
+}
+
+absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, const v1::GemvOp& op) {
+  absl::StatusOr<BufferHandle> a = Lookup(ctx, client, "gemv matrix 'a'", op.a());
+  if (!a.ok()) return a.status();
+  absl::StatusOr<BufferHandle> x = Lookup(ctx, client, "gemv vector 'x'", op.x());
+  if (!x.ok()) return x.status();
+  const BufferEntry& A = **a;
+  const BufferEntry& X = **x;
+  if (A.shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be 2-D"));
+  }
+  if (!IsFloat(A.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be float32 or float64"));
+  }
+  GemvShape shape;
+  shape.rows = static_cast<int64_t>(A.shape[0]);
+  shape.cols = static_cast<int64_t>(A.shape[1]);
+  shape.col_major = A.layout == Layout::kF;
+  shape.transpose = op.transpose();
+  const uint64_t x_len = shape.transpose ? A.shape[0] : A.shape[1];
+  const uint64_t y_len = shape.transpose ? A.shape[1] : A.shape[0];
+  if (X.dtype != A.dtype || X.shape != std::vector<uint64_t>{x_len}) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv vector x ", Describe(X), " must be ", DTypeName(A.dtype), "[",
+                                                   x_len, "] to match ", op.transpose() ? "transposed " : "",
+                                                   "matrix ", Describe(A)));
+  }
+  const double alpha = op.has_alpha() ? op.alpha() : 1.0;
+  Plan plan;
+  bool created = false;
+  absl::StatusOr<BufferHandle> y = ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC, A.device,
+                                                 CastRule::kExact, &created);
+  if (!y.ok()) return y.status();
+  if (*y == *a || *y == *x) {
+    return absl::InvalidArgumentError("gemv output y must not be the same buffer as a or x");
+  }
+  const double beta = created ? 0.0 : op.beta();
+  if (created) plan.created = *y;
+
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OpKind::kGemv;
+  spec.accesses = {{*a, false}, {*x, false}, {*y, true}};
+  spec.bytes_read = A.size_bytes() + X.size_bytes() + (beta != 0 ? (*y)->size_bytes() : 0);
+  spec.bytes_written = (*y)->size_bytes();
+  spec.flops = 2 * A.num_elements();
+  spec.outputs.push_back(**y);
+  spec.launch = [&backend = ctx.backend, a = *a, x = *x, y = *y, shape, alpha, beta](
+                    Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    absl::Status s = backend.Gemv(stream, a->dtype, shape, alpha, a->memory, x->memory, beta, y->memory);
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return plan;
+}
+
+absl::StatusOr<ReduceKind> ReduceKindFromProto(v1::ReduceKind kind) {
+  switch (kind) {
+    case v1::REDUCE_KIND_SUM: return ReduceKind::kSum;
+    case v1::REDUCE_KIND_PROD: return ReduceKind::kProd;
+    case v1::REDUCE_KIND_MIN: return ReduceKind::kMin;
+    case v1::REDUCE_KIND_MAX: return ReduceKind::kMax;
+    case v1::REDUCE_KIND_MEAN: return ReduceKind::kMean;
+    case v1::REDUCE_KIND_NORM2: return ReduceKind::kNorm2;
+    case v1::REDUCE_KIND_ARGMIN: return ReduceKind::kArgmin;
+    case v1::REDUCE_KIND_ARGMAX: return ReduceKind::kArgmax;
+    case v1::REDUCE_KIND_UNSPECIFIED: return absl::InvalidArgumentError("reduce kind is required");
+    default: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown reduce kind ", static_cast<int>(kind)));
+}
+
+absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, const v1::ReduceOp& op) {
+  absl::StatusOr<ReduceKind> kind = ReduceKindFromProto(op.kind());
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<BufferHandle> in = Lookup(ctx, client, "reduce input", op.input());
+  if (!in.ok()) return in.status();
+  const BufferEntry& b = **in;
+  const int64_t n = static_cast<int64_t>(b.num_elements());
+  ReduceShape shape;
+  std::vector<uint64_t> out_shape;
+  if (!op.has_axis()) {
+    shape.extent = n;
+    if (b.layout == Layout::kF && b.shape.size() > 2 &&
+        (*kind == ReduceKind::kArgmin || *kind == ReduceKind::kArgmax)) {
+      return absl::InvalidArgumentError(
+          "whole-array argmin/argmax of an F-layout array is supported up to 2 dimensions");
+    }
+    if (b.layout == Layout::kF && b.shape.size() == 2) shape.f_order_rows = static_cast<int64_t>(b.shape[0]);
+  } else {
+    if (b.shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce along an axis needs a 2-D input; ", Describe(b), " has ", b.shape.size(), " dimensions"));
+    }
+    int axis = op.axis();
+    if (axis < -2 || axis > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("axis ", axis, " is out of range for a 2-D input"));
+    }
+    if (axis < 0) axis += 2;
+    const auto rows = static_cast<int64_t>(b.shape[0]);
+    const auto cols = static_cast<int64_t>(b.shape[1]);
+    // In memory a C (rows, cols) array is rows x cols; an F one is cols x rows.
+    const bool reduce_slow_axis = (axis == 0) == (b.layout == Layout::kC);
+    const int64_t slow = b.layout == Layout::kC ? rows : cols;
+    const int64_t fast = b.layout == Layout::kC ? cols : rows;
+    shape = reduce_slow_axis ? ReduceShape{1, slow, fast} : ReduceShape{slow, fast, 1};
+    out_shape = {axis == 0 ? b.shape[1] : b.shape[0]};
+  }
+  const bool needs_element = *kind == ReduceKind::kMin || *kind == ReduceKind::kMax ||
+                             *kind == ReduceKind::kArgmin || *kind == ReduceKind::kArgmax;
+  if (needs_element && shape.extent == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot take ", v1::ReduceKind_Name(op.kind()),
+                                                   " of zero elements: the reduction has no identity"));
+  }
+  const DType result_dtype = ReduceResultDType(*kind, b.dtype);
+  Plan plan;
+  bool created = false;
+  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
+                                                   b.device, CastRule::kExact, &created);
+  if (!out.ok()) return out.status();
+  if (*out == *in) return absl::InvalidArgumentError("reduce output must not be its input");
+  if (created) plan.created = *out;
+
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OpKind::kReduce;
+  spec.accesses = {{*in, false}, {*out, true}};
+  spec.bytes_read = b.size_bytes();
+  spec.bytes_written = (*out)->size_bytes();
+  spec.flops = static_cast<uint64_t>(n) * (*kind == ReduceKind::kNorm2 ? 2 : 1);
+  spec.outputs.push_back(**out);
+  const bool inline_values = (*out)->num_elements() <= kMaxInlineValues;
+  spec.launch = [&backend = ctx.backend, kind = *kind, in = *in, out = *out, shape, inline_values](
+                    Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
+    absl::Status s = backend.Reduce(stream, kind, in->dtype, in->memory, shape, out->memory);
+    if (s.ok() && inline_values) {
+      result.values_dtype = out->dtype;
+      result.values.resize(out->size_bytes());
+      s = backend.CopyToHost(stream, out->memory, 0, result.values.data(), result.values.size());
+    }
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return plan;
+}
+
+absl::StatusOr<Distribution> DistributionFromProto(v1::Distribution d) {
+  switch (d) {
+    case v1::DISTRIBUTION_UNIFORM: return Distribution::kUniform;
+    case v1::DISTRIBUTION_NORMAL: return Distribution::kNormal;
+    case v1::DISTRIBUTION_INTEGERS: return Distribution::kIntegers;
+    case v1::DISTRIBUTION_UNSPECIFIED: return absl::InvalidArgumentError("random distribution is required");
+    default: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown distribution ", static_cast<int>(d)));
+}
+
+absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, const v1::RandomOp& op) {
+  absl::StatusOr<Distribution> dist = DistributionFromProto(op.distribution());
+  if (!dist.ok()) return dist.status();
+  RandomParams params;
+  params.distribution = *dist;
+  params.seed = op.seed();
+  params.offset = op.offset();
+  params.mean = op.mean();
+  params.stddev = op.has_stddev() ? op.stddev() : 1.0;
+  params.low = op.low();
+  params.high = op.high();
+
+  // The target: an existing buffer decides shape and dtype; a new one takes them from the request.
+  std::vector<uint64_t> shape(op.shape().begin(), op.shape().end());
+  Layout layout = Layout::kC;
+  DType dtype;
+  if (!op.output().buffer().empty()) {
+    absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(client, op.output().buffer());
+    if (!b.ok()) return b.status();
+    if (!shape.empty() && shape != (*b)->shape) {
+      return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeString(shape), " differs from the output ",
+                                                     Describe(**b)));
+    }
+    shape = (*b)->shape;
+    layout = (*b)->layout;
+    dtype = (*b)->dtype;
+  } else {
+    absl::StatusOr<Layout> l = FromProto(op.layout());
+    if (!l.ok()) return l.status();
+    layout = *l;
+    if (op.output().dtype() == v1::DTYPE_UNSPECIFIED) {
+      return absl::InvalidArgumentError("a new random buffer needs output.dtype");
+    }
+    absl::StatusOr<DType> d = FromProto(op.output().dtype());
+    if (!d.ok()) return d.status();
+    dtype = *d;
+  }
+  if (*dist == Distribution::kIntegers) {
+    if (!IsInteger(dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("random integers need an int32 or int64 output, not ",
+                                                     DTypeName(dtype)));
+    }
+    if (params.low >= params.high) {
+      return absl::InvalidArgumentError(absl::StrCat("random integers need low < high; got [", params.low, ", ",
+                                                     params.high, ")"));
+    }
+    if (dtype == DType::kInt32 && (params.low < std::numeric_limits<int32_t>::min() ||
+                                   params.high - 1 > std::numeric_limits<int32_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("range [", params.low, ", ", params.high,
+                                                     ") does not fit an int32 output"));
+    }
+  } else {
+    if (!IsFloat(dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("uniform and normal values need a float32 or float64 output, not ",
+                                                     DTypeName(dtype)));
+    }
+    if (*dist == Distribution::kNormal &&
+        (!std::isfinite(params.mean) || !std::isfinite(params.stddev) || params.stddev < 0)) {
+      return absl::InvalidArgumentError("normal needs a finite mean and a finite, non-negative stddev");
+    }
+  }
+  absl::StatusOr<uint64_t> n = CheckedElementCount(shape, DTypeSize(dtype));
+  if (!n.ok()) return n.status();
+  const uint64_t counters = CountersUsed(*dist, dtype, static_cast<int64_t>(*n));
+  if (counters > std::numeric_limits<uint64_t>::max() - params.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("offset ", params.offset, " plus the ", counters,
+                                                   " counters this fill uses overflows 64 bits"));
+  }
+  Plan plan;
+  bool created = false;
+  v1::Output output = op.output();
+  output.set_dtype(v1::DTYPE_UNSPECIFIED);  // already folded into dtype
+  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, output, dtype, shape, layout,
+                                                   ctx.executor.default_device(), CastRule::kExact, &created);
+  if (!out.ok()) return out.status();
+  if (created) plan.created = *out;
+
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OpKind::kRandom;
+  spec.accesses = {{*out, true}};
+  spec.bytes_written = (*out)->size_bytes();
+  spec.outputs.push_back(**out);
+  const uint64_t next_offset = params.offset + counters;
+  spec.launch = [&backend = ctx.backend, out = *out, params, next_offset](
+                    Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
+    result.next_offset = next_offset;
+    absl::Status s = backend.Random(stream, params, out->dtype, out->memory,
+                                    static_cast<int64_t>(out->num_elements()));
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
+                                   const v1::SubmitRequest& request) {
+  switch (request.op_case()) {
+    case v1::SubmitRequest::kElementwise: return PlanElementwise(ctx, client, request.elementwise());
+    case v1::SubmitRequest::kGemv: return PlanGemv(ctx, client, request.gemv());
+    case v1::SubmitRequest::kReduce: return PlanReduce(ctx, client, request.reduce());
+    case v1::SubmitRequest::kRandom: return PlanRandom(ctx, client, request.random());
+    case v1::SubmitRequest::OP_NOT_SET: break;
+  }
+  return absl::InvalidArgumentError("the request names no operation");
+}
+
+absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, const v1::Scalar& value) {
+  absl::StatusOr<uint64_t> bits = ScalarBits(value, buffer->dtype);
+  if (!bits.ok()) return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
+  Plan plan;
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OpKind::kFill;
+  spec.accesses = {{buffer, true}};
+  spec.bytes_written = buffer->size_bytes();
+  spec.outputs.push_back(*buffer);
+  spec.launch = [&backend = ctx.backend, buffer, bits = *bits](Stream& stream,
+                                                               OpResult&) -> absl::StatusOr<LaunchInfo> {
+    absl::Status s = backend.Fill(stream, buffer->memory, buffer->dtype, bits,
+                                  static_cast<int64_t>(buffer->num_elements()));
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return plan;
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
+                                                      absl::string_view stream_id, Plan plan) {
+  absl::StatusOr<std::shared_ptr<Operation>> op = ctx.executor.Submit(client, stream_id, std::move(plan.spec));
+  if (!op.ok()) return op.status();
+  if (plan.created != nullptr) {
+    if (absl::Status s = ctx.registry.Register(plan.created); !s.ok()) return s;
+  }
+  return op;
+}
+
+}  // namespace gpucompute

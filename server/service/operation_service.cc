@@ -1,0 +1,80 @@
+// OperationService: Submit, GetOperation, WaitOperation.
+#include "absl/strings/str_cat.h"
+#include "server/service/operation_planner.h"
+#include "server/service/services.h"
+
+namespace gpucompute {
+
+void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
+  std::lock_guard lock(state->mu);
+  if (state->finished) return;
+  state->finished = true;
+  state->reactor->Finish(produce());
+}
+
+void DeferredReactor::OnCancel() {
+  FinishOnce(state_, [] { return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"); });
+}
+
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+namespace {
+
+absl::Status CheckTimeout(double seconds) {
+  if (!(seconds >= 0)) {  // also rejects NaN
+    return absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", seconds));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_ptr<Operation>& op,
+                                                              double timeout_seconds, v1::Operation* response) {
+  auto* reactor = new DeferredReactor();
+  WhenDoneOrTimeout(ctx_, op, timeout_seconds, [this, op, response, state = reactor->state()] {
+    DeferredReactor::FinishOnce(state, [&] {
+      ToProto(ctx_.executor.GetStatus(*op), response);
+      return grpc::Status::OK;
+    });
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerContext* context,
+                                                       const v1::SubmitRequest* request, v1::Operation* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<Plan> plan = PlanOperation(ctx_, *client, *request);
+  if (!plan.ok()) return FinishNow(context, plan.status());
+  absl::StatusOr<std::shared_ptr<Operation>> op = SubmitPlan(ctx_, *client, request->stream_id(), *std::move(plan));
+  if (!op.ok()) return FinishNow(context, op.status());
+  if (request->wait()) return ReplyWhenDone(*op, request->wait_timeout_seconds(), response);
+  ToProto(ctx_.executor.GetStatus(**op), response);
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServerContext* context,
+                                                             const v1::GetOperationRequest* request,
+                                                             v1::Operation* response) {
+  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.FindOperation(request->operation_id());
+  if (!op.ok()) return FinishNow(context, op.status());
+  ToProto(ctx_.executor.GetStatus(**op), response);
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(grpc::CallbackServerContext* context,
+                                                              const v1::WaitOperationRequest* request,
+                                                              v1::Operation* response) {
+  if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.FindOperation(request->operation_id());
+  if (!op.ok()) return FinishNow(context, op.status());
+  return ReplyWhenDone(*op, request->timeout_seconds(), response);
+}
+
+}  // namespace gpucompute

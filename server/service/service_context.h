@@ -1,0 +1,73 @@
+// What every RPC handler shares: the backend, the executor, the buffer registry, the
+// memory limiter, the timer, and the server's limits. Also the one place that turns
+// absl::Status into grpc::Status, and the proto <-> internal conversions.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
+#define GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+#include "server/backend.h"
+#include "server/buffer_registry.h"
+#include "server/executor.h"
+#include "server/timer.h"
+
+namespace gpucompute {
+
+namespace v1 = ::gpucompute::v1;
+
+inline constexpr char kVersion[] = "0.1.0";
+inline constexpr char kApi[] = "gpucompute.v1";
+inline constexpr char kClientMetadataKey[] = "gpucompute-client";
+inline constexpr char kDefaultClient[] = "default";
+// gRPC messages are capped here; chunks leave room for the envelope.
+inline constexpr uint64_t kMaxMessageBytes = 64ull << 20;
+inline constexpr uint64_t kMaxChunkBytes = kMaxMessageBytes - (64 << 10);
+inline constexpr uint64_t kDefaultChunkBytes = 4ull << 20;
+inline constexpr uint32_t kMaxExpressionBytes = 64 << 10;
+inline constexpr uint32_t kMaxInlineValues = 4096;
+
+struct ServiceContext {
+  Backend& backend;
+  Executor& executor;
+  BufferRegistry& registry;
+  MemoryLimiter& limiter;
+  Timer& timer;
+  std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
+};
+
+// The one conversion from absl::Status to grpc::Status: same code, same message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The calling client's name (metadata "gpucompute-client"), or INVALID_ARGUMENT if it
+// is malformed. Clients that send none are "default".
+absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context);
+
+// Conversions between the API's enums and the internal ones.
+absl::StatusOr<DType> FromProto(v1::DType dtype);
+v1::DType ToProto(DType dtype);
+absl::StatusOr<Layout> FromProto(v1::Layout layout);
+v1::OperationKind ToProto(OpKind kind);
+
+void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
+void ToProto(const OperationStatus& status, v1::Operation* op);
+
+// A scalar converted to `dtype`, in its native representation (as Backend::Fill wants).
+// INVALID_ARGUMENT if the value does not fit (an int beyond int32, a fraction into an
+// int, a non-finite float into an int).
+absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype);
+
+// Waits for `op` in the callback style: runs `done` once the operation is done or
+// `timeout_seconds` (0: no limit) passes, whichever is first, exactly once.
+void WhenDoneOrTimeout(ServiceContext& ctx, const std::shared_ptr<Operation>& op, double timeout_seconds,
+                       absl::AnyInvocable<void() &&> done);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_

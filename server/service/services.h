@@ -1,0 +1,127 @@
+// The gRPC services of gpucompute.v1, one class per RPC family, all on the callback
+// API. Handlers validate, hand work to the executor and return; none blocks on compute.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
+#define GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
+
+#include <memory>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/functional/function_ref.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "server/service/service_context.h"
+
+namespace gpucompute {
+
+// A unary call finished later from a callback that may race with cancellation.
+// FinishOnce finishes it at most once, however many times and from wherever it is
+// called, and is safe after the call is over.
+class DeferredReactor final : public grpc::ServerUnaryReactor {
+ public:
+  struct State {
+    std::mutex mu;
+    bool finished = false;
+    DeferredReactor* reactor = nullptr;  // valid until finished
+  };
+
+  DeferredReactor() : state_(std::make_shared<State>()) { state_->reactor = this; }
+  const std::shared_ptr<State>& state() const { return state_; }
+
+  // `produce` writes the response and returns the call's status; it runs only if the
+  // call is not finished yet.
+  static void FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce);
+
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// A reactor finished at once with `status`.
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status);
+
+class BufferServiceImpl final : public v1::BufferService::CallbackService {
+ public:
+  explicit BufferServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerUnaryReactor* CreateBuffer(grpc::CallbackServerContext* context,
+                                         const v1::CreateBufferRequest* request,
+                                         v1::CreateBufferResponse* response) override;
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
+                                                     v1::UploadResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(grpc::CallbackServerContext* context,
+                                                           const v1::DownloadRequest* request) override;
+  grpc::ServerUnaryReactor* GetBuffer(grpc::CallbackServerContext* context, const v1::GetBufferRequest* request,
+                                      v1::BufferInfo* response) override;
+  grpc::ServerUnaryReactor* ListBuffers(grpc::CallbackServerContext* context,
+                                        const v1::ListBuffersRequest* request,
+                                        v1::ListBuffersResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteBuffer(grpc::CallbackServerContext* context,
+                                         const v1::DeleteBufferRequest* request,
+                                         v1::DeleteBufferResponse* response) override;
+
+ private:
+  ServiceContext& ctx_;
+};
+
+class StreamServiceImpl final : public v1::StreamService::CallbackService {
+ public:
+  explicit StreamServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerUnaryReactor* CreateStream(grpc::CallbackServerContext* context,
+                                         const v1::CreateStreamRequest* request,
+                                         v1::StreamInfo* response) override;
+  grpc::ServerUnaryReactor* DeleteStream(grpc::CallbackServerContext* context,
+                                         const v1::DeleteStreamRequest* request,
+                                         v1::DeleteStreamResponse* response) override;
+  grpc::ServerUnaryReactor* SynchronizeStream(grpc::CallbackServerContext* context,
+                                              const v1::SynchronizeStreamRequest* request,
+                                              v1::SynchronizeStreamResponse* response) override;
+  grpc::ServerUnaryReactor* ListStreams(grpc::CallbackServerContext* context,
+                                        const v1::ListStreamsRequest* request,
+                                        v1::ListStreamsResponse* response) override;
+
+ private:
+  ServiceContext& ctx_;
+};
+
+class OperationServiceImpl final : public v1::OperationService::CallbackService {
+ public:
+  explicit OperationServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context, const v1::SubmitRequest* request,
+                                   v1::Operation* response) override;
+  grpc::ServerUnaryReactor* GetOperation(grpc::CallbackServerContext* context,
+                                         const v1::GetOperationRequest* request,
+                                         v1::Operation* response) override;
+  grpc::ServerUnaryReactor* WaitOperation(grpc::CallbackServerContext* context,
+                                          const v1::WaitOperationRequest* request,
+                                          v1::Operation* response) override;
+
+ private:
+  // Answers with `op` once it is done or `timeout_seconds` passes.
+  grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op, double timeout_seconds,
+                                          v1::Operation* response);
+
+  ServiceContext& ctx_;
+};
+
+class ServerServiceImpl final : public v1::ServerService::CallbackService {
+ public:
+  explicit ServerServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
+                                     v1::Stats* response) override;
+
+ private:
+  ServiceContext& ctx_;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_

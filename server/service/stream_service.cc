@@ -1,0 +1,96 @@
+// StreamService: CreateStream, DeleteStream, SynchronizeStream, ListStreams.
+#include "absl/strings/str_cat.h"
+#include "server/service/services.h"
+
+namespace gpucompute {
+namespace {
+
+void ToProto(const StreamInfo& s, v1::StreamInfo* out) {
+  out->set_id(s.id);
+  out->set_device(s.device);
+  out->set_is_default(s.is_default);
+  out->set_pending_operations(s.pending_operations);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StreamServiceImpl::CreateStream(grpc::CallbackServerContext* context,
+                                                          const v1::CreateStreamRequest* request,
+                                                          v1::StreamInfo* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  const int device = request->has_device() ? request->device() : ctx_.executor.default_device();
+  absl::StatusOr<StreamInfo> info = ctx_.executor.CreateStream(*client, device);
+  if (info.ok()) ToProto(*info, response);
+  return FinishNow(context, info.status());
+}
+
+grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerContext* context,
+                                                          const v1::DeleteStreamRequest* request,
+                                                          v1::DeleteStreamResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  auto* reactor = new DeferredReactor();
+  absl::Status s = ctx_.executor.DeleteStream(*client, request->stream_id(), [state = reactor->state()] {
+    DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
+  });
+  if (!s.ok()) DeferredReactor::FinishOnce(reactor->state(), [&] { return ToGrpcStatus(s); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackServerContext* context,
+                                                               const v1::SynchronizeStreamRequest* request,
+                                                               v1::SynchronizeStreamResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  const double timeout = request->timeout_seconds();
+  if (!(timeout >= 0)) {
+    return FinishNow(context, absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", timeout)));
+  }
+  std::string stream_id = request->stream_id();
+  if (stream_id.empty()) {
+    absl::StatusOr<StreamInfo> info = ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+    if (!info.ok()) return FinishNow(context, info.status());
+    stream_id = info->id;
+  }
+  auto* reactor = new DeferredReactor();
+  std::shared_ptr<DeferredReactor::State> state = reactor->state();
+  uint64_t timer_key = 0;
+  if (timeout > 0) {
+    const auto when = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(std::min(timeout, 1e7)));
+    timer_key = ctx_.timer.Schedule(when, [state, response] {
+      DeferredReactor::FinishOnce(state, [&] {
+        response->set_idle(false);
+        return grpc::Status::OK;
+      });
+    });
+  }
+  absl::Status s = ctx_.executor.Synchronize(stream_id, [this, state, response, timer_key] {
+    if (timer_key != 0) ctx_.timer.Cancel(timer_key);
+    DeferredReactor::FinishOnce(state, [&] {
+      response->set_idle(true);
+      return grpc::Status::OK;
+    });
+  });
+  if (!s.ok()) {
+    if (timer_key != 0) ctx_.timer.Cancel(timer_key);
+    DeferredReactor::FinishOnce(state, [&] { return ToGrpcStatus(s); });
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StreamServiceImpl::ListStreams(grpc::CallbackServerContext* context,
+                                                         const v1::ListStreamsRequest* request,
+                                                         v1::ListStreamsResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  // The default stream exists from the client's first call on.
+  absl::StatusOr<StreamInfo> def = ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+  if (!def.ok()) return FinishNow(context, def.status());
+  for (const StreamInfo& s : ctx_.executor.ListStreams(*client)) ToProto(s, response->add_streams());
+  return FinishNow(context, absl::OkStatus());
+}
+
+}  // namespace gpucompute
