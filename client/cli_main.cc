@@ -1,0 +1,344 @@
+// gpucompute: the command-line client. Parses the global flags, finds the subcommand
+// in the table below, and turns its Outcome into stderr text and an exit code.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/cli.h"
+
+namespace gpucompute::cli {
+namespace {
+
+constexpr std::string_view kDefaultServer = "127.0.0.1:50051";
+
+constexpr FlagSpec ValueFlag(std::string_view name, std::string_view alias = "") {
+  return FlagSpec{name, alias, /*takes_value=*/true};
+}
+constexpr FlagSpec SwitchFlag(std::string_view name) {
+  return FlagSpec{name, "", /*takes_value=*/false};
+}
+
+constexpr FlagSpec kNoWait = SwitchFlag("--no-wait");
+constexpr FlagSpec kOut = ValueFlag("--out");
+constexpr FlagSpec kName = ValueFlag("--name");
+constexpr FlagSpec kDType = ValueFlag("--dtype");
+
+constexpr absl::string_view kOutputDetails =
+    "  --out BUFFER   write into this existing buffer (id or name)\n"
+    "  --name NAME    name the new result buffer (default: unnamed)\n"
+    "  --no-wait      print the operation id and return at once\n";
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"info", "", "server version, backend, devices, memory and limits", "", {}, RunInfo},
+      {"stats",
+       "",
+       "operation counts, device time and traffic since the server started",
+       "",
+       {},
+       RunStats},
+      {"ls", "", "list this client's buffers", "", {}, RunList},
+      {"rm",
+       "BUFFER...",
+       "delete buffers (by id or name)",
+       "Deletes each buffer; a failure does not stop the others (the exit code is the\n"
+       "first failure's).\n",
+       {},
+       RunRemove},
+      {"create",
+       "--shape S [--dtype D] [--layout C|F] [--fill V] [--name N] [--device N]",
+       "allocate a buffer",
+       "  --shape S      sizes separated by commas, e.g. 1000,10; \"\" for a 0-d array\n"
+       "  --dtype D      float32 float64 int32 int64 bool (default float64)\n"
+       "  --layout C|F   row-major (default) or column-major\n"
+       "  --fill V       set every element to V (a number, True or False); otherwise\n"
+       "                 the contents are unspecified\n"
+       "  --name N       name the buffer\n"
+       "  --device N     allocate on device N (default: the server's)\n",
+       {ValueFlag("--shape"), ValueFlag("--dtype"), ValueFlag("--layout"), ValueFlag("--fill"),
+        ValueFlag("--name"), ValueFlag("--device")},
+       RunCreate},
+      {"put",
+       "FILE.npy [--name N] [--into BUFFER [--offset BYTES]]",
+       "upload a .npy file into a new buffer, or into part of an existing one",
+       "The file is streamed: it is never loaded whole. Supported: '<f4' '<f8' '<i4'\n"
+       "'<i8' '|b1', C or Fortran order (Fortran order makes an F-layout buffer).\n"
+       "  --name N         name the new buffer\n"
+       "  --into BUFFER    overwrite bytes of an existing buffer of the same dtype with\n"
+       "                   the file's data, as stored\n"
+       "  --offset BYTES   where in BUFFER the data goes (default 0)\n"
+       "Prints the buffer, its dtype and shape, the bytes and the transfer rate. A\n"
+       "progress bar appears on stderr for transfers over 8 MiB when it is a terminal.\n",
+       {ValueFlag("--name"), ValueFlag("--into"), ValueFlag("--offset")},
+       RunPut},
+      {"get",
+       "BUFFER -o FILE.npy",
+       "download a buffer into a .npy file",
+       "Writes the buffer's dtype and shape, and Fortran order for F-layout buffers.\n"
+       "A failed download removes the partial file.\n"
+       "  -o, --output FILE   the file to write\n",
+       {ValueFlag("--output", "-o")},
+       RunGet},
+      {"eval",
+       "EXPR NAME=VALUE... [--out BUFFER | --name N] [--dtype D] [--no-wait]",
+       "evaluate an elementwise expression",
+       absl::StrCat(
+           "EXPR uses + - * / ** (power), comparisons, where(c, a, b) and functions such as\n"
+           "sin exp log sqrt abs min max; every name in it is bound with NAME=VALUE. VALUE\n"
+           "is a number (an integer if it parses as one, else a float), True or False (a\n"
+           "scalar), or else a buffer id or name.\n"
+           "  --dtype D      dtype of a new result (default: NumPy 2's promotion)\n",
+           kOutputDetails),
+       {kOut, kName, kDType, kNoWait},
+       RunEval},
+      {"gemv",
+       "A X [--y BUFFER | --name N] [--transpose] [--alpha V] [--beta V] [--no-wait]",
+       "y = alpha * op(A) * x + beta * y",
+       "  --y BUFFER     accumulate into this existing 1-D buffer (else a new one)\n"
+       "  --name N       name the new y\n"
+       "  --transpose    use A transposed\n"
+       "  --alpha V      default 1\n"
+       "  --beta V       default 0 (ignored for a new y)\n"
+       "  --no-wait      print the operation id and return at once\n",
+       {ValueFlag("--y"), kName, SwitchFlag("--transpose"), ValueFlag("--alpha"),
+        ValueFlag("--beta"), kNoWait},
+       RunGemv},
+      {"reduce",
+       "KIND BUFFER [--axis N] [--out BUFFER | --name N] [--dtype D] [--no-wait]",
+       "reduce a buffer: sum prod min max mean norm2 argmin argmax",
+       absl::StrCat(
+           "Reduces all elements, or along --axis (0, 1, -1 or -2) of a 2-D buffer. Results\n"
+           "of up to the server's inline limit are printed as `value V` or `values [...]`.\n"
+           "  --axis N       reduce along this axis\n"
+           "  --dtype D      dtype of a new result (default: NumPy's)\n",
+           kOutputDetails),
+       {ValueFlag("--axis"), kOut, kName, kDType, kNoWait},
+       RunReduce},
+      {"rand",
+       "uniform|normal|integers --shape S --dtype D [--seed N] [--offset N] [FLAGS]",
+       "fill a buffer with counter-based random numbers (Philox4x32-10)",
+       absl::StrCat("The same seed and offset give the same numbers on every backend and run; the\n"
+                    "result's next_offset continues the sequence.\n"
+                    "  --shape S      shape of a new buffer (not needed with --out)\n"
+                    "  --dtype D      float32/float64 (uniform, normal) or int32/int64 (integers)\n"
+                    "  --seed N, --offset N   Philox key and first counter (default 0)\n"
+                    "  --mean M, --std S      normal's parameters (default 0 and 1)\n"
+                    "  --low L, --high H      integers on [L, H)\n"
+                    "  --layout C|F   layout of a new buffer\n",
+                    kOutputDetails),
+       {ValueFlag("--shape"), kDType, ValueFlag("--seed"), ValueFlag("--offset"),
+        ValueFlag("--mean"), ValueFlag("--std"), ValueFlag("--low"), ValueFlag("--high"),
+        ValueFlag("--layout"), kOut, kName, kNoWait},
+       RunRandom},
+      {"wait",
+       "OP_ID [--timeout S]",
+       "wait for an operation and print it",
+       "  --timeout S    give up after S seconds (default: no limit); the exit code is\n"
+       "                 then 14 (DEADLINE_EXCEEDED)\n",
+       {ValueFlag("--timeout")},
+       RunWait},
+      {"op", "OP_ID", "print an operation without waiting", "", {}, RunOperation},
+      {"stream",
+       "create [--device N] | rm ID... | sync [ID] [--timeout S] | ls",
+       "manage streams",
+       "Operations on one stream run in order; different streams may overlap.\n"
+       "  create         create a stream and print its id (use it with --stream)\n"
+       "  rm ID...       delete streams once their work is done\n"
+       "  sync [ID]      wait until the stream (default: --stream, else the default\n"
+       "                 stream) is idle; exit 14 if --timeout S passes first\n"
+       "  ls             list this client's streams\n",
+       {ValueFlag("--device"), ValueFlag("--timeout")},
+       RunStream},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& command : Commands()) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+std::string UsageLine(const Command& command) {
+  return absl::StrCat("usage: gpucompute [GLOBAL FLAGS] ", Sv(command.name),
+                      command.synopsis.empty() ? "" : " ", Sv(command.synopsis));
+}
+
+std::string CommandHelp(const Command& command) {
+  std::string text = absl::StrCat(UsageLine(command), "\n\n", Sv(command.summary), ".\n");
+  if (!command.details.empty()) absl::StrAppend(&text, "\n", Sv(command.details));
+  absl::StrAppend(&text, "\nRun 'gpucompute help' for the global flags and exit codes.\n");
+  return text;
+}
+
+std::string MainHelp() {
+  std::string text =
+      "gpucompute: command-line client of a gpucompute server, which keeps arrays\n"
+      "(buffers) in device memory and runs operations on them.\n"
+      "\n"
+      "usage: gpucompute [GLOBAL FLAGS] COMMAND [ARGS] [FLAGS]\n"
+      "\n"
+      "Global flags (before the command):\n"
+      "  --server HOST:PORT  server address (default $GPUCOMPUTE_SERVER, else\n"
+      "                      127.0.0.1:50051)\n"
+      "  --client NAME       client name sent with every call (default\n"
+      "                      $GPUCOMPUTE_CLIENT); buffer names, the default stream and\n"
+      "                      listings are per client\n"
+      "  --json              print one JSON object per command on stdout (the protobuf\n"
+      "                      JSON mapping with proto field names; 64-bit integers are\n"
+      "                      strings)\n"
+      "  --stream ID         stream for submitted operations (default: the client's\n"
+      "                      default stream)\n"
+      "  --timeout SECONDS   deadline of each call (uploads and downloads excepted);\n"
+      "                      an operation still running then is printed, exit 14\n"
+      "\n"
+      "Commands:\n";
+  size_t width = 0;
+  for (const Command& command : Commands()) width = std::max(width, command.name.size());
+  for (const Command& command : Commands()) {
+    absl::StrAppend(&text, "  ", Sv(command.name),
+                    std::string(width + 2 - command.name.size(), ' '), Sv(command.summary), "\n");
+  }
+  absl::StrAppend(
+      &text, "  help", std::string(width - 2, ' '),
+      "this text, or 'help COMMAND' for one command\n",
+      "\n"
+      "Buffers are named by id (buf-...) or by the name given when they were made.\n"
+      "Operations wait for their result unless --no-wait is given, and print one line:\n"
+      "  ID KIND  STATE  device T  queued T  read B  wrote B  R GB/s  [R GFLOP/s]\n"
+      "  [-> OUTPUT BUFFERS]  [value V | values [...]]  [next_offset N]\n"
+      "or, for a failed operation, ID KIND  failed  error CODE: MESSAGE.\n"
+      "\n"
+      "Exit status:\n"
+      "  0        success\n"
+      "  1        local error: file I/O, a malformed or unsupported .npy file\n"
+      "  2        usage error (the message and the usage go to stderr)\n"
+      "  10+CODE  the server answered with gRPC status CODE: 13 INVALID_ARGUMENT,\n"
+      "           15 NOT_FOUND, 16 ALREADY_EXISTS, 18 RESOURCE_EXHAUSTED,\n"
+      "           19 FAILED_PRECONDITION, 21 OUT_OF_RANGE, 24 UNAVAILABLE (no server)\n"
+      "  10+CODE  an operation finished FAILED with error_code CODE\n"
+      "  14       wait or stream sync: still busy at --timeout (DEADLINE_EXCEEDED)\n"
+      "Errors go to stderr as 'gpucompute: WHAT: MESSAGE'.\n"
+      "\n"
+      "'gpucompute help COMMAND' or 'gpucompute COMMAND --help' describes a command.\n");
+  return text;
+}
+
+void PrintError(std::string_view message) {
+  std::fprintf(stderr, "gpucompute: %.*s\n", static_cast<int>(message.size()), message.data());
+}
+
+// Exit code 2 with the message and, when known, the command's usage.
+int UsageError(std::string_view message, const Command* command) {
+  PrintError(command == nullptr ? std::string(message)
+                                : absl::StrCat(Sv(command->name), ": ", Sv(message)));
+  if (command != nullptr) {
+    std::fprintf(stderr, "%s\nRun 'gpucompute help %.*s' for details.\n",
+                 UsageLine(*command).c_str(), static_cast<int>(command->name.size()),
+                 command->name.data());
+  } else {
+    std::fprintf(stderr, "Run 'gpucompute help' for usage.\n");
+  }
+  return kExitUsage;
+}
+
+int Help(const std::vector<std::string>& topics) {
+  if (topics.empty()) {
+    std::fputs(MainHelp().c_str(), stdout);
+    return kExitOk;
+  }
+  const Command* command = FindCommand(topics[0]);
+  if (command == nullptr || topics.size() > 1) {
+    return UsageError(absl::StrCat("help: unknown command '", topics[0], "'"), nullptr);
+  }
+  std::fputs(CommandHelp(*command).c_str(), stdout);
+  return kExitOk;
+}
+
+std::string EnvOr(const char* name, std::string_view fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : std::string(fallback);
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  GlobalOptions options;
+  options.server = EnvOr("GPUCOMPUTE_SERVER", kDefaultServer);
+  options.client_name = EnvOr("GPUCOMPUTE_CLIENT", "");
+
+  // Global flags come before the command.
+  size_t next = 0;
+  while (next < args.size() && args[next].size() > 1 && args[next][0] == '-') {
+    std::string flag = args[next];
+    std::optional<std::string> inline_value;
+    if (const size_t equals = flag.find('='); equals != std::string::npos) {
+      inline_value = flag.substr(equals + 1);
+      flag.resize(equals);
+    }
+    ++next;
+    if (flag == "--help" || flag == "-h") return Help({});
+    if (flag == "--json") {
+      if (inline_value.has_value()) return UsageError("--json takes no value", nullptr);
+      options.json = true;
+      continue;
+    }
+    if (flag != "--server" && flag != "--client" && flag != "--stream" && flag != "--timeout") {
+      return UsageError(absl::StrCat("unknown global flag ", flag), nullptr);
+    }
+    std::string value;
+    if (inline_value.has_value()) {
+      value = *inline_value;
+    } else if (next < args.size()) {
+      value = args[next++];
+    } else {
+      return UsageError(absl::StrCat(flag, " needs a value"), nullptr);
+    }
+    if (flag == "--server") {
+      if (value.empty()) return UsageError("--server needs HOST:PORT", nullptr);
+      options.server = value;
+    } else if (flag == "--client") {
+      options.client_name = value;
+    } else if (flag == "--stream") {
+      options.stream = value;
+    } else {
+      double seconds;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {
+        return UsageError(
+            absl::StrCat("--timeout needs a positive number of seconds, not '", value, "'"),
+            nullptr);
+      }
+      options.timeout_seconds = seconds;
+    }
+  }
+  if (next == args.size()) return UsageError("missing command", nullptr);
+
+  const std::string& name = args[next];
+  const std::span<const std::string> rest(args.data() + next + 1, args.size() - next - 1);
+  if (name == "help") return Help({rest.begin(), rest.end()});
+  const Command* command = FindCommand(name);
+  if (command == nullptr) return UsageError(absl::StrCat("unknown command '", name, "'"), nullptr);
+
+  absl::StatusOr<ParsedArgs> parsed = ParsedArgs::Parse(rest, command->flags);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()), command);
+  if (parsed->help()) {
+    std::fputs(CommandHelp(*command).c_str(), stdout);
+    return kExitOk;
+  }
+
+  CliContext context(std::move(options));
+  const Outcome outcome = command->run(context, *parsed);
+  if (outcome.exit_code == kExitOk) return kExitOk;
+  if (outcome.show_usage) return UsageError(outcome.message, command);
+  PrintError(outcome.message);
+  return outcome.exit_code;
+}
+
+}  // namespace
+}  // namespace gpucompute::cli
+
+int main(int argc, char** argv) { return gpucompute::cli::Main(argc, argv); }

@@ -1,0 +1,206 @@
+// C++ client of the gpucompute service.
+//
+// One Client holds one channel and the stubs of the four services; it is safe to use
+// from many threads at once. Every call names the client (metadata
+// "gpucompute-client") when ClientOptions::client_name is set, and unary calls carry
+// the ClientOptions::timeout deadline. Errors are absl::Status values with the gRPC
+// status code and message the server gave (see FromGrpcStatus).
+//
+// Transfers stream: Upload sends the header and then chunks read from memory or from a
+// reader callback, Download hands chunks to a sink in order, so arrays larger than
+// memory (and larger than 4 GiB) move through a buffer of one chunk.
+#ifndef GPUCOMPUTE_CLIENT_CLIENT_H_
+#define GPUCOMPUTE_CLIENT_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+
+namespace gpucompute {
+
+namespace v1 = ::gpucompute::v1;
+
+namespace client_internal {
+class AsyncCallRegistry;
+}  // namespace client_internal
+
+// The server's largest message (Limits.max_message_bytes of the reference server).
+inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;
+// Room for the framing around a chunk's bytes in an UploadRequest.
+inline constexpr size_t kChunkOverheadBytes = size_t{64} << 10;
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";
+  // Sent as the metadata "gpucompute-client" when non-empty.
+  std::string client_name;
+  // Upload chunk size; 0 means the default, and sizes are clamped to
+  // kMaxMessageBytes - kChunkOverheadBytes.
+  size_t chunk_bytes = size_t{4} << 20;
+  // Deadline of each unary call. Uploads and downloads have none: they take as long
+  // as the data takes.
+  absl::Duration timeout = absl::InfiniteDuration();
+};
+
+// Called after each chunk with the bytes moved so far and the total.
+using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
+// Fills the span with the next bytes of an upload and returns how many it wrote (at
+// least 1 while bytes remain; fewer than the span is fine).
+using UploadReader = std::function<absl::StatusOr<size_t>(std::span<std::byte>)>;
+// Receives a download's chunks in order; `offset` is the chunk's byte offset in the
+// buffer.
+using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_view chunk)>;
+
+// Converts a gRPC status to the absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The result of SubmitAsync: resolves to the finished operation (done is true; its
+// state may be FAILED) or to the error of an RPC. Copyable; copies share the result.
+class OperationFuture {
+ public:
+  OperationFuture() = default;
+  explicit OperationFuture(std::shared_future<absl::StatusOr<v1::Operation>> future)
+      : future_(std::move(future)) {}
+
+  // False for a default-constructed future.
+  bool valid() const { return future_.valid(); }
+  // True once Get would not block.
+  bool Ready() const;
+  // Waits up to `timeout` and returns Ready().
+  bool Wait(absl::Duration timeout) const;
+  // Waits for the result.
+  const absl::StatusOr<v1::Operation>& Get() const { return future_.get(); }
+
+ private:
+  std::shared_future<absl::StatusOr<v1::Operation>> future_;
+};
+
+class Client {
+ public:
+  // Creates the channel; no RPC is made, so an unreachable server shows up as
+  // UNAVAILABLE on the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  // Cancels the asynchronous calls still in flight (their futures resolve to
+  // CANCELLED; the operations go on on the server) and waits for their callbacks.
+  ~Client();
+
+  const ClientOptions& options() const { return options_; }
+
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  absl::StatusOr<v1::Stats> GetStats();
+
+  // Buffers.
+  absl::StatusOr<v1::BufferInfo> CreateBuffer(const v1::CreateBufferRequest& request);
+  // Uploads `data`. header.size_bytes may be 0 (it is set to data.size()) or must
+  // equal data.size().
+  absl::StatusOr<v1::UploadResponse> Upload(const v1::UploadHeader& header,
+                                            std::span<const std::byte> data,
+                                            const ProgressFn& progress = {});
+  // Uploads `size_bytes` bytes produced by `reader`, one chunk at a time. If the
+  // reader fails, the upload is cancelled (the server changes nothing) and its error
+  // is returned.
+  absl::StatusOr<v1::UploadResponse> Upload(const v1::UploadHeader& header, uint64_t size_bytes,
+                                            const UploadReader& reader,
+                                            const ProgressFn& progress = {});
+  // Downloads into `data`, resized to the bytes read. The result has the buffer's
+  // info (from the first message), offset_bytes of the request and the transfer stats
+  // (from the last), and no data.
+  absl::StatusOr<v1::DownloadResponse> Download(const v1::DownloadRequest& request,
+                                                std::string* data, const ProgressFn& progress = {});
+  // Downloads into `sink`. If the sink fails, the download is cancelled and its error
+  // is returned. The result is as above.
+  absl::StatusOr<v1::DownloadResponse> Download(const v1::DownloadRequest& request,
+                                                const DownloadSink& sink,
+                                                const ProgressFn& progress = {});
+  absl::StatusOr<v1::BufferInfo> GetBuffer(std::string_view buffer);
+  absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
+  absl::Status DeleteBuffer(std::string_view buffer);
+
+  // Streams.
+  absl::StatusOr<v1::StreamInfo> CreateStream(std::optional<int> device = {});
+  absl::Status DeleteStream(std::string_view stream_id);
+  // Returns whether the stream went idle before `timeout_seconds` (0: no limit but the
+  // call's deadline). An empty id is the default stream.
+  absl::StatusOr<bool> SynchronizeStream(std::string_view stream_id, double timeout_seconds = 0);
+  absl::StatusOr<v1::ListStreamsResponse> ListStreams();
+
+  // Operations.
+  // Submits `request` as given: with request.wait set, returns the finished operation.
+  absl::StatusOr<v1::Operation> Submit(const v1::SubmitRequest& request);
+  absl::StatusOr<v1::Operation> GetOperation(std::string_view id);
+  // The operation when it finished or after `timeout_seconds` (0: no limit but the
+  // call's deadline); `done` tells which.
+  absl::StatusOr<v1::Operation> WaitOperation(std::string_view id, double timeout_seconds = 0);
+  // Submits without waiting (request.wait is ignored) and returns at once. The future
+  // resolves when the operation finishes, through callbacks on gRPC's threads: many
+  // operations can be in flight without a thread each.
+  OperationFuture SubmitAsync(v1::SubmitRequest request);
+
+ private:
+  struct Stubs;
+  explicit Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  // Downloads, calling `on_info` with the buffer's info and the byte count before
+  // the first chunk reaches `sink`.
+  absl::StatusOr<v1::DownloadResponse> DownloadImpl(
+      const v1::DownloadRequest& request,
+      const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
+      const DownloadSink& sink, const ProgressFn& progress);
+  size_t ChunkBytes() const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Stubs> stubs_;
+  // Shared with the asynchronous calls, which leave it as they are destroyed.
+  std::shared_ptr<client_internal::AsyncCallRegistry> async_calls_;
+};
+
+// Builders for the common requests. The results can be adjusted (stream_id, wait,
+// wait_timeout_seconds) before submitting.
+
+// An operand bound to a buffer (id or name), or to a scalar.
+v1::Operand BufferOperand(std::string_view buffer);
+v1::Operand ScalarOperand(double value);
+v1::Operand ScalarOperand(int64_t value);
+v1::Operand ScalarOperand(int value);
+v1::Operand ScalarOperand(bool value);
+// Output into an existing buffer (id or name).
+v1::Output ExistingOutput(std::string_view buffer);
+// Output into a new buffer, optionally named, of `dtype` or the natural dtype.
+v1::Output NewOutput(std::string_view name = {}, v1::DType dtype = v1::DTYPE_UNSPECIFIED);
+
+v1::SubmitRequest Elementwise(
+    std::string_view expression,
+    std::initializer_list<std::pair<std::string_view, v1::Operand>> inputs, v1::Output output = {});
+v1::SubmitRequest Reduce(v1::ReduceKind kind, std::string_view input, std::optional<int> axis = {},
+                         v1::Output output = {});
+// y = alpha * op(A) * x + beta * y.
+v1::SubmitRequest Gemv(std::string_view a, std::string_view x, v1::Output y = {},
+                       bool transpose = false, double alpha = 1, double beta = 0);
+// A fill of a new buffer with `shape` and `dtype`; distribution parameters (mean,
+// stddev, low, high, offset) can be set on the returned request's random op.
+v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64_t>& shape,
+                         v1::DType dtype, uint64_t seed, v1::Output output = {});
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_CLIENT_CLIENT_H_
