@@ -18,8 +18,9 @@ struct ReduceShape {
   int64_t extent = 1;
   int64_t inner = 1;
   // Whole-array argmin/argmax of an F-layout (rows, cols) array: when non-zero, the
-  // memory position p found is reported as the C-order index (p % rows) * cols + p / rows,
-  // as numpy.argmin gives. Backends apply it; kernels see positions only.
+  // search runs in C order, as numpy.argmin's does, and reports the C-order index of the
+  // first extreme (with ties, the first in memory order may come later in C order).
+  // Backends handle it; the plain kernels see memory order only.
   int64_t f_order_rows = 0;
 };
 

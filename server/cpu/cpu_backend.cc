@@ -3,6 +3,7 @@
 #include <sys/sysinfo.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -173,6 +174,65 @@ absl::StatusOr<double> CpuBackend::ElapsedSeconds(const Event& start, const Even
   return std::chrono::duration<double>(e->WaitDone() - s->WaitDone()).count();
 }
 
+int64_t CpuBackend::ArgExtremeInCOrder(bool is_min, DType dtype, const void* data, int64_t rows,
+                                       int64_t cols) {
+  return VisitDType(dtype, [&](auto zero) -> int64_t {
+    using T = decltype(zero);
+    using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+    const auto* a = static_cast<const Stored*>(data);
+    auto value = [&](int64_t r, int64_t c) -> T {
+      if constexpr (std::is_same_v<T, bool>) {
+        return a[c * rows + r] != 0;
+      } else {
+        return a[c * rows + r];
+      }
+    };
+    // Each chunk of rows is a contiguous range of C-order indices; its first extreme
+    // (or first NaN, which counts as the extreme) is combined with the others in order.
+    constexpr int64_t kRowsPerChunk = 64;
+    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+    std::vector<int64_t> best(chunks);
+    std::vector<T> best_value(chunks);
+    std::vector<uint8_t> best_nan(chunks);
+    pool_->ParallelFor(rows, kRowsPerChunk, [&](int64_t begin, int64_t end) {
+      const int64_t chunk = begin / kRowsPerChunk;
+      int64_t bi = begin * cols;
+      T bv = value(begin, 0);
+      bool nan = false;
+      for (int64_t r = begin; r < end && !nan; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const T v = value(r, c);
+          if constexpr (std::is_floating_point_v<T>) {
+            if (std::isnan(v)) {
+              bi = r * cols + c;
+              bv = v;
+              nan = true;
+              break;
+            }
+          }
+          if (is_min ? v < bv : bv < v) {
+            bv = v;
+            bi = r * cols + c;
+          }
+        }
+      }
+      best[chunk] = bi;
+      best_value[chunk] = bv;
+      best_nan[chunk] = nan;
+    });
+    int64_t result = best[0];
+    T result_value = best_value[0];
+    for (int64_t k = 0; k < chunks; ++k) {
+      if (best_nan[k]) return best[k];  // no earlier chunk had a NaN
+      if (is_min ? best_value[k] < result_value : result_value < best_value[k]) {
+        result = best[k];
+        result_value = best_value[k];
+      }
+    }
+    return result;
+  });
+}
+
 void CpuBackend::ParallelCopy(void* dst, const void* src, uint64_t bytes) {
   if (dst == src) return;
   auto* d = static_cast<char*>(dst);
@@ -239,13 +299,13 @@ absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
                                 DeviceMemory& out) {
   const void* i = in.data();
   void* o = out.data();
-  AsCpu(stream).Enqueue([this, kind, in_dtype, i, shape, o] {
-    cpu::Reduce(kind, in_dtype, i, shape, o, *pool_);
-    if (shape.f_order_rows > 0 && (kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax)) {
-      auto* index = static_cast<int64_t*>(o);
-      const int64_t rows = shape.f_order_rows;
-      const int64_t cols = shape.extent / rows;
-      *index = (*index % rows) * cols + *index / rows;
+  const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
+  AsCpu(stream).Enqueue([this, kind, in_dtype, i, shape, o, arg] {
+    if (arg && shape.f_order_rows > 0) {
+      *static_cast<int64_t*>(o) = ArgExtremeInCOrder(kind == ReduceKind::kArgmin, in_dtype, i,
+                                                     shape.f_order_rows, shape.extent / shape.f_order_rows);
+    } else {
+      cpu::Reduce(kind, in_dtype, i, shape, o, *pool_);
     }
   });
   return absl::OkStatus();

@@ -45,6 +45,9 @@ class CpuBackend final : public Backend {
                       int64_t n) override;
 
  private:
+  // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
+  // as numpy.argmin gives; NaN counts as the extreme.
+  int64_t ArgExtremeInCOrder(bool is_min, DType dtype, const void* data, int64_t rows, int64_t cols);
   // Copies of large ranges are split across the pool.
   void ParallelCopy(void* dst, const void* src, uint64_t bytes);
 

@@ -98,7 +98,20 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
   static void FinishLocked(const StatePtr& s, grpc::Status status) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
+    ReleaseMemoryLocked(s);
     s->reactor->Finish(std::move(status));
+  }
+
+  // Memory an upload holds is returned before its caller hears the answer, so that a
+  // rejected upload leaves the memory in use as it found it. Copies still in flight
+  // write into it, so the last of them releases it instead.
+  static void ReleaseMemoryLocked(const StatePtr& s) {
+    if (s->slot_busy[0] || s->slot_busy[1]) return;
+    s->destination = nullptr;
+    s->created.reset();
+    s->target.reset();
+    s->staging = DeviceMemory();
+    s->staging_charge = MemoryLimiter::Charge();
   }
 
   static absl::Status HandleHeaderLocked(const StatePtr& s, const v1::UploadHeader& header) {
@@ -178,6 +191,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
         std::unique_lock lock(s->mu);
         s->slot_busy[slot] = false;
         if (!status.ok() && s->copy_error.ok()) s->copy_error = status;
+        if (s->finished) return ReleaseMemoryLocked(s);
         if (!s->reading && !s->closed) ReadNextLocked(s);
         MaybeCommitLocked(s, lock);
       });
@@ -243,7 +257,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     ctx.executor.OnDone(*op, [s, op = *op] {
       std::lock_guard lock(s->mu);
       const OperationStatus done = s->ctx.executor.GetStatus(*op);
-      if (done.error.ok()) {
+      if (done.error.ok() && s->target != nullptr) {
         ToProto(*s->target, s->response->mutable_buffer());
         SetTransfer(s->received, s->start, s->response->mutable_transfer());
         s->ctx.executor.RecordTransfer(OpKind::kUpload, s->received);

@@ -1,0 +1,85 @@
+// An in-process gpucompute server on a loopback port (CPU backend), and clients
+// connected to it over a real socket, for end-to-end tests.
+#ifndef GPUCOMPUTE_TESTS_TEST_SERVER_H_
+#define GPUCOMPUTE_TESTS_TEST_SERVER_H_
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "server/server.h"
+
+namespace gpucompute::testing {
+
+inline constexpr uint64_t kMiB = uint64_t{1} << 20;
+inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+class TestServer {
+ public:
+  // Starts a server on 127.0.0.1 with a free port. Returns null (after recording a
+  // test failure) if it cannot start.
+  static std::unique_ptr<TestServer> Start(uint64_t memory_limit_bytes = 256 * kMiB,
+                                           int cpu_threads = 2) {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.backend = "cpu";
+    options.memory_limit_bytes = memory_limit_bytes;
+    options.cpu_threads = cpu_threads;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    if (!server.ok()) {
+      ADD_FAILURE() << "cannot start the server: " << server.status();
+      return nullptr;
+    }
+    return std::unique_ptr<TestServer>(
+        new TestServer(*std::move(server), memory_limit_bytes, cpu_threads));
+  }
+
+  std::string target() const { return absl::StrCat("127.0.0.1:", server_->port()); }
+  uint64_t memory_limit_bytes() const { return memory_limit_bytes_; }
+  int cpu_threads() const { return cpu_threads_; }
+
+  // A client of the library. Unary calls get a generous deadline so a hung server
+  // fails the test instead of hanging it.
+  std::unique_ptr<Client> Connect(const std::string& client_name = "",
+                                  size_t chunk_bytes = 0) const {
+    ClientOptions options;
+    options.target = target();
+    options.client_name = client_name;
+    options.chunk_bytes = chunk_bytes;
+    options.timeout = absl::Seconds(120);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) {
+      ADD_FAILURE() << "cannot connect: " << client.status();
+      return nullptr;
+    }
+    return *std::move(client);
+  }
+
+  // A raw channel, for requests the client library would never send.
+  std::shared_ptr<grpc::Channel> RawChannel() const {
+    grpc::ChannelArguments arguments;
+    arguments.SetMaxReceiveMessageSize(128 << 20);
+    arguments.SetMaxSendMessageSize(128 << 20);
+    return grpc::CreateCustomChannel(target(), grpc::InsecureChannelCredentials(), arguments);
+  }
+
+ private:
+  TestServer(std::unique_ptr<Server> server, uint64_t limit, int threads)
+      : server_(std::move(server)), memory_limit_bytes_(limit), cpu_threads_(threads) {}
+
+  std::unique_ptr<Server> server_;
+  uint64_t memory_limit_bytes_;
+  int cpu_threads_;
+};
+
+}  // namespace gpucompute::testing
+
+#endif  // GPUCOMPUTE_TESTS_TEST_SERVER_H_
