@@ -1,0 +1,303 @@
+// The gpucompute CLI against the gpucompute-server program: both started as separate
+// processes, talking over a loopback socket, with .npy files in and out.
+#include <gtest/gtest.h>
+
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/npy.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+
+namespace gpucompute {
+namespace {
+
+namespace v1 = ::gpucompute::v1;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_bin_ = Env("GPUCOMPUTE_SERVER_BIN");
+    cli_bin_ = Env("GPUCOMPUTE_CLI_BIN");
+    if (server_bin_.empty() || cli_bin_.empty()) return;
+    dir_ = std::filesystem::temp_directory_path() / ("gpucompute_cli_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    const std::string log = (dir_ / "server.log").string();
+    server_pid_ = fork();
+    if (server_pid_ == 0) {
+      std::freopen(log.c_str(), "w", stderr);
+      execl(server_bin_.c_str(), server_bin_.c_str(), "--listen=127.0.0.1:0", "--backend=cpu",
+            "--memory-limit=512MiB", "--cpu-threads=2", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // The server reports its port on stderr once it listens.
+    for (int i = 0; i < 200 && port_ == 0; ++i) {
+      usleep(50 * 1000);
+      std::ifstream in(log);
+      std::string line;
+      while (std::getline(in, line)) {
+        const size_t at = line.find("listening on port ");
+        if (at != std::string::npos) port_ = std::atoi(line.c_str() + at + 18);
+      }
+    }
+  }
+
+  static void TearDownTestSuite() {
+    if (server_pid_ > 0) {
+      kill(server_pid_, SIGTERM);
+      int status = 0;
+      waitpid(server_pid_, &status, 0);
+      server_exited_cleanly_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void SetUp() override {
+    if (server_bin_.empty()) GTEST_SKIP() << "GPUCOMPUTE_SERVER_BIN and GPUCOMPUTE_CLI_BIN are not set";
+    ASSERT_NE(port_, 0) << "the server did not start";
+  }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs the CLI with `args` (already shell-quoted where needed) against the server.
+  static Result Run(const std::string& args, const std::string& server = "") {
+    const std::string out = (dir_ / "stdout").string();
+    const std::string err = (dir_ / "stderr").string();
+    const std::string target = server.empty() ? "127.0.0.1:" + std::to_string(port_) : server;
+    const std::string command = ShellQuote(cli_bin_) + " --server " + target + " --client cli-test " + args +
+                                " >" + ShellQuote(out) + " 2>" + ShellQuote(err);
+    Result r;
+    const int status = std::system(command.c_str());
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadFile(out);
+    r.err = ReadFile(err);
+    return r;
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  template <typename Message>
+  static Message ParseJson(const std::string& json) {
+    Message m;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &m, options).ok()) << json;
+    return m;
+  }
+
+  // Writes an .npy file of float64 values in the given order.
+  void WriteNpy(const std::string& path, const std::vector<double>& values, std::vector<uint64_t> shape,
+                bool fortran) {
+    NpyHeader header{DType::kFloat64, std::move(shape), fortran};
+    absl::StatusOr<NpyWriter> w = NpyWriter::Create(path, header);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->Write(std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * 8)).ok());
+    ASSERT_TRUE(w->Close().ok());
+  }
+
+  std::vector<double> ReadNpyDoubles(const std::string& path, NpyHeader* header = nullptr) {
+    const std::string file = ReadFile(path);
+    absl::StatusOr<NpyView> view = ParseNpy(std::string_view(file));
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return {};
+    if (header != nullptr) *header = view->parsed.header;
+    std::vector<double> out(view->data.size() / 8);
+    std::memcpy(out.data(), view->data.data(), out.size() * 8);
+    return out;
+  }
+
+  static inline std::string server_bin_;
+  static inline std::string cli_bin_;
+  static inline std::filesystem::path dir_;
+  static inline pid_t server_pid_ = 0;
+  static inline int port_ = 0;
+  static inline bool server_exited_cleanly_ = false;
+};
+
+std::vector<double> RandomValues(size_t n, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-3, 3);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+TEST_F(CliTest, PutAndGetRoundTripBothOrders) {
+  for (bool fortran : {false, true}) {
+    SCOPED_TRACE(fortran ? "F" : "C");
+    const std::vector<double> values = RandomValues(6 * 7, 1);
+    const std::string in = Path("in.npy");
+    const std::string out = Path("out.npy");
+    WriteNpy(in, values, {6, 7}, fortran);
+    const std::string name = fortran ? "round_f" : "round_c";
+    Result put = Run("--json put " + ShellQuote(in) + " --name " + name);
+    ASSERT_EQ(put.exit_code, 0) << put.err;
+    Result get = Run("get " + name + " -o " + ShellQuote(out));
+    ASSERT_EQ(get.exit_code, 0) << get.err;
+    EXPECT_EQ(ReadFile(out), ReadFile(in)) << "the .npy file did not come back byte for byte";
+  }
+}
+
+TEST_F(CliTest, EvalReduceAndGemvGiveReferenceValues) {
+  const size_t n = 1000;
+  const std::vector<double> x = RandomValues(n, 2);
+  WriteNpy(Path("x.npy"), x, {n}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("x.npy")) + " --name ex").exit_code, 0);
+
+  Result eval = Run("--json eval " + ShellQuote("sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))") +
+                    " x=ex --name eval_r");
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  v1::Operation op = ParseJson<v1::Operation>(eval.out);
+  EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED);
+  EXPECT_EQ(op.timing().bytes_read(), n * 8);
+  EXPECT_EQ(op.timing().bytes_written(), n * 8);
+  ASSERT_EQ(Run("get eval_r -o " + ShellQuote(Path("r.npy"))).exit_code, 0);
+  const std::vector<double> r = ReadNpyDoubles(Path("r.npy"));
+  ASSERT_EQ(r.size(), n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double want = std::sqrt(std::abs(std::exp(-std::sin(x[i] * x[i])) /
+                                           (std::sqrt(std::abs(x[i])) * std::tanh(x[i]))));
+    EXPECT_NEAR(r[i], want, 1e-12 * std::abs(want)) << i;
+    sum += want;
+  }
+
+  Result reduce = Run("--json reduce sum eval_r");
+  ASSERT_EQ(reduce.exit_code, 0) << reduce.err;
+  v1::Operation red = ParseJson<v1::Operation>(reduce.out);
+  ASSERT_EQ(red.values_size(), 1);
+  EXPECT_NEAR(red.values(0).float_value(), sum, 1e-12 * std::abs(sum));
+
+  // A (3 x 2) in F order, times v.
+  const std::vector<double> a_f = {1, 2, 3, 4, 5, 6};  // columns (1,2,3) and (4,5,6)
+  WriteNpy(Path("a.npy"), a_f, {3, 2}, true);
+  WriteNpy(Path("v.npy"), {10, 100}, {2}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("a.npy")) + " --name ga").exit_code, 0);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("v.npy")) + " --name gv").exit_code, 0);
+  Result gemv = Run("gemv ga gv --alpha 2 --name gy");
+  ASSERT_EQ(gemv.exit_code, 0) << gemv.err;
+  ASSERT_EQ(Run("get gy -o " + ShellQuote(Path("y.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("y.npy")), (std::vector<double>{2 * 410, 2 * 520, 2 * 630}));
+}
+
+TEST_F(CliTest, RandIsReproducibleAndContinues) {
+  ASSERT_EQ(Run("rand uniform --shape 1000 --dtype float64 --seed 5 --name u1").exit_code, 0);
+  ASSERT_EQ(Run("rand uniform --shape 1000 --dtype float64 --seed 5 --name u2").exit_code, 0);
+  ASSERT_EQ(Run("get u1 -o " + ShellQuote(Path("u1.npy"))).exit_code, 0);
+  ASSERT_EQ(Run("get u2 -o " + ShellQuote(Path("u2.npy"))).exit_code, 0);
+  const std::vector<double> u = ReadNpyDoubles(Path("u1.npy"));
+  EXPECT_EQ(u, ReadNpyDoubles(Path("u2.npy")));
+  for (double v : u) {
+    EXPECT_GE(v, 0.0);
+    EXPECT_LT(v, 1.0);
+  }
+  // float64 uniforms use two values per counter: counters 250.. give elements 500..
+  Result tail = Run("--json rand uniform --shape 500 --dtype float64 --seed 5 --offset 250 --name u3");
+  ASSERT_EQ(tail.exit_code, 0) << tail.err;
+  EXPECT_EQ(ParseJson<v1::Operation>(tail.out).next_offset(), 500u);
+  ASSERT_EQ(Run("get u3 -o " + ShellQuote(Path("u3.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("u3.npy")), std::vector<double>(u.begin() + 500, u.end()));
+}
+
+TEST_F(CliTest, ListAndRemove) {
+  ASSERT_EQ(Run("create --dtype int32 --shape 4,5 --fill 3 --name lr").exit_code, 0);
+  Result ls = Run("--json ls");
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  v1::ListBuffersResponse list = ParseJson<v1::ListBuffersResponse>(ls.out);
+  bool found = false;
+  for (const v1::BufferInfo& b : list.buffers()) found |= b.name() == "lr";
+  EXPECT_TRUE(found) << ls.out;
+  EXPECT_EQ(Run("rm lr").exit_code, 0);
+  EXPECT_EQ(Run("rm lr").exit_code, 15) << "NOT_FOUND is 10 + 5";
+}
+
+TEST_F(CliTest, ErrorsHaveTheirExitCodes) {
+  Result missing = Run("get no_such_buffer -o " + ShellQuote(Path("none.npy")));
+  EXPECT_EQ(missing.exit_code, 15) << "NOT_FOUND is 10 + 5";
+  EXPECT_NE(missing.err.find("no_such_buffer"), std::string::npos) << missing.err;
+
+  ASSERT_EQ(Run("create --dtype float64 --shape 3 --fill 1 --name e1").exit_code, 0);
+  Result bad_expr = Run("eval " + ShellQuote("x + ") + " x=e1 --name e2");
+  EXPECT_EQ(bad_expr.exit_code, 13) << "INVALID_ARGUMENT is 10 + 3";
+  EXPECT_NE(bad_expr.err.find("position"), std::string::npos) << bad_expr.err;
+  Result ls = Run("--json ls");
+  EXPECT_EQ(ls.out.find("\"e2\""), std::string::npos) << "a rejected eval created its output";
+
+  Result usage = Run("reduce");
+  EXPECT_EQ(usage.exit_code, 2) << usage.err;
+
+  std::ofstream(Path("bad.npy")) << "this is not an npy file";
+  Result bad_file = Run("put " + ShellQuote(Path("bad.npy")));
+  EXPECT_EQ(bad_file.exit_code, 1) << bad_file.err;
+
+  Result too_big = Run("create --dtype float64 --shape 1000000000");
+  EXPECT_EQ(too_big.exit_code, 18) << "RESOURCE_EXHAUSTED is 10 + 8";
+
+  Result no_server = Run("info", "127.0.0.1:1");
+  EXPECT_EQ(no_server.exit_code, 24) << "UNAVAILABLE is 10 + 14";
+}
+
+TEST_F(CliTest, InfoStatsAndStreams) {
+  Result info = Run("--json info");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  v1::ServerInfo si = ParseJson<v1::ServerInfo>(info.out);
+  EXPECT_EQ(si.backend(), "cpu");
+  EXPECT_EQ(si.api(), "gpucompute.v1");
+  EXPECT_EQ(si.memory_limit_bytes(), 512u << 20);
+
+  Result stream = Run("--json stream create");
+  ASSERT_EQ(stream.exit_code, 0) << stream.err;
+  const std::string id = ParseJson<v1::StreamInfo>(stream.out).id();
+  ASSERT_EQ(id.rfind("str-", 0), 0u) << stream.out;
+  ASSERT_EQ(Run("--stream " + id + " rand normal --shape 100 --dtype float32 --seed 1 --name sn --no-wait").exit_code,
+            0);
+  EXPECT_EQ(Run("stream sync " + id).exit_code, 0);
+  EXPECT_EQ(Run("stream rm " + id).exit_code, 0);
+  EXPECT_EQ(Run("stream rm " + id).exit_code, 15);
+
+  Result stats = Run("--json stats");
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  v1::Stats st = ParseJson<v1::Stats>(stats.out);
+  EXPECT_GT(st.kinds_size(), 0);
+}
+
+}  // namespace
+}  // namespace gpucompute
