@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <new>
 #include <stdexcept>
@@ -94,9 +95,20 @@ class AsyncCallRegistry {
 
   void CancelAllAndWait();
 
+  // Submissions reach the server in the order they were made: one Submit RPC is in
+  // flight at a time, and the next starts when the previous is answered. The waits
+  // that follow run concurrently.
+  void QueueSubmit(std::shared_ptr<AsyncOperationCall> call);
+  void SubmitAnswered();
+  // Blocks until every queued asynchronous submission has been answered, so that a
+  // synchronous Submit cannot overtake them.
+  void WaitForSubmissions();
+
  private:
   absl::Mutex mu_;
   std::map<AsyncOperationCall*, std::weak_ptr<AsyncOperationCall>> calls_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<AsyncOperationCall>> submit_queue_ ABSL_GUARDED_BY(mu_);
+  bool submitting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Submits an operation and then waits for it with WaitOperation, each step started
@@ -122,12 +134,26 @@ class AsyncOperationCall : public std::enable_shared_from_this<AsyncOperationCal
 
   void Start() {
     registry_->Add(this, weak_from_this());
-    std::shared_ptr<grpc::ClientContext> context = NextContext();
-    if (context == nullptr) return;
-    stub_->async()->Submit(
-        context.get(), &submit_request_, &response_,
-        [self = shared_from_this()](grpc::Status status) { self->OnReply(status); });
+    registry_->QueueSubmit(shared_from_this());
   }
+
+  // Sends the Submit RPC; called by the registry in submission order.
+  void SendSubmit() {
+    std::shared_ptr<grpc::ClientContext> context = NextContext();
+    if (context == nullptr) {
+      registry_->SubmitAnswered();
+      return;
+    }
+    if (context == nullptr) return;
+    stub_->async()->Submit(context.get(), &submit_request_, &response_,
+                           [self = shared_from_this()](grpc::Status status) {
+                             self->registry_->SubmitAnswered();
+                             self->OnReply(status);
+                           });
+  }
+
+  // For a call cancelled before its Submit was sent.
+  void ResolveCancelled() { promise_.set_value(absl::CancelledError("the client was destroyed")); }
 
   // Cancels the RPC in flight and starts no other; the future resolves to CANCELLED.
   void Cancel() {
@@ -190,7 +216,45 @@ class AsyncOperationCall : public std::enable_shared_from_this<AsyncOperationCal
   std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
 };
 
+void AsyncCallRegistry::QueueSubmit(std::shared_ptr<AsyncOperationCall> call) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (submitting_) {
+      submit_queue_.push_back(std::move(call));
+      return;
+    }
+    submitting_ = true;
+  }
+  call->SendSubmit();
+}
+
+void AsyncCallRegistry::SubmitAnswered() {
+  std::shared_ptr<AsyncOperationCall> next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (submit_queue_.empty()) {
+      submitting_ = false;
+      return;
+    }
+    next = std::move(submit_queue_.front());
+    submit_queue_.pop_front();
+  }
+  next->SendSubmit();
+}
+
+void AsyncCallRegistry::WaitForSubmissions() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](bool* submitting) { return !*submitting; }, &submitting_));
+}
+
 void AsyncCallRegistry::CancelAllAndWait() {
+  std::deque<std::shared_ptr<AsyncOperationCall>> unsent;
+  {
+    absl::MutexLock lock(&mu_);
+    unsent.swap(submit_queue_);
+  }
+  for (const std::shared_ptr<AsyncOperationCall>& call : unsent) call->ResolveCancelled();
+  unsent.clear();
   std::vector<std::shared_ptr<AsyncOperationCall>> live;
   {
     absl::MutexLock lock(&mu_);
@@ -513,6 +577,7 @@ absl::StatusOr<v1::ListStreamsResponse> Client::ListStreams() {
 }
 
 absl::StatusOr<v1::Operation> Client::Submit(const v1::SubmitRequest& request) {
+  async_calls_->WaitForSubmissions();
   return CallUnary(SettingsOf(options_), stubs_->operations.get(),
                    &v1::OperationService::Stub::Submit, request);
 }

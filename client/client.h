@@ -152,7 +152,9 @@ class Client {
   absl::StatusOr<v1::Operation> WaitOperation(std::string_view id, double timeout_seconds = 0);
   // Submits without waiting (request.wait is ignored) and returns at once. The future
   // resolves when the operation finishes, through callbacks on gRPC's threads: many
-  // operations can be in flight without a thread each.
+  // operations can be in flight without a thread each. Submissions from one Client
+  // reach the server in the order they were made (asynchronous ones before a later
+  // synchronous Submit), so a chain of dependent operations runs in order.
   OperationFuture SubmitAsync(v1::SubmitRequest request);
 
  private:

@@ -69,6 +69,8 @@ class DeviceMemory {
 class Event {
  public:
   virtual ~Event() = default;
+  // Whether the event has completed; never waits.
+  virtual bool IsComplete() const = 0;
 };
 
 class Stream {

@@ -413,6 +413,8 @@ OperationStatus Executor::GetStatus(const Operation& op) {
   // The device may still be writing the inline results; copy everything else.
   OperationStatus copy = op.status_;
   copy.result = OpResult{};
+  // Handed to the device is not yet running: it may wait behind earlier work there.
+  if (op.start_event_ == nullptr || !op.start_event_->IsComplete()) copy.state = OperationStatus::State::kQueued;
   return copy;
 }
 

@@ -4,8 +4,8 @@
 // value is compared with a reference computed here, in float64, from the inputs alone.
 // Every rejected request is checked for its exact gRPC code and for having changed nothing
 // (the buffer listing, the server's memory use, and any target buffer byte for byte).
-#include <gtest/gtest.h>
 #include <grpc/grpc.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +21,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "kernels/ops.h"
 #include "kernels/philox.h"
@@ -43,9 +43,9 @@ using ::gpucompute::testing::TestServer;
 // ---------------------------------------------------------------------------
 // Helpers
 
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    const absl::Status assert_ok_status_ = (expr);       \
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const absl::Status assert_ok_status_ = (expr);            \
     ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
   } while (0)
 
@@ -53,9 +53,9 @@ using ::gpucompute::testing::TestServer;
 #define GC_CONCAT(a, b) GC_CONCAT_INNER(a, b)
 // Declares `auto lhs` from a StatusOr, failing the test (and returning) on an error.
 #define ASSIGN_OR_FAIL(lhs, expr) ASSIGN_OR_FAIL_IMPL(GC_CONCAT(status_or_, __LINE__), lhs, expr)
-#define ASSIGN_OR_FAIL_IMPL(tmp, lhs, expr)          \
-  auto tmp = (expr);                                 \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();             \
+#define ASSIGN_OR_FAIL_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                        \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();    \
   auto lhs = *std::move(tmp)
 
 template <typename T>
@@ -71,8 +71,7 @@ constexpr v1::DType ProtoDType() {
 // Creates a buffer holding `data` (bool arrays as uint8_t) with `shape` (default: 1-D).
 template <typename T>
 absl::StatusOr<v1::BufferInfo> UploadArray(Client& client, const std::vector<T>& data,
-                                           std::vector<uint64_t> shape = {},
-                                           v1::Layout layout = v1::LAYOUT_C,
+                                           std::vector<uint64_t> shape = {}, v1::Layout layout = v1::LAYOUT_C,
                                            const std::string& name = "") {
   if (shape.empty()) shape = {data.size()};
   v1::UploadHeader header;
@@ -94,8 +93,8 @@ absl::StatusOr<std::string> DownloadBytes(Client& client, const std::string& buf
   absl::StatusOr<v1::DownloadResponse> response = client.Download(request, &data);
   if (!response.ok()) return response.status();
   if (data.size() != response->buffer().size_bytes()) {
-    return absl::InternalError(absl::StrCat("downloaded ", data.size(), " bytes of ",
-                                            response->buffer().size_bytes()));
+    return absl::InternalError(
+        absl::StrCat("downloaded ", data.size(), " bytes of ", response->buffer().size_bytes()));
   }
   return data;
 }
@@ -188,8 +187,7 @@ v1::SubmitRequest OnStream(v1::SubmitRequest request, std::string_view stream) {
 }
 
 // Submits with wait and checks that the operation succeeded.
-absl::StatusOr<v1::Operation> RunOp(Client& client, v1::SubmitRequest request,
-                                  std::string_view stream = {}) {
+absl::StatusOr<v1::Operation> RunOp(Client& client, v1::SubmitRequest request, std::string_view stream = {}) {
   absl::StatusOr<v1::Operation> op = client.Submit(Waiting(std::move(request), stream));
   if (!op.ok()) return op.status();
   if (!op->done() || op->state() != v1::Operation::STATE_SUCCEEDED) {
@@ -230,8 +228,8 @@ std::vector<To> Cast(const std::vector<From>& v) {
 
 // Compares got[i] with ref[i] within rel * max(|ref[i]|, floor) and reports the first few misses.
 template <typename T>
-void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, double rel,
-                 double floor = 0, std::string_view what = "") {
+void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, double rel, double floor = 0,
+                 std::string_view what = "") {
   ASSERT_EQ(got.size(), ref.size()) << what;
   int misses = 0;
   double worst = 0;
@@ -241,8 +239,8 @@ void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, doub
     const double scale = std::max(std::fabs(ref[i]), floor);
     if (scale > 0) worst = std::max(worst, err / scale);
     if (!(err <= rel * scale) && misses++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: got " << g << ", want " << ref[i] << " (error "
-                    << err << " > " << rel * scale << ")";
+      ADD_FAILURE() << what << " [" << i << "]: got " << g << ", want " << ref[i] << " (error " << err
+                    << " > " << rel * scale << ")";
     }
   }
   EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << ref.size()
@@ -251,18 +249,6 @@ void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, doub
 
 const std::regex kOpIdPattern("op-[0-9a-f]{32}");
 const std::regex kStreamIdPattern("str-[0-9a-f]{32}");
-
-// Every test starts and destroys its own server and clients. When the last gRPC object goes,
-// grpc_shutdown() joins gRPC's executor threads, which can sit in a poll for up to ~10 s (seen
-// with gRPC 1.51 under load: a teardown stalled 10-17 s in grpc_core::Executor::ShutdownAll).
-// Holding one grpc_init() reference for the whole run keeps gRPC up between tests.
-class GrpcLibraryHold : public ::testing::Environment {
- public:
-  void SetUp() override { grpc_init(); }
-  void TearDown() override { grpc_shutdown(); }
-};
-[[maybe_unused]] ::testing::Environment* const kGrpcHold =
-    ::testing::AddGlobalTestEnvironment(new GrpcLibraryHold);
 
 class ServerOpsTest : public ::testing::Test {
  protected:
@@ -294,8 +280,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   ASSIGN_OR_FAIL(bx, UploadArray(c(), x));
   ASSIGN_OR_FAIL(by, UploadArray(c(), y));
 
-  ASSIGN_OR_FAIL(sum, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())},
-                                                      {"y", BufferOperand(by.id())}})));
+  ASSIGN_OR_FAIL(
+      sum, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
   EXPECT_EQ(sum.kind(), v1::OPERATION_KIND_ELEMENTWISE);
   ASSERT_EQ(sum.outputs_size(), 1);
   EXPECT_EQ(sum.outputs(0).dtype(), v1::DTYPE_FLOAT64);
@@ -312,8 +298,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   // multiply-add would be within the same bound).
   const double a = 2.75;
   ASSIGN_OR_FAIL(axpy, RunOp(c(), Elementwise("a*x + y", {{"a", ScalarOperand(a)},
-                                                        {"x", BufferOperand(bx.id())},
-                                                        {"y", BufferOperand(by.id())}})));
+                                                          {"x", BufferOperand(bx.id())},
+                                                          {"y", BufferOperand(by.id())}})));
   ASSIGN_OR_FAIL(got_axpy, DownloadArray<double>(c(), axpy.outputs(0).id()));
   ASSERT_EQ(got_axpy.size(), n);
   for (size_t i = 0; i < n; ++i) {
@@ -328,8 +314,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   ASSIGN_OR_FAIL(bxf, UploadArray(c(), xf));
   ASSIGN_OR_FAIL(byf, UploadArray(c(), yf));
   ASSIGN_OR_FAIL(axpyf, RunOp(c(), Elementwise("a*x + y", {{"a", ScalarOperand(3)},
-                                                         {"x", BufferOperand(bxf.id())},
-                                                         {"y", BufferOperand(byf.id())}})));
+                                                           {"x", BufferOperand(bxf.id())},
+                                                           {"y", BufferOperand(byf.id())}})));
   ASSERT_EQ(axpyf.outputs(0).dtype(), v1::DTYPE_FLOAT32);
   ASSIGN_OR_FAIL(got_axpyf, DownloadArray<float>(c(), axpyf.outputs(0).id()));
   ASSERT_EQ(got_axpyf.size(), n);
@@ -389,8 +375,8 @@ TEST_F(ServerOpsTest, ElementwiseTypePromotionAndComparison) {
   ASSIGN_OR_FAIL(bxi, UploadArray(c(), xi));
   ASSIGN_OR_FAIL(byf, UploadArray(c(), yf));
   // NumPy 2: int32 + float32 -> float64.
-  ASSIGN_OR_FAIL(op, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bxi.id())},
-                                                     {"y", BufferOperand(byf.id())}})));
+  ASSIGN_OR_FAIL(
+      op, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bxi.id())}, {"y", BufferOperand(byf.id())}})));
   ASSERT_EQ(op.outputs(0).dtype(), v1::DTYPE_FLOAT64);
   ASSIGN_OR_FAIL(got, DownloadArray<double>(c(), op.outputs(0).id()));
   ASSERT_EQ(got.size(), n);
@@ -405,15 +391,16 @@ TEST_F(ServerOpsTest, ElementwiseTypePromotionAndComparison) {
   for (size_t i = 0; i < n; i += 7) b[i] = a[i];
   ASSIGN_OR_FAIL(ba, UploadArray(c(), a));
   ASSIGN_OR_FAIL(bb, UploadArray(c(), b));
-  ASSIGN_OR_FAIL(cmp, RunOp(c(), Elementwise("a < b", {{"a", BufferOperand(ba.id())},
-                                                      {"b", BufferOperand(bb.id())}})));
+  ASSIGN_OR_FAIL(
+      cmp, RunOp(c(), Elementwise("a < b", {{"a", BufferOperand(ba.id())}, {"b", BufferOperand(bb.id())}})));
   ASSERT_EQ(cmp.outputs(0).dtype(), v1::DTYPE_BOOL);
   EXPECT_EQ(cmp.outputs(0).size_bytes(), n);
   ASSIGN_OR_FAIL(bits, DownloadArray<uint8_t>(c(), cmp.outputs(0).id()));
   ASSERT_EQ(bits.size(), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], a[i] < b[i] ? 1 : 0) << i;
-  ASSIGN_OR_FAIL(cmp2, RunOp(c(), Elementwise("a >= b", {{"a", BufferOperand(ba.id())},
-                                                       {"b", BufferOperand(bb.id())}})));
+  ASSIGN_OR_FAIL(
+      cmp2,
+      RunOp(c(), Elementwise("a >= b", {{"a", BufferOperand(ba.id())}, {"b", BufferOperand(bb.id())}})));
   ASSIGN_OR_FAIL(bits2, DownloadArray<uint8_t>(c(), cmp2.outputs(0).id()));
   ASSERT_EQ(bits2.size(), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits2[i], a[i] >= b[i] ? 1 : 0) << i;
@@ -522,8 +509,7 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
 
   for (const char* text : {"x +", "sin(x", "x $ y", "foo(x)", "x + * y", "(x + y))", "x y"}) {
     SCOPED_TRACE(text);
-    ExpectRejected(c(),
-                   Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
+    ExpectRejected(c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
                    absl::StatusCode::kInvalidArgument, "position", all);
   }
   {
@@ -555,8 +541,8 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
   }
   {
     SCOPED_TRACE("unknown input with a named new output");
-    v1::SubmitRequest r =
-        Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}}, NewOutput("never"));
+    v1::SubmitRequest r = Elementwise(
+        "x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}}, NewOutput("never"));
     ExpectRejected(c(), r, absl::StatusCode::kNotFound);
     EXPECT_EQ(c().GetBuffer("never").status().code(), absl::StatusCode::kNotFound);
   }
@@ -583,14 +569,14 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
                    absl::StatusCode::kInvalidArgument);
   }
   // After all that, a valid request still works and gives the right answer.
-  ASSIGN_OR_FAIL(op, RunOp(c(), Elementwise("x - y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
+  ASSIGN_OR_FAIL(
+      op, RunOp(c(), Elementwise("x - y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
   ASSIGN_OR_FAIL(x, DownloadArray<double>(c(), bx.id()));
   ASSIGN_OR_FAIL(y, DownloadArray<double>(c(), by.id()));
   ASSIGN_OR_FAIL(d, DownloadArray<double>(c(), op.outputs(0).id()));
   ASSERT_EQ(d.size(), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(d[i], x[i] - y[i]);
 }
-
 
 // ---------------------------------------------------------------------------
 // 2. Gemv
@@ -613,9 +599,8 @@ struct GemvRef {
   std::vector<double> y;
   std::vector<double> scale;  // |alpha| * sum_k |A||x| + |beta * y0|
 };
-GemvRef ReferenceGemv(const std::vector<double>& a, size_t rows, size_t cols, bool transpose,
-                      double alpha, const std::vector<double>& x, double beta,
-                      const std::vector<double>* y0) {
+GemvRef ReferenceGemv(const std::vector<double>& a, size_t rows, size_t cols, bool transpose, double alpha,
+                      const std::vector<double>& x, double beta, const std::vector<double>* y0) {
   const size_t p_len = transpose ? cols : rows;
   const size_t k_len = transpose ? rows : cols;
   GemvRef r{std::vector<double>(p_len), std::vector<double>(p_len)};
@@ -655,7 +640,8 @@ TEST_F(ServerOpsTest, GemvAllLayoutsAndTransposes) {
     ASSERT_EQ(ba.layout(), layout);
     ASSIGN_OR_FAIL(ba32, UploadArray(c(), ToMemory<float>(a, rows, cols, layout), {rows, cols}, layout));
     for (bool transpose : {false, true}) {
-      const std::string what = absl::StrCat(layout == v1::LAYOUT_F ? "F" : "C", transpose ? " transposed" : "");
+      const std::string what =
+          absl::StrCat(layout == v1::LAYOUT_F ? "F" : "C", transpose ? " transposed" : "");
       SCOPED_TRACE(what);
       const size_t k_len = transpose ? rows : cols;
       const size_t p_len = transpose ? cols : rows;
@@ -799,8 +785,10 @@ double ReferenceReduce(v1::ReduceKind kind, const std::vector<double>& v, bool i
       for (double x : v) p *= x;
       return static_cast<double>(p);
     }
-    case v1::REDUCE_KIND_MIN: return *std::min_element(v.begin(), v.end());
-    case v1::REDUCE_KIND_MAX: return *std::max_element(v.begin(), v.end());
+    case v1::REDUCE_KIND_MIN:
+      return *std::min_element(v.begin(), v.end());
+    case v1::REDUCE_KIND_MAX:
+      return *std::max_element(v.begin(), v.end());
     case v1::REDUCE_KIND_MEAN: {
       long double s = 0;
       for (double x : v) s += x;
@@ -811,9 +799,12 @@ double ReferenceReduce(v1::ReduceKind kind, const std::vector<double>& v, bool i
       for (double x : v) s += static_cast<long double>(x) * x;
       return static_cast<double>(std::sqrt(s));
     }
-    case v1::REDUCE_KIND_ARGMIN: return static_cast<double>(std::min_element(v.begin(), v.end()) - v.begin());
-    case v1::REDUCE_KIND_ARGMAX: return static_cast<double>(std::max_element(v.begin(), v.end()) - v.begin());
-    default: break;
+    case v1::REDUCE_KIND_ARGMIN:
+      return static_cast<double>(std::min_element(v.begin(), v.end()) - v.begin());
+    case v1::REDUCE_KIND_ARGMAX:
+      return static_cast<double>(std::max_element(v.begin(), v.end()) - v.begin());
+    default:
+      break;
   }
   return std::nan("");
 }
@@ -829,18 +820,23 @@ v1::DType ReduceResultDType(v1::ReduceKind kind, v1::DType in) {
   const bool is_float = in == v1::DTYPE_FLOAT32 || in == v1::DTYPE_FLOAT64;
   switch (kind) {
     case v1::REDUCE_KIND_SUM:
-    case v1::REDUCE_KIND_PROD: return is_float ? in : v1::DTYPE_INT64;
+    case v1::REDUCE_KIND_PROD:
+      return is_float ? in : v1::DTYPE_INT64;
     case v1::REDUCE_KIND_MEAN:
-    case v1::REDUCE_KIND_NORM2: return is_float ? in : v1::DTYPE_FLOAT64;
+    case v1::REDUCE_KIND_NORM2:
+      return is_float ? in : v1::DTYPE_FLOAT64;
     case v1::REDUCE_KIND_MIN:
-    case v1::REDUCE_KIND_MAX: return in;
-    default: return v1::DTYPE_INT64;
+    case v1::REDUCE_KIND_MAX:
+      return in;
+    default:
+      return v1::DTYPE_INT64;
   }
 }
 
 // Downloads a result buffer of `dtype` as doubles (int64 values are exact up to 2^53; the
 // test's integers stay well inside, except wrapped products, compared separately).
-absl::StatusOr<std::vector<double>> DownloadAsDoubles(Client& client, const std::string& id, v1::DType dtype) {
+absl::StatusOr<std::vector<double>> DownloadAsDoubles(Client& client, const std::string& id,
+                                                      v1::DType dtype) {
   std::vector<double> out;
   auto convert = [&](auto typed) -> absl::Status {
     if (!typed.ok()) return typed.status();
@@ -849,11 +845,20 @@ absl::StatusOr<std::vector<double>> DownloadAsDoubles(Client& client, const std:
   };
   absl::Status s;
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: s = convert(DownloadArray<float>(client, id)); break;
-    case v1::DTYPE_FLOAT64: s = convert(DownloadArray<double>(client, id)); break;
-    case v1::DTYPE_INT32: s = convert(DownloadArray<int32_t>(client, id)); break;
-    case v1::DTYPE_INT64: s = convert(DownloadArray<int64_t>(client, id)); break;
-    default: return absl::InternalError("unexpected dtype");
+    case v1::DTYPE_FLOAT32:
+      s = convert(DownloadArray<float>(client, id));
+      break;
+    case v1::DTYPE_FLOAT64:
+      s = convert(DownloadArray<double>(client, id));
+      break;
+    case v1::DTYPE_INT32:
+      s = convert(DownloadArray<int32_t>(client, id));
+      break;
+    case v1::DTYPE_INT64:
+      s = convert(DownloadArray<int64_t>(client, id));
+      break;
+    default:
+      return absl::InternalError("unexpected dtype");
   }
   if (!s.ok()) return s;
   return out;
@@ -877,19 +882,22 @@ TEST_F(ServerOpsTest, ReduceAllKindsAxesLayoutsAndDtypes) {
     for (v1::Layout layout : {v1::LAYOUT_C, v1::LAYOUT_F, v1::LAYOUT_UNSPECIFIED}) {
       // LAYOUT_UNSPECIFIED stands for a 1-D array of the same values (C order).
       const bool one_d = layout == v1::LAYOUT_UNSPECIFIED;
-      std::vector<uint64_t> shape = one_d ? std::vector<uint64_t>{kRows * kCols}
-                                          : std::vector<uint64_t>{kRows, kCols};
+      std::vector<uint64_t> shape =
+          one_d ? std::vector<uint64_t>{kRows * kCols} : std::vector<uint64_t>{kRows, kCols};
       const v1::Layout upload_layout = one_d ? v1::LAYOUT_C : layout;
       absl::StatusOr<v1::BufferInfo> buffer;
       switch (dtype) {
         case v1::DTYPE_FLOAT64:
-          buffer = UploadArray(c(), ToMemory<double>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer =
+              UploadArray(c(), ToMemory<double>(values, kRows, kCols, upload_layout), shape, upload_layout);
           break;
         case v1::DTYPE_FLOAT32:
-          buffer = UploadArray(c(), ToMemory<float>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer =
+              UploadArray(c(), ToMemory<float>(values, kRows, kCols, upload_layout), shape, upload_layout);
           break;
         default:
-          buffer = UploadArray(c(), ToMemory<int32_t>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer =
+              UploadArray(c(), ToMemory<int32_t>(values, kRows, kCols, upload_layout), shape, upload_layout);
           break;
       }
       ASSERT_TRUE(buffer.ok()) << buffer.status();
@@ -975,9 +983,9 @@ TEST_F(ServerOpsTest, ReduceWholeFArrayArgExtremaAreCOrderIndices) {
   // numpy.argmin(a) of a Fortran-ordered array is the index into a.ravel() (C order) of the
   // first extreme in C order. 3 x 4 F array with the minimum -1 at (0, 1) and (2, 0): C order
   // finds (0, 1) first (flat 1), although (2, 0) comes first in memory (position 2 vs 3).
-  const std::vector<double> logical = {5, -1, 7, 8,    // row 0
-                                       6, 9, 2, 9,     // row 1: maximum 9 at (1, 1) and (1, 3)
-                                       -1, 4, 3, 1};   // row 2
+  const std::vector<double> logical = {5,  -1, 7, 8,   // row 0
+                                       6,  9,  2, 9,   // row 1: maximum 9 at (1, 1) and (1, 3)
+                                       -1, 4,  3, 1};  // row 2
   ASSIGN_OR_FAIL(f, UploadArray(c(), ToMemory<double>(logical, 3, 4, v1::LAYOUT_F), {3, 4}, v1::LAYOUT_F));
   ASSIGN_OR_FAIL(argmin, RunOp(c(), Reduce(v1::REDUCE_KIND_ARGMIN, f.id())));
   ASSERT_EQ(argmin.values_size(), 1);
@@ -992,8 +1000,8 @@ TEST_F(ServerOpsTest, ReduceWholeFArrayArgExtremaAreCOrderIndices) {
   EXPECT_EQ(downloaded[0], argmin.values(0).int_value());
   // A NaN wins: the first NaN in C order.
   std::vector<double> with_nan = logical;
-  with_nan[6] = std::nan("");   // (1, 2): F position 7
-  with_nan[9] = std::nan("");   // (2, 1): F position 5
+  with_nan[6] = std::nan("");  // (1, 2): F position 7
+  with_nan[9] = std::nan("");  // (2, 1): F position 5
   ASSIGN_OR_FAIL(fn, UploadArray(c(), ToMemory<double>(with_nan, 3, 4, v1::LAYOUT_F), {3, 4}, v1::LAYOUT_F));
   ASSIGN_OR_FAIL(argmin_nan, RunOp(c(), Reduce(v1::REDUCE_KIND_ARGMIN, fn.id())));
   EXPECT_EQ(argmin_nan.values(0).int_value(), 6) << "numpy.argmin gives the first NaN in C order, 6";
@@ -1075,7 +1083,8 @@ TEST_F(ServerOpsTest, ReduceEmptyAndRejections) {
   reject("no kind", Reduce(v1::REDUCE_KIND_UNSPECIFIED, m.id()), absl::StatusCode::kInvalidArgument);
   reject("unknown input", Reduce(v1::REDUCE_KIND_SUM, "buf-ffffffffffffffffffffffffffffffff"),
          absl::StatusCode::kNotFound);
-  reject("float64 sum into an int32 buffer", Reduce(v1::REDUCE_KIND_SUM, v.id(), {}, ExistingOutput(out_i32.id())),
+  reject("float64 sum into an int32 buffer",
+         Reduce(v1::REDUCE_KIND_SUM, v.id(), {}, ExistingOutput(out_i32.id())),
          absl::StatusCode::kInvalidArgument);
   reject("axis result into a buffer of the wrong length",
          Reduce(v1::REDUCE_KIND_SUM, m.id(), 0, ExistingOutput(out_f64_short.id())),
@@ -1115,9 +1124,12 @@ T ReferenceRandom(const RandomParams& p, uint64_t i) {
 
 Distribution ToDistribution(v1::Distribution d) {
   switch (d) {
-    case v1::DISTRIBUTION_NORMAL: return Distribution::kNormal;
-    case v1::DISTRIBUTION_INTEGERS: return Distribution::kIntegers;
-    default: return Distribution::kUniform;
+    case v1::DISTRIBUTION_NORMAL:
+      return Distribution::kNormal;
+    case v1::DISTRIBUTION_INTEGERS:
+      return Distribution::kIntegers;
+    default:
+      return Distribution::kUniform;
   }
 }
 
@@ -1206,7 +1218,7 @@ void CheckRandomFill(Client& client, v1::Distribution dist, const RandomParams& 
 TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
   constexpr uint64_t n = 10007;  // not a multiple of 2 or 4
   RandomParams p;
-  p.seed = 0x0123456789abcdefULL;     // both key words non-zero
+  p.seed = 0x0123456789abcdefULL;      // both key words non-zero
   p.offset = (uint64_t{1} << 33) + 5;  // the counter's high word non-zero
   {
     SCOPED_TRACE("uniform float32");
@@ -1237,7 +1249,9 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
   p.distribution = Distribution::kIntegers;
   p.mean = 0;
   for (auto [low, high] : std::vector<std::pair<int64_t, int64_t>>{
-           {-5, 17}, {0, 1}, {std::numeric_limits<int32_t>::min(), int64_t{std::numeric_limits<int32_t>::max()} + 1}}) {
+           {-5, 17},
+           {0, 1},
+           {std::numeric_limits<int32_t>::min(), int64_t{std::numeric_limits<int32_t>::max()} + 1}}) {
     SCOPED_TRACE(absl::StrCat("int32 integers in [", low, ", ", high, ")"));
     p.low = low;
     p.high = high;
@@ -1268,7 +1282,8 @@ TEST_F(ServerOpsTest, RandomContinuesAtNextOffset) {
   p.offset = 1000;
   for (v1::DType dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_INT64}) {
     SCOPED_TRACE(v1::DType_Name(dtype));
-    const v1::Distribution dist = dtype == v1::DTYPE_FLOAT32 ? v1::DISTRIBUTION_UNIFORM : v1::DISTRIBUTION_INTEGERS;
+    const v1::Distribution dist =
+        dtype == v1::DTYPE_FLOAT32 ? v1::DISTRIBUTION_UNIFORM : v1::DISTRIBUTION_INTEGERS;
     p.low = -50;
     p.high = 50;
     const Distribution d = ToDistribution(dist);
@@ -1302,7 +1317,8 @@ TEST_F(ServerOpsTest, RandomContinuesAtNextOffset) {
   }
   // A fill into an existing buffer takes its shape and dtype and equals a fill of a new one.
   ASSIGN_OR_FAIL(target, UploadArray(c(), std::vector<double>(999, -1.0)));
-  v1::SubmitRequest into = Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 5, ExistingOutput(target.id()));
+  v1::SubmitRequest into =
+      Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 5, ExistingOutput(target.id()));
   const World before = Snapshot(c());
   ASSIGN_OR_FAIL(op, RunOp(c(), into));
   EXPECT_EQ(op.outputs(0).id(), target.id());
@@ -1344,14 +1360,16 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   reject("normal into a new int64", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_INT64, p));
   reject("uniform into bool", RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_BOOL, p));
   reject("integers into a new float64", RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_FLOAT64, p));
-  v1::SubmitRequest into_f64 = Random(v1::DISTRIBUTION_INTEGERS, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
+  v1::SubmitRequest into_f64 =
+      Random(v1::DISTRIBUTION_INTEGERS, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
   into_f64.mutable_random()->set_low(0);
   into_f64.mutable_random()->set_high(10);
   reject("integers into an existing float64", into_f64);
   p.stddev = -1;
   reject("normal with negative stddev", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT64, p));
   reject("normal with negative stddev into an existing buffer", [&] {
-    v1::SubmitRequest r = Random(v1::DISTRIBUTION_NORMAL, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
+    v1::SubmitRequest r =
+        Random(v1::DISTRIBUTION_NORMAL, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
     r.mutable_random()->set_stddev(-0.5);
     return r;
   }());
@@ -1367,7 +1385,8 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   reject("counter overflow", RandomRequest(v1::DISTRIBUTION_UNIFORM, 100, v1::DTYPE_FLOAT64, p));
   {
     SCOPED_TRACE("unknown output");
-    ExpectRejected(c(), Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput("nope")),
+    ExpectRejected(c(),
+                   Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput("nope")),
                    absl::StatusCode::kNotFound, "", watched);
   }
 }
@@ -1424,13 +1443,15 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   const std::vector<std::string> chain = QueueChain(c(), bz.id(), 2 * kChain);
   ASSERT_EQ(chain.size(), static_cast<size_t>(2 * kChain));
   for (const std::string& id : chain) EXPECT_TRUE(std::regex_match(id, kOpIdPattern)) << id;
-  v1::SubmitRequest sum = Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}});
+  v1::SubmitRequest sum =
+      Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}});
   const auto submit_start = std::chrono::steady_clock::now();
   ASSIGN_OR_FAIL(queued, c().Submit(sum));
   const double submit_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - submit_start).count();
   EXPECT_TRUE(std::regex_match(queued.id(), kOpIdPattern)) << queued.id();
-  EXPECT_FALSE(queued.done()) << "returned the result of an operation queued behind " << 2 * kChain << " others";
+  EXPECT_FALSE(queued.done()) << "returned the result of an operation queued behind " << 2 * kChain
+                              << " others";
   // (QUEUED precisely: see OperationBehindAChainIsReportedQueued.)
   EXPECT_TRUE(queued.state() == v1::Operation::STATE_QUEUED || queued.state() == v1::Operation::STATE_RUNNING)
       << v1::Operation::State_Name(queued.state());
@@ -1443,7 +1464,8 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   // A short wait returns the operation not done.
   const auto wait_start = std::chrono::steady_clock::now();
   ASSIGN_OR_FAIL(waited, c().WaitOperation(queued.id(), 0.01));
-  const double wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  const double wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   EXPECT_FALSE(waited.done());
   EXPECT_TRUE(waited.state() == v1::Operation::STATE_QUEUED || waited.state() == v1::Operation::STATE_RUNNING)
       << v1::Operation::State_Name(waited.state());
@@ -1525,7 +1547,8 @@ TEST_F(ServerOpsTest, OperationBehindAChainIsReportedQueued) {
   const std::vector<std::string> chain = QueueChain(c(), bz.id(), kChain);
   ASSERT_EQ(chain.size(), static_cast<size_t>(kChain));
   ASSIGN_OR_FAIL(last, c().Submit(OnStream(Elementwise("x * 2", {{"x", BufferOperand(bx.id())}}), "")));
-  EXPECT_EQ(last.state(), v1::Operation::STATE_QUEUED) << "reported while " << kChain << " earlier operations wait";
+  EXPECT_EQ(last.state(), v1::Operation::STATE_QUEUED)
+      << "reported while " << kChain << " earlier operations wait";
   ASSIGN_OR_FAIL(polled, c().GetOperation(last.id()));
   ASSIGN_OR_FAIL(last_link, c().GetOperation(chain.back()));
   if (!last_link.done()) {
@@ -1564,26 +1587,43 @@ TEST_F(ServerOpsTest, SubmitAsyncChainResolvesInOrder) {
   }
   EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), static_cast<size_t>(kOps));
   ExpectShifted(c(), bx.id(), x0, kOps, "after 20 increments");
+}
 
-  // A chain whose result depends on the order: x = 2*x + k for k = 0..19 from x = 0 gives
-  // sum_k k * 2^(19 - k), exact in float64; any other order gives another number.
-  ASSIGN_OR_FAIL(bo, UploadArray(c(), std::vector<double>(n, 0.0)));
-  futures.clear();
-  for (int k = 0; k < kOps; ++k) {
-    futures.push_back(c().SubmitAsync(Elementwise("2*x + k", {{"x", BufferOperand(bo.id())}, {"k", ScalarOperand(k)}},
-                                                  ExistingOutput(bo.id()))));
+// Operations on one stream run in the order the server receives them. SubmitAsync calls made
+// one after another from one thread must therefore reach the server in that order, or a chain
+// of dependent operations built with SubmitAsync computes something else. The chain here does
+// not commute: x = 3*x + k (int64, wrapping) for k = 1..200 from x = 1.
+TEST_F(ServerOpsTest, SubmitAsyncPreservesSubmissionOrder) {
+  constexpr size_t n = 1024;
+  constexpr int kOps = 200;
+  ASSIGN_OR_FAIL(bo, UploadArray(c(), std::vector<int64_t>(n, 1)));
+  std::vector<OperationFuture> futures;
+  for (int k = 1; k <= kOps; ++k) {
+    futures.push_back(c().SubmitAsync(Elementwise(
+        "3*x + k", {{"x", BufferOperand(bo.id())}, {"k", ScalarOperand(k)}}, ExistingOutput(bo.id()))));
   }
-  for (int k = 0; k < kOps; ++k) {
-    const absl::StatusOr<v1::Operation>& op = futures[k].Get();
+  for (const OperationFuture& f : futures) {
+    const absl::StatusOr<v1::Operation>& op = f.Get();
     ASSERT_TRUE(op.ok()) << op.status();
     EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED);
   }
-  double want = 0;
-  for (int k = 0; k < kOps; ++k) want = 2 * want + k;
-  ASSIGN_OR_FAIL(ordered, DownloadArray<double>(c(), bo.id()));
-  ASSERT_EQ(ordered.size(), n);
-  EXPECT_EQ(ordered[0], want) << "SubmitAsync calls made in order from one thread ran in another order";
-  for (size_t i = 1; i < n; ++i) ASSERT_EQ(ordered[i], ordered[0]) << i;
+  uint64_t want = 1;
+  for (int k = 1; k <= kOps; ++k) want = 3 * want + static_cast<uint64_t>(k);
+  // The control: the same chain submitted one call at a time with wait gives `want`.
+  ASSIGN_OR_FAIL(control, UploadArray(c(), std::vector<int64_t>(n, 1)));
+  for (int k = 1; k <= kOps; ++k) {
+    ASSIGN_OR_FAIL(
+        op, RunOp(c(), Elementwise("3*x + k", {{"x", BufferOperand(control.id())}, {"k", ScalarOperand(k)}},
+                                   ExistingOutput(control.id()))));
+  }
+  ASSIGN_OR_FAIL(control_values, DownloadArray<int64_t>(c(), control.id()));
+  ASSERT_EQ(control_values.size(), n);
+  ASSERT_EQ(static_cast<uint64_t>(control_values[0]), want);
+  ASSIGN_OR_FAIL(got, DownloadArray<int64_t>(c(), bo.id()));
+  ASSERT_EQ(got.size(), n);
+  EXPECT_EQ(static_cast<uint64_t>(got[0]), want)
+      << "SubmitAsync calls made in order from one thread ran on the stream in another order";
+  for (size_t i = 1; i < n; ++i) ASSERT_EQ(got[i], got[0]) << i;
 }
 
 // ---------------------------------------------------------------------------
@@ -1720,8 +1760,9 @@ TEST_F(ServerOpsTest, StreamsWriteAfterReadAcrossStreams) {
   ASSIGN_OR_FAIL(reader, c().Submit(OnStream(Elementwise("x * 1", {{"x", BufferOperand(bx.id())}}), a.id())));
   EXPECT_FALSE(reader.done());
   // On B, submitted later: x = x + 100. It must wait for the reader.
-  ASSIGN_OR_FAIL(writer, RunOp(c(), Elementwise("x + 100", {{"x", BufferOperand(bx.id())}}, ExistingOutput(bx.id())),
-                               b.id()));
+  ASSIGN_OR_FAIL(
+      writer,
+      RunOp(c(), Elementwise("x + 100", {{"x", BufferOperand(bx.id())}}, ExistingOutput(bx.id())), b.id()));
   EXPECT_EQ(writer.stream_id(), b.id());
   ASSIGN_OR_FAIL(reader_done, c().WaitOperation(reader.id()));
   EXPECT_EQ(reader_done.state(), v1::Operation::STATE_SUCCEEDED);
@@ -1738,11 +1779,13 @@ TEST_F(ServerOpsTest, StreamsWriteAfterWriteAcrossStreams) {
   ASSIGN_OR_FAIL(bw, UploadArray(c(), w));
   // On A: a long chain on z, then x = z * 1 (x becomes 30 everywhere, late).
   QueueChain(c(), bz.id(), kChain, a.id());
-  ASSIGN_OR_FAIL(first, c().Submit(OnStream(
-                            Elementwise("z * 1", {{"z", BufferOperand(bz.id())}}, ExistingOutput(bx.id())), a.id())));
+  ASSIGN_OR_FAIL(
+      first, c().Submit(OnStream(
+                 Elementwise("z * 1", {{"z", BufferOperand(bz.id())}}, ExistingOutput(bx.id())), a.id())));
   // On B, later: x = w * 1, which does not read x. The later write must win.
-  ASSIGN_OR_FAIL(second, RunOp(c(), Elementwise("w * 1", {{"w", BufferOperand(bw.id())}}, ExistingOutput(bx.id())),
-                               b.id()));
+  ASSIGN_OR_FAIL(
+      second,
+      RunOp(c(), Elementwise("w * 1", {{"w", BufferOperand(bw.id())}}, ExistingOutput(bx.id())), b.id()));
   EXPECT_EQ(second.stream_id(), b.id());
   ASSIGN_OR_FAIL(first_done, c().WaitOperation(first.id()));
   EXPECT_EQ(first_done.state(), v1::Operation::STATE_SUCCEEDED);
@@ -1783,10 +1826,11 @@ TEST_F(ServerOpsTest, DeleteBufferWhileQueuedOpsUseIt) {
   ASSIGN_OR_FAIL(info0, c().GetServerInfo());
   // A chain on z, then y = 2 * x behind it, then delete x and z right away.
   const std::vector<std::string> chain = QueueChain(c(), bz.id(), kChain, s.id());
-  ASSIGN_OR_FAIL(reader, c().Submit(OnStream(
-                             Elementwise("2 * x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}},
-                                         NewOutput("y")),
-                             s.id())));
+  ASSIGN_OR_FAIL(reader,
+                 c().Submit(OnStream(
+                     Elementwise("2 * x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}},
+                                 NewOutput("y")),
+                     s.id())));
   EXPECT_FALSE(reader.done());
   ASSERT_OK(c().DeleteBuffer(bx.id()));
   ASSERT_OK(c().DeleteBuffer(bz.id()));
@@ -1848,7 +1892,8 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   }
   // 4 elementwise.
   for (const char* text : {"x + y", "x * y", "sin(x) + y", "x < y"}) {
-    ASSIGN_OR_FAIL(op, RunOp(c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
+    ASSIGN_OR_FAIL(
+        op, RunOp(c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
     ew_read += op.timing().bytes_read();
     ew_written += op.timing().bytes_written();
     ew_flops += op.timing().flops();
@@ -1885,9 +1930,9 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
     by_kind[k.kind()] = k;
   }
   const std::map<v1::OperationKind, uint64_t> want = {
-      {v1::OPERATION_KIND_UPLOAD, 5},   {v1::OPERATION_KIND_COPY, 1},   {v1::OPERATION_KIND_FILL, 2},
-      {v1::OPERATION_KIND_ELEMENTWISE, 4}, {v1::OPERATION_KIND_GEMV, 2}, {v1::OPERATION_KIND_REDUCE, 3},
-      {v1::OPERATION_KIND_RANDOM, 5},   {v1::OPERATION_KIND_DOWNLOAD, 2}};
+      {v1::OPERATION_KIND_UPLOAD, 5},      {v1::OPERATION_KIND_COPY, 1},    {v1::OPERATION_KIND_FILL, 2},
+      {v1::OPERATION_KIND_ELEMENTWISE, 4}, {v1::OPERATION_KIND_GEMV, 2},    {v1::OPERATION_KIND_REDUCE, 3},
+      {v1::OPERATION_KIND_RANDOM, 5},      {v1::OPERATION_KIND_DOWNLOAD, 2}};
   for (const auto& [kind, count] : want) {
     SCOPED_TRACE(v1::OperationKind_Name(kind));
     ASSERT_TRUE(by_kind.contains(kind));

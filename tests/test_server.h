@@ -22,6 +22,18 @@ namespace gpucompute::testing {
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
+// Tests start and destroy their own servers and clients. When the last gRPC object goes,
+// grpc_shutdown() joins gRPC's executor threads, which can sit in a poll for up to ~10 s
+// (gRPC 1.51 under load: a teardown stalled 10-17 s in grpc_core::Executor::ShutdownAll).
+// Holding one grpc_init() reference for the whole run keeps gRPC up between tests.
+class GrpcLibraryHold : public ::testing::Environment {
+ public:
+  void SetUp() override { grpc_init(); }
+  void TearDown() override { grpc_shutdown(); }
+};
+[[maybe_unused]] inline ::testing::Environment* const kGrpcHold =
+    ::testing::AddGlobalTestEnvironment(new GrpcLibraryHold);
+
 class TestServer {
  public:
   // Starts a server on 127.0.0.1 with a free port. Returns null (after recording a

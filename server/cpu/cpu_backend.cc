@@ -36,7 +36,7 @@ class CpuEvent final : public Event {
     cv_.wait(lock, [&] { return done_; });
     return time_;
   }
-  bool done() const {
+  bool IsComplete() const override {
     std::lock_guard lock(mu_);
     return done_;
   }
@@ -170,7 +170,7 @@ absl::StatusOr<double> CpuBackend::ElapsedSeconds(const Event& start, const Even
   const auto* s = dynamic_cast<const CpuEvent*>(&start);
   const auto* e = dynamic_cast<const CpuEvent*>(&end);
   if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CPU backend");
-  if (!s->done() || !e->done()) return absl::FailedPreconditionError("event has not completed");
+  if (!s->IsComplete() || !e->IsComplete()) return absl::FailedPreconditionError("event has not completed");
   return std::chrono::duration<double>(e->WaitDone() - s->WaitDone()).count();
 }
 
