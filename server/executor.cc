@@ -16,7 +16,9 @@ struct StreamState {
   std::unique_ptr<Stream> stream;
   // Submitted and not yet dispatched, in submission order.
   std::deque<std::shared_ptr<Operation>> pending;
-  std::shared_ptr<Operation> last;  // the newest submission
+  // The newest submission. Weak: an operation holds its stream, not the reverse, and
+  // an operation no longer retained is long done.
+  std::weak_ptr<Operation> last;
   uint64_t unfinished = 0;
   // PumpLocked re-entrancy: a pump asked for while one runs is folded into it.
   bool pumping = false;
@@ -159,8 +161,9 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
     }
     std::move(done)();
   };
-  if (s->last != nullptr && !s->last->status_.done()) {
-    s->last->on_done_.push_back(std::move(retire));
+  std::shared_ptr<Operation> last = s->last.lock();
+  if (last != nullptr && !last->status_.done()) {
+    last->on_done_.push_back(std::move(retire));
   } else {
     deferred_.push_back(std::move(retire));
   }
@@ -172,7 +175,7 @@ absl::Status Executor::Synchronize(absl::string_view stream_id, absl::AnyInvocab
   auto it = streams_.find(stream_id);
   if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   // Operations on one stream finish in order, so the newest being done means all are.
-  const std::shared_ptr<Operation>& last = it->second->last;
+  std::shared_ptr<Operation> last = it->second->last.lock();
   if (last != nullptr && !last->status_.done()) {
     last->on_done_.push_back(std::move(done));
   } else {

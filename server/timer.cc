@@ -49,7 +49,9 @@ void Timer::Run() {
     }
     auto first = queue_.begin();
     if (first->first > Clock::now()) {
-      cv_.wait_until(lock, first->first);
+      // A copy: Cancel may erase the entry while this waits.
+      const Clock::time_point deadline = first->first;
+      cv_.wait_until(lock, deadline);
       continue;
     }
     auto fn = std::move(first->second.second);

@@ -81,7 +81,6 @@ class CliTest : public ::testing::Test {
       kill(server_pid_, SIGTERM);
       int status = 0;
       waitpid(server_pid_, &status, 0);
-      server_exited_cleanly_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     }
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -146,7 +145,6 @@ class CliTest : public ::testing::Test {
   static inline std::filesystem::path dir_;
   static inline pid_t server_pid_ = 0;
   static inline int port_ = 0;
-  static inline bool server_exited_cleanly_ = false;
 };
 
 std::vector<double> RandomValues(size_t n, uint32_t seed) {
@@ -294,6 +292,32 @@ TEST_F(CliTest, InfoStatsAndStreams) {
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   v1::Stats st = ParseJson<v1::Stats>(stats.out);
   EXPECT_GT(st.kinds_size(), 0);
+}
+
+TEST_F(CliTest, ServerStopsCleanlyOnSigterm) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::freopen("/dev/null", "w", stderr);
+    execl(server_bin_.c_str(), server_bin_.c_str(), "--listen=127.0.0.1:0", "--backend=cpu",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  usleep(300 * 1000);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; ++i) usleep(100 * 1000);
+  ASSERT_TRUE(WIFEXITED(status)) << "the server did not exit within 10 s of SIGTERM";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_F(CliTest, ServerRejectsBadFlags) {
+  const std::string err = Path("flags.err");
+  const int status = std::system((ShellQuote(server_bin_) + " --memory-limit=lots 2>" + ShellQuote(err)).c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(ReadFile(err).find("--memory-limit"), std::string::npos) << ReadFile(err);
+  const int backend = std::system((ShellQuote(server_bin_) + " --backend=tpu 2>" + ShellQuote(err)).c_str());
+  EXPECT_EQ(WEXITSTATUS(backend), 1);
+  EXPECT_NE(ReadFile(err).find("unknown backend"), std::string::npos) << ReadFile(err);
 }
 
 }  // namespace
