@@ -1384,6 +1384,50 @@ TEST_F(ServerBuffersTest, HealthCheckIsServing) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
 }
 
+// Server reflection lists the API's services (grpc.reflection.v1alpha, as grpc_cli and
+// grpcurl use it). Hand-encoded: ServerReflectionRequest{list_services: ""} is field 7,
+// length 0.
+TEST_F(ServerBuffersTest, ReflectionListsTheServices) {
+  grpc::GenericStub stub(server_->RawChannel());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto next = [&](void* want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(tag, want);
+    return ok;
+  };
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  int tags[5];
+  call->StartCall(&tags[0]);
+  ASSERT_TRUE(next(&tags[0]));
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, &tags[1]);
+  ASSERT_TRUE(next(&tags[1]));
+  call->WritesDone(&tags[2]);
+  ASSERT_TRUE(next(&tags[2]));
+  grpc::ByteBuffer response;
+  call->Read(&response, &tags[3]);
+  ASSERT_TRUE(next(&tags[3]));
+  grpc::Status status;
+  call->Finish(&status, &tags[4]);
+  next(&tags[4]);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const char* service : {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
+                              "gpucompute.v1.OperationService", "gpucompute.v1.ServerService",
+                              "grpc.health.v1.Health"}) {
+    EXPECT_NE(bytes.find(service), std::string::npos) << service << " is not listed";
+  }
+}
+
 // ---------------------------------------------------------------------------
 // 7. Bad client metadata
 
