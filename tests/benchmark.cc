@@ -1,0 +1,779 @@
+// gpucompute-bench: how fast the kernels, the transfers and the RPC path are, each
+// reported as a fraction of a ceiling measured in the same run on the same machine. A
+// benchmark program that prints tables, not a test: nothing here passes or fails on time.
+//
+// Run (defaults shown; the defaults fit a small CPU machine in about a minute):
+//   gpucompute-bench --backend=cpu --log2n=24 --dtype=both --repeat=5
+//       --sections=kernels,transfers,e2e --threads=0 --gemv=2048,4096
+//       --transfer-mib=0 --samples=200
+// The GPU run: --backend=cuda --log2n=28 --gemv=16384,32768.
+//   --log2n         arrays have N = 2^log2n elements (kernels, transfers, e2e load)
+//   --dtype         float64, float32 or both (kernels section)
+//   --repeat        timed repetitions after one warm-up; the median is reported
+//   --threads       CPU backend worker threads, 0 = one per hardware thread
+//   --gemv          square gemv sizes, comma-separated (empty: none)
+//   --transfer-mib  transfer size in MiB; 0 = N float64 elements
+//   --samples       RPCs timed for each e2e latency row
+//
+// Columns.
+//  kernels (Backend API only, device-resident buffers, one stream; device time between
+//  events recorded just before and after the op, median of --repeat):
+//    op        the operation; `expr` is sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))
+//    dtype     element type
+//    size      N, or rows x cols for gemv (no transpose, beta = 0)
+//    ms        device milliseconds
+//    GB/s      (bytes read + bytes written) / time, 1e9 bytes: copy 2N, x + y 3N, expr 2N,
+//              reduce N (+ the result), gemv rows*cols + rows + cols, random N (written);
+//              each times the item size
+//    vs copy   GB/s / the GB/s of the device-to-device copy row of the same dtype: the
+//              fraction of the memory bandwidth the op reaches, 1.0 being copy speed
+//    GFLOP/s   arithmetic per second, for the expression (Program::ops_per_element() per
+//              element) and gemv (2 per matrix element)
+//  transfers (an in-process server and a Client over loopback, --repeat timed calls):
+//    op        `h2d copy` is Backend::CopyFromHost of the same bytes from pageable host
+//              memory (the ceiling), `d2h copy` Backend::CopyToHost, `upload` and
+//              `download` the client library's calls into and out of a buffer
+//    MiB       bytes moved / 2^20
+//    ms        device time for the copies; wall time of the whole call (from the client's
+//              side, connection and response included) for upload and download
+//    GB/s      bytes / ms, 1e9 bytes
+//    server GB/s  the server's own TransferStats (first byte to last)
+//    vs h2d    GB/s / the h2d copy's GB/s
+//  e2e latency (the same server; wall time of each call from the client, nearest rank):
+//    call      Submit(wait=true) of x + y on 2^20 float32 resident buffers into a resident
+//              output, and GetServerInfo, the cheapest RPC there is
+//    p50 ms, p99 ms  percentiles over --samples calls (after 10 warm-ups)
+//    vs no-op  the percentile divided by GetServerInfo's same percentile
+//    device ms the operation's median Timing.device_seconds
+//  e2e load (4 clients, each its own Client on its own thread and its own default stream,
+//  each chaining 100 submissions of x = x + y on N-element float32 buffers, SubmitAsync):
+//    wall s    from the first submission to the last operation's completion
+//    device s  the sum of the 400 operations' Timing.device_seconds
+//    busy      device s / wall s. The server reports no per-device busy intervals, so
+//              the union of the operations' [start, end] cannot be formed; this sum counts
+//              every operation's time once, also when operations of different streams
+//              overlap on one device. Below 1: the device idled that fraction of the run
+//              (RPC, queueing, dispatch). Above 1: operations overlapped; on the CPU backend
+//              the streams share one thread pool, so overlapping operations each run slower
+//              and each counts its stretched time, and busy can exceed 1 without the device
+//              doing more work. Read it together with GB/s.
+//    GB/s      400 * 3N * 4 bytes / wall s: the throughput the clients saw
+//    op ms p50 the median device time of one operation under this load
+#include <grpc/grpc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <latch>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "kernels/dtype.h"
+#include "kernels/ops.h"
+#include "server/backend.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/expression/expression.h"
+#include "server/server.h"
+
+namespace gpucompute::bench {
+namespace {
+
+#define BENCH_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    const ::absl::Status bench_status_ = (expr);   \
+    if (!bench_status_.ok()) return bench_status_; \
+  } while (false)
+
+#define BENCH_CONCAT_INNER_(a, b) a##b
+#define BENCH_CONCAT_(a, b) BENCH_CONCAT_INNER_(a, b)
+#define BENCH_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  if (!tmp.ok()) return tmp.status();                \
+  lhs = std::move(tmp).value()
+// `lhs = value of the absl::StatusOr expr`, returning its error from the caller.
+#define BENCH_ASSIGN_OR_RETURN(lhs, expr) \
+  BENCH_ASSIGN_OR_RETURN_IMPL_(BENCH_CONCAT_(bench_statusor_, __LINE__), lhs, expr)
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kExpression = "sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))";
+constexpr int kLatencyLog2n = 20;
+constexpr int kLatencyWarmup = 10;
+constexpr int kLoadClients = 4;
+constexpr int kLoadChain = 100;
+
+// ---------------------------------------------------------------------------
+// Flags
+
+struct Options {
+  std::string backend = "cpu";
+  int log2n = 24;
+  std::vector<DType> dtypes = {DType::kFloat64, DType::kFloat32};
+  int repeat = 5;
+  bool kernels = true;
+  bool transfers = true;
+  bool e2e = true;
+  int threads = 0;
+  std::vector<int64_t> gemv = {2048, 4096};
+  uint64_t transfer_mib = 0;  // 0: 2^log2n float64 elements
+  int samples = 200;
+
+  int64_t n() const { return int64_t{1} << log2n; }
+  uint64_t transfer_bytes() const {
+    return transfer_mib > 0 ? transfer_mib << 20 : static_cast<uint64_t>(n()) * sizeof(double);
+  }
+};
+
+constexpr const char* kUsage =
+    "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
+    "         [--repeat=5] [--sections=kernels,transfers,e2e] [--threads=0]\n"
+    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200]\n";
+
+absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
+                      int64_t* out) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", value, ": want an integer in [", min, ", ", max, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") return absl::CancelledError(kUsage);
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", arg, "': flags are --name=value\n", kUsage));
+    }
+    const std::string name = arg.substr(2, eq - 2);
+    const std::string value = arg.substr(eq + 1);
+    int64_t v = 0;
+    if (name == "backend") {
+      o.backend = value;
+    } else if (name == "log2n") {
+      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 10, 34, &v));
+      o.log2n = static_cast<int>(v);
+    } else if (name == "dtype") {
+      if (value == "float64") {
+        o.dtypes = {DType::kFloat64};
+      } else if (value == "float32") {
+        o.dtypes = {DType::kFloat32};
+      } else if (value == "both") {
+        o.dtypes = {DType::kFloat64, DType::kFloat32};
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--dtype=", value, ": want float64, float32 or both"));
+      }
+    } else if (name == "repeat") {
+      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
+      o.repeat = static_cast<int>(v);
+    } else if (name == "sections") {
+      o.kernels = o.transfers = o.e2e = false;
+      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        if (s == "kernels") {
+          o.kernels = true;
+        } else if (s == "transfers") {
+          o.transfers = true;
+        } else if (s == "e2e") {
+          o.e2e = true;
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--sections: unknown section '", s, "' (use kernels, transfers, e2e)"));
+        }
+      }
+    } else if (name == "threads") {
+      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 0, 4096, &v));
+      o.threads = static_cast<int>(v);
+    } else if (name == "gemv") {
+      o.gemv.clear();
+      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        BENCH_RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, int64_t{1} << 20, &v));
+        o.gemv.push_back(v);
+      }
+    } else if (name == "transfer-mib") {
+      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
+      o.transfer_mib = static_cast<uint64_t>(v);
+    } else if (name == "samples") {
+      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
+      o.samples = static_cast<int>(v);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "\n", kUsage));
+    }
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Backends: the one place that knows which backends this build has. A CUDA build adds
+// its factory here; the server side is chosen by name through ServerOptions::backend.
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
+  if (options.backend == "cpu") {
+    return std::make_unique<cpu::CpuBackend>(static_cast<size_t>(options.threads));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend=", options.backend, ": this build has only the cpu backend"));
+}
+
+// ---------------------------------------------------------------------------
+// Tables and statistics
+
+// Rows of strings printed with aligned columns: the first `left` columns left-aligned
+// (names), the others right-aligned (numbers).
+class Table {
+ public:
+  Table(std::vector<std::string> header, size_t left) : header_(std::move(header)), left_(left) {}
+
+  void AddRow(std::vector<std::string> row) {
+    row.resize(header_.size());
+    rows_.push_back(std::move(row));
+  }
+
+  void Print(const std::string& title) const {
+    std::vector<size_t> width(header_.size());
+    for (size_t c = 0; c < header_.size(); ++c) {
+      width[c] = header_[c].size();
+      for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+    }
+    auto line = [&](const std::vector<std::string>& cells) {
+      std::string out;
+      for (size_t c = 0; c < cells.size(); ++c) {
+        const std::string pad(width[c] - cells[c].size(), ' ');
+        if (c > 0) out += "  ";
+        out += c < left_ ? cells[c] + pad : pad + cells[c];
+      }
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      std::printf("%s\n", out.c_str());
+    };
+    std::printf("\n== %s\n", title.c_str());
+    line(header_);
+    size_t total = 0;
+    for (size_t w : width) total += w;
+    std::printf("%s\n", std::string(total + 2 * (width.size() - 1), '-').c_str());
+    for (const auto& row : rows_) line(row);
+    std::fflush(stdout);
+  }
+
+ private:
+  std::vector<std::string> header_;
+  size_t left_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string Fixed(double v, int digits) { return absl::StrFormat("%.*f", digits, v); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// Nearest-rank percentile, p in (0, 100].
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ---------------------------------------------------------------------------
+// Device timing through the Backend API
+
+// Waits for the work enqueued on `stream` so far and returns the stream's error state.
+absl::Status Synchronize(Stream& stream) {
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = done->get_future();
+  BENCH_RETURN_IF_ERROR(stream.OnComplete([done](absl::Status s) mutable { done->set_value(s); }));
+  return result.get();
+}
+
+// Runs `enqueue` once as a warm-up (first-use costs: page faults, kernel compilation),
+// then `repeat` times between events on `stream`, and returns the median device seconds.
+absl::StatusOr<double> MedianDeviceSeconds(Backend& backend, Stream& stream, int repeat,
+                                           const std::function<absl::Status()>& enqueue) {
+  BENCH_RETURN_IF_ERROR(enqueue());
+  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+  std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> events;
+  for (int r = 0; r < repeat; ++r) {
+    BENCH_ASSIGN_OR_RETURN(std::shared_ptr<Event> start, stream.Record());
+    BENCH_RETURN_IF_ERROR(enqueue());
+    BENCH_ASSIGN_OR_RETURN(std::shared_ptr<Event> end, stream.Record());
+    events.emplace_back(std::move(start), std::move(end));
+  }
+  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+  std::vector<double> seconds;
+  for (const auto& [start, end] : events) {
+    BENCH_ASSIGN_OR_RETURN(double s, backend.ElapsedSeconds(*start, *end));
+    seconds.push_back(s);
+  }
+  return Median(std::move(seconds));
+}
+
+// ---------------------------------------------------------------------------
+// Section: kernels
+
+struct KernelRow {
+  std::string op;
+  DType dtype;
+  std::string size;
+  double seconds = 0;
+  double bytes = 0;
+  double flops = 0;  // 0: not reported
+};
+
+absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream& stream,
+                                DType dtype, std::vector<KernelRow>& rows) {
+  const int64_t n = options.n();
+  const uint64_t item = DTypeSize(dtype);
+  const uint64_t bytes = static_cast<uint64_t>(n) * item;
+  const std::string n_text = absl::StrCat("2^", options.log2n);
+  auto time = [&](const std::function<absl::Status()>& enqueue) {
+    return MedianDeviceSeconds(backend, stream, options.repeat, enqueue);
+  };
+
+  BENCH_ASSIGN_OR_RETURN(DeviceMemory x, backend.Allocate(0, bytes));
+  BENCH_ASSIGN_OR_RETURN(DeviceMemory y, backend.Allocate(0, bytes));
+  BENCH_ASSIGN_OR_RETURN(DeviceMemory out, backend.Allocate(0, bytes));
+  BENCH_ASSIGN_OR_RETURN(DeviceMemory scalar, backend.Allocate(0, sizeof(double)));
+  // x normal, so the expression sees both signs and magnitudes around 1; y uniform.
+  RandomParams normal{.distribution = Distribution::kNormal, .seed = 1};
+  RandomParams uniform{.distribution = Distribution::kUniform, .seed = 2};
+  BENCH_RETURN_IF_ERROR(backend.Random(stream, normal, dtype, x, n));
+  BENCH_RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, y, n));
+  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+
+  {
+    BENCH_ASSIGN_OR_RETURN(double s,
+                           time([&] { return backend.Copy(stream, x, 0, out, 0, bytes); }));
+    rows.push_back({"copy", dtype, n_text, s, 2.0 * bytes});
+  }
+
+  const std::map<std::string, const DeviceMemory*> arrays = {{"x", &x}, {"y", &y}};
+  auto elementwise = [&](const std::string& op, const char* text, const expr::InputMap& inputs,
+                         bool report_flops) -> absl::Status {
+    BENCH_ASSIGN_OR_RETURN(expr::Program program, expr::Compile(text, inputs));
+    std::vector<const DeviceMemory*> bound;
+    for (const std::string& name : program.inputs()) bound.push_back(arrays.at(name));
+    BENCH_ASSIGN_OR_RETURN(
+        double s, time([&]() -> absl::Status {
+          return backend.Elementwise(stream, program, bound, out, dtype, n).status();
+        }));
+    const double flops = report_flops ? static_cast<double>(program.ops_per_element()) * n : 0;
+    rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes) * (bound.size() + 1), flops});
+    return absl::OkStatus();
+  };
+  BENCH_RETURN_IF_ERROR(elementwise(
+      "x + y", "x + y", {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
+      /*report_flops=*/false));
+  BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
+                                    /*report_flops=*/true));
+
+  for (const auto& [kind, op] :
+       {std::pair{ReduceKind::kSum, "reduce sum"}, std::pair{ReduceKind::kMax, "reduce max"},
+        std::pair{ReduceKind::kNorm2, "reduce norm2"}}) {
+    const ReduceShape shape{.outer = 1, .extent = n, .inner = 1};
+    BENCH_ASSIGN_OR_RETURN(double s, time([&, kind = kind] {
+                             return backend.Reduce(stream, kind, dtype, x, shape, scalar);
+                           }));
+    rows.push_back({op, dtype, n_text, s,
+                    static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype)))});
+  }
+
+  // Gemv's matrix is allocated per size after the arrays above are no longer needed.
+  x = DeviceMemory();
+  y = DeviceMemory();
+  for (int64_t m : options.gemv) {
+    const uint64_t matrix_bytes = static_cast<uint64_t>(m) * static_cast<uint64_t>(m) * item;
+    BENCH_ASSIGN_OR_RETURN(DeviceMemory a, backend.Allocate(0, matrix_bytes));
+    BENCH_ASSIGN_OR_RETURN(DeviceMemory gx, backend.Allocate(0, m * item));
+    BENCH_ASSIGN_OR_RETURN(DeviceMemory gy, backend.Allocate(0, m * item));
+    BENCH_RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, a, m * m));
+    BENCH_RETURN_IF_ERROR(backend.Random(stream, normal, dtype, gx, m));
+    BENCH_RETURN_IF_ERROR(Synchronize(stream));
+    for (bool col_major : {false, true}) {
+      const GemvShape shape{.rows = m, .cols = m, .col_major = col_major, .transpose = false};
+      BENCH_ASSIGN_OR_RETURN(
+          double s, time([&] { return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy); }));
+      rows.push_back({col_major ? "gemv F" : "gemv C", dtype, absl::StrCat(m, "x", m), s,
+                      static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m});
+    }
+  }
+
+  for (const auto& [params, op] :
+       {std::pair{uniform, "random uniform"}, std::pair{normal, "random normal"}}) {
+    BENCH_ASSIGN_OR_RETURN(double s, time([&, params = params] {
+                             return backend.Random(stream, params, dtype, out, n);
+                           }));
+    rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes)});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunKernels(const Options& options, Backend& backend) {
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+  std::vector<KernelRow> rows;
+  for (DType dtype : options.dtypes) {
+    BENCH_RETURN_IF_ERROR(RunKernelsForDType(options, backend, *stream, dtype, rows));
+  }
+  std::map<DType, double> copy_gbps;
+  for (const KernelRow& r : rows) {
+    if (r.op == "copy") copy_gbps[r.dtype] = r.bytes / r.seconds / 1e9;
+  }
+  Table table({"op", "dtype", "size", "ms", "GB/s", "vs copy", "GFLOP/s"}, 3);
+  for (const KernelRow& r : rows) {
+    const double gbps = r.bytes / r.seconds / 1e9;
+    table.AddRow({r.op, DTypeName(r.dtype), r.size, Fixed(r.seconds * 1e3, 3), Fixed(gbps, 2),
+                  Fixed(gbps / copy_gbps[r.dtype], 3),
+                  r.flops > 0 ? Fixed(r.flops / r.seconds / 1e9, 2) : ""});
+  }
+  table.Print(absl::StrCat("kernels: device time, median of ", options.repeat,
+                           ", ratio to the device-to-device copy"));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Sections on the server: transfers and e2e
+
+absl::StatusOr<std::unique_ptr<Client>> Connect(const Server& server, const std::string& name) {
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", server.port());
+  options.client_name = name;
+  options.timeout = absl::Seconds(600);  // a hung server ends the run instead of hanging it
+  return Client::Connect(options);
+}
+
+// The operation's own failure, as a status.
+absl::Status Succeeded(const absl::StatusOr<v1::Operation>& op) {
+  if (!op.ok()) return op.status();
+  if (op->state() != v1::Operation::STATE_SUCCEEDED) {
+    return absl::Status(static_cast<absl::StatusCode>(op->error_code()),
+                        absl::StrCat("operation ", op->id(), " failed: ", op->error_message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunTransfers(const Options& options, Backend& backend, const Server& server) {
+  const uint64_t bytes = options.transfer_bytes();
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  // Every byte written, so no page of the host buffers is first touched while timed.
+  std::vector<char> source(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) source[i] = static_cast<char>(i * 131 + 7);
+  std::vector<char> sink(bytes, 1);
+
+  double h2d_seconds = 0, d2h_seconds = 0;
+  {
+    BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+    BENCH_ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
+    BENCH_ASSIGN_OR_RETURN(h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+                             return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
+                           }));
+    BENCH_ASSIGN_OR_RETURN(d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+                             return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
+                           }));
+  }
+
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-transfers"));
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->add_shape(bytes / sizeof(double));
+  const auto data = std::as_bytes(std::span(source));
+
+  std::vector<double> upload_wall, upload_server;
+  std::string kept;  // the last upload, kept for the downloads
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::UploadResponse> up = client->Upload(header, data);
+    const double wall = SecondsSince(start);
+    if (!up.ok()) return up.status();
+    if (r > 0) {  // r == 0 is the warm-up
+      upload_wall.push_back(wall);
+      upload_server.push_back(up->transfer().gbps());
+    }
+    if (!kept.empty()) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(kept));
+    kept = up->buffer().id();
+  }
+
+  // Cleared so that the check below sees what the downloads wrote, not the d2h copy's bytes.
+  std::fill(sink.begin(), sink.end(), 0);
+  std::vector<double> download_wall, download_server;
+  v1::DownloadRequest request;
+  request.set_buffer(kept);
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::DownloadResponse> down =
+        client->Download(request, [&](uint64_t offset, std::string_view chunk) -> absl::Status {
+          if (offset > bytes || chunk.size() > bytes - offset) {
+            return absl::OutOfRangeError("the server sent more bytes than the buffer holds");
+          }
+          std::memcpy(sink.data() + offset, chunk.data(), chunk.size());
+          return absl::OkStatus();
+        });
+    const double wall = SecondsSince(start);
+    if (!down.ok()) return down.status();
+    if (r > 0) {
+      download_wall.push_back(wall);
+      download_server.push_back(down->transfer().gbps());
+    }
+  }
+  BENCH_RETURN_IF_ERROR(client->DeleteBuffer(kept));
+  if (sink != source)
+    return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
+
+  const double h2d_gbps = bytes / h2d_seconds / 1e9;
+  Table table({"op", "MiB", "ms", "GB/s", "server GB/s", "vs h2d"}, 1);
+  auto add = [&](const char* op, double seconds, const std::string& server_gbps) {
+    const double gbps = bytes / seconds / 1e9;
+    table.AddRow({op, Fixed(mib, 1), Fixed(seconds * 1e3, 3), Fixed(gbps, 3), server_gbps,
+                  Fixed(gbps / h2d_gbps, 3)});
+  };
+  add("h2d copy", h2d_seconds, "");
+  add("d2h copy", d2h_seconds, "");
+  add("upload", Median(upload_wall), Fixed(Median(upload_server), 3));
+  add("download", Median(download_wall), Fixed(Median(download_server), 3));
+  table.Print(absl::StrCat("transfers: in-process server over loopback, median of ", options.repeat,
+                           ", ratio to Backend::CopyFromHost"));
+  return absl::OkStatus();
+}
+
+absl::Status RunLatency(const Options& options, const Server& server) {
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-latency"));
+  const uint64_t n = uint64_t{1} << kLatencyLog2n;
+  for (const auto& [name, seed] : {std::pair{"x", 11}, std::pair{"y", 12}}) {
+    v1::SubmitRequest fill =
+        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
+    fill.set_wait(true);
+    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+  }
+  v1::CreateBufferRequest z;
+  z.set_dtype(v1::DTYPE_FLOAT32);
+  z.add_shape(n);
+  z.set_name("z");
+  BENCH_RETURN_IF_ERROR(client->CreateBuffer(z).status());
+
+  v1::SubmitRequest add = Elementwise(
+      "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
+  add.set_wait(true);
+  std::vector<double> submit, device, noop;
+  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::Operation> op = client->Submit(add);
+    const double wall = SecondsSince(start);
+    BENCH_RETURN_IF_ERROR(Succeeded(op));
+    if (i >= kLatencyWarmup) {
+      submit.push_back(wall);
+      device.push_back(op->timing().device_seconds());
+    }
+  }
+  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
+    const double wall = SecondsSince(start);
+    if (!info.ok()) return info.status();
+    if (i >= kLatencyWarmup) noop.push_back(wall);
+  }
+  for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
+
+  const double noop50 = Percentile(noop, 50), noop99 = Percentile(noop, 99);
+  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms"},
+              1);
+  table.AddRow({"Submit(wait) x + y 2^20 float32", absl::StrCat(submit.size()),
+                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3),
+                Fixed(Percentile(submit, 50) / noop50, 2),
+                Fixed(Percentile(submit, 99) / noop99, 2), Fixed(Median(device) * 1e3, 3)});
+  table.AddRow({"GetServerInfo (no-op)", absl::StrCat(noop.size()), Fixed(noop50 * 1e3, 3),
+                Fixed(noop99 * 1e3, 3), "1.00", "1.00", ""});
+  table.Print("e2e latency: wall time per call from the client, nearest-rank percentiles");
+  return absl::OkStatus();
+}
+
+// One load client's results.
+struct LoadResult {
+  absl::Status status;
+  std::vector<double> device_seconds;
+  Clock::time_point end;
+};
+
+// Runs on its own thread: prepares x (uniform) and y (ones), counts down `ready`, waits
+// for `go`, chains kLoadChain submissions of x = x + y, then checks that every element
+// of x - kLoadChain lies in [0, 1] (x starts in [0, 1); float32 rounding may carry a
+// value just below 1 up to 1).
+void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, std::latch& go,
+                LoadResult& result) {
+  bool counted = false;
+  auto run = [&]() -> absl::Status {
+    BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                           Connect(server, absl::StrCat("bench-load-", index)));
+    v1::SubmitRequest fill =
+        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, 100 + index, NewOutput("x"));
+    fill.set_wait(true);
+    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+    v1::CreateBufferRequest y;
+    y.set_dtype(v1::DTYPE_FLOAT32);
+    y.add_shape(n);
+    y.set_name("y");
+    y.mutable_fill()->set_float_value(1.0);
+    BENCH_RETURN_IF_ERROR(client->CreateBuffer(y).status());
+    BENCH_ASSIGN_OR_RETURN(bool idle, client->SynchronizeStream(""));
+    if (!idle) return absl::DeadlineExceededError("the load client's stream did not go idle");
+    counted = true;
+    ready.count_down();
+    go.wait();
+
+    const v1::SubmitRequest add = Elementwise(
+        "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("x"));
+    std::vector<OperationFuture> futures;
+    for (int i = 0; i < kLoadChain; ++i) futures.push_back(client->SubmitAsync(add));
+    for (const OperationFuture& f : futures) {
+      const absl::StatusOr<v1::Operation>& op = f.Get();
+      BENCH_RETURN_IF_ERROR(Succeeded(op));
+      result.device_seconds.push_back(op->timing().device_seconds());
+    }
+    result.end = Clock::now();
+
+    for (v1::ReduceKind kind : {v1::REDUCE_KIND_MIN, v1::REDUCE_KIND_MAX}) {
+      v1::SubmitRequest check = Reduce(kind, "x");
+      check.set_wait(true);
+      absl::StatusOr<v1::Operation> op = client->Submit(check);
+      BENCH_RETURN_IF_ERROR(Succeeded(op));
+      if (op->values_size() != 1)
+        return absl::InternalError("a whole-array reduction gave no value");
+      const double v = op->values(0).float_value() - kLoadChain;
+      if (!(v >= 0 && v <= 1)) {
+        return absl::InternalError(absl::StrCat("load client ", index, ": x - ", kLoadChain,
+                                                " has an element ", v, " outside [0, 1]"));
+      }
+    }
+    BENCH_RETURN_IF_ERROR(client->DeleteBuffer("x"));
+    return client->DeleteBuffer("y");
+  };
+  result.status = run();
+  if (!counted) ready.count_down();  // never leave the others waiting for this one
+}
+
+absl::Status RunLoad(const Options& options, const Server& server) {
+  const uint64_t n = static_cast<uint64_t>(options.n());
+  std::latch ready(kLoadClients);
+  std::latch go(1);
+  std::vector<LoadResult> results(kLoadClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kLoadClients; ++i) {
+    threads.emplace_back(LoadClient, std::cref(server), i, n, std::ref(ready), std::ref(go),
+                         std::ref(results[i]));
+  }
+  ready.wait();
+  const Clock::time_point start = Clock::now();
+  go.count_down();
+  for (std::thread& t : threads) t.join();
+
+  std::vector<double> device;
+  Clock::time_point end = start;
+  for (const LoadResult& r : results) {
+    BENCH_RETURN_IF_ERROR(r.status);
+    device.insert(device.end(), r.device_seconds.begin(), r.device_seconds.end());
+    end = std::max(end, r.end);
+  }
+  const double wall = std::chrono::duration<double>(end - start).count();
+  double device_sum = 0;
+  for (double s : device) device_sum += s;
+  const double moved = static_cast<double>(device.size()) * 3.0 * n * sizeof(float);
+
+  Table table({"clients", "ops/client", "size", "wall s", "device s", "busy", "GB/s", "op ms p50"},
+              0);
+  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain),
+                absl::StrCat("2^", options.log2n, " f32"), Fixed(wall, 3), Fixed(device_sum, 3),
+                Fixed(device_sum / wall, 3), Fixed(moved / wall / 1e9, 2),
+                Fixed(Median(device) * 1e3, 3)});
+  table.Print(
+      "e2e load: busy = sum(operation device_seconds) / wall; overlapping operations each count");
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Options& options) {
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
+  const DeviceDescription& device = backend->devices().at(0);
+  // Host threads the backend uses (--threads=0: one per hardware thread), and the
+  // device's compute units (worker threads on the CPU, multiprocessors on a GPU).
+  const unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
+                                               : std::thread::hardware_concurrency();
+  const std::string date =
+      absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone());
+  std::printf(
+      "gpucompute-bench  backend=%s  device=\"%s\"  threads=%u  compute_units=%d  date=%s\n",
+      std::string(backend->name()).c_str(), device.name.c_str(), threads, device.compute_units,
+      date.c_str());
+  std::vector<std::string> dtypes;
+  for (DType d : options.dtypes) dtypes.push_back(DTypeName(d));
+  std::printf("log2n=%d (N=%lld)  dtype=%s  repeat=%d  gemv=%s  transfer=%.1f MiB  samples=%d\n",
+              options.log2n, static_cast<long long>(options.n()),
+              absl::StrJoin(dtypes, ",").c_str(), options.repeat,
+              absl::StrJoin(options.gemv, ",").c_str(), options.transfer_bytes() / double(1 << 20),
+              options.samples);
+  std::fflush(stdout);
+
+  if (options.kernels) BENCH_RETURN_IF_ERROR(RunKernels(options, *backend));
+  if (!options.transfers && !options.e2e) return absl::OkStatus();
+
+  ServerOptions server_options;
+  server_options.listen = "127.0.0.1:0";
+  server_options.backend = options.backend;
+  server_options.cpu_threads = options.threads;
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
+  if (options.transfers) BENCH_RETURN_IF_ERROR(RunTransfers(options, *backend, *server));
+  if (options.e2e) {
+    BENCH_RETURN_IF_ERROR(RunLatency(options, *server));
+    BENCH_RETURN_IF_ERROR(RunLoad(options, *server));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace gpucompute::bench
+
+int main(int argc, char** argv) {
+  absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
+  if (!options.ok()) {
+    const bool help = absl::IsCancelled(options.status());
+    std::fprintf(help ? stdout : stderr, "%s", std::string(options.status().message()).c_str());
+    if (!help) std::fprintf(stderr, "\n");
+    return help ? 0 : 2;
+  }
+  // One gRPC reference held for the whole run and never released: when the last gRPC
+  // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for ~10 s
+  // (see tests/test_server.h); the process is ending anyway.
+  grpc_init();
+  const absl::Status status = gpucompute::bench::Run(*options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gpucompute-bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
