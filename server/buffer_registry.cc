@@ -80,11 +80,9 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, 
     return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
                                                    backend_.devices().size(), " device(s)"));
   }
-  if (!name.empty()) {
+  {
     std::lock_guard lock(mu_);
-    if (id_by_name_.contains(NameKey(client, name))) {
-      return absl::AlreadyExistsError(absl::StrCat("a buffer named '", name, "' already exists"));
-    }
+    if (absl::Status s = CheckCanAddLocked(client, name); !s.ok()) return s;
   }
   const uint64_t bytes = *n * DTypeSize(dtype);
   absl::StatusOr<MemoryLimiter::Charge> charge = limiter_.TryCharge(bytes);
@@ -108,15 +106,25 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, 
   return entry;
 }
 
+absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::string_view name) const {
+  auto count = count_by_client_.find(client);
+  if (count != count_by_client_.end() && count->second >= kMaxBuffersPerClient) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a client may hold at most ", kMaxBuffersPerClient, " buffers; delete some first"));
+  }
+  if (!name.empty() && id_by_name_.contains(NameKey(client, name))) {
+    return absl::AlreadyExistsError(absl::StrCat("a buffer named '", name, "' already exists"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BufferRegistry::Register(const BufferHandle& entry) {
   std::lock_guard lock(mu_);
-  if (!entry->name.empty()) {
-    auto [it, inserted] = id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
-    if (!inserted) {
-      return absl::AlreadyExistsError(absl::StrCat("a buffer named '", entry->name, "' already exists"));
-    }
-  }
+  // Checked again: other requests may have taken the name or the room since Allocate.
+  if (absl::Status s = CheckCanAddLocked(entry->client, entry->name); !s.ok()) return s;
+  if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
   by_id_.emplace(entry->id, entry);
+  ++count_by_client_[entry->client];
   return absl::OkStatus();
 }
 
@@ -147,6 +155,8 @@ absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, ab
   if (!entry.ok()) return entry.status();
   if (!(*entry)->name.empty()) id_by_name_.erase(NameKey((*entry)->client, (*entry)->name));
   by_id_.erase((*entry)->id);
+  auto count = count_by_client_.find((*entry)->client);
+  if (--count->second == 0) count_by_client_.erase(count);
   return entry;
 }
 

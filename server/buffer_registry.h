@@ -21,6 +21,9 @@ namespace gpucompute {
 enum class Layout : uint8_t { kC, kF };
 
 inline constexpr size_t kMaxDimensions = 8;
+// Buffers one client may hold: empty buffers cost no memory, so the memory limit alone
+// would not bound them.
+inline constexpr size_t kMaxBuffersPerClient = 1 << 16;
 inline constexpr size_t kMaxNameBytes = 256;
 
 // Bytes charged against the server's memory limit; returned on destruction.
@@ -120,6 +123,9 @@ class BufferRegistry {
   size_t size() const;
 
  private:
+  // RESOURCE_EXHAUSTED if the client holds the most buffers it may, ALREADY_EXISTS if
+  // it already uses `name`.
+  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const;
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const;
   static std::string NameKey(absl::string_view client, absl::string_view name);
 
@@ -128,6 +134,7 @@ class BufferRegistry {
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, BufferHandle> by_id_;
   absl::flat_hash_map<std::string, std::string> id_by_name_;  // NameKey -> id
+  absl::flat_hash_map<std::string, size_t> count_by_client_;
 };
 
 }  // namespace gpucompute

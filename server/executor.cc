@@ -387,8 +387,11 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
   op->end_event_.reset();
 
   finished_order_.push_back(st.id);
-  while (finished_order_.size() > kRetainedOperations) {
-    operations_.erase(finished_order_.front());
+  retained_value_bytes_ += st.result.values.size();
+  while (finished_order_.size() > kRetainedOperations || retained_value_bytes_ > kRetainedValueBytes) {
+    auto oldest = operations_.find(finished_order_.front());
+    retained_value_bytes_ -= oldest->second->status_.result.values.size();
+    operations_.erase(oldest);
     finished_order_.pop_front();
   }
   if (--in_flight_ == 0) idle_cv_.notify_all();
@@ -404,7 +407,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_
   Guard guard(*this);
   auto it = operations_.find(id);
   if (it == operations_.end()) {
-    return absl::NotFoundError(absl::StrCat("operation ", id, " not found (the server keeps the last ",
+    return absl::NotFoundError(absl::StrCat("operation ", id, " not found (the server keeps at most the last ",
                                             kRetainedOperations, " finished operations)"));
   }
   return it->second;

@@ -141,7 +141,10 @@ struct KindStats {
 class Executor {
  public:
   static constexpr size_t kMaxStreamsPerClient = 64;
+  // Finished operations stay queryable until either bound is passed; the oldest go
+  // first. The second bounds the memory inline results can hold.
   static constexpr size_t kRetainedOperations = 65536;
+  static constexpr size_t kRetainedValueBytes = 64 << 20;
 
   explicit Executor(Backend& backend, int default_device = 0);
   // Waits for all submitted work to finish.
@@ -233,6 +236,7 @@ class Executor {
   absl::flat_hash_map<std::string, std::string> default_streams_;
   absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_;
   std::deque<std::string> finished_order_;  // for retention
+  size_t retained_value_bytes_ = 0;
   std::vector<std::unique_ptr<Stream>> transfer_streams_;
   // Streams of deleted StreamStates, destroyed with the executor.
   std::vector<std::unique_ptr<Stream>> retired_;

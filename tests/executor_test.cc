@@ -222,6 +222,27 @@ TEST_F(ExecutorTest, StreamsPerClientAreLimited) {
   EXPECT_TRUE(executor_.CreateStream("other", 0).ok());
 }
 
+TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
+  // Each operation leaves 1 MiB of inline values: the byte bound evicts before the count.
+  auto with_values = [&] {
+    Executor::OpSpec spec = SlowFill(NewBuffer(1), 0, milliseconds(0));
+    auto fill = std::move(spec.launch);
+    spec.launch = [fill = std::move(fill)](Stream& s, OpResult& r) mutable -> absl::StatusOr<LaunchInfo> {
+      r.values_dtype = DType::kFloat64;
+      r.values.assign(1 << 20, 0);
+      return fill(s, r);
+    };
+    return Submit("", std::move(spec));
+  };
+  const size_t fit = Executor::kRetainedValueBytes >> 20;
+  std::shared_ptr<Operation> first = with_values();
+  std::shared_ptr<Operation> last;
+  for (size_t i = 0; i < fit; ++i) last = with_values();
+  Wait(last);
+  EXPECT_EQ(executor_.FindOperation(first->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(executor_.FindOperation(last->id()).ok());
+}
+
 TEST_F(ExecutorTest, TimingIsRecorded) {
   BufferHandle x = NewBuffer(16);
   Executor::OpSpec spec = SlowFill(x, 1, milliseconds(30));

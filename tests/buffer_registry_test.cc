@@ -1,0 +1,82 @@
+// The buffer registry: names, lookups, the memory limit and the per-client buffer bound.
+#include "server/buffer_registry.h"
+
+#include <gtest/gtest.h>
+
+#include "server/cpu/cpu_backend.h"
+
+namespace gpucompute {
+namespace {
+
+class BufferRegistryTest : public ::testing::Test {
+ protected:
+  BufferRegistryTest() : backend_(1), limiter_(1 << 20), registry_(backend_, limiter_) {}
+
+  absl::StatusOr<BufferHandle> Add(const std::string& client, const std::string& name, uint64_t n) {
+    absl::StatusOr<BufferHandle> b = registry_.Allocate(client, name, DType::kFloat32, {n}, Layout::kC, 0);
+    if (!b.ok()) return b;
+    if (absl::Status s = registry_.Register(*b); !s.ok()) return s;
+    return b;
+  }
+
+  cpu::CpuBackend backend_;
+  MemoryLimiter limiter_;
+  BufferRegistry registry_;
+};
+
+TEST_F(BufferRegistryTest, MemoryLimitIsExactAndReturnedOnRelease) {
+  absl::StatusOr<BufferHandle> a = Add("c", "", (1 << 20) / 4);  // exactly the limit
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(limiter_.used(), 1u << 20);
+  absl::StatusOr<BufferHandle> b = Add("c", "", 1);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(registry_.size(), 1u);
+  ASSERT_TRUE(registry_.Remove("c", (*a)->id).ok());
+  EXPECT_EQ(limiter_.used(), 1u << 20) << "the caller still holds the handle";
+  a->reset();
+  EXPECT_EQ(limiter_.used(), 0u);
+  EXPECT_EQ(limiter_.peak(), 1u << 20);
+}
+
+TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
+  absl::StatusOr<BufferHandle> a = Add("c", "x", 4);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(Add("c", "x", 4).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(Add("d", "x", 4).ok());
+  EXPECT_EQ(registry_.Lookup("c", "x").value(), *a);
+  EXPECT_EQ(registry_.Lookup("d", (*a)->id).value(), *a) << "ids are global capabilities";
+  EXPECT_EQ(registry_.Lookup("e", "x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Lookup("c", "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Add("c", "buf-1", 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Add("c", std::string(kMaxNameBytes + 1, 'n'), 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Add("c", "tab\there", 4).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(registry_.Remove("c", "x").ok());
+  EXPECT_TRUE(Add("c", "x", 4).ok()) << "a deleted buffer's name is free again";
+}
+
+TEST_F(BufferRegistryTest, ShapesAreChecked) {
+  EXPECT_EQ(CheckedElementCount({1, 2, 3}, 8).value(), 6u);
+  EXPECT_EQ(CheckedElementCount({}, 8).value(), 1u);
+  EXPECT_EQ(CheckedElementCount({0, 1u << 31}, 8).value(), 0u);
+  EXPECT_EQ(CheckedElementCount(std::vector<uint64_t>(kMaxDimensions + 1, 1), 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckedElementCount({1ull << 32, 1ull << 32}, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckedElementCount({1ull << 61}, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.Allocate("c", "", DType::kFloat32, {4}, Layout::kC, 1).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "device 1 does not exist";
+}
+
+TEST_F(BufferRegistryTest, BuffersPerClientAreBounded) {
+  for (size_t i = 0; i < kMaxBuffersPerClient; ++i) ASSERT_TRUE(Add("c", "", 0).ok()) << i;
+  absl::StatusOr<BufferHandle> over = Add("c", "", 0);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Add("d", "", 0).ok()) << "the bound is per client";
+  std::vector<BufferHandle> mine = registry_.List("c");
+  ASSERT_EQ(mine.size(), kMaxBuffersPerClient);
+  ASSERT_TRUE(registry_.Remove("c", mine.front()->id).ok());
+  EXPECT_TRUE(Add("c", "", 0).ok());
+}
+
+}  // namespace
+}  // namespace gpucompute
