@@ -36,12 +36,20 @@ absl::Status CheckTimeout(double seconds) {
 grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_ptr<Operation>& op,
                                                               double timeout_seconds, v1::Operation* response) {
   auto* reactor = new DeferredReactor();
-  WhenDoneOrTimeout(ctx_, op, timeout_seconds, [this, op, response, state = reactor->state()] {
-    DeferredReactor::FinishOnce(state, [&] {
-      ToProto(ctx_.executor.GetStatus(*op), response);
-      return grpc::Status::OK;
-    });
-  });
+  absl::Status armed = FirstOfEventOrTimeout(
+      ctx_, timeout_seconds,
+      [&](absl::AnyInvocable<void() &&> on_done) {
+        ctx_.executor.OnDone(op, std::move(on_done));
+        return absl::OkStatus();
+      },
+      [this, op, response, state = reactor->state()](bool) {
+        // Done or not, the reply is the operation as it stands.
+        DeferredReactor::FinishOnce(state, [&] {
+          ToProto(ctx_.executor.GetStatus(*op), response);
+          return grpc::Status::OK;
+        });
+      });
+  (void)armed;  // OnDone cannot fail
   return reactor;
 }
 

@@ -1,6 +1,7 @@
 #include "server/service/service_context.h"
 
 #include <atomic>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -198,28 +199,48 @@ absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype) {
   });
 }
 
-void WhenDoneOrTimeout(ServiceContext& ctx, const std::shared_ptr<Operation>& op, double timeout_seconds,
-                       absl::AnyInvocable<void() &&> done) {
+absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
+                                   absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
+                                   absl::AnyInvocable<void(bool timed_out) &&> done) {
   struct Once {
-    std::atomic<bool> fired{false};
-    absl::AnyInvocable<void() &&> done;
-    std::atomic<uint64_t> timer_key{0};
+    std::mutex mu;
+    bool fired = false;
+    uint64_t timer_key = 0;
+    absl::AnyInvocable<void(bool) &&> done;
   };
   auto once = std::make_shared<Once>();
   once->done = std::move(done);
-  auto fire = [once] {
-    if (!once->fired.exchange(true)) std::move(once->done)();
+  // Claims the right to run `done`; the loser of the race does nothing.
+  auto claim = [once]() -> bool {
+    std::lock_guard lock(once->mu);
+    return !std::exchange(once->fired, true);
   };
   if (timeout_seconds > 0) {
     const auto when = std::chrono::steady_clock::now() +
                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                           std::chrono::duration<double>(std::min(timeout_seconds, 1e7)));
-    once->timer_key = ctx.timer.Schedule(when, fire);
+    const uint64_t key = ctx.timer.Schedule(when, [once, claim] {
+      if (claim()) std::move(once->done)(true);
+    });
+    std::lock_guard lock(once->mu);
+    once->timer_key = key;
   }
-  ctx.executor.OnDone(op, [once, fire, &ctx] {
-    if (uint64_t key = once->timer_key.load()) ctx.timer.Cancel(key);
-    fire();
+  absl::Status armed = arm([once, claim, &timer = ctx.timer] {
+    if (!claim()) return;
+    uint64_t key;
+    {
+      std::lock_guard lock(once->mu);
+      key = once->timer_key;
+    }
+    if (key != 0) timer.Cancel(key);
+    std::move(once->done)(false);
   });
+  if (!armed.ok()) {
+    claim();
+    std::lock_guard lock(once->mu);
+    if (once->timer_key != 0) ctx.timer.Cancel(once->timer_key);
+  }
+  return armed;
 }
 
 }  // namespace gpucompute

@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpucompute/v1/gpucompute.pb.h"
@@ -63,10 +64,13 @@ void ToProto(const OperationStatus& status, v1::Operation* op);
 // int, a non-finite float into an int).
 absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype);
 
-// Waits for `op` in the callback style: runs `done` once the operation is done or
-// `timeout_seconds` (0: no limit) passes, whichever is first, exactly once.
-void WhenDoneOrTimeout(ServiceContext& ctx, const std::shared_ptr<Operation>& op, double timeout_seconds,
-                       absl::AnyInvocable<void() &&> done);
+// Waits in the callback style for whichever comes first, an event or a timeout, and
+// runs done(timed_out) exactly once. `arm` registers the callback it is given with the
+// event source; if it fails, done never runs and its status is returned.
+// timeout_seconds == 0 means no timeout.
+absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
+                                   absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
+                                   absl::AnyInvocable<void(bool timed_out) &&> done);
 
 }  // namespace gpucompute
 

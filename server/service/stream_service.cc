@@ -55,29 +55,16 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackSer
   }
   auto* reactor = new DeferredReactor();
   std::shared_ptr<DeferredReactor::State> state = reactor->state();
-  uint64_t timer_key = 0;
-  if (timeout > 0) {
-    const auto when = std::chrono::steady_clock::now() +
-                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                          std::chrono::duration<double>(std::min(timeout, 1e7)));
-    timer_key = ctx_.timer.Schedule(when, [state, response] {
-      DeferredReactor::FinishOnce(state, [&] {
-        response->set_idle(false);
-        return grpc::Status::OK;
+  absl::Status s = FirstOfEventOrTimeout(
+      ctx_, timeout,
+      [&](absl::AnyInvocable<void() &&> on_idle) { return ctx_.executor.Synchronize(stream_id, std::move(on_idle)); },
+      [state, response](bool timed_out) {
+        DeferredReactor::FinishOnce(state, [&] {
+          response->set_idle(!timed_out);
+          return grpc::Status::OK;
+        });
       });
-    });
-  }
-  absl::Status s = ctx_.executor.Synchronize(stream_id, [this, state, response, timer_key] {
-    if (timer_key != 0) ctx_.timer.Cancel(timer_key);
-    DeferredReactor::FinishOnce(state, [&] {
-      response->set_idle(true);
-      return grpc::Status::OK;
-    });
-  });
-  if (!s.ok()) {
-    if (timer_key != 0) ctx_.timer.Cancel(timer_key);
-    DeferredReactor::FinishOnce(state, [&] { return ToGrpcStatus(s); });
-  }
+  if (!s.ok()) DeferredReactor::FinishOnce(state, [&] { return ToGrpcStatus(s); });
   return reactor;
 }
 
