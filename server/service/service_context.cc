@@ -1,10 +1,9 @@
 #include "server/service/service_context.h"
 
-#include <atomic>
-#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 
