@@ -962,6 +962,38 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
 
 // A client that cancels an upload part-way leaves the server healthy and returns the
 // memory the upload held.
+// A client that abandons a download part-way must not leave the buffer held: a later
+// writer goes ahead, and deleting the buffer gives its memory back.
+TEST_F(ServerBuffersTest, CancelledDownloadReleasesTheBuffer) {
+  const std::string original = RandomBytes(8 * kMiB, 22);
+  const uint64_t before = MemoryUsed(*client_);
+  v1::BufferInfo target = MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "abandoned");
+  std::unique_ptr<v1::BufferService::Stub> stub = v1::BufferService::NewStub(server_->RawChannel());
+  {
+    std::unique_ptr<grpc::ClientContext> context = RawContext("tester");
+    v1::DownloadRequest request;
+    request.set_buffer(target.id());
+    request.set_chunk_bytes(64 * 1024);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader = stub->Download(context.get(), request);
+    v1::DownloadResponse first;
+    ASSERT_TRUE(reader->Read(&first));
+    EXPECT_EQ(first.data(), original.substr(0, 64 * 1024));
+    context->TryCancel();
+    while (reader->Read(&first)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // A writer after the abandoned reader: it would wait forever if the read were still held.
+  v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_FLOAT32, 3, ExistingOutput(target.id()));
+  fill.set_wait(true);
+  fill.set_wait_timeout_seconds(30);
+  absl::StatusOr<v1::Operation> op = client_->Submit(fill);
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED) << "a writer is still held back by a cancelled download";
+  ASSERT_TRUE(client_->DeleteBuffer(target.id()).ok());
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before), before);
+}
+
 TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
   const std::string original = RandomBytes(8 * kMiB, 21);
   v1::BufferInfo target = MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "target");
