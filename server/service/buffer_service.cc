@@ -30,6 +30,14 @@ void SetTransfer(uint64_t bytes, Clock::time_point start, v1::TransferStats* sta
   if (seconds > 0) stats->set_gbps(static_cast<double>(bytes) / seconds / 1e9);
 }
 
+// A streaming reactor that answers `status` at once.
+template <typename Reactor>
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 // Receives the header, then chunks into device memory through the transfer stream,
 // reading the next chunk while the previous one is being copied. A new buffer is
 // registered, and an existing one overwritten (by one ordered copy from staging
@@ -437,25 +445,13 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
 grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(grpc::CallbackServerContext* context,
                                                                       v1::UploadResponse* response) {
   absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) {
-    // A reactor that refuses at once.
-    class Refuse final : public grpc::ServerReadReactor<v1::UploadRequest> {
-     public:
-      explicit Refuse(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refuse(client.status());
-  }
+  if (!client.ok()) return new Refusal<grpc::ServerReadReactor<v1::UploadRequest>>(client.status());
   return new UploadReactor(ctx_, *std::move(client), response);
 }
 
 grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc::CallbackServerContext* context,
                                                                             const v1::DownloadRequest* request) {
-  class Refuse final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
-   public:
-    explicit Refuse(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-    void OnDone() override { delete this; }
-  };
+  using Refuse = Refusal<grpc::ServerWriteReactor<v1::DownloadResponse>>;
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return new Refuse(client.status());
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
