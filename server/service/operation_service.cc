@@ -5,34 +5,6 @@
 
 namespace gpucompute {
 
-void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
-  std::lock_guard lock(state->mu);
-  if (state->finished) return;
-  state->finished = true;
-  state->reactor->Finish(produce());
-}
-
-void DeferredReactor::OnCancel() {
-  FinishOnce(state_, [] { return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"); });
-}
-
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-namespace {
-
-absl::Status CheckTimeout(double seconds) {
-  if (!(seconds >= 0)) {  // also rejects NaN
-    return absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", seconds));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_ptr<Operation>& op,
                                                               double timeout_seconds, v1::Operation* response) {
   auto* reactor = new DeferredReactor();

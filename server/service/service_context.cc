@@ -198,6 +198,13 @@ absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype) {
   });
 }
 
+absl::Status CheckTimeout(double seconds) {
+  if (!(seconds >= 0)) {  // also rejects NaN
+    return absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", seconds));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
                                    absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
                                    absl::AnyInvocable<void(bool timed_out) &&> done) {

@@ -64,6 +64,10 @@ void ToProto(const OperationStatus& status, v1::Operation* op);
 // int, a non-finite float into an int).
 absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype);
 
+// INVALID_ARGUMENT unless `seconds` is a timeout a request may carry: >= 0 (0 meaning
+// none), not NaN.
+absl::Status CheckTimeout(double seconds);
+
 // Waits in the callback style for whichever comes first, an event or a timeout, and
 // runs done(timed_out) exactly once. `arm` registers the callback it is given with the
 // event source; if it fails, done never runs and its status is returned.

@@ -44,9 +44,7 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackSer
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   const double timeout = request->timeout_seconds();
-  if (!(timeout >= 0)) {
-    return FinishNow(context, absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", timeout)));
-  }
+  if (absl::Status s = CheckTimeout(timeout); !s.ok()) return FinishNow(context, s);
   std::string stream_id = request->stream_id();
   if (stream_id.empty()) {
     absl::StatusOr<StreamInfo> info = ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());

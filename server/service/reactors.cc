@@ -1,0 +1,23 @@
+// The reactors every service shares: DeferredReactor and FinishNow (services.h).
+#include "server/service/services.h"
+
+namespace gpucompute {
+
+void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
+  std::lock_guard lock(state->mu);
+  if (state->finished) return;
+  state->finished = true;
+  state->reactor->Finish(produce());
+}
+
+void DeferredReactor::OnCancel() {
+  FinishOnce(state_, [] { return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"); });
+}
+
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace gpucompute
