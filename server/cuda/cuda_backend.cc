@@ -1,0 +1,752 @@
+#include "server/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/kernels.h"
+#include "server/cuda/cuda_check.h"
+#include "server/cuda/elementwise_kernels.h"
+#include "server/cuda/pinned_staging.h"
+
+namespace gpucompute::cuda {
+namespace {
+
+// Staging blocks: large ones for transfer chunks, small ones for the few bytes of an
+// inline reduction result, so that those never queue behind a large transfer.
+constexpr uint64_t kLargeBlockBytes = 8 << 20;
+constexpr uint64_t kSmallBlockBytes = 64 << 10;
+constexpr size_t kSmallBlocks = 64;
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(cudaEvent_t event, int device) : event_(event), device_(device) {}
+  ~CudaEvent() override {
+    // Safe while the event is pending: the runtime releases it once it completes.
+    cudaEventDestroy(event_);
+  }
+  bool IsComplete() const override {
+    const cudaError_t error = cudaEventQuery(event_);
+    if (error == cudaErrorNotReady) return false;
+    // A failed event counts as complete, so that nothing waits forever on a broken
+    // device; the failure itself reaches the backend through the stream callbacks.
+    if (error != cudaSuccess && !IsStickyError(error)) cudaGetLastError();
+    return true;
+  }
+  cudaEvent_t get() const { return event_; }
+  int device() const { return device_; }
+
+ private:
+  cudaEvent_t event_;
+  int device_;
+};
+
+class CudaBackend;
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(CudaBackend& backend, int device, cudaStream_t stream)
+      : backend_(backend), device_(device), stream_(stream) {}
+  ~CudaStream() override;
+
+  int device() const override { return device_; }
+  absl::Status Wait(std::shared_ptr<Event> event) override;
+  absl::StatusOr<std::shared_ptr<Event>> Record() override;
+  absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override;
+
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  CudaBackend& backend_;
+  const int device_;
+  const cudaStream_t stream_;
+};
+
+CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
+char* Bytes(const DeviceMemory& m) { return static_cast<char*>(m.data()); }
+
+absl::Status CublasStatus(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  std::string message = absl::StrCat(call, " failed with ", cublasGetStatusName(status), " (",
+                                     cublasGetStatusString(status), ")");
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(std::move(message));
+  return absl::InternalError(std::move(message));
+}
+
+// One GPU: its memory pool, a stream for allocations, its cuBLAS handle and staging.
+struct Device {
+  int index = 0;
+  int compute_capability = 0;  // 90 for sm_90
+  int sm_count = 0;
+  cudaMemPool_t pool = nullptr;
+  // Allocations and frees are ordered on this stream, and each allocation is waited for,
+  // so that memory can be used on any stream as soon as Allocate returns.
+  cudaStream_t alloc_stream = nullptr;
+  std::mutex cublas_mu;  // a cuBLAS handle is not safe for concurrent use
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<PinnedStaging> large_staging;
+  std::unique_ptr<PinnedStaging> small_staging;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  const std::vector<DeviceDescription>& devices() const override { return descriptions_; }
+
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override;
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override;
+
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                            uint64_t bytes) override;
+  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                          uint64_t bytes) override;
+  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                    uint64_t dst_offset, uint64_t bytes) override;
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                    int64_t count) override;
+  absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                         std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
+                                         DType out_dtype, int64_t n) override;
+  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                      const ReduceShape& shape, DeviceMemory& out) override;
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha, const DeviceMemory& a,
+                    const DeviceMemory& x, double beta, DeviceMemory& y) override;
+  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                      int64_t n) override;
+
+  absl::StatusOr<double> PrepareElementwise(const expr::Program& program, DType out_dtype) override;
+  PoolUsage MemoryPoolUsage(int device) const override;
+  absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) override;
+  absl::Status StartProfiler() override;
+  absl::Status StopProfiler() override;
+  void PushRange(const std::string& name) override { nvtxRangePushA(name.c_str()); }
+  void PopRange() override { nvtxRangePop(); }
+
+  // Checks a CUDA call's result; a sticky error also marks the backend failed.
+  absl::Status Check(cudaError_t error, const char* call, const char* file, int line);
+  // Runs `fn` on the completion thread once the work enqueued on `stream` is done.
+  absl::Status EnqueueCallback(cudaStream_t stream, int device,
+                               absl::AnyInvocable<void(absl::Status) &&> fn);
+  absl::Status SetDevice(int device) { return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__); }
+  // Raises a sticky error on `device` and waits for it to surface (tests only).
+  absl::Status InjectIllegalAddress(int device);
+
+ private:
+  struct PendingCallback {
+    absl::AnyInvocable<void(absl::Status) &&> fn;
+  };
+  struct CallbackToken {
+    CudaBackend* backend;
+    uint64_t id;
+  };
+
+  CudaBackend() = default;
+  absl::Status Init(const CudaBackendOptions& options);
+  static void CUDART_CB OnStreamCallback(cudaStream_t stream, cudaError_t status, void* user_data);
+  void RunCompletions();
+  void FailPendingCallbacks(const absl::Status& status);
+  absl::Status CheckDevice(int device) const;
+  absl::Status CheckHealthy() const { return health(); }
+  // Copies between host and device through staging blocks, `piece` bytes at a time.
+  absl::Status StagedCopyToDevice(CudaStream& stream, const char* src, char* dst, uint64_t bytes);
+  absl::Status StagedCopyToHost(CudaStream& stream, const char* src, char* dst, uint64_t bytes);
+
+  std::vector<DeviceDescription> descriptions_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::unique_ptr<ElementwiseKernels> elementwise_;
+
+  // Completion callbacks: CUDA's callback thread only moves a finished callback into
+  // `ready_`; this backend's own thread runs it, since a callback may enqueue CUDA work,
+  // which CUDA's callback thread must not do.
+  std::mutex callbacks_mu_;
+  std::condition_variable callbacks_cv_;
+  uint64_t next_callback_id_ = 0;
+  absl::flat_hash_map<uint64_t, PendingCallback> pending_;
+  std::deque<std::pair<PendingCallback, absl::Status>> ready_;
+  bool stopping_ = false;
+  std::thread completion_thread_;
+};
+
+#define CUDA_CHECK_RETURN(call)                                                 \
+  do {                                                                          \
+    const absl::Status cuda_check_status_ = Check((call), #call, __FILE__, __LINE__); \
+    if (!cuda_check_status_.ok()) return cuda_check_status_;                    \
+  } while (false)
+
+CudaStream::~CudaStream() {
+  // Work still queued finishes first: destroying a stream does not cancel it.
+  cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {
+  auto* e = dynamic_cast<CudaEvent*>(event.get());
+  if (e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
+  if (absl::Status s = backend_.SetDevice(device_); !s.ok()) return s;
+  return backend_.Check(cudaStreamWaitEvent(stream_, e->get(), 0), "cudaStreamWaitEvent", __FILE__, __LINE__);
+}
+
+absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
+  if (absl::Status s = backend_.SetDevice(device_); !s.ok()) return s;
+  cudaEvent_t event = nullptr;
+  // Timing stays enabled: the executor times every operation between two of these.
+  absl::Status s = backend_.Check(cudaEventCreateWithFlags(&event, cudaEventDefault),
+                                  "cudaEventCreateWithFlags", __FILE__, __LINE__);
+  if (!s.ok()) return s;
+  auto wrapped = std::make_shared<CudaEvent>(event, device_);
+  s = backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__);
+  if (!s.ok()) return s;
+  return wrapped;
+}
+
+absl::Status CudaStream::OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) {
+  return backend_.EnqueueCallback(stream_, device_, std::move(fn));
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  if (absl::Status s = backend->Init(options); !s.ok()) return s;
+  return backend;
+}
+
+absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device is usable here (", error == cudaSuccess ? "none found" : cudaGetErrorName(error),
+                     "); use --backend=cpu"));
+  }
+  for (int d = 0; d < count; ++d) {
+    CUDA_CHECK_RETURN(cudaSetDevice(d));
+    cudaDeviceProp prop{};
+    CUDA_CHECK_RETURN(cudaGetDeviceProperties(&prop, d));
+    int memory_clock_khz = 0;
+    int bus_width_bits = 0;
+    CUDA_CHECK_RETURN(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, d));
+    CUDA_CHECK_RETURN(cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, d));
+
+    auto device = std::make_unique<Device>();
+    device->index = d;
+    device->compute_capability = prop.major * 10 + prop.minor;
+    device->sm_count = prop.multiProcessorCount;
+
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = d;
+    CUDA_CHECK_RETURN(cudaMemPoolCreate(&device->pool, &props));
+    // Memory the pool keeps when freed; the initial reservation is kept in any case.
+    uint64_t threshold = std::max(options.pool_release_threshold_bytes, options.pool_initial_bytes);
+    CUDA_CHECK_RETURN(cudaMemPoolSetAttribute(device->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    // Plain cudaMallocAsync (kernels' scratch) draws from this pool too.
+    CUDA_CHECK_RETURN(cudaDeviceSetMemPool(d, device->pool));
+    CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&device->alloc_stream, cudaStreamNonBlocking));
+    if (options.pool_initial_bytes > 0) {
+      void* p = nullptr;
+      CUDA_CHECK_RETURN(cudaMallocFromPoolAsync(&p, options.pool_initial_bytes, device->pool, device->alloc_stream));
+      CUDA_CHECK_RETURN(cudaFreeAsync(p, device->alloc_stream));
+      CUDA_CHECK_RETURN(cudaStreamSynchronize(device->alloc_stream));
+    }
+    device->large_staging = std::make_unique<PinnedStaging>(
+        kLargeBlockBytes, static_cast<size_t>(std::max<uint64_t>(options.pinned_staging_bytes / kLargeBlockBytes, 2)));
+    device->small_staging = std::make_unique<PinnedStaging>(kSmallBlockBytes, kSmallBlocks);
+
+    DeviceDescription description;
+    description.index = d;
+    description.name = prop.name;
+    description.total_memory_bytes = prop.totalGlobalMem;
+    // Double data rate: two transfers per clock over the bus.
+    description.peak_bandwidth_gbps = 2.0 * memory_clock_khz * 1e3 * (bus_width_bits / 8) / 1e9;
+    description.compute_units = prop.multiProcessorCount;
+    descriptions_.push_back(std::move(description));
+    devices_.push_back(std::move(device));
+  }
+  elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
+  completion_thread_ = std::thread([this] { RunCompletions(); });
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  for (auto& device : devices_) {
+    cudaSetDevice(device->index);
+    if (health().ok()) cudaDeviceSynchronize();
+  }
+  if (completion_thread_.joinable()) {
+    {
+      std::lock_guard lock(callbacks_mu_);
+      stopping_ = true;
+    }
+    callbacks_cv_.notify_all();
+    completion_thread_.join();
+  }
+  elementwise_.reset();
+  for (auto& device : devices_) {
+    cudaSetDevice(device->index);
+    if (device->cublas != nullptr) cublasDestroy(device->cublas);
+    device->large_staging.reset();
+    device->small_staging.reset();
+    if (device->alloc_stream != nullptr) cudaStreamDestroy(device->alloc_stream);
+    if (device->pool != nullptr) cudaMemPoolDestroy(device->pool);
+  }
+}
+
+absl::Status CudaBackend::Check(cudaError_t error, const char* call, const char* file, int line) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  absl::Status status = CudaStatus(error, call, file, line);
+  if (IsStickyError(error)) {
+    ReportFailure(status);
+    FailPendingCallbacks(status);
+  }
+  return status;
+}
+
+absl::Status CudaBackend::CheckDevice(int device) const {
+  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no device ", device, " (this server has ", devices_.size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- completion callbacks
+
+absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
+                                          absl::AnyInvocable<void(absl::Status) &&> fn) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  uint64_t id;
+  {
+    std::lock_guard lock(callbacks_mu_);
+    id = next_callback_id_++;
+    pending_.emplace(id, PendingCallback{std::move(fn)});
+  }
+  auto* token = new CallbackToken{this, id};
+  absl::Status s = SetDevice(device);
+  // cudaStreamAddCallback, unlike cudaLaunchHostFunc, still calls back after a device
+  // error, with the error: the executor hears of every failure instead of waiting forever.
+  if (s.ok()) s = Check(cudaStreamAddCallback(stream, &OnStreamCallback, token, 0), "cudaStreamAddCallback", __FILE__, __LINE__);
+  if (!s.ok()) {
+    delete token;
+    std::lock_guard lock(callbacks_mu_);
+    pending_.erase(id);
+  }
+  return s;
+}
+
+void CUDART_CB CudaBackend::OnStreamCallback(cudaStream_t, cudaError_t status, void* user_data) {
+  auto* token = static_cast<CallbackToken*>(user_data);
+  CudaBackend* self = token->backend;
+  const uint64_t id = token->id;
+  delete token;
+  // No CUDA calls here: this is CUDA's own thread.
+  absl::Status result = status == cudaSuccess
+                            ? absl::OkStatus()
+                            : absl::InternalError(absl::StrCat("the stream failed: ", cudaGetErrorName(status), " (",
+                                                               cudaGetErrorString(status), ")"));
+  if (IsStickyError(status)) self->ReportFailure(result);
+  {
+    std::lock_guard lock(self->callbacks_mu_);
+    auto it = self->pending_.find(id);
+    if (it == self->pending_.end()) return;  // already failed by FailPendingCallbacks
+    self->ready_.emplace_back(std::move(it->second), std::move(result));
+    self->pending_.erase(it);
+  }
+  self->callbacks_cv_.notify_one();
+}
+
+void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
+  {
+    std::lock_guard lock(callbacks_mu_);
+    for (auto& [id, callback] : pending_) ready_.emplace_back(std::move(callback), status);
+    pending_.clear();
+  }
+  callbacks_cv_.notify_one();
+}
+
+void CudaBackend::RunCompletions() {
+  std::unique_lock lock(callbacks_mu_);
+  for (;;) {
+    callbacks_cv_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
+    if (ready_.empty()) return;
+    auto [callback, status] = std::move(ready_.front());
+    ready_.pop_front();
+    lock.unlock();
+    std::move(callback.fn)(std::move(status));
+    lock.lock();
+  }
+}
+
+// ---- memory and streams
+
+absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  Device& d = *devices_[device];
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  void* p = nullptr;
+  const cudaError_t error = cudaMallocFromPoolAsync(&p, std::max<uint64_t>(bytes, 1), d.pool, d.alloc_stream);
+  if (error == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("device ", device, " is out of memory allocating ", bytes,
+                                                     " bytes (pool holds ", MemoryPoolUsage(device).reserved_bytes,
+                                                     " bytes)"));
+  }
+  CUDA_CHECK_RETURN(error);
+  // Waiting here orders the allocation before any use on any stream.
+  if (absl::Status s = Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__);
+      !s.ok()) {
+    return s;
+  }
+  return DeviceMemory(p, bytes, device, [this, &d](void* ptr, uint64_t) {
+    // Runs once every use has completed (the executor keeps buffers alive until then),
+    // so freeing in the allocation stream's order is safe.
+    cudaSetDevice(d.index);
+    const cudaError_t e = cudaFreeAsync(ptr, d.alloc_stream);
+    if (e != cudaSuccess && health().ok()) {
+      std::fprintf(stderr, "gpucompute: cudaFreeAsync failed: %s\n", cudaGetErrorName(e));
+    }
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> CudaBackend::CreateStream(int device) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  cudaStream_t stream = nullptr;
+  // Non-blocking: independent of the legacy default stream that libraries may use.
+  CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::make_unique<CudaStream>(*this, device, stream);
+}
+
+absl::StatusOr<double> CudaBackend::ElapsedSeconds(const Event& start, const Event& end) {
+  const auto* s = dynamic_cast<const CudaEvent*>(&start);
+  const auto* e = dynamic_cast<const CudaEvent*>(&end);
+  if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
+  float ms = 0;
+  CUDA_CHECK_RETURN(cudaEventElapsedTime(&ms, s->get(), e->get()));
+  return ms / 1e3;
+}
+
+PoolUsage CudaBackend::MemoryPoolUsage(int device) const {
+  PoolUsage usage;
+  if (device < 0 || device >= static_cast<int>(devices_.size())) return usage;
+  cudaMemPool_t pool = devices_[device]->pool;
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &usage.reserved_bytes);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &usage.used_bytes);
+  return usage;
+}
+
+absl::StatusOr<PoolUsage> CudaBackend::TrimMemoryPool(int device, uint64_t keep_bytes) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  Device& d = *devices_[device];
+  // Frees still pending in the allocation stream's order would not be released.
+  CUDA_CHECK_RETURN(cudaStreamSynchronize(d.alloc_stream));
+  CUDA_CHECK_RETURN(cudaMemPoolTrimTo(d.pool, keep_bytes));
+  return MemoryPoolUsage(device);
+}
+
+absl::Status CudaBackend::StartProfiler() {
+  CUDA_CHECK_RETURN(cudaProfilerStart());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::StopProfiler() {
+  CUDA_CHECK_RETURN(cudaProfilerStop());
+  return absl::OkStatus();
+}
+
+// ---- transfers
+
+absl::Status CudaBackend::StagedCopyToDevice(CudaStream& stream, const char* src, char* dst, uint64_t bytes) {
+  Device& d = *devices_[stream.device()];
+  PinnedStaging& staging = bytes <= kSmallBlockBytes ? *d.small_staging : *d.large_staging;
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t piece = std::min(bytes - done, staging.block_bytes());
+    absl::StatusOr<void*> block = staging.Acquire();
+    if (!block.ok()) return block.status();
+    std::memcpy(*block, src + done, piece);
+    absl::Status s = Check(cudaMemcpyAsync(dst + done, *block, piece, cudaMemcpyHostToDevice, stream.get()),
+                           "cudaMemcpyAsync", __FILE__, __LINE__);
+    if (s.ok()) {
+      struct Return {
+        PinnedStaging* staging;
+        void* block;
+      };
+      auto* ret = new Return{&staging, *block};
+      s = Check(cudaLaunchHostFunc(
+                    stream.get(),
+                    [](void* p) {
+                      auto* r = static_cast<Return*>(p);
+                      r->staging->Release(r->block);
+                      delete r;
+                    },
+                    ret),
+                "cudaLaunchHostFunc", __FILE__, __LINE__);
+      if (!s.ok()) delete ret;
+    }
+    // A block whose copy was never enqueued can go back at once; one whose copy was
+    // enqueued but whose release was not is lost with the failed stream.
+    if (!s.ok()) return s;
+    done += piece;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::StagedCopyToHost(CudaStream& stream, const char* src, char* dst, uint64_t bytes) {
+  Device& d = *devices_[stream.device()];
+  PinnedStaging& staging = bytes <= kSmallBlockBytes ? *d.small_staging : *d.large_staging;
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t piece = std::min(bytes - done, staging.block_bytes());
+    absl::StatusOr<void*> block = staging.Acquire();
+    if (!block.ok()) return block.status();
+    absl::Status s = Check(cudaMemcpyAsync(*block, src + done, piece, cudaMemcpyDeviceToHost, stream.get()),
+                           "cudaMemcpyAsync", __FILE__, __LINE__);
+    if (!s.ok()) {
+      staging.Release(*block);
+      return s;
+    }
+    struct Deliver {
+      PinnedStaging* staging;
+      void* block;
+      char* dst;
+      uint64_t bytes;
+    };
+    auto* deliver = new Deliver{&staging, *block, dst + done, piece};
+    // The host copy runs as a stream operation, so later events on this stream complete
+    // only once `dst` holds the data, as the Backend contract says.
+    s = Check(cudaLaunchHostFunc(
+                  stream.get(),
+                  [](void* p) {
+                    auto* r = static_cast<Deliver*>(p);
+                    std::memcpy(r->dst, r->block, r->bytes);
+                    r->staging->Release(r->block);
+                    delete r;
+                  },
+                  deliver),
+              "cudaLaunchHostFunc", __FILE__, __LINE__);
+    if (!s.ok()) {
+      delete deliver;
+      return s;
+    }
+    done += piece;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                                       uint64_t bytes) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  return StagedCopyToDevice(AsCuda(stream), static_cast<const char*>(src), Bytes(dst) + dst_offset, bytes);
+}
+
+absl::Status CudaBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                                     uint64_t bytes) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  return StagedCopyToHost(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes);
+}
+
+absl::Status CudaBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                               uint64_t dst_offset, uint64_t bytes) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  if (bytes == 0 || (src.data() == dst.data() && src_offset == dst_offset)) return absl::OkStatus();
+  CUDA_CHECK_RETURN(cudaMemcpyAsync(Bytes(dst) + dst_offset, Bytes(src) + src_offset, bytes,
+                                    cudaMemcpyDeviceToDevice, AsCuda(stream).get()));
+  return absl::OkStatus();
+}
+
+// ---- kernels
+
+absl::Status CudaBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits, int64_t count) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  if (count == 0) return absl::OkStatus();
+  CUDA_CHECK_RETURN(FillAsync(dst.data(), dtype, value_bits, count, AsCuda(stream).get()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& program, DType out_dtype) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  double seconds = 0;
+  // One kernel per distinct architecture among the devices.
+  std::vector<int> done;
+  for (const auto& device : devices_) {
+    if (std::find(done.begin(), done.end(), device->compute_capability) != done.end()) continue;
+    done.push_back(device->compute_capability);
+    if (absl::Status s = SetDevice(device->index); !s.ok()) return s;
+    double compile = 0;
+    absl::StatusOr<const CompiledElementwise*> kernel =
+        elementwise_->Get(program, out_dtype, device->compute_capability, &compile);
+    if (!kernel.ok()) return kernel.status();
+    seconds += compile;
+  }
+  return seconds;
+}
+
+absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::Program& program,
+                                                    std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
+                                                    DType out_dtype, int64_t n) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  const Device& d = *devices_[stream.device()];
+  LaunchInfo info;
+  absl::StatusOr<const CompiledElementwise*> kernel =
+      elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds);
+  if (!kernel.ok()) return kernel.status();
+  if (n == 0) return info;
+  std::vector<const void*> pointers;
+  pointers.reserve(inputs.size());
+  for (const DeviceMemory* m : inputs) pointers.push_back(m == nullptr ? nullptr : m->data());
+  absl::Status s = LaunchElementwise(**kernel, program, pointers, out.data(), n, d.sm_count, AsCuda(stream).get());
+  if (!s.ok()) {
+    // A launch error may be sticky; the launcher reports it as a status only.
+    Check(cudaPeekAtLastError(), "elementwise launch", __FILE__, __LINE__).IgnoreError();
+    return s;
+  }
+  return info;
+}
+
+absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                                 const ReduceShape& shape, DeviceMemory& out) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  const Device& d = *devices_[stream.device()];
+  ReduceShape plain = shape;
+  if (shape.f_order_rows > 0) {
+    CUDA_CHECK_RETURN(ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(), shape.f_order_rows,
+                                              shape.extent / shape.f_order_rows, out.data(), d.pool,
+                                              AsCuda(stream).get()));
+    return absl::OkStatus();
+  }
+  CUDA_CHECK_RETURN(ReduceAsync(kind, in_dtype, in.data(), plain, out.data(), d.pool, AsCuda(stream).get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                               const DeviceMemory& a, const DeviceMemory& x, double beta, DeviceMemory& y) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv takes float32 or float64, not ", DTypeName(dtype)));
+  }
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  Device& d = *devices_[stream.device()];
+  cudaStream_t s = AsCuda(stream).get();
+  // cuBLAS is column-major. An F-layout A is A itself; a C-layout A is, read column-major,
+  // the cols x rows matrix A^T, so op(A) flips between N and T.
+  const int64_t m = shape.col_major ? shape.rows : shape.cols;
+  const int64_t n = shape.col_major ? shape.cols : shape.rows;
+  const bool transpose = shape.col_major ? shape.transpose : !shape.transpose;
+  const int64_t y_len = shape.transpose ? shape.cols : shape.rows;
+  const int64_t inner = shape.transpose ? shape.rows : shape.cols;
+  std::lock_guard lock(d.cublas_mu);
+  if (d.cublas == nullptr) {
+    if (absl::Status st = CublasStatus(cublasCreate(&d.cublas), "cublasCreate"); !st.ok()) return st;
+    // Host scalars; no atomics, so results are deterministic run to run.
+    if (absl::Status st = CublasStatus(cublasSetPointerMode(d.cublas, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (absl::Status st = CublasStatus(cublasSetStream(d.cublas, s), "cublasSetStream"); !st.ok()) return st;
+  if (y_len == 0) return absl::OkStatus();
+  if (inner == 0) {
+    // An empty sum: y = beta * y (BLAS would leave y untouched), and y is not read when
+    // beta is 0.
+    if (beta == 0) return Fill(stream, y, dtype, 0, y_len);
+    if (dtype == DType::kFloat64) {
+      return CublasStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1), "cublasDscal");
+    }
+    const float beta_f = static_cast<float>(beta);
+    return CublasStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1), "cublasSscal");
+  }
+  const cublasOperation_t op = transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int64_t lda = std::max<int64_t>(m, 1);
+  absl::Status st;
+  if (dtype == DType::kFloat64) {
+    st = CublasStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()), lda,
+                                     static_cast<const double*>(x.data()), 1, &beta, static_cast<double*>(y.data()), 1),
+                      "cublasDgemv");
+  } else {
+    const float alpha_f = static_cast<float>(alpha);
+    const float beta_f = static_cast<float>(beta);
+    st = CublasStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()), lda,
+                                     static_cast<const float*>(x.data()), 1, &beta_f, static_cast<float*>(y.data()), 1),
+                      "cublasSgemv");
+  }
+  if (!st.ok()) Check(cudaPeekAtLastError(), "gemv launch", __FILE__, __LINE__).IgnoreError();
+  return st;
+}
+
+absl::Status CudaBackend::Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                                 int64_t n) {
+  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  if (n == 0) return absl::OkStatus();
+  CUDA_CHECK_RETURN(RandomAsync(params, dtype, out.data(), n, AsCuda(stream).get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::InjectIllegalAddress(int device) {
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t error = IllegalAddressForTestingAsync(stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  return Check(error, "IllegalAddressForTestingAsync", __FILE__, __LINE__);
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(options);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Backend>(std::move(*backend));
+}
+
+std::string DefaultKernelCacheDir() {
+  if (const char* dir = std::getenv("GPUCOMPUTE_KERNEL_CACHE"); dir != nullptr) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/gpucompute/kernels");
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return absl::StrCat(home, "/.cache/gpucompute/kernels");
+  }
+  return "";
+}
+
+absl::Status InjectIllegalAddressForTesting(Backend& backend, int device) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) return absl::InvalidArgumentError("not a CUDA backend");
+  return cuda->InjectIllegalAddress(device);
+}
+
+}  // namespace gpucompute::cuda

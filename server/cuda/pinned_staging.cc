@@ -1,0 +1,58 @@
+#include "server/cuda/pinned_staging.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+
+#include "server/cuda/cuda_check.h"
+
+namespace gpucompute::cuda {
+
+PinnedStaging::PinnedStaging(uint64_t block_bytes, size_t max_blocks)
+    : block_bytes_(block_bytes), max_blocks_(max_blocks < 1 ? 1 : max_blocks) {}
+
+PinnedStaging::~PinnedStaging() {
+  std::lock_guard lock(mu_);
+  if (free_.size() != all_.size()) {
+    std::fprintf(stderr, "gpucompute: %zu pinned staging blocks still in use at shutdown\n",
+                 all_.size() - free_.size());
+  }
+  for (void* block : free_) {
+    const cudaError_t error = cudaFreeHost(block);
+    if (error != cudaSuccess) {
+      std::fprintf(stderr, "gpucompute: cudaFreeHost failed: %s\n", cudaGetErrorName(error));
+    }
+  }
+}
+
+absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (free_.empty() && all_.size() < max_blocks_) {
+    void* block = nullptr;
+    // Portable: the block may stage copies to any device.
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&block, block_bytes_, cudaHostAllocPortable));
+    all_.push_back(block);
+    return block;
+  }
+  if (!released_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
+    return absl::DeadlineExceededError("no pinned staging block came back: the device is not completing copies");
+  }
+  void* block = free_.back();
+  free_.pop_back();
+  return block;
+}
+
+void PinnedStaging::Release(void* block) {
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(block);
+  }
+  released_.notify_one();
+}
+
+uint64_t PinnedStaging::held_bytes() const {
+  std::lock_guard lock(mu_);
+  return all_.size() * block_bytes_;
+}
+
+}  // namespace gpucompute::cuda
