@@ -189,6 +189,8 @@ struct Command {
 
 Outcome RunInfo(CliContext& context, const ParsedArgs& args);
 Outcome RunStats(CliContext& context, const ParsedArgs& args);
+Outcome RunTrim(CliContext& context, const ParsedArgs& args);
+Outcome RunProfile(CliContext& context, const ParsedArgs& args);
 Outcome RunList(CliContext& context, const ParsedArgs& args);
 Outcome RunRemove(CliContext& context, const ParsedArgs& args);
 Outcome RunCreate(CliContext& context, const ParsedArgs& args);

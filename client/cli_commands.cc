@@ -2,6 +2,7 @@
 // through the Client, prints one result (a line, a table or one JSON object) and says
 // how it ended; main() prints the error and exits.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <initializer_list>
@@ -88,6 +89,17 @@ absl::StatusOr<Client*> Connect(CliContext& context) {
   return client;
 }
 
+// --device N, when given; a usage error names the flag.
+absl::StatusOr<std::optional<int>> DeviceFlag(const ParsedArgs& args) {
+  absl::StatusOr<std::optional<int64_t>> device = args.Int("--device");
+  if (!device.ok()) return device.status();
+  if (!device->has_value()) return std::optional<int>();
+  if (**device < INT32_MIN || **device > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", **device, " is out of range"));
+  }
+  return std::optional<int>(static_cast<int>(**device));
+}
+
 // Where an operation writes: an existing buffer (`buffer_flag`, e.g. --out) or a new
 // one (--name, --dtype).
 absl::StatusOr<v1::Output> OutputFromFlags(const ParsedArgs& args, std::string_view buffer_flag) {
@@ -156,6 +168,11 @@ Outcome SubmitAndReport(CliContext& context, std::string_view what, const Parsed
   return outcome;
 }
 
+// "1.0 GB reserved, 800.0 MB used".
+std::string PoolSummary(uint64_t reserved_bytes, uint64_t used_bytes) {
+  return absl::StrCat(FormatBytes(reserved_bytes), " reserved, ", FormatBytes(used_bytes), " used");
+}
+
 // "8.0 MB[ at offset N] in 0.010 s  0.80 GB/s".
 std::string TransferSummary(const v1::TransferStats& transfer, std::string_view where = "") {
   return absl::StrFormat("%s%s in %.3f s  %s GB/s", FormatBytes(transfer.bytes()), Sv(where),
@@ -190,6 +207,12 @@ Outcome RunInfo(CliContext& context, const ParsedArgs& args) {
     absl::StrAppend(&text, "  ", device.compute_units(), " compute units");
     if (device.index() == info->default_device()) absl::StrAppend(&text, "  (default)");
     rows.push_back({absl::StrCat("device ", device.index()), text});
+    rows.push_back({absl::StrCat("pool ", device.index()),
+                    PoolSummary(device.pool_reserved_bytes(), device.pool_used_bytes())});
+  }
+  if (!info->backend_error().empty()) {
+    rows.push_back({"backend", absl::StrCat("FAILED: ", info->backend_error(),
+                                            "; the server refuses work until it is restarted")});
   }
   rows.push_back({"memory", absl::StrCat(FormatBytes(info->memory_used_bytes()), " used of ",
                                          FormatBytes(info->memory_limit_bytes()), ", ",
@@ -218,6 +241,13 @@ Outcome RunStats(CliContext& context, const ParsedArgs& args) {
   context.Print(absl::StrFormat("uptime %.1f s  memory %s used, %s peak", stats->uptime_seconds(),
                                 FormatBytes(stats->memory_used_bytes()),
                                 FormatBytes(stats->memory_peak_bytes())));
+  for (const v1::MemoryPoolUsage& pool : stats->pools()) {
+    context.Print(absl::StrCat("pool ", pool.device(), "  ",
+                               PoolSummary(pool.reserved_bytes(), pool.used_bytes())));
+  }
+  if (!stats->backend_error().empty()) {
+    context.Print(absl::StrCat("backend FAILED: ", stats->backend_error()));
+  }
   std::vector<std::vector<std::string>> rows = {
       {"KIND", "COUNT", "FAILED", "DEVICE", "READ", "WRITTEN", "GFLOP"}};
   for (const v1::KindStats& kind : stats->kinds()) {
@@ -227,6 +257,46 @@ Outcome RunStats(CliContext& context, const ParsedArgs& args) {
                     absl::StrFormat("%.3f", static_cast<double>(kind.flops()) / 1e9)});
   }
   context.Print(FormatTable(rows));
+  return Outcome::Ok();
+}
+
+Outcome RunTrim(CliContext& context, const ParsedArgs& args) {
+  if (auto usage = CheckPositional(args, 0, 0)) return *usage;
+  absl::StatusOr<std::optional<int>> device = DeviceFlag(args);
+  if (!device.ok()) return UsageFrom(device.status());
+  absl::StatusOr<std::optional<uint64_t>> keep = args.Uint("--keep");
+  if (!keep.ok()) return UsageFrom(keep.status());
+  absl::StatusOr<Client*> client = Connect(context);
+  if (!client.ok()) return UsageFrom(client.status());
+  absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = (*client)->TrimMemoryPool(*device, keep->value_or(0));
+  if (!trimmed.ok()) return Outcome::Server("trim", trimmed.status());
+  if (context.json()) {
+    context.Print(ToJson(*trimmed));
+    return Outcome::Ok();
+  }
+  std::vector<std::vector<std::string>> rows = {{"DEVICE", "RESERVED", "USED"}};
+  for (const v1::MemoryPoolUsage& pool : trimmed->pools()) {
+    rows.push_back({absl::StrCat(pool.device()), FormatBytes(pool.reserved_bytes()),
+                    FormatBytes(pool.used_bytes())});
+  }
+  context.Print(FormatTable(rows));
+  return Outcome::Ok();
+}
+
+Outcome RunProfile(CliContext& context, const ParsedArgs& args) {
+  if (auto usage = CheckPositional(args, 1, 1)) return *usage;
+  const std::string& action = args.positional()[0];
+  if (action != "start" && action != "stop") {
+    return Outcome::Usage(absl::StrCat("unknown action '", action, "' (start, stop)"));
+  }
+  absl::StatusOr<Client*> client = Connect(context);
+  if (!client.ok()) return UsageFrom(client.status());
+  const bool start = action == "start";
+  absl::Status status = start ? (*client)->StartProfiler() : (*client)->StopProfiler();
+  if (!status.ok()) return Outcome::Server(absl::StrCat("profile ", action), status);
+  const std::string_view state = start ? "started" : "stopped";
+  context.Print(context.json() ? JsonObject({{"profiler", JsonString(state)}})
+                               : absl::StrCat("profiler capture range ", Sv(state)));
   return Outcome::Ok();
 }
 
@@ -304,9 +374,9 @@ Outcome RunCreate(CliContext& context, const ParsedArgs& args) {
     *request.mutable_fill() = *scalar;
   }
   request.set_name(args.Value("--name").value_or(""));
-  absl::StatusOr<std::optional<int64_t>> device = args.Int("--device");
+  absl::StatusOr<std::optional<int>> device = DeviceFlag(args);
   if (!device.ok()) return UsageFrom(device.status());
-  if (device->has_value()) request.set_device(static_cast<int32_t>(**device));
+  if (device->has_value()) request.set_device(**device);
 
   absl::StatusOr<Client*> client = Connect(context);
   if (!client.ok()) return UsageFrom(client.status());
@@ -615,11 +685,9 @@ namespace {
 
 Outcome StreamCreate(CliContext& context, Client& client, const ParsedArgs& args) {
   if (auto usage = CheckPositional(args, 1, 1)) return *usage;
-  absl::StatusOr<std::optional<int64_t>> device = args.Int("--device");
+  absl::StatusOr<std::optional<int>> device = DeviceFlag(args);
   if (!device.ok()) return UsageFrom(device.status());
-  std::optional<int> device_value;
-  if (device->has_value()) device_value = static_cast<int>(**device);
-  absl::StatusOr<v1::StreamInfo> stream = client.CreateStream(device_value);
+  absl::StatusOr<v1::StreamInfo> stream = client.CreateStream(*device);
   if (!stream.ok()) return Outcome::Server("stream create", stream.status());
   context.Print(context.json() ? ToJson(*stream)
                                : absl::StrCat(stream->id(), "  device ", stream->device()));

@@ -41,6 +41,23 @@ const std::vector<Command>& Commands() {
        "",
        {},
        RunStats},
+      {"trim",
+       "[--device N] [--keep BYTES]",
+       "return unused device pool memory to the device",
+       "Frees what the device memory pools hold beyond what buffers use, so that other\n"
+       "programs can have it; buffers are not touched. Prints each pool afterwards.\n"
+       "  --device N     trim this device's pool only (default: every device)\n"
+       "  --keep BYTES   bytes each pool may keep beyond what buffers use (default 0)\n",
+       {ValueFlag("--device"), ValueFlag("--keep")},
+       RunTrim},
+      {"profile",
+       "start|stop",
+       "start or stop the profiler's capture range",
+       "For a server run under `nsys profile --capture-range=cudaProfilerApi`: only\n"
+       "the work between 'profile start' and 'profile stop' is recorded. Backends\n"
+       "without a profiler (the CPU backend) answer FAILED_PRECONDITION (exit 19).\n",
+       {},
+       RunProfile},
       {"ls", "", "list this client's buffers", "", {}, RunList},
       {"rm",
        "BUFFER...",

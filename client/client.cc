@@ -348,6 +348,27 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
                    v1::GetStatsRequest());
 }
 
+absl::StatusOr<v1::TrimMemoryPoolResponse> Client::TrimMemoryPool(std::optional<int> device,
+                                                                  uint64_t keep_bytes) {
+  v1::TrimMemoryPoolRequest request;
+  if (device.has_value()) request.set_device(*device);
+  request.set_keep_bytes(keep_bytes);
+  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::TrimMemoryPool,
+                   request);
+}
+
+absl::Status Client::StartProfiler() {
+  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::StartProfiler,
+                   v1::StartProfilerRequest())
+      .status();
+}
+
+absl::Status Client::StopProfiler() {
+  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::StopProfiler,
+                   v1::StopProfilerRequest())
+      .status();
+}
+
 absl::StatusOr<v1::BufferInfo> Client::CreateBuffer(const v1::CreateBufferRequest& request) {
   absl::StatusOr<v1::CreateBufferResponse> response = CallUnary(
       SettingsOf(options_), stubs_->buffers.get(), &v1::BufferService::Stub::CreateBuffer, request);

@@ -107,6 +107,14 @@ class Client {
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   absl::StatusOr<v1::Stats> GetStats();
+  // Returns pool memory beyond what buffers use and `keep_bytes` to `device` (none:
+  // every device); the response has each trimmed pool's usage afterwards.
+  absl::StatusOr<v1::TrimMemoryPoolResponse> TrimMemoryPool(std::optional<int> device = {},
+                                                            uint64_t keep_bytes = 0);
+  // The profiler's capture range (nsys --capture-range=cudaProfilerApi);
+  // FAILED_PRECONDITION on backends without one.
+  absl::Status StartProfiler();
+  absl::Status StopProfiler();
 
   // Buffers.
   absl::StatusOr<v1::BufferInfo> CreateBuffer(const v1::CreateBufferRequest& request);

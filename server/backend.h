@@ -12,14 +12,16 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/expression/expression.h"
@@ -99,6 +101,13 @@ struct LaunchInfo {
   double compile_seconds = 0;  // time spent compiling before launching
 };
 
+// A device's memory pool: what it holds from the device (reserved) and what of that is
+// handed out to live allocations (used).
+struct PoolUsage {
+  uint64_t reserved_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -140,6 +149,60 @@ class Backend {
                             DeviceMemory& y) = 0;
   virtual absl::Status Random(Stream& stream, const RandomParams& params, DType dtype,
                               DeviceMemory& out, int64_t n) = 0;
+
+  // --- Optional services; the defaults suit a backend without them.
+
+  // Makes Elementwise(program, ..., out_dtype) launch without compiling, and returns the
+  // seconds spent compiling now (0 when the kernel was cached). Thread-safe and may take
+  // long: the service calls it before submitting, outside the executor's lock.
+  virtual absl::StatusOr<double> PrepareElementwise(const expr::Program& program, DType out_dtype) {
+    return 0.0;
+  }
+  virtual PoolUsage MemoryPoolUsage(int device) const { return {}; }
+  // Returns pool memory beyond `keep_bytes` (and beyond what live allocations use) to the
+  // device; reports the pool afterwards.
+  virtual absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) {
+    return MemoryPoolUsage(device);
+  }
+  // Start and stop the profiler's capture range (nsys --capture-range=cudaProfilerApi).
+  virtual absl::Status StartProfiler() {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", name(), " backend has no profiler capture range"));
+  }
+  virtual absl::Status StopProfiler() { return StartProfiler(); }
+  // Names the work enqueued on this thread until the matching PopRange (NVTX ranges on
+  // CUDA), so that a profiler trace shows what each call did. Ranges nest.
+  virtual void PushRange(const std::string& name) {}
+  virtual void PopRange() {}
+
+  // --- Health. OK until the backend hits an error after which its devices' state can no
+  // longer be trusted (a sticky CUDA error such as an illegal address); from then on the
+  // service refuses work rather than serve possibly wrong results. Thread-safe.
+  absl::Status health() const {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    return health_;
+  }
+  // `listener` runs once, on the thread that reports the failure.
+  void SetFailureListener(std::function<void(const absl::Status&)> listener) {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    failure_listener_ = std::move(listener);
+  }
+  // Records that the backend is broken; the first report wins.
+  void ReportFailure(absl::Status status) {
+    std::function<void(const absl::Status&)> listener;
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      if (!health_.ok() || status.ok()) return;
+      health_ = status;
+      listener = failure_listener_;
+    }
+    if (listener) listener(status);
+  }
+
+ private:
+  mutable std::mutex health_mu_;
+  absl::Status health_;
+  std::function<void(const absl::Status&)> failure_listener_;
 };
 
 }  // namespace gpucompute

@@ -1,6 +1,7 @@
 #include "server/executor.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +33,40 @@ std::string DefaultStreamKey(absl::string_view client, int device) {
   return absl::StrCat(client, absl::string_view("\0", 1), device);
 }
 
+// "kind buf-read... -> buf-written...", built once at submission.
+std::string RangeName(OpKind kind, const std::vector<Executor::Access>& accesses) {
+  std::string name(OpKindName(kind));
+  for (const Executor::Access& a : accesses) {
+    if (!a.write) absl::StrAppend(&name, " ", a.buffer->id);
+  }
+  absl::StrAppend(&name, " ->");
+  for (const Executor::Access& a : accesses) {
+    if (a.write) absl::StrAppend(&name, " ", a.buffer->id);
+  }
+  return name;
+}
+
 }  // namespace
+
+absl::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kElementwise: return "elementwise";
+    case OpKind::kGemv: return "gemv";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kRandom: return "random";
+    case OpKind::kFill: return "fill";
+    case OpKind::kCopy: return "copy";
+    case OpKind::kUpload: return "upload";
+    case OpKind::kDownload: return "download";
+  }
+  return "unknown";
+}
+
+absl::Status CheckDeviceIndex(const Backend& backend, int device) {
+  if (device >= 0 && device < static_cast<int>(backend.devices().size())) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
+                                                 backend.devices().size(), " device(s)"));
+}
 
 // Holds the executor's mutex; on destruction releases it and then runs the callbacks
 // queued meanwhile, so that callers' callbacks never run under the lock.
@@ -79,10 +113,7 @@ StreamInfo Executor::InfoLocked(const StreamState& s) const {
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::string_view client,
                                                                        int device, bool is_default) {
-  if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
-                                                   backend_.devices().size(), " device(s)"));
-  }
+  if (absl::Status s = CheckDeviceIndex(backend_, device); !s.ok()) return s;
   size_t owned = 0;
   for (const auto& [id, s] : streams_) owned += s->client == client;
   if (owned >= kMaxStreamsPerClient) {
@@ -240,6 +271,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
                                                      "); an operation runs on one device"));
     }
   }
+  std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
   absl::StatusOr<std::shared_ptr<StreamState>> stream = ResolveStreamLocked(client, stream_id, device);
   if (!stream.ok()) return stream.status();
@@ -254,10 +286,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   st.timing.bytes_read = spec.bytes_read;
   st.timing.bytes_written = spec.bytes_written;
   st.timing.flops = spec.flops;
+  st.timing.compile_seconds = spec.compile_seconds;
   st.outputs = std::move(spec.outputs);
   op->stream_ = s.get();
   op->stream_state_ = s;
   op->launch_ = std::move(spec.launch);
+  op->range_name_ = std::move(range_name);
   op->submit_time_ = Clock::now();
   for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
   TrackHazardsLocked(op, spec.accesses);
@@ -313,6 +347,9 @@ void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
 void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
                               std::vector<std::shared_ptr<Event>> waits) {
   Stream& stream = *op->stream_state_->stream;
+  // The range covers all this operation enqueues: its waits, events and kernels.
+  std::optional<ScopedRange> range;
+  range.emplace(backend_, op->range_name_);
   absl::Status status;
   for (auto& w : waits) {
     if (status.ok()) status = stream.Wait(std::move(w));
@@ -322,7 +359,7 @@ void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
     op->start_event_ = *start;
     absl::StatusOr<LaunchInfo> info = std::move(op->launch_)(stream, op->status_.result);
     if (info.ok()) {
-      op->status_.timing.compile_seconds = info->compile_seconds;
+      op->status_.timing.compile_seconds += info->compile_seconds;
     } else {
       status = info.status();
     }
@@ -338,6 +375,7 @@ void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
       status = end.status();
     }
   }
+  range.reset();
   op->deps_.clear();
   op->status_.state = OperationStatus::State::kRunning;
   op->phase_ = Work::Phase::kDispatched;

@@ -47,6 +47,26 @@ enum class OpKind : uint8_t {
 };
 inline constexpr int kNumOpKinds = 8;
 
+// "elementwise", "gemv", ...: as the API's OperationKind, in lower case.
+absl::string_view OpKindName(OpKind kind);
+
+// OK when `device` is one of the backend's devices, else INVALID_ARGUMENT saying how
+// many there are.
+absl::Status CheckDeviceIndex(const Backend& backend, int device);
+
+// Names the work the backend is asked to enqueue on this thread in this scope
+// (Backend::PushRange and PopRange), so that a profiler trace shows what each call did.
+class ScopedRange {
+ public:
+  ScopedRange(Backend& backend, const std::string& name) : backend_(backend) { backend_.PushRange(name); }
+  ~ScopedRange() { backend_.PopRange(); }
+  ScopedRange(const ScopedRange&) = delete;
+  ScopedRange& operator=(const ScopedRange&) = delete;
+
+ private:
+  Backend& backend_;
+};
+
 // Traffic and timing of one operation.
 struct OpTiming {
   double queued_seconds = 0;
@@ -110,6 +130,8 @@ class Operation final : public Work {
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
+  // The profiler range of its launch: "elementwise buf-a buf-b -> buf-c".
+  std::string range_name_;
   Clock::time_point submit_time_;
   std::shared_ptr<Event> start_event_;
   std::vector<absl::AnyInvocable<void() &&>> on_done_;
@@ -180,6 +202,9 @@ class Executor {
     uint64_t flops = 0;
     // Buffers reported as the operation's outputs.
     std::vector<BufferMeta> outputs;
+    // Seconds spent compiling for it before submission (Backend::PrepareElementwise),
+    // added to what the launch reports.
+    double compile_seconds = 0;
     // Enqueues the operation's work on the stream. Runs under the executor's mutex:
     // it must only enqueue, never wait.
     absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;

@@ -1,5 +1,6 @@
 // gpucompute-server: serves gpucompute.v1 over gRPC.
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -18,9 +19,24 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
                             (default auto)
   --listen=HOST:PORT        address to listen on (default 127.0.0.1:50051)
   --memory-limit=SIZE       bytes buffers may hold in all, e.g. 8GiB, 512MiB;
-                            0 picks half of the device's memory (default 0)
+                            0 picks a default: half of the memory for the CPU,
+                            each GPU's memory less max(5%, 256MiB) for CUDA
+                            (default 0)
   --cpu-threads=N           CPU backend worker threads; 0 is one per hardware
                             thread (default 0)
+  --default-device=N        device for buffers and streams whose request names
+                            none (default 0)
+  --pool-initial=SIZE       CUDA: bytes each device's memory pool reserves at
+                            start (default 0)
+  --pool-release-threshold=SIZE|keep
+                            CUDA: bytes each pool keeps reserved when memory is
+                            freed; keep (the default) keeps everything, 0 returns
+                            freed memory to the device
+  --kernel-cache-dir=DIR    CUDA: where compiled kernels are cached across
+                            restarts; "" or none disables the cache (default
+                            $GPUCOMPUTE_KERNEL_CACHE, else
+                            $XDG_CACHE_HOME/gpucompute/kernels, else
+                            ~/.cache/gpucompute/kernels)
   --help                    print this text
 )";
 
@@ -68,6 +84,27 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &options.cpu_threads) || options.cpu_threads < 0) {
         return UsageError("--cpu-threads needs a non-negative integer");
       }
+    } else if (name == "--default-device") {
+      if (!absl::SimpleAtoi(value, &options.default_device) || options.default_device < 0) {
+        return UsageError("--default-device needs a non-negative integer");
+      }
+    } else if (name == "--pool-initial") {
+      absl::StatusOr<uint64_t> bytes = gpucompute::ParseByteSize(value);
+      if (!bytes.ok()) return UsageError("--pool-initial: " + std::string(bytes.status().message()));
+      options.pool_initial_bytes = *bytes;
+    } else if (name == "--pool-release-threshold") {
+      if (value == "keep" || value == "max") {
+        options.pool_release_threshold_bytes = UINT64_MAX;
+      } else {
+        absl::StatusOr<uint64_t> bytes = gpucompute::ParseByteSize(value);
+        if (!bytes.ok()) {
+          return UsageError("--pool-release-threshold: " + std::string(bytes.status().message()) +
+                            " (or 'keep')");
+        }
+        options.pool_release_threshold_bytes = *bytes;
+      }
+    } else if (name == "--kernel-cache-dir") {
+      options.kernel_cache_dir = value == "none" ? std::string() : value;
     } else {
       return UsageError("unknown flag " + std::string(name));
     }

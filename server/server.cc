@@ -6,11 +6,18 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/service/services.h"
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+#include "server/cuda/cuda_backend.h"
+#endif
 
 namespace gpucompute {
 
@@ -37,7 +44,30 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return absl::InvalidArgumentError(absl::StrCat("'", text, "' has an unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"));
 }
 
+namespace {
+
+// Where the backend's failure listener reaches the health service: set while the gRPC
+// server lives. Shared with the listener, which may run on a backend thread at any time.
+struct HealthSink {
+  std::mutex mu;
+  grpc::HealthCheckServiceInterface* health = nullptr;  // guarded by mu
+};
+
+// The services the health service reports on, besides the server as a whole ("").
+std::vector<std::string> ServiceNames() {
+  return {v1::BufferService::service_full_name(), v1::StreamService::service_full_name(),
+          v1::OperationService::service_full_name(), v1::ServerService::service_full_name()};
+}
+
+void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
+  health.SetServingStatus(serving);  // "" and every service it knows
+  for (const std::string& name : ServiceNames()) health.SetServingStatus(name, serving);
+}
+
+}  // namespace
+
 struct Server::Impl {
+  std::shared_ptr<HealthSink> health_sink = std::make_shared<HealthSink>();
   std::unique_ptr<Backend> backend;
   std::unique_ptr<MemoryLimiter> limiter;
   std::unique_ptr<BufferRegistry> registry;
@@ -56,14 +86,40 @@ struct Server::Impl {
 namespace {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& options) {
-  if (options.backend == "cpu" || options.backend == "auto") {
-    // This build has no CUDA backend, so "auto" means the CPU.
-    return std::make_unique<cpu::CpuBackend>(static_cast<size_t>(std::max(0, options.cpu_threads)));
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+  if (options.backend == "cuda" || (options.backend == "auto" && cuda::CudaDeviceCount() > 0)) {
+    cuda::CudaBackendOptions cuda_options;
+    cuda_options.pool_initial_bytes = options.pool_initial_bytes;
+    cuda_options.pool_release_threshold_bytes = options.pool_release_threshold_bytes;
+    cuda_options.kernel_cache_dir = options.kernel_cache_dir.value_or(cuda::DefaultKernelCacheDir());
+    return cuda::CreateCudaBackend(cuda_options);  // FAILED_PRECONDITION without a GPU
   }
+#else
   if (options.backend == "cuda") {
     return absl::FailedPreconditionError("this build has no CUDA backend; use --backend=cpu or auto");
   }
+#endif
+  if (options.backend == "cpu" || options.backend == "auto") {
+    return std::make_unique<cpu::CpuBackend>(static_cast<size_t>(std::max(0, options.cpu_threads)));
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown backend '", options.backend, "' (use auto, cpu or cuda)"));
+}
+
+// The memory limit when none is given. CPU: half of the machine's memory, leaving the
+// rest to everything else on it. GPU: each device's memory less max(5%, 256 MiB) of it,
+// summed over the devices; the headroom is for what the device needs besides buffers
+// (the CUDA context, cuBLAS workspaces, reduction scratch, pool fragmentation). The
+// limit is one for all devices together; a device that fills up first answers
+// RESOURCE_EXHAUSTED from its own allocator.
+uint64_t DefaultMemoryLimit(const Backend& backend) {
+  if (backend.name() == "cpu") return backend.devices().front().total_memory_bytes / 2;
+  constexpr uint64_t kMinHeadroom = uint64_t{256} << 20;
+  uint64_t limit = 0;
+  for (const DeviceDescription& d : backend.devices()) {
+    const uint64_t headroom = std::max(d.total_memory_bytes / 20, kMinHeadroom);
+    limit += d.total_memory_bytes > headroom ? d.total_memory_bytes - headroom : d.total_memory_bytes / 2;
+  }
+  return limit;
 }
 
 }  // namespace
@@ -73,6 +129,11 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() {
   Shutdown();
   impl_->grpc_server->Wait();
+  {
+    // A failure reported from now on is only logged.
+    std::lock_guard lock(impl_->health_sink->mu);
+    impl_->health_sink->health = nullptr;
+  }
   // Members go in reverse order of need: services, then the executor (which waits for
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
@@ -82,19 +143,39 @@ Server::~Server() {
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  auto impl = std::make_unique<Impl>();
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options);
   if (!backend.ok()) return backend.status();
-  impl->backend = *std::move(backend);
-  impl->backend_name = std::string(impl->backend->name());
-  uint64_t limit = options.memory_limit_bytes;
-  if (limit == 0) {
-    // Leave room for everything else on the machine: half of it for the CPU backend.
-    limit = impl->backend->devices().front().total_memory_bytes / 2;
+  return Start(options, *std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      std::unique_ptr<Backend> backend) {
+  if (backend == nullptr || backend->devices().empty()) {
+    return absl::FailedPreconditionError("the backend has no devices");
   }
+  if (absl::Status s = CheckDeviceIndex(*backend, options.default_device); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("default device: ", s.message()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->backend = std::move(backend);
+  impl->backend_name = std::string(impl->backend->name());
+  // A failure after which the device cannot be trusted: logged once, and the health
+  // service goes NOT_SERVING (the services refuse work themselves, through
+  // CheckBackendHealthy).
+  impl->backend->SetFailureListener(
+      [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
+        std::fprintf(stderr,
+                     "gpucompute-server: the %s backend failed: %s; refusing work until the server is "
+                     "restarted\n",
+                     name.c_str(), status.ToString().c_str());
+        std::lock_guard lock(sink->mu);
+        if (sink->health != nullptr) SetServing(*sink->health, false);
+      });
+  const uint64_t limit =
+      options.memory_limit_bytes != 0 ? options.memory_limit_bytes : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
   impl->registry = std::make_unique<BufferRegistry>(*impl->backend, *impl->limiter);
-  impl->executor = std::make_unique<Executor>(*impl->backend);
+  impl->executor = std::make_unique<Executor>(*impl->backend, options.default_device);
   impl->timer = std::make_unique<Timer>();
   impl->ctx = std::make_unique<ServiceContext>(
       ServiceContext{*impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
@@ -117,12 +198,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  impl->grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  {
+    std::lock_guard lock(impl->health_sink->mu);
+    impl->health_sink->health = impl->grpc_server->GetHealthCheckService();
+    // A failure reported before this point found no health service to update.
+    SetServing(*impl->health_sink->health, impl->backend->health().ok());
+  }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
 int Server::port() const { return impl_->port; }
 const std::string& Server::backend_name() const { return impl_->backend_name; }
+Backend& Server::backend() { return *impl_->backend; }
 void Server::Wait() { impl_->grpc_server->Wait(); }
 
 void Server::Shutdown() {

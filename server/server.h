@@ -5,11 +5,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace gpucompute {
+
+class Backend;
 
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::port).
@@ -20,15 +24,34 @@ struct ServerOptions {
   uint64_t memory_limit_bytes = 0;
   // CPU backend worker threads; 0 means one per hardware thread.
   int cpu_threads = 0;
+  // CUDA backend: bytes each device's memory pool reserves at start.
+  uint64_t pool_initial_bytes = 0;
+  // CUDA backend: bytes each pool keeps reserved when memory is freed; UINT64_MAX keeps
+  // everything (fastest reuse), 0 returns freed memory to the device.
+  uint64_t pool_release_threshold_bytes = UINT64_MAX;
+  // CUDA backend: directory of the compiled-kernel cache that survives restarts.
+  // Unset: the backend's default ($GPUCOMPUTE_KERNEL_CACHE, else
+  // $XDG_CACHE_HOME/gpucompute/kernels, else ~/.cache/gpucompute/kernels); "" disables
+  // the cache.
+  std::optional<std::string> kernel_cache_dir;
+  // Device for buffers and streams whose request names none; must exist.
+  int default_device = 0;
 };
 
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  // Serves `backend` (for tests and embedding); options.backend, cpu_threads and the
+  // CUDA options are not used.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       std::unique_ptr<Backend> backend);
   ~Server();  // shuts down, then waits for queued work
 
   int port() const;
   const std::string& backend_name() const;
+  // The backend the server runs on, for tests and embedding: e.g. to inspect its memory
+  // pools, or to ReportFailure and see the server refuse work.
+  Backend& backend();
   // Blocks until Shutdown is called from another thread.
   void Wait();
   void Shutdown();

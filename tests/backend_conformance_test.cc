@@ -36,6 +36,9 @@
 #include "server/backend.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/expression/expression.h"
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+#include "server/cuda/cuda_backend.h"
+#endif
 
 namespace gpucompute::conformance {
 namespace {
@@ -1814,6 +1817,24 @@ INSTANTIATE_TEST_SUITE_P(
         BackendFactory{"ThreeThreads", [] { return std::make_unique<cpu::CpuBackend>(3); }},
         BackendFactory{"OneThread", [] { return std::make_unique<cpu::CpuBackend>(1); }}),
     BackendFactoryName);
+
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+// Every test skips where no GPU is usable.
+std::unique_ptr<Backend> MaybeCreateCudaBackend() {
+  if (cuda::CudaDeviceCount() == 0) return nullptr;
+  cuda::CudaBackendOptions options;  // no disk cache: each run compiles afresh
+  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend(options);
+  if (!backend.ok()) {
+    ADD_FAILURE() << "a GPU is present but the CUDA backend did not start: " << backend.status();
+    return nullptr;
+  }
+  return *std::move(backend);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformance,
+                         ::testing::Values(BackendFactory{"Gpu", MaybeCreateCudaBackend}),
+                         BackendFactoryName);
+#endif
 
 }  // namespace
 }  // namespace gpucompute::conformance

@@ -76,6 +76,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,12 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/expression/expression.h"
 #include "server/server.h"
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "kernels/bench/reference_expression.h"
+#include "server/cuda/cuda_backend.h"
+#endif
 
 namespace gpucompute::bench {
 namespace {
@@ -237,8 +244,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
   if (options.backend == "cpu") {
     return std::make_unique<cpu::CpuBackend>(static_cast<size_t>(options.threads));
   }
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+  if (options.backend == "cuda") {
+    cuda::CudaBackendOptions cuda_options;
+    cuda_options.kernel_cache_dir = "";  // the first use is a warm-up either way
+    return cuda::CreateCudaBackend(cuda_options);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--backend=", options.backend, ": use cpu or cuda"));
+#else
   return absl::InvalidArgumentError(
       absl::StrCat("--backend=", options.backend, ": this build has only the cpu backend"));
+#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -348,7 +364,47 @@ struct KernelRow {
   double seconds = 0;
   double bytes = 0;
   double flops = 0;  // 0: not reported
+  // The target: at least `min_vs_copy` of the copy's GB/s (0: none), or, for the
+  // expression, no slower than the hand-written kernel's row.
+  double min_vs_copy = 0;
+  bool vs_hand_written = false;
 };
+
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+#define BENCH_CUDA_RETURN_IF_ERROR(call)                                                      \
+  do {                                                                                        \
+    const cudaError_t bench_cuda_error_ = (call);                                             \
+    if (bench_cuda_error_ != cudaSuccess) {                                                   \
+      return absl::InternalError(absl::StrCat(#call, ": ", cudaGetErrorName(bench_cuda_error_))); \
+    }                                                                                         \
+  } while (false)
+
+// The median device seconds of `repeat` runs of the hand-written nvcc -O3 kernel of the
+// reference expression, timed with CUDA events on a stream of its own after a warm-up.
+absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, void* out, int64_t n,
+                                                    int repeat) {
+  cudaStream_t stream = nullptr;
+  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<cudaEvent_t> events(2 * repeat);
+  for (cudaEvent_t& e : events) BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  BENCH_CUDA_RETURN_IF_ERROR(cuda::ReferenceExpressionAsync(dtype, x, out, n, stream));
+  for (int r = 0; r < repeat; ++r) {
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r], stream));
+    BENCH_CUDA_RETURN_IF_ERROR(cuda::ReferenceExpressionAsync(dtype, x, out, n, stream));
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r + 1], stream));
+  }
+  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::vector<double> seconds;
+  for (int r = 0; r < repeat; ++r) {
+    float ms = 0;
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+    seconds.push_back(ms / 1e3);
+  }
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  cudaStreamDestroy(stream);
+  return Median(std::move(seconds));
+}
+#endif
 
 absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream& stream,
                                 DType dtype, std::vector<KernelRow>& rows) {
@@ -394,8 +450,16 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
   BENCH_RETURN_IF_ERROR(elementwise(
       "x + y", "x + y", {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
       /*report_flops=*/false));
+  rows.back().min_vs_copy = 0.95;
   BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
                                     /*report_flops=*/true));
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+  if (backend.name() == "cuda") {
+    rows.back().vs_hand_written = true;
+    BENCH_ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
+    rows.push_back({"expr nvcc -O3", dtype, n_text, s, 2.0 * bytes, rows.back().flops});
+  }
+#endif
 
   for (const auto& [kind, op] :
        {std::pair{ReduceKind::kSum, "reduce sum"}, std::pair{ReduceKind::kMax, "reduce max"},
@@ -405,7 +469,7 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
                              return backend.Reduce(stream, kind, dtype, x, shape, scalar);
                            }));
     rows.push_back({op, dtype, n_text, s,
-                    static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype)))});
+                    static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype))), 0, 0.95});
   }
 
   // Gemv's matrix is allocated per size after the arrays above are no longer needed.
@@ -420,20 +484,23 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     BENCH_RETURN_IF_ERROR(backend.Random(stream, normal, dtype, gx, m));
     BENCH_RETURN_IF_ERROR(Synchronize(stream));
     for (bool col_major : {false, true}) {
-      const GemvShape shape{.rows = m, .cols = m, .col_major = col_major, .transpose = false};
-      BENCH_ASSIGN_OR_RETURN(
-          double s, time([&] { return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy); }));
-      rows.push_back({col_major ? "gemv F" : "gemv C", dtype, absl::StrCat(m, "x", m), s,
-                      static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m});
+      for (bool transpose : {false, true}) {
+        const GemvShape shape{.rows = m, .cols = m, .col_major = col_major, .transpose = transpose};
+        BENCH_ASSIGN_OR_RETURN(
+            double s, time([&] { return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy); }));
+        rows.push_back({absl::StrCat("gemv ", col_major ? "F" : "C", transpose ? " A^T x" : " A x"), dtype,
+                        absl::StrCat(m, "x", m), s, static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m,
+                        0.95});
+      }
     }
   }
 
-  for (const auto& [params, op] :
-       {std::pair{uniform, "random uniform"}, std::pair{normal, "random normal"}}) {
+  for (const auto& [params, op, target] :
+       {std::tuple{uniform, "random uniform", 0.95}, std::tuple{normal, "random normal", 0.85}}) {
     BENCH_ASSIGN_OR_RETURN(double s, time([&, params = params] {
                              return backend.Random(stream, params, dtype, out, n);
                            }));
-    rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes)});
+    rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes), 0, target});
   }
   return absl::OkStatus();
 }
@@ -448,12 +515,25 @@ absl::Status RunKernels(const Options& options, Backend& backend) {
   for (const KernelRow& r : rows) {
     if (r.op == "copy") copy_gbps[r.dtype] = r.bytes / r.seconds / 1e9;
   }
-  Table table({"op", "dtype", "size", "ms", "GB/s", "vs copy", "GFLOP/s"}, 3);
+  std::map<DType, double> hand_written_seconds;
+  for (const KernelRow& r : rows) {
+    if (r.op == "expr nvcc -O3") hand_written_seconds[r.dtype] = r.seconds;
+  }
+  Table table({"op", "dtype", "size", "ms", "GB/s", "vs copy", "GFLOP/s", "target", "met"}, 3);
   for (const KernelRow& r : rows) {
     const double gbps = r.bytes / r.seconds / 1e9;
-    table.AddRow({r.op, DTypeName(r.dtype), r.size, Fixed(r.seconds * 1e3, 3), Fixed(gbps, 2),
-                  Fixed(gbps / copy_gbps[r.dtype], 3),
-                  r.flops > 0 ? Fixed(r.flops / r.seconds / 1e9, 2) : ""});
+    const double vs_copy = gbps / copy_gbps[r.dtype];
+    std::string target, met;
+    if (r.min_vs_copy > 0) {
+      target = absl::StrCat(">= ", Fixed(r.min_vs_copy, 2), " copy");
+      met = vs_copy >= r.min_vs_copy ? "yes" : "NO";
+    } else if (r.vs_hand_written && hand_written_seconds.count(r.dtype) > 0) {
+      const double ratio = hand_written_seconds[r.dtype] / r.seconds;
+      target = absl::StrCat(">= nvcc (", Fixed(ratio, 3), "x)");
+      met = ratio >= 1.0 ? "yes" : "NO";
+    }
+    table.AddRow({r.op, DTypeName(r.dtype), r.size, Fixed(r.seconds * 1e3, 3), Fixed(gbps, 2), Fixed(vs_copy, 3),
+                  r.flops > 0 ? Fixed(r.flops / r.seconds / 1e9, 2) : "", target, met});
   }
   table.Print(absl::StrCat("kernels: device time, median of ", options.repeat,
                            ", ratio to the device-to-device copy"));
@@ -481,25 +561,42 @@ absl::Status Succeeded(const absl::StatusOr<v1::Operation>& op) {
   return absl::OkStatus();
 }
 
-absl::Status RunTransfers(const Options& options, Backend& backend, const Server& server) {
-  const uint64_t bytes = options.transfer_bytes();
-  const double mib = static_cast<double>(bytes) / (1 << 20);
-  // Every byte written, so no page of the host buffers is first touched while timed.
+// Every byte written, so no page of the host buffers is first touched while timed.
+std::vector<char> TransferSource(uint64_t bytes) {
   std::vector<char> source(bytes);
   for (uint64_t i = 0; i < bytes; ++i) source[i] = static_cast<char>(i * 131 + 7);
-  std::vector<char> sink(bytes, 1);
+  return source;
+}
 
-  double h2d_seconds = 0, d2h_seconds = 0;
-  {
-    BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
-    BENCH_ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
-    BENCH_ASSIGN_OR_RETURN(h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
-                             return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
-                           }));
-    BENCH_ASSIGN_OR_RETURN(d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
-                             return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
-                           }));
-  }
+// The transfer ceilings: the backend's own host-to-device and device-to-host copies of
+// the transfer size, from and to pageable host memory, as the server's transfers are.
+struct CopyCeilings {
+  double h2d_seconds = 0;
+  double d2h_seconds = 0;
+};
+
+absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend& backend) {
+  const uint64_t bytes = options.transfer_bytes();
+  const std::vector<char> source = TransferSource(bytes);
+  std::vector<char> sink(bytes, 1);
+  CopyCeilings c;
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+  BENCH_ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
+  BENCH_ASSIGN_OR_RETURN(c.h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+                           return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
+                         }));
+  BENCH_ASSIGN_OR_RETURN(c.d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+                           return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
+                         }));
+  return c;
+}
+
+absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, const Server& server) {
+  const uint64_t bytes = options.transfer_bytes();
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  const std::vector<char> source = TransferSource(bytes);
+  std::vector<char> sink(bytes, 1);
+  const double h2d_seconds = ceilings.h2d_seconds, d2h_seconds = ceilings.d2h_seconds;
 
   BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-transfers"));
   v1::UploadHeader header;
@@ -741,13 +838,19 @@ absl::Status Run(const Options& options) {
 
   if (options.kernels) BENCH_RETURN_IF_ERROR(RunKernels(options, *backend));
   if (!options.transfers && !options.e2e) return absl::OkStatus();
+  CopyCeilings ceilings;
+  if (options.transfers) {
+    BENCH_ASSIGN_OR_RETURN(ceilings, MeasureCopyCeilings(options, *backend));
+  }
+  // The server gets the device to itself: this backend's memory goes back first.
+  backend.reset();
 
   ServerOptions server_options;
   server_options.listen = "127.0.0.1:0";
   server_options.backend = options.backend;
   server_options.cpu_threads = options.threads;
   BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
-  if (options.transfers) BENCH_RETURN_IF_ERROR(RunTransfers(options, *backend, *server));
+  if (options.transfers) BENCH_RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {
     BENCH_RETURN_IF_ERROR(RunLatency(options, *server));
     BENCH_RETURN_IF_ERROR(RunLoad(options, *server));

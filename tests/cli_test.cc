@@ -57,23 +57,37 @@ class CliTest : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() / ("gpucompute_cli_test_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
     const std::string log = (dir_ / "server.log").string();
-    server_pid_ = fork();
-    if (server_pid_ == 0) {
+    server_pid_ = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=512MiB", "--cpu-threads=2"},
+                              log);
+    port_ = WaitForPort(log);
+  }
+
+  // Starts the server program with `flags`, its stderr going to `log`.
+  static pid_t SpawnServer(const std::vector<std::string>& flags, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
       std::freopen(log.c_str(), "w", stderr);
-      execl(server_bin_.c_str(), server_bin_.c_str(), "--listen=127.0.0.1:0", "--backend=cpu",
-            "--memory-limit=512MiB", "--cpu-threads=2", static_cast<char*>(nullptr));
+      std::vector<char*> argv = {const_cast<char*>(server_bin_.c_str())};
+      for (const std::string& f : flags) argv.push_back(const_cast<char*>(f.c_str()));
+      argv.push_back(nullptr);
+      execv(server_bin_.c_str(), argv.data());
       _exit(127);
     }
-    // The server reports its port on stderr once it listens.
-    for (int i = 0; i < 200 && port_ == 0; ++i) {
+    return pid;
+  }
+
+  // The port a server reports on stderr once it listens; 0 if it does not within 10 s.
+  static int WaitForPort(const std::string& log) {
+    for (int i = 0; i < 200; ++i) {
       usleep(50 * 1000);
       std::ifstream in(log);
       std::string line;
       while (std::getline(in, line)) {
         const size_t at = line.find("listening on port ");
-        if (at != std::string::npos) port_ = std::atoi(line.c_str() + at + 18);
+        if (at != std::string::npos) return std::atoi(line.c_str() + at + 18);
       }
     }
+    return 0;
   }
 
   static void TearDownTestSuite() {
@@ -294,6 +308,66 @@ TEST_F(CliTest, InfoStatsAndStreams) {
   EXPECT_GT(st.kinds_size(), 0);
 }
 
+TEST_F(CliTest, InfoShowsPoolsTrimAndProfile) {
+  auto pool_used = [&] {
+    Result info = Run("--json info");
+    EXPECT_EQ(info.exit_code, 0) << info.err;
+    v1::ServerInfo si = ParseJson<v1::ServerInfo>(info.out);
+    EXPECT_EQ(si.devices_size(), 1) << info.out;
+    EXPECT_EQ(si.backend_error(), "") << info.out;
+    return si.devices_size() == 1 ? si.devices(0).pool_used_bytes() : ~uint64_t{0};
+  };
+  const uint64_t before = pool_used();
+  ASSERT_EQ(Run("create --shape 1000 --dtype float64 --name pooled").exit_code, 0);
+  EXPECT_EQ(pool_used(), before + 8000);
+
+  Result text = Run("info");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("pool 0"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("reserved"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("FAILED"), std::string::npos) << text.out;
+
+  Result trim = Run("--json trim --keep 1024");
+  ASSERT_EQ(trim.exit_code, 0) << trim.err;
+  v1::TrimMemoryPoolResponse trimmed = ParseJson<v1::TrimMemoryPoolResponse>(trim.out);
+  ASSERT_EQ(trimmed.pools_size(), 1) << trim.out;
+  EXPECT_EQ(trimmed.pools(0).device(), 0);
+  EXPECT_EQ(trimmed.pools(0).used_bytes(), before + 8000);
+  Result trim_text = Run("trim --device 0");
+  ASSERT_EQ(trim_text.exit_code, 0) << trim_text.err;
+  EXPECT_NE(trim_text.out.find("RESERVED"), std::string::npos) << trim_text.out;
+  EXPECT_EQ(Run("trim --device 3").exit_code, 13) << "INVALID_ARGUMENT is 10 + 3";
+  EXPECT_EQ(Run("trim --device x").exit_code, 2);
+  EXPECT_EQ(Run("trim --keep -1").exit_code, 2);
+  EXPECT_EQ(Run("rm pooled").exit_code, 0);
+  EXPECT_EQ(pool_used(), before);
+
+  Result start = Run("profile start");
+  EXPECT_EQ(start.exit_code, 19) << "FAILED_PRECONDITION is 10 + 9";
+  EXPECT_NE(start.err.find("FAILED_PRECONDITION"), std::string::npos) << start.err;
+  EXPECT_EQ(Run("--json profile stop").exit_code, 19);
+  EXPECT_EQ(Run("profile").exit_code, 2);
+  EXPECT_EQ(Run("profile pause").exit_code, 2);
+}
+
+TEST_F(CliTest, ServerAcceptsPoolAndKernelCacheFlags) {
+  const std::string log = Path("flags.log");
+  const pid_t pid = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--pool-initial=1MiB",
+                                 "--pool-release-threshold=keep", "--kernel-cache-dir=none", "--default-device=0"},
+                                log);
+  const int port = WaitForPort(log);
+  EXPECT_NE(port, 0) << ReadFile(log);
+  if (port != 0) {
+    Result info = Run("--json info", "127.0.0.1:" + std::to_string(port));
+    EXPECT_EQ(info.exit_code, 0) << info.err;
+    EXPECT_EQ(ParseJson<v1::ServerInfo>(info.out).default_device(), 0);
+  }
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log);
+}
+
 TEST_F(CliTest, ServerStopsCleanlyOnSigterm) {
   const pid_t pid = fork();
   if (pid == 0) {
@@ -318,6 +392,20 @@ TEST_F(CliTest, ServerRejectsBadFlags) {
   const int backend = std::system((ShellQuote(server_bin_) + " --backend=tpu 2>" + ShellQuote(err)).c_str());
   EXPECT_EQ(WEXITSTATUS(backend), 1);
   EXPECT_NE(ReadFile(err).find("unknown backend"), std::string::npos) << ReadFile(err);
+
+  // Malformed values are usage errors (exit 2) naming the flag.
+  for (const std::string flag : {"--pool-initial=lots", "--pool-release-threshold=some", "--default-device=-1",
+                                 "--default-device=first"}) {
+    const int code = std::system((ShellQuote(server_bin_) + " " + flag + " 2>" + ShellQuote(err)).c_str());
+    EXPECT_EQ(WEXITSTATUS(code), 2) << flag;
+    EXPECT_NE(ReadFile(err).find(flag.substr(0, flag.find('='))), std::string::npos) << ReadFile(err);
+  }
+  // A device the backend does not have fails at start (exit 1).
+  const int device = std::system(
+      (ShellQuote(server_bin_) + " --backend=cpu --listen=127.0.0.1:0 --default-device=3 2>" + ShellQuote(err))
+          .c_str());
+  EXPECT_EQ(WEXITSTATUS(device), 1);
+  EXPECT_NE(ReadFile(err).find("device 3 does not exist"), std::string::npos) << ReadFile(err);
 }
 
 }  // namespace

@@ -1335,6 +1335,64 @@ TEST_F(ServerBuffersTest, GetServerInfoDescribesTheServer) {
   EXPECT_EQ(odd_info->devices(0).compute_units(), 1);
 }
 
+// The pool of device 0 as GetServerInfo reports it.
+std::pair<uint64_t, uint64_t> Pool0(Client& client) {
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  EXPECT_TRUE(info.ok()) << info.status();
+  if (!info.ok() || info->devices_size() == 0) return {~uint64_t{0}, ~uint64_t{0}};
+  return {info->devices(0).pool_reserved_bytes(), info->devices(0).pool_used_bytes()};
+}
+
+TEST_F(ServerBuffersTest, PoolUsageFollowsBuffers) {
+  const auto [reserved0, used0] = Pool0(*client_);
+  EXPECT_EQ(reserved0, used0) << "the CPU backend reserves what it uses";
+
+  v1::BufferInfo a = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1000}));
+  EXPECT_EQ(Pool0(*client_), std::make_pair(reserved0 + 8000, used0 + 8000));
+  v1::BufferInfo b = MustUploadNew(*client_, v1::DTYPE_INT32, {25}, std::string(100, '\1'));
+  EXPECT_EQ(Pool0(*client_), std::make_pair(reserved0 + 8100, used0 + 8100));
+  absl::StatusOr<v1::Stats> stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->pools_size(), 1);
+  EXPECT_EQ(stats->pools(0).device(), 0);
+  EXPECT_EQ(stats->pools(0).reserved_bytes(), reserved0 + 8100);
+  EXPECT_EQ(stats->pools(0).used_bytes(), used0 + 8100);
+  EXPECT_EQ(stats->backend_error(), "");
+
+  ASSERT_TRUE(client_->DeleteBuffer(a.id()).ok());
+  EXPECT_EQ(Pool0(*client_), std::make_pair(reserved0 + 100, used0 + 100));
+  ASSERT_TRUE(client_->DeleteBuffer(b.id()).ok());
+  EXPECT_EQ(Pool0(*client_), std::make_pair(reserved0, used0));
+}
+
+TEST_F(ServerBuffersTest, TrimMemoryPoolReportsEachDevice) {
+  MustCreate(*client_, CreateRequest(v1::DTYPE_INT64, {64}));
+  const auto [reserved, used] = Pool0(*client_);
+  for (std::optional<int> device : {std::optional<int>(), std::optional<int>(0)}) {
+    absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = client_->TrimMemoryPool(device, 0);
+    ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+    ASSERT_EQ(trimmed->pools_size(), 1) << trimmed->ShortDebugString();
+    EXPECT_EQ(trimmed->pools(0).device(), 0);
+    EXPECT_EQ(trimmed->pools(0).reserved_bytes(), reserved);
+    EXPECT_EQ(trimmed->pools(0).used_bytes(), used);
+    EXPECT_GE(trimmed->pools(0).used_bytes(), 512u);
+  }
+  const Snapshot snapshot = TakeSnapshot(*client_);
+  for (int device : {1, -1, 1000}) {
+    absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = client_->TrimMemoryPool(device, 1 << 20);
+    EXPECT_EQ(trimmed.status().code(), Code::kInvalidArgument) << device << ": " << trimmed.status();
+  }
+  EXPECT_EQ(TakeSnapshot(*client_), snapshot);
+}
+
+TEST_F(ServerBuffersTest, ProfilerIsFailedPreconditionOnCpu) {
+  absl::Status start = client_->StartProfiler();
+  EXPECT_EQ(start.code(), Code::kFailedPrecondition) << start;
+  EXPECT_NE(start.message().find("cpu"), std::string_view::npos) << start;
+  absl::Status stop = client_->StopProfiler();
+  EXPECT_EQ(stop.code(), Code::kFailedPrecondition) << stop;
+}
+
 const v1::KindStats* FindKind(const v1::Stats& stats, v1::OperationKind kind) {
   for (const v1::KindStats& k : stats.kinds()) {
     if (k.kind() == kind) return &k;
@@ -1387,33 +1445,123 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
 // ---------------------------------------------------------------------------
 // 6. Health
 
-TEST_F(ServerBuffersTest, HealthCheckIsServing) {
-  grpc::GenericStub stub(server_->RawChannel());
-  auto check = [&](const std::string& request_bytes, grpc::ByteBuffer* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    grpc::Slice slice(request_bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    std::promise<grpc::Status> done;
-    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, response,
-                   [&](grpc::Status s) { done.set_value(std::move(s)); });
-    return done.get_future().get();
-  };
-  // HealthCheckRequest{} is the empty message: the server as a whole.
-  grpc::ByteBuffer response;
-  grpc::Status status = check("", &response);
-  ASSERT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse{status: SERVING}: field 1, varint, value 1.
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+// The services the health service reports on, besides "" (the server as a whole).
+const char* const kServiceNames[] = {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
+                                     "gpucompute.v1.OperationService", "gpucompute.v1.ServerService"};
 
-  // A service the server does not know is NOT_FOUND (field 1, length 9, "no.such.S").
-  grpc::ByteBuffer unknown_response;
-  status = check(std::string("\x0a\x09no.such.S", 11), &unknown_response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+// grpc.health.v1.Health/Check for `service` ("" is the server as a whole), hand-encoded:
+// HealthCheckRequest{service} is field 1, length-delimited. Returns the call's status
+// and the raw HealthCheckResponse bytes.
+std::pair<grpc::Status, std::string> HealthCheck(const TestServer& server, const std::string& service) {
+  grpc::GenericStub stub(server.RawChannel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const std::string request_bytes =
+      service.empty() ? std::string() : std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(std::move(s)); });
+  grpc::Status status = done.get_future().get();
+  std::string bytes;
+  std::vector<grpc::Slice> slices;
+  if (status.ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return {status, bytes};
+}
+
+// HealthCheckResponse{status: SERVING} and {status: NOT_SERVING}: field 1, varint.
+const std::string kServing("\x08\x01", 2);
+const std::string kNotServing("\x08\x02", 2);
+
+TEST_F(ServerBuffersTest, HealthCheckIsServing) {
+  // HealthCheckRequest{} is the empty message: the server as a whole.
+  auto [status, bytes] = HealthCheck(*server_, "");
+  ASSERT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  EXPECT_EQ(bytes, kServing);
+  for (const char* service : kServiceNames) {
+    auto [service_status, service_bytes] = HealthCheck(*server_, service);
+    ASSERT_TRUE(service_status.ok()) << service << ": " << service_status.error_message();
+    EXPECT_EQ(service_bytes, kServing) << service;
+  }
+
+  // A service the server does not know is NOT_FOUND.
+  auto [unknown, unknown_bytes] = HealthCheck(*server_, "no.such.S");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+// After the backend reports a failure, the server says NOT_SERVING, refuses every call
+// that would touch the device with UNAVAILABLE, and still answers queries and deletes.
+TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
+  v1::BufferInfo kept = MustUploadNew(*client_, v1::DTYPE_INT32, {4}, std::string(16, '\x07'), "kept");
+  v1::BufferInfo doomed = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {8}, "doomed"));
+  absl::StatusOr<v1::StreamInfo> stream = client_->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<v1::Operation> before = client_->Submit([&] {
+    v1::SubmitRequest r = Elementwise("x + 1", {{"x", BufferOperand("kept")}}, ExistingOutput("kept"));
+    r.set_wait(true);
+    return r;
+  }());
+  ASSERT_TRUE(before.ok()) << before.status();
+  const Snapshot snapshot = TakeSnapshot(*client_);
+
+  server_->server().backend().ReportFailure(absl::InternalError("injected"));
+  // The first report wins; a second changes nothing.
+  server_->server().backend().ReportFailure(absl::DataLossError("second"));
+
+  std::vector<std::string> services = {""};
+  services.insert(services.end(), std::begin(kServiceNames), std::end(kServiceNames));
+  for (const std::string& service : services) {
+    auto [status, bytes] = HealthCheck(*server_, service);
+    ASSERT_TRUE(status.ok()) << "'" << service << "': " << status.error_message();
+    EXPECT_EQ(bytes, kNotServing) << "'" << service << "'";
+  }
+
+  auto expect_refused = [](const absl::Status& status, std::string_view what) {
+    EXPECT_EQ(status.code(), Code::kUnavailable) << what << ": " << status;
+    EXPECT_NE(status.message().find("cpu backend failed (INTERNAL: injected)"), std::string_view::npos)
+        << what << ": " << status;
+    EXPECT_NE(status.message().find("until it is restarted"), std::string_view::npos) << what << ": " << status;
+  };
+  expect_refused(client_->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {4})).status(), "CreateBuffer");
+  expect_refused(client_->Upload(CreateHeader(v1::DTYPE_INT32, {4}), AsBytes(std::string(16, '\0'))).status(),
+                 "Upload new");
+  expect_refused(client_->Upload(RangeHeader(kept.id(), 0, 4), AsBytes(std::string(4, '\0'))).status(),
+                 "Upload range");
+  expect_refused(DownloadBytes(*client_, kept.id()).status(), "Download");
+  expect_refused(client_->Submit(Elementwise("x * 2", {{"x", BufferOperand("kept")}})).status(), "Submit");
+  expect_refused(client_->CreateStream().status(), "CreateStream");
+  expect_refused(client_->SynchronizeStream(stream->id()).status(), "SynchronizeStream");
+  expect_refused(client_->SynchronizeStream("").status(), "SynchronizeStream default");
+
+  // Queries answer, and nothing changed.
+  EXPECT_EQ(TakeSnapshot(*client_), snapshot);
+  absl::StatusOr<v1::BufferInfo> got = client_->GetBuffer("kept");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->id(), kept.id());
+  absl::StatusOr<v1::Operation> op = client_->GetOperation(before->id());
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED);
+  absl::StatusOr<v1::ListStreamsResponse> streams = client_->ListStreams();
+  ASSERT_TRUE(streams.ok()) << streams.status();
+  absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->backend_error(), "INTERNAL: injected");
+  absl::StatusOr<v1::Stats> stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->backend_error(), "INTERNAL: injected");
+  // Deletes still release what the server holds.
+  EXPECT_TRUE(client_->DeleteBuffer("doomed").ok());
+  EXPECT_TRUE(client_->DeleteStream(stream->id()).ok());
+  EXPECT_EQ(WaitForMemoryUsed(*client_, 16), 16u);
+  absl::StatusOr<v1::ListBuffersResponse> list = client_->ListBuffers();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->buffers_size(), 1);
+  EXPECT_EQ(list->buffers(0).id(), kept.id());
+  (void)doomed;
 }
 
 // Server reflection lists the API's services (grpc.reflection.v1alpha, as grpc_cli and

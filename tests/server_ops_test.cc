@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <set>
@@ -32,6 +34,8 @@
 #include "client/client.h"
 #include "kernels/ops.h"
 #include "kernels/philox.h"
+#include "server/backend.h"
+#include "server/cpu/cpu_backend.h"
 #include "tests/test_server.h"
 
 namespace gpucompute {
@@ -1958,6 +1962,171 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   EXPECT_EQ(stats.memory_used_bytes(), list.total_bytes());
   EXPECT_GE(stats.memory_peak_bytes(), stats.memory_used_bytes());
   EXPECT_GT(stats.uptime_seconds(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// 7. The backend's optional services, through a CPU backend that records and injects
+
+// The CPU backend, with PrepareElementwise that fails on demand or reports a compile
+// time, and PushRange/PopRange recorded.
+class InstrumentedBackend final : public Backend {
+ public:
+  InstrumentedBackend() : cpu_(2) {}
+
+  // While set, PrepareElementwise fails with it.
+  void FailPrepare(absl::Status status) {
+    std::lock_guard lock(mu_);
+    prepare_error_ = std::move(status);
+  }
+  static constexpr double kCompileSeconds = 0.25;
+  std::vector<std::string> ranges() const {
+    std::lock_guard lock(mu_);
+    return ranges_;
+  }
+  int open_ranges() const { return pushes_.load() - pops_.load(); }
+  std::optional<DType> last_prepared_dtype() const {
+    std::lock_guard lock(mu_);
+    return last_prepared_dtype_;
+  }
+
+  absl::StatusOr<double> PrepareElementwise(const expr::Program& program, DType out_dtype) override {
+    std::lock_guard lock(mu_);
+    last_prepared_dtype_ = out_dtype;
+    if (!prepare_error_.ok()) return prepare_error_;
+    return kCompileSeconds;
+  }
+  PoolUsage MemoryPoolUsage(int device) const override { return cpu_.MemoryPoolUsage(device); }
+  void PushRange(const std::string& name) override {
+    ++pushes_;
+    std::lock_guard lock(mu_);
+    ranges_.push_back(name);
+  }
+  void PopRange() override { ++pops_; }
+
+  absl::string_view name() const override { return cpu_.name(); }
+  const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override { return cpu_.Allocate(device, bytes); }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override { return cpu_.CreateStream(device); }
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
+    return cpu_.ElapsedSeconds(start, end);
+  }
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                            uint64_t bytes) override {
+    return cpu_.CopyFromHost(stream, src, dst, dst_offset, bytes);
+  }
+  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                          uint64_t bytes) override {
+    return cpu_.CopyToHost(stream, src, src_offset, dst, bytes);
+  }
+  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                    uint64_t dst_offset, uint64_t bytes) override {
+    return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
+  }
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits, int64_t count) override {
+    return cpu_.Fill(stream, dst, dtype, value_bits, count);
+  }
+  absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                         std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
+                                         DType out_dtype, int64_t n) override {
+    return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
+  }
+  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                      const ReduceShape& shape, DeviceMemory& out) override {
+    return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
+  }
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha, const DeviceMemory& a,
+                    const DeviceMemory& x, double beta, DeviceMemory& y) override {
+    return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
+  }
+  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                      int64_t n) override {
+    return cpu_.Random(stream, params, dtype, out, n);
+  }
+
+ private:
+  cpu::CpuBackend cpu_;
+  mutable std::mutex mu_;
+  absl::Status prepare_error_;
+  std::optional<DType> last_prepared_dtype_;
+  std::vector<std::string> ranges_;
+  std::atomic<int> pushes_{0};
+  std::atomic<int> pops_{0};
+};
+
+class InstrumentedServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = std::make_unique<InstrumentedBackend>();
+    backend_ = backend.get();
+    server_ = TestServer::StartWith(std::move(backend), 64 * kMiB, 2);
+    ASSERT_NE(server_, nullptr);
+    client_ = server_->Connect("instrumented");
+    ASSERT_NE(client_, nullptr);
+  }
+
+  uint64_t PoolUsed() {
+    absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->devices(0).pool_used_bytes() : ~uint64_t{0};
+  }
+
+  InstrumentedBackend* backend_ = nullptr;  // owned by the server
+  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(InstrumentedServerTest, PrepareElementwiseFailureChangesNothing) {
+  const std::vector<double> x = RandomDoubles(1000, -1, 1, 7);
+  ASSIGN_OR_FAIL(bx, UploadArray(*client_, x, {}, v1::LAYOUT_C, "x"));
+  const uint64_t pool_before = PoolUsed();
+  backend_->FailPrepare(absl::ResourceExhaustedError("injected compile failure"));
+
+  // Into a new buffer (allocated before compiling, and freed again) and into an existing one.
+  v1::SubmitRequest into_new = Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput("r", v1::DTYPE_FLOAT32));
+  ExpectRejected(*client_, into_new, absl::StatusCode::kResourceExhausted, "injected compile failure", {"x"});
+  EXPECT_EQ(backend_->last_prepared_dtype(), DType::kFloat32);
+  ExpectRejected(*client_, Elementwise("x * 2", {{"x", BufferOperand("x")}}, ExistingOutput("x")),
+                 absl::StatusCode::kResourceExhausted, "injected compile failure", {"x"});
+  EXPECT_EQ(backend_->last_prepared_dtype(), DType::kFloat64);
+  EXPECT_EQ(PoolUsed(), pool_before);
+  absl::StatusOr<v1::Stats> stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  for (const v1::KindStats& k : stats->kinds()) {
+    EXPECT_NE(k.kind(), v1::OPERATION_KIND_ELEMENTWISE) << "a rejected operation was counted";
+  }
+
+  // Once compiling works, the same request succeeds (the name "r" was never taken) and
+  // reports the compile time.
+  backend_->FailPrepare(absl::OkStatus());
+  ASSIGN_OR_FAIL(op, RunOp(*client_, into_new));
+  EXPECT_DOUBLE_EQ(op.timing().compile_seconds(), InstrumentedBackend::kCompileSeconds);
+  ASSERT_EQ(op.outputs_size(), 1);
+  EXPECT_EQ(op.outputs(0).name(), "r");
+  ASSIGN_OR_FAIL(r, DownloadArray<float>(*client_, "r"));
+  ASSERT_EQ(r.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(r[i], static_cast<float>(x[i] * 2)) << i;
+  EXPECT_EQ(PoolUsed(), pool_before + 4000);
+}
+
+TEST_F(InstrumentedServerTest, OperationsAndTransfersAreNamedInProfilerRanges) {
+  const std::vector<double> x = RandomDoubles(512, -1, 1, 8);
+  ASSIGN_OR_FAIL(bx, UploadArray(*client_, x));
+  ASSIGN_OR_FAIL(y, RunOp(*client_, Elementwise("x + x", {{"x", BufferOperand(bx.id())}})));
+  ASSERT_EQ(y.outputs_size(), 1);
+  const std::string by = y.outputs(0).id();
+  ASSIGN_OR_FAIL(sum, RunOp(*client_, Reduce(v1::REDUCE_KIND_SUM, by)));
+  ASSERT_EQ(sum.outputs_size(), 1);
+  ASSIGN_OR_FAIL(down, DownloadArray<double>(*client_, by));
+  EXPECT_EQ(down.size(), x.size());
+
+  const std::vector<std::string> ranges = backend_->ranges();
+  for (const std::string& want : {absl::StrCat("upload ", bx.id()),
+                                  absl::StrCat("elementwise ", bx.id(), " -> ", by),
+                                  absl::StrCat("reduce ", by, " -> ", sum.outputs(0).id()),
+                                  absl::StrCat("download ", by)}) {
+    EXPECT_NE(std::find(ranges.begin(), ranges.end(), want), ranges.end()) << "no range '" << want << "'";
+  }
+  EXPECT_EQ(backend_->open_ranges(), 0) << "every PushRange has its PopRange";
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// An in-process gpucompute server on a loopback port (CPU backend), and clients
+// An in-process gpucompute server on a loopback port (CPU backend unless the environment's
+// GPUCOMPUTE_TEST_BACKEND names another), and clients
 // connected to it over a real socket, for end-to-end tests.
 #ifndef GPUCOMPUTE_TESTS_TEST_SERVER_H_
 #define GPUCOMPUTE_TESTS_TEST_SERVER_H_
@@ -6,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "server/backend.h"
 #include "server/server.h"
 
 namespace gpucompute::testing {
@@ -40,12 +43,24 @@ class TestServer {
   // test failure) if it cannot start.
   static std::unique_ptr<TestServer> Start(uint64_t memory_limit_bytes = 256 * kMiB,
                                            int cpu_threads = 2) {
+    return StartWith(nullptr, memory_limit_bytes, cpu_threads);
+  }
+
+  // As Start, serving `backend` when it is not null (e.g. a wrapper of the CPU backend
+  // that injects failures).
+  static std::unique_ptr<TestServer> StartWith(std::unique_ptr<Backend> backend,
+                                               uint64_t memory_limit_bytes = 256 * kMiB,
+                                               int cpu_threads = 2) {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
-    options.backend = "cpu";
+    // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
+    const char* backend_name = std::getenv("GPUCOMPUTE_TEST_BACKEND");
+    options.backend = backend_name != nullptr && *backend_name != '\0' ? backend_name : "cpu";
+    options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    absl::StatusOr<std::unique_ptr<Server>> server =
+        backend == nullptr ? Server::Start(options) : Server::Start(options, std::move(backend));
     if (!server.ok()) {
       ADD_FAILURE() << "cannot start the server: " << server.status();
       return nullptr;
@@ -55,6 +70,7 @@ class TestServer {
   }
 
   std::string target() const { return absl::StrCat("127.0.0.1:", server_->port()); }
+  Server& server() { return *server_; }
   uint64_t memory_limit_bytes() const { return memory_limit_bytes_; }
   int cpu_threads() const { return cpu_threads_; }
 

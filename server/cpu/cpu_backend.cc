@@ -158,7 +158,17 @@ absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", bytes, " bytes"));
   }
-  return DeviceMemory(p, bytes, device, [](void* ptr, uint64_t) { std::free(ptr); });
+  allocated_bytes_->fetch_add(bytes, std::memory_order_relaxed);
+  return DeviceMemory(p, bytes, device, [allocated = allocated_bytes_](void* ptr, uint64_t size) {
+    std::free(ptr);
+    allocated->fetch_sub(size, std::memory_order_relaxed);
+  });
+}
+
+PoolUsage CpuBackend::MemoryPoolUsage(int device) const {
+  if (device != 0) return {};
+  const uint64_t bytes = allocated_bytes_->load(std::memory_order_relaxed);
+  return PoolUsage{bytes, bytes};
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {

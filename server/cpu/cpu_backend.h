@@ -5,6 +5,7 @@
 #ifndef GPUCOMPUTE_SERVER_CPU_CPU_BACKEND_H_
 #define GPUCOMPUTE_SERVER_CPU_CPU_BACKEND_H_
 
+#include <atomic>
 #include <memory>
 
 #include "server/backend.h"
@@ -44,6 +45,9 @@ class CpuBackend final : public Backend {
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                       int64_t n) override;
 
+  // There is no pool: reserved and used are both the bytes live allocations asked for.
+  PoolUsage MemoryPoolUsage(int device) const override;
+
  private:
   // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
   // as numpy.argmin gives; NaN counts as the extreme.
@@ -53,6 +57,9 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<ThreadPool> pool_;
   std::vector<DeviceDescription> devices_;
+  // Bytes of live allocations. Shared with their deleters, since memory may outlive
+  // the backend.
+  std::shared_ptr<std::atomic<uint64_t>> allocated_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace gpucompute::cpu

@@ -100,6 +100,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     DeviceMemory staging;
     MemoryLimiter::Charge staging_charge;
     DeviceMemory* destination = nullptr;
+    std::string range_name;  // "upload buf-..." around each chunk's copy
   };
   using StatePtr = std::shared_ptr<State>;
 
@@ -142,6 +143,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
                                                          size, " bytes"));
         }
         s->created = *b;
+        s->range_name = absl::StrCat("upload ", (*b)->id);
         s->expected = size;
         s->destination = &s->created->memory;
         return absl::OkStatus();
@@ -160,6 +162,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
         absl::StatusOr<DeviceMemory> staging = ctx.backend.Allocate((*b)->device, header.size_bytes());
         if (!staging.ok()) return staging.status();
         s->target = *b;
+        s->range_name = absl::StrCat("upload ", (*b)->id);
         s->target_offset = header.offset_bytes();
         s->staging = *std::move(staging);
         s->staging_charge = *std::move(charge);
@@ -193,7 +196,11 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     const int slot = s->read_slot;
     s->slot_busy[slot] = true;
     Stream& stream = s->ctx.executor.TransferStream(s->destination->device());
-    absl::Status st = s->ctx.backend.CopyFromHost(stream, msg.chunk().data(), *s->destination, s->received, n);
+    absl::Status st;
+    {
+      ScopedRange range(s->ctx.backend, s->range_name);
+      st = s->ctx.backend.CopyFromHost(stream, msg.chunk().data(), *s->destination, s->received, n);
+    }
     if (st.ok()) {
       st = stream.OnComplete([s, slot](absl::Status status) {
         std::unique_lock lock(s->mu);
@@ -333,12 +340,19 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
   };
   struct State {
     State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch)
-        : ctx(c), buffer(std::move(b)), offset(off), end(off + sz), chunk(ch), next(off) {}
+        : ctx(c),
+          buffer(std::move(b)),
+          offset(off),
+          end(off + sz),
+          chunk(ch),
+          range_name(absl::StrCat("download ", buffer->id)),
+          next(off) {}
     ServiceContext& ctx;
     BufferHandle buffer;
     const uint64_t offset;
     const uint64_t end;
     const uint64_t chunk;
+    const std::string range_name;  // "download buf-..." around each chunk's copy
     std::mutex mu;
     DownloadReactor* reactor = nullptr;
     std::shared_ptr<HostAccess> access;
@@ -383,7 +397,11 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       }
       f.copying = true;
       Stream& stream = s->ctx.executor.TransferStream(s->buffer->device);
-      absl::Status st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(), data->data(), n);
+      absl::Status st;
+      {
+        ScopedRange range(s->ctx.backend, s->range_name);
+        st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(), data->data(), n);
+      }
       Slot* slot = &f;
       if (st.ok()) {
         st = stream.OnComplete([s, slot](absl::Status status) {
@@ -425,6 +443,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
 grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerContext* context,
                                                           const v1::CreateBufferRequest* request,
                                                           v1::CreateBufferResponse* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, *client, *request);
@@ -444,14 +463,17 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
 
 grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(grpc::CallbackServerContext* context,
                                                                       v1::UploadResponse* response) {
+  using Refuse = Refusal<grpc::ServerReadReactor<v1::UploadRequest>>;
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return new Refusal<grpc::ServerReadReactor<v1::UploadRequest>>(client.status());
+  if (!client.ok()) return new Refuse(client.status());
   return new UploadReactor(ctx_, *std::move(client), response);
 }
 
 grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc::CallbackServerContext* context,
                                                                             const v1::DownloadRequest* request) {
   using Refuse = Refusal<grpc::ServerWriteReactor<v1::DownloadResponse>>;
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return new Refuse(client.status());
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());

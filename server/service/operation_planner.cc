@@ -129,10 +129,15 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, op.output(), program->result_dtype(), shape,
                                                    layout, device, CastRule::kSameKind, &created);
   if (!out.ok()) return out.status();
+  // Compiling may take long, so it happens here, outside the executor's lock. On error
+  // the output this call allocated (not yet registered) is freed with `out`.
+  absl::StatusOr<double> compile_seconds = ctx.backend.PrepareElementwise(*program, (*out)->dtype);
+  if (!compile_seconds.ok()) return compile_seconds.status();
   if (created) plan.created = *out;
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OpKind::kElementwise;
+  spec.compile_seconds = *compile_seconds;
   const uint64_t n = (*out)->num_elements();
   std::vector<BufferHandle> inputs;  // parallel to program->inputs(); null for scalars
   for (const std::string& name : program->inputs()) {

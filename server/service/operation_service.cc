@@ -27,6 +27,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_
 
 grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerContext* context,
                                                        const v1::SubmitRequest* request, v1::Operation* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok()) return FinishNow(context, s);

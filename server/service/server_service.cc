@@ -1,7 +1,22 @@
-// ServerService: GetServerInfo, GetStats.
+// ServerService: GetServerInfo, GetStats, TrimMemoryPool, StartProfiler, StopProfiler.
 #include "server/service/services.h"
 
 namespace gpucompute {
+namespace {
+
+void ToProto(int device, const PoolUsage& usage, v1::MemoryPoolUsage* out) {
+  out->set_device(device);
+  out->set_reserved_bytes(usage.reserved_bytes);
+  out->set_used_bytes(usage.used_bytes);
+}
+
+// Empty while the backend is healthy, else its error.
+std::string BackendError(const Backend& backend) {
+  const absl::Status health = backend.health();
+  return health.ok() ? std::string() : health.ToString();
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                            const v1::GetServerInfoRequest* request,
@@ -16,6 +31,9 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
     info->set_total_memory_bytes(d.total_memory_bytes);
     info->set_peak_bandwidth_gbps(d.peak_bandwidth_gbps);
     info->set_compute_units(d.compute_units);
+    const PoolUsage pool = ctx_.backend.MemoryPoolUsage(d.index);
+    info->set_pool_reserved_bytes(pool.reserved_bytes);
+    info->set_pool_used_bytes(pool.used_bytes);
   }
   response->set_default_device(ctx_.executor.default_device());
   response->set_memory_limit_bytes(ctx_.limiter.limit());
@@ -27,6 +45,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_streams_per_client(Executor::kMaxStreamsPerClient);
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
+  response->set_backend_error(BackendError(ctx_.backend));
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -49,7 +68,43 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
   response->set_memory_peak_bytes(ctx_.limiter.peak());
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count());
+  for (const DeviceDescription& d : ctx_.backend.devices()) {
+    ToProto(d.index, ctx_.backend.MemoryPoolUsage(d.index), response->add_pools());
+  }
+  response->set_backend_error(BackendError(ctx_.backend));
   return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(grpc::CallbackServerContext* context,
+                                                            const v1::TrimMemoryPoolRequest* request,
+                                                            v1::TrimMemoryPoolResponse* response) {
+  std::vector<int> devices;
+  if (request->has_device()) {
+    if (absl::Status s = CheckDeviceIndex(ctx_.backend, request->device()); !s.ok()) return FinishNow(context, s);
+    devices.push_back(request->device());
+  } else {
+    for (const DeviceDescription& d : ctx_.backend.devices()) devices.push_back(d.index);
+  }
+  // Trimming returns memory to the driver and does not wait for queued work, so it is
+  // done here, on the callback's thread.
+  for (int device : devices) {
+    absl::StatusOr<PoolUsage> usage = ctx_.backend.TrimMemoryPool(device, request->keep_bytes());
+    if (!usage.ok()) return FinishNow(context, usage.status());
+    ToProto(device, *usage, response->add_pools());
+  }
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ServerServiceImpl::StartProfiler(grpc::CallbackServerContext* context,
+                                                           const v1::StartProfilerRequest* request,
+                                                           v1::StartProfilerResponse* response) {
+  return FinishNow(context, ctx_.backend.StartProfiler());
+}
+
+grpc::ServerUnaryReactor* ServerServiceImpl::StopProfiler(grpc::CallbackServerContext* context,
+                                                          const v1::StopProfilerRequest* request,
+                                                          v1::StopProfilerResponse* response) {
+  return FinishNow(context, ctx_.backend.StopProfiler());
 }
 
 }  // namespace gpucompute

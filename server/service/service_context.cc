@@ -14,6 +14,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+absl::Status CheckBackendHealthy(const Backend& backend) {
+  const absl::Status health = backend.health();
+  if (health.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the ", backend.name(), " backend failed (", health.ToString(),
+                                             "); this server refuses work until it is restarted"));
+}
+
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientMetadataKey);

@@ -46,6 +46,12 @@ struct ServiceContext {
 // The one conversion from absl::Status to grpc::Status: same code, same message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
+// failed (INTERNAL: ...); this server refuses work until it is restarted"). Every RPC
+// that would touch the device (CreateBuffer, Upload, Download, Submit, CreateStream,
+// SynchronizeStream) checks this first; queries and deletes keep working.
+absl::Status CheckBackendHealthy(const Backend& backend);
+
 // The calling client's name (metadata "gpucompute-client"), or INVALID_ARGUMENT if it
 // is malformed. Clients that send none are "default".
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context);

@@ -117,6 +117,15 @@ class ServerServiceImpl final : public v1::ServerService::CallbackService {
                                           v1::ServerInfo* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
                                      v1::Stats* response) override;
+  grpc::ServerUnaryReactor* TrimMemoryPool(grpc::CallbackServerContext* context,
+                                           const v1::TrimMemoryPoolRequest* request,
+                                           v1::TrimMemoryPoolResponse* response) override;
+  grpc::ServerUnaryReactor* StartProfiler(grpc::CallbackServerContext* context,
+                                          const v1::StartProfilerRequest* request,
+                                          v1::StartProfilerResponse* response) override;
+  grpc::ServerUnaryReactor* StopProfiler(grpc::CallbackServerContext* context,
+                                         const v1::StopProfilerRequest* request,
+                                         v1::StopProfilerResponse* response) override;
 
  private:
   ServiceContext& ctx_;

@@ -17,6 +17,7 @@ void ToProto(const StreamInfo& s, v1::StreamInfo* out) {
 grpc::ServerUnaryReactor* StreamServiceImpl::CreateStream(grpc::CallbackServerContext* context,
                                                           const v1::CreateStreamRequest* request,
                                                           v1::StreamInfo* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   const int device = request->has_device() ? request->device() : ctx_.executor.default_device();
@@ -41,6 +42,7 @@ grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackServerContext* context,
                                                                const v1::SynchronizeStreamRequest* request,
                                                                v1::SynchronizeStreamResponse* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   const double timeout = request->timeout_seconds();

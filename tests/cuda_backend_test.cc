@@ -1,0 +1,446 @@
+// The CUDA backend against the CPU backend, element by element: every operation runs on
+// both with the same random inputs, and the results must agree exactly where the
+// contract says so (integers, bools, comparisons, min/max/arg reductions, random integers
+// and uniforms) and within rounding elsewhere. Also the CUDA-only parts of the contract:
+// the memory pool, out-of-memory, staged transfers, the kernel cache and several GPUs.
+// Every test skips where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/cuda/cuda_backend.h"
+#include "server/expression/expression.h"
+#include "tests/backend_conformance.h"
+
+namespace gpucompute {
+namespace {
+
+using conformance::Download;
+using conformance::Synchronize;
+using conformance::Upload;
+
+#define ASSERT_OK(expr) CONFORMANCE_ASSERT_OK(expr)
+#define ASSIGN_OR_FAIL(lhs, expr) CONFORMANCE_ASSIGN_OR_FAIL(lhs, expr)
+
+template <typename T>
+using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+
+// Whether two floats agree within `ulps` units in the last place of the larger, NaN
+// matching NaN and infinities matching exactly.
+template <typename T>
+bool WithinUlps(T a, T b, int ulps) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  const T scale = std::max(std::fabs(a), std::fabs(b));
+  const T ulp = scale > std::numeric_limits<T>::min() ? std::nextafter(scale, std::numeric_limits<T>::infinity()) - scale
+                                                      : std::numeric_limits<T>::denorm_min();
+  return std::fabs(a - b) <= ulps * ulp;
+}
+
+template <typename T>
+std::vector<Stored<T>> RandomValues(size_t n, uint64_t seed, double low = -4, double high = 4) {
+  std::mt19937_64 rng(seed);
+  std::vector<Stored<T>> v(n);
+  for (auto& x : v) {
+    if constexpr (std::is_same_v<T, bool>) {
+      x = rng() & 1;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      x = static_cast<T>(std::uniform_real_distribution<double>(low, high)(rng));
+    } else {
+      x = static_cast<T>(std::uniform_int_distribution<int64_t>(static_cast<int64_t>(low * 1000),
+                                                                  static_cast<int64_t>(high * 1000))(rng));
+    }
+  }
+  return v;
+}
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device here";
+    cuda::CudaBackendOptions options;
+    ASSIGN_OR_FAIL(gpu_, cuda::CreateCudaBackend(options));
+    cpu_ = std::make_unique<cpu::CpuBackend>(2);
+    ASSIGN_OR_FAIL(gpu_stream_, gpu_->CreateStream(0));
+    ASSIGN_OR_FAIL(cpu_stream_, cpu_->CreateStream(0));
+  }
+
+  // Runs `op` on both backends with the same inputs and returns both outputs' bytes.
+  // `op(backend, stream, inputs, out)` enqueues the operation.
+  template <typename Op>
+  void RunBoth(const std::vector<std::vector<uint8_t>>& inputs, uint64_t out_bytes, Op op,
+               std::vector<uint8_t>* cpu_out, std::vector<uint8_t>* gpu_out) {
+    for (int side = 0; side < 2; ++side) {
+      Backend& backend = side == 0 ? *cpu_ : *gpu_;
+      Stream& stream = side == 0 ? *cpu_stream_ : *gpu_stream_;
+      std::vector<DeviceMemory> memories;
+      for (const auto& in : inputs) {
+        ASSIGN_OR_FAIL(DeviceMemory m, Upload<uint8_t>(backend, stream, in));
+        memories.push_back(std::move(m));
+      }
+      // Poisoned, so that an element the operation does not write shows.
+      const std::vector<uint8_t> poison(out_bytes, 0xA5);
+      ASSIGN_OR_FAIL(DeviceMemory out, Upload<uint8_t>(backend, stream, poison));
+      ASSERT_OK(op(backend, stream, memories, out));
+      ASSIGN_OR_FAIL(*(side == 0 ? cpu_out : gpu_out), Download<uint8_t>(backend, stream, out, out_bytes));
+    }
+  }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Stream> gpu_stream_;
+  std::unique_ptr<Stream> cpu_stream_;
+};
+
+template <typename T>
+std::vector<uint8_t> AsBytes(const std::vector<T>& v) {
+  std::vector<uint8_t> bytes(v.size() * sizeof(T));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return bytes;
+}
+
+template <typename T>
+std::vector<T> FromBytes(const std::vector<uint8_t>& bytes) {
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+  return v;
+}
+
+// Compares outputs of dtype `dtype`: exactly, or within `ulps` for floats.
+void ExpectAgree(DType dtype, const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu, int ulps,
+                 const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  int64_t bad = 0;
+  VisitDType(dtype, [&](auto zero) {
+    using T = Stored<decltype(zero)>;
+    const std::vector<T> c = FromBytes<T>(cpu);
+    const std::vector<T> g = FromBytes<T>(gpu);
+    for (size_t i = 0; i < c.size(); ++i) {
+      bool ok;
+      if constexpr (std::is_floating_point_v<T>) {
+        ok = ulps == 0 ? (std::memcmp(&c[i], &g[i], sizeof(T)) == 0 || (std::isnan(c[i]) && std::isnan(g[i])))
+                       : WithinUlps(c[i], g[i], ulps);
+      } else {
+        ok = c[i] == g[i];
+      }
+      if (!ok && ++bad <= 5) {
+        ADD_FAILURE() << what << ": element " << i << " cpu " << +c[i] << " gpu " << +g[i];
+      }
+    }
+  });
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST_F(CudaVsCpu, ElementwiseAgrees) {
+  struct Case {
+    const char* text;
+    DType x;
+    DType y;
+    int ulps;  // 0: exact
+  };
+  const Case cases[] = {
+      {"x + y", DType::kFloat32, DType::kFloat32, 0},
+      {"x * y - x / y", DType::kFloat64, DType::kFloat64, 0},
+      {"x + y", DType::kInt32, DType::kInt64, 0},
+      {"x * y - 3", DType::kInt64, DType::kInt64, 0},
+      {"where(x > y, x, -y)", DType::kFloat32, DType::kFloat64, 0},
+      {"min(x, y) + max(x, y)", DType::kInt32, DType::kInt32, 0},
+      {"x <= y", DType::kFloat64, DType::kInt32, 0},
+      {"abs(x) ** 2 + floor(y) - ceil(x)", DType::kFloat64, DType::kFloat64, 0},
+      {"x ** 3 + y", DType::kInt32, DType::kInt32, 0},
+      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) + y", DType::kFloat64, DType::kFloat64, 4},
+      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) + y", DType::kFloat32, DType::kFloat32, 4},
+      {"log1p(abs(x)) + expm1(y / 8) + atan2(y, x) + cos(x) * tan(y / 4)", DType::kFloat64, DType::kFloat64, 8},
+      {"log1p(abs(x)) + expm1(y / 8) + atan2(y, x) + cos(x) * tan(y / 4)", DType::kFloat32, DType::kFloat32, 8},
+      {"asin(x / 5) + acos(y / 5) + atan(x) + sinh(y / 2) + cosh(x / 2) + log(abs(y) + 1)", DType::kFloat32,
+       DType::kFloat64, 8},
+  };
+  constexpr size_t n = 100003;  // not a multiple of any vector width
+  for (const Case& c : cases) {
+    expr::InputMap types{{"x", expr::ArrayInput{c.x}}, {"y", expr::ArrayInput{c.y}}};
+    absl::StatusOr<expr::Program> program = expr::Compile(c.text, types);
+    ASSERT_TRUE(program.ok()) << c.text << ": " << program.status();
+    std::vector<std::vector<uint8_t>> inputs;
+    for (DType t : {c.x, c.y}) {
+      inputs.push_back(VisitDType(t, [&](auto zero) {
+        return AsBytes(RandomValues<decltype(zero)>(n, inputs.size() + 7));
+      }));
+    }
+    const DType out = program->result_dtype();
+    std::vector<uint8_t> cpu_out, gpu_out;
+    RunBoth(inputs, n * DTypeSize(out),
+            [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) -> absl::Status {
+              std::vector<const DeviceMemory*> ptrs = {&in[0], &in[1]};
+              return b.Elementwise(s, *program, ptrs, o, out, n).status();
+            },
+            &cpu_out, &gpu_out);
+    ExpectAgree(out, cpu_out, gpu_out, c.ulps, absl::StrCat(c.text, " (", DTypeName(c.x), ", ", DTypeName(c.y), ")"));
+  }
+}
+
+TEST_F(CudaVsCpu, ReduceAgrees) {
+  const ReduceKind kinds[] = {ReduceKind::kSum,  ReduceKind::kProd,  ReduceKind::kMin,    ReduceKind::kMax,
+                              ReduceKind::kMean, ReduceKind::kNorm2, ReduceKind::kArgmin, ReduceKind::kArgmax};
+  const ReduceShape shapes[] = {{1, 1000003, 1}, {1, 1, 1}, {37, 1001, 1}, {1, 513, 1027}, {5, 77, 33}, {4096, 3, 1}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBool}) {
+    for (const ReduceShape& shape : shapes) {
+      const size_t n = shape.outer * shape.extent * shape.inner;
+      // Products of many values over/underflow; keep them near 1 so they stay finite.
+      for (ReduceKind kind : kinds) {
+        if (kind == ReduceKind::kProd && dtype != DType::kBool && n > 5000) continue;
+        std::vector<uint8_t> in = VisitDType(dtype, [&](auto zero) {
+          using T = decltype(zero);
+          if (kind == ReduceKind::kProd && std::is_floating_point_v<T>) return AsBytes(RandomValues<T>(n, 3, 0.5, 1.5));
+          return AsBytes(RandomValues<T>(n, 3));
+        });
+        const DType out = ReduceResultDType(kind, dtype);
+        std::vector<uint8_t> cpu_out, gpu_out;
+        RunBoth({in}, shape.outer * shape.inner * DTypeSize(out),
+                [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+                  return b.Reduce(s, kind, dtype, ins[0], shape, o);
+                },
+                &cpu_out, &gpu_out);
+        const bool float_sum = IsFloat(out) && kind != ReduceKind::kMin && kind != ReduceKind::kMax;
+        // Float sums accumulate in float64 on both, in different orders: a float64 result
+        // may differ in its last bits, a float32 one is one rounding of nearly the same value.
+        const int ulps = !float_sum ? 0 : (out == DType::kFloat32 ? 1 : 64);
+        ExpectAgree(out, cpu_out, gpu_out, ulps,
+                    absl::StrCat("reduce kind ", static_cast<int>(kind), " of ", DTypeName(dtype), " shape {",
+                                 shape.outer, ",", shape.extent, ",", shape.inner, "}"));
+      }
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, ArgReduceOfFArrayAgrees) {
+  constexpr int64_t rows = 333, cols = 517;
+  for (DType dtype : {DType::kFloat32, DType::kInt32, DType::kBool}) {
+    std::vector<uint8_t> in = VisitDType(dtype, [&](auto zero) {
+      // Few distinct values: many ties, which C order must break.
+      return AsBytes(RandomValues<decltype(zero)>(rows * cols, 11, -0.003, 0.003));
+    });
+    for (ReduceKind kind : {ReduceKind::kArgmin, ReduceKind::kArgmax}) {
+      ReduceShape shape{1, rows * cols, 1, rows};
+      std::vector<uint8_t> cpu_out, gpu_out;
+      RunBoth({in}, 8,
+              [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+                return b.Reduce(s, kind, dtype, ins[0], shape, o);
+              },
+              &cpu_out, &gpu_out);
+      ExpectAgree(DType::kInt64, cpu_out, gpu_out, 0, absl::StrCat("F-order arg reduce of ", DTypeName(dtype)));
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, GemvAgrees) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (bool col_major : {false, true}) {
+      for (bool transpose : {false, true}) {
+        for (double beta : {0.0, 0.5}) {
+          const GemvShape shape{257, 1031, col_major, transpose};
+          const int64_t x_len = transpose ? shape.rows : shape.cols;
+          const int64_t y_len = transpose ? shape.cols : shape.rows;
+          std::vector<std::vector<uint8_t>> inputs = VisitDType(dtype, [&](auto zero) {
+            using T = Stored<decltype(zero)>;
+            std::vector<T> y = RandomValues<T>(y_len, 3);
+            // With beta 0, y must not be read: NaN there must not reach the result.
+            if (beta == 0) y.assign(y_len, std::numeric_limits<T>::quiet_NaN());
+            return std::vector<std::vector<uint8_t>>{AsBytes(RandomValues<T>(shape.rows * shape.cols, 1)),
+                                                     AsBytes(RandomValues<T>(x_len, 2)), AsBytes(y)};
+          });
+          std::vector<uint8_t> cpu_out, gpu_out;
+          RunBoth(inputs, y_len * DTypeSize(dtype),
+                  [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) {
+                    absl::Status st = b.Copy(s, in[2], 0, o, 0, y_len * DTypeSize(dtype));
+                    if (!st.ok()) return st;
+                    return b.Gemv(s, dtype, shape, 1.5, in[0], in[1], beta, o);
+                  },
+                  &cpu_out, &gpu_out);
+          // Dot products of ~1000 terms in different orders: compare against the sum of
+          // magnitudes, which bounds the rounding of either order.
+          const double eps = dtype == DType::kFloat32 ? 6e-8 : 1.1e-16;
+          VisitDType(dtype, [&](auto zero) {
+            using T = Stored<decltype(zero)>;
+            const std::vector<T> c = FromBytes<T>(cpu_out), g = FromBytes<T>(gpu_out);
+            for (int64_t i = 0; i < y_len; ++i) {
+              ASSERT_FALSE(std::isnan(static_cast<double>(g[i]))) << "element " << i;
+              const double bound = 1.5 * 16.0 * 4.0 * static_cast<double>(x_len) * 4 * eps + 8 * eps * std::fabs(c[i]);
+              ASSERT_NEAR(c[i], g[i], bound) << DTypeName(dtype) << " col_major " << col_major << " transpose "
+                                             << transpose << " beta " << beta << " element " << i;
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, RandomAgrees) {
+  struct Case {
+    Distribution distribution;
+    DType dtype;
+    int ulps;
+  };
+  const Case cases[] = {{Distribution::kUniform, DType::kFloat32, 0}, {Distribution::kUniform, DType::kFloat64, 0},
+                        {Distribution::kIntegers, DType::kInt32, 0},  {Distribution::kIntegers, DType::kInt64, 0},
+                        {Distribution::kNormal, DType::kFloat32, 4},  {Distribution::kNormal, DType::kFloat64, 4}};
+  for (const Case& c : cases) {
+    RandomParams params;
+    params.distribution = c.distribution;
+    params.seed = 0x1234567890abcdefull;
+    params.offset = 12345;
+    params.mean = 0.5;
+    params.stddev = 2.0;
+    params.low = -1000;
+    params.high = c.dtype == DType::kInt64 ? (int64_t{1} << 40) : 77777;
+    constexpr int64_t n = 1000003;
+    std::vector<uint8_t> cpu_out, gpu_out;
+    RunBoth({}, n * DTypeSize(c.dtype),
+            [&](Backend& b, Stream& s, std::vector<DeviceMemory>&, DeviceMemory& o) {
+              return b.Random(s, params, c.dtype, o, n);
+            },
+            &cpu_out, &gpu_out);
+    ExpectAgree(c.dtype, cpu_out, gpu_out, c.ulps,
+                absl::StrCat("random distribution ", static_cast<int>(c.distribution), " ", DTypeName(c.dtype)));
+  }
+}
+
+TEST_F(CudaVsCpu, StagedTransfersOfManyBlocksRoundTrip) {
+  // Larger than several staging blocks, at an odd offset, so pieces and tails both occur.
+  constexpr size_t kBytes = (40 << 20) + 12345;
+  std::vector<uint8_t> data(kBytes);
+  std::mt19937_64 rng(5);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(0, kBytes + 999));
+  ASSERT_OK(gpu_->CopyFromHost(*gpu_stream_, data.data(), mem, 999, kBytes));
+  ASSIGN_OR_FAIL(std::vector<uint8_t> back, Download<uint8_t>(*gpu_, *gpu_stream_, mem, kBytes, 999));
+  EXPECT_TRUE(back == data);
+}
+
+TEST_F(CudaVsCpu, PoolReportsUsageAndTrims) {
+  const PoolUsage before = gpu_->MemoryPoolUsage(0);
+  constexpr uint64_t kBytes = 512ull << 20;
+  {
+    ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(0, kBytes));
+    const PoolUsage during = gpu_->MemoryPoolUsage(0);
+    EXPECT_GE(during.used_bytes, before.used_bytes + kBytes);
+    EXPECT_GE(during.reserved_bytes, during.used_bytes);
+  }
+  ASSERT_OK(Synchronize(*gpu_stream_));
+  // The default threshold keeps freed memory for reuse...
+  ASSIGN_OR_FAIL(PoolUsage kept, gpu_->TrimMemoryPool(0, UINT64_MAX));
+  EXPECT_GE(kept.reserved_bytes, kBytes);
+  EXPECT_EQ(kept.used_bytes, before.used_bytes);
+  // ...until trimmed.
+  ASSIGN_OR_FAIL(PoolUsage trimmed, gpu_->TrimMemoryPool(0, 0));
+  EXPECT_LT(trimmed.reserved_bytes, kBytes);
+  EXPECT_EQ(gpu_->TrimMemoryPool(99, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaVsCpu, OutOfMemoryIsResourceExhaustedAndLeavesTheBackendHealthy) {
+  const uint64_t too_much = gpu_->devices()[0].total_memory_bytes * 2;
+  absl::StatusOr<DeviceMemory> mem = gpu_->Allocate(0, too_much);
+  ASSERT_FALSE(mem.ok());
+  EXPECT_EQ(mem.status().code(), absl::StatusCode::kResourceExhausted) << mem.status();
+  EXPECT_TRUE(gpu_->health().ok());
+  const std::vector<float> data = {1, 2, 3};
+  ASSIGN_OR_FAIL(DeviceMemory small, Upload<float>(*gpu_, *gpu_stream_, data));
+  ASSIGN_OR_FAIL(std::vector<float> back, Download<float>(*gpu_, *gpu_stream_, small, 3));
+  EXPECT_EQ(back, data);
+}
+
+TEST_F(CudaVsCpu, InitialReservationAndReleaseThreshold) {
+  cuda::CudaBackendOptions options;
+  options.pool_initial_bytes = 256ull << 20;
+  options.pool_release_threshold_bytes = 0;
+  ASSIGN_OR_FAIL(std::unique_ptr<Backend> backend, cuda::CreateCudaBackend(options));
+  EXPECT_GE(backend->MemoryPoolUsage(0).reserved_bytes, options.pool_initial_bytes);
+  EXPECT_EQ(backend->MemoryPoolUsage(0).used_bytes, 0u);
+}
+
+TEST_F(CudaVsCpu, KernelsAreCachedInMemoryAndOnDisk) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("gpucompute-kernel-cache-", getpid());
+  std::filesystem::remove_all(dir);
+  // The scalar's value is a launch argument: one kernel serves every value.
+  expr::InputMap types{{"a", expr::ScalarInput{DType::kFloat64, 2.5}}, {"x", expr::ArrayInput{DType::kFloat32}}};
+  ASSIGN_OR_FAIL(expr::Program program, expr::Compile("a * x + 1", types));
+  types["a"] = expr::ScalarInput{DType::kFloat64, -7.0};
+  ASSIGN_OR_FAIL(expr::Program other_value, expr::Compile("a * x + 1", types));
+  double first = 0, second = 0, third = 0, from_disk = 0;
+  {
+    cuda::CudaBackendOptions options;
+    options.kernel_cache_dir = dir.string();
+    ASSIGN_OR_FAIL(std::unique_ptr<Backend> backend, cuda::CreateCudaBackend(options));
+    ASSIGN_OR_FAIL(first, backend->PrepareElementwise(program, DType::kFloat32));
+    ASSIGN_OR_FAIL(second, backend->PrepareElementwise(program, DType::kFloat32));
+    ASSIGN_OR_FAIL(third, backend->PrepareElementwise(other_value, DType::kFloat32));
+  }
+  EXPECT_GT(first, 0);
+  EXPECT_EQ(second, 0);
+  EXPECT_EQ(third, 0);
+  EXPECT_FALSE(std::filesystem::is_empty(dir));
+  {
+    cuda::CudaBackendOptions options;
+    options.kernel_cache_dir = dir.string();
+    ASSIGN_OR_FAIL(std::unique_ptr<Backend> backend, cuda::CreateCudaBackend(options));
+    ASSIGN_OR_FAIL(from_disk, backend->PrepareElementwise(program, DType::kFloat32));
+    // Loading a cached binary skips NVRTC altogether.
+    EXPECT_LT(from_disk, first);
+    // And it computes: 2.5 * x + 1 and -7 * x + 1 from the one kernel.
+    ASSIGN_OR_FAIL(std::unique_ptr<Stream> stream, backend->CreateStream(0));
+    const std::vector<float> x = {1, 2, -3};
+    ASSIGN_OR_FAIL(DeviceMemory in, Upload<float>(*backend, *stream, x));
+    ASSIGN_OR_FAIL(DeviceMemory out, backend->Allocate(0, 12));
+    const DeviceMemory* inputs[] = {nullptr, &in};
+    ASSIGN_OR_FAIL(LaunchInfo info, backend->Elementwise(*stream, program, inputs, out, DType::kFloat32, 3));
+    EXPECT_EQ(info.compile_seconds, 0);
+    ASSIGN_OR_FAIL(std::vector<float> y, Download<float>(*backend, *stream, out, 3));
+    EXPECT_EQ(y, (std::vector<float>{3.5f, 6.0f, -6.5f}));
+    ASSERT_OK(backend->Elementwise(*stream, other_value, inputs, out, DType::kFloat32, 3).status());
+    ASSIGN_OR_FAIL(y, Download<float>(*backend, *stream, out, 3));
+    EXPECT_EQ(y, (std::vector<float>{-6.0f, -13.0f, 22.0f}));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(CudaVsCpu, EveryDeviceComputes) {
+  for (const DeviceDescription& d : gpu_->devices()) {
+    SCOPED_TRACE(absl::StrCat("device ", d.index, " ", d.name));
+    EXPECT_GT(d.peak_bandwidth_gbps, 100);
+    EXPECT_GT(d.compute_units, 0);
+    ASSIGN_OR_FAIL(std::unique_ptr<Stream> stream, gpu_->CreateStream(d.index));
+    EXPECT_EQ(stream->device(), d.index);
+    ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(d.index, 1000 * 8));
+    EXPECT_EQ(mem.device(), d.index);
+    RandomParams params;
+    params.distribution = Distribution::kIntegers;
+    params.low = 0;
+    params.high = 10;
+    ASSERT_OK(gpu_->Random(*stream, params, DType::kInt64, mem, 1000));
+    ASSIGN_OR_FAIL(DeviceMemory sum, gpu_->Allocate(d.index, 8));
+    ASSERT_OK(gpu_->Reduce(*stream, ReduceKind::kSum, DType::kInt64, mem, ReduceShape{1, 1000, 1}, sum));
+    ASSIGN_OR_FAIL(std::vector<int64_t> values, Download<int64_t>(*gpu_, *stream, mem, 1000));
+    ASSIGN_OR_FAIL(std::vector<int64_t> total, Download<int64_t>(*gpu_, *stream, sum, 1));
+    int64_t expected = 0;
+    for (int64_t v : values) expected += v;
+    EXPECT_EQ(total[0], expected);
+  }
+  EXPECT_EQ(gpu_->Allocate(static_cast<int>(gpu_->devices().size()), 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace gpucompute
