@@ -210,7 +210,8 @@ void ExpectReduceMatches(ReduceKind kind, DType dtype, const ReduceShape& s,
     }
     double tol;
     if (kind == ReduceKind::kProd) {
-      // Accumulated in the input's precision: rounding errors grow like sqrt(extent).
+      // The CPU multiplies in the input's precision (the GPU in float64): the CPU's
+      // rounding errors grow like sqrt(extent).
       tol = 16 * eps * std::sqrt(static_cast<double>(s.extent)) * std::fabs(c) + 1e-300;
     } else if (kind == ReduceKind::kNorm2) {
       tol = 2 * eps * std::fabs(c) + 1e-12 * std::fabs(c);
@@ -239,8 +240,13 @@ void CheckReduce(CudaKernelsTest* test, cudaStream_t stream, cudaMemPool_t pool,
   DeviceBuffer out(out_bytes);
   ASSERT_NE(in.get(), nullptr);
   ASSERT_NE(out.get(), nullptr);
-  ASSERT_CUDA_OK(cudaMemcpy(in.get() + in_offset, data.data(), data.size(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA_OK(cudaMemset(out.get(), 0xAB, out_bytes));
+  // The upload and the 0xAB poison go on `stream`, the kernel's stream: plain cudaMemcpy
+  // and cudaMemset run on the legacy default stream, which does not order with a
+  // cudaStreamNonBlocking stream, so the poison could land after the kernel's stores
+  // (seen on an H100 as outputs reading 0xABAB...).
+  ASSERT_CUDA_OK(cudaMemcpyAsync(in.get() + in_offset, data.data(), data.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  ASSERT_CUDA_OK(cudaMemsetAsync(out.get(), 0xAB, out_bytes, stream));
   ASSERT_CUDA_OK(ReduceAsync(kind, dtype, in.get() + in_offset, s, out.get(), pool, stream));
   ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
   std::vector<char> gpu(out_bytes);
@@ -383,7 +389,8 @@ TEST_F(CudaKernelsTest, ReduceIsDeterministic) {
     const std::vector<char> data = MakeData(DType::kFloat64, n, false, 5);
     DeviceBuffer in(data.size());
     DeviceBuffer out(static_cast<size_t>(s.outer * s.inner) * 8);
-    ASSERT_CUDA_OK(cudaMemcpy(in.get(), data.data(), data.size(), cudaMemcpyHostToDevice));
+    ASSERT_CUDA_OK(cudaMemcpyAsync(in.get(), data.data(), data.size(), cudaMemcpyHostToDevice,
+                                   stream_));
     std::vector<char> first;
     for (int run = 0; run < 3; ++run) {
       ASSERT_CUDA_OK(ReduceAsync(ReduceKind::kSum, DType::kFloat64, in.get(), s, out.get(), pool_,
@@ -429,7 +436,8 @@ TEST_F(CudaKernelsTest, FillWritesExactlyTheRange) {
         // Guard elements around the range must stay as they were.
         const int64_t total = count + misalign + 5;
         DeviceBuffer buf(static_cast<size_t>(total) * size);
-        ASSERT_CUDA_OK(cudaMemset(buf.get(), 0x5A, static_cast<size_t>(total) * size));
+        ASSERT_CUDA_OK(
+            cudaMemsetAsync(buf.get(), 0x5A, static_cast<size_t>(total) * size, stream_));
         ASSERT_CUDA_OK(FillAsync(buf.get() + misalign * size, dtype, kBits, count, stream_));
         const std::vector<char> host = Download(buf.get(), static_cast<size_t>(total) * size);
         for (int64_t k = 0; k < total; ++k) {

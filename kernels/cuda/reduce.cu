@@ -197,7 +197,8 @@ cudaError_t ReduceTyped(ReduceKind kind, const void* in, const ReduceShape& shap
   using IntegralOut = std::conditional_t<kFloat, T, int64_t>;  // sum, prod
   using RealOut = std::conditional_t<kFloat, T, double>;       // mean, norm2
   using SumAcc = std::conditional_t<kFloat, double, uint64_t>;
-  using ProdAcc = std::conditional_t<kFloat, T, uint64_t>;
+  // Float products in float64 where the CPU uses T (see ProdOp in detail/reduce_ops.cuh).
+  using ProdAcc = std::conditional_t<kFloat, double, uint64_t>;
   switch (kind) {
     case ReduceKind::kSum:
       return Dispatch<SumOp<In, SumAcc, IntegralOut>>(in, shape, out, pool, stream);
