@@ -48,17 +48,18 @@
 //  e2e load (4 clients, each its own Client on its own thread and its own default stream,
 //  each chaining 100 submissions of x = x + y on N-element float32 buffers, SubmitAsync):
 //    wall s    from the first submission to the last operation's completion
-//    device s  the sum of the 400 operations' Timing.device_seconds
-//    busy      device s / wall s. The server reports no per-device busy intervals, so
-//              the union of the operations' [start, end] cannot be formed; this sum counts
-//              every operation's time once, also when operations of different streams
-//              overlap on one device. Below 1: the device idled that fraction of the run
-//              (RPC, queueing, dispatch). Above 1: operations overlapped; on the CPU backend
-//              the streams share one thread pool, so overlapping operations each run slower
-//              and each counts its stretched time, and busy can exceed 1 without the device
-//              doing more work. Read it together with GB/s.
+//    op alone ms  the median device time of the same x + y through the same server with
+//              nothing else running, measured just before the load
+//    busy      400 * (op alone) / wall s: the fraction of the wall time the device would
+//              need for the load's work at the speed it does it alone. Under 1: the device
+//              idled (RPC, queueing, dispatch) or ran slower for the interleaving
 //    GB/s      400 * 3N * 4 bytes / wall s: the throughput the clients saw
+//    sum device s  the sum of the 400 operations' Timing.device_seconds; operations of
+//              different streams overlap on the device and each counts its stretched time
 //    op ms p50 the median device time of one operation under this load
+//  memory (while the load's 8 buffers exist; CUDA only for the device columns): the whole
+//  device's memory in use (cudaMemGetInfo; the benchmark process is the server) against
+//  the bytes the buffers hold, and the target: overhead under 5% of the device + 256 MiB
 #include <grpc/grpc.h>
 
 #include <algorithm>
@@ -700,12 +701,14 @@ absl::Status RunLatency(const Options& options, const Server& server) {
   for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
 
   const double noop50 = Percentile(noop, 50), noop99 = Percentile(noop, 99);
-  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms"},
+  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms", "target",
+               "met"},
               1);
+  const double p50_ratio = Percentile(submit, 50) / noop50, p99_ratio = Percentile(submit, 99) / noop99;
   table.AddRow({"Submit(wait) x + y 2^20 float32", absl::StrCat(submit.size()),
-                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3),
-                Fixed(Percentile(submit, 50) / noop50, 2),
-                Fixed(Percentile(submit, 99) / noop99, 2), Fixed(Median(device) * 1e3, 3)});
+                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3), Fixed(p50_ratio, 2),
+                Fixed(p99_ratio, 2), Fixed(Median(device) * 1e3, 3), "<= 1.5x",
+                p50_ratio <= 1.5 && p99_ratio <= 1.5 ? "yes" : "NO"});
   table.AddRow({"GetServerInfo (no-op)", absl::StrCat(noop.size()), Fixed(noop50 * 1e3, 3),
                 Fixed(noop99 * 1e3, 3), "1.00", "1.00", ""});
   table.Print("e2e latency: wall time per call from the client, nearest-rank percentiles");
@@ -776,6 +779,54 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
   if (!counted) ready.count_down();  // never leave the others waiting for this one
 }
 
+// The median device time of z = x + y on n float32 elements with nothing else running,
+// through the server like the load's operations.
+absl::StatusOr<double> IsolatedAddSeconds(const Server& server, uint64_t n) {
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-load-alone"));
+  for (const auto& [name, seed] : {std::pair{"x", 21}, std::pair{"y", 22}, std::pair{"z", 23}}) {
+    v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
+    fill.set_wait(true);
+    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+  }
+  v1::SubmitRequest add =
+      Elementwise("x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
+  add.set_wait(true);
+  std::vector<double> seconds;
+  for (int i = 0; i < 11; ++i) {
+    absl::StatusOr<v1::Operation> op = client->Submit(add);
+    BENCH_RETURN_IF_ERROR(Succeeded(op));
+    if (i > 0) seconds.push_back(op->timing().device_seconds());
+  }
+  for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
+  return Median(std::move(seconds));
+}
+
+struct MemoryReport {
+  double device_total = 0;  // 0: not known (no GPU)
+  double device_used = 0;
+  double buffers = 0;
+  double pool_reserved = 0;
+};
+
+// Device memory while the load's buffers exist: the whole device's use (this process is
+// the server; nothing else runs on the device) against the bytes the buffers hold.
+absl::StatusOr<MemoryReport> ReportMemory(const Server& server) {
+  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-memory"));
+  BENCH_ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
+  MemoryReport report;
+  report.buffers = static_cast<double>(info.memory_used_bytes());
+  for (const v1::DeviceInfo& d : info.devices()) report.pool_reserved += d.pool_reserved_bytes();
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+  if (info.backend() == "cuda") {
+    size_t free_bytes = 0, total_bytes = 0;
+    BENCH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    report.device_total = static_cast<double>(total_bytes);
+    report.device_used = static_cast<double>(total_bytes - free_bytes);
+  }
+#endif
+  return report;
+}
+
 absl::Status RunLoad(const Options& options, const Server& server) {
   const uint64_t n = static_cast<uint64_t>(options.n());
   std::latch ready(kLoadClients);
@@ -787,9 +838,14 @@ absl::Status RunLoad(const Options& options, const Server& server) {
                          std::ref(results[i]));
   }
   ready.wait();
+  // What one operation costs with the device to itself, measured before the load starts.
+  absl::StatusOr<double> alone = IsolatedAddSeconds(server, n);
+  absl::StatusOr<MemoryReport> memory = ReportMemory(server);
   const Clock::time_point start = Clock::now();
   go.count_down();
   for (std::thread& t : threads) t.join();
+  if (!alone.ok()) return alone.status();
+  if (!memory.ok()) return memory.status();
 
   std::vector<double> device;
   Clock::time_point end = start;
@@ -803,14 +859,33 @@ absl::Status RunLoad(const Options& options, const Server& server) {
   for (double s : device) device_sum += s;
   const double moved = static_cast<double>(device.size()) * 3.0 * n * sizeof(float);
 
-  Table table({"clients", "ops/client", "size", "wall s", "device s", "busy", "GB/s", "op ms p50"},
+  const double busy = static_cast<double>(device.size()) * *alone / wall;
+  Table table({"clients", "ops/client", "size", "wall s", "op alone ms", "busy", "target", "met", "GB/s",
+               "sum device s", "op ms p50"},
               0);
-  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain),
-                absl::StrCat("2^", options.log2n, " f32"), Fixed(wall, 3), Fixed(device_sum, 3),
-                Fixed(device_sum / wall, 3), Fixed(moved / wall / 1e9, 2),
-                Fixed(Median(device) * 1e3, 3)});
+  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain), absl::StrCat("2^", options.log2n, " f32"),
+                Fixed(wall, 3), Fixed(*alone * 1e3, 3), Fixed(busy, 3), "> 0.90", busy > 0.9 ? "yes" : "NO",
+                Fixed(moved / wall / 1e9, 2), Fixed(device_sum, 3), Fixed(Median(device) * 1e3, 3)});
   table.Print(
-      "e2e load: busy = sum(operation device_seconds) / wall; overlapping operations each count");
+      "e2e load: busy = operations x (device time of one alone) / wall; sum device s counts overlapping "
+      "operations each");
+
+  Table mem({"device total GiB", "device used GiB", "buffers GiB", "pool reserved GiB", "overhead MiB",
+             "limit MiB", "met"},
+            0);
+  const double gib = double(1 << 30), mib = double(1 << 20);
+  const double limit = 0.05 * memory->device_total + 256 * mib;
+  if (memory->device_total > 0) {
+    const double overhead = memory->device_used - memory->buffers;
+    mem.AddRow({Fixed(memory->device_total / gib, 2), Fixed(memory->device_used / gib, 2),
+                Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), Fixed(overhead / mib, 1),
+                Fixed(limit / mib, 1), overhead < limit ? "yes" : "NO"});
+  } else {
+    mem.AddRow({"", "", Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), "", "", ""});
+  }
+  mem.Print(
+      "memory during the load: overhead = device memory in use (whole device) - buffer bytes; limit = 5% of "
+      "the device + 256 MiB");
   return absl::OkStatus();
 }
 

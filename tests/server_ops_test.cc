@@ -42,6 +42,7 @@ namespace gpucompute {
 namespace {
 
 using ::gpucompute::testing::kMiB;
+using ::gpucompute::testing::TestBackendName;
 using ::gpucompute::testing::TestServer;
 
 // ---------------------------------------------------------------------------
@@ -1410,8 +1411,20 @@ std::vector<double> Iota(size_t n, double scale = 1) {
 }
 
 // x = x + 1, in place, without waiting.
+// x + 1 in an expression slow enough that a chain of them outlasts the RPCs that queue it.
+// On a GPU, where a plain x + 1 over kBig elements takes microseconds, that means ~100
+// nested sines per element: 0 * sin(...) is exactly 0 for finite x, so the result is still
+// x + 1.
+std::string IncrementExpression() {
+  if (TestBackendName() == "cpu") return "x + 1";
+  std::string sines = "x";
+  for (int i = 0; i < 100; ++i) sines = absl::StrCat("sin(", sines, ")");
+  return absl::StrCat("x + 1 + 0 * ", sines);
+}
+
 v1::SubmitRequest Increment(const std::string& buffer, std::string_view stream = {}) {
-  return OnStream(Elementwise("x + 1", {{"x", BufferOperand(buffer)}}, ExistingOutput(buffer)), stream);
+  static const std::string kExpression = IncrementExpression();
+  return OnStream(Elementwise(kExpression, {{"x", BufferOperand(buffer)}}, ExistingOutput(buffer)), stream);
 }
 
 // Queues `count` increments of `buffer` and returns the ids.

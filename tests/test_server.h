@@ -37,6 +37,12 @@ class GrpcLibraryHold : public ::testing::Environment {
 [[maybe_unused]] inline ::testing::Environment* const kGrpcHold =
     ::testing::AddGlobalTestEnvironment(new GrpcLibraryHold);
 
+// The backend the end-to-end suites run on: GPUCOMPUTE_TEST_BACKEND, else "cpu".
+inline std::string TestBackendName() {
+  const char* name = std::getenv("GPUCOMPUTE_TEST_BACKEND");
+  return name != nullptr && *name != '\0' ? name : "cpu";
+}
+
 class TestServer {
  public:
   // Starts a server on 127.0.0.1 with a free port. Returns null (after recording a
@@ -54,8 +60,7 @@ class TestServer {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
-    const char* backend_name = std::getenv("GPUCOMPUTE_TEST_BACKEND");
-    options.backend = backend_name != nullptr && *backend_name != '\0' ? backend_name : "cpu";
+    options.backend = TestBackendName();
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;

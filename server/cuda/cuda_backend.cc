@@ -6,6 +6,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -148,18 +149,19 @@ class CudaBackend final : public Backend {
   absl::Status InjectIllegalAddress(int device);
 
  private:
+  // A callback waiting for the work before `event` on its stream.
   struct PendingCallback {
+    cudaEvent_t event;
+    int device;
     absl::AnyInvocable<void(absl::Status) &&> fn;
-  };
-  struct CallbackToken {
-    CudaBackend* backend;
-    uint64_t id;
   };
 
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
-  static void CUDART_CB OnStreamCallback(cudaStream_t stream, cudaError_t status, void* user_data);
-  void RunCompletions();
+  // The completion thread: polls the oldest pending event of each stream and runs the
+  // callbacks of those that completed, in each stream's order.
+  void PollCompletions();
+  // Fails every pending callback with `status` (the device is unusable).
   void FailPendingCallbacks(const absl::Status& status);
   absl::Status CheckDevice(int device) const;
   absl::Status CheckHealthy() const { return health(); }
@@ -171,14 +173,15 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<Device>> devices_;
   std::unique_ptr<ElementwiseKernels> elementwise_;
 
-  // Completion callbacks: CUDA's callback thread only moves a finished callback into
-  // `ready_`; this backend's own thread runs it, since a callback may enqueue CUDA work,
-  // which CUDA's callback thread must not do.
+  // Completion callbacks. Polling events from a thread of our own answers within
+  // microseconds; a CUDA host callback would hop through the driver's callback thread
+  // first, adding tens of microseconds to every operation's completion. The thread spins
+  // while callbacks are pending and sleeps on the condition variable otherwise.
   std::mutex callbacks_mu_;
   std::condition_variable callbacks_cv_;
-  uint64_t next_callback_id_ = 0;
-  absl::flat_hash_map<uint64_t, PendingCallback> pending_;
-  std::deque<std::pair<PendingCallback, absl::Status>> ready_;
+  // Per stream, oldest first: an event completes only after its stream's earlier ones.
+  absl::flat_hash_map<cudaStream_t, std::deque<PendingCallback>> pending_;
+  size_t pending_count_ = 0;
   bool stopping_ = false;
   std::thread completion_thread_;
 };
@@ -279,7 +282,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     devices_.push_back(std::move(device));
   }
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
-  completion_thread_ = std::thread([this] { RunCompletions(); });
+  completion_thread_ = std::thread([this] { PollCompletions(); });
   return absl::OkStatus();
 }
 
@@ -329,64 +332,85 @@ absl::Status CudaBackend::CheckDevice(int device) const {
 absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
                                           absl::AnyInvocable<void(absl::Status) &&> fn) {
   if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  uint64_t id;
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  cudaEvent_t event = nullptr;
+  CUDA_CHECK_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__); !s.ok()) {
+    cudaEventDestroy(event);
+    return s;
+  }
   {
     std::lock_guard lock(callbacks_mu_);
-    id = next_callback_id_++;
-    pending_.emplace(id, PendingCallback{std::move(fn)});
+    pending_[stream].push_back(PendingCallback{event, device, std::move(fn)});
+    ++pending_count_;
   }
-  auto* token = new CallbackToken{this, id};
-  absl::Status s = SetDevice(device);
-  // cudaStreamAddCallback, unlike cudaLaunchHostFunc, still calls back after a device
-  // error, with the error: the executor hears of every failure instead of waiting forever.
-  if (s.ok()) s = Check(cudaStreamAddCallback(stream, &OnStreamCallback, token, 0), "cudaStreamAddCallback", __FILE__, __LINE__);
-  if (!s.ok()) {
-    delete token;
-    std::lock_guard lock(callbacks_mu_);
-    pending_.erase(id);
-  }
-  return s;
-}
-
-void CUDART_CB CudaBackend::OnStreamCallback(cudaStream_t, cudaError_t status, void* user_data) {
-  auto* token = static_cast<CallbackToken*>(user_data);
-  CudaBackend* self = token->backend;
-  const uint64_t id = token->id;
-  delete token;
-  // No CUDA calls here: this is CUDA's own thread.
-  absl::Status result = status == cudaSuccess
-                            ? absl::OkStatus()
-                            : absl::InternalError(absl::StrCat("the stream failed: ", cudaGetErrorName(status), " (",
-                                                               cudaGetErrorString(status), ")"));
-  if (IsStickyError(status)) self->ReportFailure(result);
-  {
-    std::lock_guard lock(self->callbacks_mu_);
-    auto it = self->pending_.find(id);
-    if (it == self->pending_.end()) return;  // already failed by FailPendingCallbacks
-    self->ready_.emplace_back(std::move(it->second), std::move(result));
-    self->pending_.erase(it);
-  }
-  self->callbacks_cv_.notify_one();
+  callbacks_cv_.notify_one();
+  return absl::OkStatus();
 }
 
 void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
+  std::vector<PendingCallback> failed;
   {
     std::lock_guard lock(callbacks_mu_);
-    for (auto& [id, callback] : pending_) ready_.emplace_back(std::move(callback), status);
+    for (auto& [stream, queue] : pending_) {
+      for (PendingCallback& p : queue) failed.push_back(std::move(p));
+    }
     pending_.clear();
+    pending_count_ = 0;
   }
-  callbacks_cv_.notify_one();
+  for (PendingCallback& p : failed) {
+    cudaEventDestroy(p.event);
+    std::move(p.fn)(status);
+  }
 }
 
-void CudaBackend::RunCompletions() {
+void CudaBackend::PollCompletions() {
+  using Clock = std::chrono::steady_clock;
+  // Spin this long after the last completion before backing off to short sleeps: a
+  // chain of operations completes one after another, and each waits for the poll.
+  constexpr auto kSpin = std::chrono::microseconds(500);
+  Clock::time_point last_progress = Clock::now();
   std::unique_lock lock(callbacks_mu_);
   for (;;) {
-    callbacks_cv_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
-    if (ready_.empty()) return;
-    auto [callback, status] = std::move(ready_.front());
-    ready_.pop_front();
+    callbacks_cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
+    if (pending_count_ == 0) return;  // stopping, and nothing left to finish
+    struct Done {
+      PendingCallback callback;
+      cudaError_t error;
+    };
+    std::vector<Done> done;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      std::deque<PendingCallback>& queue = it->second;
+      while (!queue.empty()) {
+        PendingCallback& head = queue.front();
+        const cudaError_t error = cudaEventQuery(head.event);
+        if (error == cudaErrorNotReady) break;
+        done.push_back(Done{std::move(head), error});
+        queue.pop_front();
+        --pending_count_;
+      }
+      if (queue.empty()) {
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
     lock.unlock();
-    std::move(callback.fn)(std::move(status));
+    for (Done& d : done) {
+      cudaEventDestroy(d.callback.event);
+      // A sticky error also marks the backend failed.
+      absl::Status status = d.error == cudaSuccess
+                                ? absl::OkStatus()
+                                : Check(d.error, "work enqueued on the stream", __FILE__, __LINE__);
+      std::move(d.callback.fn)(std::move(status));
+    }
+    if (!done.empty()) {
+      last_progress = Clock::now();
+    } else if (Clock::now() - last_progress < kSpin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
     lock.lock();
   }
 }
@@ -457,7 +481,11 @@ absl::StatusOr<PoolUsage> CudaBackend::TrimMemoryPool(int device, uint64_t keep_
   Device& d = *devices_[device];
   // Frees still pending in the allocation stream's order would not be released.
   CUDA_CHECK_RETURN(cudaStreamSynchronize(d.alloc_stream));
-  CUDA_CHECK_RETURN(cudaMemPoolTrimTo(d.pool, keep_bytes));
+  // Nothing to do when the pool holds no more than keep_bytes; the driver would round a
+  // huge keep_bytes up to its granularity, overflow, and trim everything.
+  if (keep_bytes < MemoryPoolUsage(device).reserved_bytes) {
+    CUDA_CHECK_RETURN(cudaMemPoolTrimTo(d.pool, keep_bytes));
+  }
   return MemoryPoolUsage(device);
 }
 
@@ -629,8 +657,11 @@ absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype
   if (absl::Status s = CheckHealthy(); !s.ok()) return s;
   if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
   const Device& d = *devices_[stream.device()];
+  // f_order_rows only changes what argmin and argmax report (see kernels/ops.h).
+  const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   ReduceShape plain = shape;
-  if (shape.f_order_rows > 0) {
+  plain.f_order_rows = 0;
+  if (arg && shape.f_order_rows > 0) {
     CUDA_CHECK_RETURN(ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(), shape.f_order_rows,
                                               shape.extent / shape.f_order_rows, out.data(), d.pool,
                                               AsCuda(stream).get()));
