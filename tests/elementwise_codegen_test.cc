@@ -322,7 +322,9 @@ TEST(CodegenSourceTest, AxpyShape) {
   EXPECT_NE(src.find("const float* in0, const float* in1, float* out, gc::i64 n, float p0"),
             std::string::npos)
       << src;
-  EXPECT_NE(src.find("(p0 * x0)"), std::string::npos) << src;
+  // Explicitly rounded, so that --fmad=true never fuses the product into the sum.
+  EXPECT_NE(src.find("__fmul_rn(p0, x0)"), std::string::npos) << src;
+  EXPECT_NE(src.find("__fadd_rn(v0, x1)"), std::string::npos) << src;
   EXPECT_EQ(src.find("__restrict__"), std::string::npos);  // out may alias an input
   EXPECT_EQ(src.find("fma"), std::string::npos);
 }
@@ -340,6 +342,14 @@ TEST(CodegenSourceTest, PackWidthFollowsTheNarrowestArray) {
     const ElementwiseSource g = GenerateElementwise(MustCompile("d + e"), DType::kFloat64);
     EXPECT_EQ(g.signature.elements_per_pack, 2);
     EXPECT_EQ(g.signature.packs_per_thread, 2);
+  }
+  {
+    // Math-library calls make it compute-bound: one pack, and fewer registers.
+    const ElementwiseSource g = GenerateElementwise(
+        MustCompile("sqrt(abs(exp(-sin(f*f)) / (sqrt(abs(f))*tanh(f))))"), DType::kFloat32);
+    EXPECT_EQ(g.signature.elements_per_pack, 4);
+    EXPECT_EQ(g.signature.packs_per_thread, 1);
+    EXPECT_NE(g.source.find("kPacks = 1;"), std::string::npos) << g.source;
   }
   {
     // No arrays at all: the output alone sets the width.
@@ -453,10 +463,29 @@ TEST(Sha256Test, KnownVectors) {
             "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
 }
 
-TEST(NvrtcCompilerTest, OptionsAreIeeeWithoutContraction) {
+// NVRTC's defaults (IEEE division and square root, --fmad=true): no fast-math flag, and no
+// --fmad=false either, which would slow the math library down (the generated arithmetic
+// is kept uncontracted by its rounded intrinsics instead).
+TEST(NvrtcCompilerTest, OptionsAreTheIeeeDefaults) {
   const std::vector<std::string> options = NvrtcCompiler::Options(90);
-  EXPECT_EQ(options,
-            (std::vector<std::string>{"--gpu-architecture=sm_90", "-std=c++17", "--fmad=false"}));
+  EXPECT_EQ(options, (std::vector<std::string>{"--gpu-architecture=sm_90", "-std=c++17"}));
+}
+
+// Every float operator of the expression's own arithmetic is a rounded intrinsic, in
+// both precisions; no plain + - * / between float values is left for contraction.
+TEST(CodegenSourceTest, FloatArithmeticIsExplicitlyRounded) {
+  const Program program = MustCompile("sqrt(f * g + f / g - f) + sqrt(d * e + d / e - d)");
+  const std::string generated = GenerateElementwise(program, DType::kFloat64).source;
+  const std::string element = generated.substr(generated.find("Element("));
+  const std::string body = element.substr(0, element.find("\n}"));
+  for (std::string_view expected : {"__fmul_rn(", "__fdiv_rn(", "__fadd_rn(", "__fsub_rn(",
+                                    "__fsqrt_rn(", "__dmul_rn(", "__ddiv_rn(", "__dadd_rn(",
+                                    "__dsub_rn(", "__dsqrt_rn("}) {
+    EXPECT_NE(body.find(expected), std::string::npos) << expected << "\n" << body;
+  }
+  for (std::string_view plain : {" + ", " - ", " * ", " / "}) {
+    EXPECT_EQ(body.find(plain), std::string::npos) << "'" << plain << "'\n" << body;
+  }
 }
 
 TEST(NvrtcCompilerTest, UnsupportedArchitectureIsFailedPrecondition) {
@@ -472,7 +501,7 @@ TEST(NvrtcCompilerTest, CompileErrorIsInternalWithTheLog) {
       compiler.Compile("extern \"C\" __global__ void k() { undeclared_name = 1; }", kArch);
   ASSERT_EQ(cubin.status().code(), absl::StatusCode::kInternal) << cubin.status();
   EXPECT_NE(cubin.status().message().find("undeclared_name"), std::string::npos) << cubin.status();
-  EXPECT_NE(cubin.status().message().find("--fmad=false"), std::string::npos);
+  EXPECT_NE(cubin.status().message().find("-std=c++17"), std::string::npos);  // the options
 }
 
 TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {

@@ -197,8 +197,8 @@ const char* FloatFunction(OpKind op, bool single) {
       return single ? "log1pf" : "log1p";
     case OpKind::kExpm1:
       return single ? "expm1f" : "expm1";
-    case OpKind::kSqrt:
-      return single ? "sqrtf" : "sqrt";
+    case OpKind::kSqrt:  // IEEE, correctly rounded: never an approximation
+      return single ? "__fsqrt_rn" : "__dsqrt_rn";
     case OpKind::kTanh:
       return single ? "tanhf" : "tanh";
     case OpKind::kSinh:
@@ -243,6 +243,11 @@ const char* ComparisonOperator(OpKind op) {
   }
 }
 
+// `function(a, b)`, for an explicitly rounded float intrinsic.
+std::string Rounded(const char* function, const std::string& a, const std::string& b) {
+  return absl::StrCat(function, a, ", ", b, ")");
+}
+
 // The right-hand side computing `node` from its operands' names.
 std::string Operation(const Node& node, const std::vector<Node>& nodes,
                       const std::vector<std::string>& names) {
@@ -275,17 +280,20 @@ std::string Operation(const Node& node, const std::vector<Node>& nodes,
     case OpKind::kFloor:
     case OpKind::kCeil:
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ")");
+    // Float + - * / as explicitly rounded intrinsics: the compiler never contracts them
+    // into a fused multiply-add (which --fmad=true, kept for the math library's sake,
+    // would do to plain operators), so a*x + y rounds twice, as on the CPU.
     case OpKind::kAdd:
-      if (is_float) return absl::StrCat("(", arg(0), " + ", arg(1), ")");
+      if (is_float) return Rounded(single ? "__fadd_rn(" : "__dadd_rn(", arg(0), arg(1));
       return absl::StrCat("gc::Add(", arg(0), ", ", arg(1), ")");
     case OpKind::kSub:
-      if (is_float) return absl::StrCat("(", arg(0), " - ", arg(1), ")");
+      if (is_float) return Rounded(single ? "__fsub_rn(" : "__dsub_rn(", arg(0), arg(1));
       return absl::StrCat("gc::Sub(", arg(0), ", ", arg(1), ")");
     case OpKind::kMul:
-      if (is_float) return absl::StrCat("(", arg(0), " * ", arg(1), ")");
+      if (is_float) return Rounded(single ? "__fmul_rn(" : "__dmul_rn(", arg(0), arg(1));
       return absl::StrCat("gc::Mul(", arg(0), ", ", arg(1), ")");
-    case OpKind::kDiv:  // IEEE division: NVRTC's default -prec-div=true, never overridden
-      return absl::StrCat("(", arg(0), " / ", arg(1), ")");
+    case OpKind::kDiv:  // float only (ops::Div); IEEE whatever -prec-div says
+      return Rounded(single ? "__fdiv_rn(" : "__ddiv_rn(", arg(0), arg(1));
     case OpKind::kPow:
       if (!is_float) return absl::StrCat("gc::Pow(", arg(0), ", ", arg(1), ")");
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ", ", arg(1), ")");
@@ -337,6 +345,31 @@ std::vector<int32_t> PostOrder(const expr::Ir& ir) {
   return order;
 }
 
+// Whether `op` is computed by a CUDA math-library routine of tens of instructions or more
+// (a loop, for integer pow), rather than a few instructions.
+bool CallsMathLibrary(OpKind op) {
+  switch (op) {
+    case OpKind::kSin:
+    case OpKind::kCos:
+    case OpKind::kTan:
+    case OpKind::kExp:
+    case OpKind::kLog:
+    case OpKind::kLog1p:
+    case OpKind::kExpm1:
+    case OpKind::kTanh:
+    case OpKind::kSinh:
+    case OpKind::kCosh:
+    case OpKind::kAsin:
+    case OpKind::kAcos:
+    case OpKind::kAtan:
+    case OpKind::kPow:
+    case OpKind::kAtan2:
+      return true;
+    default:
+      return false;
+  }
+}
+
 int64_t AlignUp(int64_t x, int64_t alignment) {
   return (x + alignment - 1) / alignment * alignment;
 }
@@ -378,14 +411,24 @@ ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dt
   auto words = [&](DType t) { return static_cast<int>(v * DTypeSize(t) / 16); };
   // Two packs in flight per thread give each thread more independent loads (latency
   // hiding when registers limit occupancy), but wide mixes (float64 arrays with a bool
-  // output: 128 bytes per array per pack) would only add register pressure.
+  // output: 128 bytes per array per pack) would only add register pressure. So would
+  // math-library calls, which make an expression compute-bound: a pack already holds
+  // enough independent work, and the second pack's registers cost occupancy (the
+  // reference expression in float32: 40 registers with two packs, 30 with one).
   int64_t load_bytes = 0;
   for (DType t : sig.array_dtypes) load_bytes += int64_t{v} * static_cast<int64_t>(DTypeSize(t));
-  sig.packs_per_thread =
-      load_bytes == 0
-          ? kElementwisePacksPerThread
-          : static_cast<int>(std::clamp<int64_t>(kElementwiseMaxLoadBytesPerIteration / load_bytes,
-                                                 1, kElementwisePacksPerThread));
+  const std::vector<int32_t> order = PostOrder(ir);
+  const bool calls_math_library = std::any_of(order.begin(), order.end(), [&](int32_t i) {
+    return CallsMathLibrary(ir.nodes[i].op);
+  });
+  if (calls_math_library) {
+    sig.packs_per_thread = 1;
+  } else if (load_bytes == 0) {
+    sig.packs_per_thread = kElementwisePacksPerThread;
+  } else {
+    sig.packs_per_thread = static_cast<int>(std::clamp<int64_t>(
+        kElementwiseMaxLoadBytesPerIteration / load_bytes, 1, kElementwisePacksPerThread));
+  }
   sig.threads_per_block = kElementwiseThreadsPerBlock;
 
   int64_t arg_bytes = 8 * (num_arrays + 2);  // pointers, out, n
@@ -423,7 +466,7 @@ ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dt
   }
   std::vector<std::string> names(ir.nodes.size());
   int next_value = 0;
-  for (int32_t i : PostOrder(ir)) {
+  for (int32_t i : order) {
     const Node& node = ir.nodes[i];
     if (node.op == OpKind::kInput) {
       names[i] = array_name(node.input);

@@ -17,9 +17,12 @@
 //
 // Per-element semantics are those of server/expression/scalar_ops.h for every op and
 // dtype, including the final conversion to `out_dtype` (ops::Convert). Float functions
-// run in the operand's precision (sinf for float32, sin for float64). The source must be
-// compiled without fast-math flags and with --fmad=false (NvrtcCompiler does), so that
-// a*x + y rounds twice, as on the CPU.
+// run in the operand's precision (sinf for float32, sin for float64). Float + - * / and
+// sqrt are emitted as the explicitly rounded intrinsics (__fadd_rn, __dmul_rn, __fsqrt_rn,
+// ...), which the compiler never contracts into fused multiply-adds: a*x + y rounds twice,
+// as on the CPU, even though the source is compiled with NVRTC's default --fmad=true (so
+// that the math library's own code gets its FMAs, as it does under nvcc). It must be
+// compiled without fast-math flags (NvrtcCompiler::Options).
 #ifndef GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 #define GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 
@@ -34,7 +37,8 @@ namespace gpucompute::cuda {
 
 // Tuning constants of the generated kernels (see elementwise_codegen.cc for why).
 inline constexpr int kElementwiseThreadsPerBlock = 256;
-// Packs of 16 bytes (of the narrowest array) per thread per grid-stride iteration, at most.
+// Packs of 16 bytes (of the narrowest array) per thread per grid-stride iteration, at most;
+// one for expressions that call math-library functions (sin, exp, pow, ...).
 inline constexpr int kElementwisePacksPerThread = 2;
 // Fewer packs per iteration when one pack already loads this many bytes or more.
 inline constexpr int kElementwiseMaxLoadBytesPerIteration = 128;

@@ -38,9 +38,8 @@ absl::Status CudaError(cudaError_t error, const char* call, const char* file, in
     }                                                              \
   } while (false)
 
-// Resident blocks per SM the grid is sized for: 8 blocks of 256 threads fill an SM's 2048
-// thread slots on sm_80/sm_90, the most latency hiding a memory-bound kernel can get.
-// More blocks than that would only loop less; the grid-stride loop covers any n.
+// Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
+// SM's 2048 thread slots on sm_80/sm_90.
 constexpr int64_t kBlocksPerSm = 8;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -84,6 +83,21 @@ uint64_t ParameterBits(DType dtype, const expr::ConstantValue& v) {
   return bits;
 }
 
+// How many blocks of `threads` fit on one SM at once (registers and shared memory
+// decide). The grid is sized to exactly fill the GPU once: with more blocks than fit, a
+// grid-stride loop hands the last round of blocks a full share of work on a partly idle
+// GPU. kBlocksPerSm when the runtime cannot tell.
+int ResidentBlocksPerSm(cudaKernel_t kernel, int threads) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel), threads, 0) !=
+          cudaSuccess ||
+      blocks <= 0) {
+    cudaGetLastError();
+    return static_cast<int>(kBlocksPerSm);
+  }
+  return blocks;
+}
+
 absl::Status LaunchKernel(const CompiledElementwise& kernel, std::vector<const void*>& arrays,
                           void* out, int64_t n, std::vector<uint64_t>& parameters, int sm_count,
                           cudaStream_t stream) {
@@ -94,8 +108,9 @@ absl::Status LaunchKernel(const CompiledElementwise& kernel, std::vector<const v
       aligned ? int64_t{sig.elements_per_pack} * sig.packs_per_thread : int64_t{1};
   const int64_t threads = sig.threads_per_block;
   const int64_t work = (n + per_thread - 1) / per_thread;  // thread-iterations needed
+  const int64_t blocks_per_sm = aligned ? kernel.vector_blocks_per_sm : kernel.scalar_blocks_per_sm;
   const int64_t blocks = std::max<int64_t>(
-      1, std::min((work + threads - 1) / threads, int64_t{sm_count} * kBlocksPerSm));
+      1, std::min((work + threads - 1) / threads, int64_t{sm_count} * blocks_per_sm));
 
   std::vector<void*> args;
   args.reserve(arrays.size() + 2 + parameters.size());
@@ -185,6 +200,8 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
           &kernel->vector_kernel, kernel->library, generated.vector_kernel.c_str()));
       GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
           &kernel->scalar_kernel, kernel->library, generated.scalar_kernel.c_str()));
+      kernel->vector_blocks_per_sm = ResidentBlocksPerSm(kernel->vector_kernel, kernel->signature.threads_per_block);
+      kernel->scalar_blocks_per_sm = ResidentBlocksPerSm(kernel->scalar_kernel, kernel->signature.threads_per_block);
       return absl::OkStatus();
     }();
     if (!found.ok()) {

@@ -39,6 +39,9 @@ struct CompiledElementwise {
   cudaLibrary_t library = nullptr;
   cudaKernel_t vector_kernel = nullptr;  // every array 16-byte aligned
   cudaKernel_t scalar_kernel = nullptr;  // any alignment
+  // Blocks of signature.threads_per_block resident per SM, which sizes the grid.
+  int vector_blocks_per_sm = 8;
+  int scalar_blocks_per_sm = 8;
 };
 
 class ElementwiseKernels {

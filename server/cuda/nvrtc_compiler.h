@@ -40,8 +40,9 @@ class NvrtcCompiler {
   absl::StatusOr<std::string> Compile(std::string_view source, int arch,
                                       bool* from_cache = nullptr);
 
-  // The NVRTC options used for `arch`: -std=c++17, the default optimisation and IEEE
-  // float behaviour, and --fmad=false (see nvrtc_compiler.cc).
+  // The NVRTC options used for `arch`: -std=c++17 and otherwise NVRTC's defaults (full
+  // optimisation, IEEE division and square root, denormals, --fmad=true; see
+  // nvrtc_compiler.cc).
   static std::vector<std::string> Options(int arch);
 
   // How many times this instance ran NVRTC (disk hits excluded).
