@@ -167,8 +167,8 @@ TEST_F(CudaVsCpu, ElementwiseAgrees) {
       {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) * y", DType::kFloat32, DType::kFloat32, 8},
       {"log1p(abs(x)) * expm1(y / 8) * atan2(y, x)", DType::kFloat64, DType::kFloat64, 8},
       {"log1p(abs(x)) * expm1(y / 8) * atan2(y, x)", DType::kFloat32, DType::kFloat32, 8},
-      {"cos(x) * tan(y / 4) * exp(x)", DType::kFloat64, DType::kFloat32, 8},
-      {"asin(x / 5) * acos(y / 5) * atan(x)", DType::kFloat32, DType::kFloat64, 8},
+      {"cos(x) * tan(y / 4) * exp(x)", DType::kFloat64, DType::kFloat64, 8},
+      {"asin(x / 5) * acos(y / 5) * atan(x)", DType::kFloat32, DType::kFloat32, 8},
       {"sinh(y / 2) * cosh(x / 2) * log(abs(y) + 1)", DType::kFloat32, DType::kFloat32, 8},
   };
   constexpr size_t n = 100003;  // not a multiple of any vector width

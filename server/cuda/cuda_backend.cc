@@ -372,8 +372,13 @@ void CudaBackend::PollCompletions() {
   Clock::time_point last_progress = Clock::now();
   std::unique_lock lock(callbacks_mu_);
   for (;;) {
-    callbacks_cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
-    if (pending_count_ == 0) return;  // stopping, and nothing left to finish
+    if (pending_count_ == 0) {
+      callbacks_cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
+      if (pending_count_ == 0) return;  // stopping, and nothing left to finish
+      // New work: spin for it rather than sleep, since a sleep overshoots by tens of
+      // microseconds, which a short operation's caller would wait on.
+      last_progress = Clock::now();
+    }
     struct Done {
       PendingCallback callback;
       cudaError_t error;

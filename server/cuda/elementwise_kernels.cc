@@ -41,6 +41,7 @@ absl::Status CudaError(cudaError_t error, const char* call, const char* file, in
 // Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
 // SM's 2048 thread slots on sm_80/sm_90.
 constexpr int64_t kBlocksPerSm = 8;
+constexpr int64_t kWaves = 4;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -84,9 +85,10 @@ uint64_t ParameterBits(DType dtype, const expr::ConstantValue& v) {
 }
 
 // How many blocks of `threads` fit on one SM at once (registers and shared memory
-// decide). The grid is sized to exactly fill the GPU once: with more blocks than fit, a
-// grid-stride loop hands the last round of blocks a full share of work on a partly idle
-// GPU. kBlocksPerSm when the runtime cannot tell.
+// decide); kBlocksPerSm when the runtime cannot tell. The grid is kWaves times that:
+// blocks that finish early take the next from the hardware's queue, which evens out SMs
+// that run slower (math-bound expressions diverge in their slow paths), as the
+// hand-written kernels in kernels/ do with their grids.
 int ResidentBlocksPerSm(cudaKernel_t kernel, int threads) {
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel), threads, 0) !=
@@ -110,7 +112,7 @@ absl::Status LaunchKernel(const CompiledElementwise& kernel, std::vector<const v
   const int64_t work = (n + per_thread - 1) / per_thread;  // thread-iterations needed
   const int64_t blocks_per_sm = aligned ? kernel.vector_blocks_per_sm : kernel.scalar_blocks_per_sm;
   const int64_t blocks = std::max<int64_t>(
-      1, std::min((work + threads - 1) / threads, int64_t{sm_count} * blocks_per_sm));
+      1, std::min((work + threads - 1) / threads, int64_t{sm_count} * blocks_per_sm * kWaves));
 
   std::vector<void*> args;
   args.reserve(arrays.size() + 2 + parameters.size());

@@ -136,8 +136,11 @@ __global__ void __launch_bounds__(kBlockThreads)
     int64_t v = t;
     // Four independent 16-byte loads in flight per thread before any is combined (64
     // bytes; with 8 resident blocks, 128 KB per SM), which float32 needs to reach the
-    // copy's bandwidth. They are combined in vector order, the same order as one at a
-    // time, so the unrolling does not change results.
+    // copy's bandwidth. Each load has an accumulator of its own, so that the combines
+    // form four independent dependency chains instead of one 4 * kVec long: one chain of
+    // dependent float64 adds per element would bound the loop by the adder's latency.
+    // The four merge in a fixed tree at the end, so the order is still fixed.
+    Acc lane_acc[4] = {acc, Op::Identity(), Op::Identity(), Op::Identity()};
     for (; v + 3 * kBlockThreads < vectors; v += 4 * kBlockThreads) {
       Vector x[4];
 #pragma unroll
@@ -146,9 +149,10 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int u = 0; u < 4; ++u) {
         const int64_t row = row0 + (v + u * kBlockThreads) * kVec;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) acc = Op::Combine(acc, Op::Convert(x[u].e[j], row + j));
+        for (int j = 0; j < kVec; ++j) lane_acc[u] = Op::Combine(lane_acc[u], Op::Convert(x[u].e[j], row + j));
       }
     }
+    acc = Op::Combine(Op::Combine(lane_acc[0], lane_acc[1]), Op::Combine(lane_acc[2], lane_acc[3]));
     for (; v < vectors; v += kBlockThreads) {
       Vector a;
       a.bits = vp[v];
