@@ -454,16 +454,6 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
       "x + y", "x + y", {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
       /*report_flops=*/false));
   rows.back().min_vs_copy = 0.95;
-  BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
-                                    /*report_flops=*/true));
-#if defined(GPUCOMPUTE_HAVE_CUDA)
-  if (backend.name() == "cuda") {
-    rows.back().vs_hand_written = true;
-    BENCH_ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
-    rows.push_back({"expr nvcc -O3", dtype, n_text, s, 2.0 * bytes, rows.back().flops});
-  }
-#endif
-
   for (const auto& [kind, op] :
        {std::pair{ReduceKind::kSum, "reduce sum"}, std::pair{ReduceKind::kMax, "reduce max"},
         std::pair{ReduceKind::kNorm2, "reduce norm2"}}) {
@@ -474,6 +464,16 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     rows.push_back({op, dtype, n_text, s,
                     static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype))), 0, 0.95});
   }
+
+  BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
+                                    /*report_flops=*/true));
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+  if (backend.name() == "cuda") {
+    rows.back().vs_hand_written = true;
+    BENCH_ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
+    rows.push_back({"expr nvcc -O3", dtype, n_text, s, 2.0 * bytes, rows.back().flops});
+  }
+#endif
 
   // Gemv's matrix is allocated per size after the arrays above are no longer needed.
   x = DeviceMemory();

@@ -104,6 +104,8 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
   // Answers with `op` once it is done or `timeout_seconds` passes.
   grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op, double timeout_seconds,
                                           v1::Operation* response);
+  // Whether a small `op` finishes within a brief spin on this thread (see the .cc).
+  bool AwaitBriefly(const std::shared_ptr<Operation>& op);
 
   ServiceContext& ctx_;
 };
