@@ -158,6 +158,7 @@ class CudaBackend final : public Backend {
 
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
+  absl::Status WarmUp(int device);
   // The completion thread: polls the oldest pending event of each stream and runs the
   // callbacks of those that completed, in each stream's order.
   void PollCompletions();
@@ -283,6 +284,44 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   }
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
   completion_thread_ = std::thread([this] { PollCompletions(); });
+  for (const auto& device : devices_) {
+    if (absl::Status s = WarmUp(device->index); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WarmUp(int device) {
+  // The CUDA runtime loads each kernel on its first launch, and cuBLAS sets up on its first
+  // call: tens of milliseconds that would land on a client's first gemv or reduction (and
+  // in its device time). Paying them here keeps them off every request.
+  absl::StatusOr<std::unique_ptr<Stream>> stream = CreateStream(device);
+  if (!stream.ok()) return stream.status();
+  constexpr int64_t kN = 128;  // 16384-element reductions take the chunked path large ones do
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    absl::StatusOr<DeviceMemory> a = Allocate(device, kN * kN * DTypeSize(dtype));
+    absl::StatusOr<DeviceMemory> v = Allocate(device, kN * DTypeSize(dtype));
+    absl::StatusOr<DeviceMemory> w = Allocate(device, kN * DTypeSize(dtype));
+    if (!a.ok()) return a.status();
+    if (!v.ok()) return v.status();
+    if (!w.ok()) return w.status();
+    for (Distribution distribution : {Distribution::kUniform, Distribution::kNormal}) {
+      RandomParams params;
+      params.distribution = distribution;
+      if (absl::Status s = Random(**stream, params, dtype, *a, kN * kN); !s.ok()) return s;
+    }
+    if (absl::Status s = Fill(**stream, *v, dtype, 0, kN); !s.ok()) return s;
+    for (bool col_major : {false, true}) {
+      for (bool transpose : {false, true}) {
+        const GemvShape shape{kN, kN, col_major, transpose};
+        if (absl::Status s = Gemv(**stream, dtype, shape, 1.0, *a, *v, 0.0, *w); !s.ok()) return s;
+      }
+    }
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kNorm2,
+                            ReduceKind::kMean}) {
+      if (absl::Status s = Reduce(**stream, kind, dtype, *a, ReduceShape{1, kN * kN, 1}, *w); !s.ok()) return s;
+    }
+    CUDA_CHECK_RETURN(cudaStreamSynchronize(AsCuda(**stream).get()));
+  }
   return absl::OkStatus();
 }
 
@@ -369,6 +408,7 @@ void CudaBackend::PollCompletions() {
   // Spin this long after the last completion before backing off to short sleeps: a
   // chain of operations completes one after another, and each waits for the poll.
   constexpr auto kSpin = std::chrono::microseconds(500);
+  constexpr auto kSweepInterval = std::chrono::microseconds(4);
   Clock::time_point last_progress = Clock::now();
   std::unique_lock lock(callbacks_mu_);
   for (;;) {
@@ -412,7 +452,10 @@ void CudaBackend::PollCompletions() {
     if (!done.empty()) {
       last_progress = Clock::now();
     } else if (Clock::now() - last_progress < kSpin) {
-      std::this_thread::yield();
+      // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's
+      // lock, and back-to-back queries would hold up the threads launching work.
+      const Clock::time_point until = Clock::now() + kSweepInterval;
+      while (Clock::now() < until) std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
