@@ -31,18 +31,47 @@ constexpr uint64_t kLargeBlockBytes = 8 << 20;
 constexpr uint64_t kSmallBlockBytes = 64 << 10;
 constexpr size_t kSmallBlocks = 64;
 
+// Reuses CUDA events: every operation records three (start, end, completion), and
+// creating and destroying each would cost driver calls on the submission path. Handing a
+// pending event back is safe: a later record replaces what queries see, and a stream that
+// waits on it waits for the record made before its wait call.
+class EventPool {
+ public:
+  explicit EventPool(unsigned flags) : flags_(flags) {}
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaError_t Acquire(cudaEvent_t* event) {
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        *event = free_.back();
+        free_.pop_back();
+        return cudaSuccess;
+      }
+    }
+    return cudaEventCreateWithFlags(event, flags_);
+  }
+  void Release(cudaEvent_t event) {
+    std::lock_guard lock(mu_);
+    free_.push_back(event);
+  }
+
+ private:
+  const unsigned flags_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 class CudaEvent final : public Event {
  public:
-  CudaEvent(cudaEvent_t event, int device) : event_(event), device_(device) {}
-  ~CudaEvent() override {
-    // Safe while the event is pending: the runtime releases it once it completes.
-    cudaEventDestroy(event_);
-  }
+  CudaEvent(cudaEvent_t event, int device, EventPool& pool) : event_(event), device_(device), pool_(pool) {}
+  ~CudaEvent() override { pool_.Release(event_); }
   bool IsComplete() const override {
     const cudaError_t error = cudaEventQuery(event_);
     if (error == cudaErrorNotReady) return false;
     // A failed event counts as complete, so that nothing waits forever on a broken
-    // device; the failure itself reaches the backend through the stream callbacks.
+    // device; the failure itself reaches the backend through the completion callbacks.
     if (error != cudaSuccess && !IsStickyError(error)) cudaGetLastError();
     return true;
   }
@@ -52,6 +81,7 @@ class CudaEvent final : public Event {
  private:
   cudaEvent_t event_;
   int device_;
+  EventPool& pool_;
 };
 
 class CudaBackend;
@@ -99,6 +129,8 @@ struct Device {
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<PinnedStaging> large_staging;
   std::unique_ptr<PinnedStaging> small_staging;
+  EventPool timing_events{cudaEventDefault};
+  EventPool sync_events{cudaEventDisableTiming};
 };
 
 class CudaBackend final : public Backend {
@@ -144,6 +176,7 @@ class CudaBackend final : public Backend {
   // Runs `fn` on the completion thread once the work enqueued on `stream` is done.
   absl::Status EnqueueCallback(cudaStream_t stream, int device,
                                absl::AnyInvocable<void(absl::Status) &&> fn);
+  EventPool& TimingEvents(int device) { return devices_[device]->timing_events; }
   absl::Status SetDevice(int device) { return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__); }
   // Raises a sticky error on `device` and waits for it to surface (tests only).
   absl::Status InjectIllegalAddress(int device);
@@ -209,10 +242,10 @@ absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
   if (absl::Status s = backend_.SetDevice(device_); !s.ok()) return s;
   cudaEvent_t event = nullptr;
   // Timing stays enabled: the executor times every operation between two of these.
-  absl::Status s = backend_.Check(cudaEventCreateWithFlags(&event, cudaEventDefault),
-                                  "cudaEventCreateWithFlags", __FILE__, __LINE__);
+  EventPool& pool = backend_.TimingEvents(device_);
+  absl::Status s = backend_.Check(pool.Acquire(&event), "cudaEventCreateWithFlags", __FILE__, __LINE__);
   if (!s.ok()) return s;
-  auto wrapped = std::make_shared<CudaEvent>(event, device_);
+  auto wrapped = std::make_shared<CudaEvent>(event, device_, pool);
   s = backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__);
   if (!s.ok()) return s;
   return wrapped;
@@ -373,9 +406,10 @@ absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
   if (absl::Status s = CheckHealthy(); !s.ok()) return s;
   if (absl::Status s = SetDevice(device); !s.ok()) return s;
   cudaEvent_t event = nullptr;
-  CUDA_CHECK_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  EventPool& pool = devices_[device]->sync_events;
+  CUDA_CHECK_RETURN(pool.Acquire(&event));
   if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__); !s.ok()) {
-    cudaEventDestroy(event);
+    pool.Release(event);
     return s;
   }
   {
@@ -398,7 +432,7 @@ void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
     pending_count_ = 0;
   }
   for (PendingCallback& p : failed) {
-    cudaEventDestroy(p.event);
+    devices_[p.device]->sync_events.Release(p.event);
     std::move(p.fn)(status);
   }
 }
@@ -442,7 +476,7 @@ void CudaBackend::PollCompletions() {
     }
     lock.unlock();
     for (Done& d : done) {
-      cudaEventDestroy(d.callback.event);
+      devices_[d.callback.device]->sync_events.Release(d.callback.event);
       // A sticky error also marks the backend failed.
       absl::Status status = d.error == cudaSuccess
                                 ? absl::OkStatus()
