@@ -382,18 +382,17 @@ struct KernelRow {
     }                                                                                         \
   } while (false)
 
-// The median device seconds of `repeat` runs of the hand-written nvcc -O3 kernel of the
-// reference expression, timed with CUDA events on a stream of its own after a warm-up.
-absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, void* out, int64_t n,
-                                                    int repeat) {
+// The median device seconds of `repeat` runs of `enqueue` on a stream of its own, after a
+// warm-up, timed with CUDA events: for work that goes around the Backend API.
+absl::StatusOr<double> MedianCudaSeconds(int repeat, const std::function<cudaError_t(cudaStream_t)>& enqueue) {
   cudaStream_t stream = nullptr;
   BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> events(2 * repeat);
   for (cudaEvent_t& e : events) BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  BENCH_CUDA_RETURN_IF_ERROR(cuda::ReferenceExpressionAsync(dtype, x, out, n, stream));
+  BENCH_CUDA_RETURN_IF_ERROR(enqueue(stream));
   for (int r = 0; r < repeat; ++r) {
     BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r], stream));
-    BENCH_CUDA_RETURN_IF_ERROR(cuda::ReferenceExpressionAsync(dtype, x, out, n, stream));
+    BENCH_CUDA_RETURN_IF_ERROR(enqueue(stream));
     BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r + 1], stream));
   }
   BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -406,6 +405,13 @@ absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, 
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
   return Median(std::move(seconds));
+}
+
+// The hand-written nvcc -O3 kernel of the reference expression.
+absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, void* out, int64_t n,
+                                                    int repeat) {
+  return MedianCudaSeconds(
+      repeat, [&](cudaStream_t stream) { return cuda::ReferenceExpressionAsync(dtype, x, out, n, stream); });
 }
 #endif
 
@@ -581,35 +587,19 @@ struct CopyCeilings {
 
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 // The link's ceiling: cudaMemcpyAsync of `bytes` from page-locked host memory to the
-// device, median of `repeat` after a warm-up, timed with CUDA events.
+// device.
 absl::StatusOr<double> PinnedHostToDeviceSeconds(uint64_t bytes, int repeat) {
   void* host = nullptr;
   void* device = nullptr;
-  cudaStream_t stream = nullptr;
   BENCH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
   std::memset(host, 1, bytes);
   BENCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&device, bytes));
-  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaEvent_t> events(2 * repeat);
-  for (cudaEvent_t& e : events) BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  BENCH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
-  for (int r = 0; r < repeat; ++r) {
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r], stream));
-    BENCH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r + 1], stream));
-  }
-  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  std::vector<double> seconds;
-  for (int r = 0; r < repeat; ++r) {
-    float ms = 0;
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
-    seconds.push_back(ms / 1e3);
-  }
-  for (cudaEvent_t e : events) cudaEventDestroy(e);
-  cudaStreamDestroy(stream);
+  absl::StatusOr<double> seconds = MedianCudaSeconds(repeat, [&](cudaStream_t stream) {
+    return cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
+  });
   cudaFree(device);
   cudaFreeHost(host);
-  return Median(std::move(seconds));
+  return seconds;
 }
 #endif
 

@@ -199,9 +199,8 @@ class CudaBackend final : public Backend {
   void FailPendingCallbacks(const absl::Status& status);
   absl::Status CheckDevice(int device) const;
   absl::Status CheckHealthy() const { return health(); }
-  // Copies between host and device through staging blocks, `piece` bytes at a time.
-  absl::Status StagedCopyToDevice(CudaStream& stream, const char* src, char* dst, uint64_t bytes);
-  absl::Status StagedCopyToHost(CudaStream& stream, const char* src, char* dst, uint64_t bytes);
+  // Copies between host and device through staging blocks, one block at a time.
+  absl::Status StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes, bool to_device);
 
   std::vector<DeviceDescription> descriptions_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -583,94 +582,79 @@ absl::Status CudaBackend::StopProfiler() {
 
 // ---- transfers
 
-absl::Status CudaBackend::StagedCopyToDevice(CudaStream& stream, const char* src, char* dst, uint64_t bytes) {
-  Device& d = *devices_[stream.device()];
-  PinnedStaging& staging = bytes <= kSmallBlockBytes ? *d.small_staging : *d.large_staging;
+namespace {
+
+// Splits a transfer of `bytes` into pieces of at most one staging block and calls
+// fn(block, offset, piece) for each, with a block acquired for it; fn enqueues the piece
+// and arranges for the block's release.
+template <typename Fn>
+absl::Status ForEachStagedPiece(PinnedStaging& staging, uint64_t bytes, Fn&& fn) {
   for (uint64_t done = 0; done < bytes;) {
     const uint64_t piece = std::min(bytes - done, staging.block_bytes());
     absl::StatusOr<void*> block = staging.Acquire();
     if (!block.ok()) return block.status();
-    std::memcpy(*block, src + done, piece);
-    absl::Status s = Check(cudaMemcpyAsync(dst + done, *block, piece, cudaMemcpyHostToDevice, stream.get()),
-                           "cudaMemcpyAsync", __FILE__, __LINE__);
-    if (s.ok()) {
-      struct Return {
-        PinnedStaging* staging;
-        void* block;
-      };
-      auto* ret = new Return{&staging, *block};
-      s = Check(cudaLaunchHostFunc(
-                    stream.get(),
-                    [](void* p) {
-                      auto* r = static_cast<Return*>(p);
-                      r->staging->Release(r->block);
-                      delete r;
-                    },
-                    ret),
-                "cudaLaunchHostFunc", __FILE__, __LINE__);
-      if (!s.ok()) delete ret;
-    }
-    // A block whose copy was never enqueued can go back at once; one whose copy was
-    // enqueued but whose release was not is lost with the failed stream.
-    if (!s.ok()) return s;
+    if (absl::Status s = fn(*block, done, piece); !s.ok()) return s;
     done += piece;
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::StagedCopyToHost(CudaStream& stream, const char* src, char* dst, uint64_t bytes) {
+// What a host function does once a staged piece's DMA copy has completed: copy the block
+// out to the caller's memory (downloads only) and give the block back. Runs on CUDA's
+// callback thread as a stream operation, so later work on the stream waits for it.
+struct StagedPieceDone {
+  PinnedStaging* staging;
+  void* block;
+  char* deliver_to;  // null for uploads
+  uint64_t bytes;
+
+  static void CUDART_CB Run(void* p) {
+    auto* self = static_cast<StagedPieceDone*>(p);
+    if (self->deliver_to != nullptr) std::memcpy(self->deliver_to, self->block, self->bytes);
+    self->staging->Release(self->block);
+    delete self;
+  }
+};
+
+}  // namespace
+
+absl::Status CudaBackend::StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes,
+                                     bool to_device) {
   Device& d = *devices_[stream.device()];
   PinnedStaging& staging = bytes <= kSmallBlockBytes ? *d.small_staging : *d.large_staging;
-  for (uint64_t done = 0; done < bytes;) {
-    const uint64_t piece = std::min(bytes - done, staging.block_bytes());
-    absl::StatusOr<void*> block = staging.Acquire();
-    if (!block.ok()) return block.status();
-    absl::Status s = Check(cudaMemcpyAsync(*block, src + done, piece, cudaMemcpyDeviceToHost, stream.get()),
+  return ForEachStagedPiece(staging, bytes, [&](void* block, uint64_t offset, uint64_t piece) -> absl::Status {
+    // Uploads copy into the block now and DMA from it; downloads DMA into it and copy out
+    // when the DMA is done.
+    if (to_device) std::memcpy(block, src + offset, piece);
+    absl::Status s = Check(cudaMemcpyAsync(to_device ? dst + offset : block, to_device ? block : src + offset, piece,
+                                           to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream.get()),
                            "cudaMemcpyAsync", __FILE__, __LINE__);
     if (!s.ok()) {
-      staging.Release(*block);
+      staging.Release(block);
       return s;
     }
-    struct Deliver {
-      PinnedStaging* staging;
-      void* block;
-      char* dst;
-      uint64_t bytes;
-    };
-    auto* deliver = new Deliver{&staging, *block, dst + done, piece};
-    // The host copy runs as a stream operation, so later events on this stream complete
-    // only once `dst` holds the data, as the Backend contract says.
-    s = Check(cudaLaunchHostFunc(
-                  stream.get(),
-                  [](void* p) {
-                    auto* r = static_cast<Deliver*>(p);
-                    std::memcpy(r->dst, r->block, r->bytes);
-                    r->staging->Release(r->block);
-                    delete r;
-                  },
-                  deliver),
-              "cudaLaunchHostFunc", __FILE__, __LINE__);
-    if (!s.ok()) {
-      delete deliver;
-      return s;
-    }
-    done += piece;
-  }
-  return absl::OkStatus();
+    auto* done = new StagedPieceDone{&staging, block, to_device ? nullptr : dst + offset, piece};
+    s = Check(cudaLaunchHostFunc(stream.get(), &StagedPieceDone::Run, done), "cudaLaunchHostFunc", __FILE__,
+              __LINE__);
+    // A block whose copy was enqueued but whose release was not is lost with the stream.
+    if (!s.ok()) delete done;
+    return s;
+  });
 }
 
 absl::Status CudaBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
                                        uint64_t bytes) {
   if (absl::Status s = CheckHealthy(); !s.ok()) return s;
   if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
-  return StagedCopyToDevice(AsCuda(stream), static_cast<const char*>(src), Bytes(dst) + dst_offset, bytes);
+  return StagedCopy(AsCuda(stream), static_cast<const char*>(src), Bytes(dst) + dst_offset, bytes,
+                    /*to_device=*/true);
 }
 
 absl::Status CudaBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
                                      uint64_t bytes) {
   if (absl::Status s = CheckHealthy(); !s.ok()) return s;
   if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
-  return StagedCopyToHost(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes);
+  return StagedCopy(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes, /*to_device=*/false);
 }
 
 absl::Status CudaBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
