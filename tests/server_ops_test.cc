@@ -332,6 +332,41 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   }
 }
 
+// Several GPUs: buffers live where they are created, operations run on their buffers'
+// device and leave their outputs there, and mixing devices in one operation is refused.
+// Runs where the server has two devices or more (GPUCOMPUTE_TEST_BACKEND=cuda on a
+// multi-GPU machine).
+TEST_F(ServerOpsTest, BuffersAndOperationsOnEveryDevice) {
+  ASSIGN_OR_FAIL(info, c().GetServerInfo());
+  if (info.devices_size() < 2) GTEST_SKIP() << "the server has one device";
+  constexpr uint64_t n = 1000;
+  std::vector<std::string> firsts;
+  for (const v1::DeviceInfo& device : info.devices()) {
+    SCOPED_TRACE(absl::StrCat("device ", device.index()));
+    std::vector<std::string> ids;
+    for (double value : {1.5, 2.25}) {
+      v1::CreateBufferRequest create;
+      create.set_dtype(v1::DTYPE_FLOAT64);
+      create.add_shape(n);
+      create.set_device(device.index());
+      create.mutable_fill()->set_float_value(value);
+      ASSIGN_OR_FAIL(buffer, c().CreateBuffer(create));
+      EXPECT_EQ(buffer.device(), device.index());
+      ids.push_back(buffer.id());
+    }
+    firsts.push_back(ids[0]);
+    ASSIGN_OR_FAIL(sum, RunOp(c(), Elementwise("x * y + x", {{"x", BufferOperand(ids[0])}, {"y", BufferOperand(ids[1])}})));
+    ASSERT_EQ(sum.outputs_size(), 1);
+    EXPECT_EQ(sum.outputs(0).device(), device.index());
+    ASSIGN_OR_FAIL(total, RunOp(c(), Reduce(v1::REDUCE_KIND_SUM, sum.outputs(0).id())));
+    ASSERT_EQ(total.values_size(), 1);
+    EXPECT_EQ(total.values(0).float_value(), n * (1.5 * 2.25 + 1.5));
+  }
+  absl::StatusOr<v1::Operation> mixed =
+      c().Submit(Elementwise("x + y", {{"x", BufferOperand(firsts[0])}, {"y", BufferOperand(firsts[1])}}));
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
+}
+
 TEST_F(ServerOpsTest, ElementwiseReferenceWorkloadFloat64AndFloat32) {
   constexpr size_t n = size_t{1} << 20;
   // x in [-3, 3], away from 0 (where the workload is 0/0).
