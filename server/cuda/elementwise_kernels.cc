@@ -16,27 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "server/cuda/cuda_check.h"
 #include "server/expression/ir.h"
 
 namespace gpucompute::cuda {
 namespace {
 
-// A local stand-in for server/cuda/cuda_check.h (written concurrently; to be merged):
-// names the call, the site and the error; out-of-memory is RESOURCE_EXHAUSTED.
-absl::Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
-  std::string message = absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                                     cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
-
-#define GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(call)                   \
-  do {                                                             \
-    const cudaError_t ew_cuda_error_ = (call);                     \
-    if (ew_cuda_error_ != cudaSuccess) {                           \
-      return CudaError(ew_cuda_error_, #call, __FILE__, __LINE__); \
-    }                                                              \
-  } while (false)
 
 // Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
 // SM's 2048 thread slots on sm_80/sm_90.
@@ -121,7 +106,7 @@ absl::Status LaunchKernel(const CompiledElementwise& kernel, std::vector<const v
   args.push_back(&n);
   for (uint64_t& p : parameters) args.push_back(&p);
   const cudaKernel_t function = aligned ? kernel.vector_kernel : kernel.scalar_kernel;
-  GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
       cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(static_cast<unsigned>(blocks)),
                        dim3(static_cast<unsigned>(threads)), args.data(), 0, stream));
   return absl::OkStatus();
@@ -195,12 +180,12 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
     kernel->signature = std::move(generated.signature);
     // The runtime copies the image (cudaLibraryBinaryIsPreserved is not set), so the
     // CUBIN need not outlive the call.
-    GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin->data(), nullptr,
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin->data(), nullptr,
                                                            nullptr, 0, nullptr, nullptr, 0));
     absl::Status found = [&]() -> absl::Status {
-      GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
           &kernel->vector_kernel, kernel->library, generated.vector_kernel.c_str()));
-      GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
           &kernel->scalar_kernel, kernel->library, generated.scalar_kernel.c_str()));
       kernel->vector_blocks_per_sm = ResidentBlocksPerSm(kernel->vector_kernel, kernel->signature.threads_per_block);
       kernel->scalar_blocks_per_sm = ResidentBlocksPerSm(kernel->scalar_kernel, kernel->signature.threads_per_block);
@@ -296,17 +281,17 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
   if (!needs_temp) return LaunchKernel(kernel, arrays, out, n, parameters, sm_count, stream);
 
   void* temp = nullptr;
-  GPUCOMPUTE_EW_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&temp, out_bytes, stream));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&temp, out_bytes, stream));
   absl::Status status = LaunchKernel(kernel, arrays, temp, n, parameters, sm_count, stream);
   if (status.ok()) {
     const cudaError_t copied =
         cudaMemcpyAsync(out, temp, out_bytes, cudaMemcpyDeviceToDevice, stream);
     if (copied != cudaSuccess) {
-      status = CudaError(copied, "cudaMemcpyAsync(out, temp)", __FILE__, __LINE__);
+      status = CudaStatus(copied, "cudaMemcpyAsync(out, temp)", __FILE__, __LINE__);
     }
   }
   if (const cudaError_t freed = cudaFreeAsync(temp, stream); freed != cudaSuccess && status.ok()) {
-    status = CudaError(freed, "cudaFreeAsync(temp)", __FILE__, __LINE__);
+    status = CudaStatus(freed, "cudaFreeAsync(temp)", __FILE__, __LINE__);
   }
   return status;
 }
