@@ -227,7 +227,8 @@ class CudaBackend final : public Backend {
 
 CudaStream::~CudaStream() {
   // Work still queued finishes first: destroying a stream does not cancel it.
-  cudaStreamDestroy(stream_);
+  const cudaError_t error = cudaStreamDestroy(stream_);
+  if (backend_.health().ok()) LogIfFailed(error, "cudaStreamDestroy");  // else every call fails
 }
 
 absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {
@@ -360,7 +361,8 @@ absl::Status CudaBackend::WarmUp(int device) {
 CudaBackend::~CudaBackend() {
   for (auto& device : devices_) {
     cudaSetDevice(device->index);
-    if (health().ok()) cudaDeviceSynchronize();
+    // After a sticky error every call fails; there is nothing left to wait for or log.
+    if (health().ok()) LogIfFailed(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   if (completion_thread_.joinable()) {
     {
@@ -373,11 +375,14 @@ CudaBackend::~CudaBackend() {
   elementwise_.reset();
   for (auto& device : devices_) {
     cudaSetDevice(device->index);
-    if (device->cublas != nullptr) cublasDestroy(device->cublas);
+    if (device->cublas != nullptr && cublasDestroy(device->cublas) != CUBLAS_STATUS_SUCCESS && health().ok()) {
+      std::fprintf(stderr, "gpucompute: cublasDestroy failed\n");
+    }
     device->large_staging.reset();
     device->small_staging.reset();
-    if (device->alloc_stream != nullptr) cudaStreamDestroy(device->alloc_stream);
-    if (device->pool != nullptr) cudaMemPoolDestroy(device->pool);
+    if (!health().ok()) continue;
+    if (device->alloc_stream != nullptr) LogIfFailed(cudaStreamDestroy(device->alloc_stream), "cudaStreamDestroy");
+    if (device->pool != nullptr) LogIfFailed(cudaMemPoolDestroy(device->pool), "cudaMemPoolDestroy");
   }
 }
 

@@ -1,5 +1,7 @@
 #include "server/cuda/cuda_check.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace gpucompute::cuda {
@@ -31,6 +33,11 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
                                      cudaGetErrorString(error), ") at ", file, ":", line);
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(std::move(message));
   return absl::InternalError(std::move(message));
+}
+
+void LogIfFailed(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return;
+  std::fprintf(stderr, "gpucompute: %s failed: %s (%s)\n", call, cudaGetErrorName(error), cudaGetErrorString(error));
 }
 
 }  // namespace gpucompute::cuda

@@ -18,6 +18,9 @@ bool IsStickyError(cudaError_t error);
 // a non-sticky error, so that it does not resurface in an unrelated later check.
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line);
 
+// For destructors, which cannot return a status: logs a failed call on stderr.
+void LogIfFailed(cudaError_t error, const char* call);
+
 }  // namespace gpucompute::cuda
 
 // Evaluates a CUDA runtime call; on failure returns its status from the enclosing function.
