@@ -56,6 +56,9 @@ constexpr int64_t kMinChunkElements = 8192;
 constexpr int64_t kMinRowsPerThread = 64;
 // Grid-stride kernels get at most this many blocks per SM.
 constexpr int kBlocksPerSm = 32;
+// Chunk partials per output above which a warp, then a whole block, merges them.
+constexpr int64_t kWarpCombineMinChunks = 64;
+constexpr int64_t kBlockCombineMinChunks = 512;
 
 int64_t NextPow2(int64_t x) {
   int64_t p = 1;
@@ -72,15 +75,20 @@ template <class Op>
 cudaError_t CombinePartials(const typename Op::Acc* partial, int64_t outputs, int64_t chunks,
                             int64_t output_stride, int64_t chunk_stride, int64_t extent,
                             typename Op::Out* out, cudaStream_t stream) {
-  // One thread per output suits few chunks laid out [chunk][output]; a warp per output
-  // suits many chunks, or chunks contiguous per output.
-  const bool warp_per_output = chunk_stride == 1 || chunks > 64;
-  const int64_t per_block = warp_per_output ? kBlockThreads / 32 : kBlockThreads;
+  // See CombinePartialsKernel: a block per output for thousands of chunks, a warp per
+  // output for many chunks or chunks contiguous per output, else a thread per output.
+  int width = 1;
+  if (chunks > kBlockCombineMinChunks) {
+    width = kBlockThreads;
+  } else if (chunk_stride == 1 || chunks > kWarpCombineMinChunks) {
+    width = 32;
+  }
+  const int64_t per_block = kBlockThreads / width;
   unsigned grid = 0;
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(outputs, per_block), kBlocksPerSm, &grid));
   CombinePartialsKernel<Op><<<grid, kBlockThreads, 0, stream>>>(
-      partial, outputs, chunks, output_stride, chunk_stride, warp_per_output, extent, out);
+      partial, outputs, chunks, output_stride, chunk_stride, width, extent, out);
   return cudaGetLastError();
 }
 

@@ -241,30 +241,64 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ---- merging chunk partials ----
 //
 // out[j] = Finalize(partial[j * output_stride + 0 * chunk_stride] (+) ... (+) chunk
-// chunks - 1). With `warp_per_output`, lane l of a warp combines chunks l, l + 32, ... in
-// order and the warp merges by a butterfly (for many chunks per output, contiguous in
-// memory); otherwise one thread combines all chunks of an output in order (few chunks,
-// neighbouring threads reading neighbouring outputs).
+// chunks - 1), each output merged by a group of `width` threads:
+//   * 1: one thread combines all chunks of an output in order (few chunks, neighbouring
+//     threads reading neighbouring outputs);
+//   * 32: lane l of a warp combines chunks l, l + 32, ... in order and the warp merges by a
+//     butterfly (many chunks per output, or chunks contiguous per output);
+//   * kBlockThreads: thread t combines chunks t, t + 256, ... in order and the block merges
+//     by cub::BlockReduce (thousands of chunks for a few outputs, as in a whole-array
+//     reduction: 16 loads per thread instead of 128 per lane of one warp).
+// Every order is fixed by (chunks, width), so results depend on the shape alone.
+
+// Member `first` of a group of `step` threads: the partials of chunks first, first + step,
+// ... of the output at `base`, combined in that order. Four loads are issued before any
+// is combined, since the partials are latency-bound L2 reads.
+template <class Op>
+__device__ __forceinline__ typename Op::Acc CombineChunks(const typename Op::Acc* __restrict__ partial,
+                                                         int64_t base, int64_t first, int64_t chunks,
+                                                         int64_t step, int64_t chunk_stride) {
+  using Acc = typename Op::Acc;
+  Acc acc = Op::Identity();
+  int64_t c = first;
+  for (; c + 3 * step < chunks; c += 4 * step) {
+    Acc x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = partial[base + (c + u * step) * chunk_stride];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc = Op::Combine(acc, x[u]);
+  }
+  for (; c < chunks; c += step) acc = Op::Combine(acc, partial[base + c * chunk_stride]);
+  return acc;
+}
+
 template <class Op>
 __global__ void __launch_bounds__(kBlockThreads)
     CombinePartialsKernel(const typename Op::Acc* __restrict__ partial, int64_t outputs,
-                          int64_t chunks, int64_t output_stride, int64_t chunk_stride,
-                          bool warp_per_output, int64_t extent, typename Op::Out* __restrict__ out) {
+                          int64_t chunks, int64_t output_stride, int64_t chunk_stride, int width,
+                          int64_t extent, typename Op::Out* __restrict__ out) {
   using Acc = typename Op::Acc;
-  if (warp_per_output) {
+  using BlockReduce = cub::BlockReduce<Acc, kBlockThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  const int t = static_cast<int>(threadIdx.x);
+  if (width == kBlockThreads) {
+    for (int64_t j = blockIdx.x; j < outputs; j += gridDim.x) {
+      const Acc acc = CombineChunks<Op>(partial, j * output_stride, t, chunks, kBlockThreads, chunk_stride);
+      const Acc total = BlockReduce(temp).Reduce(acc, CombineFn<Op>{});
+      if (t == 0) out[j] = Op::Finalize(total, extent);
+      __syncthreads();  // temp is reused by the next output
+    }
+  } else if (width == 32) {
     constexpr int kWarps = kBlockThreads / 32;
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    for (int64_t j = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; j < outputs;
+    const int lane = t % 32;
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * kWarps + t / 32; j < outputs;
          j += static_cast<int64_t>(gridDim.x) * kWarps) {
-      Acc acc = Op::Identity();
-      for (int64_t c = lane; c < chunks; c += 32) {
-        acc = Op::Combine(acc, partial[j * output_stride + c * chunk_stride]);
-      }
+      Acc acc = CombineChunks<Op>(partial, j * output_stride, lane, chunks, 32, chunk_stride);
       acc = GroupCombine<Op>(acc, 32);
       if (lane == 0) out[j] = Op::Finalize(acc, extent);
     }
   } else {
-    for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; j < outputs;
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlockThreads + t; j < outputs;
          j += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
       Acc acc = partial[j * output_stride];
       for (int64_t c = 1; c < chunks; ++c) {
