@@ -715,23 +715,23 @@ absl::Status RunLatency(const Options& options, const Server& server) {
   v1::SubmitRequest add = Elementwise(
       "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
   add.set_wait(true);
+  // The two calls alternate, so that both see the same state of the machine: on a
+  // shared host the no-op alone drifts by tens of percent from one second to the next.
   std::vector<double> submit, device, noop;
   for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    const Clock::time_point start = Clock::now();
+    Clock::time_point start = Clock::now();
     absl::StatusOr<v1::Operation> op = client->Submit(add);
-    const double wall = SecondsSince(start);
+    const double submit_wall = SecondsSince(start);
     BENCH_RETURN_IF_ERROR(Succeeded(op));
-    if (i >= kLatencyWarmup) {
-      submit.push_back(wall);
-      device.push_back(op->timing().device_seconds());
-    }
-  }
-  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    const Clock::time_point start = Clock::now();
+    start = Clock::now();
     absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
-    const double wall = SecondsSince(start);
+    const double noop_wall = SecondsSince(start);
     if (!info.ok()) return info.status();
-    if (i >= kLatencyWarmup) noop.push_back(wall);
+    if (i >= kLatencyWarmup) {
+      submit.push_back(submit_wall);
+      device.push_back(op->timing().device_seconds());
+      noop.push_back(noop_wall);
+    }
   }
   for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
 
