@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""CuPy's speed on the operations of gpucompute-bench's kernel table, for comparison.
+
+Run on a GPU machine with CuPy installed:  python3 tests/bench_cupy.py [log2n]
+Prints device time (median of 10, CUDA events) and the ratio to CuPy's own
+device-to-device copy in the same run, bytes counted as gpucompute-bench counts them.
+"""
+import sys
+
+import cupy as cp
+import numpy as np
+
+
+def median_ms(f, repeat=10):
+    f()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        f()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return sorted(times)[repeat // 2]
+
+
+@cp.fuse()
+def reference_expression(x):
+    return cp.sqrt(cp.abs(cp.exp(-cp.sin(x * x)) / (cp.sqrt(cp.abs(x)) * cp.tanh(x))))
+
+
+def main():
+    n = 1 << (int(sys.argv[1]) if len(sys.argv) > 1 else 28)
+    print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy", cp.__version__, "n", n)
+    for dtype in (np.float64, np.float32):
+        item = np.dtype(dtype).itemsize
+        x = cp.random.standard_normal(n, dtype=dtype)
+        y = cp.random.uniform(size=n).astype(dtype)
+        z = cp.empty_like(x)
+        copy_ms = median_ms(lambda: cp.copyto(z, x))
+        copy_gbs = 2 * n * item / copy_ms / 1e6
+        print(f"\n{np.dtype(dtype).name}: copy {copy_ms:.3f} ms, {copy_gbs:.0f} GB/s")
+
+        def row(name, f, nbytes):
+            ms = median_ms(f)
+            gbs = nbytes / ms / 1e6
+            print(f"  {name:24s} {ms:8.3f} ms {gbs:7.0f} GB/s  {gbs / copy_gbs:.3f} of copy")
+
+        row("x + y", lambda: cp.add(x, y, out=z), 3 * n * item)
+        row("sum", lambda: cp.sum(x), n * item)
+        row("max", lambda: cp.max(x), n * item)
+        row("norm2 (cp.linalg.norm)", lambda: cp.linalg.norm(x), n * item)
+        row("expr (cp.fuse)", lambda: reference_expression(x), 2 * n * item)
+        legacy = cp.random.RandomState(3)
+        generator = cp.random.default_rng(3)
+        row("uniform (RandomState)", lambda: legacy.uniform(size=n, dtype=dtype), n * item)
+        row("normal (RandomState)", lambda: legacy.standard_normal(size=n, dtype=dtype), n * item)
+        row("normal (default_rng)", lambda: generator.standard_normal(size=n, dtype=dtype), n * item)
+        del x, y, z
+        for m in (16384, 32768):
+            a = cp.random.uniform(size=(m, m)).astype(dtype)
+            v = cp.random.uniform(size=m).astype(dtype)
+            row(f"gemv {m} A @ x", lambda: a @ v, m * m * item)
+            row(f"gemv {m} A.T @ x", lambda: a.T @ v, m * m * item)
+            del a
+
+
+if __name__ == "__main__":
+    main()
