@@ -10,6 +10,24 @@ namespace gpucompute {
 
 enum class ReduceKind : uint8_t { kSum, kProd, kMin, kMax, kMean, kNorm2, kArgmin, kArgmax };
 
+inline constexpr ReduceKind kAllReduceKinds[] = {
+    ReduceKind::kSum,  ReduceKind::kProd,  ReduceKind::kMin,    ReduceKind::kMax,
+    ReduceKind::kMean, ReduceKind::kNorm2, ReduceKind::kArgmin, ReduceKind::kArgmax};
+
+constexpr const char* ReduceKindName(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum: return "sum";
+    case ReduceKind::kProd: return "prod";
+    case ReduceKind::kMin: return "min";
+    case ReduceKind::kMax: return "max";
+    case ReduceKind::kMean: return "mean";
+    case ReduceKind::kNorm2: return "norm2";
+    case ReduceKind::kArgmin: return "argmin";
+    case ReduceKind::kArgmax: return "argmax";
+  }
+  return "?";
+}
+
 // A reduction viewed as [outer, extent, inner] in memory order, reducing the middle axis.
 // A whole-array reduction is {1, n, 1}. For a C-layout (m, n) array, axis 1 is {m, n, 1}
 // and axis 0 is {1, m, n}.

@@ -1064,32 +1064,6 @@ TEST_P(BackendConformance, ElementwiseProgramNeedNotOutliveTheCall) {
 // Reduce
 // ---------------------------------------------------------------------------------
 
-constexpr ReduceKind kAllReduceKinds[] = {
-    ReduceKind::kSum,  ReduceKind::kProd,  ReduceKind::kMin,    ReduceKind::kMax,
-    ReduceKind::kMean, ReduceKind::kNorm2, ReduceKind::kArgmin, ReduceKind::kArgmax};
-
-const char* ReduceKindName(ReduceKind kind) {
-  switch (kind) {
-    case ReduceKind::kSum:
-      return "sum";
-    case ReduceKind::kProd:
-      return "prod";
-    case ReduceKind::kMin:
-      return "min";
-    case ReduceKind::kMax:
-      return "max";
-    case ReduceKind::kMean:
-      return "mean";
-    case ReduceKind::kNorm2:
-      return "norm2";
-    case ReduceKind::kArgmin:
-      return "argmin";
-    case ReduceKind::kArgmax:
-      return "argmax";
-  }
-  return "?";
-}
-
 bool IsArg(ReduceKind kind) { return kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax; }
 
 // One expected output: a float within `tol` of `value` (NaN matches NaN), or an exact

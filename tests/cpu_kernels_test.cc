@@ -35,23 +35,6 @@ ThreadPool& Pool(int threads) {
   return threads == 1 ? *one : threads == 2 ? *two : *seven;
 }
 
-constexpr ReduceKind kAllKinds[] = {ReduceKind::kSum,    ReduceKind::kProd, ReduceKind::kMin,
-                                    ReduceKind::kMax,    ReduceKind::kMean, ReduceKind::kNorm2,
-                                    ReduceKind::kArgmin, ReduceKind::kArgmax};
-
-std::string KindName(ReduceKind kind) {
-  switch (kind) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kProd: return "prod";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kMean: return "mean";
-    case ReduceKind::kNorm2: return "norm2";
-    case ReduceKind::kArgmin: return "argmin";
-    case ReduceKind::kArgmax: return "argmax";
-  }
-  return "?";
-}
 
 // Bools are stored as bytes.
 template <typename T> using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
@@ -236,11 +219,11 @@ TYPED_TEST(ReduceTest, WholeArray) {
   using T = TypeParam;
   const DType in = DTypeOf<T>::value;
   for (int64_t n : {1, 2, 15, 16, 17, 1000, 65537, 1 << 20}) {
-    for (ReduceKind kind : kAllKinds) {
+    for (ReduceKind kind : kAllReduceKinds) {
       const auto data = MakeData<T>(n, kind, 1000 + n);
       const auto out = RunReduce<T>(kind, data, {1, n, 1}, Pool(2));
       ExpectOutput(out, ReduceResultDType(kind, in), 0, Reference<T>(kind, data),
-                   KindName(kind) + " n=" + std::to_string(n));
+                   std::string(ReduceKindName(kind)) + " n=" + std::to_string(n));
     }
   }
 }
@@ -257,7 +240,7 @@ TYPED_TEST(ReduceTest, AxesOfTwoDimensionalArrays) {
   const Dims dims[] = {{1, 1}, {1, 7}, {7, 1},     {3, 5},    {17, 33},
                        {2, 1000}, {1000, 3}, {300, 1000}, {70000, 3}, {3, 70000}};
   for (const Dims& d : dims) {
-    for (ReduceKind kind : kAllKinds) {
+    for (ReduceKind kind : kAllReduceKinds) {
       const auto logical = MakeData<T>(d.m * d.n, kind, 7 * d.m + d.n);  // row-major
       for (bool col_major : {false, true}) {
         std::vector<Stored<T>> stored(logical.size());
@@ -282,7 +265,7 @@ TYPED_TEST(ReduceTest, AxesOfTwoDimensionalArrays) {
               slice[r] = axis == 0 ? logical[r * d.n + k] : logical[k * d.n + r];
             }
             ExpectOutput(out, ReduceResultDType(kind, in), k, Reference<T>(kind, slice),
-                         KindName(kind) + " " + std::to_string(d.m) + "x" +
+                         std::string(ReduceKindName(kind)) + " " + std::to_string(d.m) + "x" +
                              std::to_string(d.n) + (col_major ? " F" : " C") + " axis " +
                              std::to_string(axis));
             if (::testing::Test::HasFailure()) return;  // one report per broken case
@@ -298,12 +281,12 @@ TYPED_TEST(ReduceTest, BitwiseSameForAnyThreadCount) {
   const ReduceShape shapes[] = {
       {1, (1 << 20) + 3, 1}, {1, 70000, 3}, {3, 70000, 1}, {1, 300, 1000}, {5, 1000, 40}};
   for (const ReduceShape& shape : shapes) {
-    for (ReduceKind kind : kAllKinds) {
+    for (ReduceKind kind : kAllReduceKinds) {
       const auto data = MakeData<T>(shape.outer * shape.extent * shape.inner, kind, 99);
       const auto one = RunReduce<T>(kind, data, shape, Pool(1));
-      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(2)), one) << KindName(kind);
-      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(7)), one) << KindName(kind);
-      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(7)), one) << KindName(kind) << " rerun";
+      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(2)), one) << ReduceKindName(kind);
+      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(7)), one) << ReduceKindName(kind);
+      EXPECT_EQ(RunReduce<T>(kind, data, shape, Pool(7)), one) << ReduceKindName(kind) << " rerun";
     }
   }
 }

@@ -36,25 +36,8 @@ cpu::ThreadPool& Pool() {
   return *pool;
 }
 
-constexpr ReduceKind kAllKinds[] = {ReduceKind::kSum,    ReduceKind::kProd, ReduceKind::kMin,
-                                    ReduceKind::kMax,    ReduceKind::kMean, ReduceKind::kNorm2,
-                                    ReduceKind::kArgmin, ReduceKind::kArgmax};
 constexpr DType kAllDTypes[] = {DType::kBool, DType::kInt32, DType::kInt64, DType::kFloat32,
                                 DType::kFloat64};
-
-std::string KindName(ReduceKind kind) {
-  switch (kind) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kProd: return "prod";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kMean: return "mean";
-    case ReduceKind::kNorm2: return "norm2";
-    case ReduceKind::kArgmin: return "argmin";
-    case ReduceKind::kArgmax: return "argmax";
-  }
-  return "?";
-}
 
 std::string ShapeName(const ReduceShape& s) {
   return "[" + std::to_string(s.outer) + ", " + std::to_string(s.extent) + ", " +
@@ -179,7 +162,7 @@ void ExpectReduceMatches(ReduceKind kind, DType dtype, const ReduceShape& s,
                          const std::vector<char>& gpu) {
   const DType out_dtype = ReduceResultDType(kind, dtype);
   const int64_t outputs = s.outer * s.inner;
-  const std::string what = KindName(kind) + " of " + DTypeName(dtype) + " " + ShapeName(s);
+  const std::string what = std::string(ReduceKindName(kind)) + " of " + DTypeName(dtype) + " " + ShapeName(s);
   const bool float_out = IsFloat(out_dtype);
   const bool approximate = float_out && (kind == ReduceKind::kSum || kind == ReduceKind::kProd ||
                                          kind == ReduceKind::kMean || kind == ReduceKind::kNorm2);
@@ -272,7 +255,7 @@ TEST_F(CudaKernelsTest, ReduceMatchesCpuForEveryKindDTypeAndShape) {
     for (DType dtype : kAllDTypes) {
       const std::vector<char> data = MakeData(dtype, n, false, ++seed);
       const std::vector<char> prod_data = MakeData(dtype, n, true, ++seed);
-      for (ReduceKind kind : kAllKinds) {
+      for (ReduceKind kind : kAllReduceKinds) {
         CheckReduce(this, stream_, pool_, kind, dtype, s,
                     kind == ReduceKind::kProd ? prod_data : data);
         if (HasFatalFailure()) return;
@@ -287,7 +270,7 @@ TEST_F(CudaKernelsTest, ReduceMatchesCpuOnMisalignedInput) {
   for (const ReduceShape& s : shapes) {
     for (DType dtype : kAllDTypes) {
       const std::vector<char> data = MakeData(dtype, s.outer * s.extent * s.inner, false, ++seed);
-      for (ReduceKind kind : kAllKinds) {
+      for (ReduceKind kind : kAllReduceKinds) {
         if (kind == ReduceKind::kProd) continue;
         CheckReduce(this, stream_, pool_, kind, dtype, s, data, /*misalign=*/1);
         if (HasFatalFailure()) return;
@@ -305,7 +288,7 @@ TEST_F(CudaKernelsTest, ReduceMatchesCpuOnLargeArrays) {
     const std::vector<char> prod_data = MakeData(dtype, kN, true, ++seed);
     for (const ReduceShape& s : shapes) {
       if (s.outer * s.extent * s.inner > kN) continue;
-      for (ReduceKind kind : kAllKinds) {
+      for (ReduceKind kind : kAllReduceKinds) {
         CheckReduce(this, stream_, pool_, kind, dtype, s,
                     kind == ReduceKind::kProd ? prod_data : data);
         if (HasFatalFailure()) return;
