@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
+#include "server/status_macros.h"
 
 namespace gpucompute {
 
@@ -113,21 +114,20 @@ StreamInfo Executor::InfoLocked(const StreamState& s) const {
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::string_view client,
                                                                        int device, bool is_default) {
-  if (absl::Status s = CheckDeviceIndex(backend_, device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDeviceIndex(backend_, device));
   size_t owned = 0;
   for (const auto& [id, s] : streams_) owned += s->client == client;
   if (owned >= kMaxStreamsPerClient) {
     return absl::ResourceExhaustedError(absl::StrCat("a client may have at most ", kMaxStreamsPerClient,
                                                      " streams; delete one first"));
   }
-  absl::StatusOr<std::unique_ptr<Stream>> stream = backend_.CreateStream(device);
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
   auto s = std::make_shared<StreamState>();
   s->id = NewId("str-");
   s->client = std::string(client);
   s->device = device;
   s->is_default = is_default;
-  s->stream = *std::move(stream);
+  s->stream = std::move(stream);
   streams_.emplace(s->id, s);
   if (is_default) default_streams_.emplace(DefaultStreamKey(client, device), s->id);
   return s;
@@ -150,9 +150,8 @@ absl::StatusOr<StreamInfo> Executor::CreateStream(absl::string_view client, int 
 
 absl::StatusOr<StreamInfo> Executor::DefaultStream(absl::string_view client, int device) {
   Guard guard(*this);
-  absl::StatusOr<std::shared_ptr<StreamState>> s = ResolveStreamLocked(client, "", device);
-  if (!s.ok()) return s.status();
-  return InfoLocked(**s);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, "", device));
+  return InfoLocked(*s);
 }
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(absl::string_view client,
@@ -273,9 +272,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   }
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
-  absl::StatusOr<std::shared_ptr<StreamState>> stream = ResolveStreamLocked(client, stream_id, device);
-  if (!stream.ok()) return stream.status();
-  std::shared_ptr<StreamState> s = *std::move(stream);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> stream, ResolveStreamLocked(client, stream_id, device));
+  std::shared_ptr<StreamState> s = std::move(stream);
 
   auto op = std::make_shared<Operation>();
   OperationStatus& st = op->status_;

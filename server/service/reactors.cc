@@ -11,7 +11,7 @@ void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::Func
 }
 
 void DeferredReactor::OnCancel() {
-  FinishOnce(state_, [] { return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"); });
+  FinishOnce(state_, [] { return ToGrpcStatus(absl::CancelledError("the call was cancelled")); });
 }
 
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {

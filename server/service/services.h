@@ -10,6 +10,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "server/service/proto_conversions.h"
 #include "server/service/service_context.h"
 
 namespace gpucompute {
@@ -41,6 +42,15 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
 
 // A reactor finished at once with `status`.
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status);
+
+// A streaming reactor that answers `status` at once: a streaming call refused before
+// its reactor would start.
+template <typename Reactor>
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
 
 class BufferServiceImpl final : public v1::BufferService::CallbackService {
  public:
