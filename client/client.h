@@ -36,8 +36,6 @@
 
 namespace gpucompute {
 
-namespace v1 = ::gpucompute::v1;
-
 namespace client_internal {
 class AsyncCallRegistry;
 }  // namespace client_internal

@@ -81,7 +81,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, 
                                                    backend_.devices().size(), " device(s)"));
   }
   {
-    std::lock_guard lock(mu_);
+    absl::ReaderMutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckCanAddLocked(client, name));
   }
   const uint64_t bytes = n * DTypeSize(dtype);
@@ -117,7 +117,7 @@ absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::s
 }
 
 absl::Status BufferRegistry::Register(const BufferHandle& entry) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Checked again: other requests may have taken the name or the room since Allocate.
   RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
@@ -143,12 +143,12 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
 
 absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
                                                     absl::string_view ref) const {
-  std::lock_guard lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return LookupLocked(client, ref);
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, absl::string_view ref) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
   if (!entry->name.empty()) id_by_name_.erase(NameKey(entry->client, entry->name));
   by_id_.erase(entry->id);
@@ -160,7 +160,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, ab
 std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
   std::vector<BufferHandle> out;
   {
-    std::lock_guard lock(mu_);
+    absl::ReaderMutexLock lock(&mu_);
     for (const auto& [id, entry] : by_id_) {
       if (entry->client == client) out.push_back(entry);
     }
@@ -172,7 +172,7 @@ std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
 }
 
 size_t BufferRegistry::size() const {
-  std::lock_guard lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return by_id_.size();
 }
 

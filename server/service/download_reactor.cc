@@ -2,9 +2,10 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
@@ -20,25 +21,28 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
  public:
   DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk)
       : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk)) {
-    state_->reactor = this;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = this;
+    }
     StatePtr s = state_;
     std::shared_ptr<HostAccess> access =
         ctx.executor.AcquireHostAccess({{state_->buffer, false}}, [s](const std::shared_ptr<HostAccess>&) {
-          std::lock_guard lock(s->mu);
+          absl::MutexLock lock(&s->mu);
           s->ready = true;
           PumpLocked(s);
         });
-    std::lock_guard lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     state_->access = std::move(access);
   }
 
   void OnCancel() override {
-    std::lock_guard lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     FinishLocked(state_, ToGrpcStatus(absl::CancelledError("the download was cancelled")));
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     state_->writing = false;
     if (!ok) {
       // The client went away; nothing more can be sent.
@@ -53,7 +57,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
   void OnDone() override {
     std::shared_ptr<HostAccess> access;
     {
-      std::lock_guard lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
       access = state_->access;
     }
@@ -82,30 +86,30 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     const uint64_t end;
     const uint64_t chunk;
     const std::string range_name;  // "download buf-..." around each chunk's copy
-    std::mutex mu;
-    DownloadReactor* reactor = nullptr;
-    std::shared_ptr<HostAccess> access;
-    bool ready = false;
-    bool writing = false;
-    bool finished = false;
-    bool sent_any = false;
-    uint64_t next;  // next byte to copy off the device
-    Slot slots[2];
-    int fill_slot = 0;
-    int write_slot = 0;
-    absl::Status copy_error;
+    absl::Mutex mu;
+    DownloadReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::shared_ptr<HostAccess> access ABSL_GUARDED_BY(mu);
+    bool ready ABSL_GUARDED_BY(mu) = false;
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    bool sent_any ABSL_GUARDED_BY(mu) = false;
+    uint64_t next ABSL_GUARDED_BY(mu);  // next byte to copy off the device
+    Slot slots[2] ABSL_GUARDED_BY(mu);
+    int fill_slot ABSL_GUARDED_BY(mu) = 0;
+    int write_slot ABSL_GUARDED_BY(mu) = 0;
+    absl::Status copy_error ABSL_GUARDED_BY(mu);
     Clock::time_point start = Clock::now();
   };
   using StatePtr = std::shared_ptr<State>;
 
-  static void FinishLocked(const StatePtr& s, grpc::Status status) {
+  static void FinishLocked(const StatePtr& s, grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
     s->reactor->Finish(std::move(status));
   }
 
   // Starts copies into free slots and the write of the next filled slot.
-  static void PumpLocked(const StatePtr& s) {
+  static void PumpLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (!s->ready || s->finished || s->reactor == nullptr) return;
     if (!s->copy_error.ok()) return FinishLocked(s, ToGrpcStatus(s->copy_error));
     Slot& w = s->slots[s->write_slot];
@@ -134,7 +138,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       Slot* slot = &f;
       if (st.ok()) {
         st = stream.OnComplete([s, slot](absl::Status status) {
-          std::lock_guard lock(s->mu);
+          absl::MutexLock lock(&s->mu);
           slot->copying = false;
           slot->filled = true;
           if (!status.ok() && s->copy_error.ok()) s->copy_error = status;

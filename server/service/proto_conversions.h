@@ -16,7 +16,6 @@
 
 namespace gpucompute {
 
-namespace v1 = ::gpucompute::v1;
 
 // The one conversion from absl::Status to grpc::Status: same code, same message. Every
 // status a handler returns goes through it.

@@ -4,7 +4,7 @@
 namespace gpucompute {
 
 void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
-  std::lock_guard lock(state->mu);
+  absl::MutexLock lock(&state->mu);
   if (state->finished) return;
   state->finished = true;
   state->reactor->Finish(produce());

@@ -3,9 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute {
 
@@ -39,16 +40,17 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
                                    absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
                                    absl::AnyInvocable<void(bool timed_out) &&> done) {
   struct Once {
-    std::mutex mu;
-    bool fired = false;
-    uint64_t timer_key = 0;
+    absl::Mutex mu;
+    bool fired ABSL_GUARDED_BY(mu) = false;
+    uint64_t timer_key ABSL_GUARDED_BY(mu) = 0;
+    // Run by whoever claims `fired`, once; not touched by anyone else.
     absl::AnyInvocable<void(bool) &&> done;
   };
   auto once = std::make_shared<Once>();
   once->done = std::move(done);
   // Claims the right to run `done`; the loser of the race does nothing.
   auto claim = [once]() -> bool {
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     return !std::exchange(once->fired, true);
   };
   if (timeout_seconds > 0) {
@@ -58,14 +60,14 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
     const uint64_t key = ctx.timer.Schedule(when, [once, claim] {
       if (claim()) std::move(once->done)(true);
     });
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     once->timer_key = key;
   }
   absl::Status armed = arm([once, claim, &timer = ctx.timer] {
     if (!claim()) return;
     uint64_t key;
     {
-      std::lock_guard lock(once->mu);
+      absl::MutexLock lock(&once->mu);
       key = once->timer_key;
     }
     if (key != 0) timer.Cancel(key);
@@ -73,7 +75,7 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
   });
   if (!armed.ok()) {
     claim();
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     if (once->timer_key != 0) ctx.timer.Cancel(once->timer_key);
   }
   return armed;

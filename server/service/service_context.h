@@ -23,7 +23,6 @@
 
 namespace gpucompute {
 
-namespace v1 = ::gpucompute::v1;
 
 inline constexpr char kVersion[] = "0.1.0";
 inline constexpr char kApi[] = "gpucompute.v1";

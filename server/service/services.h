@@ -4,11 +4,12 @@
 #define GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
 
 #include <memory>
-#include <mutex>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/service_context.h"
@@ -21,9 +22,9 @@ namespace gpucompute {
 class DeferredReactor final : public grpc::ServerUnaryReactor {
  public:
   struct State {
-    std::mutex mu;
-    bool finished = false;
-    DeferredReactor* reactor = nullptr;  // valid until finished
+    absl::Mutex mu;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    DeferredReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // valid until finished
   };
 
   DeferredReactor() : state_(std::make_shared<State>()) { state_->reactor = this; }

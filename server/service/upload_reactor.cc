@@ -2,10 +2,11 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
@@ -24,17 +25,18 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
  public:
   UploadReactor(ServiceContext& ctx, std::string client, v1::UploadResponse* response)
       : state_(std::make_shared<State>(ctx, std::move(client), response)) {
+    absl::MutexLock lock(&state_->mu);
     state_->reactor = this;
     StartRead(&state_->slots[0]);
     state_->reading = true;
   }
 
   void OnReadDone(bool ok) override {
-    std::unique_lock lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     state_->reading = false;
     if (!ok) {
       state_->closed = true;
-      MaybeCommitLocked(state_, lock);
+      MaybeCommitLocked(state_);
       return;
     }
     if (absl::Status s = HandleMessageLocked(state_); !s.ok()) {
@@ -46,7 +48,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
   void OnDone() override {
     {
-      std::lock_guard lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
     }
     delete this;
@@ -58,31 +60,34 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     ServiceContext& ctx;
     const std::string client;
     v1::UploadResponse* const response;
-    std::mutex mu;
-    UploadReactor* reactor = nullptr;  // null once the call is over
-    v1::UploadRequest slots[2];
-    bool slot_busy[2] = {false, false};  // a copy from this slot is in flight
-    int read_slot = 0;
-    bool reading = false;
-    bool closed = false;
-    bool finished = false;
-    bool have_header = false;
-    Clock::time_point start = Clock::now();
-    uint64_t expected = 0;
-    uint64_t received = 0;
-    absl::Status copy_error;
-    // A new buffer, or staging memory for a range of an existing one.
-    BufferHandle created;
+    absl::Mutex mu;
+    UploadReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once the call is over
+    v1::UploadRequest slots[2] ABSL_GUARDED_BY(mu);
+    // A copy from this slot is in flight.
+    bool slot_busy[2] ABSL_GUARDED_BY(mu) = {false, false};
+    int read_slot ABSL_GUARDED_BY(mu) = 0;
+    bool reading ABSL_GUARDED_BY(mu) = false;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    bool have_header ABSL_GUARDED_BY(mu) = false;
+    const Clock::time_point start = Clock::now();
+    uint64_t expected ABSL_GUARDED_BY(mu) = 0;
+    uint64_t received ABSL_GUARDED_BY(mu) = 0;
+    absl::Status copy_error ABSL_GUARDED_BY(mu);
+    // A new buffer, or staging memory for a range of an existing one. The copy that
+    // commits a range reads target, staging and its offsets after the call's last
+    // message, when nothing else writes them.
+    BufferHandle created ABSL_GUARDED_BY(mu);
     BufferHandle target;
     uint64_t target_offset = 0;
     DeviceMemory staging;
-    MemoryLimiter::Charge staging_charge;
-    DeviceMemory* destination = nullptr;
-    std::string range_name;  // "upload buf-..." around each chunk's copy
+    MemoryLimiter::Charge staging_charge ABSL_GUARDED_BY(mu);
+    DeviceMemory* destination ABSL_GUARDED_BY(mu) = nullptr;
+    std::string range_name ABSL_GUARDED_BY(mu);  // "upload buf-..." around each chunk's copy
   };
   using StatePtr = std::shared_ptr<State>;
 
-  static void FinishLocked(const StatePtr& s, grpc::Status status) {
+  static void FinishLocked(const StatePtr& s, grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
     ReleaseMemoryLocked(s);
@@ -92,7 +97,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
   // Memory an upload holds is returned before its caller hears the answer, so that a
   // rejected upload leaves the memory in use as it found it. Copies still in flight
   // write into it, so the last of them releases it instead.
-  static void ReleaseMemoryLocked(const StatePtr& s) {
+  static void ReleaseMemoryLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->slot_busy[0] || s->slot_busy[1]) return;
     s->destination = nullptr;
     s->created.reset();
@@ -101,7 +106,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     s->staging_charge = MemoryLimiter::Charge();
   }
 
-  static absl::Status HandleHeaderLocked(const StatePtr& s, const v1::UploadHeader& header) {
+  static absl::Status HandleHeaderLocked(const StatePtr& s, const v1::UploadHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     s->have_header = true;
     ServiceContext& ctx = s->ctx;
     switch (header.target_case()) {
@@ -154,7 +160,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     return absl::InvalidArgumentError("the upload header names no target: set 'create' or 'buffer'");
   }
 
-  static absl::Status HandleMessageLocked(const StatePtr& s) {
+  static absl::Status HandleMessageLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     v1::UploadRequest& msg = s->slots[s->read_slot];
     if (!s->have_header) {
       if (msg.part_case() != v1::UploadRequest::kHeader) {
@@ -181,12 +187,12 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     }
     if (st.ok()) {
       st = stream.OnComplete([s, slot](absl::Status status) {
-        std::unique_lock lock(s->mu);
+        absl::MutexLock lock(&s->mu);
         s->slot_busy[slot] = false;
         if (!status.ok() && s->copy_error.ok()) s->copy_error = status;
         if (s->finished) return ReleaseMemoryLocked(s);
         if (!s->reading && !s->closed) ReadNextLocked(s);
-        MaybeCommitLocked(s, lock);
+        MaybeCommitLocked(s);
       });
     }
     if (!st.ok()) {
@@ -198,7 +204,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
   }
 
   // Starts the next read into a slot whose copy is done, if there is one.
-  static void ReadNextLocked(const StatePtr& s) {
+  static void ReadNextLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr || s->reading) return;
     for (int i = 0; i < 2; ++i) {
       const int slot = (s->read_slot + 1 + i) % 2;
@@ -211,7 +217,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     }
   }
 
-  static void MaybeCommitLocked(const StatePtr& s, std::unique_lock<std::mutex>& lock) {
+  // May release the lock while it hands the commit to the executor, and takes it back.
+  static void MaybeCommitLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (!s->closed || s->finished || s->slot_busy[0] || s->slot_busy[1]) return;
     if (!s->copy_error.ok()) return FinishLocked(s, ToGrpcStatus(s->copy_error));
     if (!s->have_header) {
@@ -238,16 +245,17 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     spec.bytes_read = s->expected;
     spec.bytes_written = s->expected;
     spec.outputs.push_back(*s->target);
-    spec.launch = [&backend = ctx.backend, s](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
-      absl::Status st = backend.Copy(stream, s->staging, 0, s->target->memory, s->target_offset, s->expected);
+    spec.launch = [&backend = ctx.backend, s, bytes = s->expected](Stream& stream,
+                                                                    OpResult&) -> absl::StatusOr<LaunchInfo> {
+      absl::Status st = backend.Copy(stream, s->staging, 0, s->target->memory, s->target_offset, bytes);
       if (!st.ok()) return st;
       return LaunchInfo{};
     };
     absl::StatusOr<std::shared_ptr<Operation>> op = ctx.executor.Submit(s->client, "", std::move(spec));
     if (!op.ok()) return FinishLocked(s, ToGrpcStatus(op.status()));
-    lock.unlock();
+    s->mu.Unlock();
     ctx.executor.OnDone(*op, [s, op = *op] {
-      std::lock_guard lock(s->mu);
+      absl::MutexLock lock(&s->mu);
       const OperationStatus done = s->ctx.executor.GetStatus(*op);
       if (done.error.ok() && s->target != nullptr) {
         ToProto(*s->target, s->response->mutable_buffer());
@@ -256,7 +264,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       }
       FinishLocked(s, ToGrpcStatus(done.error));
     });
-    lock.lock();
+    s->mu.Lock();
   }
 
   StatePtr state_;
