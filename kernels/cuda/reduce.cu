@@ -1,5 +1,6 @@
 // ReduceAsync: the entry point and its dispatch. The kernels are in
-// kernels/cuda/detail/reduce_kernels.cuh, the operators in detail/reduce_ops.cuh.
+// kernels/cuda/detail/reduce_kernels.cuh, the operators and their types in
+// kernels/reduce_ops.h (shared with the CPU backend).
 //
 // Paths, by shape [outer, extent, inner]:
 //   * inner == 1, extent <= kGroupMaxExtent: SegmentGroupKernel, 1 to 32 lanes per
@@ -26,14 +27,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "kernels/cuda/detail/launch.cuh"
 #include "kernels/cuda/detail/reduce_kernels.cuh"
-#include "kernels/cuda/detail/reduce_ops.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
+#include "kernels/reduce_ops.h"
 
 namespace gpucompute::cuda {
 namespace detail {
@@ -192,38 +192,6 @@ cudaError_t Dispatch(const void* in_bytes, const ReduceShape& shape, void* out_b
   return ReduceStrided<Op>(in, outer, extent, inner, out, pool, stream);
 }
 
-// The operators of each kind for element type T, as server/cpu/reduce.cc chooses them.
-template <typename T>
-cudaError_t ReduceTyped(ReduceKind kind, const void* in, const ReduceShape& shape, void* out,
-                        cudaMemPool_t pool, cudaStream_t stream) {
-  using In = typename StorageOf<T>::type;
-  constexpr bool kFloat = std::is_floating_point_v<T>;
-  using IntegralOut = std::conditional_t<kFloat, T, int64_t>;  // sum, prod
-  using RealOut = std::conditional_t<kFloat, T, double>;       // mean, norm2
-  using SumAcc = std::conditional_t<kFloat, double, uint64_t>;
-  // Float products in float64 where the CPU uses T (see ProdOp in detail/reduce_ops.cuh).
-  using ProdAcc = std::conditional_t<kFloat, double, uint64_t>;
-  switch (kind) {
-    case ReduceKind::kSum:
-      return Dispatch<SumOp<In, SumAcc, IntegralOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kProd:
-      return Dispatch<ProdOp<In, ProdAcc, IntegralOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kMean:
-      return Dispatch<MeanOp<In, RealOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kNorm2:
-      return Dispatch<Norm2Op<In, RealOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kMin:
-      return Dispatch<ExtremeOp<In, false>>(in, shape, out, pool, stream);
-    case ReduceKind::kMax:
-      return Dispatch<ExtremeOp<In, true>>(in, shape, out, pool, stream);
-    case ReduceKind::kArgmin:
-      return Dispatch<ArgOp<In, false>>(in, shape, out, pool, stream);
-    case ReduceKind::kArgmax:
-      return Dispatch<ArgOp<In, true>>(in, shape, out, pool, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -237,7 +205,9 @@ cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const R
     return cudaErrorInvalidValue;
   }
   return VisitDType(in_dtype, [&](auto zero) {
-    return detail::ReduceTyped<decltype(zero)>(kind, in, shape, out, pool, stream);
+    return reduce::VisitReduceOp<decltype(zero)>(kind, [&](auto op) {
+      return detail::Dispatch<decltype(op)>(in, shape, out, pool, stream);
+    });
   });
 }
 
