@@ -3,7 +3,7 @@
 // contract says so (integers, bools, comparisons, min/max/arg reductions, random integers
 // and uniforms) and within rounding elsewhere. Also the CUDA-only parts of the contract:
 // the memory pool, out-of-memory, staged transfers, the kernel cache and several GPUs.
-// Every test skips where no GPU is usable.
+// Every test that needs a GPU skips where none is usable.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,6 +21,7 @@
 #include "kernels/ops.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda/cuda_check.h"
 #include "server/expression/expression.h"
 #include "tests/backend_conformance.h"
 
@@ -520,6 +521,74 @@ TEST_F(CudaVsCpu, EveryDeviceComputes) {
   }
   EXPECT_EQ(gpu_->Allocate(static_cast<int>(gpu_->devices().size()), 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- server/cuda/cuda_check.h: needs no GPU, only the libraries' name tables.
+
+bool Contains(const absl::Status& status, const std::string& part) {
+  return std::string(status.message()).find(part) != std::string::npos;
+}
+
+TEST(CudaCheckTest, NamesTheCallTheErrorAndTheSiteAndMapsOutOfMemory) {
+  EXPECT_TRUE(cuda::CudaStatus(cudaSuccess, "call", "f.cc", 1).ok());
+  EXPECT_TRUE(cuda::CudaStatus(CUBLAS_STATUS_SUCCESS, "call", "f.cc", 1).ok());
+  EXPECT_TRUE(cuda::CudaStatus(NVRTC_SUCCESS, "call", "f.cc", 1).ok());
+  struct Case {
+    absl::Status status;
+    absl::StatusCode code;
+    std::string name;
+  };
+  const Case cases[] = {
+      {cuda::CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "cudaErrorMemoryAllocation"},
+      {cuda::CudaStatus(cudaErrorInvalidValue, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "cudaErrorInvalidValue"},
+      {cuda::CudaStatus(CUBLAS_STATUS_ALLOC_FAILED, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "CUBLAS_STATUS_ALLOC_FAILED"},
+      {cuda::CudaStatus(CUBLAS_STATUS_INVALID_VALUE, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "CUBLAS_STATUS_INVALID_VALUE"},
+      {cuda::CudaStatus(NVRTC_ERROR_OUT_OF_MEMORY, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "NVRTC_ERROR_OUT_OF_MEMORY"},
+      {cuda::CudaStatus(NVRTC_ERROR_INVALID_OPTION, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "NVRTC_ERROR_INVALID_OPTION"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.code(), c.code) << c.status;
+    EXPECT_TRUE(Contains(c.status, "cudaMalloc(&p, n) failed with " + c.name)) << c.status;
+    EXPECT_TRUE(Contains(c.status, " at f.cc:12")) << c.status;
+  }
+}
+
+cudaError_t Returns(cudaError_t error) { return error; }
+
+absl::Status CheckedCall(cudaError_t error, int* reached) {
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(Returns(error));
+  ++*reached;
+  return absl::OkStatus();
+}
+
+absl::Status CheckedCallVia(cudaError_t error, int* checked) {
+  auto check = [&](cudaError_t e, const char* call, const char* file, int line) {
+    ++*checked;
+    return cuda::CudaStatus(e, call, file, line);
+  };
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(check, Returns(error));
+  return absl::OkStatus();
+}
+
+TEST(CudaCheckTest, MacroReturnsTheFirstFailureWithItsCallText) {
+  int reached = 0;
+  EXPECT_TRUE(CheckedCall(cudaSuccess, &reached).ok());
+  EXPECT_EQ(reached, 1);
+  const absl::Status failed = CheckedCall(cudaErrorMemoryAllocation, &reached);
+  EXPECT_EQ(reached, 1);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(failed, "Returns(error) failed with cudaErrorMemoryAllocation")) << failed;
+  EXPECT_TRUE(Contains(failed, "cuda_backend_test.cc:")) << failed;
+
+  int checked = 0;
+  EXPECT_EQ(CheckedCallVia(cudaErrorInvalidValue, &checked).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(checked, 1);
 }
 
 }  // namespace
