@@ -40,6 +40,10 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
                             $GPUCOMPUTE_KERNEL_CACHE, else
                             $XDG_CACHE_HOME/gpucompute/kernels, else
                             ~/.cache/gpucompute/kernels)
+  --cuda-module=PATH        the CUDA backend module, opened only to run on CUDA
+                            (default $GPUCOMPUTE_CUDA_MODULE, else
+                            libgpucompute_cuda_backend.so beside this program,
+                            else the one of the build tree that built it)
   --help                    print this text
 
 SIGTERM or SIGINT stops the server (exit status 0), also while it starts.
@@ -175,6 +179,8 @@ int main(int argc, char** argv) {
       }
     } else if (name == "--kernel-cache-dir") {
       options.kernel_cache_dir = value == "none" ? std::string() : value;
+    } else if (name == "--cuda-module") {
+      options.cuda_module = value;
     } else {
       return UsageError("unknown flag " + std::string(name));
     }

@@ -2,6 +2,7 @@
 // processes, talking over a loopback socket, with .npy files in and out.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
@@ -487,6 +488,49 @@ TEST_F(CliTest, OnlyOneServerThreadTakesTheStopSignals) {
   EXPECT_EQ(taking, 1);
   // main, the signal watcher, the CPU backend's two workers and gRPC's threads.
   EXPECT_GE(threads, 5);
+}
+
+TEST_F(CliTest, ServerProgramLinksNoCudaLibrary) {
+  const std::string out = Path("ldd.out");
+  const int status = std::system(("ldd " + ShellQuote(server_bin_) + " >" + ShellQuote(out) + " 2>&1").c_str());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) GTEST_SKIP() << "ldd does not run here: " << ReadFile(out);
+  const std::string libraries = ReadFile(out);
+  EXPECT_NE(libraries.find("libgrpc++"), std::string::npos) << libraries;
+  for (const char* cuda : {"libcuda.", "libcudart", "libcublas", "libnvrtc"}) {
+    EXPECT_EQ(libraries.find(cuda), std::string::npos) << cuda << " in\n" << libraries;
+  }
+}
+
+// --backend=cuda without what it needs fails at start, exit 1, saying what is missing:
+// the driver where there is none, else the module (here a path that does not exist).
+TEST_F(CliTest, CudaBackendWithoutDriverOrModuleFailsClearly) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) dlclose(driver);
+  const std::string err = Path("cuda.err");
+  const int status = std::system((ShellQuote(server_bin_) +
+                                  " --backend=cuda --listen=127.0.0.1:0 --cuda-module=/nonexistent/libmodule.so 2>" +
+                                  ShellQuote(err))
+                                     .c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << ReadFile(err);
+  if (driver == nullptr) {
+    EXPECT_NE(ReadFile(err).find("--backend=cuda: the NVIDIA driver is not installed here"), std::string::npos)
+        << ReadFile(err);
+  } else {
+    EXPECT_NE(ReadFile(err).find("cannot find the CUDA backend module"), std::string::npos) << ReadFile(err);
+    EXPECT_NE(ReadFile(err).find("/nonexistent/libmodule.so"), std::string::npos) << ReadFile(err);
+  }
+}
+
+TEST_F(CliTest, AutoBackendIsTheCpuWithoutDriver) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+    GTEST_SKIP() << "the NVIDIA driver is installed here";
+  }
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=auto"}, Path("auto.log"));
+  EXPECT_NE(WaitForListening(server), 0) << ReadFile(server.log);
+  EXPECT_NE(ReadFile(server.log).find("cpu backend, listening"), std::string::npos) << ReadFile(server.log);
+  ExpectStopsCleanly(server, SIGTERM);
 }
 
 TEST_F(CliTest, ServerRejectsBadFlags) {
