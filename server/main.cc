@@ -1,7 +1,10 @@
 // gpucompute-server: serves gpucompute.v1 over gRPC.
-#include <csignal>
+#include <pthread.h>
+#include <signal.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -37,15 +40,85 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
                             $GPUCOMPUTE_KERNEL_CACHE, else
                             $XDG_CACHE_HOME/gpucompute/kernels, else
                             ~/.cache/gpucompute/kernels)
+  --cuda-module=PATH        the CUDA backend module, opened only to run on CUDA
+                            (default $GPUCOMPUTE_CUDA_MODULE, else
+                            libgpucompute_cuda_backend.so beside this program,
+                            else the one of the build tree that built it)
   --help                    print this text
+
+SIGTERM or SIGINT stops the server (exit status 0), also while it starts.
 )";
 
-gpucompute::Server* g_server = nullptr;
-
-void OnSignal(int) {
-  // Shutdown takes locks, so it runs on a thread of its own, not in the handler.
-  if (g_server != nullptr) std::thread([] { g_server->Shutdown(); }).detach();
+// Blocks SIGINT and SIGTERM in the calling thread and returns them. Called first thing in
+// main, before any thread exists: every thread started later (gRPC's, the backend's, the
+// CUDA runtime's) inherits the mask, so none of them can take the signals' default action,
+// and a signal that comes before the watcher below runs stays pending until it does.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
 }
+
+// Takes the blocked stop signals with sigwait on a thread of its own, so that nothing runs
+// in a signal handler, and shuts the server down once it serves. A signal that comes while
+// the server starts is remembered: main sees it when Server::Start returns and stops at
+// once. Start is not interrupted (nor the process ended under it): on CUDA it sets up the
+// devices and warms cuBLAS, seconds at most, and letting it finish means one way out, in
+// which the backend releases the devices in order and the process exits 0.
+class StopSignalWatcher {
+ public:
+  explicit StopSignalWatcher(const sigset_t& signals)
+      : signals_(signals), thread_([this] { Run(); }) {}
+  ~StopSignalWatcher() { Stop(); }
+
+  // From now on a signal shuts `server` down; false, leaving it alone, when one has
+  // already come.
+  bool Serve(gpucompute::Server* server) {
+    std::lock_guard lock(mu_);
+    if (signalled_) return false;
+    server_ = server;
+    return true;
+  }
+
+  // Ends the watching thread; signals that come later are left pending. Called before the
+  // server is destroyed.
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      server_ = nullptr;
+    }
+    // Blocked everywhere, the signal stays pending on the thread until its sigwait.
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      int signal = 0;
+      if (sigwait(&signals_, &signal) != 0) continue;
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      if (signalled_) continue;  // the first one is already stopping the server
+      signalled_ = true;
+      std::fprintf(stderr, "gpucompute-server: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+      // Under mu_, so that main cannot destroy the server meanwhile (it calls Stop first).
+      if (server_ != nullptr) server_->Shutdown();
+    }
+  }
+
+  const sigset_t signals_;
+  std::mutex mu_;
+  gpucompute::Server* server_ = nullptr;  // guarded by mu_
+  bool signalled_ = false;                // guarded by mu_
+  bool stopping_ = false;                 // guarded by mu_
+  std::thread thread_;                    // last: it runs on the members above
+};
 
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "gpucompute-server: %s\n\n%s", message.c_str(), kUsage);
@@ -55,6 +128,7 @@ int UsageError(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const sigset_t stop_signals = BlockStopSignals();
   gpucompute::ServerOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -105,22 +179,23 @@ int main(int argc, char** argv) {
       }
     } else if (name == "--kernel-cache-dir") {
       options.kernel_cache_dir = value == "none" ? std::string() : value;
+    } else if (name == "--cuda-module") {
+      options.cuda_module = value;
     } else {
       return UsageError("unknown flag " + std::string(name));
     }
   }
 
+  StopSignalWatcher watcher(stop_signals);
   absl::StatusOr<std::unique_ptr<gpucompute::Server>> server = gpucompute::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "gpucompute-server: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  g_server = server->get();
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  if (!watcher.Serve(server->get())) return 0;  // stopped while it started
   std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n", (*server)->backend_name().c_str(),
                (*server)->port());
   (*server)->Wait();
-  g_server = nullptr;
+  watcher.Stop();
   return 0;
 }

@@ -13,12 +13,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server/cpu/cpu_backend.h"
-#include "server/status_macros.h"
+#include "server/backend_loader.h"
 #include "server/service/services.h"
-#if defined(GPUCOMPUTE_HAVE_CUDA)
-#include "server/cuda/cuda_backend.h"
-#endif
+#include "server/status_macros.h"
 
 namespace gpucompute {
 
@@ -86,26 +83,6 @@ struct Server::Impl {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& options) {
-#if defined(GPUCOMPUTE_HAVE_CUDA)
-  if (options.backend == "cuda" || (options.backend == "auto" && cuda::CudaDeviceCount() > 0)) {
-    cuda::CudaBackendOptions cuda_options;
-    cuda_options.pool_initial_bytes = options.pool_initial_bytes;
-    cuda_options.pool_release_threshold_bytes = options.pool_release_threshold_bytes;
-    cuda_options.kernel_cache_dir = options.kernel_cache_dir.value_or(cuda::DefaultKernelCacheDir());
-    return cuda::CreateCudaBackend(cuda_options);  // FAILED_PRECONDITION without a GPU
-  }
-#else
-  if (options.backend == "cuda") {
-    return absl::FailedPreconditionError("this build has no CUDA backend; use --backend=cpu or auto");
-  }
-#endif
-  if (options.backend == "cpu" || options.backend == "auto") {
-    return std::make_unique<cpu::CpuBackend>(static_cast<size_t>(std::max(0, options.cpu_threads)));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown backend '", options.backend, "' (use auto, cpu or cuda)"));
-}
-
 // The memory limit when none is given. CPU: half of the machine's memory, leaving the
 // rest to everything else on it. GPU: each device's memory less max(5%, 256 MiB) of it,
 // summed over the devices; the headroom is for what the device needs besides buffers
@@ -144,9 +121,8 @@ Server::~Server() {
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options);
-  if (!backend.ok()) return backend.status();
-  return Start(options, *std::move(backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options));
+  return Start(options, std::move(backend));
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,

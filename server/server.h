@@ -18,7 +18,7 @@ class Backend;
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::port).
   std::string listen = "127.0.0.1:50051";
-  // "auto" (CUDA when a GPU is present), "cpu" or "cuda".
+  // "auto" (CUDA when a GPU is present), "cpu" or "cuda"; see server/backend_loader.h.
   std::string backend = "auto";
   // Bytes buffers may hold in all; 0 picks a default from the device's memory.
   uint64_t memory_limit_bytes = 0;
@@ -36,6 +36,9 @@ struct ServerOptions {
   std::optional<std::string> kernel_cache_dir;
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
+  // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as
+  // server/backend_loader.h's CudaModuleCandidates says.
+  std::string cuda_module;
 };
 
 class Server {

@@ -2,21 +2,27 @@
 // processes, talking over a loopback socket, with .npy files in and out.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/npy.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 
@@ -49,6 +55,12 @@ struct Result {
   std::string err;  // stderr
 };
 
+// A gpucompute-server program a test started, its stderr going to `log`.
+struct ServerProcess {
+  pid_t pid = -1;
+  std::string log;
+};
+
 class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -56,51 +68,117 @@ class CliTest : public ::testing::Test {
     cli_bin_ = Program("GPUCOMPUTE_CLI_BIN", GPUCOMPUTE_CLI_BIN);
     dir_ = std::filesystem::temp_directory_path() / ("gpucompute_cli_test_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
-    const std::string log = (dir_ / "server.log").string();
-    server_pid_ = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=512MiB", "--cpu-threads=2"},
-                              log);
-    port_ = WaitForPort(log);
-  }
-
-  // Starts the server program with `flags`, its stderr going to `log`.
-  static pid_t SpawnServer(const std::vector<std::string>& flags, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::freopen(log.c_str(), "w", stderr);
-      std::vector<char*> argv = {const_cast<char*>(server_bin_.c_str())};
-      for (const std::string& f : flags) argv.push_back(const_cast<char*>(f.c_str()));
-      argv.push_back(nullptr);
-      execv(server_bin_.c_str(), argv.data());
-      _exit(127);
-    }
-    return pid;
-  }
-
-  // The port a server reports on stderr once it listens; 0 if it does not within 10 s.
-  static int WaitForPort(const std::string& log) {
-    for (int i = 0; i < 200; ++i) {
-      usleep(50 * 1000);
-      std::ifstream in(log);
-      std::string line;
-      while (std::getline(in, line)) {
-        const size_t at = line.find("listening on port ");
-        if (at != std::string::npos) return std::atoi(line.c_str() + at + 18);
-      }
-    }
-    return 0;
+    server_ = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=512MiB", "--cpu-threads=2"},
+                          (dir_ / "server.log").string());
+    port_ = WaitForListening(server_);
   }
 
   static void TearDownTestSuite() {
-    if (server_pid_ > 0) {
-      kill(server_pid_, SIGTERM);
-      int status = 0;
-      waitpid(server_pid_, &status, 0);
-    }
+    if (server_.pid > 0) StopServer(server_, SIGTERM);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
 
-  void SetUp() override { ASSERT_NE(port_, 0) << "the server " << server_bin_ << " did not start"; }
+  // Starts the server program with `flags` and returns once it runs (its exec succeeded).
+  // With `block_stop_signals`, SIGINT and SIGTERM are blocked in the child before the exec
+  // (a signal mask survives exec), so that a signal sent at once waits, pending, for the
+  // server's own code instead of meeting the default action in the dynamic loader.
+  static ServerProcess SpawnServer(const std::vector<std::string>& flags, const std::string& log,
+                                   bool block_stop_signals = false) {
+    std::vector<std::string> args = {server_bin_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    int exec_done[2];  // closed by the exec (or by the child's exit)
+    if (pipe2(exec_done, O_CLOEXEC) != 0) return {};
+    const pid_t pid = fork();
+    if (pid == 0) {  // only async-signal-safe calls from here to exec
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) dup2(fd, STDERR_FILENO);
+      if (block_stop_signals) sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(exec_done[1]);
+    char byte;
+    while (pid > 0 && read(exec_done[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    close(exec_done[0]);
+    return {pid, log};
+  }
+
+  // Whether `pid` has ended (it is left to reap).
+  static bool HasExited(pid_t pid) {
+    siginfo_t info{};
+    return waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+  }
+
+  // The port the server reports on stderr once it listens ("listening on port N"); 0 if it
+  // exits first or does not within `timeout`.
+  static int WaitForListening(const ServerProcess& server, absl::Duration timeout = absl::Seconds(30)) {
+    for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+      const std::string log = ReadFile(server.log);
+      const size_t at = log.find("listening on port ");
+      if (at != std::string::npos) return std::atoi(log.c_str() + at + 18);
+      if (HasExited(server.pid)) return 0;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return 0;
+  }
+
+  // Sends `signal` and waits for the server to exit: its wait status, or nullopt (after
+  // killing it) if it does not exit within `timeout`.
+  static std::optional<int> StopServer(ServerProcess& server, int signal, absl::Duration timeout = absl::Seconds(10)) {
+    if (kill(server.pid, signal) != 0) return std::nullopt;
+    std::optional<int> result;
+    for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline && !result;) {
+      int status = 0;
+      if (waitpid(server.pid, &status, WNOHANG) == server.pid) {
+        result = status;
+      } else {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+    if (!result) {
+      kill(server.pid, SIGKILL);
+      waitpid(server.pid, nullptr, 0);
+    }
+    server.pid = -1;
+    return result;
+  }
+
+  // The signals blocked by thread `tid` of `pid` (SigBlk in its /proc status), as a mask
+  // with bit N-1 for signal N.
+  static uint64_t BlockedSignals(pid_t pid, const std::string& tid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + tid + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+    }
+    return 0;
+  }
+  static constexpr uint64_t kStopSignalsMask = (uint64_t{1} << (SIGINT - 1)) | (uint64_t{1} << (SIGTERM - 1));
+
+  // Sends `signal` (SIGTERM or SIGINT) and expects the server to say so and exit 0 within
+  // 10 s.
+  static void ExpectStopsCleanly(ServerProcess& server, int signal) {
+    const std::optional<int> status = StopServer(server, signal);
+    ASSERT_TRUE(status.has_value()) << "the server did not exit within 10 s of " << strsignal(signal);
+    ASSERT_TRUE(WIFEXITED(*status)) << "ended by signal " << WTERMSIG(*status);
+    EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(server.log);
+    EXPECT_NE(ReadFile(server.log).find(signal == SIGINT ? "SIGINT, stopping" : "SIGTERM, stopping"),
+              std::string::npos)
+        << ReadFile(server.log);
+  }
+
+  void SetUp() override {
+    ASSERT_NE(port_, 0) << "the server " << server_bin_ << " did not start: " << ReadFile(server_.log);
+  }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -157,7 +235,7 @@ class CliTest : public ::testing::Test {
   static inline std::string server_bin_;
   static inline std::string cli_bin_;
   static inline std::filesystem::path dir_;
-  static inline pid_t server_pid_ = 0;
+  static inline ServerProcess server_;
   static inline int port_ = 0;
 };
 
@@ -351,37 +429,108 @@ TEST_F(CliTest, InfoShowsPoolsTrimAndProfile) {
 }
 
 TEST_F(CliTest, ServerAcceptsPoolAndKernelCacheFlags) {
-  const std::string log = Path("flags.log");
-  const pid_t pid = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--pool-initial=1MiB",
-                                 "--pool-release-threshold=keep", "--kernel-cache-dir=none", "--default-device=0"},
-                                log);
-  const int port = WaitForPort(log);
-  EXPECT_NE(port, 0) << ReadFile(log);
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--pool-initial=1MiB",
+                                      "--pool-release-threshold=keep", "--kernel-cache-dir=none",
+                                      "--default-device=0"},
+                                     Path("flags.log"));
+  const int port = WaitForListening(server);
+  EXPECT_NE(port, 0) << ReadFile(server.log);
   if (port != 0) {
     Result info = Run("--json info", "127.0.0.1:" + std::to_string(port));
     EXPECT_EQ(info.exit_code, 0) << info.err;
     EXPECT_EQ(ParseJson<v1::ServerInfo>(info.out).default_device(), 0);
   }
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log);
+  ExpectStopsCleanly(server, SIGTERM);
 }
 
-TEST_F(CliTest, ServerStopsCleanlyOnSigterm) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::freopen("/dev/null", "w", stderr);
-    execl(server_bin_.c_str(), server_bin_.c_str(), "--listen=127.0.0.1:0", "--backend=cpu",
-          static_cast<char*>(nullptr));
-    _exit(127);
+TEST_F(CliTest, ServerStopsCleanlyOnSigtermAndSigint) {
+  for (int signal : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(signal));
+    ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("stop.log"));
+    ASSERT_NE(WaitForListening(server), 0) << ReadFile(server.log);
+    ExpectStopsCleanly(server, signal);
   }
-  usleep(300 * 1000);
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
-  int status = 0;
-  for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; ++i) usleep(100 * 1000);
-  ASSERT_TRUE(WIFEXITED(status)) << "the server did not exit within 10 s of SIGTERM";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// SIGTERM as soon as main has blocked the stop signals, its first act: before the server
+// listens. The first change to the main thread's mask is that one (no thread exists yet
+// whose creation would mask signals for a moment). Before it, in the dynamic loader, no
+// program's code can take a signal; the next test covers a signal already pending then.
+TEST_F(CliTest, ServerStopsCleanlyOnSigtermBeforeItListens) {
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("early.log"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while ((BlockedSignals(server.pid, std::to_string(server.pid)) & kStopSignalsMask) != kStopSignalsMask) {
+    ASSERT_FALSE(HasExited(server.pid)) << ReadFile(server.log);
+    ASSERT_LT(absl::Now(), deadline) << "the server did not block SIGTERM within 30 s";
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  ExpectStopsCleanly(server, SIGTERM);
+}
+
+TEST_F(CliTest, ServerStopsCleanlyOnSigtermSentRightAfterExec) {
+  ServerProcess server =
+      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("exec.log"), /*block_stop_signals=*/true);
+  ExpectStopsCleanly(server, SIGTERM);
+}
+
+// No thread of the server may take a stop signal's default action or run a handler: all
+// of them, gRPC's and the backend's included, keep SIGINT and SIGTERM blocked, except the
+// one that takes them: sigwait unblocks the signals it waits for while it waits.
+TEST_F(CliTest, OnlyOneServerThreadTakesTheStopSignals) {
+  int threads = 0;
+  int taking = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(server_.pid) + "/task")) {
+    const uint64_t blocked = BlockedSignals(server_.pid, task.path().filename().string()) & kStopSignalsMask;
+    EXPECT_TRUE(blocked == 0 || blocked == kStopSignalsMask) << blocked;
+    taking += blocked == 0;
+    ++threads;
+  }
+  EXPECT_EQ(taking, 1);
+  // main, the signal watcher, the CPU backend's two workers and gRPC's threads.
+  EXPECT_GE(threads, 5);
+}
+
+TEST_F(CliTest, ServerProgramLinksNoCudaLibrary) {
+  const std::string out = Path("ldd.out");
+  const int status = std::system(("ldd " + ShellQuote(server_bin_) + " >" + ShellQuote(out) + " 2>&1").c_str());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) GTEST_SKIP() << "ldd does not run here: " << ReadFile(out);
+  const std::string libraries = ReadFile(out);
+  EXPECT_NE(libraries.find("libgrpc++"), std::string::npos) << libraries;
+  for (const char* cuda : {"libcuda.", "libcudart", "libcublas", "libnvrtc"}) {
+    EXPECT_EQ(libraries.find(cuda), std::string::npos) << cuda << " in\n" << libraries;
+  }
+}
+
+// --backend=cuda without what it needs fails at start, exit 1, saying what is missing:
+// the driver where there is none, else the module (here a path that does not exist).
+TEST_F(CliTest, CudaBackendWithoutDriverOrModuleFailsClearly) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) dlclose(driver);
+  const std::string err = Path("cuda.err");
+  const int status = std::system((ShellQuote(server_bin_) +
+                                  " --backend=cuda --listen=127.0.0.1:0 --cuda-module=/nonexistent/libmodule.so 2>" +
+                                  ShellQuote(err))
+                                     .c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << ReadFile(err);
+  if (driver == nullptr) {
+    EXPECT_NE(ReadFile(err).find("--backend=cuda: the NVIDIA driver is not installed here"), std::string::npos)
+        << ReadFile(err);
+  } else {
+    EXPECT_NE(ReadFile(err).find("cannot find the CUDA backend module"), std::string::npos) << ReadFile(err);
+    EXPECT_NE(ReadFile(err).find("/nonexistent/libmodule.so"), std::string::npos) << ReadFile(err);
+  }
+}
+
+TEST_F(CliTest, AutoBackendIsTheCpuWithoutDriver) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+    GTEST_SKIP() << "the NVIDIA driver is installed here";
+  }
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=auto"}, Path("auto.log"));
+  EXPECT_NE(WaitForListening(server), 0) << ReadFile(server.log);
+  EXPECT_NE(ReadFile(server.log).find("cpu backend, listening"), std::string::npos) << ReadFile(server.log);
+  ExpectStopsCleanly(server, SIGTERM);
 }
 
 TEST_F(CliTest, ServerRejectsBadFlags) {

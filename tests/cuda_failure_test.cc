@@ -46,11 +46,15 @@ int HealthStatus(const std::string& target) {
 
 TEST(CudaFailure, StickyErrorStopsTheServerServing) {
   if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device here";
+  // The backend of the static library, not the server's module: InjectIllegalAddressForTesting
+  // recognises only backends of its own copy of the CUDA backend.
+  cuda::CudaBackendOptions backend_options;
+  backend_options.kernel_cache_dir = "";
+  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend(backend_options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
   ServerOptions options;
   options.listen = "127.0.0.1:0";
-  options.backend = "cuda";
-  options.kernel_cache_dir = "";
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options, *std::move(backend));
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
 
