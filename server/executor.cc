@@ -36,8 +36,8 @@ std::string DefaultStreamKey(absl::string_view client, int device) {
 }
 
 // "kind buf-read... -> buf-written...", built once at submission.
-std::string RangeName(OpKind kind, const std::vector<Executor::Access>& accesses) {
-  std::string name(OpKindName(kind));
+std::string RangeName(OperationKind kind, const std::vector<Executor::Access>& accesses) {
+  std::string name(OperationKindName(kind));
   for (const Executor::Access& a : accesses) {
     if (!a.write) absl::StrAppend(&name, " ", a.buffer->id);
   }
@@ -50,16 +50,16 @@ std::string RangeName(OpKind kind, const std::vector<Executor::Access>& accesses
 
 }  // namespace
 
-absl::string_view OpKindName(OpKind kind) {
+absl::string_view OperationKindName(OperationKind kind) {
   switch (kind) {
-    case OpKind::kElementwise: return "elementwise";
-    case OpKind::kGemv: return "gemv";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kRandom: return "random";
-    case OpKind::kFill: return "fill";
-    case OpKind::kCopy: return "copy";
-    case OpKind::kUpload: return "upload";
-    case OpKind::kDownload: return "download";
+    case OperationKind::kElementwise: return "elementwise";
+    case OperationKind::kGemv: return "gemv";
+    case OperationKind::kReduce: return "reduce";
+    case OperationKind::kRandom: return "random";
+    case OperationKind::kFill: return "fill";
+    case OperationKind::kCopy: return "copy";
+    case OperationKind::kUpload: return "upload";
+    case OperationKind::kDownload: return "download";
   }
   return "unknown";
 }
@@ -523,18 +523,18 @@ void Executor::Release(const std::shared_ptr<HostAccess>& access) {
 
 Stream& Executor::TransferStream(int device) { return *transfer_streams_.at(device); }
 
-void Executor::RecordTransfer(OpKind kind, uint64_t bytes) {
+void Executor::RecordTransfer(OperationKind kind, uint64_t bytes) {
   Guard guard(*this);
   KindStats& k = stats_[static_cast<int>(kind)];
   ++k.count;
-  if (kind == OpKind::kUpload) {
+  if (kind == OperationKind::kUpload) {
     k.bytes_written += bytes;
   } else {
     k.bytes_read += bytes;
   }
 }
 
-std::array<KindStats, kNumOpKinds> Executor::Stats() {
+std::array<KindStats, kNumOperationKinds> Executor::Stats() {
   Guard guard(*this);
   return stats_;
 }

@@ -35,7 +35,7 @@
 
 namespace gpucompute {
 
-enum class OpKind : uint8_t {
+enum class OperationKind : uint8_t {
   kElementwise,
   kGemv,
   kReduce,
@@ -45,10 +45,10 @@ enum class OpKind : uint8_t {
   kUpload,
   kDownload,
 };
-inline constexpr int kNumOpKinds = 8;
+inline constexpr int kNumOperationKinds = 8;
 
 // "elementwise", "gemv", ...: as the API's OperationKind, in lower case.
-absl::string_view OpKindName(OpKind kind);
+absl::string_view OperationKindName(OperationKind kind);
 
 // OK when `device` is one of the backend's devices, else INVALID_ARGUMENT saying how
 // many there are.
@@ -110,7 +110,7 @@ class Work {
 struct OperationStatus {
   enum class State : uint8_t { kQueued, kRunning, kSucceeded, kFailed };
   std::string id;
-  OpKind kind = OpKind::kElementwise;
+  OperationKind kind = OperationKind::kElementwise;
   std::string stream_id;
   int device = 0;
   State state = State::kQueued;
@@ -197,7 +197,7 @@ class Executor {
     bool write = false;
   };
   struct OpSpec {
-    OpKind kind = OpKind::kElementwise;
+    OperationKind kind = OperationKind::kElementwise;
     std::vector<Access> accesses;
     // Traffic and flops, known before launch.
     uint64_t bytes_read = 0;
@@ -230,9 +230,9 @@ class Executor {
   // A stream for staging transfers to and from `device`, outside any client's order.
   Stream& TransferStream(int device);
 
-  std::array<KindStats, kNumOpKinds> Stats();
+  std::array<KindStats, kNumOperationKinds> Stats();
   // Counts a finished upload or download in the statistics.
-  void RecordTransfer(OpKind kind, uint64_t bytes);
+  void RecordTransfer(OperationKind kind, uint64_t bytes);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -288,7 +288,7 @@ class Executor {
   std::vector<std::unique_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
-  std::array<KindStats, kNumOpKinds> stats_ ABSL_GUARDED_BY(mu_){};
+  std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace gpucompute

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/backend.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::conformance {
 
@@ -54,24 +55,6 @@ inline void PrintTo(const BackendFactory& factory, std::ostream* os) { *os << fa
 inline std::string BackendFactoryName(const ::testing::TestParamInfo<BackendFactory>& info) {
   return info.param.name;
 }
-
-// Fails the current test (which must return void) unless `expr` is an OK absl::Status.
-#define CONFORMANCE_ASSERT_OK(expr)                                                       \
-  do {                                                                                    \
-    const ::absl::Status conformance_status_ = (expr);                                    \
-    ASSERT_TRUE(conformance_status_.ok()) << #expr << " failed: " << conformance_status_; \
-  } while (false)
-
-#define CONFORMANCE_CONCAT_INNER_(a, b) a##b
-#define CONFORMANCE_CONCAT_(a, b) CONFORMANCE_CONCAT_INNER_(a, b)
-#define CONFORMANCE_ASSIGN_IMPL_(tmp, lhs, expr)                 \
-  auto tmp = (expr);                                             \
-  ASSERT_TRUE(tmp.ok()) << #expr << " failed: " << tmp.status(); \
-  lhs = std::move(tmp).value()
-
-// `lhs = value of the absl::StatusOr expr`, failing the current test on an error.
-#define CONFORMANCE_ASSIGN_OR_FAIL(lhs, expr) \
-  CONFORMANCE_ASSIGN_IMPL_(CONFORMANCE_CONCAT_(conformance_statusor_, __LINE__), lhs, expr)
 
 // Waits until all work enqueued on `stream` so far has completed, and returns the
 // stream's error state. The promise is shared with the callback so that a timeout cannot

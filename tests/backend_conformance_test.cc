@@ -237,16 +237,16 @@ void CheckBinary(Backend& backend, Stream& stream, absl::string_view text,
   SCOPED_TRACE(absl::StrCat(text, " with x ", DTypeName(DTypeOf<X>::value), ", y ",
                             DTypeName(DTypeOf<Y>::value), ", n ", x.size()));
   ASSERT_EQ(x.size(), y.size());
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program program,
+  ASSIGN_OR_FAIL(const expr::Program program,
                              expr::Compile(std::string_view(text.data(), text.size()),
                                            {{"x", expr::ArrayInput{DTypeOf<X>::value}},
                                             {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
   ASSERT_EQ(program.result_dtype(), DTypeOf<R>::value) << program.canonical();
   DeviceMemory dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<Stored<R>> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got,
+  ASSIGN_OR_FAIL(got,
                              RunElementwise<R>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
                                                static_cast<int64_t>(x.size())));
   if constexpr (IsFloat(DTypeOf<R>::value)) {
@@ -296,7 +296,7 @@ TEST_P(BackendConformance, AllocatesAlignedMemoryOfEverySize) {
   for (uint64_t bytes : sizes) {
     SCOPED_TRACE(absl::StrCat("bytes ", bytes));
     DeviceMemory mem;
-    CONFORMANCE_ASSIGN_OR_FAIL(mem, backend().Allocate(0, bytes));
+    ASSIGN_OR_FAIL(mem, backend().Allocate(0, bytes));
     EXPECT_EQ(mem.size(), bytes);
     EXPECT_EQ(mem.device(), 0);
     if (bytes > 0) {
@@ -308,16 +308,16 @@ TEST_P(BackendConformance, AllocatesAlignedMemoryOfEverySize) {
     std::vector<uint8_t> pattern =
         IntVector<uint8_t>(static_cast<int64_t>(bytes), 0, 255, bytes + 1);
     if (bytes > 0) {
-      CONFORMANCE_ASSERT_OK(backend().CopyFromHost(stream(), pattern.data(), mem, 0, bytes));
+      ASSERT_OK(backend().CopyFromHost(stream(), pattern.data(), mem, 0, bytes));
     }
     mems.push_back(std::move(mem));
     patterns.push_back(std::move(pattern));
   }
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
+  ASSERT_OK(Synchronize(stream()));
   for (size_t k = 0; k < sizes.size(); ++k) {
     SCOPED_TRACE(absl::StrCat("bytes ", sizes[k]));
     std::vector<uint8_t> back;
-    CONFORMANCE_ASSIGN_OR_FAIL(back, Download<uint8_t>(backend(), stream(), mems[k], sizes[k]));
+    ASSIGN_OR_FAIL(back, Download<uint8_t>(backend(), stream(), mems[k], sizes[k]));
     EXPECT_TRUE(back == patterns[k]);
   }
 }
@@ -345,44 +345,44 @@ TEST_P(BackendConformance, CopiesHonourOffsets) {
   const std::vector<uint8_t> init_b(kSizeB, 0xDD);
   const std::vector<uint8_t> src = IntVector<uint8_t>(10007, 0, 255, 7);
   DeviceMemory a, b;
-  CONFORMANCE_ASSIGN_OR_FAIL(a, Upload(backend(), stream(), init_a));
-  CONFORMANCE_ASSIGN_OR_FAIL(b, Upload(backend(), stream(), init_b));
+  ASSIGN_OR_FAIL(a, Upload(backend(), stream(), init_a));
+  ASSIGN_OR_FAIL(b, Upload(backend(), stream(), init_b));
   // The same operations on host mirrors.
   std::vector<uint8_t> want_a = init_a;
   std::vector<uint8_t> want_b = init_b;
   std::vector<uint8_t> partial(1001, 0x11);
   std::vector<uint8_t> want_partial = partial;
 
-  CONFORMANCE_ASSERT_OK(backend().CopyFromHost(stream(), src.data(), a, 13, src.size()));
+  ASSERT_OK(backend().CopyFromHost(stream(), src.data(), a, 13, src.size()));
   std::memcpy(want_a.data() + 13, src.data(), src.size());
-  CONFORMANCE_ASSERT_OK(backend().Copy(stream(), a, 18, b, 7, 9000));
+  ASSERT_OK(backend().Copy(stream(), a, 18, b, 7, 9000));
   std::memcpy(want_b.data() + 7, want_a.data() + 18, 9000);
   // Within one allocation, non-overlapping.
-  CONFORMANCE_ASSERT_OK(backend().Copy(stream(), a, 13, a, 15000, 5000));
+  ASSERT_OK(backend().Copy(stream(), a, 13, a, 15000, 5000));
   std::memcpy(want_a.data() + 15000, want_a.data() + 13, 5000);
   // Single bytes at the very ends, and empty copies that must change nothing.
   const uint8_t one = 0x42;
-  CONFORMANCE_ASSERT_OK(backend().CopyFromHost(stream(), &one, b, kSizeB - 1, 1));
+  ASSERT_OK(backend().CopyFromHost(stream(), &one, b, kSizeB - 1, 1));
   want_b[kSizeB - 1] = one;
-  CONFORMANCE_ASSERT_OK(backend().Copy(stream(), b, kSizeB - 1, a, 0, 1));
+  ASSERT_OK(backend().Copy(stream(), b, kSizeB - 1, a, 0, 1));
   want_a[0] = one;
-  CONFORMANCE_ASSERT_OK(backend().CopyFromHost(stream(), src.data(), a, 100, 0));
-  CONFORMANCE_ASSERT_OK(backend().Copy(stream(), a, 5, b, 5, 0));
-  CONFORMANCE_ASSERT_OK(backend().CopyToHost(stream(), b, 3, partial.data() + 10, 0));
+  ASSERT_OK(backend().CopyFromHost(stream(), src.data(), a, 100, 0));
+  ASSERT_OK(backend().Copy(stream(), a, 5, b, 5, 0));
+  ASSERT_OK(backend().CopyToHost(stream(), b, 3, partial.data() + 10, 0));
   // To the host from an offset, into the middle of a host buffer.
-  CONFORMANCE_ASSERT_OK(backend().CopyToHost(stream(), b, 3, partial.data() + 10, 900));
+  ASSERT_OK(backend().CopyToHost(stream(), b, 3, partial.data() + 10, 900));
   std::memcpy(want_partial.data() + 10, want_b.data() + 3, 900);
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
+  ASSERT_OK(Synchronize(stream()));
   EXPECT_TRUE(partial == want_partial);
 
   std::vector<uint8_t> got_a, got_b;
-  CONFORMANCE_ASSIGN_OR_FAIL(got_a, Download<uint8_t>(backend(), stream(), a, kSizeA));
-  CONFORMANCE_ASSIGN_OR_FAIL(got_b, Download<uint8_t>(backend(), stream(), b, kSizeB));
+  ASSIGN_OR_FAIL(got_a, Download<uint8_t>(backend(), stream(), a, kSizeA));
+  ASSIGN_OR_FAIL(got_b, Download<uint8_t>(backend(), stream(), b, kSizeB));
   ExpectAllSame(got_a, want_a);
   ExpectAllSame(got_b, want_b);
   // Downloads from an offset read the same bytes.
   std::vector<uint8_t> tail;
-  CONFORMANCE_ASSIGN_OR_FAIL(tail, Download<uint8_t>(backend(), stream(), a, 11, kSizeA - 11));
+  ASSIGN_OR_FAIL(tail, Download<uint8_t>(backend(), stream(), a, 11, kSizeA - 11));
   ExpectAllSame(tail, std::vector<uint8_t>(want_a.end() - 11, want_a.end()));
 }
 
@@ -392,14 +392,14 @@ void CheckFill(Backend& backend, Stream& stream, T value, int64_t count) {
   using S = Stored<T>;
   const S guard = GuardValue<S>();
   DeviceMemory mem;
-  CONFORMANCE_ASSIGN_OR_FAIL(mem, Upload<S>(backend, stream, std::span<const S>(),
+  ASSIGN_OR_FAIL(mem, Upload<S>(backend, stream, std::span<const S>(),
                                             static_cast<size_t>(count) + kGuardElements, &guard));
   const S stored = static_cast<S>(value);
   uint64_t bits = 0;
   std::memcpy(&bits, &stored, sizeof(S));
-  CONFORMANCE_ASSERT_OK(backend.Fill(stream, mem, DTypeOf<T>::value, bits, count));
+  ASSERT_OK(backend.Fill(stream, mem, DTypeOf<T>::value, bits, count));
   std::vector<S> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       got, Download<S>(backend, stream, mem, static_cast<size_t>(count) + kGuardElements));
   ExpectGuardIntact(std::span<const S>(got).subspan(static_cast<size_t>(count)));
   got.resize(static_cast<size_t>(count));
@@ -430,22 +430,22 @@ TEST_P(BackendConformance, StreamRunsWorkInEnqueueOrder) {
   constexpr int64_t kN = 1 << 16;
   constexpr int kSteps = 50;
   DeviceMemory x, y;
-  CONFORMANCE_ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
-  CONFORMANCE_ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program plus_one,
+  ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(const expr::Program plus_one,
                              expr::Compile("y + 1", {{"y", expr::ArrayInput{DType::kFloat64}}}));
   const double zero = 0.0;
   uint64_t zero_bits;
   std::memcpy(&zero_bits, &zero, sizeof(zero));
-  CONFORMANCE_ASSERT_OK(backend().Fill(stream(), x, DType::kFloat64, zero_bits, kN));
+  ASSERT_OK(backend().Fill(stream(), x, DType::kFloat64, zero_bits, kN));
   const DeviceMemory* inputs[] = {&y};
   for (int step = 0; step < kSteps; ++step) {
-    CONFORMANCE_ASSERT_OK(backend().Copy(stream(), x, 0, y, 0, kN * sizeof(double)));
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(backend().Copy(stream(), x, 0, y, 0, kN * sizeof(double)));
+    ASSERT_OK(
         backend().Elementwise(stream(), plus_one, inputs, x, DType::kFloat64, kN).status());
   }
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), x, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), x, kN));
   ExpectAllSame(got, std::vector<double>(kN, kSteps));
 }
 
@@ -460,11 +460,11 @@ TEST_P(BackendConformance, IndependentStreamsRunConcurrently) {
   const std::vector<int64_t> zeros(kN, 0);
   for (int s = 0; s < kStreams; ++s) {
     std::unique_ptr<Stream> st;
-    CONFORMANCE_ASSIGN_OR_FAIL(st, backend().CreateStream(0));
+    ASSIGN_OR_FAIL(st, backend().CreateStream(0));
     DeviceMemory x, y;
-    CONFORMANCE_ASSIGN_OR_FAIL(x, Upload(backend(), *st, zeros));
-    CONFORMANCE_ASSIGN_OR_FAIL(y, Upload(backend(), *st, zeros));
-    CONFORMANCE_ASSIGN_OR_FAIL(
+    ASSIGN_OR_FAIL(x, Upload(backend(), *st, zeros));
+    ASSIGN_OR_FAIL(y, Upload(backend(), *st, zeros));
+    ASSIGN_OR_FAIL(
         const expr::Program p,
         expr::Compile(absl::StrCat("x + ", s + 1), {{"x", expr::ArrayInput{DType::kInt64}}}));
     streams.push_back(std::move(st));
@@ -478,14 +478,14 @@ TEST_P(BackendConformance, IndependentStreamsRunConcurrently) {
       DeviceMemory& from = step % 2 == 0 ? xs[s] : ys[s];
       DeviceMemory& to = step % 2 == 0 ? ys[s] : xs[s];
       const DeviceMemory* inputs[] = {&from};
-      CONFORMANCE_ASSERT_OK(
+      ASSERT_OK(
           backend().Elementwise(*streams[s], programs[s], inputs, to, DType::kInt64, kN).status());
     }
   }
   for (int s = 0; s < kStreams; ++s) {
     SCOPED_TRACE(absl::StrCat("stream ", s));
     std::vector<int64_t> got;
-    CONFORMANCE_ASSIGN_OR_FAIL(got, Download<int64_t>(backend(), *streams[s], xs[s], kN));
+    ASSIGN_OR_FAIL(got, Download<int64_t>(backend(), *streams[s], xs[s], kN));
     ExpectAllSame(got, std::vector<int64_t>(kN, int64_t{kSteps} * (s + 1)));
   }
 }
@@ -498,29 +498,29 @@ TEST_P(BackendConformance, WaitOrdersWorkAcrossStreams) {
   constexpr int kSteps = 64;
   Stream& a = stream();
   std::unique_ptr<Stream> b;
-  CONFORMANCE_ASSIGN_OR_FAIL(b, backend().CreateStream(0));
+  ASSIGN_OR_FAIL(b, backend().CreateStream(0));
   const std::vector<double> zeros(kN, 0.0);
   DeviceMemory x, y, copy;
-  CONFORMANCE_ASSIGN_OR_FAIL(x, Upload(backend(), a, zeros));
-  CONFORMANCE_ASSIGN_OR_FAIL(y, Upload(backend(), a, zeros));
-  CONFORMANCE_ASSIGN_OR_FAIL(copy, Upload(backend(), *b, zeros));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program plus_one,
+  ASSIGN_OR_FAIL(x, Upload(backend(), a, zeros));
+  ASSIGN_OR_FAIL(y, Upload(backend(), a, zeros));
+  ASSIGN_OR_FAIL(copy, Upload(backend(), *b, zeros));
+  ASSIGN_OR_FAIL(const expr::Program plus_one,
                              expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
   for (int step = 0; step < kSteps; ++step) {
     const DeviceMemory* inputs[] = {step % 2 == 0 ? &x : &y};
     DeviceMemory& to = step % 2 == 0 ? y : x;
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(a, plus_one, inputs, to, DType::kFloat64, kN).status());
   }
   std::shared_ptr<Event> done;
-  CONFORMANCE_ASSIGN_OR_FAIL(done, a.Record());
-  CONFORMANCE_ASSERT_OK(b->Wait(done));
+  ASSIGN_OR_FAIL(done, a.Record());
+  ASSERT_OK(b->Wait(done));
   done.reset();  // the stream must keep what it waits for alive
-  CONFORMANCE_ASSERT_OK(backend().Copy(*b, x, 0, copy, 0, kN * sizeof(double)));
+  ASSERT_OK(backend().Copy(*b, x, 0, copy, 0, kN * sizeof(double)));
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), *b, copy, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), *b, copy, kN));
   ExpectAllSame(got, std::vector<double>(kN, kSteps));
-  CONFORMANCE_ASSERT_OK(Synchronize(a));
+  ASSERT_OK(Synchronize(a));
 }
 
 TEST_P(BackendConformance, EventsOrderWorkBackAndForth) {
@@ -529,39 +529,39 @@ TEST_P(BackendConformance, EventsOrderWorkBackAndForth) {
   constexpr int64_t kN = 1 << 18;
   Stream& a = stream();
   std::unique_ptr<Stream> b;
-  CONFORMANCE_ASSIGN_OR_FAIL(b, backend().CreateStream(0));
+  ASSIGN_OR_FAIL(b, backend().CreateStream(0));
   DeviceMemory x, y;
-  CONFORMANCE_ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
-  CONFORMANCE_ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program twice,
+  ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(const expr::Program twice,
                              expr::Compile("2 * v", {{"v", expr::ArrayInput{DType::kFloat64}}}));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program plus_one,
+  ASSIGN_OR_FAIL(const expr::Program plus_one,
                              expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
   const double one = 1.0;
   uint64_t one_bits;
   std::memcpy(&one_bits, &one, sizeof(one));
-  CONFORMANCE_ASSERT_OK(backend().Fill(a, x, DType::kFloat64, one_bits, kN));
+  ASSERT_OK(backend().Fill(a, x, DType::kFloat64, one_bits, kN));
   std::shared_ptr<Event> a_done;
-  CONFORMANCE_ASSIGN_OR_FAIL(a_done, a.Record());
+  ASSIGN_OR_FAIL(a_done, a.Record());
   double want = 1.0;
   for (int round = 0; round < 10; ++round) {
-    CONFORMANCE_ASSERT_OK(b->Wait(a_done));
+    ASSERT_OK(b->Wait(a_done));
     const DeviceMemory* from_x[] = {&x};
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(*b, twice, from_x, y, DType::kFloat64, kN).status());
     std::shared_ptr<Event> b_done;
-    CONFORMANCE_ASSIGN_OR_FAIL(b_done, b->Record());
-    CONFORMANCE_ASSERT_OK(a.Wait(b_done));
+    ASSIGN_OR_FAIL(b_done, b->Record());
+    ASSERT_OK(a.Wait(b_done));
     const DeviceMemory* from_y[] = {&y};
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(a, plus_one, from_y, x, DType::kFloat64, kN).status());
-    CONFORMANCE_ASSIGN_OR_FAIL(a_done, a.Record());
+    ASSIGN_OR_FAIL(a_done, a.Record());
     want = 2 * want + 1;
   }
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), a, x, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), a, x, kN));
   ExpectAllSame(got, std::vector<double>(kN, want));
-  CONFORMANCE_ASSERT_OK(Synchronize(*b));
+  ASSERT_OK(Synchronize(*b));
 }
 
 TEST_P(BackendConformance, OnCompleteRunsAfterPriorWork) {
@@ -569,15 +569,15 @@ TEST_P(BackendConformance, OnCompleteRunsAfterPriorWork) {
   constexpr int kRounds = 20;
   constexpr int64_t kN = 1 << 16;
   DeviceMemory dev;
-  CONFORMANCE_ASSIGN_OR_FAIL(dev, backend().Allocate(0, kN * sizeof(int32_t)));
+  ASSIGN_OR_FAIL(dev, backend().Allocate(0, kN * sizeof(int32_t)));
   std::vector<std::vector<int32_t>> host(kRounds, std::vector<int32_t>(kN, -1));
   std::vector<std::promise<std::pair<absl::Status, int64_t>>> results(kRounds);
   for (int k = 0; k < kRounds; ++k) {
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Fill(stream(), dev, DType::kInt32, static_cast<uint64_t>(k), kN));
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().CopyToHost(stream(), dev, 0, host[k].data(), kN * sizeof(int32_t)));
-    CONFORMANCE_ASSERT_OK(stream().OnComplete([&host, &results, k](absl::Status status) {
+    ASSERT_OK(stream().OnComplete([&host, &results, k](absl::Status status) {
       const int64_t wrong =
           std::count_if(host[k].begin(), host[k].end(), [k](int32_t v) { return v != k; });
       results[k].set_value({status, wrong});
@@ -587,27 +587,27 @@ TEST_P(BackendConformance, OnCompleteRunsAfterPriorWork) {
     auto future = results[k].get_future();
     ASSERT_EQ(future.wait_for(std::chrono::seconds(120)), std::future_status::ready);
     const auto [status, wrong] = future.get();
-    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_OK(status);
     EXPECT_EQ(wrong, 0) << "callback " << k << " ran before its copy finished";
   }
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
+  ASSERT_OK(Synchronize(stream()));
 }
 
 TEST_P(BackendConformance, OnCompleteMayEnqueueWork) {
   // From inside a callback: more work on another stream and on the callback's own stream.
   constexpr int64_t kN = 4099;
   std::unique_ptr<Stream> other;
-  CONFORMANCE_ASSIGN_OR_FAIL(other, backend().CreateStream(0));
+  ASSIGN_OR_FAIL(other, backend().CreateStream(0));
   DeviceMemory a, b;
-  CONFORMANCE_ASSIGN_OR_FAIL(a, backend().Allocate(0, kN * sizeof(int32_t)));
-  CONFORMANCE_ASSIGN_OR_FAIL(b, backend().Allocate(0, kN * sizeof(int32_t)));
+  ASSIGN_OR_FAIL(a, backend().Allocate(0, kN * sizeof(int32_t)));
+  ASSIGN_OR_FAIL(b, backend().Allocate(0, kN * sizeof(int32_t)));
   std::vector<int32_t> via_other(kN, 0), via_self(kN, 0);
   std::promise<absl::Status> enqueued, other_done, self_done;
-  CONFORMANCE_ASSERT_OK(backend().Fill(stream(), a, DType::kInt32, 7, kN));
+  ASSERT_OK(backend().Fill(stream(), a, DType::kInt32, 7, kN));
   Backend* be = &backend();
   Stream* self = &stream();
   Stream* oth = other.get();
-  CONFORMANCE_ASSERT_OK(stream().OnComplete([&, be, self, oth](absl::Status status) {
+  ASSERT_OK(stream().OnComplete([&, be, self, oth](absl::Status status) {
     absl::Status s = status;
     if (s.ok()) s = be->Copy(*oth, a, 0, b, 0, kN * sizeof(int32_t));
     if (s.ok()) s = be->CopyToHost(*oth, b, 0, via_other.data(), kN * sizeof(int32_t));
@@ -625,50 +625,50 @@ TEST_P(BackendConformance, OnCompleteMayEnqueueWork) {
     }
     return f.get();
   };
-  CONFORMANCE_ASSERT_OK(wait(enqueued));
-  CONFORMANCE_ASSERT_OK(wait(other_done));
-  CONFORMANCE_ASSERT_OK(wait(self_done));
+  ASSERT_OK(wait(enqueued));
+  ASSERT_OK(wait(other_done));
+  ASSERT_OK(wait(self_done));
   ExpectAllSame(via_other, std::vector<int32_t>(kN, 7));
   ExpectAllSame(via_self, std::vector<int32_t>(kN, 7));
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
-  CONFORMANCE_ASSERT_OK(Synchronize(*other));
+  ASSERT_OK(Synchronize(stream()));
+  ASSERT_OK(Synchronize(*other));
 }
 
 TEST_P(BackendConformance, ElapsedSecondsBetweenEvents) {
   constexpr int64_t kN = 1 << 20;
   const std::vector<double> x = UniformVector<double>(kN, -1, 1, 3);
   DeviceMemory dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program heavy,
+  ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
+  ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(const expr::Program heavy,
                              expr::Compile("exp(sin(x) * cos(x)) + sqrt(abs(x))",
                                            {{"x", expr::ArrayInput{DType::kFloat64}}}));
   const DeviceMemory* inputs[] = {&dx};
   // A first run outside the timed range, so that any compilation is not in it.
-  CONFORMANCE_ASSERT_OK(
+  ASSERT_OK(
       backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
+  ASSERT_OK(Synchronize(stream()));
   const auto host_start = std::chrono::steady_clock::now();
   std::shared_ptr<Event> e0, e1, e2;
-  CONFORMANCE_ASSIGN_OR_FAIL(e0, stream().Record());
+  ASSIGN_OR_FAIL(e0, stream().Record());
   for (int i = 0; i < 4; ++i) {
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
   }
-  CONFORMANCE_ASSIGN_OR_FAIL(e1, stream().Record());
+  ASSIGN_OR_FAIL(e1, stream().Record());
   for (int i = 0; i < 4; ++i) {
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
   }
-  CONFORMANCE_ASSIGN_OR_FAIL(e2, stream().Record());
-  CONFORMANCE_ASSERT_OK(Synchronize(stream()));
+  ASSIGN_OR_FAIL(e2, stream().Record());
+  ASSERT_OK(Synchronize(stream()));
   const double host_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
   double t01, t12, t02, t00;
-  CONFORMANCE_ASSIGN_OR_FAIL(t01, backend().ElapsedSeconds(*e0, *e1));
-  CONFORMANCE_ASSIGN_OR_FAIL(t12, backend().ElapsedSeconds(*e1, *e2));
-  CONFORMANCE_ASSIGN_OR_FAIL(t02, backend().ElapsedSeconds(*e0, *e2));
-  CONFORMANCE_ASSIGN_OR_FAIL(t00, backend().ElapsedSeconds(*e0, *e0));
+  ASSIGN_OR_FAIL(t01, backend().ElapsedSeconds(*e0, *e1));
+  ASSIGN_OR_FAIL(t12, backend().ElapsedSeconds(*e1, *e2));
+  ASSIGN_OR_FAIL(t02, backend().ElapsedSeconds(*e0, *e2));
+  ASSIGN_OR_FAIL(t00, backend().ElapsedSeconds(*e0, *e0));
   EXPECT_GT(t01, 0.0);  // four passes over 8 MB take time on any device
   EXPECT_GT(t12, 0.0);
   EXPECT_NEAR(t00, 0.0, 1e-6);
@@ -719,7 +719,7 @@ void CheckAxpy(Backend& backend, Stream& stream, int64_t n) {
   const expr::ScalarInput a = std::is_floating_point_v<T>
                                   ? expr::ScalarInput{DType::kFloat64, 0.3, 0}
                                   : expr::ScalarInput{DType::kInt64, 0, -3};
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       const expr::Program program,
       expr::Compile("a*x + y",
                     {{"a", a}, {"x", expr::ArrayInput{kT}}, {"y", expr::ArrayInput{kT}}}));
@@ -735,10 +735,10 @@ void CheckAxpy(Backend& backend, Stream& stream, int64_t n) {
     y = FullRangeVector<T>(n, 4);
   }
   DeviceMemory dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<T> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       got, RunElementwise<T>(backend, stream, program, {{"x", &dx}, {"y", &dy}}, n));
   if constexpr (std::is_floating_point_v<T>) {
     const double av = static_cast<double>(static_cast<T>(0.3));
@@ -772,7 +772,7 @@ double ReferenceWorkload(double x) {
 template <typename T>
 void CheckReferenceWorkload(Backend& backend, Stream& stream, int64_t n) {
   SCOPED_TRACE(absl::StrCat("reference workload, ", DTypeName(DTypeOf<T>::value), ", n ", n));
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       const expr::Program program,
       expr::Compile(kReferenceWorkload, {{"x", expr::ArrayInput{DTypeOf<T>::value}}}));
   ASSERT_EQ(program.result_dtype(), DTypeOf<T>::value);
@@ -781,9 +781,9 @@ void CheckReferenceWorkload(Backend& backend, Stream& stream, int64_t n) {
   if (n > 2) x[1] = -0.5;
   if (n > 2) x[2] = 1e-20f;
   DeviceMemory dx;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
   std::vector<T> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, RunElementwise<T>(backend, stream, program, {{"x", &dx}}, n));
+  ASSIGN_OR_FAIL(got, RunElementwise<T>(backend, stream, program, {{"x", &dx}}, n));
   std::vector<double> want(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) want[i] = ReferenceWorkload(x[i]);
   // float32: x*x rounds with an absolute error up to 64 * 2^-24 = 3.8e-6 for |x| < 8,
@@ -908,17 +908,17 @@ template <typename Out, typename X, typename Y, typename Ref>
 void CheckWiderOutput(Backend& backend, Stream& stream, absl::string_view text, DType result,
                       const std::vector<Stored<X>>& x, const std::vector<Stored<Y>>& y, Ref ref) {
   SCOPED_TRACE(absl::StrCat(text, " into ", DTypeName(DTypeOf<Out>::value)));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program program,
+  ASSIGN_OR_FAIL(const expr::Program program,
                              expr::Compile(std::string_view(text.data(), text.size()),
                                            {{"x", expr::ArrayInput{DTypeOf<X>::value}},
                                             {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
   ASSERT_EQ(program.result_dtype(), result);
   ASSERT_TRUE(expr::CanCastSameKind(result, DTypeOf<Out>::value));
   DeviceMemory dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<Out> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got,
+  ASSIGN_OR_FAIL(got,
                              RunElementwise<Out>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
                                                  static_cast<int64_t>(x.size())));
   std::vector<Out> want(x.size());
@@ -958,26 +958,26 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
   const auto xi = FullRangeVector<int32_t>(kN, 43);
   const auto yi = FullRangeVector<int32_t>(kN, 44);
   DeviceMemory dx, dy, dxi, dyi;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, Upload(backend(), stream(), y));
-  CONFORMANCE_ASSIGN_OR_FAIL(dxi, Upload(backend(), stream(), xi));
-  CONFORMANCE_ASSIGN_OR_FAIL(dyi, Upload(backend(), stream(), yi));
+  ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
+  ASSIGN_OR_FAIL(dy, Upload(backend(), stream(), y));
+  ASSIGN_OR_FAIL(dxi, Upload(backend(), stream(), xi));
+  ASSIGN_OR_FAIL(dyi, Upload(backend(), stream(), yi));
   const expr::InputMap f64 = {{"x", expr::ArrayInput{DType::kFloat64}},
                               {"y", expr::ArrayInput{DType::kFloat64}}};
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       const expr::Program in_place,
       expr::Compile("x * 3 + 1", {{"x", expr::ArrayInput{DType::kFloat64}}}));
   // Reads both inputs, several times, after the output aliasing x is written.
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program both,
+  ASSIGN_OR_FAIL(const expr::Program both,
                              expr::Compile("where(x > y, y - x, x * y) + x", f64));
-  CONFORMANCE_ASSIGN_OR_FAIL(const expr::Program ints,
+  ASSIGN_OR_FAIL(const expr::Program ints,
                              expr::Compile("x * y", {{"x", expr::ArrayInput{DType::kInt32}},
                                                      {"y", expr::ArrayInput{DType::kInt32}}}));
   const DeviceMemory* in_x[] = {&dx};
-  CONFORMANCE_ASSERT_OK(
+  ASSERT_OK(
       backend().Elementwise(stream(), in_place, in_x, dx, DType::kFloat64, kN).status());
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
   std::vector<double> want(kN);
   for (int64_t i = 0; i < kN; ++i) want[i] = x[i] * 3 + 1;
   ExpectAllClose(got, want, kFloat64Rel, kFloat64Abs);
@@ -985,9 +985,9 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
   // Now x holds x*3 + 1; write where(...) + x over it.
   const std::vector<double> x1 = got;
   const DeviceMemory* in_xy[] = {&dx, &dy};
-  CONFORMANCE_ASSERT_OK(
+  ASSERT_OK(
       backend().Elementwise(stream(), both, in_xy, dx, DType::kFloat64, kN).status());
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
   for (int64_t i = 0; i < kN; ++i) {
     want[i] = (x1[i] > y[i] ? y[i] - x1[i] : x1[i] * y[i]) + x1[i];
   }
@@ -995,10 +995,10 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
 
   // Output aliasing the second input.
   const DeviceMemory* in_ints[] = {&dxi, &dyi};
-  CONFORMANCE_ASSERT_OK(
+  ASSERT_OK(
       backend().Elementwise(stream(), ints, in_ints, dyi, DType::kInt32, kN).status());
   std::vector<int32_t> got_i;
-  CONFORMANCE_ASSIGN_OR_FAIL(got_i, Download<int32_t>(backend(), stream(), dyi, kN));
+  ASSIGN_OR_FAIL(got_i, Download<int32_t>(backend(), stream(), dyi, kN));
   std::vector<int32_t> want_i(kN);
   for (int64_t i = 0; i < kN; ++i) want_i[i] = WrapMul(xi[i], yi[i]);
   ExpectAllSame(got_i, want_i);
@@ -1007,15 +1007,15 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
 TEST_P(BackendConformance, ElementwiseScalarInputsAndEmptyRanges) {
   constexpr int64_t kN = 1001;
   // Only scalars: a is passed as a null DeviceMemory and broadcast.
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       const expr::Program scalar,
       expr::Compile("a * 2 - b", {{"a", expr::ScalarInput{DType::kFloat64, 1.25, 0}},
                                   {"b", expr::ScalarInput{DType::kInt64, 0, 3}}}));
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, RunElementwise<double>(backend(), stream(), scalar, {}, kN));
+  ASSIGN_OR_FAIL(got, RunElementwise<double>(backend(), stream(), scalar, {}, kN));
   ExpectAllSame(got, std::vector<double>(kN, -0.5));
   // A scalar sorted between two arrays: inputs are (a: array, k: scalar, z: array).
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       const expr::Program mixed,
       expr::Compile("a - k * z", {{"a", expr::ArrayInput{DType::kInt64}},
                                   {"k", expr::ScalarInput{DType::kInt32, 0, 5}},
@@ -1023,16 +1023,16 @@ TEST_P(BackendConformance, ElementwiseScalarInputsAndEmptyRanges) {
   const auto a = IntVector<int64_t>(kN, -1000000, 1000000, 51);
   const auto z = IntVector<int64_t>(kN, -1000000, 1000000, 52);
   DeviceMemory da, dz;
-  CONFORMANCE_ASSIGN_OR_FAIL(da, Upload(backend(), stream(), a));
-  CONFORMANCE_ASSIGN_OR_FAIL(dz, Upload(backend(), stream(), z));
+  ASSIGN_OR_FAIL(da, Upload(backend(), stream(), a));
+  ASSIGN_OR_FAIL(dz, Upload(backend(), stream(), z));
   std::vector<int64_t> got_i;
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       got_i, RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, kN));
   std::vector<int64_t> want_i(kN);
   for (int64_t i = 0; i < kN; ++i) want_i[i] = a[i] - 5 * z[i];
   ExpectAllSame(got_i, want_i);
   // n = 0 writes nothing (RunElementwise checks the guard).
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       got_i, RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, 0));
   EXPECT_TRUE(got_i.empty());
 }
@@ -1043,18 +1043,18 @@ TEST_P(BackendConformance, ElementwiseProgramNeedNotOutliveTheCall) {
   constexpr int64_t kN = 1 << 20;
   const auto x = UniformVector<double>(kN, -1, 1, 61);
   DeviceMemory dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
+  ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
+  ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
   {
-    CONFORMANCE_ASSIGN_OR_FAIL(
+    ASSIGN_OR_FAIL(
         const expr::Program program,
         expr::Compile("x * x - 2", {{"x", expr::ArrayInput{DType::kFloat64}}}));
     const DeviceMemory* inputs[] = {&dx};
-    CONFORMANCE_ASSERT_OK(
+    ASSERT_OK(
         backend().Elementwise(stream(), program, inputs, dy, DType::kFloat64, kN).status());
   }
   std::vector<double> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dy, kN));
+  ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dy, kN));
   std::vector<double> want(kN);
   for (int64_t i = 0; i < kN; ++i) want[i] = x[i] * x[i] - 2;
   ExpectAllClose(got, want, kFloat64Rel, kFloat64Abs);
@@ -1272,10 +1272,10 @@ void CheckReduce(Backend& backend, Stream& stream, ReduceKind kind, const Reduce
   const size_t width = DTypeSize(out_dtype);
   const std::vector<uint8_t> guard((outputs + kGuardElements) * width, 0xA5);
   DeviceMemory out;
-  CONFORMANCE_ASSIGN_OR_FAIL(out, Upload(backend, stream, guard));
-  CONFORMANCE_ASSERT_OK(backend.Reduce(stream, kind, kIn, in, shape, out));
+  ASSIGN_OR_FAIL(out, Upload(backend, stream, guard));
+  ASSERT_OK(backend.Reduce(stream, kind, kIn, in, shape, out));
   std::vector<uint8_t> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<uint8_t>(backend, stream, out, guard.size()));
+  ASSIGN_OR_FAIL(got, Download<uint8_t>(backend, stream, out, guard.size()));
   ASSERT_TRUE(std::equal(got.begin() + outputs * width, got.end(), guard.begin()))
       << "Reduce wrote past its " << outputs << " outputs";
   int bad = 0;
@@ -1361,7 +1361,7 @@ void CheckReduceShapes(Backend& backend, Stream& stream, int64_t rows, int64_t c
       }
     }
     DeviceMemory in;
-    CONFORMANCE_ASSIGN_OR_FAIL(in, Upload(backend, stream, host));
+    ASSIGN_OR_FAIL(in, Upload(backend, stream, host));
     for (ReduceKind kind : kAllReduceKinds) {
       if ((kind == ReduceKind::kProd) != for_prod && !with_nans) continue;
       for (const ReduceCase& c : cases) {
@@ -1429,7 +1429,7 @@ void CheckArgOfFArray(Backend& backend, Stream& stream, int64_t rows, int64_t co
     if (nan) f_data[n / 3] = std::numeric_limits<T>::quiet_NaN();
   }
   DeviceMemory in;
-  CONFORMANCE_ASSIGN_OR_FAIL(in, Upload(backend, stream, f_data));
+  ASSIGN_OR_FAIL(in, Upload(backend, stream, f_data));
   for (ReduceKind kind : {ReduceKind::kArgmin, ReduceKind::kArgmax}) {
     int64_t want = 0;
     T best = f_data[0];
@@ -1449,11 +1449,11 @@ void CheckArgOfFArray(Backend& backend, Stream& stream, int64_t rows, int64_t co
       }
     }
     DeviceMemory out;
-    CONFORMANCE_ASSIGN_OR_FAIL(out, backend.Allocate(0, sizeof(int64_t)));
-    CONFORMANCE_ASSERT_OK(
+    ASSIGN_OR_FAIL(out, backend.Allocate(0, sizeof(int64_t)));
+    ASSERT_OK(
         backend.Reduce(stream, kind, DTypeOf<T>::value, in, ReduceShape{1, n, 1, rows}, out));
     std::vector<int64_t> got;
-    CONFORMANCE_ASSIGN_OR_FAIL(got, Download<int64_t>(backend, stream, out, 1));
+    ASSIGN_OR_FAIL(got, Download<int64_t>(backend, stream, out, 1));
     EXPECT_EQ(got[0], want) << ReduceKindName(kind);
   }
 }
@@ -1463,13 +1463,13 @@ void CheckArgOfFArray(Backend& backend, Stream& stream, int64_t rows, int64_t co
 // gives 1 (row 0, column 1), not 2 (the C index of memory position 1).
 TEST_P(BackendConformance, ReduceArgOfFArrayBreaksTiesInCOrder) {
   DeviceMemory in;
-  CONFORMANCE_ASSIGN_OR_FAIL(in, Upload(backend(), stream(), std::vector<double>{1, 0, 0, 1}));
+  ASSIGN_OR_FAIL(in, Upload(backend(), stream(), std::vector<double>{1, 0, 0, 1}));
   DeviceMemory out;
-  CONFORMANCE_ASSIGN_OR_FAIL(out, backend().Allocate(0, sizeof(int64_t)));
+  ASSIGN_OR_FAIL(out, backend().Allocate(0, sizeof(int64_t)));
   for (auto [kind, want] : {std::pair{ReduceKind::kArgmin, int64_t{1}}, std::pair{ReduceKind::kArgmax, int64_t{0}}}) {
-    CONFORMANCE_ASSERT_OK(backend().Reduce(stream(), kind, DType::kFloat64, in, ReduceShape{1, 4, 1, 2}, out));
+    ASSERT_OK(backend().Reduce(stream(), kind, DType::kFloat64, in, ReduceShape{1, 4, 1, 2}, out));
     std::vector<int64_t> got;
-    CONFORMANCE_ASSIGN_OR_FAIL(got, Download<int64_t>(backend(), stream(), out, 1));
+    ASSIGN_OR_FAIL(got, Download<int64_t>(backend(), stream(), out, 1));
     EXPECT_EQ(got[0], want) << ReduceKindName(kind);
   }
 }
@@ -1505,13 +1505,13 @@ void CheckGemv(Backend& backend, Stream& stream, int64_t rows, int64_t cols, boo
   if (beta == 0) std::fill(y0.begin(), y0.end(), std::numeric_limits<T>::quiet_NaN());
   const T guard = GuardValue<T>();
   DeviceMemory da, dx, dy;
-  CONFORMANCE_ASSIGN_OR_FAIL(da, Upload(backend, stream, a));
-  CONFORMANCE_ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
-  CONFORMANCE_ASSIGN_OR_FAIL(dy, Upload(backend, stream, y0, kGuardElements, &guard));
+  ASSIGN_OR_FAIL(da, Upload(backend, stream, a));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(dy, Upload(backend, stream, y0, kGuardElements, &guard));
   const GemvShape shape{rows, cols, col_major, transpose};
-  CONFORMANCE_ASSERT_OK(backend.Gemv(stream, DTypeOf<T>::value, shape, alpha, da, dx, beta, dy));
+  ASSERT_OK(backend.Gemv(stream, DTypeOf<T>::value, shape, alpha, da, dx, beta, dy));
   std::vector<T> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(got, Download<T>(backend, stream, dy, y_len + kGuardElements));
+  ASSIGN_OR_FAIL(got, Download<T>(backend, stream, dy, y_len + kGuardElements));
   ExpectGuardIntact(std::span<const T>(got).subspan(y_len));
   // A(i, j) as stored; op(A)(p, k) = A(p, k), or A(k, p) when transposed.
   auto at = [&](int64_t i, int64_t j) {
@@ -1639,11 +1639,11 @@ void CheckRandom(Backend& backend, Stream& stream, const RandomParams& p, int64_
   ASSERT_NE(ElementsPerCounter(p.distribution, kT), 0);
   const T guard = GuardValue<T>();
   DeviceMemory out;
-  CONFORMANCE_ASSIGN_OR_FAIL(out, Upload<T>(backend, stream, std::span<const T>(),
+  ASSIGN_OR_FAIL(out, Upload<T>(backend, stream, std::span<const T>(),
                                             static_cast<size_t>(n) + kGuardElements, &guard));
-  CONFORMANCE_ASSERT_OK(backend.Random(stream, p, kT, out, n));
+  ASSERT_OK(backend.Random(stream, p, kT, out, n));
   std::vector<T> got;
-  CONFORMANCE_ASSIGN_OR_FAIL(
+  ASSIGN_OR_FAIL(
       got, Download<T>(backend, stream, out, static_cast<size_t>(n) + kGuardElements));
   ExpectGuardIntact(std::span<const T>(got).subspan(static_cast<size_t>(n)));
   int bad = 0;
@@ -1763,17 +1763,17 @@ void CheckOffsetContinuation(Backend& backend, Stream& stream, RandomParams p) {
   constexpr int64_t kLarge = 4099;
   constexpr int64_t kPart = 1001;
   DeviceMemory large, part;
-  CONFORMANCE_ASSIGN_OR_FAIL(large, backend.Allocate(0, kLarge * sizeof(T)));
-  CONFORMANCE_ASSIGN_OR_FAIL(part, backend.Allocate(0, kPart * sizeof(T)));
+  ASSIGN_OR_FAIL(large, backend.Allocate(0, kLarge * sizeof(T)));
+  ASSIGN_OR_FAIL(part, backend.Allocate(0, kPart * sizeof(T)));
   p.offset = 0;
-  CONFORMANCE_ASSERT_OK(backend.Random(stream, p, kT, large, kLarge));
+  ASSERT_OK(backend.Random(stream, p, kT, large, kLarge));
   for (uint64_t o : {uint64_t{0}, uint64_t{1}, uint64_t{17}, uint64_t{700}}) {
     SCOPED_TRACE(absl::StrCat("offset ", o));
     p.offset = o;
-    CONFORMANCE_ASSERT_OK(backend.Random(stream, p, kT, part, kPart));
+    ASSERT_OK(backend.Random(stream, p, kT, part, kPart));
     std::vector<T> got_large, got_part;
-    CONFORMANCE_ASSIGN_OR_FAIL(got_large, Download<T>(backend, stream, large, kLarge));
-    CONFORMANCE_ASSIGN_OR_FAIL(got_part, Download<T>(backend, stream, part, kPart));
+    ASSIGN_OR_FAIL(got_large, Download<T>(backend, stream, large, kLarge));
+    ASSIGN_OR_FAIL(got_part, Download<T>(backend, stream, part, kPart));
     ASSERT_LE(static_cast<int64_t>(o) * k + kPart, kLarge);
     const int64_t first = static_cast<int64_t>(o) * k;
     ExpectAllSame(got_part,

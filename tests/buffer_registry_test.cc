@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "server/cpu/cpu_backend.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
@@ -26,12 +27,12 @@ class BufferRegistryTest : public ::testing::Test {
 
 TEST_F(BufferRegistryTest, MemoryLimitIsExactAndReturnedOnRelease) {
   absl::StatusOr<BufferHandle> a = Add("c", "", (1 << 20) / 4);  // exactly the limit
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_EQ(limiter_.used(), 1u << 20);
   absl::StatusOr<BufferHandle> b = Add("c", "", 1);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(registry_.size(), 1u);
-  ASSERT_TRUE(registry_.Remove("c", (*a)->id).ok());
+  ASSERT_OK(registry_.Remove("c", (*a)->id));
   EXPECT_EQ(limiter_.used(), 1u << 20) << "the caller still holds the handle";
   a->reset();
   EXPECT_EQ(limiter_.used(), 0u);
@@ -40,9 +41,9 @@ TEST_F(BufferRegistryTest, MemoryLimitIsExactAndReturnedOnRelease) {
 
 TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
   absl::StatusOr<BufferHandle> a = Add("c", "x", 4);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(Add("c", "x", 4).status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(Add("d", "x", 4).ok());
+  EXPECT_OK(Add("d", "x", 4));
   EXPECT_EQ(registry_.Lookup("c", "x").value(), *a);
   EXPECT_EQ(registry_.Lookup("d", (*a)->id).value(), *a) << "ids are global capabilities";
   EXPECT_EQ(registry_.Lookup("e", "x").status().code(), absl::StatusCode::kNotFound);
@@ -50,8 +51,8 @@ TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
   EXPECT_EQ(Add("c", "buf-1", 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add("c", std::string(kMaxNameBytes + 1, 'n'), 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add("c", "tab\there", 4).status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(registry_.Remove("c", "x").ok());
-  EXPECT_TRUE(Add("c", "x", 4).ok()) << "a deleted buffer's name is free again";
+  ASSERT_OK(registry_.Remove("c", "x"));
+  EXPECT_OK(Add("c", "x", 4)) << "a deleted buffer's name is free again";
 }
 
 TEST_F(BufferRegistryTest, ShapesAreChecked) {
@@ -68,14 +69,14 @@ TEST_F(BufferRegistryTest, ShapesAreChecked) {
 }
 
 TEST_F(BufferRegistryTest, BuffersPerClientAreBounded) {
-  for (size_t i = 0; i < kMaxBuffersPerClient; ++i) ASSERT_TRUE(Add("c", "", 0).ok()) << i;
+  for (size_t i = 0; i < kMaxBuffersPerClient; ++i) ASSERT_OK(Add("c", "", 0)) << i;
   absl::StatusOr<BufferHandle> over = Add("c", "", 0);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(Add("d", "", 0).ok()) << "the bound is per client";
+  EXPECT_OK(Add("d", "", 0)) << "the bound is per client";
   std::vector<BufferHandle> mine = registry_.List("c");
   ASSERT_EQ(mine.size(), kMaxBuffersPerClient);
-  ASSERT_TRUE(registry_.Remove("c", mine.front()->id).ok());
-  EXPECT_TRUE(Add("c", "", 0).ok());
+  ASSERT_OK(registry_.Remove("c", mine.front()->id));
+  EXPECT_OK(Add("c", "", 0));
 }
 
 }  // namespace

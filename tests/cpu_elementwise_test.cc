@@ -18,6 +18,7 @@
 #include "server/cpu/elementwise.h"
 #include "server/cpu/thread_pool.h"
 #include "server/expression/expression.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::cpu {
 namespace {
@@ -108,7 +109,7 @@ Program MustCompile(std::string_view text, const Env& env) {
   for (const auto& [name, array] : env.arrays) inputs.emplace(name, ArrayInput{array->dtype()});
   for (const auto& [name, scalar] : env.scalars) inputs.emplace(name, scalar);
   absl::StatusOr<Program> program = expr::Compile(text, inputs);
-  EXPECT_TRUE(program.ok()) << text << ": " << program.status();
+  EXPECT_OK(program) << text;
   if (!program.ok()) return *expr::Compile("0", {});
   return *program;
 }

@@ -32,9 +32,6 @@ using conformance::Download;
 using conformance::Synchronize;
 using conformance::Upload;
 
-#define ASSERT_OK(expr) CONFORMANCE_ASSERT_OK(expr)
-#define ASSIGN_OR_FAIL(lhs, expr) CONFORMANCE_ASSIGN_OR_FAIL(lhs, expr)
-
 template <typename T>
 using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
 
@@ -176,7 +173,7 @@ TEST_F(CudaVsCpu, ElementwiseAgrees) {
   for (const Case& c : cases) {
     expr::InputMap types{{"x", expr::ArrayInput{c.x}}, {"y", expr::ArrayInput{c.y}}};
     absl::StatusOr<expr::Program> program = expr::Compile(c.text, types);
-    ASSERT_TRUE(program.ok()) << c.text << ": " << program.status();
+    ASSERT_OK(program) << c.text;
     std::vector<std::vector<uint8_t>> inputs;
     for (DType t : {c.x, c.y}) {
       inputs.push_back(VisitDType(t, [&](auto zero) {
@@ -435,7 +432,7 @@ TEST_F(CudaVsCpu, OutOfMemoryIsResourceExhaustedAndLeavesTheBackendHealthy) {
   absl::StatusOr<DeviceMemory> mem = gpu_->Allocate(0, too_much);
   ASSERT_FALSE(mem.ok());
   EXPECT_EQ(mem.status().code(), absl::StatusCode::kResourceExhausted) << mem.status();
-  EXPECT_TRUE(gpu_->health().ok());
+  EXPECT_OK(gpu_->health());
   const std::vector<float> data = {1, 2, 3};
   ASSIGN_OR_FAIL(DeviceMemory small, Upload<float>(*gpu_, *gpu_stream_, data));
   ASSIGN_OR_FAIL(std::vector<float> back, Download<float>(*gpu_, *gpu_stream_, small, 3));

@@ -31,6 +31,7 @@
 #include "server/cpu/thread_pool.h"
 #include "server/cuda/elementwise_kernels.h"
 #include "server/expression/expression.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -376,10 +377,10 @@ class CudaElementwiseTest : public ::testing::Test {
     }
 
     absl::StatusOr<const CompiledElementwise*> kernel = Get(program, out_dtype);
-    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    ASSERT_OK(kernel);
     absl::Status launched =
         LaunchElementwise(**kernel, program, device_pointers, out, n, sm_count_, stream_);
-    ASSERT_TRUE(launched.ok()) << launched;
+    ASSERT_OK(launched);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << what;
     HostArray got(out_dtype, n);
     if (n > 0) {
@@ -396,7 +397,7 @@ class CudaElementwiseTest : public ::testing::Test {
 
 Program MustCompile(std::string_view text, const InputMap& inputs) {
   absl::StatusOr<Program> program = expr::Compile(text, inputs);
-  EXPECT_TRUE(program.ok()) << text << ": " << program.status();
+  EXPECT_OK(program) << text;
   return program.ok() ? *program : *expr::Compile("0", {});
 }
 
@@ -546,7 +547,7 @@ TEST_F(CudaElementwiseTest, ParametersOfEveryDtypeReuseOneKernel) {
         in["sb"] = ScalarInput{DType::kBool, 0, sb};
         const Program program = MustCompile(text, in);
         absl::StatusOr<const CompiledElementwise*> k = Get(program, DType::kFloat64);
-        ASSERT_TRUE(k.ok()) << k.status();
+        ASSERT_OK(k);
         if (first == nullptr) first = *k;
         EXPECT_EQ(*k, first);
         RunAndCompare(program, DType::kFloat64, 4099, 0, {.seed = static_cast<uint64_t>(++runs)});
@@ -565,11 +566,11 @@ TEST_F(CudaElementwiseTest, AxpyScalarValuesShareTheKernel) {
   double seconds = -1;
   absl::StatusOr<const CompiledElementwise*> k2 =
       Kernels().Get(p2, DType::kFloat32, arch_, &seconds);
-  ASSERT_TRUE(k2.ok()) << k2.status();
+  ASSERT_OK(k2);
   const int64_t compiled = Kernels().nvrtc_compilations();
   absl::StatusOr<const CompiledElementwise*> k3 =
       Kernels().Get(p3, DType::kFloat32, arch_, &seconds);
-  ASSERT_TRUE(k3.ok()) << k3.status();
+  ASSERT_OK(k3);
   EXPECT_EQ(*k2, *k3);
   EXPECT_EQ(seconds, 0);  // a memory-cache hit
   EXPECT_EQ(Kernels().nvrtc_compilations(), compiled);
@@ -665,7 +666,7 @@ TEST_F(CudaElementwiseTest, OwnInstanceLoadsAndUnloads) {
     double seconds = -1;
     absl::StatusOr<const CompiledElementwise*> k =
         kernels.Get(program, DType::kFloat32, arch_, &seconds);
-    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_OK(k);
     EXPECT_GT(seconds, 0);
     EXPECT_EQ(kernels.nvrtc_compilations(), 1);
   }
@@ -677,7 +678,7 @@ TEST_F(CudaElementwiseTest, LaunchArgumentErrors) {
   const Program program = MustCompile("f + g", in);
   const Program other = MustCompile("f - g", in);
   absl::StatusOr<const CompiledElementwise*> k = Get(program, DType::kFloat32);
-  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_OK(k);
   DeviceBuffer a(64), b(64), out(64);
   const std::vector<const void*> pointers = {a.data(), b.data()};
   EXPECT_EQ(LaunchElementwise(**k, other, pointers, out.data(), 4, sm_count_, stream_).code(),
@@ -690,7 +691,7 @@ TEST_F(CudaElementwiseTest, LaunchArgumentErrors) {
   const std::vector<const void*> too_few = {a.data()};
   EXPECT_EQ(LaunchElementwise(**k, program, too_few, out.data(), 4, sm_count_, stream_).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(LaunchElementwise(**k, program, pointers, out.data(), 0, sm_count_, stream_).ok());
+  EXPECT_OK(LaunchElementwise(**k, program, pointers, out.data(), 0, sm_count_, stream_));
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 

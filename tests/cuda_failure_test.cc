@@ -17,6 +17,7 @@
 #include "server/backend.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/server.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
@@ -50,30 +51,28 @@ TEST(CudaFailure, StickyErrorStopsTheServerServing) {
   // recognises only backends of its own copy of the CUDA backend.
   cuda::CudaBackendOptions backend_options;
   backend_options.kernel_cache_dir = "";
-  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend(backend_options);
-  ASSERT_TRUE(backend.ok()) << backend.status();
+  ASSIGN_OR_FAIL(std::unique_ptr<Backend> backend, cuda::CreateCudaBackend(backend_options));
   ServerOptions options;
   options.listen = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options, *std::move(backend));
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  ASSIGN_OR_FAIL(std::unique_ptr<Server> server, Server::Start(options, std::move(backend)));
+  const std::string target = absl::StrCat("127.0.0.1:", server->port());
 
   ClientOptions client_options;
   client_options.target = target;
   client_options.timeout = absl::Seconds(60);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_OK(client);
   Client& c = **client;
 
   v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {1000}, v1::DTYPE_FLOAT32, 1, NewOutput("x"));
   fill.set_wait(true);
   absl::StatusOr<v1::Operation> op = c.Submit(fill);
-  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_OK(op);
   ASSERT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED) << op->error_message();
   EXPECT_EQ(HealthStatus(target), 1);
 
-  EXPECT_FALSE(cuda::InjectIllegalAddressForTesting((*server)->backend(), 0).ok());
-  EXPECT_FALSE((*server)->backend().health().ok());
+  EXPECT_FALSE(cuda::InjectIllegalAddressForTesting(server->backend(), 0).ok());
+  EXPECT_FALSE(server->backend().health().ok());
 
   EXPECT_EQ(HealthStatus(target), 2);
   v1::SubmitRequest sum = Reduce(v1::REDUCE_KIND_SUM, "x");
@@ -90,10 +89,10 @@ TEST(CudaFailure, StickyErrorStopsTheServerServing) {
 
   // Read-only calls still answer, and say why the server stopped serving.
   absl::StatusOr<v1::ServerInfo> info = c.GetServerInfo();
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_NE(info->backend_error().find("cudaErrorIllegalAddress"), std::string::npos) << info->backend_error();
   absl::StatusOr<v1::ListBuffersResponse> buffers = c.ListBuffers();
-  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  ASSERT_OK(buffers);
   EXPECT_EQ(buffers->buffers_size(), 1);
 }
 

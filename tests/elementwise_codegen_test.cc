@@ -29,6 +29,7 @@
 #include "server/cuda/nvrtc_compiler.h"
 #include "server/expression/expression.h"
 #include "server/expression/ir.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -76,7 +77,7 @@ InputMap InputsFor(std::string_view text) {
 
 Program MustCompile(std::string_view text, const InputMap& inputs) {
   absl::StatusOr<Program> program = expr::Compile(text, inputs);
-  EXPECT_TRUE(program.ok()) << text << ": " << program.status();
+  EXPECT_OK(program) << text;
   return program.ok() ? *program : *expr::Compile("0", {});
 }
 
@@ -210,7 +211,7 @@ TEST_P(CompileTest, GeneratesSourceThatNvrtcCompiles) {
   bool from_cache = true;
   absl::StatusOr<std::string> cubin =
       SharedCompiler().Compile(generated.source, kArch, &from_cache);
-  ASSERT_TRUE(cubin.ok()) << cubin.status() << "\n" << generated.source;
+  ASSERT_OK(cubin) << "\n" << generated.source;
   EXPECT_FALSE(from_cache);
   // An ELF image.
   ASSERT_GE(cubin->size(), 4u);
@@ -511,7 +512,7 @@ TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {
   NvrtcCompiler first(dir);
   bool from_cache = true;
   absl::StatusOr<std::string> cubin = first.Compile(source, kArch, &from_cache);
-  ASSERT_TRUE(cubin.ok()) << cubin.status();
+  ASSERT_OK(cubin);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(first.nvrtc_compilations(), 1);
   const std::string path = first.CachePath(source, kArch);
@@ -528,7 +529,7 @@ TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {
   // A second compiler (a restarted server) hits the file without compiling.
   NvrtcCompiler second(dir);
   absl::StatusOr<std::string> again = second.Compile(source, kArch, &from_cache);
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(*again, *cubin);
   EXPECT_EQ(second.nvrtc_compilations(), 0);
@@ -540,7 +541,7 @@ TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {
   WriteFile(path, corrupt);
   NvrtcCompiler third(dir);
   again = third.Compile(source, kArch, &from_cache);
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(*again, *cubin);
   EXPECT_EQ(third.nvrtc_compilations(), 1);
@@ -551,7 +552,7 @@ TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {
   WriteFile(path, good.substr(0, good.size() - 100));
   NvrtcCompiler fourth(dir);
   again = fourth.Compile(source, kArch, &from_cache);
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(fourth.nvrtc_compilations(), 1);
   EXPECT_EQ(ReadFile(path), good);
@@ -560,11 +561,11 @@ TEST(NvrtcCompilerTest, DiskCacheHitsCorruptionAndTruncationAreRecompiled) {
   WriteFile(path, good.substr(0, 80));
   NvrtcCompiler fresh(dir);
   again = fresh.Compile(source, kArch, &from_cache);
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(*again, *cubin);
   NvrtcCompiler last(dir);
-  ASSERT_TRUE(last.Compile(source, kArch, &from_cache).ok());
+  ASSERT_OK(last.Compile(source, kArch, &from_cache));
   EXPECT_TRUE(from_cache);
   std::filesystem::remove_all(TempDir("cache"));
 }
@@ -576,7 +577,8 @@ TEST(NvrtcCompilerTest, DiskCacheRejectsAnotherKeysFile) {
   NvrtcCompiler compiler(dir);
   absl::StatusOr<std::string> a = compiler.Compile(source_a, kArch);
   absl::StatusOr<std::string> b = compiler.Compile(source_b, kArch);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   ASSERT_NE(*a, *b);
   // B's (valid) file under A's name: the key in the header does not match.
   std::filesystem::copy_file(compiler.CachePath(source_b, kArch),
@@ -585,7 +587,7 @@ TEST(NvrtcCompilerTest, DiskCacheRejectsAnotherKeysFile) {
   NvrtcCompiler restarted(dir);
   bool from_cache = true;
   absl::StatusOr<std::string> again = restarted.Compile(source_a, kArch, &from_cache);
-  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_OK(again);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(*again, *a);
   std::filesystem::remove_all(dir);
@@ -602,8 +604,8 @@ TEST(NvrtcCompilerTest, UnusableDirectoryStillCompilesAndWarnsOnce) {
   absl::StatusOr<std::string> a = compiler.Compile(AxpySource(), kArch, &from_cache);
   absl::StatusOr<std::string> b = compiler.Compile(AxpySource(), kArch, &from_cache);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_FALSE(from_cache);
   EXPECT_EQ(compiler.nvrtc_compilations(), 2);
   const size_t first = log.find("warning");
@@ -623,12 +625,12 @@ TEST(NvrtcCompilerTest, ConcurrentCompilesOfOneSourceShareTheCache) {
   }
   for (std::thread& t : threads) t.join();
   for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(*r, *results[0]);
   }
   bool from_cache = false;
   NvrtcCompiler restarted(dir);
-  ASSERT_TRUE(restarted.Compile(source, kArch, &from_cache).ok());
+  ASSERT_OK(restarted.Compile(source, kArch, &from_cache));
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
                           std::filesystem::directory_iterator()),
@@ -648,11 +650,11 @@ TEST(NvrtcCompilerTest, ScalarValuesShareOneCacheEntry) {
   EXPECT_EQ(pa.canonical(), pb.canonical());
   NvrtcCompiler compiler(dir);
   bool from_cache = true;
-  ASSERT_TRUE(
-      compiler.Compile(GenerateElementwise(pa, DType::kFloat32).source, kArch, &from_cache).ok());
+  ASSERT_OK(
+      compiler.Compile(GenerateElementwise(pa, DType::kFloat32).source, kArch, &from_cache));
   EXPECT_FALSE(from_cache);
-  ASSERT_TRUE(
-      compiler.Compile(GenerateElementwise(pb, DType::kFloat32).source, kArch, &from_cache).ok());
+  ASSERT_OK(
+      compiler.Compile(GenerateElementwise(pb, DType::kFloat32).source, kArch, &from_cache));
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(compiler.nvrtc_compilations(), 1);
   std::filesystem::remove_all(dir);

@@ -1,106 +1,138 @@
-// The executor's ordering guarantees, on the CPU backend: stream order, the three
-// cross-stream hazards, host accesses, deletion while in use, failures and retention.
+// The executor's ordering guarantees: stream order, the three cross-stream hazards, host
+// accesses, deletion while in use, failures, retention and timing. The backend is scripted
+// (tests/scripted_backend.h): each operation's device work is one named kernel that the
+// test finishes itself, so every test states what must not have started yet, and why,
+// before it lets the work it waits for finish. No sleeps, no timing.
 #include "server/executor.h"
 
 #include <gtest/gtest.h>
 
-#include <chrono>
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
-#include <future>
-#include <thread>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/buffer_registry.h"
-#include "server/cpu/cpu_backend.h"
+#include "server/status_macros.h"
+#include "tests/scripted_backend.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
 
-using std::chrono::milliseconds;
+using ::gpucompute::testing::ScriptedBackend;
+using State = OperationStatus::State;
 
 class ExecutorTest : public ::testing::Test {
  protected:
-  ExecutorTest() : backend_(2), limiter_(1ull << 30), registry_(backend_, limiter_), executor_(backend_) {}
+  ExecutorTest() : limiter_(1ull << 30), registry_(backend_, limiter_) {
+    absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(backend_);
+    EXPECT_OK(executor);
+    if (executor.ok()) executor_ = *std::move(executor);
+  }
+  // Lets all submitted work finish, so that the executor's destructor has none to wait for.
+  ~ExecutorTest() override { backend_.RunUntilIdle(); }
 
   BufferHandle NewBuffer(uint64_t n) {
     absl::StatusOr<BufferHandle> b = registry_.Allocate("c", "", DType::kInt64, {n}, Layout::kC, 0);
-    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_OK(b);
     std::memset((*b)->memory.data(), 0, (*b)->size_bytes());
     return *b;
   }
 
   static int64_t At(const BufferHandle& b, size_t i) { return static_cast<const int64_t*>(b->memory.data())[i]; }
 
-  // An operation that holds its stream for `delay`, then sets every element to `value`.
-  // The delay runs on the stream like device work would, so a missing dependency shows.
-  Executor::OpSpec SlowFill(const BufferHandle& b, int64_t value, milliseconds delay) {
+  // An operation whose device work is kernel `name`, which sets every element of `b` to
+  // `value` when the test finishes it.
+  Executor::OpSpec Write(const std::string& name, const BufferHandle& b, int64_t value) {
     Executor::OpSpec spec;
-    spec.kind = OpKind::kFill;
+    spec.kind = OperationKind::kFill;
     spec.accesses = {{b, true}};
-    spec.launch = [this, b, value, delay](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
-      absl::Status st = s.OnComplete([delay](absl::Status) { std::this_thread::sleep_for(delay); });
-      if (!st.ok()) return st;
-      uint64_t bits;
-      std::memcpy(&bits, &value, 8);
-      st = backend_.Fill(s, b->memory, DType::kInt64, bits, static_cast<int64_t>(b->num_elements()));
-      if (!st.ok()) return st;
+    spec.launch = [this, name, data = static_cast<int64_t*>(b->memory.data()), n = b->num_elements(),
+                   value](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
+      RETURN_IF_ERROR(backend_.Launch(s, name, [=] { std::fill(data, data + n, value); }));
       return LaunchInfo{};
     };
     return spec;
   }
 
-  // dst = src, whole buffer.
-  Executor::OpSpec CopyOp(const BufferHandle& src, const BufferHandle& dst) {
+  // dst = src (whole buffers), as kernel `name`.
+  Executor::OpSpec CopyOp(const std::string& name, const BufferHandle& src, const BufferHandle& dst) {
     Executor::OpSpec spec;
-    spec.kind = OpKind::kCopy;
+    spec.kind = OperationKind::kCopy;
     spec.accesses = {{src, false}, {dst, true}};
-    spec.launch = [this, src, dst](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
-      absl::Status st = backend_.Copy(s, src->memory, 0, dst->memory, 0, src->size_bytes());
-      if (!st.ok()) return st;
+    spec.launch = [this, name, from = src->memory.data(), to = dst->memory.data(),
+                   bytes = src->size_bytes()](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
+      RETURN_IF_ERROR(backend_.Launch(s, name, [=] { std::memcpy(to, from, bytes); }));
       return LaunchInfo{};
     };
     return spec;
   }
 
   std::shared_ptr<Operation> Submit(const std::string& stream, Executor::OpSpec spec) {
-    absl::StatusOr<std::shared_ptr<Operation>> op = executor_.Submit("c", stream, std::move(spec));
-    EXPECT_TRUE(op.ok()) << op.status();
-    return *op;
+    absl::StatusOr<std::shared_ptr<Operation>> op = executor_->Submit("c", stream, std::move(spec));
+    EXPECT_OK(op);
+    return op.ok() ? *op : nullptr;
   }
 
-  OperationStatus Wait(const std::shared_ptr<Operation>& op) {
-    std::promise<void> done;
-    executor_.OnDone(op, [&] { done.set_value(); });
-    done.get_future().wait();
-    return executor_.GetStatus(*op);
-  }
+  State StateOf(const std::shared_ptr<Operation>& op) { return executor_->GetStatus(*op).state; }
 
   std::string NewStream() {
-    absl::StatusOr<StreamInfo> s = executor_.CreateStream("c", 0);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s->id;
+    absl::StatusOr<StreamInfo> s = executor_->CreateStream("c", 0);
+    EXPECT_OK(s);
+    return s.ok() ? s->id : std::string();
   }
 
-  cpu::CpuBackend backend_;
+  // Declared first: the executor's streams and the buffers' memory belong to it.
+  ScriptedBackend backend_;
   MemoryLimiter limiter_;
   BufferRegistry registry_;
-  Executor executor_;
+  std::unique_ptr<Executor> executor_;
 };
 
 TEST_F(ExecutorTest, OneStreamRunsInOrder) {
   BufferHandle b = NewBuffer(1000);
-  std::shared_ptr<Operation> last;
-  for (int i = 1; i <= 20; ++i) last = Submit("", SlowFill(b, i, milliseconds(i % 3)));
-  EXPECT_TRUE(Wait(last).error.ok());
-  EXPECT_EQ(At(b, 0), 20);
+  std::vector<std::shared_ptr<Operation>> ops;
+  for (int i = 1; i <= 20; ++i) ops.push_back(Submit("", Write(absl::StrCat("w", i), b, i)));
+  backend_.RunReady();
+  for (int i = 1; i <= 20; ++i) {
+    SCOPED_TRACE(i);
+    const std::string name = absl::StrCat("w", i);
+    ASSERT_TRUE(backend_.Started(name));
+    if (i < 20) {
+      EXPECT_FALSE(backend_.Started(absl::StrCat("w", i + 1))) << "started before its predecessor finished";
+      EXPECT_EQ(StateOf(ops[i]), State::kQueued);
+    }
+    backend_.Finish(name);
+    EXPECT_EQ(StateOf(ops[i - 1]), State::kSucceeded);
+    EXPECT_EQ(At(b, 0), i);
+  }
+  std::vector<std::string> order;
+  for (int i = 1; i <= 20; ++i) order.push_back(absl::StrCat("w", i));
+  EXPECT_EQ(backend_.started_order(), order);
   EXPECT_EQ(At(b, 999), 20);
 }
 
 TEST_F(ExecutorTest, ReadAfterWriteAcrossStreams) {
   BufferHandle x = NewBuffer(1 << 16);
   BufferHandle y = NewBuffer(1 << 16);
-  Submit(NewStream(), SlowFill(x, 7, milliseconds(100)));
-  OperationStatus copy = Wait(Submit(NewStream(), CopyOp(x, y)));
-  ASSERT_TRUE(copy.error.ok());
+  std::shared_ptr<Operation> write = Submit(NewStream(), Write("write x", x, 7));
+  std::shared_ptr<Operation> read = Submit(NewStream(), CopyOp("read x", x, y));
+  backend_.RunReady();
+  EXPECT_TRUE(backend_.Started("write x"));
+  EXPECT_FALSE(backend_.Started("read x")) << "the reader started before the writer finished";
+  EXPECT_EQ(StateOf(read), State::kQueued);
+
+  backend_.Finish("write x");
+  EXPECT_EQ(StateOf(write), State::kSucceeded);
+  EXPECT_TRUE(backend_.Started("read x"));
+  backend_.Finish("read x");
+  EXPECT_EQ(StateOf(read), State::kSucceeded);
   EXPECT_EQ(At(y, 0), 7);
   EXPECT_EQ(At(y, (1 << 16) - 1), 7);
 }
@@ -108,54 +140,85 @@ TEST_F(ExecutorTest, ReadAfterWriteAcrossStreams) {
 TEST_F(ExecutorTest, WriteAfterReadAcrossStreams) {
   BufferHandle x = NewBuffer(1 << 16);
   BufferHandle y = NewBuffer(1 << 16);
-  Wait(Submit("", SlowFill(x, 1, milliseconds(0))));
-  const std::string a = NewStream();
-  // The reader is held up behind a slow operation on its own stream...
   BufferHandle other = NewBuffer(16);
-  Submit(a, SlowFill(other, 0, milliseconds(100)));
-  std::shared_ptr<Operation> read = Submit(a, CopyOp(x, y));
+  Submit("", Write("x = 1", x, 1));
+  backend_.Finish("x = 1");
+  const std::string a = NewStream();
+  // The reader is held up behind other work on its own stream...
+  Submit(a, Write("hold a", other, 0));
+  std::shared_ptr<Operation> read = Submit(a, CopyOp("read x", x, y));
   // ...and the later writer on another stream must not overtake it.
-  std::shared_ptr<Operation> write = Submit(NewStream(), SlowFill(x, 2, milliseconds(0)));
-  Wait(write);
-  Wait(read);
+  std::shared_ptr<Operation> write = Submit(NewStream(), Write("x = 2", x, 2));
+  backend_.RunReady();
+  EXPECT_TRUE(backend_.Started("hold a"));
+  EXPECT_FALSE(backend_.Started("read x"));
+  EXPECT_FALSE(backend_.Started("x = 2")) << "the writer started before the earlier reader";
+
+  backend_.Finish("hold a");
+  EXPECT_TRUE(backend_.Started("read x"));
+  EXPECT_FALSE(backend_.Started("x = 2")) << "the writer started before the earlier reader finished";
+  backend_.Finish("read x");
+  EXPECT_TRUE(backend_.Started("x = 2"));
+  backend_.Finish("x = 2");
+  EXPECT_EQ(StateOf(read), State::kSucceeded);
+  EXPECT_EQ(StateOf(write), State::kSucceeded);
   EXPECT_EQ(At(y, 0), 1);
   EXPECT_EQ(At(x, 0), 2);
 }
 
 TEST_F(ExecutorTest, WriteAfterWriteAcrossStreams) {
   BufferHandle x = NewBuffer(1 << 16);
-  std::shared_ptr<Operation> first = Submit(NewStream(), SlowFill(x, 1, milliseconds(100)));
-  std::shared_ptr<Operation> second = Submit(NewStream(), SlowFill(x, 2, milliseconds(0)));
-  Wait(second);
-  Wait(first);
+  std::shared_ptr<Operation> first = Submit(NewStream(), Write("x = 1", x, 1));
+  std::shared_ptr<Operation> second = Submit(NewStream(), Write("x = 2", x, 2));
+  backend_.RunReady();
+  EXPECT_TRUE(backend_.Started("x = 1"));
+  EXPECT_FALSE(backend_.Started("x = 2")) << "the later writer started before the earlier one finished";
+  backend_.Finish("x = 1");
+  EXPECT_TRUE(backend_.Started("x = 2"));
+  backend_.Finish("x = 2");
+  EXPECT_EQ(StateOf(first), State::kSucceeded);
+  EXPECT_EQ(StateOf(second), State::kSucceeded);
   EXPECT_EQ(At(x, 0), 2);
 }
 
 TEST_F(ExecutorTest, IndependentStreamsOverlap) {
   BufferHandle x = NewBuffer(16);
   BufferHandle y = NewBuffer(16);
-  const auto start = std::chrono::steady_clock::now();
-  std::shared_ptr<Operation> a = Submit(NewStream(), SlowFill(x, 1, milliseconds(300)));
-  std::shared_ptr<Operation> b = Submit(NewStream(), SlowFill(y, 1, milliseconds(300)));
-  Wait(a);
-  Wait(b);
-  // Serialised they would take 600 ms; the bound leaves ample room for a slow machine.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(550));
+  std::shared_ptr<Operation> a = Submit(NewStream(), Write("x = 1", x, 1));
+  std::shared_ptr<Operation> b = Submit(NewStream(), Write("y = 1", y, 1));
+  backend_.RunReady();
+  // Both run at once: neither waits for the other.
+  EXPECT_TRUE(backend_.Started("x = 1"));
+  EXPECT_TRUE(backend_.Started("y = 1"));
+  EXPECT_EQ(StateOf(a), State::kRunning);
+  EXPECT_EQ(StateOf(b), State::kRunning);
+  backend_.Finish("y = 1");
+  EXPECT_EQ(StateOf(b), State::kSucceeded);
+  EXPECT_EQ(StateOf(a), State::kRunning);
+  backend_.Finish("x = 1");
+  EXPECT_EQ(StateOf(a), State::kSucceeded);
 }
 
 TEST_F(ExecutorTest, HostAccessWaitsForWritersAndHoldsBackLaterWriters) {
   BufferHandle x = NewBuffer(1 << 16);
-  Submit(NewStream(), SlowFill(x, 5, milliseconds(100)));
-  std::promise<int64_t> seen;
+  Submit(NewStream(), Write("x = 5", x, 5));
+  std::optional<int64_t> seen;
   std::shared_ptr<HostAccess> access =
-      executor_.AcquireHostAccess({{x, false}}, [&](const std::shared_ptr<HostAccess>&) { seen.set_value(At(x, 0)); });
-  EXPECT_EQ(seen.get_future().get(), 5);
-  std::shared_ptr<Operation> write = Submit(NewStream(), SlowFill(x, 6, milliseconds(0)));
-  std::this_thread::sleep_for(milliseconds(100));
-  EXPECT_FALSE(executor_.GetStatus(*write).done()) << "a writer overtook an active host read";
-  EXPECT_EQ(At(x, 0), 5);
-  executor_.Release(access);
-  Wait(write);
+      executor_->AcquireHostAccess({{x, false}}, [&](const std::shared_ptr<HostAccess>&) { seen = At(x, 0); });
+  backend_.RunReady();
+  EXPECT_FALSE(seen.has_value()) << "a host read started before the writer finished";
+  backend_.Finish("x = 5");
+  EXPECT_EQ(seen, 5);
+
+  std::shared_ptr<Operation> write = Submit(NewStream(), Write("x = 6", x, 6));
+  backend_.RunReady();
+  EXPECT_FALSE(backend_.Launched("x = 6")) << "a writer was dispatched during an active host read";
+  EXPECT_EQ(StateOf(write), State::kQueued);
+  executor_->Release(access);
+  backend_.RunReady();
+  EXPECT_TRUE(backend_.Started("x = 6"));
+  backend_.Finish("x = 6");
+  EXPECT_EQ(StateOf(write), State::kSucceeded);
   EXPECT_EQ(At(x, 0), 6);
 }
 
@@ -163,11 +226,15 @@ TEST_F(ExecutorTest, BufferDroppedWhileQueuedStaysAliveUntilDone) {
   const uint64_t before = limiter_.used();
   BufferHandle x = NewBuffer(1 << 16);
   BufferHandle y = NewBuffer(1 << 16);
-  Submit("", SlowFill(x, 3, milliseconds(100)));
-  std::shared_ptr<Operation> copy = Submit("", CopyOp(x, y));
+  Submit("", Write("x = 3", x, 3));
+  std::shared_ptr<Operation> copy = Submit("", CopyOp("y = x", x, y));
   x.reset();  // as DeleteBuffer does: the registry and the caller let go
+  backend_.RunReady();
   EXPECT_GT(limiter_.used(), before + (1 << 16) * 8) << "x was freed while queued work uses it";
-  Wait(copy);
+  backend_.Finish("x = 3");
+  EXPECT_GT(limiter_.used(), before + (1 << 16) * 8) << "x was freed while queued work uses it";
+  backend_.Finish("y = x");
+  EXPECT_EQ(StateOf(copy), State::kSucceeded);
   EXPECT_EQ(At(y, 0), 3);
   EXPECT_EQ(limiter_.used(), before + (1 << 16) * 8) << "x was not freed after its work finished";
 }
@@ -175,57 +242,71 @@ TEST_F(ExecutorTest, BufferDroppedWhileQueuedStaysAliveUntilDone) {
 TEST_F(ExecutorTest, FailedLaunchFailsOnlyThatOperation) {
   BufferHandle x = NewBuffer(16);
   Executor::OpSpec bad;
-  bad.kind = OpKind::kElementwise;
+  bad.kind = OperationKind::kElementwise;
   bad.accesses = {{x, true}};
   bad.launch = [](Stream&, OpResult&) -> absl::StatusOr<LaunchInfo> {
     return absl::ResourceExhaustedError("no scratch memory");
   };
-  OperationStatus failed = Wait(Submit("", std::move(bad)));
-  EXPECT_EQ(failed.state, OperationStatus::State::kFailed);
+  std::shared_ptr<Operation> failed_op = Submit("", std::move(bad));
+  backend_.RunReady();
+  const OperationStatus failed = executor_->GetStatus(*failed_op);
+  EXPECT_EQ(failed.state, State::kFailed);
   EXPECT_EQ(failed.error.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(failed.error.message(), "no scratch memory");
-  OperationStatus next = Wait(Submit("", SlowFill(x, 4, milliseconds(0))));
-  EXPECT_EQ(next.state, OperationStatus::State::kSucceeded);
+  std::shared_ptr<Operation> next = Submit("", Write("x = 4", x, 4));
+  backend_.RunReady();
+  EXPECT_TRUE(backend_.Started("x = 4"));
+  backend_.Finish("x = 4");
+  EXPECT_EQ(StateOf(next), State::kSucceeded);
   EXPECT_EQ(At(x, 15), 4);
 }
 
 TEST_F(ExecutorTest, SynchronizeWaitsForEverythingSubmitted) {
   BufferHandle x = NewBuffer(16);
   const std::string s = NewStream();
-  for (int i = 1; i <= 5; ++i) Submit(s, SlowFill(x, i, milliseconds(20)));
-  std::promise<int64_t> at_sync;
-  ASSERT_TRUE(executor_.Synchronize(s, [&] { at_sync.set_value(At(x, 0)); }).ok());
-  EXPECT_EQ(at_sync.get_future().get(), 5);
+  for (int i = 1; i <= 5; ++i) Submit(s, Write(absl::StrCat("x = ", i), x, i));
+  std::optional<int64_t> at_sync;
+  ASSERT_OK(executor_->Synchronize(s, [&] { at_sync = At(x, 0); }));
+  for (int i = 1; i <= 4; ++i) {
+    backend_.Finish(absl::StrCat("x = ", i));
+    EXPECT_FALSE(at_sync.has_value()) << "synchronized with only " << i << " of 5 done";
+  }
+  backend_.Finish("x = 5");
+  EXPECT_EQ(at_sync, 5);
 }
 
 TEST_F(ExecutorTest, StreamErrors) {
-  EXPECT_EQ(executor_.Submit("c", "str-0000", SlowFill(NewBuffer(1), 1, milliseconds(0))).status().code(),
+  EXPECT_EQ(executor_->Submit("c", "str-0000", Write("never", NewBuffer(1), 1)).status().code(),
             absl::StatusCode::kNotFound);
-  absl::StatusOr<StreamInfo> def = executor_.DefaultStream("c", 0);
-  ASSERT_TRUE(def.ok());
-  EXPECT_EQ(executor_.DeleteStream("c", def->id, [] {}).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(executor_.CreateStream("c", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<StreamInfo> def = executor_->DefaultStream("c", 0);
+  ASSERT_OK(def);
+  EXPECT_EQ(executor_->DeleteStream("c", def->id, [] {}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(executor_->CreateStream("c", 1).status().code(), absl::StatusCode::kInvalidArgument);
 
   const std::string s = NewStream();
   BufferHandle x = NewBuffer(16);
-  Submit(s, SlowFill(x, 9, milliseconds(50)));
-  std::promise<int64_t> deleted;
-  ASSERT_TRUE(executor_.DeleteStream("c", s, [&] { deleted.set_value(At(x, 0)); }).ok());
-  EXPECT_EQ(deleted.get_future().get(), 9) << "a stream was deleted before its work finished";
-  EXPECT_EQ(executor_.Submit("c", s, SlowFill(x, 1, milliseconds(0))).status().code(), absl::StatusCode::kNotFound);
+  Submit(s, Write("x = 9", x, 9));
+  std::optional<int64_t> deleted;
+  ASSERT_OK(executor_->DeleteStream("c", s, [&] { deleted = At(x, 0); }));
+  backend_.RunReady();
+  EXPECT_FALSE(deleted.has_value()) << "a stream was deleted before its work finished";
+  EXPECT_EQ(executor_->Submit("c", s, Write("never either", x, 1)).status().code(), absl::StatusCode::kNotFound);
+  backend_.Finish("x = 9");
+  EXPECT_EQ(deleted, 9);
 }
 
 TEST_F(ExecutorTest, StreamsPerClientAreLimited) {
   for (size_t i = 0; i + 1 < Executor::kMaxStreamsPerClient; ++i) NewStream();  // +1: the default stream
-  ASSERT_TRUE(executor_.DefaultStream("c", 0).ok());
-  EXPECT_EQ(executor_.CreateStream("c", 0).status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(executor_.CreateStream("other", 0).ok());
+  ASSERT_OK(executor_->DefaultStream("c", 0));
+  EXPECT_EQ(executor_->CreateStream("c", 0).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_OK(executor_->CreateStream("other", 0));
 }
 
 TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   // Each operation leaves 1 MiB of inline values: the byte bound evicts before the count.
+  int count = 0;
   auto with_values = [&] {
-    Executor::OpSpec spec = SlowFill(NewBuffer(1), 0, milliseconds(0));
+    Executor::OpSpec spec = Write(absl::StrCat("op ", count++), NewBuffer(1), 0);
     auto fill = std::move(spec.launch);
     spec.launch = [fill = std::move(fill)](Stream& s, OpResult& r) mutable -> absl::StatusOr<LaunchInfo> {
       r.values_dtype = DType::kFloat64;
@@ -238,21 +319,31 @@ TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   std::shared_ptr<Operation> first = with_values();
   std::shared_ptr<Operation> last;
   for (size_t i = 0; i < fit; ++i) last = with_values();
-  Wait(last);
-  EXPECT_EQ(executor_.FindOperation(first->id()).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(executor_.FindOperation(last->id()).ok());
+  backend_.RunUntilIdle();
+  EXPECT_EQ(StateOf(last), State::kSucceeded);
+  EXPECT_EQ(executor_->FindOperation(first->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_OK(executor_->FindOperation(last->id()));
 }
 
 TEST_F(ExecutorTest, TimingIsRecorded) {
   BufferHandle x = NewBuffer(16);
-  Executor::OpSpec spec = SlowFill(x, 1, milliseconds(30));
+  Executor::OpSpec spec = Write("timed", x, 1);
   spec.bytes_written = 128;
   spec.flops = 16;
-  OperationStatus st = Wait(Submit("", std::move(spec)));
-  EXPECT_GE(st.timing.device_seconds, 0.025);
+  std::shared_ptr<Operation> op = Submit("", std::move(spec));
+  backend_.RunReady();
+  EXPECT_EQ(StateOf(op), State::kRunning);
+  // The device clock moves 0.25 s while the kernel runs: its device time, exactly.
+  backend_.AdvanceClock(0.25);
+  backend_.Finish("timed");
+  const OperationStatus st = executor_->GetStatus(*op);
+  EXPECT_EQ(st.state, State::kSucceeded);
+  EXPECT_EQ(st.timing.device_seconds, 0.25);
   EXPECT_GE(st.timing.queued_seconds, 0.0);
   EXPECT_EQ(st.timing.bytes_written, 128u);
-  EXPECT_EQ(executor_.Stats()[static_cast<int>(OpKind::kFill)].count, 1u);
+  EXPECT_EQ(st.timing.flops, 16u);
+  EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].count, 1u);
+  EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].device_seconds, 0.25);
 }
 
 }  // namespace

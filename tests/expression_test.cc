@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "server/expression/ir.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::expr {
 namespace {
@@ -271,9 +272,9 @@ TEST(ExpressionErrors, HostileNestingIsRejectedWithoutRecursingDeeply) {
 
 TEST(ExpressionErrors, NestingUpToTheLimitIsAccepted) {
   const InputMap inputs = {{"x", ArrayInput{DType::kFloat64}}};
-  EXPECT_TRUE(CompileChecked(std::string(256, '(') + "x" + std::string(256, ')'), inputs).ok());
+  EXPECT_OK(CompileChecked(std::string(256, '(') + "x" + std::string(256, ')'), inputs));
   EXPECT_FALSE(CompileChecked(std::string(257, '(') + "x" + std::string(257, ')'), inputs).ok());
-  EXPECT_TRUE(CompileChecked(std::string(256, '-') + "x", inputs).ok());
+  EXPECT_OK(CompileChecked(std::string(256, '-') + "x", inputs));
 }
 
 TEST(ExpressionErrors, LongFlatExpressionsCompile) {
@@ -283,7 +284,7 @@ TEST(ExpressionErrors, LongFlatExpressionsCompile) {
   for (int k = 0; k < 16000; ++k) text += "+x";
   const absl::StatusOr<Program> program =
       CompileChecked(text, {{"x", ArrayInput{DType::kFloat32}}});
-  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_OK(program);
   EXPECT_EQ(program->ops_per_element(), 16000);
   EXPECT_EQ(program->ir().nodes.size(), 16001u);
 }
@@ -327,7 +328,7 @@ class PromotionTest : public ::testing::TestWithParam<PromotionCase> {};
 TEST_P(PromotionTest, MatchesNumPy2) {
   const PromotionCase& c = GetParam();
   const absl::StatusOr<Program> program = CompileChecked(c.text, InputsFor(c.text));
-  ASSERT_TRUE(program.ok()) << c.text << ": " << program.status();
+  ASSERT_OK(program) << c.text;
   EXPECT_EQ(DTypeName(program->result_dtype()), DTypeName(c.expected))
       << c.text << " (" << c.why << "); canonical: " << program->canonical();
 }
@@ -418,7 +419,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 std::string CanonicalOf(std::string_view text) {
   const absl::StatusOr<Program> program = CompileChecked(text, InputsFor(text));
-  EXPECT_TRUE(program.ok()) << text << ": " << program.status();
+  EXPECT_OK(program) << text;
   return program.ok() ? program->canonical() : "";
 }
 
@@ -443,7 +444,7 @@ TEST(Promotion, CanonicalShowsCastsAndComputeTypes) {
 TEST(Promotion, WeakFoldingFollowsIntegerRules) {
   const auto value = [](std::string_view text) {
     const absl::StatusOr<Program> p = Compile(text, {});
-    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_OK(p);
     const Node& root = p->ir().nodes[p->ir().root];
     EXPECT_EQ(root.op, OpKind::kConstant);
     return IsFloat(root.dtype) ? root.value.f : static_cast<double>(root.value.i);
@@ -474,7 +475,7 @@ TEST(Program, InputsAreSortedAndIncludeScalars) {
                            {"a", ScalarInput{DType::kFloat64, 2.0}},
                            {"x", ArrayInput{DType::kFloat32}}};
   const absl::StatusOr<Program> program = CompileChecked("a*x + y", inputs);
-  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_OK(program);
   EXPECT_EQ(program->inputs(), (std::vector<std::string>{"a", "x", "y"}));
   EXPECT_EQ(program->result_dtype(), DType::kFloat32);
   EXPECT_EQ(program->ops_per_element(), 2);
@@ -508,7 +509,7 @@ TEST(Program, ParametersCarryTheScalarValues) {
                            {"a", ScalarInput{DType::kFloat64, 1.5}},
                            {"k", ScalarInput{DType::kInt64, 0, 4}}};
   const absl::StatusOr<Program> program = CompileChecked("a * x + k * 2", inputs);
-  ASSERT_TRUE(program.ok());
+  ASSERT_OK(program);
   std::vector<double> values;
   for (const Node& n : program->ir().nodes) {
     if (n.op == OpKind::kConstant && n.parameter >= 0) values.push_back(n.value.f);
@@ -520,7 +521,7 @@ TEST(Program, ReferenceWorkload) {
   const InputMap inputs = {{"x", ArrayInput{DType::kFloat32}}};
   const absl::StatusOr<Program> program =
       CompileChecked("sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))", inputs);
-  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_OK(program);
   EXPECT_EQ(program->result_dtype(), DType::kFloat32);
   // sqrt abs exp neg sin mul div sqrt abs mul tanh
   EXPECT_EQ(program->ops_per_element(), 11);
@@ -529,7 +530,7 @@ TEST(Program, ReferenceWorkload) {
 TEST(Program, CommonSubexpressionsAreShared) {
   const InputMap inputs = {{"x", ArrayInput{DType::kInt32}}};
   const absl::StatusOr<Program> program = CompileChecked("sin(x) * sin(x) + x / 2", inputs);
-  ASSERT_TRUE(program.ok());
+  ASSERT_OK(program);
   // in, cast, sin, mul, const 2, div, add: cast(x) and sin(x) appear once.
   EXPECT_EQ(program->ir().nodes.size(), 7u);
   EXPECT_EQ(program->ops_per_element(), 5);  // counted as written: sin sin * / +
@@ -538,7 +539,7 @@ TEST(Program, CommonSubexpressionsAreShared) {
 TEST(Program, InputNamedLikeAFunction) {
   const InputMap inputs = {{"sin", ArrayInput{DType::kFloat64}}};
   const absl::StatusOr<Program> program = CompileChecked("sin(sin) + sin", inputs);
-  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_OK(program);
   EXPECT_EQ(program->canonical(), "add<float64>(sin<float64>(in0<float64>), in0<float64>)");
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
@@ -102,12 +103,12 @@ TEST(NpyKnownGoodTest, EncodesHeadersByteForByteAsNumpy) {
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::string> encoded = EncodeNpyHeader(c.header);
-    ASSERT_TRUE(encoded.ok()) << encoded.status();
+    ASSERT_OK(encoded);
     EXPECT_EQ(*encoded, c.file.substr(0, c.file.size() - c.data_bytes));
   }
   absl::StatusOr<std::string> growth =
       EncodeNpyHeader({DType::kFloat64, std::vector<uint64_t>(15, 3), false});
-  ASSERT_TRUE(growth.ok()) << growth.status();
+  ASSERT_OK(growth);
   EXPECT_EQ(*growth, NumpyGrowthPaddedHeader());
 }
 
@@ -115,7 +116,7 @@ TEST(NpyKnownGoodTest, ParsesNumpyFiles) {
   // ParseNpy returns a view into the file, which must outlive it.
   const std::string arange = NumpyArange3Int32();
   absl::StatusOr<NpyView> view = ParseNpy(arange);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kInt32, {3}, false}));
   EXPECT_EQ(view->parsed.major_version, 1);
   EXPECT_EQ(view->parsed.data_offset, 128u);
@@ -129,7 +130,7 @@ TEST(NpyKnownGoodTest, ParsesNumpyFiles) {
 
   const std::string fortran = NumpyFortran2x3Float64();
   view = ParseNpy(fortran);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kFloat64, {2, 3}, true}));
   double doubles[6];
   ASSERT_EQ(view->data.size(), sizeof(doubles));
@@ -138,13 +139,13 @@ TEST(NpyKnownGoodTest, ParsesNumpyFiles) {
 
   const std::string scalar = NumpyScalarBool();
   view = ParseNpy(scalar);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kBool, {}, false}));
   EXPECT_EQ(view->data, std::string(1, '\1'));
 
   const std::string empty = NumpyEmpty0x5Float32();
   view = ParseNpy(empty);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kFloat32, {0, 5}, false}));
   EXPECT_TRUE(view->data.empty());
 }
@@ -153,7 +154,7 @@ TEST(NpyKnownGoodTest, ReadsVersion2And3Headers) {
   for (char major : {'\x02', '\x03'}) {
     const std::string file = NumpyArange3Int32Version(major);
     absl::StatusOr<NpyView> view = ParseNpy(file);
-    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_OK(view);
     EXPECT_EQ(view->parsed.major_version, major);
     EXPECT_EQ(view->parsed.data_offset, 128u);
     EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kInt32, {3}, false}));
@@ -171,7 +172,7 @@ TEST(NpyParseTest, AcceptsEquivalentPythonLiterals) {
   file.push_back(static_cast<char>(length >> 8));
   file += dict + "\n" + std::string(48, 'x');
   absl::StatusOr<NpyView> view = ParseNpy(file);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_EQ(view->parsed.header, (NpyHeader{DType::kInt64, {2, 3}, true}));
 }
 
@@ -233,16 +234,16 @@ TYPED_TEST(NpyRoundTripTest, InMemory) {
       SCOPED_TRACE(::testing::Message()
                    << "shape rank " << shape.size() << " fortran " << fortran_order);
       absl::StatusOr<uint64_t> count = NpyElementCount(header);
-      ASSERT_TRUE(count.ok());
+      ASSERT_OK(count);
       const std::string data = ElementBytes<TypeParam>(*count);
       absl::StatusOr<std::string> encoded = EncodeNpyHeader(header);
-      ASSERT_TRUE(encoded.ok()) << encoded.status();
+      ASSERT_OK(encoded);
       EXPECT_EQ(encoded->size() % 64, 0u);
       EXPECT_EQ(encoded->back(), '\n');
 
       const std::string file = *encoded + data;
       absl::StatusOr<NpyView> view = ParseNpy(file);
-      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_OK(view);
       EXPECT_EQ(view->parsed.header, header);
       EXPECT_EQ(view->parsed.major_version, 1);
       EXPECT_EQ(view->parsed.data_offset, encoded->size());
@@ -260,21 +261,21 @@ TYPED_TEST(NpyRoundTripTest, ThroughFilesInSmallPieces) {
       const std::string data = ElementBytes<TypeParam>(*NpyElementCount(header));
 
       absl::StatusOr<NpyWriter> writer = NpyWriter::Create(path.string(), header);
-      ASSERT_TRUE(writer.ok()) << writer.status();
+      ASSERT_OK(writer);
       for (size_t i = 0; i < data.size(); i += 7) {
-        ASSERT_TRUE(writer->Write(std::string_view(data).substr(i, 7)).ok());
+        ASSERT_OK(writer->Write(std::string_view(data).substr(i, 7)));
       }
-      ASSERT_TRUE(writer->Close().ok());
+      ASSERT_OK(writer->Close());
       EXPECT_EQ(ReadFile(path), *EncodeNpyHeader(header) + data);
 
       absl::StatusOr<NpyReader> reader = NpyReader::Open(path.string());
-      ASSERT_TRUE(reader.ok()) << reader.status();
+      ASSERT_OK(reader);
       EXPECT_EQ(reader->header(), header);
       std::string read_back;
       std::byte piece[5];
       while (true) {
         absl::StatusOr<size_t> n = reader->Read(piece);
-        ASSERT_TRUE(n.ok()) << n.status();
+        ASSERT_OK(n);
         if (*n == 0) break;
         read_back.append(reinterpret_cast<const char*>(piece), *n);
       }
@@ -289,12 +290,12 @@ TEST(NpyFileTest, ReaderStreamsANumpyFile) {
   const std::filesystem::path path = TempPath("numpy.npy");
   WriteFile(path, NumpyFortran2x3Float64());
   absl::StatusOr<NpyReader> reader = NpyReader::Open(path.string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_OK(reader);
   EXPECT_EQ(reader->header(), (NpyHeader{DType::kFloat64, {2, 3}, true}));
   EXPECT_EQ(reader->data_bytes(), 48u);
   std::byte all[64];
   absl::StatusOr<size_t> n = reader->Read(all);
-  ASSERT_TRUE(n.ok());
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 48u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(all), 48),
             NumpyFortran2x3Float64().substr(128));
@@ -325,10 +326,10 @@ TEST(NpyFileTest, WriterChecksTheDeclaredSize) {
   const std::filesystem::path path = TempPath("writer.npy");
   const NpyHeader header{DType::kInt32, {2}, false};
   absl::StatusOr<NpyWriter> writer = NpyWriter::Create(path.string(), header);
-  ASSERT_TRUE(writer.ok());
+  ASSERT_OK(writer);
   EXPECT_EQ(writer->Write(std::string(12, 'a')).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(writer->bytes_written(), 0u);
-  ASSERT_TRUE(writer->Write(std::string(4, 'a')).ok());
+  ASSERT_OK(writer->Write(std::string(4, 'a')));
   EXPECT_EQ(writer->Close().code(), absl::StatusCode::kFailedPrecondition);
 
   absl::StatusOr<NpyWriter> bad_dir =
@@ -549,7 +550,7 @@ TEST(NpyEncodeTest, RejectsUnrepresentableHeaders) {
   EXPECT_EQ(EncodeNpyHeader({DType::kFloat64, {uint64_t{1} << 62}, false}).status().code(),
             absl::StatusCode::kInvalidArgument);
   // A zero dimension makes any other extent fine: the array is empty.
-  EXPECT_TRUE(EncodeNpyHeader({DType::kFloat64, {0, ~uint64_t{0}}, false}).ok());
+  EXPECT_OK(EncodeNpyHeader({DType::kFloat64, {0, ~uint64_t{0}}, false}));
 }
 
 }  // namespace

@@ -43,8 +43,11 @@
 namespace gpucompute {
 namespace {
 
+using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::kGiB;
 using ::gpucompute::testing::kMiB;
+using ::gpucompute::testing::Snapshot;
+using ::gpucompute::testing::TakeSnapshot;
 using ::gpucompute::testing::TestBackendName;
 using ::gpucompute::testing::TestServer;
 using ::google::protobuf::util::MessageDifferencer;
@@ -168,20 +171,6 @@ v1::UploadRequest ChunkMessage(std::string bytes) {
   return request;
 }
 
-absl::StatusOr<std::string> DownloadBytes(Client& client, std::string_view buffer,
-                                          uint64_t offset = 0, uint64_t size = 0,
-                                          uint32_t chunk_bytes = 0) {
-  v1::DownloadRequest request;
-  request.set_buffer(ToString(buffer));
-  request.set_offset_bytes(offset);
-  request.set_size_bytes(size);
-  request.set_chunk_bytes(chunk_bytes);
-  std::string data;
-  absl::StatusOr<v1::DownloadResponse> response = client.Download(request, &data);
-  if (!response.ok()) return response.status();
-  return data;
-}
-
 bool IsBufferId(const std::string& id) {
   if (id.size() != 4 + 32 || id.rfind("buf-", 0) != 0) return false;
   return std::all_of(id.begin() + 4, id.end(),
@@ -194,49 +183,15 @@ int64_t NowUnixNanos() {
       .count();
 }
 
-// What a rejected request must leave as it was: the calling client's listing and the
-// server-wide memory and buffer count.
-struct Snapshot {
-  std::vector<std::string> ids;  // the client's buffers, in listing order
-  uint64_t total_bytes = 0;
-  uint64_t memory_used = 0;
-  uint64_t buffer_count = 0;
-  bool operator==(const Snapshot&) const = default;
-};
-
-void PrintTo(const Snapshot& s, std::ostream* os) {
-  *os << "{ids=[";
-  for (const std::string& id : s.ids) *os << id << " ";
-  *os << "] total_bytes=" << s.total_bytes << " memory_used=" << s.memory_used
-      << " buffer_count=" << s.buffer_count << "}";
-}
-
-Snapshot TakeSnapshot(Client& client) {
-  Snapshot s;
-  absl::StatusOr<v1::ListBuffersResponse> list = client.ListBuffers();
-  EXPECT_TRUE(list.ok()) << list.status();
-  if (list.ok()) {
-    for (const v1::BufferInfo& b : list->buffers()) s.ids.push_back(b.id());
-    s.total_bytes = list->total_bytes();
-  }
-  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_TRUE(info.ok()) << info.status();
-  if (info.ok()) {
-    s.memory_used = info->memory_used_bytes();
-    s.buffer_count = info->buffer_count();
-  }
-  return s;
-}
-
 uint64_t MemoryUsed(Client& client) {
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_TRUE(info.ok()) << info.status();
+  EXPECT_OK(info);
   return info.ok() ? info->memory_used_bytes() : ~uint64_t{0};
 }
 
 std::string MustDownloadFrom(Client& client, std::string_view buffer) {
   absl::StatusOr<std::string> data = DownloadBytes(client, buffer);
-  EXPECT_TRUE(data.ok()) << data.status() << " downloading " << buffer;
+  EXPECT_OK(data) << " downloading " << buffer;
   return data.ok() ? *data : std::string();
 }
 
@@ -295,7 +250,7 @@ class ServerBuffersTest : public ::testing::Test {
   // Creates a buffer and asserts success.
   v1::BufferInfo MustCreate(Client& client, const v1::CreateBufferRequest& request) {
     absl::StatusOr<v1::BufferInfo> info = client.CreateBuffer(request);
-    EXPECT_TRUE(info.ok()) << info.status() << " for " << request.ShortDebugString();
+    EXPECT_OK(info) << " for " << request.ShortDebugString();
     return info.ok() ? *info : v1::BufferInfo();
   }
 
@@ -304,14 +259,14 @@ class ServerBuffersTest : public ::testing::Test {
                                const std::string& data, std::string_view name = {}) {
     absl::StatusOr<v1::UploadResponse> response =
         client.Upload(CreateHeader(dtype, shape, name), AsBytes(data));
-    EXPECT_TRUE(response.ok()) << response.status();
+    EXPECT_OK(response);
     return response.ok() ? response->buffer() : v1::BufferInfo();
   }
 
   std::string MustDownload(Client& client, std::string_view buffer, uint64_t offset = 0,
                            uint64_t size = 0) {
     absl::StatusOr<std::string> data = DownloadBytes(client, buffer, offset, size);
-    EXPECT_TRUE(data.ok()) << data.status() << " downloading " << buffer;
+    EXPECT_OK(data) << " downloading " << buffer;
     return data.ok() ? *data : std::string();
   }
 
@@ -395,14 +350,14 @@ TEST_F(ServerBuffersTest, CreateBufferFillsEveryDtypeAndShape) {
       request.set_buffer(info.id());
       std::string data;
       absl::StatusOr<v1::DownloadResponse> response = client_->Download(request, &data);
-      ASSERT_TRUE(response.ok()) << response.status();
+      ASSERT_OK(response);
       EXPECT_TRUE(MessageDifferencer::Equals(response->buffer(), info))
           << response->buffer().ShortDebugString() << " vs " << info.ShortDebugString();
       EXPECT_EQ(data, Repeat(f.element, n));
     }
   }
   absl::StatusOr<v1::ServerInfo> server_info = client_->GetServerInfo();
-  ASSERT_TRUE(server_info.ok()) << server_info.status();
+  ASSERT_OK(server_info);
   EXPECT_EQ(server_info->memory_used_bytes(), expected_used);
   EXPECT_EQ(server_info->buffer_count(), fills.size() * shapes.size());
 }
@@ -462,7 +417,7 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
   EXPECT_EQ(dup_upload.status().code(), Code::kAlreadyExists) << dup_upload.status();
   EXPECT_EQ(TakeSnapshot(*client_), before);
   absl::StatusOr<v1::BufferInfo> still = client_->GetBuffer("weights");
-  ASSERT_TRUE(still.ok()) << still.status();
+  ASSERT_OK(still);
   EXPECT_TRUE(MessageDifferencer::Equals(*still, first));
   EXPECT_EQ(MustDownload(*client_, "weights"), Repeat(BytesOf<double>(2.0), 3));
 
@@ -493,7 +448,7 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
     v1::BufferInfo info = MustCreate(*client_, CreateRequest(v1::DTYPE_BOOL, {1}, fine, BoolScalar(true)));
     EXPECT_EQ(info.name(), fine);
     absl::StatusOr<v1::BufferInfo> by_name = client_->GetBuffer(fine);
-    ASSERT_TRUE(by_name.ok()) << by_name.status();
+    ASSERT_OK(by_name);
     EXPECT_EQ(by_name->id(), info.id());
   }
 }
@@ -504,8 +459,8 @@ TEST_F(ServerBuffersTest, GetBufferByIdAndByName) {
       MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT32, {4, 5}, "matrix", FloatScalar(1.0), v1::LAYOUT_F));
   absl::StatusOr<v1::BufferInfo> by_id = client_->GetBuffer(created.id());
   absl::StatusOr<v1::BufferInfo> by_name = client_->GetBuffer("matrix");
-  ASSERT_TRUE(by_id.ok()) << by_id.status();
-  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  ASSERT_OK(by_id);
+  ASSERT_OK(by_name);
   EXPECT_TRUE(MessageDifferencer::Equals(*by_id, created)) << by_id->ShortDebugString();
   EXPECT_TRUE(MessageDifferencer::Equals(*by_name, created)) << by_name->ShortDebugString();
   EXPECT_EQ(created.layout(), v1::LAYOUT_F);
@@ -522,7 +477,7 @@ TEST_F(ServerBuffersTest, ListBuffersSortedByCreationWithTotal) {
   std::unique_ptr<Client> other = server_->Connect("other");
   ASSERT_NE(other, nullptr);
   absl::StatusOr<v1::ListBuffersResponse> empty = client_->ListBuffers();
-  ASSERT_TRUE(empty.ok()) << empty.status();
+  ASSERT_OK(empty);
   EXPECT_EQ(empty->buffers_size(), 0);
   EXPECT_EQ(empty->total_bytes(), 0u);
 
@@ -544,7 +499,7 @@ TEST_F(ServerBuffersTest, ListBuffersSortedByCreationWithTotal) {
     total += Elements(shape) * ItemSize(dtype);
   }
   absl::StatusOr<v1::ListBuffersResponse> list = client_->ListBuffers();
-  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_OK(list);
   ASSERT_EQ(list->buffers_size(), static_cast<int>(mine.size()));
   for (size_t i = 0; i < mine.size(); ++i) {
     EXPECT_TRUE(MessageDifferencer::Equals(list->buffers(static_cast<int>(i)), mine[i]))
@@ -558,15 +513,15 @@ TEST_F(ServerBuffersTest, ListBuffersSortedByCreationWithTotal) {
   EXPECT_EQ(list->total_bytes(), total);
 
   absl::StatusOr<v1::ListBuffersResponse> theirs = other->ListBuffers();
-  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  ASSERT_OK(theirs);
   EXPECT_EQ(theirs->buffers_size(), static_cast<int>(specs.size()));
   EXPECT_EQ(theirs->total_bytes(), specs.size() * 16 * 4);
 
   // After a delete the rest keep their order.
-  ASSERT_TRUE(client_->DeleteBuffer(mine[2].id()).ok());
+  ASSERT_OK(client_->DeleteBuffer(mine[2].id()));
   mine.erase(mine.begin() + 2);
   list = client_->ListBuffers();
-  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_OK(list);
   ASSERT_EQ(list->buffers_size(), static_cast<int>(mine.size()));
   for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(list->buffers(static_cast<int>(i)).id(), mine[i].id());
   EXPECT_EQ(list->total_bytes(), total - 4);
@@ -580,7 +535,7 @@ TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
   v1::BufferInfo doomed =
       MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1000}, "doomed", FloatScalar(4.0)));
   EXPECT_EQ(MemoryUsed(*client_), used_before + 8000);
-  ASSERT_TRUE(client_->DeleteBuffer("doomed").ok());
+  ASSERT_OK(client_->DeleteBuffer("doomed"));
   EXPECT_EQ(MemoryUsed(*client_), used_before);
 
   for (const std::string& ref : {doomed.id(), std::string("doomed")}) {
@@ -593,7 +548,7 @@ TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
     EXPECT_EQ(up.status().code(), Code::kNotFound) << up.status();
   }
   absl::StatusOr<v1::ListBuffersResponse> list = client_->ListBuffers();
-  ASSERT_TRUE(list.ok());
+  ASSERT_OK(list);
   ASSERT_EQ(list->buffers_size(), 1);
   EXPECT_EQ(list->buffers(0).id(), keep.id());
   EXPECT_EQ(MustDownload(*client_, "keep"), Repeat(BytesOf<int32_t>(3), 8));
@@ -602,7 +557,7 @@ TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
   v1::BufferInfo again = MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {2}, "doomed", IntScalar(8)));
   EXPECT_NE(again.id(), doomed.id());
   EXPECT_EQ(MustDownload(*client_, "doomed"), Repeat(BytesOf<int32_t>(8), 2));
-  ASSERT_TRUE(client_->DeleteBuffer(again.id()).ok());
+  ASSERT_OK(client_->DeleteBuffer(again.id()));
   EXPECT_EQ(client_->GetBuffer("doomed").status().code(), Code::kNotFound);
   EXPECT_EQ(MemoryUsed(*client_), used_before);
 }
@@ -690,7 +645,7 @@ TEST_F(ServerBuffersTest, UploadDownloadRoundTripInManyChunks) {
           EXPECT_LE(done - last_done, kChunk);
           last_done = done;
         });
-    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_OK(up);
     EXPECT_EQ(progress_calls, (size + kChunk - 1) / kChunk);
     EXPECT_EQ(last_done, size);
     const v1::BufferInfo& info = up->buffer();
@@ -704,14 +659,14 @@ TEST_F(ServerBuffersTest, UploadDownloadRoundTripInManyChunks) {
     EXPECT_EQ(MemoryUsed(*client), expected_used);
 
     absl::StatusOr<v1::BufferInfo> got = client->GetBuffer(info.id());
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_TRUE(MessageDifferencer::Equals(*got, info));
 
     v1::DownloadRequest request;
     request.set_buffer(info.name());
     std::string back;
     absl::StatusOr<v1::DownloadResponse> down = client->Download(request, &back);
-    ASSERT_TRUE(down.ok()) << down.status();
+    ASSERT_OK(down);
     EXPECT_TRUE(MessageDifferencer::Equals(down->buffer(), info));
     EXPECT_EQ(down->transfer().bytes(), size);
     ASSERT_EQ(back.size(), data.size());
@@ -743,7 +698,7 @@ TEST_F(ServerBuffersTest, UploadIntoExistingBufferAtOffset) {
     const std::string data = RandomBytes(r.length, 77 + seed++);
     absl::StatusOr<v1::UploadResponse> up =
         client->Upload(RangeHeader(seed % 2 == 0 ? target.id() : "target", r.offset), AsBytes(data));
-    ASSERT_TRUE(up.ok()) << up.status();
+    ASSERT_OK(up);
     EXPECT_TRUE(MessageDifferencer::Equals(up->buffer(), target)) << up->buffer().ShortDebugString();
     EXPECT_EQ(up->transfer().bytes(), r.length);
     model.replace(r.offset, r.length, data);
@@ -757,7 +712,7 @@ TEST_F(ServerBuffersTest, UploadIntoExistingBufferAtOffset) {
   const std::string data = RandomBytes(999, 5);
   absl::StatusOr<v1::UploadResponse> up =
       client->Upload(RangeHeader(target.id(), 50, 999), AsBytes(data));
-  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_OK(up);
   model.replace(50, 999, data);
   EXPECT_TRUE(MustDownload(*client, "target") == model);
 }
@@ -783,7 +738,7 @@ TEST_F(ServerBuffersTest, DownloadByteRange) {
     request.set_size_bytes(r.size);
     std::string back;
     absl::StatusOr<v1::DownloadResponse> down = client_->Download(request, &back);
-    ASSERT_TRUE(down.ok()) << down.status();
+    ASSERT_OK(down);
     EXPECT_TRUE(MessageDifferencer::Equals(down->buffer(), info));
     EXPECT_EQ(down->offset_bytes(), r.offset);
     const uint64_t length = r.size == 0 ? size - r.offset : r.size;
@@ -818,7 +773,7 @@ TEST_F(ServerBuffersTest, DownloadInSmallChunks) {
           back.append(chunk.data(), chunk.size());
           return absl::OkStatus();
         });
-    ASSERT_TRUE(down.ok()) << down.status();
+    ASSERT_OK(down);
     EXPECT_EQ(chunks.size(), (length + 4095) / 4096);
     uint64_t next = c.offset;
     for (const auto& [offset, n] : chunks) {
@@ -834,7 +789,7 @@ TEST_F(ServerBuffersTest, DownloadInSmallChunks) {
   for (uint32_t chunk : {1u, 100u, std::numeric_limits<uint32_t>::max()}) {
     SCOPED_TRACE(absl::StrCat("chunk_bytes ", chunk));
     absl::StatusOr<std::string> back = DownloadBytes(*client_, info.id(), 0, 0, chunk);
-    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_OK(back);
     EXPECT_TRUE(*back == data);
   }
 }
@@ -939,7 +894,7 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
     // The server returns the memory of a rejected upload only after it has answered
     // (UploadMemoryIsReturnedBeforeTheAnswer shows it), so wait for it here and
     // then require everything else to be exactly as before.
-    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used), before.memory_used);
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
     EXPECT_EQ(TakeSnapshot(*client_), before);
     EXPECT_EQ(client_->GetBuffer("fresh").status().code(), Code::kNotFound);
     EXPECT_TRUE(MustDownload(*client_, "target") == original) << "the target changed";
@@ -957,7 +912,7 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
   // A well-formed raw stream, for contrast, creates the buffer.
   grpc::Status ok = RawUpload(*server_, {HeaderMessage(with_size(create, 4096)), chunk(4000, 'a'), chunk(96, 'b')},
                               "tester");
-  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_OK(ok);
   EXPECT_EQ(MustDownload(*client_, "fresh"), std::string(4000, 'a') + std::string(96, 'b'));
 }
 
@@ -989,9 +944,9 @@ TEST_F(ServerBuffersTest, CancelledDownloadReleasesTheBuffer) {
   fill.set_wait(true);
   fill.set_wait_timeout_seconds(30);
   absl::StatusOr<v1::Operation> op = client_->Submit(fill);
-  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_OK(op);
   EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED) << "a writer is still held back by a cancelled download";
-  ASSERT_TRUE(client_->DeleteBuffer(target.id()).ok());
+  ASSERT_OK(client_->DeleteBuffer(target.id()));
   EXPECT_EQ(WaitForMemoryUsed(*client_, before), before);
 }
 
@@ -1015,12 +970,12 @@ TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
     // Let the server take the chunks in (and charge the memory) before cancelling.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     // The upload holds memory now (the new buffer, or staging for the range).
-    EXPECT_GT(MemoryUsed(*client_), before.memory_used);
+    EXPECT_GT(MemoryUsed(*client_), before.memory_used_bytes);
     context->TryCancel();
     grpc::Status status = writer->Finish();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
 
-    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used), before.memory_used);
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
     EXPECT_EQ(TakeSnapshot(*client_), before);
     EXPECT_EQ(client_->GetBuffer("partial").status().code(), Code::kNotFound);
     EXPECT_TRUE(MustDownload(*client_, "target") == original) << "the target changed";
@@ -1039,14 +994,14 @@ TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
         return out.size();
       });
   EXPECT_EQ(failed.status().code(), Code::kDataLoss) << failed.status();
-  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used), before.memory_used);
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
   EXPECT_EQ(TakeSnapshot(*client_), before);
 
   // The server still serves: a full round trip works.
   const std::string data = RandomBytes(5 * kMiB, 33);
   v1::BufferInfo after = MustUploadNew(*client_, v1::DTYPE_INT64, {data.size() / 8}, data, "partial");
   EXPECT_TRUE(MustDownload(*client_, after.id()) == data);
-  EXPECT_EQ(MemoryUsed(*client_), before.memory_used + data.size());
+  EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + data.size());
 }
 
 
@@ -1076,7 +1031,7 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
     // A successful range upload: its staging memory is not a buffer either.
     absl::StatusOr<v1::UploadResponse> ok =
         client_->Upload(RangeHeader("target", 0, 4096), AsBytes(std::string(4096, 'k')));
-    ASSERT_TRUE(ok.ok()) << ok.status();
+    ASSERT_OK(ok);
     if (MemoryUsed(*client_) != base) ++success_seen;
   }
   EXPECT_EQ(create_seen, 0) << "rejected create-uploads still charged right after the answer, in "
@@ -1105,7 +1060,7 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
       EXPECT_EQ(again.status().code(), Code::kResourceExhausted) << again.status();
       ++refused;
     } else {
-      ASSERT_TRUE(client->DeleteBuffer(again->id()).ok());
+      ASSERT_OK(client->DeleteBuffer(again->id()));
     }
   }
   EXPECT_EQ(refused, 0) << "a 40 MiB CreateBuffer on an empty 64 MiB server was refused right after "
@@ -1158,7 +1113,7 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   };
   v1::UploadHeader header = CreateHeader(v1::DTYPE_FLOAT32, {n}, "big");
   absl::StatusOr<v1::UploadResponse> up = client->Upload(header, size, reader);
-  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_OK(up);
   const double upload_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(position, size);
@@ -1178,7 +1133,7 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   v1::SubmitRequest request = Reduce(v1::REDUCE_KIND_SUM, "big");
   request.set_wait(true);
   absl::StatusOr<v1::Operation> op = client->Submit(request);
-  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_OK(op);
   EXPECT_TRUE(op->done());
   EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED) << op->error_message();
   EXPECT_EQ(op->kind(), v1::OPERATION_KIND_REDUCE);
@@ -1199,7 +1154,7 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   ASSERT_LT(offset, uint64_t{1} << 31);
   ASSERT_GT(offset + kMiB, uint64_t{1} << 31);
   absl::StatusOr<std::string> range = DownloadBytes(*client, "big", offset, kMiB);
-  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_OK(range);
   ASSERT_EQ(range->size(), kMiB);
   uint64_t mismatches = 0, first_mismatch = 0;
   for (uint64_t k = 0; k < kMiB; ++k) {
@@ -1208,13 +1163,13 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   EXPECT_EQ(mismatches, 0u) << "first at byte " << offset + first_mismatch;
   // And the last 4 KiB, all past 2^31.
   absl::StatusOr<std::string> tail = DownloadBytes(*client, up->buffer().id(), size - 4096, 0);
-  ASSERT_TRUE(tail.ok()) << tail.status();
+  ASSERT_OK(tail);
   ASSERT_EQ(tail->size(), 4096u);
   for (uint64_t k = 0; k < 4096; ++k) {
     ASSERT_EQ(static_cast<uint8_t>((*tail)[k]), PatternByte(size - 4096 + k)) << "byte " << size - 4096 + k;
   }
 
-  ASSERT_TRUE(client->DeleteBuffer("big").ok());
+  ASSERT_OK(client->DeleteBuffer("big"));
   EXPECT_EQ(MemoryUsed(*client), 4u);  // the reduction's 0-d output remains
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "[ timing   ] 2 GiB + 4 KiB: upload " << upload_seconds << " s ("
@@ -1235,7 +1190,7 @@ TEST(ServerBuffersLimitTest, CreateBeyondMemoryLimitIsResourceExhausted) {
 
   absl::StatusOr<v1::BufferInfo> a =
       client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {10 * kMiB}, "a", FloatScalar(1.5)));
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_EQ(MemoryUsed(*client), 40 * kMiB);
   const Snapshot before = TakeSnapshot(*client);
 
@@ -1258,32 +1213,32 @@ TEST(ServerBuffersLimitTest, CreateBeyondMemoryLimitIsResourceExhausted) {
   absl::StatusOr<v1::UploadResponse> up =
       client->Upload(CreateHeader(v1::DTYPE_INT32, {8 * kMiB}, "b"), AsBytes(std::string(32 * kMiB, '\0')));
   EXPECT_EQ(up.status().code(), Code::kResourceExhausted) << up.status();
-  EXPECT_EQ(WaitForMemoryUsed(*client, before.memory_used), before.memory_used);
+  EXPECT_EQ(WaitForMemoryUsed(*client, before.memory_used_bytes), before.memory_used_bytes);
   EXPECT_EQ(TakeSnapshot(*client), before);
 
   // The server still serves, up to exactly the limit.
   EXPECT_EQ(MustDownloadFrom(*client, "a"), Repeat(BytesOf<float>(1.5f), 10 * kMiB));
   absl::StatusOr<v1::BufferInfo> c = client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {24 * kMiB}, "c", BoolScalar(true)));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(MemoryUsed(*client), limit);
   absl::StatusOr<v1::BufferInfo> one_more = client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {1}));
   EXPECT_EQ(one_more.status().code(), Code::kResourceExhausted) << one_more.status();
   absl::StatusOr<v1::BufferInfo> empty = client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT64, {0}, "empty"));
-  EXPECT_TRUE(empty.ok()) << empty.status();
+  EXPECT_OK(empty);
   EXPECT_EQ(MemoryUsed(*client), limit);
 
   // Deletes return exactly what the buffers held.
-  ASSERT_TRUE(client->DeleteBuffer("c").ok());
+  ASSERT_OK(client->DeleteBuffer("c"));
   EXPECT_EQ(MemoryUsed(*client), 40 * kMiB);
-  ASSERT_TRUE(client->DeleteBuffer(a->id()).ok());
+  ASSERT_OK(client->DeleteBuffer(a->id()));
   EXPECT_EQ(MemoryUsed(*client), 0u);
   // Now the refused request fits.
   absl::StatusOr<v1::BufferInfo> b = client->CreateBuffer(too_big[1]);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ(MemoryUsed(*client), 30 * kMiB);
   EXPECT_EQ(MustDownloadFrom(*client, "b"), Repeat(BytesOf<int64_t>(3), 30 * kMiB / 8));
   absl::StatusOr<v1::Stats> stats = client->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(stats->memory_peak_bytes(), limit);
   EXPECT_EQ(stats->memory_used_bytes(), 30 * kMiB);
 }
@@ -1293,7 +1248,7 @@ TEST(ServerBuffersLimitTest, CreateBeyondMemoryLimitIsResourceExhausted) {
 
 TEST_F(ServerBuffersTest, GetServerInfoDescribesTheServer) {
   absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_EQ(info->backend(), TestBackendName());
   const bool cpu = TestBackendName() == "cpu";
   EXPECT_EQ(info->api(), "gpucompute.v1");
@@ -1303,7 +1258,9 @@ TEST_F(ServerBuffersTest, GetServerInfoDescribesTheServer) {
   EXPECT_FALSE(info->devices(0).name().empty());
   EXPECT_GT(info->devices(0).total_memory_bytes(), 0u);
   // Worker threads on the CPU; a GPU reports its multiprocessors.
-  if (cpu) EXPECT_EQ(info->devices(0).compute_units(), server_->cpu_threads());
+  if (cpu) {
+    EXPECT_EQ(info->devices(0).compute_units(), server_->cpu_threads());
+  }
   EXPECT_EQ(info->default_device(), 0);
   EXPECT_EQ(info->memory_limit_bytes(), kLimit);
   EXPECT_EQ(info->memory_used_bytes(), 0u);
@@ -1322,7 +1279,7 @@ TEST_F(ServerBuffersTest, GetServerInfoDescribesTheServer) {
   MustCreate(*other, CreateRequest(v1::DTYPE_BOOL, {7}));
   MustUploadNew(*other, v1::DTYPE_FLOAT32, {3}, std::string(12, '\0'));
   info = other->GetServerInfo();
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_EQ(info->memory_used_bytes(), 800u + 7u + 12u);
   EXPECT_EQ(info->buffer_count(), 3u);
 
@@ -1332,16 +1289,18 @@ TEST_F(ServerBuffersTest, GetServerInfoDescribesTheServer) {
   std::unique_ptr<Client> odd_client = odd->Connect();
   ASSERT_NE(odd_client, nullptr);
   absl::StatusOr<v1::ServerInfo> odd_info = odd_client->GetServerInfo();
-  ASSERT_TRUE(odd_info.ok()) << odd_info.status();
+  ASSERT_OK(odd_info);
   EXPECT_EQ(odd_info->memory_limit_bytes(), 123456789u);
   ASSERT_EQ(odd_info->devices_size(), 1);
-  if (cpu) EXPECT_EQ(odd_info->devices(0).compute_units(), 1);
+  if (cpu) {
+    EXPECT_EQ(odd_info->devices(0).compute_units(), 1);
+  }
 }
 
 // The pool of device 0 as GetServerInfo reports it.
 std::pair<uint64_t, uint64_t> Pool0(Client& client) {
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_TRUE(info.ok()) << info.status();
+  EXPECT_OK(info);
   if (!info.ok() || info->devices_size() == 0) return {~uint64_t{0}, ~uint64_t{0}};
   return {info->devices(0).pool_reserved_bytes(), info->devices(0).pool_used_bytes()};
 }
@@ -1360,23 +1319,25 @@ void ExpectPool(Client& client, uint64_t used, uint64_t cpu_reserved) {
 
 TEST_F(ServerBuffersTest, PoolUsageFollowsBuffers) {
   const auto [reserved0, used0] = Pool0(*client_);
-  if (TestBackendName() == "cpu") EXPECT_EQ(reserved0, used0) << "the CPU backend reserves what it uses";
+  if (TestBackendName() == "cpu") {
+    EXPECT_EQ(reserved0, used0) << "the CPU backend reserves what it uses";
+  }
 
   v1::BufferInfo a = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1000}));
   ExpectPool(*client_, used0 + 8000, reserved0 + 8000);
   v1::BufferInfo b = MustUploadNew(*client_, v1::DTYPE_INT32, {25}, std::string(100, '\1'));
   ExpectPool(*client_, used0 + 8100, reserved0 + 8100);
   absl::StatusOr<v1::Stats> stats = client_->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   ASSERT_EQ(stats->pools_size(), 1);
   EXPECT_EQ(stats->pools(0).device(), 0);
   EXPECT_EQ(stats->pools(0).used_bytes(), used0 + 8100);
   EXPECT_GE(stats->pools(0).reserved_bytes(), used0 + 8100);
   EXPECT_EQ(stats->backend_error(), "");
 
-  ASSERT_TRUE(client_->DeleteBuffer(a.id()).ok());
+  ASSERT_OK(client_->DeleteBuffer(a.id()));
   ExpectPool(*client_, used0 + 100, reserved0 + 100);
-  ASSERT_TRUE(client_->DeleteBuffer(b.id()).ok());
+  ASSERT_OK(client_->DeleteBuffer(b.id()));
   ExpectPool(*client_, used0, reserved0);
 }
 
@@ -1385,7 +1346,7 @@ TEST_F(ServerBuffersTest, TrimMemoryPoolReportsEachDevice) {
   const auto [reserved, used] = Pool0(*client_);
   for (std::optional<int> device : {std::optional<int>(), std::optional<int>(0)}) {
     absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = client_->TrimMemoryPool(device, 0);
-    ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+    ASSERT_OK(trimmed);
     ASSERT_EQ(trimmed->pools_size(), 1) << trimmed->ShortDebugString();
     EXPECT_EQ(trimmed->pools(0).device(), 0);
     EXPECT_EQ(trimmed->pools(0).reserved_bytes(), reserved);
@@ -1403,8 +1364,8 @@ TEST_F(ServerBuffersTest, TrimMemoryPoolReportsEachDevice) {
 TEST_F(ServerBuffersTest, ProfilerIsFailedPreconditionOnCpu) {
   if (TestBackendName() != "cpu") {
     // CUDA starts and stops the profiler's capture range.
-    EXPECT_TRUE(client_->StartProfiler().ok());
-    EXPECT_TRUE(client_->StopProfiler().ok());
+    EXPECT_OK(client_->StartProfiler());
+    EXPECT_OK(client_->StopProfiler());
     return;
   }
   absl::Status start = client_->StartProfiler();
@@ -1423,14 +1384,14 @@ const v1::KindStats* FindKind(const v1::Stats& stats, v1::OperationKind kind) {
 
 TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
   absl::StatusOr<v1::Stats> stats = client_->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(FindKind(*stats, v1::OPERATION_KIND_UPLOAD), nullptr);
   EXPECT_EQ(FindKind(*stats, v1::OPERATION_KIND_DOWNLOAD), nullptr);
 
   // Three uploads: two that create, one into a range of an existing buffer.
   v1::BufferInfo a = MustUploadNew(*client_, v1::DTYPE_BOOL, {1000}, RandomBytes(1000, 1, true));
   v1::BufferInfo b = MustUploadNew(*client_, v1::DTYPE_INT32, {1024}, RandomBytes(4096, 2));
-  ASSERT_TRUE(client_->Upload(RangeHeader(b.id(), 10, 100), AsBytes(RandomBytes(100, 3))).ok());
+  ASSERT_OK(client_->Upload(RangeHeader(b.id(), 10, 100), AsBytes(RandomBytes(100, 3))));
   // Two downloads: a whole buffer and a range.
   EXPECT_EQ(MustDownload(*client_, a.id()).size(), 1000u);
   EXPECT_EQ(MustDownload(*client_, b.id(), 7, 10).size(), 10u);
@@ -1444,7 +1405,7 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
   // UploadMemoryIsReturnedBeforeTheAnswer); wait for it so memory_used is settled.
   EXPECT_EQ(WaitForMemoryUsed(*client_, 1000 + 4096), 1000u + 4096u);
   stats = client_->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   const v1::KindStats* upload = FindKind(*stats, v1::OPERATION_KIND_UPLOAD);
   const v1::KindStats* download = FindKind(*stats, v1::OPERATION_KIND_DOWNLOAD);
   ASSERT_NE(upload, nullptr) << stats->ShortDebugString();
@@ -1501,11 +1462,11 @@ const std::string kNotServing("\x08\x02", 2);
 TEST_F(ServerBuffersTest, HealthCheckIsServing) {
   // HealthCheckRequest{} is the empty message: the server as a whole.
   auto [status, bytes] = HealthCheck(*server_, "");
-  ASSERT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  ASSERT_OK(status);
   EXPECT_EQ(bytes, kServing);
   for (const char* service : kServiceNames) {
     auto [service_status, service_bytes] = HealthCheck(*server_, service);
-    ASSERT_TRUE(service_status.ok()) << service << ": " << service_status.error_message();
+    ASSERT_OK(service_status) << service;
     EXPECT_EQ(service_bytes, kServing) << service;
   }
 
@@ -1520,13 +1481,13 @@ TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
   v1::BufferInfo kept = MustUploadNew(*client_, v1::DTYPE_INT32, {4}, std::string(16, '\x07'), "kept");
   v1::BufferInfo doomed = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {8}, "doomed"));
   absl::StatusOr<v1::StreamInfo> stream = client_->CreateStream();
-  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_OK(stream);
   absl::StatusOr<v1::Operation> before = client_->Submit([&] {
     v1::SubmitRequest r = Elementwise("x + 1", {{"x", BufferOperand("kept")}}, ExistingOutput("kept"));
     r.set_wait(true);
     return r;
   }());
-  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_OK(before);
   const Snapshot snapshot = TakeSnapshot(*client_);
 
   server_->server().backend().ReportFailure(absl::InternalError("injected"));
@@ -1537,7 +1498,7 @@ TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
   services.insert(services.end(), std::begin(kServiceNames), std::end(kServiceNames));
   for (const std::string& service : services) {
     auto [status, bytes] = HealthCheck(*server_, service);
-    ASSERT_TRUE(status.ok()) << "'" << service << "': " << status.error_message();
+    ASSERT_OK(status) << "'" << service << "'";
     EXPECT_EQ(bytes, kNotServing) << "'" << service << "'";
   }
 
@@ -1562,25 +1523,25 @@ TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
   // Queries answer, and nothing changed.
   EXPECT_EQ(TakeSnapshot(*client_), snapshot);
   absl::StatusOr<v1::BufferInfo> got = client_->GetBuffer("kept");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_EQ(got->id(), kept.id());
   absl::StatusOr<v1::Operation> op = client_->GetOperation(before->id());
-  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_OK(op);
   EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED);
   absl::StatusOr<v1::ListStreamsResponse> streams = client_->ListStreams();
-  ASSERT_TRUE(streams.ok()) << streams.status();
+  ASSERT_OK(streams);
   absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
-  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_OK(info);
   EXPECT_EQ(info->backend_error(), "INTERNAL: injected");
   absl::StatusOr<v1::Stats> stats = client_->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_OK(stats);
   EXPECT_EQ(stats->backend_error(), "INTERNAL: injected");
   // Deletes still release what the server holds.
-  EXPECT_TRUE(client_->DeleteBuffer("doomed").ok());
-  EXPECT_TRUE(client_->DeleteStream(stream->id()).ok());
+  EXPECT_OK(client_->DeleteBuffer("doomed"));
+  EXPECT_OK(client_->DeleteStream(stream->id()));
   EXPECT_EQ(WaitForMemoryUsed(*client_, 16), 16u);
   absl::StatusOr<v1::ListBuffersResponse> list = client_->ListBuffers();
-  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_OK(list);
   ASSERT_EQ(list->buffers_size(), 1);
   EXPECT_EQ(list->buffers(0).id(), kept.id());
   (void)doomed;
@@ -1618,9 +1579,9 @@ TEST_F(ServerBuffersTest, ReflectionListsTheServices) {
   grpc::Status status;
   call->Finish(&status, &tags[4]);
   next(&tags[4]);
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_OK(status);
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
+  ASSERT_OK(response.Dump(&slices));
   std::string bytes;
   for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   for (const char* service : {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
@@ -1639,7 +1600,7 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
   v1::CreateBufferResponse created;
   {
     std::unique_ptr<grpc::ClientContext> context = RawContext();
-    ASSERT_TRUE(stub->CreateBuffer(context.get(), CreateRequest(v1::DTYPE_INT32, {4}, "mine", IntScalar(2)), &created).ok());
+    ASSERT_OK(stub->CreateBuffer(context.get(), CreateRequest(v1::DTYPE_INT32, {4}, "mine", IntScalar(2)), &created));
   }
   std::unique_ptr<Client> as_default = server_->Connect("default");
   ASSERT_NE(as_default, nullptr);
@@ -1707,7 +1668,7 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
   // 128 characters is the longest allowed name.
   std::unique_ptr<Client> longest = server_->Connect(std::string(128, 'z'));
   ASSERT_NE(longest, nullptr);
-  EXPECT_TRUE(longest->CreateBuffer(CreateRequest(v1::DTYPE_INT32, {1}, "n")).ok());
+  EXPECT_OK(longest->CreateBuffer(CreateRequest(v1::DTYPE_INT32, {1}, "n")));
   // The library itself refuses a name the server would refuse.
   ClientOptions options;
   options.target = server_->target();
@@ -1732,7 +1693,7 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   EXPECT_EQ(a->DeleteBuffer("x").code(), Code::kNotFound);
   EXPECT_EQ(a->Upload(RangeHeader("x", 0), AsBytes(BytesOf<int32_t>(0))).status().code(), Code::kNotFound);
   absl::StatusOr<v1::ListBuffersResponse> a_list = a->ListBuffers();
-  ASSERT_TRUE(a_list.ok()) << a_list.status();
+  ASSERT_OK(a_list);
   EXPECT_EQ(a_list->buffers_size(), 0);
   EXPECT_EQ(a_list->total_bytes(), 0u);
   // Neither does the default client.
@@ -1740,7 +1701,7 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
 
   // By id, a reaches them: the id is the capability.
   absl::StatusOr<v1::BufferInfo> by_id = a->GetBuffer(b_x.id());
-  ASSERT_TRUE(by_id.ok()) << by_id.status();
+  ASSERT_OK(by_id);
   EXPECT_TRUE(MessageDifferencer::Equals(*by_id, b_x));
   EXPECT_EQ(MustDownload(*a, b_y.id()), BytesOf<double>(0.5) + BytesOf<double>(-1.0));
 
@@ -1750,29 +1711,29 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   EXPECT_EQ(MustDownload(*a, "x"), Repeat(BytesOf<int32_t>(22), 3));
   EXPECT_EQ(MustDownload(*b, "x"), Repeat(BytesOf<int32_t>(11), 3));
   a_list = a->ListBuffers();
-  ASSERT_TRUE(a_list.ok());
+  ASSERT_OK(a_list);
   ASSERT_EQ(a_list->buffers_size(), 1);
   EXPECT_EQ(a_list->buffers(0).id(), a_x.id());
   EXPECT_EQ(a_list->total_bytes(), 12u);
   absl::StatusOr<v1::ListBuffersResponse> b_list = b->ListBuffers();
-  ASSERT_TRUE(b_list.ok());
+  ASSERT_OK(b_list);
   ASSERT_EQ(b_list->buffers_size(), 2);
   EXPECT_EQ(b_list->buffers(0).id(), b_x.id());
   EXPECT_EQ(b_list->buffers(1).id(), b_y.id());
   EXPECT_EQ(b_list->total_bytes(), 12u + 16u);
 
   // a writes into b's buffer by id, and b sees it by name.
-  ASSERT_TRUE(a->Upload(RangeHeader(b_x.id(), 4), AsBytes(BytesOf<int32_t>(-5))).ok());
+  ASSERT_OK(a->Upload(RangeHeader(b_x.id(), 4), AsBytes(BytesOf<int32_t>(-5))));
   EXPECT_EQ(MustDownload(*b, "x"), BytesOf<int32_t>(11) + BytesOf<int32_t>(-5) + BytesOf<int32_t>(11));
   // Deleting "x" as a deletes a's own; b's stays.
-  ASSERT_TRUE(a->DeleteBuffer("x").ok());
+  ASSERT_OK(a->DeleteBuffer("x"));
   EXPECT_EQ(a->GetBuffer(a_x.id()).status().code(), Code::kNotFound);
-  EXPECT_TRUE(b->GetBuffer("x").ok());
+  EXPECT_OK(b->GetBuffer("x"));
   // Deleting b's buffer by id as a removes it, name and all, for b too.
-  ASSERT_TRUE(a->DeleteBuffer(b_x.id()).ok());
+  ASSERT_OK(a->DeleteBuffer(b_x.id()));
   EXPECT_EQ(b->GetBuffer("x").status().code(), Code::kNotFound);
   b_list = b->ListBuffers();
-  ASSERT_TRUE(b_list.ok());
+  ASSERT_OK(b_list);
   ASSERT_EQ(b_list->buffers_size(), 1);
   EXPECT_EQ(b_list->buffers(0).id(), b_y.id());
 
@@ -1783,7 +1744,7 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   ASSERT_NE(named_default, nullptr);
   v1::BufferInfo d = MustCreate(*unnamed, CreateRequest(v1::DTYPE_BOOL, {2}, "d", BoolScalar(true)));
   absl::StatusOr<v1::BufferInfo> d_again = named_default->GetBuffer("d");
-  ASSERT_TRUE(d_again.ok()) << d_again.status();
+  ASSERT_OK(d_again);
   EXPECT_EQ(d_again->id(), d.id());
   EXPECT_EQ(a->GetBuffer("d").status().code(), Code::kNotFound);
 }

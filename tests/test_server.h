@@ -1,6 +1,7 @@
 // An in-process gpucompute server on a loopback port (CPU backend unless the environment's
-// GPUCOMPUTE_TEST_BACKEND names another), and clients
-// connected to it over a real socket, for end-to-end tests.
+// GPUCOMPUTE_TEST_BACKEND names another), clients connected to it over a real socket, and
+// the helpers every end-to-end test uses: typed uploads and downloads, and the snapshot of
+// what a rejected request must leave as it was.
 #ifndef GPUCOMPUTE_TESTS_TEST_SERVER_H_
 #define GPUCOMPUTE_TESTS_TEST_SERVER_H_
 
@@ -8,17 +9,26 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <ostream>
+#include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "server/backend.h"
 #include "server/server.h"
+#include "tests/test_util.h"
 
 namespace gpucompute::testing {
 
@@ -112,6 +122,106 @@ class TestServer {
   uint64_t memory_limit_bytes_;
   int cpu_threads_;
 };
+
+// The API's dtype of the C++ element type T; bool arrays are uint8_t.
+template <typename T>
+constexpr v1::DType ProtoDType() {
+  if constexpr (std::is_same_v<T, float>) return v1::DTYPE_FLOAT32;
+  if constexpr (std::is_same_v<T, double>) return v1::DTYPE_FLOAT64;
+  if constexpr (std::is_same_v<T, int32_t>) return v1::DTYPE_INT32;
+  if constexpr (std::is_same_v<T, int64_t>) return v1::DTYPE_INT64;
+  if constexpr (std::is_same_v<T, uint8_t>) return v1::DTYPE_BOOL;
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+// Creates a buffer holding `data` with `shape` (default: 1-D) through Client::Upload.
+template <typename T>
+absl::StatusOr<v1::BufferInfo> UploadArray(Client& client, const std::vector<T>& data,
+                                           std::vector<uint64_t> shape = {},
+                                           v1::Layout layout = v1::LAYOUT_C,
+                                           const std::string& name = "") {
+  if (shape.empty()) shape = {data.size()};
+  v1::UploadHeader header;
+  v1::CreateBufferRequest* create = header.mutable_create();
+  create->set_dtype(ProtoDType<T>());
+  for (uint64_t d : shape) create->add_shape(d);
+  create->set_layout(layout);
+  create->set_name(name);
+  absl::StatusOr<v1::UploadResponse> response =
+      client.Upload(header, std::as_bytes(std::span<const T>(data)));
+  if (!response.ok()) return response.status();
+  return response->buffer();
+}
+
+// Downloads `size` bytes (0: to the end) of `buffer` from `offset`, in messages of at most
+// `chunk_bytes` (0: the server's choice). An answer of another length than the range asked
+// for is an INTERNAL error, so callers compare contents only.
+inline absl::StatusOr<std::string> DownloadBytes(Client& client, std::string_view buffer,
+                                                 uint64_t offset = 0, uint64_t size = 0,
+                                                 uint32_t chunk_bytes = 0) {
+  v1::DownloadRequest request;
+  request.set_buffer(std::string(buffer));
+  request.set_offset_bytes(offset);
+  request.set_size_bytes(size);
+  request.set_chunk_bytes(chunk_bytes);
+  std::string data;
+  absl::StatusOr<v1::DownloadResponse> response = client.Download(request, &data);
+  if (!response.ok()) return response.status();
+  const uint64_t total = response->buffer().size_bytes();
+  const uint64_t want = size != 0 ? size : (offset <= total ? total - offset : 0);
+  if (data.size() != want) {
+    return absl::InternalError(absl::StrCat("downloaded ", data.size(), " bytes of ", want));
+  }
+  return data;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> DownloadArray(Client& client, std::string_view buffer) {
+  absl::StatusOr<std::string> bytes = DownloadBytes(client, buffer);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() % sizeof(T) != 0) {
+    return absl::InternalError(absl::StrCat(bytes->size(), " bytes is no whole number of elements"));
+  }
+  std::vector<T> out(bytes->size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes->data(), bytes->size());
+  return out;
+}
+
+// What a rejected request must leave as it was: the calling client's buffers (id, name and
+// size, in listing order) and the server-wide memory use and buffer count.
+struct Snapshot {
+  std::vector<std::string> buffers;  // "id/name/size_bytes"
+  uint64_t total_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint64_t buffer_count = 0;
+  bool operator==(const Snapshot&) const = default;
+};
+
+inline std::ostream& operator<<(std::ostream& os, const Snapshot& s) {
+  os << "{buffers:";
+  for (const std::string& b : s.buffers) os << " " << b;
+  return os << "; total_bytes " << s.total_bytes << "; memory_used " << s.memory_used_bytes
+            << "; buffer_count " << s.buffer_count << "}";
+}
+
+inline Snapshot TakeSnapshot(Client& client) {
+  Snapshot s;
+  absl::StatusOr<v1::ListBuffersResponse> list = client.ListBuffers();
+  EXPECT_OK(list);
+  if (list.ok()) {
+    for (const v1::BufferInfo& b : list->buffers()) {
+      s.buffers.push_back(absl::StrCat(b.id(), "/", b.name(), "/", b.size_bytes()));
+    }
+    s.total_bytes = list->total_bytes();
+  }
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  EXPECT_OK(info);
+  if (info.ok()) {
+    s.memory_used_bytes = info->memory_used_bytes();
+    s.buffer_count = info->buffer_count();
+  }
+  return s;
+}
 
 }  // namespace gpucompute::testing
 

@@ -157,7 +157,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       if (last) {
         const uint64_t bytes = s->end - s->offset;
         SetTransferStats(bytes, s->start, w.message.mutable_transfer());
-        s->ctx.executor.RecordTransfer(OpKind::kDownload, bytes);
+        s->ctx.executor.RecordTransfer(OperationKind::kDownload, bytes);
       }
       s->writing = true;
       s->reactor->StartWrite(&w.message);
@@ -165,7 +165,14 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     }
     const bool all_sent = s->sent_any && s->next == s->end && !s->slots[0].filled && !s->slots[1].filled &&
                           !s->slots[0].copying && !s->slots[1].copying;
-    if (all_sent) FinishLocked(s, grpc::Status::OK);
+    if (all_sent) {
+      // Nothing reads the buffer any more: let it go before the client hears the answer,
+      // so that a delete right after the download finds it free (OnDone's Release is
+      // then a no-op).
+      if (s->access != nullptr) s->ctx.executor.Release(s->access);
+      s->buffer.reset();
+      FinishLocked(s, grpc::Status::OK);
+    }
   }
 
   StatePtr state_;

@@ -133,7 +133,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
-  spec.kind = OpKind::kElementwise;
+  spec.kind = OperationKind::kElementwise;
   spec.compile_seconds = compile_seconds;
   const uint64_t n = out->num_elements();
   std::vector<BufferHandle> inputs;  // parallel to program.inputs(); null for scalars
@@ -199,7 +199,7 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
   if (created) plan.created = y;
 
   Executor::OpSpec& spec = plan.spec;
-  spec.kind = OpKind::kGemv;
+  spec.kind = OperationKind::kGemv;
   spec.accesses = {{a, false}, {x, false}, {y, true}};
   spec.bytes_read = A.size_bytes() + X.size_bytes() + (beta != 0 ? y->size_bytes() : 0);
   spec.bytes_written = y->size_bytes();
@@ -279,7 +279,7 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, c
   if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
-  spec.kind = OpKind::kReduce;
+  spec.kind = OperationKind::kReduce;
   spec.accesses = {{in, false}, {out, true}};
   spec.bytes_read = b.size_bytes();
   spec.bytes_written = out->size_bytes();
@@ -383,7 +383,7 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
-  spec.kind = OpKind::kRandom;
+  spec.kind = OperationKind::kRandom;
   spec.accesses = {{out, true}};
   spec.bytes_written = out->size_bytes();
   spec.outputs.push_back(*out);
@@ -428,7 +428,7 @@ absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, c
   if (!bits.ok()) return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
   Plan plan;
   Executor::OpSpec& spec = plan.spec;
-  spec.kind = OpKind::kFill;
+  spec.kind = OperationKind::kFill;
   spec.accesses = {{buffer, true}};
   spec.bytes_written = buffer->size_bytes();
   spec.outputs.push_back(*buffer);

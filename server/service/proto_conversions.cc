@@ -50,16 +50,16 @@ absl::StatusOr<Layout> FromProto(v1::Layout layout) {
   return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(layout)));
 }
 
-v1::OperationKind ToProto(OpKind kind) {
+v1::OperationKind ToProto(OperationKind kind) {
   switch (kind) {
-    case OpKind::kElementwise: return v1::OPERATION_KIND_ELEMENTWISE;
-    case OpKind::kGemv: return v1::OPERATION_KIND_GEMV;
-    case OpKind::kReduce: return v1::OPERATION_KIND_REDUCE;
-    case OpKind::kRandom: return v1::OPERATION_KIND_RANDOM;
-    case OpKind::kFill: return v1::OPERATION_KIND_FILL;
-    case OpKind::kCopy: return v1::OPERATION_KIND_COPY;
-    case OpKind::kUpload: return v1::OPERATION_KIND_UPLOAD;
-    case OpKind::kDownload: return v1::OPERATION_KIND_DOWNLOAD;
+    case OperationKind::kElementwise: return v1::OPERATION_KIND_ELEMENTWISE;
+    case OperationKind::kGemv: return v1::OPERATION_KIND_GEMV;
+    case OperationKind::kReduce: return v1::OPERATION_KIND_REDUCE;
+    case OperationKind::kRandom: return v1::OPERATION_KIND_RANDOM;
+    case OperationKind::kFill: return v1::OPERATION_KIND_FILL;
+    case OperationKind::kCopy: return v1::OPERATION_KIND_COPY;
+    case OperationKind::kUpload: return v1::OPERATION_KIND_UPLOAD;
+    case OperationKind::kDownload: return v1::OPERATION_KIND_DOWNLOAD;
   }
   return v1::OPERATION_KIND_UNSPECIFIED;
 }

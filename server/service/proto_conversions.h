@@ -25,7 +25,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::StatusOr<DType> FromProto(v1::DType dtype);
 v1::DType ToProto(DType dtype);
 absl::StatusOr<Layout> FromProto(v1::Layout layout);
-v1::OperationKind ToProto(OpKind kind);
+v1::OperationKind ToProto(OperationKind kind);
 
 void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
 void ToProto(const OperationStatus& status, v1::Operation* op);

@@ -51,12 +51,12 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
 
 grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContext* context,
                                                       const v1::GetStatsRequest* request, v1::Stats* response) {
-  const std::array<KindStats, kNumOpKinds> stats = ctx_.executor.Stats();
-  for (int k = 0; k < kNumOpKinds; ++k) {
+  const std::array<KindStats, kNumOperationKinds> stats = ctx_.executor.Stats();
+  for (int k = 0; k < kNumOperationKinds; ++k) {
     const KindStats& s = stats[k];
     if (s.count == 0) continue;
     v1::KindStats* out = response->add_kinds();
-    out->set_kind(ToProto(static_cast<OpKind>(k)));
+    out->set_kind(ToProto(static_cast<OperationKind>(k)));
     out->set_count(s.count);
     out->set_failed(s.failed);
     out->set_device_seconds(s.device_seconds);

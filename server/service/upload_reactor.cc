@@ -234,13 +234,13 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       if (st.ok()) {
         ToProto(*s->created, s->response->mutable_buffer());
         SetTransferStats(s->received, s->start, s->response->mutable_transfer());
-        ctx.executor.RecordTransfer(OpKind::kUpload, s->received);
+        ctx.executor.RecordTransfer(OperationKind::kUpload, s->received);
       }
       return FinishLocked(s, ToGrpcStatus(st));
     }
     // Overwrite the range in stream order with everything else that touches the buffer.
     Executor::OpSpec spec;
-    spec.kind = OpKind::kCopy;
+    spec.kind = OperationKind::kCopy;
     spec.accesses = {{s->target, true}};
     spec.bytes_read = s->expected;
     spec.bytes_written = s->expected;
@@ -260,7 +260,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       if (done.error.ok() && s->target != nullptr) {
         ToProto(*s->target, s->response->mutable_buffer());
         SetTransferStats(s->received, s->start, s->response->mutable_transfer());
-        s->ctx.executor.RecordTransfer(OpKind::kUpload, s->received);
+        s->ctx.executor.RecordTransfer(OperationKind::kUpload, s->received);
       }
       FinishLocked(s, ToGrpcStatus(done.error));
     });

@@ -102,31 +102,17 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/expression/expression.h"
 #include "server/server.h"
+#include "server/status_macros.h"
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
 #include "kernels/bench/reference_expression.h"
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda/cuda_check.h"
 #endif
 
 namespace gpucompute::bench {
 namespace {
-
-#define BENCH_RETURN_IF_ERROR(expr)                \
-  do {                                             \
-    const ::absl::Status bench_status_ = (expr);   \
-    if (!bench_status_.ok()) return bench_status_; \
-  } while (false)
-
-#define BENCH_CONCAT_INNER_(a, b) a##b
-#define BENCH_CONCAT_(a, b) BENCH_CONCAT_INNER_(a, b)
-#define BENCH_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
-  if (!tmp.ok()) return tmp.status();                \
-  lhs = std::move(tmp).value()
-// `lhs = value of the absl::StatusOr expr`, returning its error from the caller.
-#define BENCH_ASSIGN_OR_RETURN(lhs, expr) \
-  BENCH_ASSIGN_OR_RETURN_IMPL_(BENCH_CONCAT_(bench_statusor_, __LINE__), lhs, expr)
 
 using Clock = std::chrono::steady_clock;
 
@@ -190,7 +176,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     if (name == "backend") {
       o.backend = value;
     } else if (name == "log2n") {
-      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 10, 34, &v));
+      RETURN_IF_ERROR(ParseInt(name, value, 10, 34, &v));
       o.log2n = static_cast<int>(v);
     } else if (name == "dtype") {
       if (value == "float64") {
@@ -204,7 +190,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
             absl::StrCat("--dtype=", value, ": want float64, float32 or both"));
       }
     } else if (name == "repeat") {
-      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
+      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
       o.repeat = static_cast<int>(v);
     } else if (name == "sections") {
       o.kernels = o.transfers = o.e2e = false;
@@ -221,19 +207,19 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
         }
       }
     } else if (name == "threads") {
-      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 0, 4096, &v));
+      RETURN_IF_ERROR(ParseInt(name, value, 0, 4096, &v));
       o.threads = static_cast<int>(v);
     } else if (name == "gemv") {
       o.gemv.clear();
       for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        BENCH_RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, int64_t{1} << 20, &v));
+        RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, int64_t{1} << 20, &v));
         o.gemv.push_back(v);
       }
     } else if (name == "transfer-mib") {
-      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
+      RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
       o.transfer_mib = static_cast<uint64_t>(v);
     } else if (name == "samples") {
-      BENCH_RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
+      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
       o.samples = static_cast<int>(v);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "\n", kUsage));
@@ -334,7 +320,7 @@ double SecondsSince(Clock::time_point start) {
 absl::Status Synchronize(Stream& stream) {
   auto done = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = done->get_future();
-  BENCH_RETURN_IF_ERROR(stream.OnComplete([done](absl::Status s) mutable { done->set_value(s); }));
+  RETURN_IF_ERROR(stream.OnComplete([done](absl::Status s) mutable { done->set_value(s); }));
   return result.get();
 }
 
@@ -342,19 +328,19 @@ absl::Status Synchronize(Stream& stream) {
 // then `repeat` times between events on `stream`, and returns the median device seconds.
 absl::StatusOr<double> MedianDeviceSeconds(Backend& backend, Stream& stream, int repeat,
                                            const std::function<absl::Status()>& enqueue) {
-  BENCH_RETURN_IF_ERROR(enqueue());
-  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+  RETURN_IF_ERROR(enqueue());
+  RETURN_IF_ERROR(Synchronize(stream));
   std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> events;
   for (int r = 0; r < repeat; ++r) {
-    BENCH_ASSIGN_OR_RETURN(std::shared_ptr<Event> start, stream.Record());
-    BENCH_RETURN_IF_ERROR(enqueue());
-    BENCH_ASSIGN_OR_RETURN(std::shared_ptr<Event> end, stream.Record());
+    ASSIGN_OR_RETURN(std::shared_ptr<Event> start, stream.Record());
+    RETURN_IF_ERROR(enqueue());
+    ASSIGN_OR_RETURN(std::shared_ptr<Event> end, stream.Record());
     events.emplace_back(std::move(start), std::move(end));
   }
-  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+  RETURN_IF_ERROR(Synchronize(stream));
   std::vector<double> seconds;
   for (const auto& [start, end] : events) {
-    BENCH_ASSIGN_OR_RETURN(double s, backend.ElapsedSeconds(*start, *end));
+    ASSIGN_OR_RETURN(double s, backend.ElapsedSeconds(*start, *end));
     seconds.push_back(s);
   }
   return Median(std::move(seconds));
@@ -377,32 +363,24 @@ struct KernelRow {
 };
 
 #if defined(GPUCOMPUTE_HAVE_CUDA)
-#define BENCH_CUDA_RETURN_IF_ERROR(call)                                                      \
-  do {                                                                                        \
-    const cudaError_t bench_cuda_error_ = (call);                                             \
-    if (bench_cuda_error_ != cudaSuccess) {                                                   \
-      return absl::InternalError(absl::StrCat(#call, ": ", cudaGetErrorName(bench_cuda_error_))); \
-    }                                                                                         \
-  } while (false)
-
 // The median device seconds of `repeat` runs of `enqueue` on a stream of its own, after a
 // warm-up, timed with CUDA events: for work that goes around the Backend API.
 absl::StatusOr<double> MedianCudaSeconds(int repeat, const std::function<cudaError_t(cudaStream_t)>& enqueue) {
   cudaStream_t stream = nullptr;
-  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> events(2 * repeat);
-  for (cudaEvent_t& e : events) BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  BENCH_CUDA_RETURN_IF_ERROR(enqueue(stream));
+  for (cudaEvent_t& e : events) GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(enqueue(stream));
   for (int r = 0; r < repeat; ++r) {
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r], stream));
-    BENCH_CUDA_RETURN_IF_ERROR(enqueue(stream));
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r + 1], stream));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r], stream));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(enqueue(stream));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * r + 1], stream));
   }
-  BENCH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   std::vector<double> seconds;
   for (int r = 0; r < repeat; ++r) {
     float ms = 0;
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
     seconds.push_back(ms / 1e3);
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
@@ -428,19 +406,19 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     return MedianDeviceSeconds(backend, stream, options.repeat, enqueue);
   };
 
-  BENCH_ASSIGN_OR_RETURN(DeviceMemory x, backend.Allocate(0, bytes));
-  BENCH_ASSIGN_OR_RETURN(DeviceMemory y, backend.Allocate(0, bytes));
-  BENCH_ASSIGN_OR_RETURN(DeviceMemory out, backend.Allocate(0, bytes));
-  BENCH_ASSIGN_OR_RETURN(DeviceMemory scalar, backend.Allocate(0, sizeof(double)));
+  ASSIGN_OR_RETURN(DeviceMemory x, backend.Allocate(0, bytes));
+  ASSIGN_OR_RETURN(DeviceMemory y, backend.Allocate(0, bytes));
+  ASSIGN_OR_RETURN(DeviceMemory out, backend.Allocate(0, bytes));
+  ASSIGN_OR_RETURN(DeviceMemory scalar, backend.Allocate(0, sizeof(double)));
   // x normal, so the expression sees both signs and magnitudes around 1; y uniform.
   RandomParams normal{.distribution = Distribution::kNormal, .seed = 1};
   RandomParams uniform{.distribution = Distribution::kUniform, .seed = 2};
-  BENCH_RETURN_IF_ERROR(backend.Random(stream, normal, dtype, x, n));
-  BENCH_RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, y, n));
-  BENCH_RETURN_IF_ERROR(Synchronize(stream));
+  RETURN_IF_ERROR(backend.Random(stream, normal, dtype, x, n));
+  RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, y, n));
+  RETURN_IF_ERROR(Synchronize(stream));
 
   {
-    BENCH_ASSIGN_OR_RETURN(double s,
+    ASSIGN_OR_RETURN(double s,
                            time([&] { return backend.Copy(stream, x, 0, out, 0, bytes); }));
     rows.push_back({"copy", dtype, n_text, s, 2.0 * bytes});
   }
@@ -448,10 +426,10 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
   const std::map<std::string, const DeviceMemory*> arrays = {{"x", &x}, {"y", &y}};
   auto elementwise = [&](const std::string& op, const char* text, const expr::InputMap& inputs,
                          bool report_flops) -> absl::Status {
-    BENCH_ASSIGN_OR_RETURN(expr::Program program, expr::Compile(text, inputs));
+    ASSIGN_OR_RETURN(expr::Program program, expr::Compile(text, inputs));
     std::vector<const DeviceMemory*> bound;
     for (const std::string& name : program.inputs()) bound.push_back(arrays.at(name));
-    BENCH_ASSIGN_OR_RETURN(
+    ASSIGN_OR_RETURN(
         double s, time([&]() -> absl::Status {
           return backend.Elementwise(stream, program, bound, out, dtype, n).status();
         }));
@@ -459,7 +437,7 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes) * (bound.size() + 1), flops});
     return absl::OkStatus();
   };
-  BENCH_RETURN_IF_ERROR(elementwise(
+  RETURN_IF_ERROR(elementwise(
       "x + y", "x + y", {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
       /*report_flops=*/false));
   rows.back().min_vs_copy = 0.95;
@@ -467,14 +445,14 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
        {std::pair{ReduceKind::kSum, "reduce sum"}, std::pair{ReduceKind::kMax, "reduce max"},
         std::pair{ReduceKind::kNorm2, "reduce norm2"}}) {
     const ReduceShape shape{.outer = 1, .extent = n, .inner = 1};
-    BENCH_ASSIGN_OR_RETURN(double s, time([&, kind = kind] {
+    ASSIGN_OR_RETURN(double s, time([&, kind = kind] {
                              return backend.Reduce(stream, kind, dtype, x, shape, scalar);
                            }));
     rows.push_back({op, dtype, n_text, s,
                     static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype))), 0, 0.95});
   }
 
-  BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
+  RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
                                     /*report_flops=*/true));
 #if defined(GPUCOMPUTE_HAVE_CUDA)
   if (backend.name() == "cuda") {
@@ -487,12 +465,12 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     double hand_written = std::numeric_limits<double>::infinity();
     for (int round = 0; round < kTwinRounds; ++round) {
       if (round > 0) {
-        BENCH_RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
+        RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
                                           /*report_flops=*/true));
         rows[expr_row].seconds = std::min(rows[expr_row].seconds, rows.back().seconds);
         rows.pop_back();
       }
-      BENCH_ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
+      ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
       hand_written = std::min(hand_written, s);
     }
     rows.push_back({"expr nvcc -O3", dtype, n_text, hand_written, 2.0 * bytes, rows[expr_row].flops});
@@ -504,16 +482,16 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
   y = DeviceMemory();
   for (int64_t m : options.gemv) {
     const uint64_t matrix_bytes = static_cast<uint64_t>(m) * static_cast<uint64_t>(m) * item;
-    BENCH_ASSIGN_OR_RETURN(DeviceMemory a, backend.Allocate(0, matrix_bytes));
-    BENCH_ASSIGN_OR_RETURN(DeviceMemory gx, backend.Allocate(0, m * item));
-    BENCH_ASSIGN_OR_RETURN(DeviceMemory gy, backend.Allocate(0, m * item));
-    BENCH_RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, a, m * m));
-    BENCH_RETURN_IF_ERROR(backend.Random(stream, normal, dtype, gx, m));
-    BENCH_RETURN_IF_ERROR(Synchronize(stream));
+    ASSIGN_OR_RETURN(DeviceMemory a, backend.Allocate(0, matrix_bytes));
+    ASSIGN_OR_RETURN(DeviceMemory gx, backend.Allocate(0, m * item));
+    ASSIGN_OR_RETURN(DeviceMemory gy, backend.Allocate(0, m * item));
+    RETURN_IF_ERROR(backend.Random(stream, uniform, dtype, a, m * m));
+    RETURN_IF_ERROR(backend.Random(stream, normal, dtype, gx, m));
+    RETURN_IF_ERROR(Synchronize(stream));
     for (bool col_major : {false, true}) {
       for (bool transpose : {false, true}) {
         const GemvShape shape{.rows = m, .cols = m, .col_major = col_major, .transpose = transpose};
-        BENCH_ASSIGN_OR_RETURN(
+        ASSIGN_OR_RETURN(
             double s, time([&] { return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy); }));
         rows.push_back({absl::StrCat("gemv ", col_major ? "F" : "C", transpose ? " A^T x" : " A x"), dtype,
                         absl::StrCat(m, "x", m), s, static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m,
@@ -524,7 +502,7 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
 
   for (const auto& [params, op, target] :
        {std::tuple{uniform, "random uniform", 0.95}, std::tuple{normal, "random normal", 0.85}}) {
-    BENCH_ASSIGN_OR_RETURN(double s, time([&, params = params] {
+    ASSIGN_OR_RETURN(double s, time([&, params = params] {
                              return backend.Random(stream, params, dtype, out, n);
                            }));
     rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes), 0, target});
@@ -533,10 +511,10 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
 }
 
 absl::Status RunKernels(const Options& options, Backend& backend) {
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
   std::vector<KernelRow> rows;
   for (DType dtype : options.dtypes) {
-    BENCH_RETURN_IF_ERROR(RunKernelsForDType(options, backend, *stream, dtype, rows));
+    RETURN_IF_ERROR(RunKernelsForDType(options, backend, *stream, dtype, rows));
   }
   std::map<DType, double> copy_gbps;
   for (const KernelRow& r : rows) {
@@ -609,9 +587,9 @@ struct CopyCeilings {
 absl::StatusOr<double> PinnedHostToDeviceSeconds(uint64_t bytes, int repeat) {
   void* host = nullptr;
   void* device = nullptr;
-  BENCH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
   std::memset(host, 1, bytes);
-  BENCH_CUDA_RETURN_IF_ERROR(cudaMalloc(&device, bytes));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaMalloc(&device, bytes));
   absl::StatusOr<double> seconds = MedianCudaSeconds(repeat, [&](cudaStream_t stream) {
     return cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
   });
@@ -626,17 +604,17 @@ absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend
   const std::vector<char> source = TransferSource(bytes);
   std::vector<char> sink(bytes, 1);
   CopyCeilings c;
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
-  BENCH_ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
-  BENCH_ASSIGN_OR_RETURN(c.h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+  ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
+  ASSIGN_OR_RETURN(c.h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
                            return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
                          }));
-  BENCH_ASSIGN_OR_RETURN(c.d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
+  ASSIGN_OR_RETURN(c.d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
                            return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
                          }));
 #if defined(GPUCOMPUTE_HAVE_CUDA)
   if (backend.name() == "cuda") {
-    BENCH_ASSIGN_OR_RETURN(c.pinned_h2d_seconds, PinnedHostToDeviceSeconds(bytes, options.repeat));
+    ASSIGN_OR_RETURN(c.pinned_h2d_seconds, PinnedHostToDeviceSeconds(bytes, options.repeat));
   }
 #endif
   return c;
@@ -649,7 +627,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
   std::vector<char> sink(bytes, 1);
   const double h2d_seconds = ceilings.h2d_seconds, d2h_seconds = ceilings.d2h_seconds;
 
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-transfers"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-transfers"));
   v1::UploadHeader header;
   header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
   header.mutable_create()->add_shape(bytes / sizeof(double));
@@ -666,7 +644,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
       upload_wall.push_back(wall);
       upload_server.push_back(up->transfer().gbps());
     }
-    if (!kept.empty()) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(kept));
+    if (!kept.empty()) RETURN_IF_ERROR(client->DeleteBuffer(kept));
     kept = up->buffer().id();
   }
 
@@ -692,7 +670,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
       download_server.push_back(down->transfer().gbps());
     }
   }
-  BENCH_RETURN_IF_ERROR(client->DeleteBuffer(kept));
+  RETURN_IF_ERROR(client->DeleteBuffer(kept));
   if (sink != source)
     return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
 
@@ -716,19 +694,19 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
 }
 
 absl::Status RunLatency(const Options& options, const Server& server) {
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-latency"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-latency"));
   const uint64_t n = uint64_t{1} << kLatencyLog2n;
   for (const auto& [name, seed] : {std::pair{"x", 11}, std::pair{"y", 12}}) {
     v1::SubmitRequest fill =
         Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
     fill.set_wait(true);
-    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
   }
   v1::CreateBufferRequest z;
   z.set_dtype(v1::DTYPE_FLOAT32);
   z.add_shape(n);
   z.set_name("z");
-  BENCH_RETURN_IF_ERROR(client->CreateBuffer(z).status());
+  RETURN_IF_ERROR(client->CreateBuffer(z).status());
 
   v1::SubmitRequest add = Elementwise(
       "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
@@ -740,7 +718,7 @@ absl::Status RunLatency(const Options& options, const Server& server) {
     Clock::time_point start = Clock::now();
     absl::StatusOr<v1::Operation> op = client->Submit(add);
     const double submit_wall = SecondsSince(start);
-    BENCH_RETURN_IF_ERROR(Succeeded(op));
+    RETURN_IF_ERROR(Succeeded(op));
     start = Clock::now();
     absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
     const double noop_wall = SecondsSince(start);
@@ -751,7 +729,7 @@ absl::Status RunLatency(const Options& options, const Server& server) {
       noop.push_back(noop_wall);
     }
   }
-  for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
+  for (const char* name : {"x", "y", "z"}) RETURN_IF_ERROR(client->DeleteBuffer(name));
 
   const double noop50 = Percentile(noop, 50), noop99 = Percentile(noop, 99);
   Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms", "target",
@@ -783,19 +761,19 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
                 LoadResult& result) {
   bool counted = false;
   auto run = [&]() -> absl::Status {
-    BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                            Connect(server, absl::StrCat("bench-load-", index)));
     v1::SubmitRequest fill =
         Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, 100 + index, NewOutput("x"));
     fill.set_wait(true);
-    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
     v1::CreateBufferRequest y;
     y.set_dtype(v1::DTYPE_FLOAT32);
     y.add_shape(n);
     y.set_name("y");
     y.mutable_fill()->set_float_value(1.0);
-    BENCH_RETURN_IF_ERROR(client->CreateBuffer(y).status());
-    BENCH_ASSIGN_OR_RETURN(bool idle, client->SynchronizeStream(""));
+    RETURN_IF_ERROR(client->CreateBuffer(y).status());
+    ASSIGN_OR_RETURN(bool idle, client->SynchronizeStream(""));
     if (!idle) return absl::DeadlineExceededError("the load client's stream did not go idle");
     counted = true;
     ready.count_down();
@@ -807,7 +785,7 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
     for (int i = 0; i < kLoadChain; ++i) futures.push_back(client->SubmitAsync(add));
     for (const OperationFuture& f : futures) {
       const absl::StatusOr<v1::Operation>& op = f.Get();
-      BENCH_RETURN_IF_ERROR(Succeeded(op));
+      RETURN_IF_ERROR(Succeeded(op));
       result.device_seconds.push_back(op->timing().device_seconds());
     }
     result.end = Clock::now();
@@ -816,7 +794,7 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
       v1::SubmitRequest check = Reduce(kind, "x");
       check.set_wait(true);
       absl::StatusOr<v1::Operation> op = client->Submit(check);
-      BENCH_RETURN_IF_ERROR(Succeeded(op));
+      RETURN_IF_ERROR(Succeeded(op));
       if (op->values_size() != 1)
         return absl::InternalError("a whole-array reduction gave no value");
       const double v = op->values(0).float_value() - kLoadChain;
@@ -825,7 +803,7 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
                                                 " has an element ", v, " outside [0, 1]"));
       }
     }
-    BENCH_RETURN_IF_ERROR(client->DeleteBuffer("x"));
+    RETURN_IF_ERROR(client->DeleteBuffer("x"));
     return client->DeleteBuffer("y");
   };
   result.status = run();
@@ -835,11 +813,11 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
 // The median device time of z = x + y on n float32 elements with nothing else running,
 // through the server like the load's operations.
 absl::StatusOr<double> IsolatedAddSeconds(const Server& server, uint64_t n) {
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-load-alone"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-load-alone"));
   for (const auto& [name, seed] : {std::pair{"x", 21}, std::pair{"y", 22}, std::pair{"z", 23}}) {
     v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
     fill.set_wait(true);
-    BENCH_RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
+    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
   }
   v1::SubmitRequest add =
       Elementwise("x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
@@ -847,10 +825,10 @@ absl::StatusOr<double> IsolatedAddSeconds(const Server& server, uint64_t n) {
   std::vector<double> seconds;
   for (int i = 0; i < 11; ++i) {
     absl::StatusOr<v1::Operation> op = client->Submit(add);
-    BENCH_RETURN_IF_ERROR(Succeeded(op));
+    RETURN_IF_ERROR(Succeeded(op));
     if (i > 0) seconds.push_back(op->timing().device_seconds());
   }
-  for (const char* name : {"x", "y", "z"}) BENCH_RETURN_IF_ERROR(client->DeleteBuffer(name));
+  for (const char* name : {"x", "y", "z"}) RETURN_IF_ERROR(client->DeleteBuffer(name));
   return Median(std::move(seconds));
 }
 
@@ -864,15 +842,15 @@ struct MemoryReport {
 // Device memory while the load's buffers exist: the whole device's use (this process is
 // the server; nothing else runs on the device) against the bytes the buffers hold.
 absl::StatusOr<MemoryReport> ReportMemory(const Server& server) {
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-memory"));
-  BENCH_ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-memory"));
+  ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
   MemoryReport report;
   report.buffers = static_cast<double>(info.memory_used_bytes());
   for (const v1::DeviceInfo& d : info.devices()) report.pool_reserved += d.pool_reserved_bytes();
 #if defined(GPUCOMPUTE_HAVE_CUDA)
   if (info.backend() == "cuda") {
     size_t free_bytes = 0, total_bytes = 0;
-    BENCH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     report.device_total = static_cast<double>(total_bytes);
     report.device_used = static_cast<double>(total_bytes - free_bytes);
   }
@@ -903,7 +881,7 @@ absl::Status RunLoad(const Options& options, const Server& server) {
   std::vector<double> device;
   Clock::time_point end = start;
   for (const LoadResult& r : results) {
-    BENCH_RETURN_IF_ERROR(r.status);
+    RETURN_IF_ERROR(r.status);
     device.insert(device.end(), r.device_seconds.begin(), r.device_seconds.end());
     end = std::max(end, r.end);
   }
@@ -943,7 +921,7 @@ absl::Status RunLoad(const Options& options, const Server& server) {
 }
 
 absl::Status Run(const Options& options) {
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   const DeviceDescription& device = backend->devices().at(0);
   // Host threads the backend uses (--threads=0: one per hardware thread), and the
   // device's compute units (worker threads on the CPU, multiprocessors on a GPU).
@@ -964,11 +942,11 @@ absl::Status Run(const Options& options) {
               options.samples);
   std::fflush(stdout);
 
-  if (options.kernels) BENCH_RETURN_IF_ERROR(RunKernels(options, *backend));
+  if (options.kernels) RETURN_IF_ERROR(RunKernels(options, *backend));
   if (!options.transfers && !options.e2e) return absl::OkStatus();
   CopyCeilings ceilings;
   if (options.transfers) {
-    BENCH_ASSIGN_OR_RETURN(ceilings, MeasureCopyCeilings(options, *backend));
+    ASSIGN_OR_RETURN(ceilings, MeasureCopyCeilings(options, *backend));
   }
   // The server gets the device to itself: this backend's memory goes back first.
   backend.reset();
@@ -977,11 +955,11 @@ absl::Status Run(const Options& options) {
   server_options.listen = "127.0.0.1:0";
   server_options.backend = options.backend;
   server_options.cpu_threads = options.threads;
-  BENCH_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
-  if (options.transfers) BENCH_RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
+  ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
+  if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {
-    BENCH_RETURN_IF_ERROR(RunLatency(options, *server));
-    BENCH_RETURN_IF_ERROR(RunLoad(options, *server));
+    RETURN_IF_ERROR(RunLatency(options, *server));
+    RETURN_IF_ERROR(RunLoad(options, *server));
   }
   return absl::OkStatus();
 }

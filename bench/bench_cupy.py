@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CuPy's speed on the operations of gpucompute-bench's kernel table, for comparison.
 
-Run on a GPU machine with CuPy installed:  python3 tests/bench_cupy.py [log2n]
+Run on a GPU machine with CuPy installed:  python3 bench/bench_cupy.py [log2n]
 Prints device time (median of 10, CUDA events) and the ratio to CuPy's own
 device-to-device copy in the same run, bytes counted as gpucompute-bench counts them.
 """
