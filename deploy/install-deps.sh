@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   libgtest-dev libgmock-dev
+  python3-numpy python3-grpcio python3-protobuf python3-pytest
 )
 
 missing=()

@@ -1,0 +1,28 @@
+"""Python client of the gpucompute service: NumPy arrays resident on a remote GPU (or
+CPU) backend.
+
+    import gpucompute, numpy as np
+    c = gpucompute.connect("127.0.0.1:50051")
+    x = c.put(np.linspace(0, 1, 1 << 20), name="x")
+    y = c.eval("a*x + 1", a=2.0, x=x)
+    print(c.reduce("sum", y).value, y.timing.gbps)
+    host = y.get()                      # or np.asarray(y)
+
+`gpucompute.aio` has the same client for asyncio. The message classes of the API are
+in `gpucompute.v1` (e.g. gpucompute.v1.SubmitRequest), built at import from the
+shipped descriptor.
+"""
+
+from ._proto import v1
+from .client import Client, RemoteArray, connect
+from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
+                     FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                     ResourceExhaustedError, UnavailableError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
+    "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "RemoteArray",
+    "ResourceExhaustedError", "UnavailableError", "connect", "v1",
+]

@@ -1,0 +1,158 @@
+"""The asyncio client, on grpc.aio: the same calls as gpucompute.Client, as coroutines.
+
+    async with gpucompute.aio.connect("127.0.0.1:50051") as c:
+        x = await c.put(np.arange(10.0))
+        y = await c.eval("2*x", x=x)
+        print(await y.get())
+
+Create the client inside the event loop that uses it.
+"""
+
+import grpc
+import grpc.aio
+
+from . import _common
+from ._proto import v1
+from .errors import NotFoundError, from_rpc_error
+
+
+def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
+            progress=None, channel_options=()):
+    """Returns an asyncio Client of the server at `target`; the options are those of
+    gpucompute.connect."""
+    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
+                  progress=progress, channel_options=channel_options)
+
+
+class RemoteArray(_common.RemoteArrayInfo):
+    """A handle to an array resident on the server: `await get()`, `await delete()`,
+    `async with`. A handle from an operation submitted with wait=False describes its
+    output at once; `await wait()` waits for the operation and fills in its timing."""
+
+    async def get(self, *, progress=None):
+        array, self.transfer = await self._client._download(self, progress)
+        return array
+
+    async def delete(self):
+        await self._client.delete(self)
+
+    async def wait(self):
+        """Waits for the operation that produces this array; returns self."""
+        if self.operation is not None and not self.operation.done:
+            self.operation = await self._client._wait_operation(self.operation)
+            self.info = _common.output_of(self.operation)
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("an asyncio RemoteArray downloads with `await handle.get()`")
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        try:
+            await self.delete()
+        except NotFoundError:
+            pass  # already deleted
+
+
+class Client(_common.Operations):
+    """An asyncio client of one server. Operations (eval, reduce, gemv, rand.*, submit)
+    are coroutines: with wait=True (the default) they return the finished result's
+    RemoteArray; with wait=False they return it as soon as the server has queued the
+    operation, so awaiting one submission after another keeps them in order while the
+    server runs them asynchronously. Run several at once with asyncio.gather."""
+
+    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
+                 timeout=None, progress=None, channel_options=()):
+        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
+        self._channel = grpc.aio.insecure_channel(
+            target, options=_common.Options.channel_arguments() + list(channel_options))
+        self._rpc = _common.Methods(self._channel)
+
+    async def close(self):
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.close()
+
+    async def _call(self, method, request):
+        try:
+            return await getattr(self._rpc, method)(request, metadata=self.options.metadata,
+                                                    timeout=self.options.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def info(self):
+        return await self._call("GetServerInfo", v1.GetServerInfoRequest())
+
+    async def stats(self):
+        return await self._call("GetStats", v1.GetStatsRequest())
+
+    async def put(self, array, *, name=None, device=None, into=None, offset_bytes=0,
+                  progress=None):
+        """As Client.put."""
+        header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        reporter = _common.upload_progress(self.options, progress, data.nbytes)
+        failure = []
+        call = self._rpc.Upload(
+            _common.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
+            metadata=self.options.metadata)
+        with _common.streaming_call(call, reporter, failure):
+            response = await call
+        return RemoteArray(self, response.buffer, transfer=response.transfer)
+
+    async def download(self, buffer, *, progress=None):
+        """As Client.download."""
+        return (await self._download(buffer, progress))[0]
+
+    async def _download(self, buffer, progress):
+        request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
+                                     chunk_bytes=self.options.chunk_bytes)
+        assembler = _common.DownloadAssembler(self.options, progress)
+        call = self._rpc.Download(request, metadata=self.options.metadata)
+        with _common.streaming_call(call, assembler):
+            async for message, data in call:
+                assembler.add(message, data)
+            return assembler.result(), assembler.transfer
+
+    async def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
+        response = await self._call(
+            "CreateBuffer", _common.create_request(shape, dtype, fill, name, layout, device))
+        return RemoteArray(self, response.buffer)
+
+    async def buffer(self, buffer):
+        info = await self._call("GetBuffer",
+                                v1.GetBufferRequest(buffer=_common.buffer_ref(buffer)))
+        return RemoteArray(self, info)
+
+    async def buffers(self):
+        response = await self._call("ListBuffers", v1.ListBuffersRequest())
+        return [RemoteArray(self, info) for info in response.buffers]
+
+    async def delete(self, buffer):
+        await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))
+
+    async def synchronize(self, stream=None, timeout=0.0):
+        request = v1.SynchronizeStreamRequest(stream_id=_common.stream_ref(stream),
+                                              timeout_seconds=timeout)
+        return (await self._call("SynchronizeStream", request)).idle
+
+    async def submit(self, request, *, wait=True):
+        """As Client.submit, except that wait=False returns the RemoteArray of the
+        queued operation (its `operation.done` false until `await handle.wait()`)."""
+        submitted = v1.SubmitRequest()
+        submitted.CopyFrom(request)
+        submitted.wait = wait
+        operation = await self._call("Submit", submitted)
+        return RemoteArray(self, _common.output_of(operation), operation)
+
+    async def _wait_operation(self, operation):
+        request = v1.WaitOperationRequest(operation_id=operation.id,
+                                          timeout_seconds=self.options.wait_slice_seconds())
+        while not operation.done:
+            operation = await self._call("WaitOperation", request)
+        return operation

@@ -1,0 +1,314 @@
+"""The blocking client, and futures for operations that should not block."""
+
+import collections
+import concurrent.futures
+import threading
+
+import grpc
+
+from . import _common
+from ._proto import v1
+from .errors import Error, NotFoundError, error_for, from_rpc_error
+
+
+def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
+            progress=None, channel_options=()):
+    """Returns a Client of the server at `target` ("host:port").
+
+    No RPC is made, so an unreachable server shows up as UnavailableError on the
+    first call. See _common.Options for the options; `channel_options` are extra gRPC
+    channel arguments, e.g. [("grpc.keepalive_time_ms", 10000)].
+    """
+    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
+                  progress=progress, channel_options=channel_options)
+
+
+class RemoteArray(_common.RemoteArrayInfo):
+    """A handle to an array resident on the server.
+
+    get() downloads it as a NumPy array, and so does np.asarray(handle). delete() frees
+    it; so does leaving a `with` block. Dropping the handle does not: the buffer stays
+    on the server until deleted (other handles, ids and names may refer to it).
+    """
+
+    def get(self, *, progress=None):
+        """Downloads the array (shape, dtype and memory order as on the server)."""
+        array, self.transfer = self._client._download(self, progress)
+        return array
+
+    def delete(self):
+        """Frees the buffer once its pending work is done."""
+        self._client.delete(self)
+
+    def __array__(self, dtype=None, copy=None):
+        # NumPy 2 passes copy=False to ask for a view, which a download cannot be.
+        if copy is False:
+            raise ValueError("a RemoteArray has no host memory to view: converting it "
+                             "downloads a copy (use copy=None or True, or get())")
+        array = self.get()
+        if dtype is not None:
+            array = array.astype(dtype, copy=False)
+        return array
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        try:
+            self.delete()
+        except NotFoundError:
+            pass  # already deleted
+
+
+class Client(_common.Operations):
+    """A blocking client of one server; safe to use from many threads.
+
+    Every call names the client (metadata "gpucompute-client") when client_name is set;
+    unary calls carry the `timeout` deadline. Errors raise gpucompute.Error subclasses
+    with the gRPC code and the server's message.
+
+    Operations (eval, reduce, gemv, rand.*, submit) wait for their result and return a
+    RemoteArray; with wait=False they return a concurrent.futures.Future of it at once.
+    Submissions reach the server in the order they were made, so a chain of dependent
+    operations runs in order; downloads, deletes and uploads into existing buffers wait
+    until earlier submissions have reached the server.
+    """
+
+    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
+                 timeout=None, progress=None, channel_options=()):
+        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
+        self._channel = grpc.insecure_channel(
+            target, options=_common.Options.channel_arguments() + list(channel_options))
+        self._rpc = _common.Methods(self._channel)
+        self._submissions = _Submissions(self)
+
+    def close(self):
+        """Closes the channel; calls and futures still in flight fail with CANCELLED."""
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _call(self, method, request, timeout=True):
+        try:
+            return getattr(self._rpc, method)(
+                request, metadata=self.options.metadata,
+                timeout=self.options.timeout if timeout else None)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    # Server ---------------------------------------------------------------
+
+    def info(self):
+        """The ServerInfo message: backend, devices, memory, limits, version."""
+        return self._call("GetServerInfo", v1.GetServerInfoRequest())
+
+    def stats(self):
+        """The Stats message: per-kind counts, device time and traffic; pools."""
+        return self._call("GetStats", v1.GetStatsRequest())
+
+    def trim_memory_pool(self, device=None, keep_bytes=0):
+        request = v1.TrimMemoryPoolRequest(keep_bytes=keep_bytes)
+        if device is not None:
+            request.device = device
+        return self._call("TrimMemoryPool", request)
+
+    # Buffers --------------------------------------------------------------
+
+    def put(self, array, *, name=None, device=None, into=None, offset_bytes=0, progress=None):
+        """Uploads a NumPy array (or anything np.asarray takes) and returns its handle.
+
+        A new buffer, optionally named, gets the array's dtype, shape and memory order
+        (Fortran-ordered arrays stay so). With `into`, the bytes overwrite
+        [offset_bytes, offset_bytes + array.nbytes) of that existing buffer instead.
+        Nothing changes unless every byte arrives. `progress`: see make_progress.
+        """
+        header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        if into is not None:
+            self._submissions.wait_idle()
+        reporter = _common.upload_progress(self.options, progress, data.nbytes)
+        failure = []
+        call = self._rpc.Upload.future(
+            _common.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
+            metadata=self.options.metadata)
+        with _common.streaming_call(call, reporter, failure):
+            response = call.result()
+        return RemoteArray(self, response.buffer, transfer=response.transfer)
+
+    def download(self, buffer, *, progress=None):
+        """Downloads a buffer (handle, id or name) into a new NumPy array."""
+        return self._download(buffer, progress)[0]
+
+    def _download(self, buffer, progress):
+        """The array and the download's TransferStats."""
+        self._submissions.wait_idle()
+        request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
+                                     chunk_bytes=self.options.chunk_bytes)
+        assembler = _common.DownloadAssembler(self.options, progress)
+        call = self._rpc.Download(request, metadata=self.options.metadata)
+        with _common.streaming_call(call, assembler):
+            for message, data in call:
+                assembler.add(message, data)
+            return assembler.result(), assembler.transfer
+
+    def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
+        """Allocates a buffer, filled with `fill` if given (else its contents are
+        unspecified)."""
+        response = self._call("CreateBuffer",
+                              _common.create_request(shape, dtype, fill, name, layout, device))
+        return RemoteArray(self, response.buffer)
+
+    def buffer(self, buffer):
+        """A handle to an existing buffer, by id or name."""
+        return RemoteArray(self, self._call("GetBuffer",
+                                            v1.GetBufferRequest(buffer=_common.buffer_ref(buffer))))
+
+    def buffers(self):
+        """Handles to this client's buffers, oldest first."""
+        response = self._call("ListBuffers", v1.ListBuffersRequest())
+        return [RemoteArray(self, info) for info in response.buffers]
+
+    def delete(self, buffer):
+        """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
+        its memory is freed when queued work using it is done."""
+        self._submissions.wait_idle()
+        self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))
+
+    # Streams --------------------------------------------------------------
+
+    def create_stream(self, device=None):
+        """A new stream (a StreamInfo; pass it, or its id, as `stream=`)."""
+        request = v1.CreateStreamRequest()
+        if device is not None:
+            request.device = device
+        return self._call("CreateStream", request)
+
+    def delete_stream(self, stream):
+        self._call("DeleteStream", v1.DeleteStreamRequest(stream_id=_common.stream_ref(stream)))
+
+    def streams(self):
+        return list(self._call("ListStreams", v1.ListStreamsRequest()).streams)
+
+    def synchronize(self, stream=None, timeout=0.0):
+        """Waits until the work submitted to `stream` (None: the default stream) is done,
+        or `timeout` seconds pass (0: no limit but the call's); True if it went idle."""
+        self._submissions.wait_idle()
+        request = v1.SynchronizeStreamRequest(stream_id=_common.stream_ref(stream),
+                                              timeout_seconds=timeout)
+        return self._call("SynchronizeStream", request).idle
+
+    # Operations -----------------------------------------------------------
+
+    def submit(self, request, *, wait=True):
+        """Submits a SubmitRequest (the builders in _common make them; eval, reduce,
+        gemv and rand.* call this). With wait, returns the result's RemoteArray when
+        the operation is done; without, a concurrent.futures.Future of it, resolved
+        from gRPC's threads (many can be in flight from one thread). A failed
+        operation raises (or the future holds) an Error with its code and message.
+        """
+        if not wait:
+            return self._submissions.submit(request)
+        sync_request = v1.SubmitRequest()
+        sync_request.CopyFrom(request)
+        sync_request.wait = True
+        self._submissions.wait_idle()
+        # The call's deadline bounds the wait, as for every unary call.
+        return self._result(self._call("Submit", sync_request))
+
+    def operation(self, operation_id):
+        """The Operation message (state, timing, outputs) of an operation id."""
+        return self._call("GetOperation", v1.GetOperationRequest(operation_id=operation_id))
+
+    def _result(self, operation):
+        return RemoteArray(self, _common.output_of(operation), operation)
+
+
+class _Submissions:
+    """Operations submitted with wait=False.
+
+    One Submit RPC is in flight at a time and the next starts when it is answered, so
+    they reach the server in order; each then waits for its operation with
+    WaitOperation, concurrently with the others. Everything runs in gRPC's callbacks,
+    which never block.
+    """
+
+    def __init__(self, client):
+        self._client = client
+        self._condition = threading.Condition()
+        self._queue = collections.deque()
+        self._busy = False
+
+    def submit(self, request):
+        future = concurrent.futures.Future()
+        # The operation cannot be taken back once submitted, so neither can the future.
+        future.set_running_or_notify_cancel()
+        async_request = v1.SubmitRequest()
+        async_request.CopyFrom(request)
+        async_request.wait = False
+        with self._condition:
+            if self._busy:
+                self._queue.append((async_request, future))
+                return future
+            self._busy = True
+        self._send(async_request, future)
+        return future
+
+    def wait_idle(self):
+        """Blocks until every queued submission has been answered."""
+        with self._condition:
+            self._condition.wait_for(lambda: not self._busy)
+
+    def _send(self, request, future):
+        client = self._client
+        try:
+            call = client._rpc.Submit.future(request, metadata=client.options.metadata,
+                                             timeout=client.options.timeout)
+        except ValueError as error:  # the channel is closed
+            self._next()
+            future.set_exception(error_for(grpc.StatusCode.CANCELLED, str(error)))
+            return
+
+        def on_submitted(call):
+            self._next()
+            self._on_reply(call, future)
+
+        call.add_done_callback(on_submitted)
+
+    def _next(self):
+        with self._condition:
+            if not self._queue:
+                self._busy = False
+                self._condition.notify_all()
+                return
+            request, future = self._queue.popleft()
+        self._send(request, future)
+
+    def _on_reply(self, call, future):
+        client = self._client
+        if call.cancelled():
+            future.set_exception(error_for(grpc.StatusCode.CANCELLED, "the call was cancelled"))
+            return
+        if call.exception() is not None:
+            future.set_exception(from_rpc_error(call.exception()))
+            return
+        operation = call.result()
+        if operation.done:
+            try:
+                future.set_result(client._result(operation))
+            except Error as error:
+                future.set_exception(error)
+            return
+        # The server bounds each wait by the request's timeout; a wait that returns
+        # before the operation is done is repeated.
+        request = v1.WaitOperationRequest(operation_id=operation.id,
+                                          timeout_seconds=client.options.wait_slice_seconds())
+        try:
+            wait = client._rpc.WaitOperation.future(request, metadata=client.options.metadata,
+                                                    timeout=client.options.timeout)
+        except ValueError as error:  # the channel is closed
+            future.set_exception(error_for(grpc.StatusCode.CANCELLED, str(error)))
+            return
+        wait.add_done_callback(lambda call: self._on_reply(call, future))

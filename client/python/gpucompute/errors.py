@@ -1,0 +1,72 @@
+"""Exceptions: every failure the server reports carries its gRPC code and message."""
+
+import grpc
+
+_CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class Error(Exception):
+    """A call the server (or the channel) answered with an error.
+
+    `code` is the grpc.StatusCode, `details` the server's message. A failed operation
+    raises this too, with the code and message the operation carries.
+    """
+
+    def __init__(self, code, details, operation=None):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        # The failed Operation message, for an operation that failed after it was
+        # queued; None for a rejected call.
+        self.operation = operation
+
+
+class InvalidArgumentError(Error, ValueError):
+    """Malformed request: shapes, dtypes, byte ranges, expressions."""
+
+
+class NotFoundError(Error, LookupError):
+    """An unknown or deleted buffer, stream or operation."""
+
+
+class AlreadyExistsError(Error):
+    """A buffer name the client already uses."""
+
+
+class ResourceExhaustedError(Error, MemoryError):
+    """Beyond the server's memory limit, or a per-client limit."""
+
+
+class FailedPreconditionError(Error):
+    """E.g. deleting the default stream, or profiling on the CPU backend."""
+
+
+class UnavailableError(Error, ConnectionError):
+    """The server is unreachable, or refuses work after its backend failed."""
+
+
+class DeadlineExceededError(Error, TimeoutError):
+    """The call's timeout passed."""
+
+
+_CLASSES = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+}
+
+
+def error_for(code, details, operation=None):
+    """The exception for a grpc.StatusCode (or its number) and message."""
+    if not isinstance(code, grpc.StatusCode):
+        code = _CODES_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    return _CLASSES.get(code, Error)(code, details, operation)
+
+
+def from_rpc_error(error):
+    """Converts a grpc.RpcError (sync or grpc.aio) to an Error."""
+    return error_for(error.code(), error.details() or "")

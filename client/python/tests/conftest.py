@@ -1,0 +1,81 @@
+"""Starts one real gpucompute-server (CPU backend) on a free loopback port for the
+session, and gives each test a client of its own name, so that names never collide."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import gpucompute  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+# Room for the test above 2 GiB and little else: 3 GiB of buffers; beyond it,
+# RESOURCE_EXHAUSTED.
+MEMORY_LIMIT_BYTES = 3 << 30
+_LISTENING = re.compile(rb"listening on port (\d+)")
+
+
+def _server_binary():
+    path = os.environ.get("GPUCOMPUTE_SERVER_BIN",
+                          os.path.join(REPO, "build", "server", "gpucompute-server"))
+    if not os.access(path, os.X_OK):
+        pytest.exit(f"no gpucompute-server at {path}; build it or set GPUCOMPUTE_SERVER_BIN",
+                    returncode=2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server_address():
+    process = subprocess.Popen(
+        [_server_binary(), "--backend=cpu", "--listen=127.0.0.1:0",
+         f"--memory-limit={MEMORY_LIMIT_BYTES}", "--cpu-threads=2"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines = []
+    port = []
+    found = threading.Event()
+
+    # Keeps reading stderr after the port is known, so that the server never blocks
+    # on a full pipe; the lines are shown if it fails to start.
+    def read_stderr():
+        for line in process.stderr:
+            lines.append(line)
+            match = _LISTENING.search(line)
+            if match and not port:
+                port.append(int(match.group(1)))
+                found.set()
+        found.set()
+
+    threading.Thread(target=read_stderr, daemon=True).start()
+    if not found.wait(60) or not port:
+        process.kill()
+        pytest.exit("gpucompute-server did not start:\n" + b"".join(lines).decode(errors="replace"),
+                    returncode=2)
+    yield f"127.0.0.1:{port[0]}"
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def client_name_for(request):
+    return re.sub(r"[^ -~]", "?", request.node.name)[:100]
+
+
+@pytest.fixture
+def client(server_address, request):
+    """A client named after the test; its buffers are deleted after the test, so that
+    the server's memory limit holds for the next."""
+    with gpucompute.connect(server_address, client_name=client_name_for(request),
+                            progress=False) as c:
+        yield c
+        for buffer in c.buffers():
+            buffer.delete()
