@@ -242,7 +242,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
     cuda_options.kernel_cache_dir = "";  // the first use is a warm-up either way
     return cuda::CreateCudaBackend(cuda_options);
   }
-  return absl::InvalidArgumentError(absl::StrCat("--backend=", options.backend, ": use cpu or cuda"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend=", options.backend, ": use cpu or cuda"));
 #else
   return absl::InvalidArgumentError(
       absl::StrCat("--backend=", options.backend, ": this build has only the cpu backend"));
@@ -365,7 +366,8 @@ struct KernelRow {
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 // The median device seconds of `repeat` runs of `enqueue` on a stream of its own, after a
 // warm-up, timed with CUDA events: for work that goes around the Backend API.
-absl::StatusOr<double> MedianCudaSeconds(int repeat, const std::function<cudaError_t(cudaStream_t)>& enqueue) {
+absl::StatusOr<double> MedianCudaSeconds(int repeat,
+                                         const std::function<cudaError_t(cudaStream_t)>& enqueue) {
   cudaStream_t stream = nullptr;
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> events(2 * repeat);
@@ -389,10 +391,11 @@ absl::StatusOr<double> MedianCudaSeconds(int repeat, const std::function<cudaErr
 }
 
 // The hand-written nvcc -O3 kernel of the reference expression.
-absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, void* out, int64_t n,
-                                                    int repeat) {
-  return MedianCudaSeconds(
-      repeat, [&](cudaStream_t stream) { return cuda::ReferenceExpressionAsync(dtype, x, out, n, stream); });
+absl::StatusOr<double> HandWrittenExpressionSeconds(DType dtype, const void* x, void* out,
+                                                    int64_t n, int repeat) {
+  return MedianCudaSeconds(repeat, [&](cudaStream_t stream) {
+    return cuda::ReferenceExpressionAsync(dtype, x, out, n, stream);
+  });
 }
 #endif
 
@@ -418,8 +421,7 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
   RETURN_IF_ERROR(Synchronize(stream));
 
   {
-    ASSIGN_OR_RETURN(double s,
-                           time([&] { return backend.Copy(stream, x, 0, out, 0, bytes); }));
+    ASSIGN_OR_RETURN(double s, time([&] { return backend.Copy(stream, x, 0, out, 0, bytes); }));
     rows.push_back({"copy", dtype, n_text, s, 2.0 * bytes});
   }
 
@@ -429,31 +431,31 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     ASSIGN_OR_RETURN(expr::Program program, expr::Compile(text, inputs));
     std::vector<const DeviceMemory*> bound;
     for (const std::string& name : program.inputs()) bound.push_back(arrays.at(name));
-    ASSIGN_OR_RETURN(
-        double s, time([&]() -> absl::Status {
-          return backend.Elementwise(stream, program, bound, out, dtype, n).status();
-        }));
+    ASSIGN_OR_RETURN(double s, time([&]() -> absl::Status {
+                       return backend.Elementwise(stream, program, bound, out, dtype, n).status();
+                     }));
     const double flops = report_flops ? static_cast<double>(program.ops_per_element()) * n : 0;
     rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes) * (bound.size() + 1), flops});
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(elementwise(
-      "x + y", "x + y", {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
-      /*report_flops=*/false));
+  RETURN_IF_ERROR(elementwise("x + y", "x + y",
+                              {{"x", expr::ArrayInput{dtype}}, {"y", expr::ArrayInput{dtype}}},
+                              /*report_flops=*/false));
   rows.back().min_vs_copy = 0.95;
   for (const auto& [kind, op] :
        {std::pair{ReduceKind::kSum, "reduce sum"}, std::pair{ReduceKind::kMax, "reduce max"},
         std::pair{ReduceKind::kNorm2, "reduce norm2"}}) {
     const ReduceShape shape{.outer = 1, .extent = n, .inner = 1};
     ASSIGN_OR_RETURN(double s, time([&, kind = kind] {
-                             return backend.Reduce(stream, kind, dtype, x, shape, scalar);
-                           }));
+                       return backend.Reduce(stream, kind, dtype, x, shape, scalar);
+                     }));
     rows.push_back({op, dtype, n_text, s,
-                    static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype))), 0, 0.95});
+                    static_cast<double>(bytes + DTypeSize(ReduceResultDType(kind, dtype))), 0,
+                    0.95});
   }
 
   RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
-                                    /*report_flops=*/true));
+                              /*report_flops=*/true));
 #if defined(GPUCOMPUTE_HAVE_CUDA)
   if (backend.name() == "cuda") {
     // The two kernels are compared with each other, so they take turns: kTwinRounds
@@ -466,14 +468,16 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     for (int round = 0; round < kTwinRounds; ++round) {
       if (round > 0) {
         RETURN_IF_ERROR(elementwise("expr", kExpression, {{"x", expr::ArrayInput{dtype}}},
-                                          /*report_flops=*/true));
+                                    /*report_flops=*/true));
         rows[expr_row].seconds = std::min(rows[expr_row].seconds, rows.back().seconds);
         rows.pop_back();
       }
-      ASSIGN_OR_RETURN(double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
+      ASSIGN_OR_RETURN(
+          double s, HandWrittenExpressionSeconds(dtype, x.data(), out.data(), n, options.repeat));
       hand_written = std::min(hand_written, s);
     }
-    rows.push_back({"expr nvcc -O3", dtype, n_text, hand_written, 2.0 * bytes, rows[expr_row].flops});
+    rows.push_back(
+        {"expr nvcc -O3", dtype, n_text, hand_written, 2.0 * bytes, rows[expr_row].flops});
   }
 #endif
 
@@ -491,11 +495,12 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     for (bool col_major : {false, true}) {
       for (bool transpose : {false, true}) {
         const GemvShape shape{.rows = m, .cols = m, .col_major = col_major, .transpose = transpose};
-        ASSIGN_OR_RETURN(
-            double s, time([&] { return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy); }));
-        rows.push_back({absl::StrCat("gemv ", col_major ? "F" : "C", transpose ? " A^T x" : " A x"), dtype,
-                        absl::StrCat(m, "x", m), s, static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m,
-                        0.95});
+        ASSIGN_OR_RETURN(double s, time([&] {
+                           return backend.Gemv(stream, dtype, shape, 1.0, a, gx, 0.0, gy);
+                         }));
+        rows.push_back({absl::StrCat("gemv ", col_major ? "F" : "C", transpose ? " A^T x" : " A x"),
+                        dtype, absl::StrCat(m, "x", m), s,
+                        static_cast<double>(matrix_bytes + 2 * m * item), 2.0 * m * m, 0.95});
       }
     }
   }
@@ -503,8 +508,8 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
   for (const auto& [params, op, target] :
        {std::tuple{uniform, "random uniform", 0.95}, std::tuple{normal, "random normal", 0.85}}) {
     ASSIGN_OR_RETURN(double s, time([&, params = params] {
-                             return backend.Random(stream, params, dtype, out, n);
-                           }));
+                       return backend.Random(stream, params, dtype, out, n);
+                     }));
     rows.push_back({op, dtype, n_text, s, static_cast<double>(bytes), 0, target});
   }
   return absl::OkStatus();
@@ -537,8 +542,9 @@ absl::Status RunKernels(const Options& options, Backend& backend) {
       target = absl::StrCat(">= nvcc (", Fixed(ratio, 3), "x)");
       met = ratio >= 1.0 ? "yes" : "NO";
     }
-    table.AddRow({r.op, DTypeName(r.dtype), r.size, Fixed(r.seconds * 1e3, 3), Fixed(gbps, 2), Fixed(vs_copy, 3),
-                  r.flops > 0 ? Fixed(r.flops / r.seconds / 1e9, 2) : "", target, met});
+    table.AddRow({r.op, DTypeName(r.dtype), r.size, Fixed(r.seconds * 1e3, 3), Fixed(gbps, 2),
+                  Fixed(vs_copy, 3), r.flops > 0 ? Fixed(r.flops / r.seconds / 1e9, 2) : "", target,
+                  met});
   }
   table.Print(absl::StrCat("kernels: device time, median of ", options.repeat,
                            ", ratio to the device-to-device copy"));
@@ -607,11 +613,11 @@ absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
   ASSIGN_OR_RETURN(DeviceMemory device, backend.Allocate(0, bytes));
   ASSIGN_OR_RETURN(c.h2d_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
-                           return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
-                         }));
+                     return backend.CopyFromHost(*stream, source.data(), device, 0, bytes);
+                   }));
   ASSIGN_OR_RETURN(c.d2h_seconds, MedianDeviceSeconds(backend, *stream, options.repeat, [&] {
-                           return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
-                         }));
+                     return backend.CopyToHost(*stream, device, 0, sink.data(), bytes);
+                   }));
 #if defined(GPUCOMPUTE_HAVE_CUDA)
   if (backend.name() == "cuda") {
     ASSIGN_OR_RETURN(c.pinned_h2d_seconds, PinnedHostToDeviceSeconds(bytes, options.repeat));
@@ -620,7 +626,8 @@ absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend
   return c;
 }
 
-absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, const Server& server) {
+absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
+                          const Server& server) {
   const uint64_t bytes = options.transfer_bytes();
   const double mib = static_cast<double>(bytes) / (1 << 20);
   const std::vector<char> source = TransferSource(bytes);
@@ -675,7 +682,8 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
     return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
 
   // The ceiling: the pinned copy where there is one (CUDA), else the backend's own copy.
-  const double ceiling_seconds = ceilings.pinned_h2d_seconds > 0 ? ceilings.pinned_h2d_seconds : h2d_seconds;
+  const double ceiling_seconds =
+      ceilings.pinned_h2d_seconds > 0 ? ceilings.pinned_h2d_seconds : h2d_seconds;
   const double h2d_gbps = bytes / ceiling_seconds / 1e9;
   Table table({"op", "MiB", "ms", "GB/s", "server GB/s", "vs ceiling"}, 1);
   auto add = [&](const char* op, double seconds, const std::string& server_gbps) {
@@ -688,8 +696,9 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings, 
   add("d2h copy", d2h_seconds, "");
   add("upload", Median(upload_wall), Fixed(Median(upload_server), 3));
   add("download", Median(download_wall), Fixed(Median(download_server), 3));
-  table.Print(absl::StrCat("transfers: in-process server over loopback, median of ", options.repeat,
-                           ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));
+  table.Print(absl::StrCat(
+      "transfers: in-process server over loopback, median of ", options.repeat,
+      ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));
   return absl::OkStatus();
 }
 
@@ -732,13 +741,14 @@ absl::Status RunLatency(const Options& options, const Server& server) {
   for (const char* name : {"x", "y", "z"}) RETURN_IF_ERROR(client->DeleteBuffer(name));
 
   const double noop50 = Percentile(noop, 50), noop99 = Percentile(noop, 99);
-  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms", "target",
-               "met"},
+  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms",
+               "target", "met"},
               1);
-  const double p50_ratio = Percentile(submit, 50) / noop50, p99_ratio = Percentile(submit, 99) / noop99;
+  const double p50_ratio = Percentile(submit, 50) / noop50,
+               p99_ratio = Percentile(submit, 99) / noop99;
   table.AddRow({"Submit(wait) x + y 2^20 float32", absl::StrCat(submit.size()),
-                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3), Fixed(p50_ratio, 2),
-                Fixed(p99_ratio, 2), Fixed(Median(device) * 1e3, 3), "<= 1.5x",
+                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3),
+                Fixed(p50_ratio, 2), Fixed(p99_ratio, 2), Fixed(Median(device) * 1e3, 3), "<= 1.5x",
                 p50_ratio <= 1.5 && p99_ratio <= 1.5 ? "yes" : "NO"});
   table.AddRow({"GetServerInfo (no-op)", absl::StrCat(noop.size()), Fixed(noop50 * 1e3, 3),
                 Fixed(noop99 * 1e3, 3), "1.00", "1.00", ""});
@@ -762,7 +772,7 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
   bool counted = false;
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                           Connect(server, absl::StrCat("bench-load-", index)));
+                     Connect(server, absl::StrCat("bench-load-", index)));
     v1::SubmitRequest fill =
         Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, 100 + index, NewOutput("x"));
     fill.set_wait(true);
@@ -815,12 +825,13 @@ void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, 
 absl::StatusOr<double> IsolatedAddSeconds(const Server& server, uint64_t n) {
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-load-alone"));
   for (const auto& [name, seed] : {std::pair{"x", 21}, std::pair{"y", 22}, std::pair{"z", 23}}) {
-    v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
+    v1::SubmitRequest fill =
+        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
     fill.set_wait(true);
     RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
   }
-  v1::SubmitRequest add =
-      Elementwise("x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
+  v1::SubmitRequest add = Elementwise(
+      "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
   add.set_wait(true);
   std::vector<double> seconds;
   for (int i = 0; i < 11; ++i) {
@@ -891,31 +902,35 @@ absl::Status RunLoad(const Options& options, const Server& server) {
   const double moved = static_cast<double>(device.size()) * 3.0 * n * sizeof(float);
 
   const double busy = static_cast<double>(device.size()) * *alone / wall;
-  Table table({"clients", "ops/client", "size", "wall s", "op alone ms", "busy", "target", "met", "GB/s",
-               "sum device s", "op ms p50"},
+  Table table({"clients", "ops/client", "size", "wall s", "op alone ms", "busy", "target", "met",
+               "GB/s", "sum device s", "op ms p50"},
               0);
-  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain), absl::StrCat("2^", options.log2n, " f32"),
-                Fixed(wall, 3), Fixed(*alone * 1e3, 3), Fixed(busy, 3), "> 0.90", busy > 0.9 ? "yes" : "NO",
-                Fixed(moved / wall / 1e9, 2), Fixed(device_sum, 3), Fixed(Median(device) * 1e3, 3)});
+  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain),
+                absl::StrCat("2^", options.log2n, " f32"), Fixed(wall, 3), Fixed(*alone * 1e3, 3),
+                Fixed(busy, 3), "> 0.90", busy > 0.9 ? "yes" : "NO", Fixed(moved / wall / 1e9, 2),
+                Fixed(device_sum, 3), Fixed(Median(device) * 1e3, 3)});
   table.Print(
-      "e2e load: busy = operations x (device time of one alone) / wall; sum device s counts overlapping "
+      "e2e load: busy = operations x (device time of one alone) / wall; sum device s counts "
+      "overlapping "
       "operations each");
 
-  Table mem({"device total GiB", "device used GiB", "buffers GiB", "pool reserved GiB", "overhead MiB",
-             "limit MiB", "met"},
+  Table mem({"device total GiB", "device used GiB", "buffers GiB", "pool reserved GiB",
+             "overhead MiB", "limit MiB", "met"},
             0);
   const double gib = double(1 << 30), mib = double(1 << 20);
   const double limit = 0.05 * memory->device_total + 256 * mib;
   if (memory->device_total > 0) {
     const double overhead = memory->device_used - memory->buffers;
     mem.AddRow({Fixed(memory->device_total / gib, 2), Fixed(memory->device_used / gib, 2),
-                Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), Fixed(overhead / mib, 1),
-                Fixed(limit / mib, 1), overhead < limit ? "yes" : "NO"});
+                Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2),
+                Fixed(overhead / mib, 1), Fixed(limit / mib, 1), overhead < limit ? "yes" : "NO"});
   } else {
-    mem.AddRow({"", "", Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), "", "", ""});
+    mem.AddRow({"", "", Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), "",
+                "", ""});
   }
   mem.Print(
-      "memory during the load: overhead = device memory in use (whole device) - buffer bytes; limit = 5% of "
+      "memory during the load: overhead = device memory in use (whole device) - buffer bytes; "
+      "limit = 5% of "
       "the device + 256 MiB");
   return absl::OkStatus();
 }

@@ -268,7 +268,8 @@ Outcome RunTrim(CliContext& context, const ParsedArgs& args) {
   if (!keep.ok()) return UsageFrom(keep.status());
   absl::StatusOr<Client*> client = Connect(context);
   if (!client.ok()) return UsageFrom(client.status());
-  absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = (*client)->TrimMemoryPool(*device, keep->value_or(0));
+  absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed =
+      (*client)->TrimMemoryPool(*device, keep->value_or(0));
   if (!trimmed.ok()) return Outcome::Server("trim", trimmed.status());
   if (context.json()) {
     context.Print(ToJson(*trimmed));
@@ -414,9 +415,10 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
     absl::StatusOr<v1::BufferInfo> target = (*client)->GetBuffer(*into);
     if (!target.ok()) return Outcome::Server(what, target.status());
     if (target->dtype() != ToProtoDType(npy.dtype)) {
-      return Outcome::Local(what, absl::InvalidArgumentError(absl::StrCat(
-                                      "the file holds ", ToAbsl(DTypeName(npy.dtype)), " but buffer ",
-                                      *into, " is ", FormatDType(target->dtype()))));
+      return Outcome::Local(
+          what, absl::InvalidArgumentError(
+                    absl::StrCat("the file holds ", ToAbsl(DTypeName(npy.dtype)), " but buffer ",
+                                 *into, " is ", FormatDType(target->dtype()))));
     }
     header.set_buffer(target->id());
     header.set_offset_bytes(offset->value_or(0));

@@ -219,7 +219,8 @@ std::string MainHelp() {
   for (const Command& command : Commands()) width = std::max(width, command.name.size());
   for (const Command& command : Commands()) {
     absl::StrAppend(&text, "  ", ToAbsl(command.name),
-                    std::string(width + 2 - command.name.size(), ' '), ToAbsl(command.summary), "\n");
+                    std::string(width + 2 - command.name.size(), ' '), ToAbsl(command.summary),
+                    "\n");
   }
   absl::StrAppend(
       &text, "  help", std::string(width - 2, ' '),

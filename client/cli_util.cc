@@ -123,7 +123,8 @@ absl::StatusOr<std::optional<double>> ParsedArgs::Double(std::string_view flag) 
   if (!text.has_value()) return std::optional<double>();
   double value;
   if (!absl::SimpleAtod(*text, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(flag), " needs a number, not '", *text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(flag), " needs a number, not '", *text, "'"));
   }
   return std::optional<double>(value);
 }

@@ -241,7 +241,8 @@ void AsyncCallRegistry::SubmitAnswered() {
 
 void AsyncCallRegistry::WaitForSubmissions() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](bool* submitting) { return !*submitting; }, &submitting_));
+  mu_.Await(absl::Condition(
+      +[](bool* submitting) { return !*submitting; }, &submitting_));
 }
 
 void AsyncCallRegistry::CancelAllAndWait() {
@@ -350,19 +351,19 @@ absl::StatusOr<v1::TrimMemoryPoolResponse> Client::TrimMemoryPool(std::optional<
   v1::TrimMemoryPoolRequest request;
   if (device.has_value()) request.set_device(*device);
   request.set_keep_bytes(keep_bytes);
-  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::TrimMemoryPool,
-                   request);
+  return CallUnary(SettingsOf(options_), stubs_->server.get(),
+                   &v1::ServerService::Stub::TrimMemoryPool, request);
 }
 
 absl::Status Client::StartProfiler() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::StartProfiler,
-                   v1::StartProfilerRequest())
+  return CallUnary(SettingsOf(options_), stubs_->server.get(),
+                   &v1::ServerService::Stub::StartProfiler, v1::StartProfilerRequest())
       .status();
 }
 
 absl::Status Client::StopProfiler() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::StopProfiler,
-                   v1::StopProfilerRequest())
+  return CallUnary(SettingsOf(options_), stubs_->server.get(),
+                   &v1::ServerService::Stub::StopProfiler, v1::StopProfilerRequest())
       .status();
 }
 

@@ -40,7 +40,6 @@ namespace client_internal {
 class AsyncCallRegistry;
 }  // namespace client_internal
 
-
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
   // Sent as the metadata "gpucompute-client" when non-empty.

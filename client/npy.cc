@@ -25,7 +25,6 @@ constexpr size_t kGrowthAxisMaxDigits = 21;
 
 constexpr std::string_view kSupportedDescrs = "<f4 <f8 <i4 <i8 |b1";
 
-
 // What the fixed-size part of the file says.
 struct Preamble {
   int major_version = 1;
@@ -48,9 +47,10 @@ absl::StatusOr<Preamble> ParsePreamble(std::string_view prefix) {
                                                    kMagicAndVersionBytes, "-byte preamble"));
   }
   if (prefix.substr(0, kMagic.size()) != kMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "not an .npy file: it starts with \"",
-        absl::CHexEscape(ToAbsl(prefix.substr(0, kMagic.size()))), "\", not the magic \"\\x93NUMPY\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an .npy file: it starts with \"",
+                     absl::CHexEscape(ToAbsl(prefix.substr(0, kMagic.size()))),
+                     "\", not the magic \"\\x93NUMPY\""));
   }
   const int major = static_cast<unsigned char>(prefix[6]);
   const int minor = static_cast<unsigned char>(prefix[7]);
@@ -165,9 +165,9 @@ class HeaderParser {
   absl::Status Error(std::string_view what) const {
     constexpr size_t kShownBytes = 120;
     std::string_view shown = text_.substr(0, kShownBytes);
-    return absl::InvalidArgumentError(absl::StrCat("malformed .npy header at byte ", pos_, ": ",
-                                                   ToAbsl(what), " in \"", absl::CHexEscape(ToAbsl(shown)),
-                                                   text_.size() > kShownBytes ? "..." : "", "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malformed .npy header at byte ", pos_, ": ", ToAbsl(what), " in \"",
+        absl::CHexEscape(ToAbsl(shown)), text_.size() > kShownBytes ? "..." : "", "\""));
   }
 
   // A Python string literal without prefix or escapes, which is all NumPy writes
@@ -326,8 +326,8 @@ absl::StatusOr<DType> DTypeFromNpyDescr(std::string_view descr) {
                      "': big-endian data is not supported; save it little-endian, e.g. with "
                      "arr.astype(arr.dtype.newbyteorder('<'))"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported .npy dtype '", shown, "' (supported: ", ToAbsl(kSupportedDescrs), ")"));
+  return absl::InvalidArgumentError(absl::StrCat("unsupported .npy dtype '", shown,
+                                                 "' (supported: ", ToAbsl(kSupportedDescrs), ")"));
 }
 
 v1::DType ToProtoDType(DType dtype) {

@@ -16,14 +16,22 @@ inline constexpr ReduceKind kAllReduceKinds[] = {
 
 constexpr const char* ReduceKindName(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kProd: return "prod";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kMean: return "mean";
-    case ReduceKind::kNorm2: return "norm2";
-    case ReduceKind::kArgmin: return "argmin";
-    case ReduceKind::kArgmax: return "argmax";
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kProd:
+      return "prod";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMean:
+      return "mean";
+    case ReduceKind::kNorm2:
+      return "norm2";
+    case ReduceKind::kArgmin:
+      return "argmin";
+    case ReduceKind::kArgmax:
+      return "argmax";
   }
   return "?";
 }
@@ -64,10 +72,10 @@ constexpr DType ReduceResultDType(ReduceKind kind, DType in) {
 }
 
 struct GemvShape {
-  int64_t rows = 0;         // rows of A as stored (m)
-  int64_t cols = 0;         // columns of A as stored (n)
-  bool col_major = false;   // layout F
-  bool transpose = false;   // op(A) = A^T: x has `rows` elements, y has `cols`
+  int64_t rows = 0;        // rows of A as stored (m)
+  int64_t cols = 0;        // columns of A as stored (n)
+  bool col_major = false;  // layout F
+  bool transpose = false;  // op(A) = A^T: x has `rows` elements, y has `cols`
 };
 
 enum class Distribution : uint8_t { kUniform, kNormal, kIntegers };

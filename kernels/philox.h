@@ -143,9 +143,7 @@ GPUCOMPUTE_HD uint64_t JoinWords(uint32_t lo, uint32_t hi) {
 }
 
 // (w >> 8) * 2^-24 in [0, 1): the top 24 bits, every value exactly representable.
-GPUCOMPUTE_HD float UniformFloat32(uint32_t w) {
-  return static_cast<float>(w >> 8) * 0x1.0p-24f;
-}
+GPUCOMPUTE_HD float UniformFloat32(uint32_t w) { return static_cast<float>(w >> 8) * 0x1.0p-24f; }
 
 // (x >> 11) * 2^-53 in [0, 1) with x = (hi << 32) | lo.
 GPUCOMPUTE_HD double UniformFloat64(uint32_t lo, uint32_t hi) {

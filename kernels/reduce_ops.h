@@ -59,14 +59,25 @@
 namespace gpucompute::reduce {
 
 // How elements of C++ type T are stored: bools as one byte.
-template <typename T> struct StorageOf { using type = T; };
-template <> struct StorageOf<bool> { using type = uint8_t; };
-template <typename T> using Stored = typename StorageOf<T>::type;
+template <typename T>
+struct StorageOf {
+  using type = T;
+};
+template <>
+struct StorageOf<bool> {
+  using type = uint8_t;
+};
+template <typename T>
+using Stored = typename StorageOf<T>::type;
 
-template <typename T> GPUCOMPUTE_HD T Normalize(T x) { return x; }
+template <typename T>
+GPUCOMPUTE_HD T Normalize(T x) {
+  return x;
+}
 GPUCOMPUTE_HD uint8_t Normalize(uint8_t x) { return x != 0; }
 
-template <typename T> GPUCOMPUTE_HD bool IsNan(T x) {
+template <typename T>
+GPUCOMPUTE_HD bool IsNan(T x) {
   if constexpr (std::is_floating_point_v<T>) {
     return x != x;
   } else {
@@ -76,7 +87,8 @@ template <typename T> GPUCOMPUTE_HD bool IsNan(T x) {
 
 // Converts an element to an accumulator type; integers go through int64 to uint64, so
 // that sums and products wrap modulo 2^64 instead of overflowing.
-template <typename Acc, typename In> GPUCOMPUTE_HD Acc Widen(In x) {
+template <typename Acc, typename In>
+GPUCOMPUTE_HD Acc Widen(In x) {
   if constexpr (std::is_same_v<Acc, uint64_t>) {
     return static_cast<uint64_t>(static_cast<int64_t>(Normalize(x)));
   } else {
@@ -96,7 +108,8 @@ template <typename Acc, typename In> GPUCOMPUTE_HD Acc Widen(In x) {
 
 // What sum and product share: elements widened to the accumulator, which is cast to the
 // output at the end.
-template <typename InT, typename AccT, typename OutT> struct WidenedOp {
+template <typename InT, typename AccT, typename OutT>
+struct WidenedOp {
   using In = InT;
   using Acc = AccT;
   using Out = OutT;
@@ -105,25 +118,29 @@ template <typename InT, typename AccT, typename OutT> struct WidenedOp {
   GPUCOMPUTE_HD static Out Finalize(Acc a, int64_t) { return static_cast<Out>(a); }
 };
 
-template <typename InT, typename AccT, typename OutT> struct SumOp : WidenedOp<InT, AccT, OutT> {
+template <typename InT, typename AccT, typename OutT>
+struct SumOp : WidenedOp<InT, AccT, OutT> {
   GPUCOMPUTE_HD static AccT Identity() { return AccT{0}; }
   GPUCOMPUTE_HD static AccT Combine(AccT a, AccT b) { return a + b; }
 };
 
-template <typename InT, typename AccT, typename OutT> struct ProdOp : WidenedOp<InT, AccT, OutT> {
+template <typename InT, typename AccT, typename OutT>
+struct ProdOp : WidenedOp<InT, AccT, OutT> {
   GPUCOMPUTE_HD static AccT Identity() { return AccT{1}; }
   GPUCOMPUTE_HD static AccT Combine(AccT a, AccT b) { return a * b; }
 };
 
 // A float64 sum divided by the extent once (extent 0 gives 0 / 0 = NaN).
-template <typename InT, typename OutT> struct MeanOp : SumOp<InT, double, OutT> {
+template <typename InT, typename OutT>
+struct MeanOp : SumOp<InT, double, OutT> {
   GPUCOMPUTE_HD static OutT Finalize(double a, int64_t extent) {
     return static_cast<OutT>(a / static_cast<double>(extent));
   }
 };
 
 // The square root of a float64 sum of squares.
-template <typename InT, typename OutT> struct Norm2Op : SumOp<InT, double, OutT> {
+template <typename InT, typename OutT>
+struct Norm2Op : SumOp<InT, double, OutT> {
   GPUCOMPUTE_HD static double Convert(InT x, int64_t) {
     const double d = Widen<double>(x);
     return d * d;
@@ -132,7 +149,8 @@ template <typename InT, typename OutT> struct Norm2Op : SumOp<InT, double, OutT>
 };
 
 // The worst value for max (kMax) or min: the identity of both and of argmax / argmin.
-template <typename T, bool kMax> GPUCOMPUTE_HD T ExtremeIdentity() {
+template <typename T, bool kMax>
+GPUCOMPUTE_HD T ExtremeIdentity() {
   if constexpr (std::is_floating_point_v<T>) {
     return kMax ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
   } else {
@@ -143,7 +161,8 @@ template <typename T, bool kMax> GPUCOMPUTE_HD T ExtremeIdentity() {
 // Min (kMax false) or max. Equal values keep the left operand. Once a is NaN both
 // comparisons are false and it stays NaN. A select, not a branch, so that the CPU's loops
 // vectorise.
-template <typename InT, bool kMax> struct ExtremeOp {
+template <typename InT, bool kMax>
+struct ExtremeOp {
   using In = InT;
   using Acc = InT;
   using Out = InT;
@@ -157,7 +176,8 @@ template <typename InT, bool kMax> struct ExtremeOp {
 };
 
 // A candidate of argmin/argmax: a value and its position.
-template <typename T> struct ArgPair {
+template <typename T>
+struct ArgPair {
   T value;
   int64_t row;
 };
@@ -166,7 +186,8 @@ template <typename T> struct ArgPair {
 // (NaN first, then the better value, then the smaller position), so it is associative and
 // commutative and the result does not depend on the combination order at all. The
 // identity's position, INT64_MAX, loses every tie with a real element.
-template <typename InT, bool kMax> struct ArgOp {
+template <typename InT, bool kMax>
+struct ArgOp {
   using In = InT;
   using Acc = ArgPair<InT>;
   using Out = int64_t;
@@ -182,8 +203,8 @@ template <typename InT, bool kMax> struct ArgOp {
     if (a_nan || b_nan) {
       take_b = b_nan && (!a_nan || b.row < a.row);
     } else {
-      take_b = (kMax ? b.value > a.value : b.value < a.value) ||
-               (b.value == a.value && b.row < a.row);
+      take_b =
+          (kMax ? b.value > a.value : b.value < a.value) || (b.value == a.value && b.row < a.row);
     }
     return take_b ? b : a;
   }
@@ -205,26 +226,44 @@ using FloatOr = std::conditional_t<std::is_floating_point_v<T>, IfFloat, Otherwi
 
 // OpFor<kind, T>::type: the operator of `kind` for elements of C++ type T (bool,
 // int32_t, int64_t, float or double).
-template <ReduceKind kKind, typename T> struct OpFor;
-template <typename T> struct OpFor<ReduceKind::kSum, T> {
+template <ReduceKind kKind, typename T>
+struct OpFor;
+template <typename T>
+struct OpFor<ReduceKind::kSum, T> {
   using type = SumOp<Stored<T>, FloatOr<T, double, uint64_t>, FloatOr<T, T, int64_t>>;
 };
-template <typename T> struct OpFor<ReduceKind::kProd, T> {
+template <typename T>
+struct OpFor<ReduceKind::kProd, T> {
   using type = ProdOp<Stored<T>, FloatOr<T, T, uint64_t>, FloatOr<T, T, int64_t>>;
 };
-template <typename T> struct OpFor<ReduceKind::kMean, T> {
+template <typename T>
+struct OpFor<ReduceKind::kMean, T> {
   using type = MeanOp<Stored<T>, FloatOr<T, T, double>>;
 };
-template <typename T> struct OpFor<ReduceKind::kNorm2, T> {
+template <typename T>
+struct OpFor<ReduceKind::kNorm2, T> {
   using type = Norm2Op<Stored<T>, FloatOr<T, T, double>>;
 };
-template <typename T> struct OpFor<ReduceKind::kMin, T> { using type = ExtremeOp<Stored<T>, false>; };
-template <typename T> struct OpFor<ReduceKind::kMax, T> { using type = ExtremeOp<Stored<T>, true>; };
-template <typename T> struct OpFor<ReduceKind::kArgmin, T> { using type = ArgOp<Stored<T>, false>; };
-template <typename T> struct OpFor<ReduceKind::kArgmax, T> { using type = ArgOp<Stored<T>, true>; };
+template <typename T>
+struct OpFor<ReduceKind::kMin, T> {
+  using type = ExtremeOp<Stored<T>, false>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kMax, T> {
+  using type = ExtremeOp<Stored<T>, true>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kArgmin, T> {
+  using type = ArgOp<Stored<T>, false>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kArgmax, T> {
+  using type = ArgOp<Stored<T>, true>;
+};
 
 // The DType of a stored element type.
-template <typename S> constexpr DType StoredDType() {
+template <typename S>
+constexpr DType StoredDType() {
   if constexpr (std::is_same_v<S, uint8_t>) {
     return DType::kBool;
   } else {
@@ -232,7 +271,8 @@ template <typename S> constexpr DType StoredDType() {
   }
 }
 
-template <ReduceKind kKind, typename T, typename Fn> decltype(auto) CallWithOp(Fn&& fn) {
+template <ReduceKind kKind, typename T, typename Fn>
+decltype(auto) CallWithOp(Fn&& fn) {
   using Op = typename OpFor<kKind, T>::type;
   static_assert(StoredDType<typename Op::Out>() == ReduceResultDType(kKind, DTypeOf<T>::value),
                 "an operator's output type must be the result dtype of kernels/ops.h");
@@ -240,16 +280,25 @@ template <ReduceKind kKind, typename T, typename Fn> decltype(auto) CallWithOp(F
 }
 
 // Calls fn(Op{}) with Op = OpFor<kind, T>::type and returns its result. Host code.
-template <typename T, typename Fn> decltype(auto) VisitReduceOp(ReduceKind kind, Fn&& fn) {
+template <typename T, typename Fn>
+decltype(auto) VisitReduceOp(ReduceKind kind, Fn&& fn) {
   switch (kind) {
-    case ReduceKind::kSum: return CallWithOp<ReduceKind::kSum, T>(fn);
-    case ReduceKind::kProd: return CallWithOp<ReduceKind::kProd, T>(fn);
-    case ReduceKind::kMean: return CallWithOp<ReduceKind::kMean, T>(fn);
-    case ReduceKind::kNorm2: return CallWithOp<ReduceKind::kNorm2, T>(fn);
-    case ReduceKind::kMin: return CallWithOp<ReduceKind::kMin, T>(fn);
-    case ReduceKind::kMax: return CallWithOp<ReduceKind::kMax, T>(fn);
-    case ReduceKind::kArgmin: return CallWithOp<ReduceKind::kArgmin, T>(fn);
-    case ReduceKind::kArgmax: break;
+    case ReduceKind::kSum:
+      return CallWithOp<ReduceKind::kSum, T>(fn);
+    case ReduceKind::kProd:
+      return CallWithOp<ReduceKind::kProd, T>(fn);
+    case ReduceKind::kMean:
+      return CallWithOp<ReduceKind::kMean, T>(fn);
+    case ReduceKind::kNorm2:
+      return CallWithOp<ReduceKind::kNorm2, T>(fn);
+    case ReduceKind::kMin:
+      return CallWithOp<ReduceKind::kMin, T>(fn);
+    case ReduceKind::kMax:
+      return CallWithOp<ReduceKind::kMax, T>(fn);
+    case ReduceKind::kArgmin:
+      return CallWithOp<ReduceKind::kArgmin, T>(fn);
+    case ReduceKind::kArgmax:
+      break;
   }
   return CallWithOp<ReduceKind::kArgmax, T>(fn);
 }

@@ -139,8 +139,7 @@ class Backend {
   // for scalar inputs are null. `out` may be one of the inputs.
   virtual absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
                                                  std::span<const DeviceMemory* const> inputs,
-                                                 DeviceMemory& out, DType out_dtype,
-                                                 int64_t n) = 0;
+                                                 DeviceMemory& out, DType out_dtype, int64_t n) = 0;
   // See cpu::Reduce in server/cpu/kernels.h for the exact semantics.
   virtual absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
                               const DeviceMemory& in, const ReduceShape& shape,

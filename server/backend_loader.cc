@@ -54,10 +54,10 @@ absl::StatusOr<const BackendModule*> OpenCudaModule(const std::string& path) {
   }
   const BackendModule* module = entry();
   if (module == nullptr || std::strcmp(module->abi, kBackendModuleAbi) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the CUDA backend module ", path, " comes from another build (",
-        module == nullptr ? "none" : module->abi, ") than this program (", kBackendModuleAbi,
-        "); use the module built with it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CUDA backend module ", path, " comes from another build (",
+                     module == nullptr ? "none" : module->abi, ") than this program (",
+                     kBackendModuleAbi, "); use the module built with it"));
   }
   return module;
 }
@@ -87,7 +87,8 @@ std::vector<std::string> CudaModuleCandidates(const ServerOptions& options) {
   if (!ec) candidates.push_back((program.parent_path() / kCudaModuleFileName).string());
 #if defined(GPUCOMPUTE_CUDA_MODULE_BUILD_PATH)
   // Test programs in build/tests/ find the module of their own build in build/server/.
-  if (std::find(candidates.begin(), candidates.end(), GPUCOMPUTE_CUDA_MODULE_BUILD_PATH) == candidates.end()) {
+  if (std::find(candidates.begin(), candidates.end(), GPUCOMPUTE_CUDA_MODULE_BUILD_PATH) ==
+      candidates.end()) {
     candidates.push_back(GPUCOMPUTE_CUDA_MODULE_BUILD_PATH);
   }
 #endif
@@ -102,9 +103,10 @@ absl::StatusOr<const BackendModule*> LoadCudaModule(const ServerOptions& options
     std::error_code ec;
     if (std::filesystem::exists(path, ec)) return OpenCudaModule(path);
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cannot find the CUDA backend module (", kCudaModuleFileName, "); looked for ",
-      absl::StrJoin(candidates, ", "), ". Name it with --cuda-module=PATH or GPUCOMPUTE_CUDA_MODULE"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot find the CUDA backend module (", kCudaModuleFileName, "); looked for ",
+                   absl::StrJoin(candidates, ", "),
+                   ". Name it with --cuda-module=PATH or GPUCOMPUTE_CUDA_MODULE"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& options) {
@@ -117,7 +119,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& option
   if (!ProbeDriver().ok()) return MakeCpuBackend(options);
   absl::StatusOr<const BackendModule*> module = LoadCudaModule(options);
   if (!module.ok()) {
-    std::fprintf(stderr, "gpucompute-server: the NVIDIA driver is installed but %s; serving on the CPU\n",
+    std::fprintf(stderr,
+                 "gpucompute-server: the NVIDIA driver is installed but %s; serving on the CPU\n",
                  std::string(module.status().message()).c_str());
     return MakeCpuBackend(options);
   }

@@ -23,7 +23,8 @@
 
 namespace gpucompute {
 
-inline constexpr char kBackendModuleAbi[] = "gpucompute-backend-module/1 build " GPUCOMPUTE_BUILD_ID;
+inline constexpr char kBackendModuleAbi[] =
+    "gpucompute-backend-module/1 build " GPUCOMPUTE_BUILD_ID;
 
 struct BackendModule {
   const char* abi;  // kBackendModuleAbi of the build that made the module

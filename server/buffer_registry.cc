@@ -34,15 +34,15 @@ uint64_t BufferMeta::num_elements() const {
 
 absl::StatusOr<uint64_t> CheckedElementCount(const std::vector<uint64_t>& shape, size_t itemsize) {
   if (shape.size() > kMaxDimensions) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape has ", shape.size(), " dimensions; at most ", kMaxDimensions, " are supported"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape has ", shape.size(), " dimensions; at most ", kMaxDimensions, " are supported"));
   }
   constexpr uint64_t kMaxBytes = std::numeric_limits<int64_t>::max();
   uint64_t n = 1;
   for (uint64_t d : shape) {
     if (d != 0 && n > kMaxBytes / itemsize / d) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] is too large: its size overflows"));
+      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "),
+                                                     "] is too large: its size overflows"));
     }
     n *= d;
   }
@@ -51,8 +51,8 @@ absl::StatusOr<uint64_t> CheckedElementCount(const std::vector<uint64_t>& shape,
 
 absl::Status ValidateBufferName(absl::string_view name) {
   if (name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("buffer name is ", name.size(), " bytes; at most ",
-                                                   kMaxNameBytes, " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffer name is ", name.size(), " bytes; at most ", kMaxNameBytes, " are allowed"));
   }
   if (name.rfind("buf-", 0) == 0) {
     return absl::InvalidArgumentError(
@@ -71,13 +71,15 @@ std::string BufferRegistry::NameKey(absl::string_view client, absl::string_view 
   return absl::StrCat(client, absl::string_view("\0", 1), name);
 }
 
-absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, absl::string_view name,
-                                                      DType dtype, std::vector<uint64_t> shape,
-                                                      Layout layout, int device) {
+absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
+                                                      absl::string_view name, DType dtype,
+                                                      std::vector<uint64_t> shape, Layout layout,
+                                                      int device) {
   RETURN_IF_ERROR(ValidateBufferName(name));
   ASSIGN_OR_RETURN(uint64_t n, CheckedElementCount(shape, DTypeSize(dtype)));
   if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
+    return absl::InvalidArgumentError(absl::StrCat("device ", device,
+                                                   " does not exist; the server has ",
                                                    backend_.devices().size(), " device(s)"));
   }
   {
@@ -104,11 +106,12 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, 
   return entry;
 }
 
-absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::string_view name) const {
+absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client,
+                                               absl::string_view name) const {
   auto count = count_by_client_.find(client);
   if (count != count_by_client_.end() && count->second >= kMaxBuffersPerClient) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a client may hold at most ", kMaxBuffersPerClient, " buffers; delete some first"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a client may hold at most ", kMaxBuffersPerClient, " buffers; delete some first"));
   }
   if (!name.empty() && id_by_name_.contains(NameKey(client, name))) {
     return absl::AlreadyExistsError(absl::StrCat("a buffer named '", name, "' already exists"));
@@ -147,7 +150,8 @@ absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
   return LookupLocked(client, ref);
 }
 
-absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, absl::string_view ref) {
+absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client,
+                                                    absl::string_view ref) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
   if (!entry->name.empty()) id_by_name_.erase(NameKey(entry->client, entry->name));

@@ -105,8 +105,9 @@ class BufferRegistry {
 
   // Allocates an entry that is not yet visible to lookups. Checks the shape, the name
   // (and that the client does not already use it) and the memory limit.
-  absl::StatusOr<BufferHandle> Allocate(absl::string_view client, absl::string_view name, DType dtype,
-                                        std::vector<uint64_t> shape, Layout layout, int device);
+  absl::StatusOr<BufferHandle> Allocate(absl::string_view client, absl::string_view name,
+                                        DType dtype, std::vector<uint64_t> shape, Layout layout,
+                                        int device);
   // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile.
   absl::Status Register(const BufferHandle& entry);
   // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.

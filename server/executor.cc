@@ -52,21 +52,30 @@ std::string RangeName(OperationKind kind, const std::vector<Executor::Access>& a
 
 absl::string_view OperationKindName(OperationKind kind) {
   switch (kind) {
-    case OperationKind::kElementwise: return "elementwise";
-    case OperationKind::kGemv: return "gemv";
-    case OperationKind::kReduce: return "reduce";
-    case OperationKind::kRandom: return "random";
-    case OperationKind::kFill: return "fill";
-    case OperationKind::kCopy: return "copy";
-    case OperationKind::kUpload: return "upload";
-    case OperationKind::kDownload: return "download";
+    case OperationKind::kElementwise:
+      return "elementwise";
+    case OperationKind::kGemv:
+      return "gemv";
+    case OperationKind::kReduce:
+      return "reduce";
+    case OperationKind::kRandom:
+      return "random";
+    case OperationKind::kFill:
+      return "fill";
+    case OperationKind::kCopy:
+      return "copy";
+    case OperationKind::kUpload:
+      return "upload";
+    case OperationKind::kDownload:
+      return "download";
   }
   return "unknown";
 }
 
 absl::Status CheckDeviceIndex(const Backend& backend, int device) {
   if (device >= 0 && device < static_cast<int>(backend.devices().size())) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
+  return absl::InvalidArgumentError(absl::StrCat("device ", device,
+                                                 " does not exist; the server has ",
                                                  backend.devices().size(), " device(s)"));
 }
 
@@ -76,7 +85,7 @@ class ABSL_SCOPED_LOCKABLE Executor::Guard {
  public:
   explicit Guard(Executor& e) ABSL_EXCLUSIVE_LOCK_FUNCTION(e.mu_) : e_(e) { e_.mu_.Lock(); }
   ~Guard() ABSL_UNLOCK_FUNCTION() {
-    std::vector<absl::AnyInvocable<void() &&>> run = std::move(e_.deferred_);
+    std::vector<absl::AnyInvocable<void()&&>> run = std::move(e_.deferred_);
     e_.deferred_.clear();
     e_.mu_.Unlock();
     for (auto& fn : run) std::move(fn)();
@@ -93,11 +102,15 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend& backend, int
     ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(d.index));
     transfer_streams.push_back(std::move(stream));
   }
-  return std::unique_ptr<Executor>(new Executor(backend, default_device, std::move(transfer_streams)));
+  return std::unique_ptr<Executor>(
+      new Executor(backend, default_device, std::move(transfer_streams)));
 }
 
-Executor::Executor(Backend& backend, int default_device, std::vector<std::unique_ptr<Stream>> transfer_streams)
-    : backend_(backend), default_device_(default_device), transfer_streams_(std::move(transfer_streams)) {}
+Executor::Executor(Backend& backend, int default_device,
+                   std::vector<std::unique_ptr<Stream>> transfer_streams)
+    : backend_(backend),
+      default_device_(default_device),
+      transfer_streams_(std::move(transfer_streams)) {}
 
 Executor::~Executor() {
   mu_.LockWhen(absl::Condition(
@@ -115,13 +128,14 @@ StreamInfo Executor::InfoLocked(const StreamState& s) const {
 }
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::string_view client,
-                                                                       int device, bool is_default) {
+                                                                       int device,
+                                                                       bool is_default) {
   RETURN_IF_ERROR(CheckDeviceIndex(backend_, device));
   size_t owned = 0;
   for (const auto& [id, s] : streams_) owned += s->client == client;
   if (owned >= kMaxStreamsPerClient) {
-    return absl::ResourceExhaustedError(absl::StrCat("a client may have at most ", kMaxStreamsPerClient,
-                                                     " streams; delete one first"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a client may have at most ", kMaxStreamsPerClient, " streams; delete one first"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
   auto s = std::make_shared<StreamState>();
@@ -156,19 +170,20 @@ absl::StatusOr<StreamInfo> Executor::DefaultStream(absl::string_view client, int
   return InfoLocked(*s);
 }
 
-absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(absl::string_view client,
-                                                                           absl::string_view stream_id,
-                                                                           int device) {
+absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(
+    absl::string_view client, absl::string_view stream_id, int device) {
   if (stream_id.empty()) {
     auto it = default_streams_.find(DefaultStreamKey(client, device));
     if (it != default_streams_.end()) return streams_.at(it->second);
     return NewStreamLocked(client, device, true);
   }
   auto it = streams_.find(stream_id);
-  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  if (it == streams_.end())
+    return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   if (it->second->device != device) {
-    return absl::InvalidArgumentError(absl::StrCat("stream ", stream_id, " is on device ", it->second->device,
-                                                   " but the operation's buffers are on device ", device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream ", stream_id, " is on device ", it->second->device,
+                     " but the operation's buffers are on device ", device));
   }
   return it->second;
 }
@@ -177,7 +192,8 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
                                     absl::AnyInvocable<void() &&> done) {
   Guard guard(*this);
   auto it = streams_.find(stream_id);
-  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  if (it == streams_.end())
+    return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   std::shared_ptr<StreamState> s = it->second;
   if (s->is_default) {
     return absl::FailedPreconditionError(
@@ -202,10 +218,12 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
   return absl::OkStatus();
 }
 
-absl::Status Executor::Synchronize(absl::string_view stream_id, absl::AnyInvocable<void() &&> done) {
+absl::Status Executor::Synchronize(absl::string_view stream_id,
+                                   absl::AnyInvocable<void() &&> done) {
   Guard guard(*this);
   auto it = streams_.find(stream_id);
-  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
+  if (it == streams_.end())
+    return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   // Operations on one stream finish in order, so the newest being done means all are.
   std::shared_ptr<Operation> last = it->second->last.lock();
   if (last != nullptr && !last->status_.done()) {
@@ -250,7 +268,8 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
   for (const Access& a : merged) {
     Hazards& b = hazards_[a.buffer->id];
     add_dep(b.last_writer);
-    std::erase_if(b.readers, [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    std::erase_if(b.readers,
+                  [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
     if (a.write) {
       for (const auto& r : b.readers) add_dep(r);
       b.readers.clear();
@@ -262,19 +281,21 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view client,
-                                                            absl::string_view stream_id, OpSpec spec) {
+                                                            absl::string_view stream_id,
+                                                            OpSpec spec) {
   int device = spec.accesses.empty() ? default_device_ : spec.accesses.front().buffer->device;
   for (const Access& a : spec.accesses) {
     if (a.buffer->device != device) {
-      return absl::InvalidArgumentError(absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ",
-                                                     a.buffer->id, " are on different devices (", device,
-                                                     " and ", a.buffer->device,
-                                                     "); an operation runs on one device"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ", a.buffer->id,
+                       " are on different devices (", device, " and ", a.buffer->device,
+                       "); an operation runs on one device"));
     }
   }
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
-  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> stream, ResolveStreamLocked(client, stream_id, device));
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> stream,
+                   ResolveStreamLocked(client, stream_id, device));
   std::shared_ptr<StreamState> s = std::move(stream);
 
   auto op = std::make_shared<Operation>();
@@ -310,8 +331,10 @@ void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buff
     auto it = hazards_.find(buffer->id);
     if (it == hazards_.end()) continue;
     Hazards& h = it->second;
-    std::erase_if(h.readers, [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
-    if (h.last_writer != nullptr && h.last_writer->phase_ == Work::Phase::kDone) h.last_writer.reset();
+    std::erase_if(h.readers,
+                  [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    if (h.last_writer != nullptr && h.last_writer->phase_ == Work::Phase::kDone)
+      h.last_writer.reset();
     if (h.last_writer == nullptr && h.readers.empty()) hazards_.erase(it);
   }
 }
@@ -409,7 +432,8 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
     absl::StatusOr<double> elapsed = backend_.ElapsedSeconds(*op->start_event_, *op->end_event_);
     if (elapsed.ok()) device_seconds = *elapsed;
   }
-  const double since_submit = std::chrono::duration<double>(Clock::now() - op->submit_time_).count();
+  const double since_submit =
+      std::chrono::duration<double>(Clock::now() - op->submit_time_).count();
 
   Guard guard(*this);
   OperationStatus& st = op->status_;
@@ -439,7 +463,8 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
 
   finished_order_.push_back(st.id);
   retained_value_bytes_ += st.result.values.size();
-  while (finished_order_.size() > kRetainedOperations || retained_value_bytes_ > kRetainedValueBytes) {
+  while (finished_order_.size() > kRetainedOperations ||
+         retained_value_bytes_ > kRetainedValueBytes) {
     auto oldest = operations_.find(finished_order_.front());
     retained_value_bytes_ -= oldest->second->status_.result.values.size();
     operations_.erase(oldest);
@@ -458,7 +483,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_
   Guard guard(*this);
   auto it = operations_.find(id);
   if (it == operations_.end()) {
-    return absl::NotFoundError(absl::StrCat("operation ", id, " not found (the server keeps at most the last ",
+    return absl::NotFoundError(absl::StrCat("operation ", id,
+                                            " not found (the server keeps at most the last ",
                                             kRetainedOperations, " finished operations)"));
   }
   return it->second;
@@ -471,7 +497,8 @@ OperationStatus Executor::GetStatus(const Operation& op) {
   OperationStatus copy = op.status_;
   copy.result = OpResult{};
   // Handed to the device is not yet running: it may wait behind earlier work there.
-  if (op.start_event_ == nullptr || !op.start_event_->IsComplete()) copy.state = OperationStatus::State::kQueued;
+  if (op.start_event_ == nullptr || !op.start_event_->IsComplete())
+    copy.state = OperationStatus::State::kQueued;
   return copy;
 }
 
@@ -484,7 +511,8 @@ void Executor::OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<v
   }
 }
 
-std::shared_ptr<HostAccess> Executor::AcquireHostAccess(std::vector<Access> accesses, ReadyFn ready) {
+std::shared_ptr<HostAccess> Executor::AcquireHostAccess(std::vector<Access> accesses,
+                                                        ReadyFn ready) {
   Guard guard(*this);
   auto access = std::make_shared<HostAccess>();
   for (const Access& a : accesses) access->buffers_.push_back(a.buffer);
@@ -507,7 +535,8 @@ void Executor::CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) 
   }
   access->deps_.clear();
   access->phase_ = Work::Phase::kDispatched;
-  deferred_.push_back([access, ready = std::move(access->ready_)]() mutable { std::move(ready)(access); });
+  deferred_.push_back(
+      [access, ready = std::move(access->ready_)]() mutable { std::move(ready)(access); });
 }
 
 void Executor::Release(const std::shared_ptr<HostAccess>& access) {

@@ -58,7 +58,9 @@ absl::Status CheckDeviceIndex(const Backend& backend, int device);
 // (Backend::PushRange and PopRange), so that a profiler trace shows what each call did.
 class ScopedRange {
  public:
-  ScopedRange(Backend& backend, const std::string& name) : backend_(backend) { backend_.PushRange(name); }
+  ScopedRange(Backend& backend, const std::string& name) : backend_(backend) {
+    backend_.PushRange(name);
+  }
   ~ScopedRange() { backend_.PopRange(); }
   ScopedRange(const ScopedRange&) = delete;
   ScopedRange& operator=(const ScopedRange&) = delete;
@@ -246,26 +248,30 @@ class Executor {
     std::vector<std::shared_ptr<Work>> readers;
   };
 
-  Executor(Backend& backend, int default_device, std::vector<std::unique_ptr<Stream>> transfer_streams);
+  Executor(Backend& backend, int default_device,
+           std::vector<std::unique_ptr<Stream>> transfer_streams);
 
   absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
                                                                bool is_default)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<StreamState>> ResolveStreamLocked(absl::string_view client,
-                                                                    absl::string_view stream_id,
-                                                                    int device)
+                                                                   absl::string_view stream_id,
+                                                                   int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the hazards of `accesses` to work's dependencies and records work as the
   // buffers' newest reader or writer.
   void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the hazard entries of `buffers` whose work is all done.
-  void ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PumpLocked(const std::shared_ptr<StreamState>& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DispatchLocked(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Event>> waits)
+  void ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  void PumpLocked(const std::shared_ptr<StreamState>& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DispatchLocked(const std::shared_ptr<Operation>& op,
+                      std::vector<std::shared_ptr<Event>> waits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks work done or dispatched and wakes whatever waits on it.
   void NotifyLocked(Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StreamInfo InfoLocked(const StreamState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -106,7 +106,8 @@ class StopSignalWatcher {
       if (stopping_) return;
       if (signalled_) continue;  // the first one is already stopping the server
       signalled_ = true;
-      std::fprintf(stderr, "gpucompute-server: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+      std::fprintf(stderr, "gpucompute-server: %s, stopping\n",
+                   signal == SIGINT ? "SIGINT" : "SIGTERM");
       // Under mu_, so that main cannot destroy the server meanwhile (it calls Stop first).
       if (server_ != nullptr) server_->Shutdown();
     }
@@ -152,7 +153,8 @@ int main(int argc, char** argv) {
       options.listen = value;
     } else if (name == "--memory-limit") {
       absl::StatusOr<uint64_t> limit = gpucompute::ParseByteSize(value);
-      if (!limit.ok()) return UsageError("--memory-limit: " + std::string(limit.status().message()));
+      if (!limit.ok())
+        return UsageError("--memory-limit: " + std::string(limit.status().message()));
       options.memory_limit_bytes = *limit;
     } else if (name == "--cpu-threads") {
       if (!absl::SimpleAtoi(value, &options.cpu_threads) || options.cpu_threads < 0) {
@@ -164,7 +166,8 @@ int main(int argc, char** argv) {
       }
     } else if (name == "--pool-initial") {
       absl::StatusOr<uint64_t> bytes = gpucompute::ParseByteSize(value);
-      if (!bytes.ok()) return UsageError("--pool-initial: " + std::string(bytes.status().message()));
+      if (!bytes.ok())
+        return UsageError("--pool-initial: " + std::string(bytes.status().message()));
       options.pool_initial_bytes = *bytes;
     } else if (name == "--pool-release-threshold") {
       if (value == "keep" || value == "max") {
@@ -193,8 +196,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!watcher.Serve(server->get())) return 0;  // stopped while it started
-  std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n", (*server)->backend_name().c_str(),
-               (*server)->port());
+  std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n",
+               (*server)->backend_name().c_str(), (*server)->port());
   (*server)->Wait();
   watcher.Stop();
   return 0;

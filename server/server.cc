@@ -28,18 +28,30 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   if (number.empty() || !absl::SimpleAtod(number, &value) || !(value >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a byte size"));
   }
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"b", 1},          {"k", 1e3},        {"kb", 1e3},       {"kib", 1024.0},
-      {"m", 1e6},       {"mb", 1e6},       {"mib", 1048576.0}, {"g", 1e9},       {"gb", 1e9},
-      {"gib", 1073741824.0}, {"t", 1e12},  {"tb", 1e12},      {"tib", 1099511627776.0}};
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"b", 1},
+                                                          {"k", 1e3},
+                                                          {"kb", 1e3},
+                                                          {"kib", 1024.0},
+                                                          {"m", 1e6},
+                                                          {"mb", 1e6},
+                                                          {"mib", 1048576.0},
+                                                          {"g", 1e9},
+                                                          {"gb", 1e9},
+                                                          {"gib", 1073741824.0},
+                                                          {"t", 1e12},
+                                                          {"tb", 1e12},
+                                                          {"tib", 1099511627776.0}};
   for (const auto& [name, scale] : kUnits) {
     if (unit == name) {
       const double bytes = std::floor(value * scale);
-      if (bytes >= 1.8e19) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
+      if (bytes >= 1.8e19)
+        return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
       return static_cast<uint64_t>(bytes);
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat("'", text, "' has an unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' has an unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"));
 }
 
 namespace {
@@ -95,7 +107,8 @@ uint64_t DefaultMemoryLimit(const Backend& backend) {
   uint64_t limit = 0;
   for (const DeviceDescription& d : backend.devices()) {
     const uint64_t headroom = std::max(d.total_memory_bytes / 20, kMinHeadroom);
-    limit += d.total_memory_bytes > headroom ? d.total_memory_bytes - headroom : d.total_memory_bytes / 2;
+    limit += d.total_memory_bytes > headroom ? d.total_memory_bytes - headroom
+                                             : d.total_memory_bytes / 2;
   }
   return limit;
 }
@@ -139,23 +152,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // A failure after which the device cannot be trusted: logged once, and the health
   // service goes NOT_SERVING (the services refuse work themselves, through
   // CheckBackendHealthy).
-  impl->backend->SetFailureListener(
-      [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
-        std::fprintf(stderr,
-                     "gpucompute-server: the %s backend failed: %s; refusing work until the server is "
-                     "restarted\n",
-                     name.c_str(), status.ToString().c_str());
-        std::lock_guard lock(sink->mu);
-        if (sink->health != nullptr) SetServing(*sink->health, false);
-      });
-  const uint64_t limit =
-      options.memory_limit_bytes != 0 ? options.memory_limit_bytes : DefaultMemoryLimit(*impl->backend);
+  impl->backend->SetFailureListener([sink = impl->health_sink,
+                                     name = impl->backend_name](const absl::Status& status) {
+    std::fprintf(stderr,
+                 "gpucompute-server: the %s backend failed: %s; refusing work until the server is "
+                 "restarted\n",
+                 name.c_str(), status.ToString().c_str());
+    std::lock_guard lock(sink->mu);
+    if (sink->health != nullptr) SetServing(*sink->health, false);
+  });
+  const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
+                                                         : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
   impl->registry = std::make_unique<BufferRegistry>(*impl->backend, *impl->limiter);
   ASSIGN_OR_RETURN(impl->executor, Executor::Create(*impl->backend, options.default_device));
   impl->timer = std::make_unique<Timer>();
-  impl->ctx = std::make_unique<ServiceContext>(
-      ServiceContext{*impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
+  impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
+      *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->buffers = std::make_unique<BufferServiceImpl>(*impl->ctx);
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
   impl->operations = std::make_unique<OperationServiceImpl>(*impl->ctx);

@@ -24,11 +24,11 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
 
 // Evaluates `expr` (an absl::Status or absl::StatusOr<T>) and returns its status from the
 // enclosing function when it is not OK.
-#define RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                             \
-    if (const auto& gpucompute_status_ = (expr); !gpucompute_status_.ok()) {       \
-      return ::gpucompute::status_internal::GetStatus(gpucompute_status_);         \
-    }                                                                              \
+#define RETURN_IF_ERROR(expr)                                                \
+  do {                                                                       \
+    if (const auto& gpucompute_status_ = (expr); !gpucompute_status_.ok()) { \
+      return ::gpucompute::status_internal::GetStatus(gpucompute_status_);   \
+    }                                                                        \
   } while (false)
 
 // `lhs = *expr` when `expr` (an absl::StatusOr<T>) holds a value; else returns its

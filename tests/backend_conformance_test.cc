@@ -238,17 +238,16 @@ void CheckBinary(Backend& backend, Stream& stream, absl::string_view text,
                             DTypeName(DTypeOf<Y>::value), ", n ", x.size()));
   ASSERT_EQ(x.size(), y.size());
   ASSIGN_OR_FAIL(const expr::Program program,
-                             expr::Compile(std::string_view(text.data(), text.size()),
-                                           {{"x", expr::ArrayInput{DTypeOf<X>::value}},
-                                            {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
+                 expr::Compile(std::string_view(text.data(), text.size()),
+                               {{"x", expr::ArrayInput{DTypeOf<X>::value}},
+                                {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
   ASSERT_EQ(program.result_dtype(), DTypeOf<R>::value) << program.canonical();
   DeviceMemory dx, dy;
   ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
   ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<Stored<R>> got;
-  ASSIGN_OR_FAIL(got,
-                             RunElementwise<R>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
-                                               static_cast<int64_t>(x.size())));
+  ASSIGN_OR_FAIL(got, RunElementwise<R>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
+                                        static_cast<int64_t>(x.size())));
   if constexpr (IsFloat(DTypeOf<R>::value)) {
     std::vector<double> want(x.size());
     for (size_t i = 0; i < x.size(); ++i) want[i] = ref(x[i], y[i]);
@@ -393,14 +392,14 @@ void CheckFill(Backend& backend, Stream& stream, T value, int64_t count) {
   const S guard = GuardValue<S>();
   DeviceMemory mem;
   ASSIGN_OR_FAIL(mem, Upload<S>(backend, stream, std::span<const S>(),
-                                            static_cast<size_t>(count) + kGuardElements, &guard));
+                                static_cast<size_t>(count) + kGuardElements, &guard));
   const S stored = static_cast<S>(value);
   uint64_t bits = 0;
   std::memcpy(&bits, &stored, sizeof(S));
   ASSERT_OK(backend.Fill(stream, mem, DTypeOf<T>::value, bits, count));
   std::vector<S> got;
-  ASSIGN_OR_FAIL(
-      got, Download<S>(backend, stream, mem, static_cast<size_t>(count) + kGuardElements));
+  ASSIGN_OR_FAIL(got,
+                 Download<S>(backend, stream, mem, static_cast<size_t>(count) + kGuardElements));
   ExpectGuardIntact(std::span<const S>(got).subspan(static_cast<size_t>(count)));
   got.resize(static_cast<size_t>(count));
   ExpectAllSame(got, std::vector<S>(static_cast<size_t>(count), stored));
@@ -433,7 +432,7 @@ TEST_P(BackendConformance, StreamRunsWorkInEnqueueOrder) {
   ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
   ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
   ASSIGN_OR_FAIL(const expr::Program plus_one,
-                             expr::Compile("y + 1", {{"y", expr::ArrayInput{DType::kFloat64}}}));
+                 expr::Compile("y + 1", {{"y", expr::ArrayInput{DType::kFloat64}}}));
   const double zero = 0.0;
   uint64_t zero_bits;
   std::memcpy(&zero_bits, &zero, sizeof(zero));
@@ -441,8 +440,7 @@ TEST_P(BackendConformance, StreamRunsWorkInEnqueueOrder) {
   const DeviceMemory* inputs[] = {&y};
   for (int step = 0; step < kSteps; ++step) {
     ASSERT_OK(backend().Copy(stream(), x, 0, y, 0, kN * sizeof(double)));
-    ASSERT_OK(
-        backend().Elementwise(stream(), plus_one, inputs, x, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(stream(), plus_one, inputs, x, DType::kFloat64, kN).status());
   }
   std::vector<double> got;
   ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), x, kN));
@@ -464,9 +462,8 @@ TEST_P(BackendConformance, IndependentStreamsRunConcurrently) {
     DeviceMemory x, y;
     ASSIGN_OR_FAIL(x, Upload(backend(), *st, zeros));
     ASSIGN_OR_FAIL(y, Upload(backend(), *st, zeros));
-    ASSIGN_OR_FAIL(
-        const expr::Program p,
-        expr::Compile(absl::StrCat("x + ", s + 1), {{"x", expr::ArrayInput{DType::kInt64}}}));
+    ASSIGN_OR_FAIL(const expr::Program p, expr::Compile(absl::StrCat("x + ", s + 1),
+                                                        {{"x", expr::ArrayInput{DType::kInt64}}}));
     streams.push_back(std::move(st));
     xs.push_back(std::move(x));
     ys.push_back(std::move(y));
@@ -505,12 +502,11 @@ TEST_P(BackendConformance, WaitOrdersWorkAcrossStreams) {
   ASSIGN_OR_FAIL(y, Upload(backend(), a, zeros));
   ASSIGN_OR_FAIL(copy, Upload(backend(), *b, zeros));
   ASSIGN_OR_FAIL(const expr::Program plus_one,
-                             expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
+                 expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
   for (int step = 0; step < kSteps; ++step) {
     const DeviceMemory* inputs[] = {step % 2 == 0 ? &x : &y};
     DeviceMemory& to = step % 2 == 0 ? y : x;
-    ASSERT_OK(
-        backend().Elementwise(a, plus_one, inputs, to, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(a, plus_one, inputs, to, DType::kFloat64, kN).status());
   }
   std::shared_ptr<Event> done;
   ASSIGN_OR_FAIL(done, a.Record());
@@ -534,9 +530,9 @@ TEST_P(BackendConformance, EventsOrderWorkBackAndForth) {
   ASSIGN_OR_FAIL(x, backend().Allocate(0, kN * sizeof(double)));
   ASSIGN_OR_FAIL(y, backend().Allocate(0, kN * sizeof(double)));
   ASSIGN_OR_FAIL(const expr::Program twice,
-                             expr::Compile("2 * v", {{"v", expr::ArrayInput{DType::kFloat64}}}));
+                 expr::Compile("2 * v", {{"v", expr::ArrayInput{DType::kFloat64}}}));
   ASSIGN_OR_FAIL(const expr::Program plus_one,
-                             expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
+                 expr::Compile("v + 1", {{"v", expr::ArrayInput{DType::kFloat64}}}));
   const double one = 1.0;
   uint64_t one_bits;
   std::memcpy(&one_bits, &one, sizeof(one));
@@ -547,14 +543,12 @@ TEST_P(BackendConformance, EventsOrderWorkBackAndForth) {
   for (int round = 0; round < 10; ++round) {
     ASSERT_OK(b->Wait(a_done));
     const DeviceMemory* from_x[] = {&x};
-    ASSERT_OK(
-        backend().Elementwise(*b, twice, from_x, y, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(*b, twice, from_x, y, DType::kFloat64, kN).status());
     std::shared_ptr<Event> b_done;
     ASSIGN_OR_FAIL(b_done, b->Record());
     ASSERT_OK(a.Wait(b_done));
     const DeviceMemory* from_y[] = {&y};
-    ASSERT_OK(
-        backend().Elementwise(a, plus_one, from_y, x, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(a, plus_one, from_y, x, DType::kFloat64, kN).status());
     ASSIGN_OR_FAIL(a_done, a.Record());
     want = 2 * want + 1;
   }
@@ -573,10 +567,8 @@ TEST_P(BackendConformance, OnCompleteRunsAfterPriorWork) {
   std::vector<std::vector<int32_t>> host(kRounds, std::vector<int32_t>(kN, -1));
   std::vector<std::promise<std::pair<absl::Status, int64_t>>> results(kRounds);
   for (int k = 0; k < kRounds; ++k) {
-    ASSERT_OK(
-        backend().Fill(stream(), dev, DType::kInt32, static_cast<uint64_t>(k), kN));
-    ASSERT_OK(
-        backend().CopyToHost(stream(), dev, 0, host[k].data(), kN * sizeof(int32_t)));
+    ASSERT_OK(backend().Fill(stream(), dev, DType::kInt32, static_cast<uint64_t>(k), kN));
+    ASSERT_OK(backend().CopyToHost(stream(), dev, 0, host[k].data(), kN * sizeof(int32_t)));
     ASSERT_OK(stream().OnComplete([&host, &results, k](absl::Status status) {
       const int64_t wrong =
           std::count_if(host[k].begin(), host[k].end(), [k](int32_t v) { return v != k; });
@@ -641,24 +633,21 @@ TEST_P(BackendConformance, ElapsedSecondsBetweenEvents) {
   ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
   ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
   ASSIGN_OR_FAIL(const expr::Program heavy,
-                             expr::Compile("exp(sin(x) * cos(x)) + sqrt(abs(x))",
-                                           {{"x", expr::ArrayInput{DType::kFloat64}}}));
+                 expr::Compile("exp(sin(x) * cos(x)) + sqrt(abs(x))",
+                               {{"x", expr::ArrayInput{DType::kFloat64}}}));
   const DeviceMemory* inputs[] = {&dx};
   // A first run outside the timed range, so that any compilation is not in it.
-  ASSERT_OK(
-      backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
+  ASSERT_OK(backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
   ASSERT_OK(Synchronize(stream()));
   const auto host_start = std::chrono::steady_clock::now();
   std::shared_ptr<Event> e0, e1, e2;
   ASSIGN_OR_FAIL(e0, stream().Record());
   for (int i = 0; i < 4; ++i) {
-    ASSERT_OK(
-        backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
   }
   ASSIGN_OR_FAIL(e1, stream().Record());
   for (int i = 0; i < 4; ++i) {
-    ASSERT_OK(
-        backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(stream(), heavy, inputs, dy, DType::kFloat64, kN).status());
   }
   ASSIGN_OR_FAIL(e2, stream().Record());
   ASSERT_OK(Synchronize(stream()));
@@ -738,8 +727,7 @@ void CheckAxpy(Backend& backend, Stream& stream, int64_t n) {
   ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
   ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<T> got;
-  ASSIGN_OR_FAIL(
-      got, RunElementwise<T>(backend, stream, program, {{"x", &dx}, {"y", &dy}}, n));
+  ASSIGN_OR_FAIL(got, RunElementwise<T>(backend, stream, program, {{"x", &dx}, {"y", &dy}}, n));
   if constexpr (std::is_floating_point_v<T>) {
     const double av = static_cast<double>(static_cast<T>(0.3));
     std::vector<double> want(static_cast<size_t>(n));
@@ -772,9 +760,8 @@ double ReferenceWorkload(double x) {
 template <typename T>
 void CheckReferenceWorkload(Backend& backend, Stream& stream, int64_t n) {
   SCOPED_TRACE(absl::StrCat("reference workload, ", DTypeName(DTypeOf<T>::value), ", n ", n));
-  ASSIGN_OR_FAIL(
-      const expr::Program program,
-      expr::Compile(kReferenceWorkload, {{"x", expr::ArrayInput{DTypeOf<T>::value}}}));
+  ASSIGN_OR_FAIL(const expr::Program program,
+                 expr::Compile(kReferenceWorkload, {{"x", expr::ArrayInput{DTypeOf<T>::value}}}));
   ASSERT_EQ(program.result_dtype(), DTypeOf<T>::value);
   std::vector<T> x = UniformVector<T>(n, -8.0, 8.0, 5);
   x[0] = 0;  // 1 / (0 * 0): +inf in every dtype
@@ -909,18 +896,17 @@ void CheckWiderOutput(Backend& backend, Stream& stream, absl::string_view text, 
                       const std::vector<Stored<X>>& x, const std::vector<Stored<Y>>& y, Ref ref) {
   SCOPED_TRACE(absl::StrCat(text, " into ", DTypeName(DTypeOf<Out>::value)));
   ASSIGN_OR_FAIL(const expr::Program program,
-                             expr::Compile(std::string_view(text.data(), text.size()),
-                                           {{"x", expr::ArrayInput{DTypeOf<X>::value}},
-                                            {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
+                 expr::Compile(std::string_view(text.data(), text.size()),
+                               {{"x", expr::ArrayInput{DTypeOf<X>::value}},
+                                {"y", expr::ArrayInput{DTypeOf<Y>::value}}}));
   ASSERT_EQ(program.result_dtype(), result);
   ASSERT_TRUE(expr::CanCastSameKind(result, DTypeOf<Out>::value));
   DeviceMemory dx, dy;
   ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
   ASSIGN_OR_FAIL(dy, Upload(backend, stream, y));
   std::vector<Out> got;
-  ASSIGN_OR_FAIL(got,
-                             RunElementwise<Out>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
-                                                 static_cast<int64_t>(x.size())));
+  ASSIGN_OR_FAIL(got, RunElementwise<Out>(backend, stream, program, {{"x", &dx}, {"y", &dy}},
+                                          static_cast<int64_t>(x.size())));
   std::vector<Out> want(x.size());
   for (size_t i = 0; i < x.size(); ++i) want[i] = static_cast<Out>(ref(x[i], y[i]));
   ExpectAllSame(got, want);
@@ -964,18 +950,15 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
   ASSIGN_OR_FAIL(dyi, Upload(backend(), stream(), yi));
   const expr::InputMap f64 = {{"x", expr::ArrayInput{DType::kFloat64}},
                               {"y", expr::ArrayInput{DType::kFloat64}}};
-  ASSIGN_OR_FAIL(
-      const expr::Program in_place,
-      expr::Compile("x * 3 + 1", {{"x", expr::ArrayInput{DType::kFloat64}}}));
+  ASSIGN_OR_FAIL(const expr::Program in_place,
+                 expr::Compile("x * 3 + 1", {{"x", expr::ArrayInput{DType::kFloat64}}}));
   // Reads both inputs, several times, after the output aliasing x is written.
-  ASSIGN_OR_FAIL(const expr::Program both,
-                             expr::Compile("where(x > y, y - x, x * y) + x", f64));
+  ASSIGN_OR_FAIL(const expr::Program both, expr::Compile("where(x > y, y - x, x * y) + x", f64));
   ASSIGN_OR_FAIL(const expr::Program ints,
-                             expr::Compile("x * y", {{"x", expr::ArrayInput{DType::kInt32}},
-                                                     {"y", expr::ArrayInput{DType::kInt32}}}));
+                 expr::Compile("x * y", {{"x", expr::ArrayInput{DType::kInt32}},
+                                         {"y", expr::ArrayInput{DType::kInt32}}}));
   const DeviceMemory* in_x[] = {&dx};
-  ASSERT_OK(
-      backend().Elementwise(stream(), in_place, in_x, dx, DType::kFloat64, kN).status());
+  ASSERT_OK(backend().Elementwise(stream(), in_place, in_x, dx, DType::kFloat64, kN).status());
   std::vector<double> got;
   ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
   std::vector<double> want(kN);
@@ -985,8 +968,7 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
   // Now x holds x*3 + 1; write where(...) + x over it.
   const std::vector<double> x1 = got;
   const DeviceMemory* in_xy[] = {&dx, &dy};
-  ASSERT_OK(
-      backend().Elementwise(stream(), both, in_xy, dx, DType::kFloat64, kN).status());
+  ASSERT_OK(backend().Elementwise(stream(), both, in_xy, dx, DType::kFloat64, kN).status());
   ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dx, kN));
   for (int64_t i = 0; i < kN; ++i) {
     want[i] = (x1[i] > y[i] ? y[i] - x1[i] : x1[i] * y[i]) + x1[i];
@@ -995,8 +977,7 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
 
   // Output aliasing the second input.
   const DeviceMemory* in_ints[] = {&dxi, &dyi};
-  ASSERT_OK(
-      backend().Elementwise(stream(), ints, in_ints, dyi, DType::kInt32, kN).status());
+  ASSERT_OK(backend().Elementwise(stream(), ints, in_ints, dyi, DType::kInt32, kN).status());
   std::vector<int32_t> got_i;
   ASSIGN_OR_FAIL(got_i, Download<int32_t>(backend(), stream(), dyi, kN));
   std::vector<int32_t> want_i(kN);
@@ -1007,33 +988,31 @@ TEST_P(BackendConformance, ElementwiseOutputMayAliasAnInput) {
 TEST_P(BackendConformance, ElementwiseScalarInputsAndEmptyRanges) {
   constexpr int64_t kN = 1001;
   // Only scalars: a is passed as a null DeviceMemory and broadcast.
-  ASSIGN_OR_FAIL(
-      const expr::Program scalar,
-      expr::Compile("a * 2 - b", {{"a", expr::ScalarInput{DType::kFloat64, 1.25, 0}},
-                                  {"b", expr::ScalarInput{DType::kInt64, 0, 3}}}));
+  ASSIGN_OR_FAIL(const expr::Program scalar,
+                 expr::Compile("a * 2 - b", {{"a", expr::ScalarInput{DType::kFloat64, 1.25, 0}},
+                                             {"b", expr::ScalarInput{DType::kInt64, 0, 3}}}));
   std::vector<double> got;
   ASSIGN_OR_FAIL(got, RunElementwise<double>(backend(), stream(), scalar, {}, kN));
   ExpectAllSame(got, std::vector<double>(kN, -0.5));
   // A scalar sorted between two arrays: inputs are (a: array, k: scalar, z: array).
-  ASSIGN_OR_FAIL(
-      const expr::Program mixed,
-      expr::Compile("a - k * z", {{"a", expr::ArrayInput{DType::kInt64}},
-                                  {"k", expr::ScalarInput{DType::kInt32, 0, 5}},
-                                  {"z", expr::ArrayInput{DType::kInt64}}}));
+  ASSIGN_OR_FAIL(const expr::Program mixed,
+                 expr::Compile("a - k * z", {{"a", expr::ArrayInput{DType::kInt64}},
+                                             {"k", expr::ScalarInput{DType::kInt32, 0, 5}},
+                                             {"z", expr::ArrayInput{DType::kInt64}}}));
   const auto a = IntVector<int64_t>(kN, -1000000, 1000000, 51);
   const auto z = IntVector<int64_t>(kN, -1000000, 1000000, 52);
   DeviceMemory da, dz;
   ASSIGN_OR_FAIL(da, Upload(backend(), stream(), a));
   ASSIGN_OR_FAIL(dz, Upload(backend(), stream(), z));
   std::vector<int64_t> got_i;
-  ASSIGN_OR_FAIL(
-      got_i, RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, kN));
+  ASSIGN_OR_FAIL(got_i,
+                 RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, kN));
   std::vector<int64_t> want_i(kN);
   for (int64_t i = 0; i < kN; ++i) want_i[i] = a[i] - 5 * z[i];
   ExpectAllSame(got_i, want_i);
   // n = 0 writes nothing (RunElementwise checks the guard).
-  ASSIGN_OR_FAIL(
-      got_i, RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, 0));
+  ASSIGN_OR_FAIL(got_i,
+                 RunElementwise<int64_t>(backend(), stream(), mixed, {{"a", &da}, {"z", &dz}}, 0));
   EXPECT_TRUE(got_i.empty());
 }
 
@@ -1046,12 +1025,10 @@ TEST_P(BackendConformance, ElementwiseProgramNeedNotOutliveTheCall) {
   ASSIGN_OR_FAIL(dx, Upload(backend(), stream(), x));
   ASSIGN_OR_FAIL(dy, backend().Allocate(0, kN * sizeof(double)));
   {
-    ASSIGN_OR_FAIL(
-        const expr::Program program,
-        expr::Compile("x * x - 2", {{"x", expr::ArrayInput{DType::kFloat64}}}));
+    ASSIGN_OR_FAIL(const expr::Program program,
+                   expr::Compile("x * x - 2", {{"x", expr::ArrayInput{DType::kFloat64}}}));
     const DeviceMemory* inputs[] = {&dx};
-    ASSERT_OK(
-        backend().Elementwise(stream(), program, inputs, dy, DType::kFloat64, kN).status());
+    ASSERT_OK(backend().Elementwise(stream(), program, inputs, dy, DType::kFloat64, kN).status());
   }
   std::vector<double> got;
   ASSIGN_OR_FAIL(got, Download<double>(backend(), stream(), dy, kN));
@@ -1145,7 +1122,8 @@ Expected ReduceReference(ReduceKind kind, const Stored<T>* base, int64_t count, 
         const double k = static_cast<double>(count - 1) * 0x1.0p-24;
         e.tol = std::fabs(prod) * std::max(rtol, k / (1 - k));
       } else {
-        e.tol = std::fabs(prod) * std::max(rtol, 8 * std::sqrt(static_cast<double>(count)) * 0x1.0p-53);
+        e.tol =
+            std::fabs(prod) * std::max(rtol, 8 * std::sqrt(static_cast<double>(count)) * 0x1.0p-53);
       }
       break;
     }
@@ -1450,8 +1428,7 @@ void CheckArgOfFArray(Backend& backend, Stream& stream, int64_t rows, int64_t co
     }
     DeviceMemory out;
     ASSIGN_OR_FAIL(out, backend.Allocate(0, sizeof(int64_t)));
-    ASSERT_OK(
-        backend.Reduce(stream, kind, DTypeOf<T>::value, in, ReduceShape{1, n, 1, rows}, out));
+    ASSERT_OK(backend.Reduce(stream, kind, DTypeOf<T>::value, in, ReduceShape{1, n, 1, rows}, out));
     std::vector<int64_t> got;
     ASSIGN_OR_FAIL(got, Download<int64_t>(backend, stream, out, 1));
     EXPECT_EQ(got[0], want) << ReduceKindName(kind);
@@ -1466,7 +1443,8 @@ TEST_P(BackendConformance, ReduceArgOfFArrayBreaksTiesInCOrder) {
   ASSIGN_OR_FAIL(in, Upload(backend(), stream(), std::vector<double>{1, 0, 0, 1}));
   DeviceMemory out;
   ASSIGN_OR_FAIL(out, backend().Allocate(0, sizeof(int64_t)));
-  for (auto [kind, want] : {std::pair{ReduceKind::kArgmin, int64_t{1}}, std::pair{ReduceKind::kArgmax, int64_t{0}}}) {
+  for (auto [kind, want] :
+       {std::pair{ReduceKind::kArgmin, int64_t{1}}, std::pair{ReduceKind::kArgmax, int64_t{0}}}) {
     ASSERT_OK(backend().Reduce(stream(), kind, DType::kFloat64, in, ReduceShape{1, 4, 1, 2}, out));
     std::vector<int64_t> got;
     ASSIGN_OR_FAIL(got, Download<int64_t>(backend(), stream(), out, 1));
@@ -1640,11 +1618,10 @@ void CheckRandom(Backend& backend, Stream& stream, const RandomParams& p, int64_
   const T guard = GuardValue<T>();
   DeviceMemory out;
   ASSIGN_OR_FAIL(out, Upload<T>(backend, stream, std::span<const T>(),
-                                            static_cast<size_t>(n) + kGuardElements, &guard));
+                                static_cast<size_t>(n) + kGuardElements, &guard));
   ASSERT_OK(backend.Random(stream, p, kT, out, n));
   std::vector<T> got;
-  ASSIGN_OR_FAIL(
-      got, Download<T>(backend, stream, out, static_cast<size_t>(n) + kGuardElements));
+  ASSIGN_OR_FAIL(got, Download<T>(backend, stream, out, static_cast<size_t>(n) + kGuardElements));
   ExpectGuardIntact(std::span<const T>(got).subspan(static_cast<size_t>(n)));
   int bad = 0;
   for (int64_t i = 0; i < n && bad < 5; ++i) {

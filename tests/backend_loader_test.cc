@@ -125,7 +125,8 @@ TEST(BackendLoader, TheModuleOfThisBuildLoadsAndExportsOnlyItsEntryPoint) {
   const int devices = (*module)->device_count();
   EXPECT_GE(devices, 0);
   if (devices == 0) {
-    EXPECT_EQ((*module)->create_backend(options).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*module)->create_backend(options).status().code(),
+              absl::StatusCode::kFailedPrecondition);
   }
 
   // Its own copies of the CUDA backend and of the CPU code stay hidden, so that they

@@ -14,7 +14,8 @@ class BufferRegistryTest : public ::testing::Test {
   BufferRegistryTest() : backend_(1), limiter_(1 << 20), registry_(backend_, limiter_) {}
 
   absl::StatusOr<BufferHandle> Add(const std::string& client, const std::string& name, uint64_t n) {
-    absl::StatusOr<BufferHandle> b = registry_.Allocate(client, name, DType::kFloat32, {n}, Layout::kC, 0);
+    absl::StatusOr<BufferHandle> b =
+        registry_.Allocate(client, name, DType::kFloat32, {n}, Layout::kC, 0);
     if (!b.ok()) return b;
     if (absl::Status s = registry_.Register(*b); !s.ok()) return s;
     return b;
@@ -49,7 +50,8 @@ TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
   EXPECT_EQ(registry_.Lookup("e", "x").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_.Lookup("c", "").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add("c", "buf-1", 4).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Add("c", std::string(kMaxNameBytes + 1, 'n'), 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Add("c", std::string(kMaxNameBytes + 1, 'n'), 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Add("c", "tab\there", 4).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_OK(registry_.Remove("c", "x"));
   EXPECT_OK(Add("c", "x", 4)) << "a deleted buffer's name is free again";
@@ -61,8 +63,10 @@ TEST_F(BufferRegistryTest, ShapesAreChecked) {
   EXPECT_EQ(CheckedElementCount({0, 1u << 31}, 8).value(), 0u);
   EXPECT_EQ(CheckedElementCount(std::vector<uint64_t>(kMaxDimensions + 1, 1), 8).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckedElementCount({1ull << 32, 1ull << 32}, 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckedElementCount({1ull << 61}, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckedElementCount({1ull << 32, 1ull << 32}, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckedElementCount({1ull << 61}, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(registry_.Allocate("c", "", DType::kFloat32, {4}, Layout::kC, 1).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "device 1 does not exist";

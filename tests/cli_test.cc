@@ -66,10 +66,12 @@ class CliTest : public ::testing::Test {
   static void SetUpTestSuite() {
     server_bin_ = Program("GPUCOMPUTE_SERVER_BIN", GPUCOMPUTE_SERVER_BIN);
     cli_bin_ = Program("GPUCOMPUTE_CLI_BIN", GPUCOMPUTE_CLI_BIN);
-    dir_ = std::filesystem::temp_directory_path() / ("gpucompute_cli_test_" + std::to_string(getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gpucompute_cli_test_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
-    server_ = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=512MiB", "--cpu-threads=2"},
-                          (dir_ / "server.log").string());
+    server_ = SpawnServer(
+        {"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=512MiB", "--cpu-threads=2"},
+        (dir_ / "server.log").string());
     port_ = WaitForListening(server_);
   }
 
@@ -120,7 +122,8 @@ class CliTest : public ::testing::Test {
 
   // The port the server reports on stderr once it listens ("listening on port N"); 0 if it
   // exits first or does not within `timeout`.
-  static int WaitForListening(const ServerProcess& server, absl::Duration timeout = absl::Seconds(30)) {
+  static int WaitForListening(const ServerProcess& server,
+                              absl::Duration timeout = absl::Seconds(30)) {
     for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
       const std::string log = ReadFile(server.log);
       const size_t at = log.find("listening on port ");
@@ -133,7 +136,8 @@ class CliTest : public ::testing::Test {
 
   // Sends `signal` and waits for the server to exit: its wait status, or nullopt (after
   // killing it) if it does not exit within `timeout`.
-  static std::optional<int> StopServer(ServerProcess& server, int signal, absl::Duration timeout = absl::Seconds(10)) {
+  static std::optional<int> StopServer(ServerProcess& server, int signal,
+                                       absl::Duration timeout = absl::Seconds(10)) {
     if (kill(server.pid, signal) != 0) return std::nullopt;
     std::optional<int> result;
     for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline && !result;) {
@@ -162,22 +166,26 @@ class CliTest : public ::testing::Test {
     }
     return 0;
   }
-  static constexpr uint64_t kStopSignalsMask = (uint64_t{1} << (SIGINT - 1)) | (uint64_t{1} << (SIGTERM - 1));
+  static constexpr uint64_t kStopSignalsMask =
+      (uint64_t{1} << (SIGINT - 1)) | (uint64_t{1} << (SIGTERM - 1));
 
   // Sends `signal` (SIGTERM or SIGINT) and expects the server to say so and exit 0 within
   // 10 s.
   static void ExpectStopsCleanly(ServerProcess& server, int signal) {
     const std::optional<int> status = StopServer(server, signal);
-    ASSERT_TRUE(status.has_value()) << "the server did not exit within 10 s of " << strsignal(signal);
+    ASSERT_TRUE(status.has_value())
+        << "the server did not exit within 10 s of " << strsignal(signal);
     ASSERT_TRUE(WIFEXITED(*status)) << "ended by signal " << WTERMSIG(*status);
     EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(server.log);
-    EXPECT_NE(ReadFile(server.log).find(signal == SIGINT ? "SIGINT, stopping" : "SIGTERM, stopping"),
-              std::string::npos)
+    EXPECT_NE(
+        ReadFile(server.log).find(signal == SIGINT ? "SIGINT, stopping" : "SIGTERM, stopping"),
+        std::string::npos)
         << ReadFile(server.log);
   }
 
   void SetUp() override {
-    ASSERT_NE(port_, 0) << "the server " << server_bin_ << " did not start: " << ReadFile(server_.log);
+    ASSERT_NE(port_, 0) << "the server " << server_bin_
+                        << " did not start: " << ReadFile(server_.log);
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
@@ -187,8 +195,9 @@ class CliTest : public ::testing::Test {
     const std::string out = (dir_ / "stdout").string();
     const std::string err = (dir_ / "stderr").string();
     const std::string target = server.empty() ? "127.0.0.1:" + std::to_string(port_) : server;
-    const std::string command = ShellQuote(cli_bin_) + " --server " + target + " --client cli-test " + args +
-                                " >" + ShellQuote(out) + " 2>" + ShellQuote(err);
+    const std::string command = ShellQuote(cli_bin_) + " --server " + target +
+                                " --client cli-test " + args + " >" + ShellQuote(out) + " 2>" +
+                                ShellQuote(err);
     Result r;
     const int status = std::system(command.c_str());
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -212,12 +221,14 @@ class CliTest : public ::testing::Test {
   }
 
   // Writes an .npy file of float64 values in the given order.
-  void WriteNpy(const std::string& path, const std::vector<double>& values, std::vector<uint64_t> shape,
-                bool fortran) {
+  void WriteNpy(const std::string& path, const std::vector<double>& values,
+                std::vector<uint64_t> shape, bool fortran) {
     NpyHeader header{DType::kFloat64, std::move(shape), fortran};
     absl::StatusOr<NpyWriter> w = NpyWriter::Create(path, header);
     ASSERT_TRUE(w.ok()) << w.status();
-    ASSERT_TRUE(w->Write(std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * 8)).ok());
+    ASSERT_TRUE(
+        w->Write(std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * 8))
+            .ok());
     ASSERT_TRUE(w->Close().ok());
   }
 
@@ -269,8 +280,9 @@ TEST_F(CliTest, EvalReduceAndGemvGiveReferenceValues) {
   WriteNpy(Path("x.npy"), x, {n}, false);
   ASSERT_EQ(Run("put " + ShellQuote(Path("x.npy")) + " --name ex").exit_code, 0);
 
-  Result eval = Run("--json eval " + ShellQuote("sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))") +
-                    " x=ex --name eval_r");
+  Result eval =
+      Run("--json eval " + ShellQuote("sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))") +
+          " x=ex --name eval_r");
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   v1::Operation op = ParseJson<v1::Operation>(eval.out);
   EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED);
@@ -281,8 +293,8 @@ TEST_F(CliTest, EvalReduceAndGemvGiveReferenceValues) {
   ASSERT_EQ(r.size(), n);
   double sum = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double want = std::sqrt(std::abs(std::exp(-std::sin(x[i] * x[i])) /
-                                           (std::sqrt(std::abs(x[i])) * std::tanh(x[i]))));
+    const double want = std::sqrt(
+        std::abs(std::exp(-std::sin(x[i] * x[i])) / (std::sqrt(std::abs(x[i])) * std::tanh(x[i]))));
     EXPECT_NEAR(r[i], want, 1e-12 * std::abs(want)) << i;
     sum += want;
   }
@@ -317,7 +329,8 @@ TEST_F(CliTest, RandIsReproducibleAndContinues) {
     EXPECT_LT(v, 1.0);
   }
   // float64 uniforms use two values per counter: counters 250.. give elements 500..
-  Result tail = Run("--json rand uniform --shape 500 --dtype float64 --seed 5 --offset 250 --name u3");
+  Result tail =
+      Run("--json rand uniform --shape 500 --dtype float64 --seed 5 --offset 250 --name u3");
   ASSERT_EQ(tail.exit_code, 0) << tail.err;
   EXPECT_EQ(ParseJson<v1::Operation>(tail.out).next_offset(), 500u);
   ASSERT_EQ(Run("get u3 -o " + ShellQuote(Path("u3.npy"))).exit_code, 0);
@@ -374,7 +387,9 @@ TEST_F(CliTest, InfoStatsAndStreams) {
   ASSERT_EQ(stream.exit_code, 0) << stream.err;
   const std::string id = ParseJson<v1::StreamInfo>(stream.out).id();
   ASSERT_EQ(id.rfind("str-", 0), 0u) << stream.out;
-  ASSERT_EQ(Run("--stream " + id + " rand normal --shape 100 --dtype float32 --seed 1 --name sn --no-wait").exit_code,
+  ASSERT_EQ(Run("--stream " + id +
+                " rand normal --shape 100 --dtype float32 --seed 1 --name sn --no-wait")
+                .exit_code,
             0);
   EXPECT_EQ(Run("stream sync " + id).exit_code, 0);
   EXPECT_EQ(Run("stream rm " + id).exit_code, 0);
@@ -429,10 +444,10 @@ TEST_F(CliTest, InfoShowsPoolsTrimAndProfile) {
 }
 
 TEST_F(CliTest, ServerAcceptsPoolAndKernelCacheFlags) {
-  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--pool-initial=1MiB",
-                                      "--pool-release-threshold=keep", "--kernel-cache-dir=none",
-                                      "--default-device=0"},
-                                     Path("flags.log"));
+  ServerProcess server = SpawnServer(
+      {"--listen=127.0.0.1:0", "--backend=cpu", "--pool-initial=1MiB",
+       "--pool-release-threshold=keep", "--kernel-cache-dir=none", "--default-device=0"},
+      Path("flags.log"));
   const int port = WaitForListening(server);
   EXPECT_NE(port, 0) << ReadFile(server.log);
   if (port != 0) {
@@ -459,7 +474,8 @@ TEST_F(CliTest, ServerStopsCleanlyOnSigtermAndSigint) {
 TEST_F(CliTest, ServerStopsCleanlyOnSigtermBeforeItListens) {
   ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("early.log"));
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while ((BlockedSignals(server.pid, std::to_string(server.pid)) & kStopSignalsMask) != kStopSignalsMask) {
+  while ((BlockedSignals(server.pid, std::to_string(server.pid)) & kStopSignalsMask) !=
+         kStopSignalsMask) {
     ASSERT_FALSE(HasExited(server.pid)) << ReadFile(server.log);
     ASSERT_LT(absl::Now(), deadline) << "the server did not block SIGTERM within 30 s";
     absl::SleepFor(absl::Microseconds(200));
@@ -468,8 +484,8 @@ TEST_F(CliTest, ServerStopsCleanlyOnSigtermBeforeItListens) {
 }
 
 TEST_F(CliTest, ServerStopsCleanlyOnSigtermSentRightAfterExec) {
-  ServerProcess server =
-      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("exec.log"), /*block_stop_signals=*/true);
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu"}, Path("exec.log"),
+                                     /*block_stop_signals=*/true);
   ExpectStopsCleanly(server, SIGTERM);
 }
 
@@ -479,8 +495,10 @@ TEST_F(CliTest, ServerStopsCleanlyOnSigtermSentRightAfterExec) {
 TEST_F(CliTest, OnlyOneServerThreadTakesTheStopSignals) {
   int threads = 0;
   int taking = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(server_.pid) + "/task")) {
-    const uint64_t blocked = BlockedSignals(server_.pid, task.path().filename().string()) & kStopSignalsMask;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(server_.pid) + "/task")) {
+    const uint64_t blocked =
+        BlockedSignals(server_.pid, task.path().filename().string()) & kStopSignalsMask;
     EXPECT_TRUE(blocked == 0 || blocked == kStopSignalsMask) << blocked;
     taking += blocked == 0;
     ++threads;
@@ -492,8 +510,10 @@ TEST_F(CliTest, OnlyOneServerThreadTakesTheStopSignals) {
 
 TEST_F(CliTest, ServerProgramLinksNoCudaLibrary) {
   const std::string out = Path("ldd.out");
-  const int status = std::system(("ldd " + ShellQuote(server_bin_) + " >" + ShellQuote(out) + " 2>&1").c_str());
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) GTEST_SKIP() << "ldd does not run here: " << ReadFile(out);
+  const int status =
+      std::system(("ldd " + ShellQuote(server_bin_) + " >" + ShellQuote(out) + " 2>&1").c_str());
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    GTEST_SKIP() << "ldd does not run here: " << ReadFile(out);
   const std::string libraries = ReadFile(out);
   EXPECT_NE(libraries.find("libgrpc++"), std::string::npos) << libraries;
   for (const char* cuda : {"libcuda.", "libcudart", "libcublas", "libnvrtc"}) {
@@ -507,16 +527,19 @@ TEST_F(CliTest, CudaBackendWithoutDriverOrModuleFailsClearly) {
   void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
   if (driver != nullptr) dlclose(driver);
   const std::string err = Path("cuda.err");
-  const int status = std::system((ShellQuote(server_bin_) +
-                                  " --backend=cuda --listen=127.0.0.1:0 --cuda-module=/nonexistent/libmodule.so 2>" +
-                                  ShellQuote(err))
-                                     .c_str());
+  const int status = std::system(
+      (ShellQuote(server_bin_) +
+       " --backend=cuda --listen=127.0.0.1:0 --cuda-module=/nonexistent/libmodule.so 2>" +
+       ShellQuote(err))
+          .c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << ReadFile(err);
   if (driver == nullptr) {
-    EXPECT_NE(ReadFile(err).find("--backend=cuda: the NVIDIA driver is not installed here"), std::string::npos)
+    EXPECT_NE(ReadFile(err).find("--backend=cuda: the NVIDIA driver is not installed here"),
+              std::string::npos)
         << ReadFile(err);
   } else {
-    EXPECT_NE(ReadFile(err).find("cannot find the CUDA backend module"), std::string::npos) << ReadFile(err);
+    EXPECT_NE(ReadFile(err).find("cannot find the CUDA backend module"), std::string::npos)
+        << ReadFile(err);
     EXPECT_NE(ReadFile(err).find("/nonexistent/libmodule.so"), std::string::npos) << ReadFile(err);
   }
 }
@@ -529,30 +552,36 @@ TEST_F(CliTest, AutoBackendIsTheCpuWithoutDriver) {
   }
   ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=auto"}, Path("auto.log"));
   EXPECT_NE(WaitForListening(server), 0) << ReadFile(server.log);
-  EXPECT_NE(ReadFile(server.log).find("cpu backend, listening"), std::string::npos) << ReadFile(server.log);
+  EXPECT_NE(ReadFile(server.log).find("cpu backend, listening"), std::string::npos)
+      << ReadFile(server.log);
   ExpectStopsCleanly(server, SIGTERM);
 }
 
 TEST_F(CliTest, ServerRejectsBadFlags) {
   const std::string err = Path("flags.err");
-  const int status = std::system((ShellQuote(server_bin_) + " --memory-limit=lots 2>" + ShellQuote(err)).c_str());
+  const int status =
+      std::system((ShellQuote(server_bin_) + " --memory-limit=lots 2>" + ShellQuote(err)).c_str());
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_NE(ReadFile(err).find("--memory-limit"), std::string::npos) << ReadFile(err);
-  const int backend = std::system((ShellQuote(server_bin_) + " --backend=tpu 2>" + ShellQuote(err)).c_str());
+  const int backend =
+      std::system((ShellQuote(server_bin_) + " --backend=tpu 2>" + ShellQuote(err)).c_str());
   EXPECT_EQ(WEXITSTATUS(backend), 1);
   EXPECT_NE(ReadFile(err).find("unknown backend"), std::string::npos) << ReadFile(err);
 
   // Malformed values are usage errors (exit 2) naming the flag.
-  for (const std::string flag : {"--pool-initial=lots", "--pool-release-threshold=some", "--default-device=-1",
-                                 "--default-device=first"}) {
-    const int code = std::system((ShellQuote(server_bin_) + " " + flag + " 2>" + ShellQuote(err)).c_str());
+  for (const std::string flag : {"--pool-initial=lots", "--pool-release-threshold=some",
+                                 "--default-device=-1", "--default-device=first"}) {
+    const int code =
+        std::system((ShellQuote(server_bin_) + " " + flag + " 2>" + ShellQuote(err)).c_str());
     EXPECT_EQ(WEXITSTATUS(code), 2) << flag;
-    EXPECT_NE(ReadFile(err).find(flag.substr(0, flag.find('='))), std::string::npos) << ReadFile(err);
+    EXPECT_NE(ReadFile(err).find(flag.substr(0, flag.find('='))), std::string::npos)
+        << ReadFile(err);
   }
   // A device the backend does not have fails at start (exit 1).
-  const int device = std::system(
-      (ShellQuote(server_bin_) + " --backend=cpu --listen=127.0.0.1:0 --default-device=3 2>" + ShellQuote(err))
-          .c_str());
+  const int device =
+      std::system((ShellQuote(server_bin_) +
+                   " --backend=cpu --listen=127.0.0.1:0 --default-device=3 2>" + ShellQuote(err))
+                      .c_str());
   EXPECT_EQ(WEXITSTATUS(device), 1);
   EXPECT_NE(ReadFile(err).find("device 3 does not exist"), std::string::npos) << ReadFile(err);
 }

@@ -35,9 +35,9 @@ ThreadPool& Pool(int threads) {
   return threads == 1 ? *one : threads == 2 ? *two : *seven;
 }
 
-
 // Bools are stored as bytes.
-template <typename T> using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+template <typename T>
+using Stored = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
 
 // ---------------------------------------------------------------------------------
 // Reduce
@@ -167,7 +167,8 @@ double ReadDouble(const std::vector<uint8_t>& out, DType dt, int64_t i) {
 
 int64_t ReadInt(const std::vector<uint8_t>& out, DType dt, int64_t i) {
   switch (dt) {
-    case DType::kBool: return out[i];
+    case DType::kBool:
+      return out[i];
     case DType::kInt32: {
       int32_t v;
       std::memcpy(&v, out.data() + i * 4, 4);
@@ -237,7 +238,7 @@ TYPED_TEST(ReduceTest, AxesOfTwoDimensionalArrays) {
   struct Dims {
     int64_t m, n;
   };
-  const Dims dims[] = {{1, 1}, {1, 7}, {7, 1},     {3, 5},    {17, 33},
+  const Dims dims[] = {{1, 1},    {1, 7},    {7, 1},      {3, 5},     {17, 33},
                        {2, 1000}, {1000, 3}, {300, 1000}, {70000, 3}, {3, 70000}};
   for (const Dims& d : dims) {
     for (ReduceKind kind : kAllReduceKinds) {
@@ -358,11 +359,11 @@ TYPED_TEST(ReduceFloatTest, NanPropagates) {
   // The same along a contiguous extent (whole array of column 2's values).
   std::vector<T> col(rows);
   for (int64_t r = 0; r < rows; ++r) col[r] = m[r * cols + 2];
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmin, col, {1, rows, 1}, Pool(7)), DType::kInt64,
-                    0),
-            rows / 2);
-  EXPECT_TRUE(std::isnan(
-      ReadDouble(RunReduce<T>(ReduceKind::kMax, col, {1, rows, 1}, Pool(7)), in, 0)));
+  EXPECT_EQ(
+      ReadInt(RunReduce<T>(ReduceKind::kArgmin, col, {1, rows, 1}, Pool(7)), DType::kInt64, 0),
+      rows / 2);
+  EXPECT_TRUE(
+      std::isnan(ReadDouble(RunReduce<T>(ReduceKind::kMax, col, {1, rows, 1}, Pool(7)), in, 0)));
 }
 
 TYPED_TEST(ReduceFloatTest, InfinitiesAndTies) {
@@ -377,46 +378,42 @@ TYPED_TEST(ReduceFloatTest, InfinitiesAndTies) {
   EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmax, v, whole, Pool(2)), DType::kInt64, 0), 0);
   // All equal: the first index.
   const std::vector<T> flat(100, 4);
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmax, flat, {1, 100, 1}, Pool(2)),
-                    DType::kInt64, 0),
-            0);
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmin, flat, {1, 100, 1}, Pool(2)),
-                    DType::kInt64, 0),
-            0);
+  EXPECT_EQ(
+      ReadInt(RunReduce<T>(ReduceKind::kArgmax, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0), 0);
+  EXPECT_EQ(
+      ReadInt(RunReduce<T>(ReduceKind::kArgmin, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0), 0);
 }
 
 TEST(ReduceIntegerTest, Wraparound) {
   constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
   const std::vector<int64_t> big = {kMax64, kMax64, 2};  // 2^64 = 0 mod 2^64
-  EXPECT_EQ(ReadInt(RunReduce<int64_t>(ReduceKind::kSum, big, {1, 3, 1}, Pool(2)), DType::kInt64,
-                    0),
-            0);
+  EXPECT_EQ(
+      ReadInt(RunReduce<int64_t>(ReduceKind::kSum, big, {1, 3, 1}, Pool(2)), DType::kInt64, 0), 0);
   const std::vector<int64_t> pow2 = {int64_t{1} << 62, 4};
-  EXPECT_EQ(ReadInt(RunReduce<int64_t>(ReduceKind::kProd, pow2, {1, 2, 1}, Pool(2)),
-                    DType::kInt64, 0),
-            0);
+  EXPECT_EQ(
+      ReadInt(RunReduce<int64_t>(ReduceKind::kProd, pow2, {1, 2, 1}, Pool(2)), DType::kInt64, 0),
+      0);
   const std::vector<int64_t> minus = {std::numeric_limits<int64_t>::min(), -1};
-  EXPECT_EQ(ReadInt(RunReduce<int64_t>(ReduceKind::kProd, minus, {1, 2, 1}, Pool(2)),
-                    DType::kInt64, 0),
-            std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(
+      ReadInt(RunReduce<int64_t>(ReduceKind::kProd, minus, {1, 2, 1}, Pool(2)), DType::kInt64, 0),
+      std::numeric_limits<int64_t>::min());
   // int32 sums and products are taken in int64.
   const std::vector<int32_t> i32(100000, std::numeric_limits<int32_t>::max());
-  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kSum, i32, {1, 100000, 1}, Pool(2)),
-                    DType::kInt64, 0),
-            int64_t{100000} * std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(
+      ReadInt(RunReduce<int32_t>(ReduceKind::kSum, i32, {1, 100000, 1}, Pool(2)), DType::kInt64, 0),
+      int64_t{100000} * std::numeric_limits<int32_t>::max());
   const std::vector<int32_t> f = {65536, 65536, 3};
-  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kProd, f, {1, 3, 1}, Pool(2)), DType::kInt64,
-                    0),
+  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kProd, f, {1, 3, 1}, Pool(2)), DType::kInt64, 0),
             int64_t{3} << 32);
   // Extremes of min and max.
   const std::vector<int32_t> ext = {0, std::numeric_limits<int32_t>::min(),
                                     std::numeric_limits<int32_t>::max()};
-  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kMin, ext, {1, 3, 1}, Pool(2)), DType::kInt32,
-                    0),
-            std::numeric_limits<int32_t>::min());
-  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kMax, ext, {1, 3, 1}, Pool(2)), DType::kInt32,
-                    0),
-            std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(
+      ReadInt(RunReduce<int32_t>(ReduceKind::kMin, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
+      std::numeric_limits<int32_t>::min());
+  EXPECT_EQ(
+      ReadInt(RunReduce<int32_t>(ReduceKind::kMax, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
+      std::numeric_limits<int32_t>::max());
 }
 
 // NumPy's rule, on every backend: float32 products are taken in float32, rounding after
@@ -531,8 +528,8 @@ TYPED_TEST(GemvTest, BetaZeroIgnoresNanInY) {
       // alpha = 0 and beta = 0 gives zeros without reading A, x or y.
       std::vector<T> a_nan(m * n, std::numeric_limits<T>::quiet_NaN());
       std::fill(y.begin(), y.end(), std::numeric_limits<T>::quiet_NaN());
-      Gemv(dtype, GemvShape{m, n, col_major, transpose}, 0.0, a_nan.data(), x.data(), 0.0,
-           y.data(), Pool(2));
+      Gemv(dtype, GemvShape{m, n, col_major, transpose}, 0.0, a_nan.data(), x.data(), 0.0, y.data(),
+           Pool(2));
       for (T v : y) EXPECT_EQ(v, 0);
     }
   }

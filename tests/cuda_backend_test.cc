@@ -42,8 +42,9 @@ bool WithinUlps(T a, T b, int ulps) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   if (std::isinf(a) || std::isinf(b)) return a == b;
   const T scale = std::max(std::fabs(a), std::fabs(b));
-  const T ulp = scale > std::numeric_limits<T>::min() ? std::nextafter(scale, std::numeric_limits<T>::infinity()) - scale
-                                                      : std::numeric_limits<T>::denorm_min();
+  const T ulp = scale > std::numeric_limits<T>::min()
+                    ? std::nextafter(scale, std::numeric_limits<T>::infinity()) - scale
+                    : std::numeric_limits<T>::denorm_min();
   return std::fabs(a - b) <= ulps * ulp;
 }
 
@@ -57,8 +58,8 @@ std::vector<Stored<T>> RandomValues(size_t n, uint64_t seed, double low = -4, do
     } else if constexpr (std::is_floating_point_v<T>) {
       x = static_cast<T>(std::uniform_real_distribution<double>(low, high)(rng));
     } else {
-      x = static_cast<T>(std::uniform_int_distribution<int64_t>(static_cast<int64_t>(low * 1000),
-                                                                  static_cast<int64_t>(high * 1000))(rng));
+      x = static_cast<T>(std::uniform_int_distribution<int64_t>(
+          static_cast<int64_t>(low * 1000), static_cast<int64_t>(high * 1000))(rng));
     }
   }
   return v;
@@ -92,7 +93,8 @@ class CudaVsCpu : public ::testing::Test {
       const std::vector<uint8_t> poison(out_bytes, 0xA5);
       ASSIGN_OR_FAIL(DeviceMemory out, Upload<uint8_t>(backend, stream, poison));
       ASSERT_OK(op(backend, stream, memories, out));
-      ASSIGN_OR_FAIL(*(side == 0 ? cpu_out : gpu_out), Download<uint8_t>(backend, stream, out, out_bytes));
+      ASSIGN_OR_FAIL(*(side == 0 ? cpu_out : gpu_out),
+                     Download<uint8_t>(backend, stream, out, out_bytes));
     }
   }
 
@@ -117,8 +119,8 @@ std::vector<T> FromBytes(const std::vector<uint8_t>& bytes) {
 }
 
 // Compares outputs of dtype `dtype`: exactly, or within `ulps` for floats.
-void ExpectAgree(DType dtype, const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu, int ulps,
-                 const std::string& what) {
+void ExpectAgree(DType dtype, const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu,
+                 int ulps, const std::string& what) {
   ASSERT_EQ(cpu.size(), gpu.size()) << what;
   int64_t bad = 0;
   VisitDType(dtype, [&](auto zero) {
@@ -128,7 +130,8 @@ void ExpectAgree(DType dtype, const std::vector<uint8_t>& cpu, const std::vector
     for (size_t i = 0; i < c.size(); ++i) {
       bool ok;
       if constexpr (std::is_floating_point_v<T>) {
-        ok = ulps == 0 ? (std::memcmp(&c[i], &g[i], sizeof(T)) == 0 || (std::isnan(c[i]) && std::isnan(g[i])))
+        ok = ulps == 0 ? (std::memcmp(&c[i], &g[i], sizeof(T)) == 0 ||
+                          (std::isnan(c[i]) && std::isnan(g[i])))
                        : WithinUlps(c[i], g[i], ulps);
       } else {
         ok = c[i] == g[i];
@@ -161,8 +164,10 @@ TEST_F(CudaVsCpu, ElementwiseAgrees) {
       // Math functions differ between glibc and CUDA in the last bits. Products (never
       // sums, whose cancellation would turn a last-bit difference into a large relative
       // one) keep each result within a few ulps of the other backend's.
-      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) * y", DType::kFloat64, DType::kFloat64, 8},
-      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) * y", DType::kFloat32, DType::kFloat32, 8},
+      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) * y", DType::kFloat64, DType::kFloat64,
+       8},
+      {"sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x)))) * y", DType::kFloat32, DType::kFloat32,
+       8},
       {"log1p(abs(x)) * expm1(y / 8) * atan2(y, x)", DType::kFloat64, DType::kFloat64, 8},
       {"log1p(abs(x)) * expm1(y / 8) * atan2(y, x)", DType::kFloat32, DType::kFloat32, 8},
       {"cos(x) * tan(y / 4) * exp(x)", DType::kFloat64, DType::kFloat64, 8},
@@ -182,19 +187,23 @@ TEST_F(CudaVsCpu, ElementwiseAgrees) {
     }
     const DType out = program->result_dtype();
     std::vector<uint8_t> cpu_out, gpu_out;
-    RunBoth(inputs, n * DTypeSize(out),
-            [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) -> absl::Status {
-              std::vector<const DeviceMemory*> ptrs = {&in[0], &in[1]};
-              return b.Elementwise(s, *program, ptrs, o, out, n).status();
-            },
-            &cpu_out, &gpu_out);
-    ExpectAgree(out, cpu_out, gpu_out, c.ulps, absl::StrCat(c.text, " (", DTypeName(c.x), ", ", DTypeName(c.y), ")"));
+    RunBoth(
+        inputs, n * DTypeSize(out),
+        [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) -> absl::Status {
+          std::vector<const DeviceMemory*> ptrs = {&in[0], &in[1]};
+          return b.Elementwise(s, *program, ptrs, o, out, n).status();
+        },
+        &cpu_out, &gpu_out);
+    ExpectAgree(out, cpu_out, gpu_out, c.ulps,
+                absl::StrCat(c.text, " (", DTypeName(c.x), ", ", DTypeName(c.y), ")"));
   }
 }
 
 TEST_F(CudaVsCpu, ReduceAgrees) {
-  const ReduceShape shapes[] = {{1, 1000003, 1}, {1, 1, 1}, {37, 1001, 1}, {1, 513, 1027}, {5, 77, 33}, {4096, 3, 1}};
-  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBool}) {
+  const ReduceShape shapes[] = {{1, 1000003, 1}, {1, 1, 1},   {37, 1001, 1},
+                                {1, 513, 1027},  {5, 77, 33}, {4096, 3, 1}};
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBool}) {
     for (const ReduceShape& shape : shapes) {
       const size_t n = shape.outer * shape.extent * shape.inner;
       // Products of many values over/underflow; keep them near 1 so they stay finite.
@@ -212,21 +221,24 @@ TEST_F(CudaVsCpu, ReduceAgrees) {
         });
         const DType out = ReduceResultDType(kind, dtype);
         std::vector<uint8_t> cpu_out, gpu_out;
-        RunBoth({in}, shape.outer * shape.inner * DTypeSize(out),
-                [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
-                  return b.Reduce(s, kind, dtype, ins[0], shape, o);
-                },
-                &cpu_out, &gpu_out);
+        RunBoth(
+            {in}, shape.outer * shape.inner * DTypeSize(out),
+            [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+              return b.Reduce(s, kind, dtype, ins[0], shape, o);
+            },
+            &cpu_out, &gpu_out);
         const bool float_sum = IsFloat(out) && kind != ReduceKind::kMin && kind != ReduceKind::kMax;
         // Float sums accumulate in float64 on both, in different orders: a float64 result
         // of n positive terms may differ by ~sqrt(n) roundings, a float32 one is one rounding
         // of nearly the same value. Float32 products round at every step on both: each is
         // within (n - 1) 2^-24 of the exact product, less than n - 1 ulps of it.
         int ulps = !float_sum ? 0 : (out == DType::kFloat32 ? 1 : 1024);
-        if (kind == ReduceKind::kProd && out == DType::kFloat32) ulps = static_cast<int>(2 * shape.extent);
-        ExpectAgree(out, cpu_out, gpu_out, ulps,
-                    absl::StrCat("reduce kind ", static_cast<int>(kind), " of ", DTypeName(dtype), " shape {",
-                                 shape.outer, ",", shape.extent, ",", shape.inner, "}"));
+        if (kind == ReduceKind::kProd && out == DType::kFloat32)
+          ulps = static_cast<int>(2 * shape.extent);
+        ExpectAgree(
+            out, cpu_out, gpu_out, ulps,
+            absl::StrCat("reduce kind ", static_cast<int>(kind), " of ", DTypeName(dtype),
+                         " shape {", shape.outer, ",", shape.extent, ",", shape.inner, "}"));
       }
     }
   }
@@ -250,11 +262,12 @@ TEST_F(CudaVsCpu, Float32ProdAgreesWithinFloat32Rounding) {
       x = static_cast<float>(std::exp2((rng() & 1) ? y : -y));
     }
     std::vector<uint8_t> cpu_out, gpu_out;
-    RunBoth({AsBytes(in)}, shape.outer * shape.inner * sizeof(float),
-            [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
-              return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], shape, o);
-            },
-            &cpu_out, &gpu_out);
+    RunBoth(
+        {AsBytes(in)}, shape.outer * shape.inner * sizeof(float),
+        [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+          return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], shape, o);
+        },
+        &cpu_out, &gpu_out);
     const std::vector<float> cpu = FromBytes<float>(cpu_out);
     const std::vector<float> gpu = FromBytes<float>(gpu_out);
     const double k = static_cast<double>(shape.extent - 1) * 0x1.0p-24;
@@ -262,11 +275,13 @@ TEST_F(CudaVsCpu, Float32ProdAgreesWithinFloat32Rounding) {
     for (int64_t o = 0; o < shape.outer; ++o) {
       for (int64_t i = 0; i < shape.inner; ++i) {
         long double exact = 1;
-        for (int64_t r = 0; r < shape.extent; ++r) exact *= in[(o * shape.extent + r) * shape.inner + i];
+        for (int64_t r = 0; r < shape.extent; ++r)
+          exact *= in[(o * shape.extent + r) * shape.inner + i];
         const double p = static_cast<double>(exact);
         const size_t j = o * shape.inner + i;
-        const std::string what = absl::StrCat("output ", j, " of {", shape.outer, ",", shape.extent, ",",
-                                              shape.inner, "}: exact ", p, " cpu ", cpu[j], " gpu ", gpu[j]);
+        const std::string what =
+            absl::StrCat("output ", j, " of {", shape.outer, ",", shape.extent, ",", shape.inner,
+                         "}: exact ", p, " cpu ", cpu[j], " gpu ", gpu[j]);
         EXPECT_LE(std::fabs(cpu[j] - p), gamma * p) << what;
         EXPECT_LE(std::fabs(gpu[j] - p), gamma * p) << what;
         EXPECT_LE(std::fabs(gpu[j] - static_cast<double>(cpu[j])), 2 * gamma * p) << what;
@@ -282,20 +297,22 @@ TEST_F(CudaVsCpu, Float32ProdAgreesWithinFloat32Rounding) {
 TEST_F(CudaVsCpu, Float32ProdOverflowsPartWayLikeTheCpu) {
   const std::vector<float> in = {0x1p100f, 0x1p100f, 0x1p-100f};
   std::vector<uint8_t> cpu_out, gpu_out;
-  RunBoth({AsBytes(in)}, sizeof(float),
-          [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
-            return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], ReduceShape{1, 3, 1}, o);
-          },
-          &cpu_out, &gpu_out);
+  RunBoth(
+      {AsBytes(in)}, sizeof(float),
+      [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+        return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], ReduceShape{1, 3, 1}, o);
+      },
+      &cpu_out, &gpu_out);
   EXPECT_EQ(FromBytes<float>(cpu_out)[0], std::numeric_limits<float>::infinity());
   EXPECT_EQ(FromBytes<float>(gpu_out)[0], std::numeric_limits<float>::infinity());
 
   const std::vector<double> in64(in.begin(), in.end());
-  RunBoth({AsBytes(in64)}, sizeof(double),
-          [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
-            return b.Reduce(s, ReduceKind::kProd, DType::kFloat64, ins[0], ReduceShape{1, 3, 1}, o);
-          },
-          &cpu_out, &gpu_out);
+  RunBoth(
+      {AsBytes(in64)}, sizeof(double),
+      [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+        return b.Reduce(s, ReduceKind::kProd, DType::kFloat64, ins[0], ReduceShape{1, 3, 1}, o);
+      },
+      &cpu_out, &gpu_out);
   EXPECT_EQ(FromBytes<double>(cpu_out)[0], 0x1p100);
   EXPECT_EQ(FromBytes<double>(gpu_out)[0], 0x1p100);
 }
@@ -310,12 +327,14 @@ TEST_F(CudaVsCpu, ArgReduceOfFArrayAgrees) {
     for (ReduceKind kind : {ReduceKind::kArgmin, ReduceKind::kArgmax}) {
       ReduceShape shape{1, rows * cols, 1, rows};
       std::vector<uint8_t> cpu_out, gpu_out;
-      RunBoth({in}, 8,
-              [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
-                return b.Reduce(s, kind, dtype, ins[0], shape, o);
-              },
-              &cpu_out, &gpu_out);
-      ExpectAgree(DType::kInt64, cpu_out, gpu_out, 0, absl::StrCat("F-order arg reduce of ", DTypeName(dtype)));
+      RunBoth(
+          {in}, 8,
+          [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+            return b.Reduce(s, kind, dtype, ins[0], shape, o);
+          },
+          &cpu_out, &gpu_out);
+      ExpectAgree(DType::kInt64, cpu_out, gpu_out, 0,
+                  absl::StrCat("F-order arg reduce of ", DTypeName(dtype)));
     }
   }
 }
@@ -333,17 +352,19 @@ TEST_F(CudaVsCpu, GemvAgrees) {
             std::vector<T> y = RandomValues<T>(y_len, 3);
             // With beta 0, y must not be read: NaN there must not reach the result.
             if (beta == 0) y.assign(y_len, std::numeric_limits<T>::quiet_NaN());
-            return std::vector<std::vector<uint8_t>>{AsBytes(RandomValues<T>(shape.rows * shape.cols, 1)),
-                                                     AsBytes(RandomValues<T>(x_len, 2)), AsBytes(y)};
+            return std::vector<std::vector<uint8_t>>{
+                AsBytes(RandomValues<T>(shape.rows * shape.cols, 1)),
+                AsBytes(RandomValues<T>(x_len, 2)), AsBytes(y)};
           });
           std::vector<uint8_t> cpu_out, gpu_out;
-          RunBoth(inputs, y_len * DTypeSize(dtype),
-                  [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) {
-                    absl::Status st = b.Copy(s, in[2], 0, o, 0, y_len * DTypeSize(dtype));
-                    if (!st.ok()) return st;
-                    return b.Gemv(s, dtype, shape, 1.5, in[0], in[1], beta, o);
-                  },
-                  &cpu_out, &gpu_out);
+          RunBoth(
+              inputs, y_len * DTypeSize(dtype),
+              [&](Backend& b, Stream& s, std::vector<DeviceMemory>& in, DeviceMemory& o) {
+                absl::Status st = b.Copy(s, in[2], 0, o, 0, y_len * DTypeSize(dtype));
+                if (!st.ok()) return st;
+                return b.Gemv(s, dtype, shape, 1.5, in[0], in[1], beta, o);
+              },
+              &cpu_out, &gpu_out);
           // Dot products of ~1000 terms in different orders: compare against the sum of
           // magnitudes, which bounds the rounding of either order.
           const double eps = dtype == DType::kFloat32 ? 6e-8 : 1.1e-16;
@@ -352,9 +373,11 @@ TEST_F(CudaVsCpu, GemvAgrees) {
             const std::vector<T> c = FromBytes<T>(cpu_out), g = FromBytes<T>(gpu_out);
             for (int64_t i = 0; i < y_len; ++i) {
               ASSERT_FALSE(std::isnan(static_cast<double>(g[i]))) << "element " << i;
-              const double bound = 1.5 * 16.0 * 4.0 * static_cast<double>(x_len) * 4 * eps + 8 * eps * std::fabs(c[i]);
-              ASSERT_NEAR(c[i], g[i], bound) << DTypeName(dtype) << " col_major " << col_major << " transpose "
-                                             << transpose << " beta " << beta << " element " << i;
+              const double bound = 1.5 * 16.0 * 4.0 * static_cast<double>(x_len) * 4 * eps +
+                                   8 * eps * std::fabs(c[i]);
+              ASSERT_NEAR(c[i], g[i], bound)
+                  << DTypeName(dtype) << " col_major " << col_major << " transpose " << transpose
+                  << " beta " << beta << " element " << i;
             }
           });
         }
@@ -369,9 +392,10 @@ TEST_F(CudaVsCpu, RandomAgrees) {
     DType dtype;
     int ulps;
   };
-  const Case cases[] = {{Distribution::kUniform, DType::kFloat32, 0}, {Distribution::kUniform, DType::kFloat64, 0},
-                        {Distribution::kIntegers, DType::kInt32, 0},  {Distribution::kIntegers, DType::kInt64, 0},
-                        {Distribution::kNormal, DType::kFloat32, 4},  {Distribution::kNormal, DType::kFloat64, 4}};
+  const Case cases[] = {
+      {Distribution::kUniform, DType::kFloat32, 0}, {Distribution::kUniform, DType::kFloat64, 0},
+      {Distribution::kIntegers, DType::kInt32, 0},  {Distribution::kIntegers, DType::kInt64, 0},
+      {Distribution::kNormal, DType::kFloat32, 4},  {Distribution::kNormal, DType::kFloat64, 4}};
   for (const Case& c : cases) {
     RandomParams params;
     params.distribution = c.distribution;
@@ -383,13 +407,15 @@ TEST_F(CudaVsCpu, RandomAgrees) {
     params.high = c.dtype == DType::kInt64 ? (int64_t{1} << 40) : 77777;
     constexpr int64_t n = 1000003;
     std::vector<uint8_t> cpu_out, gpu_out;
-    RunBoth({}, n * DTypeSize(c.dtype),
-            [&](Backend& b, Stream& s, std::vector<DeviceMemory>&, DeviceMemory& o) {
-              return b.Random(s, params, c.dtype, o, n);
-            },
-            &cpu_out, &gpu_out);
+    RunBoth(
+        {}, n * DTypeSize(c.dtype),
+        [&](Backend& b, Stream& s, std::vector<DeviceMemory>&, DeviceMemory& o) {
+          return b.Random(s, params, c.dtype, o, n);
+        },
+        &cpu_out, &gpu_out);
     ExpectAgree(c.dtype, cpu_out, gpu_out, c.ulps,
-                absl::StrCat("random distribution ", static_cast<int>(c.distribution), " ", DTypeName(c.dtype)));
+                absl::StrCat("random distribution ", static_cast<int>(c.distribution), " ",
+                             DTypeName(c.dtype)));
   }
 }
 
@@ -401,7 +427,8 @@ TEST_F(CudaVsCpu, StagedTransfersOfManyBlocksRoundTrip) {
   for (auto& b : data) b = static_cast<uint8_t>(rng());
   ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(0, kBytes + 999));
   ASSERT_OK(gpu_->CopyFromHost(*gpu_stream_, data.data(), mem, 999, kBytes));
-  ASSIGN_OR_FAIL(std::vector<uint8_t> back, Download<uint8_t>(*gpu_, *gpu_stream_, mem, kBytes, 999));
+  ASSIGN_OR_FAIL(std::vector<uint8_t> back,
+                 Download<uint8_t>(*gpu_, *gpu_stream_, mem, kBytes, 999));
   EXPECT_TRUE(back == data);
 }
 
@@ -453,7 +480,8 @@ TEST_F(CudaVsCpu, KernelsAreCachedInMemoryAndOnDisk) {
       std::filesystem::temp_directory_path() / absl::StrCat("gpucompute-kernel-cache-", getpid());
   std::filesystem::remove_all(dir);
   // The scalar's value is a launch argument: one kernel serves every value.
-  expr::InputMap types{{"a", expr::ScalarInput{DType::kFloat64, 2.5}}, {"x", expr::ArrayInput{DType::kFloat32}}};
+  expr::InputMap types{{"a", expr::ScalarInput{DType::kFloat64, 2.5}},
+                       {"x", expr::ArrayInput{DType::kFloat32}}};
   ASSIGN_OR_FAIL(expr::Program program, expr::Compile("a * x + 1", types));
   types["a"] = expr::ScalarInput{DType::kFloat64, -7.0};
   ASSIGN_OR_FAIL(expr::Program other_value, expr::Compile("a * x + 1", types));
@@ -483,7 +511,8 @@ TEST_F(CudaVsCpu, KernelsAreCachedInMemoryAndOnDisk) {
     ASSIGN_OR_FAIL(DeviceMemory in, Upload<float>(*backend, *stream, x));
     ASSIGN_OR_FAIL(DeviceMemory out, backend->Allocate(0, 12));
     const DeviceMemory* inputs[] = {nullptr, &in};
-    ASSIGN_OR_FAIL(LaunchInfo info, backend->Elementwise(*stream, program, inputs, out, DType::kFloat32, 3));
+    ASSIGN_OR_FAIL(LaunchInfo info,
+                   backend->Elementwise(*stream, program, inputs, out, DType::kFloat32, 3));
     EXPECT_EQ(info.compile_seconds, 0);
     ASSIGN_OR_FAIL(std::vector<float> y, Download<float>(*backend, *stream, out, 3));
     EXPECT_EQ(y, (std::vector<float>{3.5f, 6.0f, -6.5f}));
@@ -509,7 +538,8 @@ TEST_F(CudaVsCpu, EveryDeviceComputes) {
     params.high = 10;
     ASSERT_OK(gpu_->Random(*stream, params, DType::kInt64, mem, 1000));
     ASSIGN_OR_FAIL(DeviceMemory sum, gpu_->Allocate(d.index, 8));
-    ASSERT_OK(gpu_->Reduce(*stream, ReduceKind::kSum, DType::kInt64, mem, ReduceShape{1, 1000, 1}, sum));
+    ASSERT_OK(
+        gpu_->Reduce(*stream, ReduceKind::kSum, DType::kInt64, mem, ReduceShape{1, 1000, 1}, sum));
     ASSIGN_OR_FAIL(std::vector<int64_t> values, Download<int64_t>(*gpu_, *stream, mem, 1000));
     ASSIGN_OR_FAIL(std::vector<int64_t> total, Download<int64_t>(*gpu_, *stream, sum, 1));
     int64_t expected = 0;
@@ -538,16 +568,16 @@ TEST(CudaCheckTest, NamesTheCallTheErrorAndTheSiteAndMapsOutOfMemory) {
   const Case cases[] = {
       {cuda::CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)", "f.cc", 12),
        absl::StatusCode::kResourceExhausted, "cudaErrorMemoryAllocation"},
-      {cuda::CudaStatus(cudaErrorInvalidValue, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
-       "cudaErrorInvalidValue"},
+      {cuda::CudaStatus(cudaErrorInvalidValue, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kInternal, "cudaErrorInvalidValue"},
       {cuda::CudaStatus(CUBLAS_STATUS_ALLOC_FAILED, "cudaMalloc(&p, n)", "f.cc", 12),
        absl::StatusCode::kResourceExhausted, "CUBLAS_STATUS_ALLOC_FAILED"},
-      {cuda::CudaStatus(CUBLAS_STATUS_INVALID_VALUE, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
-       "CUBLAS_STATUS_INVALID_VALUE"},
+      {cuda::CudaStatus(CUBLAS_STATUS_INVALID_VALUE, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kInternal, "CUBLAS_STATUS_INVALID_VALUE"},
       {cuda::CudaStatus(NVRTC_ERROR_OUT_OF_MEMORY, "cudaMalloc(&p, n)", "f.cc", 12),
        absl::StatusCode::kResourceExhausted, "NVRTC_ERROR_OUT_OF_MEMORY"},
-      {cuda::CudaStatus(NVRTC_ERROR_INVALID_OPTION, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
-       "NVRTC_ERROR_INVALID_OPTION"},
+      {cuda::CudaStatus(NVRTC_ERROR_INVALID_OPTION, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kInternal, "NVRTC_ERROR_INVALID_OPTION"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(c.status.code(), c.code) << c.status;

@@ -39,7 +39,8 @@ int HealthStatus(const std::string& target) {
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return -1;
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // HealthCheckResponse{status}: field 1, varint.
   if (bytes.size() != 2 || bytes[0] != '\x08') return -1;
   return bytes[1];
@@ -64,7 +65,8 @@ TEST(CudaFailure, StickyErrorStopsTheServerServing) {
   ASSERT_OK(client);
   Client& c = **client;
 
-  v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {1000}, v1::DTYPE_FLOAT32, 1, NewOutput("x"));
+  v1::SubmitRequest fill =
+      Random(v1::DISTRIBUTION_UNIFORM, {1000}, v1::DTYPE_FLOAT32, 1, NewOutput("x"));
   fill.set_wait(true);
   absl::StatusOr<v1::Operation> op = c.Submit(fill);
   ASSERT_OK(op);
@@ -84,13 +86,16 @@ TEST(CudaFailure, StickyErrorStopsTheServerServing) {
   EXPECT_EQ(c.CreateBuffer(create).status().code(), absl::StatusCode::kUnavailable);
   v1::DownloadRequest download;
   download.set_buffer("x");
-  EXPECT_EQ(c.Download(download, [](uint64_t, std::string_view) { return absl::OkStatus(); }).status().code(),
+  EXPECT_EQ(c.Download(download, [](uint64_t, std::string_view) { return absl::OkStatus(); })
+                .status()
+                .code(),
             absl::StatusCode::kUnavailable);
 
   // Read-only calls still answer, and say why the server stopped serving.
   absl::StatusOr<v1::ServerInfo> info = c.GetServerInfo();
   ASSERT_OK(info);
-  EXPECT_NE(info->backend_error().find("cudaErrorIllegalAddress"), std::string::npos) << info->backend_error();
+  EXPECT_NE(info->backend_error().find("cudaErrorIllegalAddress"), std::string::npos)
+      << info->backend_error();
   absl::StatusOr<v1::ListBuffersResponse> buffers = c.ListBuffers();
   ASSERT_OK(buffers);
   EXPECT_EQ(buffers->buffers_size(), 1);

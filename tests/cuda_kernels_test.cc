@@ -122,16 +122,27 @@ std::vector<char> MakeData(DType dtype, int64_t n, bool for_prod, uint64_t seed)
     if (n > 0 && p[0] == T{0}) p[0] = T{1};  // never all zero
   };
   switch (dtype) {
-    case DType::kBool: fill(reinterpret_cast<uint8_t*>(bytes.data())); break;
-    case DType::kInt32: fill(reinterpret_cast<int32_t*>(bytes.data())); break;
-    case DType::kInt64: fill(reinterpret_cast<int64_t*>(bytes.data())); break;
-    case DType::kFloat32: fill(reinterpret_cast<float*>(bytes.data())); break;
-    case DType::kFloat64: fill(reinterpret_cast<double*>(bytes.data())); break;
+    case DType::kBool:
+      fill(reinterpret_cast<uint8_t*>(bytes.data()));
+      break;
+    case DType::kInt32:
+      fill(reinterpret_cast<int32_t*>(bytes.data()));
+      break;
+    case DType::kInt64:
+      fill(reinterpret_cast<int64_t*>(bytes.data()));
+      break;
+    case DType::kFloat32:
+      fill(reinterpret_cast<float*>(bytes.data()));
+      break;
+    case DType::kFloat64:
+      fill(reinterpret_cast<double*>(bytes.data()));
+      break;
   }
   return bytes;
 }
 
-template <typename T> T Load(const std::vector<char>& bytes, int64_t i) {
+template <typename T>
+T Load(const std::vector<char>& bytes, int64_t i) {
   T v;
   std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
   return v;
@@ -162,7 +173,8 @@ void ExpectReduceMatches(ReduceKind kind, DType dtype, const ReduceShape& s,
                          const std::vector<char>& gpu) {
   const DType out_dtype = ReduceResultDType(kind, dtype);
   const int64_t outputs = s.outer * s.inner;
-  const std::string what = std::string(ReduceKindName(kind)) + " of " + DTypeName(dtype) + " " + ShapeName(s);
+  const std::string what =
+      std::string(ReduceKindName(kind)) + " of " + DTypeName(dtype) + " " + ShapeName(s);
   const bool float_out = IsFloat(out_dtype);
   const bool approximate = float_out && (kind == ReduceKind::kSum || kind == ReduceKind::kProd ||
                                          kind == ReduceKind::kMean || kind == ReduceKind::kNorm2);
@@ -248,11 +260,10 @@ void CheckReduce(CudaKernelsTest* test, cudaStream_t stream, cudaMemPool_t pool,
 // segments (with and without chunk partials), strided with narrow, odd and wide inner,
 // with and without extent chunks.
 const ReduceShape kShapes[] = {
-    {1, 1, 1},          {1, 7, 1},          {3, 1, 1},       {3, 1, 5},
-    {1, 1000003, 1},    {1, 4097, 1},       {1, 70001, 1},   {1000, 3, 1},
-    {1000, 33, 1},      {77, 4096, 1},      {7, 5000, 1},    {2, 100003, 1},
-    {1, 7, 3},          {4, 999, 300},      {1, 100001, 2},  {3, 10007, 129},
-    {2, 513, 17},       {1, 65536, 64},     {5, 3, 1000},    {1, 40000, 7},
+    {1, 1, 1},       {1, 7, 1},      {3, 1, 1},      {3, 1, 5},     {1, 1000003, 1},
+    {1, 4097, 1},    {1, 70001, 1},  {1000, 3, 1},   {1000, 33, 1}, {77, 4096, 1},
+    {7, 5000, 1},    {2, 100003, 1}, {1, 7, 3},      {4, 999, 300}, {1, 100001, 2},
+    {3, 10007, 129}, {2, 513, 17},   {1, 65536, 64}, {5, 3, 1000},  {1, 40000, 7},
 };
 
 TEST_F(CudaKernelsTest, ReduceMatchesCpuForEveryKindDTypeAndShape) {
@@ -309,7 +320,7 @@ TEST_F(CudaKernelsTest, ReduceMatchesCpuOnLargeArrays) {
 
 // NaNs at chosen positions: min and max give NaN, argmin and argmax the first NaN.
 TEST_F(CudaKernelsTest, ReducePropagatesNan) {
-  const ReduceShape shapes[] = {{1, 1000003, 1}, {1, 17, 1}, {50, 301, 1},
+  const ReduceShape shapes[] = {{1, 1000003, 1}, {1, 17, 1},  {50, 301, 1},
                                 {3, 9001, 1},    {4, 777, 5}, {1, 3000, 300}};
   const ReduceKind kinds[] = {ReduceKind::kMin, ReduceKind::kMax, ReduceKind::kArgmin,
                               ReduceKind::kArgmax, ReduceKind::kSum};
@@ -360,8 +371,8 @@ TEST_F(CudaKernelsTest, ArgReductionsPickTheFirstOfTies) {
           std::memcpy(data.data() + k * sizeof(Stored), &v, sizeof(Stored));
         }
       });
-      for (ReduceKind kind : {ReduceKind::kArgmin, ReduceKind::kArgmax, ReduceKind::kMin,
-                              ReduceKind::kMax}) {
+      for (ReduceKind kind :
+           {ReduceKind::kArgmin, ReduceKind::kArgmax, ReduceKind::kMin, ReduceKind::kMax}) {
         CheckReduce(this, stream_, pool_, kind, dtype, s, data);
         if (HasFatalFailure()) return;
       }
@@ -382,12 +393,12 @@ TEST_F(CudaKernelsTest, ReduceIsDeterministic) {
     const std::vector<char> data = MakeData(DType::kFloat64, n, false, 5);
     DeviceBuffer in(data.size());
     DeviceBuffer out(static_cast<size_t>(s.outer * s.inner) * 8);
-    ASSERT_CUDA_OK(cudaMemcpyAsync(in.get(), data.data(), data.size(), cudaMemcpyHostToDevice,
-                                   stream_));
+    ASSERT_CUDA_OK(
+        cudaMemcpyAsync(in.get(), data.data(), data.size(), cudaMemcpyHostToDevice, stream_));
     std::vector<char> first;
     for (int run = 0; run < 3; ++run) {
-      ASSERT_CUDA_OK(ReduceAsync(ReduceKind::kSum, DType::kFloat64, in.get(), s, out.get(), pool_,
-                                 stream_));
+      ASSERT_CUDA_OK(
+          ReduceAsync(ReduceKind::kSum, DType::kFloat64, in.get(), s, out.get(), pool_, stream_));
       std::vector<char> result = Download(out.get(), static_cast<size_t>(s.outer * s.inner) * 8);
       if (run == 0) {
         first = result;
@@ -401,14 +412,14 @@ TEST_F(CudaKernelsTest, ReduceIsDeterministic) {
 TEST_F(CudaKernelsTest, ReduceOfEmptyExtent) {
   const ReduceShape s = {2, 0, 3};
   for (DType dtype : kAllDTypes) {
-    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kProd, ReduceKind::kMean,
-                            ReduceKind::kNorm2}) {
+    for (ReduceKind kind :
+         {ReduceKind::kSum, ReduceKind::kProd, ReduceKind::kMean, ReduceKind::kNorm2}) {
       CheckReduce(this, stream_, pool_, kind, dtype, s, {});
       if (HasFatalFailure()) return;
     }
     DeviceBuffer out(64);
-    for (ReduceKind kind : {ReduceKind::kMin, ReduceKind::kMax, ReduceKind::kArgmin,
-                            ReduceKind::kArgmax}) {
+    for (ReduceKind kind :
+         {ReduceKind::kMin, ReduceKind::kMax, ReduceKind::kArgmin, ReduceKind::kArgmax}) {
       EXPECT_EQ(ReduceAsync(kind, dtype, out.get(), s, out.get(), pool_, stream_),
                 cudaErrorInvalidValue);
     }
@@ -439,8 +450,8 @@ TEST_F(CudaKernelsTest, FillWritesExactlyTheRange) {
             const auto expected =
                 static_cast<unsigned char>(inside ? (kBits >> (8 * b)) & 0xFF : 0x5A);
             ASSERT_EQ(static_cast<unsigned char>(host[k * size + b]), expected)
-                << DTypeName(dtype) << " count " << count << " misalign " << misalign
-                << " element " << k << " byte " << b;
+                << DTypeName(dtype) << " count " << count << " misalign " << misalign << " element "
+                << k << " byte " << b;
           }
         }
       }
@@ -502,9 +513,12 @@ TEST_F(CudaKernelsTest, RandomMatchesCpu) {
           }
           // Normals: CUDA's and glibc's log/sin/cos differ in the last bits.
           for (int64_t i = 0; i < n; ++i) {
-            const double a = c.dtype == DType::kFloat32 ? Load<float>(cpu, i) : Load<double>(cpu, i);
-            const double b = c.dtype == DType::kFloat32 ? Load<float>(gpu, i) : Load<double>(gpu, i);
-            const double tol = (c.dtype == DType::kFloat32 ? 2e-6 : 1e-14) * (std::fabs(a) + p.stddev);
+            const double a =
+                c.dtype == DType::kFloat32 ? Load<float>(cpu, i) : Load<double>(cpu, i);
+            const double b =
+                c.dtype == DType::kFloat32 ? Load<float>(gpu, i) : Load<double>(gpu, i);
+            const double tol =
+                (c.dtype == DType::kFloat32 ? 2e-6 : 1e-14) * (std::fabs(a) + p.stddev);
             ASSERT_LE(std::fabs(a - b), tol) << what << " element " << i;
           }
         }

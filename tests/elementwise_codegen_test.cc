@@ -479,9 +479,9 @@ TEST(CodegenSourceTest, FloatArithmeticIsExplicitlyRounded) {
   const std::string generated = GenerateElementwise(program, DType::kFloat64).source;
   const std::string element = generated.substr(generated.find("Element("));
   const std::string body = element.substr(0, element.find("\n}"));
-  for (std::string_view expected : {"__fmul_rn(", "__fdiv_rn(", "__fadd_rn(", "__fsub_rn(",
-                                    "__fsqrt_rn(", "__dmul_rn(", "__ddiv_rn(", "__dadd_rn(",
-                                    "__dsub_rn(", "__dsqrt_rn("}) {
+  for (std::string_view expected :
+       {"__fmul_rn(", "__fdiv_rn(", "__fadd_rn(", "__fsub_rn(", "__fsqrt_rn(", "__dmul_rn(",
+        "__ddiv_rn(", "__dadd_rn(", "__dsub_rn(", "__dsqrt_rn("}) {
     EXPECT_NE(body.find(expected), std::string::npos) << expected << "\n" << body;
   }
   for (std::string_view plain : {" + ", " - ", " * ", " / "}) {
@@ -650,11 +650,9 @@ TEST(NvrtcCompilerTest, ScalarValuesShareOneCacheEntry) {
   EXPECT_EQ(pa.canonical(), pb.canonical());
   NvrtcCompiler compiler(dir);
   bool from_cache = true;
-  ASSERT_OK(
-      compiler.Compile(GenerateElementwise(pa, DType::kFloat32).source, kArch, &from_cache));
+  ASSERT_OK(compiler.Compile(GenerateElementwise(pa, DType::kFloat32).source, kArch, &from_cache));
   EXPECT_FALSE(from_cache);
-  ASSERT_OK(
-      compiler.Compile(GenerateElementwise(pb, DType::kFloat32).source, kArch, &from_cache));
+  ASSERT_OK(compiler.Compile(GenerateElementwise(pb, DType::kFloat32).source, kArch, &from_cache));
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(compiler.nvrtc_compilations(), 1);
   std::filesystem::remove_all(dir);

@@ -45,7 +45,9 @@ class ExecutorTest : public ::testing::Test {
     return *b;
   }
 
-  static int64_t At(const BufferHandle& b, size_t i) { return static_cast<const int64_t*>(b->memory.data())[i]; }
+  static int64_t At(const BufferHandle& b, size_t i) {
+    return static_cast<const int64_t*>(b->memory.data())[i];
+  }
 
   // An operation whose device work is kernel `name`, which sets every element of `b` to
   // `value` when the test finishes it.
@@ -53,7 +55,8 @@ class ExecutorTest : public ::testing::Test {
     Executor::OpSpec spec;
     spec.kind = OperationKind::kFill;
     spec.accesses = {{b, true}};
-    spec.launch = [this, name, data = static_cast<int64_t*>(b->memory.data()), n = b->num_elements(),
+    spec.launch = [this, name, data = static_cast<int64_t*>(b->memory.data()),
+                   n = b->num_elements(),
                    value](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
       RETURN_IF_ERROR(backend_.Launch(s, name, [=] { std::fill(data, data + n, value); }));
       return LaunchInfo{};
@@ -62,7 +65,8 @@ class ExecutorTest : public ::testing::Test {
   }
 
   // dst = src (whole buffers), as kernel `name`.
-  Executor::OpSpec CopyOp(const std::string& name, const BufferHandle& src, const BufferHandle& dst) {
+  Executor::OpSpec CopyOp(const std::string& name, const BufferHandle& src,
+                          const BufferHandle& dst) {
     Executor::OpSpec spec;
     spec.kind = OperationKind::kCopy;
     spec.accesses = {{src, false}, {dst, true}};
@@ -105,7 +109,8 @@ TEST_F(ExecutorTest, OneStreamRunsInOrder) {
     const std::string name = absl::StrCat("w", i);
     ASSERT_TRUE(backend_.Started(name));
     if (i < 20) {
-      EXPECT_FALSE(backend_.Started(absl::StrCat("w", i + 1))) << "started before its predecessor finished";
+      EXPECT_FALSE(backend_.Started(absl::StrCat("w", i + 1)))
+          << "started before its predecessor finished";
       EXPECT_EQ(StateOf(ops[i]), State::kQueued);
     }
     backend_.Finish(name);
@@ -156,7 +161,8 @@ TEST_F(ExecutorTest, WriteAfterReadAcrossStreams) {
 
   backend_.Finish("hold a");
   EXPECT_TRUE(backend_.Started("read x"));
-  EXPECT_FALSE(backend_.Started("x = 2")) << "the writer started before the earlier reader finished";
+  EXPECT_FALSE(backend_.Started("x = 2"))
+      << "the writer started before the earlier reader finished";
   backend_.Finish("read x");
   EXPECT_TRUE(backend_.Started("x = 2"));
   backend_.Finish("x = 2");
@@ -172,7 +178,8 @@ TEST_F(ExecutorTest, WriteAfterWriteAcrossStreams) {
   std::shared_ptr<Operation> second = Submit(NewStream(), Write("x = 2", x, 2));
   backend_.RunReady();
   EXPECT_TRUE(backend_.Started("x = 1"));
-  EXPECT_FALSE(backend_.Started("x = 2")) << "the later writer started before the earlier one finished";
+  EXPECT_FALSE(backend_.Started("x = 2"))
+      << "the later writer started before the earlier one finished";
   backend_.Finish("x = 1");
   EXPECT_TRUE(backend_.Started("x = 2"));
   backend_.Finish("x = 2");
@@ -203,8 +210,8 @@ TEST_F(ExecutorTest, HostAccessWaitsForWritersAndHoldsBackLaterWriters) {
   BufferHandle x = NewBuffer(1 << 16);
   Submit(NewStream(), Write("x = 5", x, 5));
   std::optional<int64_t> seen;
-  std::shared_ptr<HostAccess> access =
-      executor_->AcquireHostAccess({{x, false}}, [&](const std::shared_ptr<HostAccess>&) { seen = At(x, 0); });
+  std::shared_ptr<HostAccess> access = executor_->AcquireHostAccess(
+      {{x, false}}, [&](const std::shared_ptr<HostAccess>&) { seen = At(x, 0); });
   backend_.RunReady();
   EXPECT_FALSE(seen.has_value()) << "a host read started before the writer finished";
   backend_.Finish("x = 5");
@@ -280,7 +287,8 @@ TEST_F(ExecutorTest, StreamErrors) {
             absl::StatusCode::kNotFound);
   absl::StatusOr<StreamInfo> def = executor_->DefaultStream("c", 0);
   ASSERT_OK(def);
-  EXPECT_EQ(executor_->DeleteStream("c", def->id, [] {}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(executor_->DeleteStream("c", def->id, [] {}).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(executor_->CreateStream("c", 1).status().code(), absl::StatusCode::kInvalidArgument);
 
   const std::string s = NewStream();
@@ -290,13 +298,15 @@ TEST_F(ExecutorTest, StreamErrors) {
   ASSERT_OK(executor_->DeleteStream("c", s, [&] { deleted = At(x, 0); }));
   backend_.RunReady();
   EXPECT_FALSE(deleted.has_value()) << "a stream was deleted before its work finished";
-  EXPECT_EQ(executor_->Submit("c", s, Write("never either", x, 1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(executor_->Submit("c", s, Write("never either", x, 1)).status().code(),
+            absl::StatusCode::kNotFound);
   backend_.Finish("x = 9");
   EXPECT_EQ(deleted, 9);
 }
 
 TEST_F(ExecutorTest, StreamsPerClientAreLimited) {
-  for (size_t i = 0; i + 1 < Executor::kMaxStreamsPerClient; ++i) NewStream();  // +1: the default stream
+  for (size_t i = 0; i + 1 < Executor::kMaxStreamsPerClient; ++i)
+    NewStream();  // +1: the default stream
   ASSERT_OK(executor_->DefaultStream("c", 0));
   EXPECT_EQ(executor_->CreateStream("c", 0).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_OK(executor_->CreateStream("other", 0));
@@ -308,7 +318,8 @@ TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   auto with_values = [&] {
     Executor::OpSpec spec = Write(absl::StrCat("op ", count++), NewBuffer(1), 0);
     auto fill = std::move(spec.launch);
-    spec.launch = [fill = std::move(fill)](Stream& s, OpResult& r) mutable -> absl::StatusOr<LaunchInfo> {
+    spec.launch = [fill = std::move(fill)](Stream& s,
+                                           OpResult& r) mutable -> absl::StatusOr<LaunchInfo> {
       r.values_dtype = DType::kFloat64;
       r.values.assign(1 << 20, 0);
       return fill(s, r);

@@ -31,23 +31,32 @@ struct Kat {
 // (examples/kat_vectors at commit 61e8479252c42f0f8c0490dec55237d7c01bf509), chosen to
 // exercise each counter and key word on its own.
 constexpr Kat kKats[] = {
-    {{0x00000000, 0x00000000, 0x00000000, 0x00000000}, {0x00000000, 0x00000000},
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000000},
      {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
-    {{0x00000001, 0x00000000, 0x00000000, 0x00000000}, {0x00000001, 0x00000000},
+    {{0x00000001, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000001, 0x00000000},
      {0xac08141b, 0xdfc5ccbe, 0x79c07a47, 0xa7f66093}},
-    {{0x00000000, 0x00000000, 0x00000000, 0x00000001}, {0x00000001, 0x00000000},
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000001},
+     {0x00000001, 0x00000000},
      {0x127bee41, 0x1e047488, 0x48842b20, 0x0a393496}},
-    {{0x00000000, 0x00000001, 0x00000000, 0x00000000}, {0x00000000, 0x00000001},
+    {{0x00000000, 0x00000001, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000001},
      {0x532f1322, 0x36c890fb, 0x6504b937, 0x07bbfef7}},
-    {{0x00000000, 0x00000000, 0x00000001, 0x00000000}, {0x00000000, 0x00000001},
+    {{0x00000000, 0x00000000, 0x00000001, 0x00000000},
+     {0x00000000, 0x00000001},
      {0x7f6c13ff, 0x114b2447, 0x0550eced, 0xea1fc805}},
-    {{0x00000000, 0xffffffff, 0x00000000, 0x00000000}, {0x00000000, 0xffffffff},
+    {{0x00000000, 0xffffffff, 0x00000000, 0x00000000},
+     {0x00000000, 0xffffffff},
      {0x5f9c47aa, 0x19861d86, 0xff2be81d, 0x4c7db17e}},
-    {{0xa4093822, 0x299f31d0, 0x082efa98, 0xec4e6c89}, {0x00000000, 0x80000000},
+    {{0xa4093822, 0x299f31d0, 0x082efa98, 0xec4e6c89},
+     {0x00000000, 0x80000000},
      {0xaa74e81c, 0xc9ddb97b, 0x2c2cd881, 0x9390c78d}},
 };
 
@@ -56,16 +65,16 @@ TEST(PhiloxTest, KnownAnswerVectors) {
     const PhiloxWords ctr = {{kat.ctr[0], kat.ctr[1], kat.ctr[2], kat.ctr[3]}};
     const PhiloxWords out = Philox4x32(ctr, PhiloxKey{{kat.key[0], kat.key[1]}});
     for (int j = 0; j < 4; ++j) {
-      EXPECT_EQ(out.w[j], kat.expected[j]) << "ctr " << std::hex << kat.ctr[0] << " " << kat.ctr[1]
-                                           << " " << kat.ctr[2] << " " << kat.ctr[3] << " word "
-                                           << j;
+      EXPECT_EQ(out.w[j], kat.expected[j])
+          << "ctr " << std::hex << kat.ctr[0] << " " << kat.ctr[1] << " " << kat.ctr[2] << " "
+          << kat.ctr[3] << " word " << j;
     }
   }
 }
 
 // Seed and block index map to (low word, high word) of the key and counter.
 TEST(PhiloxTest, SeedAndCounterWordOrder) {
-  auto expect_block = [](uint64_t seed, uint64_t q, const uint32_t (&expected)[4]) {
+  auto expect_block = [](uint64_t seed, uint64_t q, const uint32_t(&expected)[4]) {
     const PhiloxWords b = PhiloxBlock(seed, q);
     for (int j = 0; j < 4; ++j) EXPECT_EQ(b.w[j], expected[j]) << "seed " << seed << " q " << q;
   };
@@ -99,9 +108,9 @@ TEST(PhiloxTest, ElementsPerCounterAndCountersUsed) {
   EXPECT_EQ(CountersUsed(Distribution::kIntegers, DType::kInt32, 3), 2u);
   EXPECT_EQ(CountersUsed(Distribution::kIntegers, DType::kInt64, 7), 4u);
   EXPECT_EQ(CountersUsed(Distribution::kIntegers, DType::kFloat32, 7), 0u);
-  EXPECT_EQ(CountersUsed(Distribution::kUniform, DType::kFloat32,
-                         std::numeric_limits<int64_t>::max()),
-            uint64_t{1} << 61);
+  EXPECT_EQ(
+      CountersUsed(Distribution::kUniform, DType::kFloat32, std::numeric_limits<int64_t>::max()),
+      uint64_t{1} << 61);
 }
 
 // The block of seed 0, counter 0 is the first KAT vector:

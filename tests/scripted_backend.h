@@ -64,8 +64,10 @@ class ScriptedBackend final : public Backend {
   // Enqueues kernel `name` (unique in this backend) on `stream`. `body` runs when the test
   // finishes the kernel; it should use raw pointers, as device code would, so that it
   // keeps no buffer alive.
-  absl::Status Launch(Stream& stream, std::string name, absl::AnyInvocable<void() &&> body = nullptr) {
-    if (kernels_.contains(name)) return absl::InvalidArgumentError(absl::StrCat("kernel ", name, " launched twice"));
+  absl::Status Launch(Stream& stream, std::string name,
+                      absl::AnyInvocable<void() &&> body = nullptr) {
+    if (kernels_.contains(name))
+      return absl::InvalidArgumentError(absl::StrCat("kernel ", name, " launched twice"));
     kernels_.emplace(name, KernelState{});
     Entry entry;
     entry.kind = Entry::Kind::kKernel;
@@ -104,7 +106,7 @@ class ScriptedBackend final : public Backend {
     auto it = kernels_.find(name);
     if (it == kernels_.end() || !it->second.started || it->second.finished) {
       ADD_FAILURE() << "kernel " << name << " is not running: "
-                    << (it == kernels_.end() ? "never launched"
+                    << (it == kernels_.end()  ? "never launched"
                         : it->second.finished ? "already finished"
                                               : "not started");
       return;
@@ -137,9 +139,9 @@ class ScriptedBackend final : public Backend {
   const std::vector<DeviceDescription>& devices() const override { return devices_; }
 
   absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
-    void* ptr = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256});
+    void* ptr = ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{256});
     return DeviceMemory(ptr, bytes, device,
-                        [](void* p, uint64_t) { ::operator delete(p, std::align_val_t{256}); });
+                        [](void* p, uint64_t) { ::operator delete (p, std::align_val_t{256}); });
   }
 
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
@@ -149,8 +151,10 @@ class ScriptedBackend final : public Backend {
   absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
     const auto* a = dynamic_cast<const ScriptedEvent*>(&start);
     const auto* b = dynamic_cast<const ScriptedEvent*>(&end);
-    if (a == nullptr || b == nullptr) return absl::InvalidArgumentError("not this backend's events");
-    if (!a->IsComplete() || !b->IsComplete()) return absl::FailedPreconditionError("event not complete");
+    if (a == nullptr || b == nullptr)
+      return absl::InvalidArgumentError("not this backend's events");
+    if (!a->IsComplete() || !b->IsComplete())
+      return absl::FailedPreconditionError("event not complete");
     return b->seconds - a->seconds;
   }
 
@@ -160,20 +164,24 @@ class ScriptedBackend final : public Backend {
   absl::Status CopyToHost(Stream&, const DeviceMemory&, uint64_t, void*, uint64_t) override {
     return Unscripted("CopyToHost");
   }
-  absl::Status Copy(Stream&, const DeviceMemory&, uint64_t, DeviceMemory&, uint64_t, uint64_t) override {
+  absl::Status Copy(Stream&, const DeviceMemory&, uint64_t, DeviceMemory&, uint64_t,
+                    uint64_t) override {
     return Unscripted("Copy");
   }
-  absl::Status Fill(Stream&, DeviceMemory&, DType, uint64_t, int64_t) override { return Unscripted("Fill"); }
-  absl::StatusOr<LaunchInfo> Elementwise(Stream&, const expr::Program&, std::span<const DeviceMemory* const>,
-                                         DeviceMemory&, DType, int64_t) override {
+  absl::Status Fill(Stream&, DeviceMemory&, DType, uint64_t, int64_t) override {
+    return Unscripted("Fill");
+  }
+  absl::StatusOr<LaunchInfo> Elementwise(Stream&, const expr::Program&,
+                                         std::span<const DeviceMemory* const>, DeviceMemory&, DType,
+                                         int64_t) override {
     return Unscripted("Elementwise");
   }
   absl::Status Reduce(Stream&, ReduceKind, DType, const DeviceMemory&, const ReduceShape&,
                       DeviceMemory&) override {
     return Unscripted("Reduce");
   }
-  absl::Status Gemv(Stream&, DType, const GemvShape&, double, const DeviceMemory&, const DeviceMemory&, double,
-                    DeviceMemory&) override {
+  absl::Status Gemv(Stream&, DType, const GemvShape&, double, const DeviceMemory&,
+                    const DeviceMemory&, double, DeviceMemory&) override {
     return Unscripted("Gemv");
   }
   absl::Status Random(Stream&, const RandomParams&, DType, DeviceMemory&, int64_t) override {
@@ -190,9 +198,9 @@ class ScriptedBackend final : public Backend {
   struct Entry {
     enum class Kind { kWait, kRecord, kKernel, kCallback };
     Kind kind = Kind::kKernel;
-    std::shared_ptr<ScriptedEvent> event;               // kWait, kRecord
-    std::string name;                                   // kKernel
-    absl::AnyInvocable<void() &&> body;                 // kKernel
+    std::shared_ptr<ScriptedEvent> event;                // kWait, kRecord
+    std::string name;                                    // kKernel
+    absl::AnyInvocable<void() &&> body;                  // kKernel
     absl::AnyInvocable<void(absl::Status) &&> callback;  // kCallback
   };
 

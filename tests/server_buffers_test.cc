@@ -43,6 +43,7 @@
 namespace gpucompute {
 namespace {
 
+using ::google::protobuf::util::MessageDifferencer;
 using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::kGiB;
 using ::gpucompute::testing::kMiB;
@@ -50,7 +51,6 @@ using ::gpucompute::testing::Snapshot;
 using ::gpucompute::testing::TakeSnapshot;
 using ::gpucompute::testing::TestBackendName;
 using ::gpucompute::testing::TestServer;
-using ::google::protobuf::util::MessageDifferencer;
 using Code = absl::StatusCode;
 
 // The code the server gives for a byte range outside a buffer (Upload and Download).
@@ -298,7 +298,8 @@ TEST_F(ServerBuffersTest, CreateBufferFillsEveryDtypeAndShape) {
        BytesOf<int32_t>(std::numeric_limits<int32_t>::min())},
       {v1::DTYPE_INT32, IntScalar(std::numeric_limits<int32_t>::max()),
        BytesOf<int32_t>(std::numeric_limits<int32_t>::max())},
-      {v1::DTYPE_INT64, IntScalar((int64_t{1} << 40) + 3), BytesOf<int64_t>((int64_t{1} << 40) + 3)},
+      {v1::DTYPE_INT64, IntScalar((int64_t{1} << 40) + 3),
+       BytesOf<int64_t>((int64_t{1} << 40) + 3)},
       {v1::DTYPE_INT64, IntScalar(std::numeric_limits<int64_t>::min()),
        BytesOf<int64_t>(std::numeric_limits<int64_t>::min())},
       {v1::DTYPE_INT64, FloatScalar(-4096.0), BytesOf<int64_t>(-4096)},
@@ -311,14 +312,11 @@ TEST_F(ServerBuffersTest, CreateBufferFillsEveryDtypeAndShape) {
     v1::Layout layout;
   };
   const std::vector<ShapeCase> shapes = {
-      {{}, v1::LAYOUT_UNSPECIFIED},     // 0-d: one element
-      {{5}, v1::LAYOUT_C},
-      {{2, 3}, v1::LAYOUT_C},
-      {{2, 3}, v1::LAYOUT_F},
-      {{3, 1, 4}, v1::LAYOUT_F},
-      {{2, 3}, v1::LAYOUT_UNSPECIFIED},  // C by default
-      {{0}, v1::LAYOUT_C},              // empty
-      {{3, 0}, v1::LAYOUT_F},           // empty 2-d
+      {{}, v1::LAYOUT_UNSPECIFIED},  // 0-d: one element
+      {{5}, v1::LAYOUT_C},          {{2, 3}, v1::LAYOUT_C},           {{2, 3}, v1::LAYOUT_F},
+      {{3, 1, 4}, v1::LAYOUT_F},    {{2, 3}, v1::LAYOUT_UNSPECIFIED},  // C by default
+      {{0}, v1::LAYOUT_C},                                             // empty
+      {{3, 0}, v1::LAYOUT_F},                                          // empty 2-d
   };
   std::set<std::string> ids;
   uint64_t expected_used = 0;
@@ -328,7 +326,8 @@ TEST_F(ServerBuffersTest, CreateBufferFillsEveryDtypeAndShape) {
                                 " shape ", sc.shape.size(), "-d (", Elements(sc.shape),
                                 " elements) layout ", v1::Layout_Name(sc.layout)));
       const int64_t before = NowUnixNanos();
-      v1::BufferInfo info = MustCreate(*client_, CreateRequest(f.dtype, sc.shape, {}, f.fill, sc.layout));
+      v1::BufferInfo info =
+          MustCreate(*client_, CreateRequest(f.dtype, sc.shape, {}, f.fill, sc.layout));
       const int64_t after = NowUnixNanos();
       const uint64_t n = Elements(sc.shape);
       const uint64_t size = n * ItemSize(f.dtype);
@@ -395,14 +394,16 @@ TEST_F(ServerBuffersTest, CreateBufferRejectsFillThatDoesNotFit) {
     EXPECT_EQ(client_->GetBuffer("victim").status().code(), Code::kNotFound);
   }
   // The name was never taken.
-  v1::BufferInfo ok = MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {2}, "victim", IntScalar(5)));
+  v1::BufferInfo ok =
+      MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {2}, "victim", IntScalar(5)));
   EXPECT_EQ(MustDownload(*client_, "victim"), Repeat(BytesOf<int32_t>(5), 2));
 }
 
 // Names are unique per client: a duplicate is ALREADY_EXISTS and leaves the first
 // buffer as it was; another client may use the same name; "buf-" is reserved.
 TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
-  v1::BufferInfo first = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {3}, "weights", FloatScalar(2.0)));
+  v1::BufferInfo first =
+      MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {3}, "weights", FloatScalar(2.0)));
   EXPECT_EQ(first.name(), "weights");
 
   const Snapshot before = TakeSnapshot(*client_);
@@ -424,7 +425,8 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
   // The same name under another client is another buffer.
   std::unique_ptr<Client> other = server_->Connect("other");
   ASSERT_NE(other, nullptr);
-  v1::BufferInfo theirs = MustCreate(*other, CreateRequest(v1::DTYPE_INT32, {2}, "weights", IntScalar(-1)));
+  v1::BufferInfo theirs =
+      MustCreate(*other, CreateRequest(v1::DTYPE_INT32, {2}, "weights", IntScalar(-1)));
   EXPECT_NE(theirs.id(), first.id());
   EXPECT_EQ(MustDownload(*other, "weights"), Repeat(BytesOf<int32_t>(-1), 2));
   EXPECT_EQ(MustDownload(*client_, "weights"), Repeat(BytesOf<double>(2.0), 3));
@@ -435,7 +437,8 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
                                  std::string("buf-0123456789abcdef0123456789abcdef"),
                                  std::string(257, 'n'), std::string("tab\there")}) {
     SCOPED_TRACE(bad);
-    absl::StatusOr<v1::BufferInfo> r = client_->CreateBuffer(CreateRequest(v1::DTYPE_INT32, {1}, bad));
+    absl::StatusOr<v1::BufferInfo> r =
+        client_->CreateBuffer(CreateRequest(v1::DTYPE_INT32, {1}, bad));
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status();
     absl::StatusOr<v1::UploadResponse> u =
         client_->Upload(CreateHeader(v1::DTYPE_INT32, {1}, bad), AsBytes(BytesOf<int32_t>(1)));
@@ -443,9 +446,10 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
     EXPECT_EQ(TakeSnapshot(*client_), before_bad);
   }
   // Close relatives of the reserved prefix are ordinary names.
-  for (const std::string& fine : {std::string("buf"), std::string("Buf-x"), std::string("my-buf-1"),
-                                  std::string(256, 'n')}) {
-    v1::BufferInfo info = MustCreate(*client_, CreateRequest(v1::DTYPE_BOOL, {1}, fine, BoolScalar(true)));
+  for (const std::string& fine :
+       {std::string("buf"), std::string("Buf-x"), std::string("my-buf-1"), std::string(256, 'n')}) {
+    v1::BufferInfo info =
+        MustCreate(*client_, CreateRequest(v1::DTYPE_BOOL, {1}, fine, BoolScalar(true)));
     EXPECT_EQ(info.name(), fine);
     absl::StatusOr<v1::BufferInfo> by_name = client_->GetBuffer(fine);
     ASSERT_OK(by_name);
@@ -455,8 +459,8 @@ TEST_F(ServerBuffersTest, CreateBufferNamesAreUniquePerClient) {
 
 // GetBuffer by id and by name describe the same buffer; unknown ones are NOT_FOUND.
 TEST_F(ServerBuffersTest, GetBufferByIdAndByName) {
-  v1::BufferInfo created =
-      MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT32, {4, 5}, "matrix", FloatScalar(1.0), v1::LAYOUT_F));
+  v1::BufferInfo created = MustCreate(
+      *client_, CreateRequest(v1::DTYPE_FLOAT32, {4, 5}, "matrix", FloatScalar(1.0), v1::LAYOUT_F));
   absl::StatusOr<v1::BufferInfo> by_id = client_->GetBuffer(created.id());
   absl::StatusOr<v1::BufferInfo> by_name = client_->GetBuffer("matrix");
   ASSERT_OK(by_id);
@@ -468,7 +472,8 @@ TEST_F(ServerBuffersTest, GetBufferByIdAndByName) {
 
   EXPECT_EQ(client_->GetBuffer("matrix2").status().code(), Code::kNotFound);
   // A well-formed id that was never issued.
-  EXPECT_EQ(client_->GetBuffer("buf-00000000000000000000000000000000").status().code(), Code::kNotFound);
+  EXPECT_EQ(client_->GetBuffer("buf-00000000000000000000000000000000").status().code(),
+            Code::kNotFound);
   EXPECT_EQ(client_->GetBuffer("").status().code(), Code::kInvalidArgument);
 }
 
@@ -482,7 +487,7 @@ TEST_F(ServerBuffersTest, ListBuffersSortedByCreationWithTotal) {
   EXPECT_EQ(empty->total_bytes(), 0u);
 
   const std::vector<std::pair<v1::DType, std::vector<uint64_t>>> specs = {
-      {v1::DTYPE_INT64, {10}}, {v1::DTYPE_BOOL, {3, 3}}, {v1::DTYPE_FLOAT32, {}},
+      {v1::DTYPE_INT64, {10}},  {v1::DTYPE_BOOL, {3, 3}},  {v1::DTYPE_FLOAT32, {}},
       {v1::DTYPE_FLOAT64, {0}}, {v1::DTYPE_INT32, {7, 2}}, {v1::DTYPE_FLOAT32, {1000}}};
   std::vector<v1::BufferInfo> mine;
   uint64_t total = 0;
@@ -523,14 +528,16 @@ TEST_F(ServerBuffersTest, ListBuffersSortedByCreationWithTotal) {
   list = client_->ListBuffers();
   ASSERT_OK(list);
   ASSERT_EQ(list->buffers_size(), static_cast<int>(mine.size()));
-  for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(list->buffers(static_cast<int>(i)).id(), mine[i].id());
+  for (size_t i = 0; i < mine.size(); ++i)
+    EXPECT_EQ(list->buffers(static_cast<int>(i)).id(), mine[i].id());
   EXPECT_EQ(list->total_bytes(), total - 4);
 }
 
 // DeleteBuffer: id and name stop resolving for every call, memory is returned, and the
 // name can be used again for a new buffer with a new id.
 TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
-  v1::BufferInfo keep = MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {8}, "keep", IntScalar(3)));
+  v1::BufferInfo keep =
+      MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {8}, "keep", IntScalar(3)));
   const uint64_t used_before = MemoryUsed(*client_);
   v1::BufferInfo doomed =
       MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1000}, "doomed", FloatScalar(4.0)));
@@ -554,7 +561,8 @@ TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
   EXPECT_EQ(MustDownload(*client_, "keep"), Repeat(BytesOf<int32_t>(3), 8));
 
   // Deleting by id works as well; then the name is free again.
-  v1::BufferInfo again = MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {2}, "doomed", IntScalar(8)));
+  v1::BufferInfo again =
+      MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {2}, "doomed", IntScalar(8)));
   EXPECT_NE(again.id(), doomed.id());
   EXPECT_EQ(MustDownload(*client_, "doomed"), Repeat(BytesOf<int32_t>(8), 2));
   ASSERT_OK(client_->DeleteBuffer(again.id()));
@@ -566,8 +574,9 @@ TEST_F(ServerBuffersTest, DeleteBufferThenNotFound) {
 TEST_F(ServerBuffersTest, BufferIdsAreDistinctHex) {
   std::set<std::string> ids;
   for (int i = 0; i < 200; ++i) {
-    v1::BufferInfo info = i % 2 == 0 ? MustCreate(*client_, CreateRequest(v1::DTYPE_BOOL, {1}))
-                                     : MustUploadNew(*client_, v1::DTYPE_BOOL, {1}, std::string(1, '\x01'));
+    v1::BufferInfo info =
+        i % 2 == 0 ? MustCreate(*client_, CreateRequest(v1::DTYPE_BOOL, {1}))
+                   : MustUploadNew(*client_, v1::DTYPE_BOOL, {1}, std::string(1, '\x01'));
     EXPECT_TRUE(IsBufferId(info.id())) << info.id();
     EXPECT_TRUE(ids.insert(info.id()).second) << "repeated id " << info.id();
   }
@@ -584,11 +593,14 @@ TEST_F(ServerBuffersTest, CreateBufferRejectsBadDtypeAndShape) {
   std::vector<Bad> cases;
   cases.push_back({"missing dtype", CreateRequest(v1::DTYPE_UNSPECIFIED, {4})});
   cases.push_back({"unknown dtype", CreateRequest(static_cast<v1::DType>(42), {4})});
-  cases.push_back({"unknown layout", CreateRequest(v1::DTYPE_INT32, {2, 2}, {}, {}, static_cast<v1::Layout>(9))});
+  cases.push_back({"unknown layout",
+                   CreateRequest(v1::DTYPE_INT32, {2, 2}, {}, {}, static_cast<v1::Layout>(9))});
   cases.push_back({"9 dimensions", CreateRequest(v1::DTYPE_INT32, {1, 1, 1, 1, 1, 1, 1, 1, 1})});
-  cases.push_back({"9 dimensions with fill", CreateRequest(v1::DTYPE_INT32, {1, 2, 1, 2, 1, 2, 1, 2, 1}, {}, IntScalar(1))});
+  cases.push_back({"9 dimensions with fill",
+                   CreateRequest(v1::DTYPE_INT32, {1, 2, 1, 2, 1, 2, 1, 2, 1}, {}, IntScalar(1))});
   // 2^32 * 2^32 elements: the element count itself overflows 64 bits.
-  cases.push_back({"element count overflows", CreateRequest(v1::DTYPE_INT32, {uint64_t{1} << 32, uint64_t{1} << 32})});
+  cases.push_back({"element count overflows",
+                   CreateRequest(v1::DTYPE_INT32, {uint64_t{1} << 32, uint64_t{1} << 32})});
   // 2^61 float64 elements are 2^64 bytes: only the byte size overflows.
   cases.push_back({"byte size overflows", CreateRequest(v1::DTYPE_FLOAT64, {uint64_t{1} << 61})});
   cases.push_back({"max extent", CreateRequest(v1::DTYPE_BOOL, {~uint64_t{0}, 2})});
@@ -609,12 +621,12 @@ TEST_F(ServerBuffersTest, CreateBufferRejectsBadDtypeAndShape) {
     EXPECT_EQ(TakeSnapshot(*client_), before);
   }
   // Eight dimensions are allowed.
-  v1::BufferInfo eight = MustCreate(*client_, CreateRequest(v1::DTYPE_INT32, {1, 2, 1, 2, 1, 2, 1, 2}, {}, IntScalar(6)));
+  v1::BufferInfo eight = MustCreate(
+      *client_, CreateRequest(v1::DTYPE_INT32, {1, 2, 1, 2, 1, 2, 1, 2}, {}, IntScalar(6)));
   EXPECT_EQ(eight.shape_size(), 8);
   EXPECT_EQ(eight.size_bytes(), 16u * 4u);
   EXPECT_EQ(MustDownload(*client_, eight.id()), Repeat(BytesOf<int32_t>(6), 16));
 }
-
 
 // ---------------------------------------------------------------------------
 // 2. Upload and Download
@@ -636,15 +648,15 @@ TEST_F(ServerBuffersTest, UploadDownloadRoundTripInManyChunks) {
     const std::string data = RandomBytes(size, 1000 + size, /*bool_values=*/!as_int32);
     uint64_t progress_calls = 0;
     uint64_t last_done = 0;
-    absl::StatusOr<v1::UploadResponse> up = client->Upload(
-        CreateHeader(dtype, shape, absl::StrCat("rt", size)), AsBytes(data),
-        [&](uint64_t done, uint64_t total) {
-          ++progress_calls;
-          EXPECT_EQ(total, size);
-          EXPECT_GT(done, last_done);
-          EXPECT_LE(done - last_done, kChunk);
-          last_done = done;
-        });
+    absl::StatusOr<v1::UploadResponse> up =
+        client->Upload(CreateHeader(dtype, shape, absl::StrCat("rt", size)), AsBytes(data),
+                       [&](uint64_t done, uint64_t total) {
+                         ++progress_calls;
+                         EXPECT_EQ(total, size);
+                         EXPECT_GT(done, last_done);
+                         EXPECT_LE(done - last_done, kChunk);
+                         last_done = done;
+                       });
     ASSERT_OK(up);
     EXPECT_EQ(progress_calls, (size + kChunk - 1) / kChunk);
     EXPECT_EQ(last_done, size);
@@ -690,16 +702,17 @@ TEST_F(ServerBuffersTest, UploadIntoExistingBufferAtOffset) {
     uint64_t offset;
     uint64_t length;
   };
-  const std::vector<Range> ranges = {
-      {12347, 100001}, {0, 3}, {size - 5, 5}, {size, 0}, {77, 0}, {4096, 4096}, {0, size}, {1, size - 2}};
+  const std::vector<Range> ranges = {{12347, 100001}, {0, 3},       {size - 5, 5}, {size, 0},
+                                     {77, 0},         {4096, 4096}, {0, size},     {1, size - 2}};
   int seed = 0;
   for (const Range& r : ranges) {
     SCOPED_TRACE(absl::StrCat("offset ", r.offset, " length ", r.length));
     const std::string data = RandomBytes(r.length, 77 + seed++);
-    absl::StatusOr<v1::UploadResponse> up =
-        client->Upload(RangeHeader(seed % 2 == 0 ? target.id() : "target", r.offset), AsBytes(data));
+    absl::StatusOr<v1::UploadResponse> up = client->Upload(
+        RangeHeader(seed % 2 == 0 ? target.id() : "target", r.offset), AsBytes(data));
     ASSERT_OK(up);
-    EXPECT_TRUE(MessageDifferencer::Equals(up->buffer(), target)) << up->buffer().ShortDebugString();
+    EXPECT_TRUE(MessageDifferencer::Equals(up->buffer(), target))
+        << up->buffer().ShortDebugString();
     EXPECT_EQ(up->transfer().bytes(), r.length);
     model.replace(r.offset, r.length, data);
     const std::string back = MustDownload(*client, "target");
@@ -727,8 +740,8 @@ TEST_F(ServerBuffersTest, DownloadByteRange) {
     uint64_t offset;
     uint64_t size;  // 0: to the end
   };
-  const std::vector<Range> ranges = {{0, 1},        {1, 1000},     {size - 1, 1}, {size - 1, 0},
-                                     {12345, 0},    {size, 0},     {0, size},     {0, 0},
+  const std::vector<Range> ranges = {{0, 1},        {1, 1000},    {size - 1, 1}, {size - 1, 0},
+                                     {12345, 0},    {size, 0},    {0, size},     {0, 0},
                                      {333, 500001}, {size / 2, 7}};
   for (const Range& r : ranges) {
     SCOPED_TRACE(absl::StrCat("offset ", r.offset, " size ", r.size));
@@ -757,7 +770,8 @@ TEST_F(ServerBuffersTest, DownloadInSmallChunks) {
     uint64_t offset;
     uint64_t size;
   };
-  for (const Case& c : {Case{0, 0}, Case{1001, 50000}, Case{4096, 4096}, Case{5, 4095}, Case{7, 1}}) {
+  for (const Case& c :
+       {Case{0, 0}, Case{1001, 50000}, Case{4096, 4096}, Case{5, 4095}, Case{7, 1}}) {
     SCOPED_TRACE(absl::StrCat("offset ", c.offset, " size ", c.size));
     const uint64_t length = c.size == 0 ? data.size() - c.offset : c.size;
     v1::DownloadRequest request;
@@ -805,8 +819,16 @@ TEST_F(ServerBuffersTest, OutOfRangeUploadAndDownloadAreRejected) {
     uint64_t offset;
     uint64_t size;
   };
-  const std::vector<Range> bad = {{4097, 0}, {4097, 1}, {4096, 1}, {4000, 97}, {0, 4097},
-                                  {1, 4096}, {kMax, 2}, {2, kMax}, {kMax, kMax}, {kMax, 0},
+  const std::vector<Range> bad = {{4097, 0},
+                                  {4097, 1},
+                                  {4096, 1},
+                                  {4000, 97},
+                                  {0, 4097},
+                                  {1, 4096},
+                                  {kMax, 2},
+                                  {2, kMax},
+                                  {kMax, kMax},
+                                  {kMax, 0},
                                   {uint64_t{1} << 63, uint64_t{1} << 63}};
   std::unique_ptr<v1::BufferService::Stub> stub = v1::BufferService::NewStub(server_->RawChannel());
   for (const Range& r : bad) {
@@ -822,15 +844,15 @@ TEST_F(ServerBuffersTest, OutOfRangeUploadAndDownloadAreRejected) {
           client_->Upload(RangeHeader("small", r.offset), AsBytes(RandomBytes(r.size, 8)));
       EXPECT_EQ(up.status().code(), kRangeError) << up.status();
     }
-    grpc::Status raw = RawUpload(*server_, {HeaderMessage(RangeHeader(info.id(), r.offset, r.size)),
-                                            ChunkMessage(std::string(16, 'x'))},
+    grpc::Status raw = RawUpload(*server_,
+                                 {HeaderMessage(RangeHeader(info.id(), r.offset, r.size)),
+                                  ChunkMessage(std::string(16, 'x'))},
                                  "tester");
     EXPECT_EQ(GrpcCode(raw), kRangeError) << raw.error_message();
     EXPECT_EQ(TakeSnapshot(*client_), before);
     EXPECT_TRUE(MustDownload(*client_, "small") == data);
   }
 }
-
 
 // Malformed upload streams (sent with a raw stub) are INVALID_ARGUMENT and change
 // nothing: no buffer is created, no memory stays charged, and an existing target keeps
@@ -863,18 +885,23 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
       // Ordering of header and chunks.
       {"no messages at all", {}},
       {"chunk first", {chunk(16), HeaderMessage(with_size(create, 4096))}},
-      {"chunk first (existing)", {chunk(16), HeaderMessage(RangeHeader("target", 0, 16)), chunk(16)}},
+      {"chunk first (existing)",
+       {chunk(16), HeaderMessage(RangeHeader("target", 0, 16)), chunk(16)}},
       {"empty message first", {v1::UploadRequest()}},
       {"second header (create)",
-       {HeaderMessage(with_size(create, 4096)), chunk(2048), HeaderMessage(with_size(create, 4096)), chunk(2048)}},
+       {HeaderMessage(with_size(create, 4096)), chunk(2048), HeaderMessage(with_size(create, 4096)),
+        chunk(2048)}},
       {"second header right away",
-       {HeaderMessage(RangeHeader("target", 0, 8)), HeaderMessage(RangeHeader("target", 0, 8)), chunk(8)}},
-      {"empty message after the header", {HeaderMessage(RangeHeader("target", 0, 8)), v1::UploadRequest(), chunk(8)}},
+       {HeaderMessage(RangeHeader("target", 0, 8)), HeaderMessage(RangeHeader("target", 0, 8)),
+        chunk(8)}},
+      {"empty message after the header",
+       {HeaderMessage(RangeHeader("target", 0, 8)), v1::UploadRequest(), chunk(8)}},
       // More bytes than declared.
       {"create, one oversized chunk", {HeaderMessage(with_size(create, 4096)), chunk(4097)}},
       {"create, extra chunk", {HeaderMessage(with_size(create, 4096)), chunk(4096), chunk(1)}},
       {"existing, one oversized chunk", {HeaderMessage(RangeHeader("target", 8, 16)), chunk(17)}},
-      {"existing, extra chunk", {HeaderMessage(RangeHeader("target", 8, 16)), chunk(16), chunk(16)}},
+      {"existing, extra chunk",
+       {HeaderMessage(RangeHeader("target", 8, 16)), chunk(16), chunk(16)}},
       {"existing, size 0 then a chunk", {HeaderMessage(RangeHeader("target", 8, 0)), chunk(1)}},
       // A create whose declared size is not the buffer's.
       {"create, size 4095", {HeaderMessage(with_size(create, 4095)), chunk(4095)}},
@@ -910,8 +937,9 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
   EXPECT_EQ(TakeSnapshot(*client_), before);
 
   // A well-formed raw stream, for contrast, creates the buffer.
-  grpc::Status ok = RawUpload(*server_, {HeaderMessage(with_size(create, 4096)), chunk(4000, 'a'), chunk(96, 'b')},
-                              "tester");
+  grpc::Status ok = RawUpload(
+      *server_, {HeaderMessage(with_size(create, 4096)), chunk(4000, 'a'), chunk(96, 'b')},
+      "tester");
   ASSERT_OK(ok);
   EXPECT_EQ(MustDownload(*client_, "fresh"), std::string(4000, 'a') + std::string(96, 'b'));
 }
@@ -923,14 +951,16 @@ TEST_F(ServerBuffersTest, MalformedUploadStreamsChangeNothing) {
 TEST_F(ServerBuffersTest, CancelledDownloadReleasesTheBuffer) {
   const std::string original = RandomBytes(8 * kMiB, 22);
   const uint64_t before = MemoryUsed(*client_);
-  v1::BufferInfo target = MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "abandoned");
+  v1::BufferInfo target =
+      MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "abandoned");
   std::unique_ptr<v1::BufferService::Stub> stub = v1::BufferService::NewStub(server_->RawChannel());
   {
     std::unique_ptr<grpc::ClientContext> context = RawContext("tester");
     v1::DownloadRequest request;
     request.set_buffer(target.id());
     request.set_chunk_bytes(64 * 1024);
-    std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader = stub->Download(context.get(), request);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader =
+        stub->Download(context.get(), request);
     v1::DownloadResponse first;
     ASSERT_TRUE(reader->Read(&first));
     EXPECT_EQ(first.data(), original.substr(0, 64 * 1024));
@@ -940,19 +970,22 @@ TEST_F(ServerBuffersTest, CancelledDownloadReleasesTheBuffer) {
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
   // A writer after the abandoned reader: it would wait forever if the read were still held.
-  v1::SubmitRequest fill = Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_FLOAT32, 3, ExistingOutput(target.id()));
+  v1::SubmitRequest fill =
+      Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_FLOAT32, 3, ExistingOutput(target.id()));
   fill.set_wait(true);
   fill.set_wait_timeout_seconds(30);
   absl::StatusOr<v1::Operation> op = client_->Submit(fill);
   ASSERT_OK(op);
-  EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED) << "a writer is still held back by a cancelled download";
+  EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED)
+      << "a writer is still held back by a cancelled download";
   ASSERT_OK(client_->DeleteBuffer(target.id()));
   EXPECT_EQ(WaitForMemoryUsed(*client_, before), before);
 }
 
 TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
   const std::string original = RandomBytes(8 * kMiB, 21);
-  v1::BufferInfo target = MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "target");
+  v1::BufferInfo target =
+      MustUploadNew(*client_, v1::DTYPE_FLOAT32, {2 * kMiB}, original, "target");
   const Snapshot before = TakeSnapshot(*client_);
   std::unique_ptr<v1::BufferService::Stub> stub = v1::BufferService::NewStub(server_->RawChannel());
 
@@ -964,7 +997,8 @@ TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
     SCOPED_TRACE(header.ShortDebugString());
     std::unique_ptr<grpc::ClientContext> context = RawContext("tester");
     v1::UploadResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer = stub->Upload(context.get(), &response);
+    std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+        stub->Upload(context.get(), &response);
     ASSERT_TRUE(writer->Write(HeaderMessage(header)));
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(writer->Write(ChunkMessage(RandomBytes(kMiB, i))));
     // Let the server take the chunks in (and charge the memory) before cancelling.
@@ -985,25 +1019,25 @@ TEST_F(ServerBuffersTest, CancelledUploadReleasesMemory) {
   std::unique_ptr<Client> chunky = server_->Connect("tester", 64 << 10);
   ASSERT_NE(chunky, nullptr);
   uint64_t served = 0;
-  absl::StatusOr<v1::UploadResponse> failed = chunky->Upload(
-      CreateHeader(v1::DTYPE_INT64, {kMiB}, "partial"), 8 * kMiB,
-      [&](std::span<std::byte> out) -> absl::StatusOr<size_t> {
-        if (served >= kMiB) return absl::DataLossError("the source broke");
-        std::memset(out.data(), 1, out.size());
-        served += out.size();
-        return out.size();
-      });
+  absl::StatusOr<v1::UploadResponse> failed =
+      chunky->Upload(CreateHeader(v1::DTYPE_INT64, {kMiB}, "partial"), 8 * kMiB,
+                     [&](std::span<std::byte> out) -> absl::StatusOr<size_t> {
+                       if (served >= kMiB) return absl::DataLossError("the source broke");
+                       std::memset(out.data(), 1, out.size());
+                       served += out.size();
+                       return out.size();
+                     });
   EXPECT_EQ(failed.status().code(), Code::kDataLoss) << failed.status();
   EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
   EXPECT_EQ(TakeSnapshot(*client_), before);
 
   // The server still serves: a full round trip works.
   const std::string data = RandomBytes(5 * kMiB, 33);
-  v1::BufferInfo after = MustUploadNew(*client_, v1::DTYPE_INT64, {data.size() / 8}, data, "partial");
+  v1::BufferInfo after =
+      MustUploadNew(*client_, v1::DTYPE_INT64, {data.size() / 8}, data, "partial");
   EXPECT_TRUE(MustDownload(*client_, after.id()) == data);
   EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + data.size());
 }
-
 
 // The memory an upload holds (a new buffer not yet registered, or staging for a range
 // of an existing one) must be returned by the time the client hears the answer: "a
@@ -1025,7 +1059,8 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
     ASSERT_EQ(GrpcCode(s), Code::kInvalidArgument) << s.error_message();
     if (MemoryUsed(*client_) != base) ++create_seen;
     // A range upload into an existing buffer that ends early.
-    s = RawUpload(*server_, {HeaderMessage(RangeHeader("target", 0, 4096)), ChunkMessage("abc")}, "tester");
+    s = RawUpload(*server_, {HeaderMessage(RangeHeader("target", 0, 4096)), ChunkMessage("abc")},
+                  "tester");
     ASSERT_EQ(GrpcCode(s), Code::kInvalidArgument) << s.error_message();
     if (MemoryUsed(*client_) != base) ++existing_seen;
     // A successful range upload: its staging memory is not a buffer either.
@@ -1038,8 +1073,9 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
                             << create_seen << " of " << kRounds << " rounds";
   EXPECT_EQ(existing_seen, 0) << "rejected range uploads still charged right after the answer, in "
                               << existing_seen << " of " << kRounds << " rounds";
-  EXPECT_EQ(success_seen, 0) << "staging of finished range uploads still charged after the answer, in "
-                             << success_seen << " of " << kRounds << " rounds";
+  EXPECT_EQ(success_seen, 0)
+      << "staging of finished range uploads still charged after the answer, in " << success_seen
+      << " of " << kRounds << " rounds";
   EXPECT_EQ(WaitForMemoryUsed(*client_, base), base);
 
   // What it costs a client: near the limit, an allocation right after a rejected
@@ -1053,9 +1089,11 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
   constexpr int kBigRounds = 200;
   int refused = 0;
   for (int i = 0; i < kBigRounds; ++i) {
-    grpc::Status s = RawUpload(*small, {HeaderMessage(big), ChunkMessage(std::string(4096, 'b'))}, "tester");
+    grpc::Status s =
+        RawUpload(*small, {HeaderMessage(big), ChunkMessage(std::string(4096, 'b'))}, "tester");
     ASSERT_EQ(GrpcCode(s), Code::kInvalidArgument) << s.error_message();
-    absl::StatusOr<v1::BufferInfo> again = client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {10 * kMiB}));
+    absl::StatusOr<v1::BufferInfo> again =
+        client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {10 * kMiB}));
     if (!again.ok()) {
       EXPECT_EQ(again.status().code(), Code::kResourceExhausted) << again.status();
       ++refused;
@@ -1063,11 +1101,11 @@ TEST_F(ServerBuffersTest, UploadMemoryIsReturnedBeforeTheAnswer) {
       ASSERT_OK(client->DeleteBuffer(again->id()));
     }
   }
-  EXPECT_EQ(refused, 0) << "a 40 MiB CreateBuffer on an empty 64 MiB server was refused right after "
-                           "a rejected 40 MiB upload, in "
-                        << refused << " of " << kBigRounds << " rounds";
+  EXPECT_EQ(refused, 0)
+      << "a 40 MiB CreateBuffer on an empty 64 MiB server was refused right after "
+         "a rejected 40 MiB upload, in "
+      << refused << " of " << kBigRounds << " rounds";
 }
-
 
 // ---------------------------------------------------------------------------
 // 3. Arrays over 2 GiB
@@ -1144,9 +1182,11 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   ASSERT_EQ(op->outputs_size(), 1);
   EXPECT_EQ(op->outputs(0).dtype(), v1::DTYPE_FLOAT32);
   EXPECT_EQ(op->outputs(0).shape_size(), 0);
-  EXPECT_EQ(MustDownloadFrom(*client, op->outputs(0).id()), BytesOf<float>(static_cast<float>(expected)));
+  EXPECT_EQ(MustDownloadFrom(*client, op->outputs(0).id()),
+            BytesOf<float>(static_cast<float>(expected)));
   const double reduce_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - upload_seconds;
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+      upload_seconds;
 
   // 1 MiB across byte 2^31 (ending 2050 bytes past it, inside the last 4 KiB),
   // starting mid-element.
@@ -1158,7 +1198,8 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   ASSERT_EQ(range->size(), kMiB);
   uint64_t mismatches = 0, first_mismatch = 0;
   for (uint64_t k = 0; k < kMiB; ++k) {
-    if (static_cast<uint8_t>((*range)[k]) != PatternByte(offset + k) && mismatches++ == 0) first_mismatch = k;
+    if (static_cast<uint8_t>((*range)[k]) != PatternByte(offset + k) && mismatches++ == 0)
+      first_mismatch = k;
   }
   EXPECT_EQ(mismatches, 0u) << "first at byte " << offset + first_mismatch;
   // And the last 4 KiB, all past 2^31.
@@ -1166,15 +1207,17 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   ASSERT_OK(tail);
   ASSERT_EQ(tail->size(), 4096u);
   for (uint64_t k = 0; k < 4096; ++k) {
-    ASSERT_EQ(static_cast<uint8_t>((*tail)[k]), PatternByte(size - 4096 + k)) << "byte " << size - 4096 + k;
+    ASSERT_EQ(static_cast<uint8_t>((*tail)[k]), PatternByte(size - 4096 + k))
+        << "byte " << size - 4096 + k;
   }
 
   ASSERT_OK(client->DeleteBuffer("big"));
   EXPECT_EQ(MemoryUsed(*client), 4u);  // the reduction's 0-d output remains
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "[ timing   ] 2 GiB + 4 KiB: upload " << upload_seconds << " s ("
-            << static_cast<double>(size) / upload_seconds / 1e9 << " GB/s), reduce " << reduce_seconds
-            << " s, total " << total << " s\n";
+            << static_cast<double>(size) / upload_seconds / 1e9 << " GB/s), reduce "
+            << reduce_seconds << " s, total " << total << " s\n";
   EXPECT_LT(total, 120.0);
 }
 
@@ -1210,20 +1253,23 @@ TEST(ServerBuffersLimitTest, CreateBeyondMemoryLimitIsResourceExhausted) {
     EXPECT_EQ(TakeSnapshot(*client), before);
   }
   // An upload that would create too large a buffer is refused at its header.
-  absl::StatusOr<v1::UploadResponse> up =
-      client->Upload(CreateHeader(v1::DTYPE_INT32, {8 * kMiB}, "b"), AsBytes(std::string(32 * kMiB, '\0')));
+  absl::StatusOr<v1::UploadResponse> up = client->Upload(
+      CreateHeader(v1::DTYPE_INT32, {8 * kMiB}, "b"), AsBytes(std::string(32 * kMiB, '\0')));
   EXPECT_EQ(up.status().code(), Code::kResourceExhausted) << up.status();
   EXPECT_EQ(WaitForMemoryUsed(*client, before.memory_used_bytes), before.memory_used_bytes);
   EXPECT_EQ(TakeSnapshot(*client), before);
 
   // The server still serves, up to exactly the limit.
   EXPECT_EQ(MustDownloadFrom(*client, "a"), Repeat(BytesOf<float>(1.5f), 10 * kMiB));
-  absl::StatusOr<v1::BufferInfo> c = client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {24 * kMiB}, "c", BoolScalar(true)));
+  absl::StatusOr<v1::BufferInfo> c =
+      client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {24 * kMiB}, "c", BoolScalar(true)));
   ASSERT_OK(c);
   EXPECT_EQ(MemoryUsed(*client), limit);
-  absl::StatusOr<v1::BufferInfo> one_more = client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {1}));
+  absl::StatusOr<v1::BufferInfo> one_more =
+      client->CreateBuffer(CreateRequest(v1::DTYPE_BOOL, {1}));
   EXPECT_EQ(one_more.status().code(), Code::kResourceExhausted) << one_more.status();
-  absl::StatusOr<v1::BufferInfo> empty = client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT64, {0}, "empty"));
+  absl::StatusOr<v1::BufferInfo> empty =
+      client->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT64, {0}, "empty"));
   EXPECT_OK(empty);
   EXPECT_EQ(MemoryUsed(*client), limit);
 
@@ -1356,7 +1402,8 @@ TEST_F(ServerBuffersTest, TrimMemoryPoolReportsEachDevice) {
   const Snapshot snapshot = TakeSnapshot(*client_);
   for (int device : {1, -1, 1000}) {
     absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = client_->TrimMemoryPool(device, 1 << 20);
-    EXPECT_EQ(trimmed.status().code(), Code::kInvalidArgument) << device << ": " << trimmed.status();
+    EXPECT_EQ(trimmed.status().code(), Code::kInvalidArgument)
+        << device << ": " << trimmed.status();
   }
   EXPECT_EQ(TakeSnapshot(*client_), snapshot);
 }
@@ -1398,8 +1445,9 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
   // Rejected transfers count for nothing.
   EXPECT_FALSE(client_->Upload(RangeHeader(b.id(), 4090, 100), AsBytes(RandomBytes(100, 3))).ok());
   EXPECT_FALSE(DownloadBytes(*client_, b.id(), 4097, 0).ok());
-  EXPECT_EQ(GrpcCode(RawUpload(*server_, {HeaderMessage(RangeHeader(b.id(), 0, 8)), ChunkMessage("x")})),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      GrpcCode(RawUpload(*server_, {HeaderMessage(RangeHeader(b.id(), 0, 8)), ChunkMessage("x")})),
+      Code::kInvalidArgument);
 
   // Upload staging memory is returned only after the answer (see
   // UploadMemoryIsReturnedBeforeTheAnswer); wait for it so memory_used is settled.
@@ -1429,17 +1477,20 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
 
 // The services the health service reports on, besides "" (the server as a whole).
 const char* const kServiceNames[] = {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
-                                     "gpucompute.v1.OperationService", "gpucompute.v1.ServerService"};
+                                     "gpucompute.v1.OperationService",
+                                     "gpucompute.v1.ServerService"};
 
 // grpc.health.v1.Health/Check for `service` ("" is the server as a whole), hand-encoded:
 // HealthCheckRequest{service} is field 1, length-delimited. Returns the call's status
 // and the raw HealthCheckResponse bytes.
-std::pair<grpc::Status, std::string> HealthCheck(const TestServer& server, const std::string& service) {
+std::pair<grpc::Status, std::string> HealthCheck(const TestServer& server,
+                                                 const std::string& service) {
   grpc::GenericStub stub(server.RawChannel());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   const std::string request_bytes =
-      service.empty() ? std::string() : std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+      service.empty() ? std::string()
+                      : std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
@@ -1450,7 +1501,8 @@ std::pair<grpc::Status, std::string> HealthCheck(const TestServer& server, const
   std::string bytes;
   std::vector<grpc::Slice> slices;
   if (status.ok() && response.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return {status, bytes};
 }
@@ -1478,12 +1530,14 @@ TEST_F(ServerBuffersTest, HealthCheckIsServing) {
 // After the backend reports a failure, the server says NOT_SERVING, refuses every call
 // that would touch the device with UNAVAILABLE, and still answers queries and deletes.
 TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
-  v1::BufferInfo kept = MustUploadNew(*client_, v1::DTYPE_INT32, {4}, std::string(16, '\x07'), "kept");
+  v1::BufferInfo kept =
+      MustUploadNew(*client_, v1::DTYPE_INT32, {4}, std::string(16, '\x07'), "kept");
   v1::BufferInfo doomed = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {8}, "doomed"));
   absl::StatusOr<v1::StreamInfo> stream = client_->CreateStream();
   ASSERT_OK(stream);
   absl::StatusOr<v1::Operation> before = client_->Submit([&] {
-    v1::SubmitRequest r = Elementwise("x + 1", {{"x", BufferOperand("kept")}}, ExistingOutput("kept"));
+    v1::SubmitRequest r =
+        Elementwise("x + 1", {{"x", BufferOperand("kept")}}, ExistingOutput("kept"));
     r.set_wait(true);
     return r;
   }());
@@ -1504,18 +1558,24 @@ TEST_F(ServerBuffersTest, BackendFailureRefusesWorkAndReportsNotServing) {
 
   auto expect_refused = [](const absl::Status& status, std::string_view what) {
     EXPECT_EQ(status.code(), Code::kUnavailable) << what << ": " << status;
-    EXPECT_NE(status.message().find(absl::StrCat(TestBackendName(), " backend failed (INTERNAL: injected)")),
+    EXPECT_NE(status.message().find(
+                  absl::StrCat(TestBackendName(), " backend failed (INTERNAL: injected)")),
               std::string_view::npos)
         << what << ": " << status;
-    EXPECT_NE(status.message().find("until it is restarted"), std::string_view::npos) << what << ": " << status;
+    EXPECT_NE(status.message().find("until it is restarted"), std::string_view::npos)
+        << what << ": " << status;
   };
-  expect_refused(client_->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {4})).status(), "CreateBuffer");
-  expect_refused(client_->Upload(CreateHeader(v1::DTYPE_INT32, {4}), AsBytes(std::string(16, '\0'))).status(),
-                 "Upload new");
-  expect_refused(client_->Upload(RangeHeader(kept.id(), 0, 4), AsBytes(std::string(4, '\0'))).status(),
-                 "Upload range");
+  expect_refused(client_->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT32, {4})).status(),
+                 "CreateBuffer");
+  expect_refused(
+      client_->Upload(CreateHeader(v1::DTYPE_INT32, {4}), AsBytes(std::string(16, '\0'))).status(),
+      "Upload new");
+  expect_refused(
+      client_->Upload(RangeHeader(kept.id(), 0, 4), AsBytes(std::string(4, '\0'))).status(),
+      "Upload range");
   expect_refused(DownloadBytes(*client_, kept.id()).status(), "Download");
-  expect_refused(client_->Submit(Elementwise("x * 2", {{"x", BufferOperand("kept")}})).status(), "Submit");
+  expect_refused(client_->Submit(Elementwise("x * 2", {{"x", BufferOperand("kept")}})).status(),
+                 "Submit");
   expect_refused(client_->CreateStream().status(), "CreateStream");
   expect_refused(client_->SynchronizeStream(stream->id()).status(), "SynchronizeStream");
   expect_refused(client_->SynchronizeStream("").status(), "SynchronizeStream default");
@@ -1562,8 +1622,8 @@ TEST_F(ServerBuffersTest, ReflectionListsTheServices) {
     EXPECT_EQ(tag, want);
     return ok;
   };
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-      stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   int tags[5];
   call->StartCall(&tags[0]);
   ASSERT_TRUE(next(&tags[0]));
@@ -1583,10 +1643,11 @@ TEST_F(ServerBuffersTest, ReflectionListsTheServices) {
   std::vector<grpc::Slice> slices;
   ASSERT_OK(response.Dump(&slices));
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  for (const char* service : {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
-                              "gpucompute.v1.OperationService", "gpucompute.v1.ServerService",
-                              "grpc.health.v1.Health"}) {
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const char* service :
+       {"gpucompute.v1.BufferService", "gpucompute.v1.StreamService",
+        "gpucompute.v1.OperationService", "gpucompute.v1.ServerService", "grpc.health.v1.Health"}) {
     EXPECT_NE(bytes.find(service), std::string::npos) << service << " is not listed";
   }
 }
@@ -1600,7 +1661,8 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
   v1::CreateBufferResponse created;
   {
     std::unique_ptr<grpc::ClientContext> context = RawContext();
-    ASSERT_OK(stub->CreateBuffer(context.get(), CreateRequest(v1::DTYPE_INT32, {4}, "mine", IntScalar(2)), &created));
+    ASSERT_OK(stub->CreateBuffer(
+        context.get(), CreateRequest(v1::DTYPE_INT32, {4}, "mine", IntScalar(2)), &created));
   }
   std::unique_ptr<Client> as_default = server_->Connect("default");
   ASSERT_NE(as_default, nullptr);
@@ -1616,7 +1678,8 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
     };
     {
       v1::CreateBufferResponse response;
-      grpc::Status s = stub->CreateBuffer(context().get(), CreateRequest(v1::DTYPE_INT32, {4}, "n"), &response);
+      grpc::Status s =
+          stub->CreateBuffer(context().get(), CreateRequest(v1::DTYPE_INT32, {4}, "n"), &response);
       EXPECT_EQ(GrpcCode(s), Code::kInvalidArgument) << s.error_message();
     }
     {
@@ -1642,7 +1705,8 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
       v1::DownloadRequest request;
       request.set_buffer(created.buffer().id());
       auto c = context();
-      std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader = stub->Download(c.get(), request);
+      std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader =
+          stub->Download(c.get(), request);
       v1::DownloadResponse message;
       int messages = 0;
       while (reader->Read(&message)) ++messages;
@@ -1653,7 +1717,8 @@ TEST_F(ServerBuffersTest, MalformedClientNameIsInvalidArgument) {
     {
       auto c = context();
       v1::UploadResponse response;
-      std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer = stub->Upload(c.get(), &response);
+      std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+          stub->Upload(c.get(), &response);
       if (writer->Write(HeaderMessage(RangeHeader(created.buffer().id(), 0, 4)))) {
         writer->Write(ChunkMessage(BytesOf<int32_t>(99)));
       }
@@ -1685,13 +1750,15 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   v1::BufferInfo b_x = MustCreate(*b, CreateRequest(v1::DTYPE_INT32, {3}, "x", IntScalar(11)));
-  v1::BufferInfo b_y = MustUploadNew(*b, v1::DTYPE_FLOAT64, {2}, BytesOf<double>(0.5) + BytesOf<double>(-1.0), "y");
+  v1::BufferInfo b_y =
+      MustUploadNew(*b, v1::DTYPE_FLOAT64, {2}, BytesOf<double>(0.5) + BytesOf<double>(-1.0), "y");
 
   // By name, a sees nothing of b's.
   EXPECT_EQ(a->GetBuffer("x").status().code(), Code::kNotFound);
   EXPECT_EQ(DownloadBytes(*a, "y").status().code(), Code::kNotFound);
   EXPECT_EQ(a->DeleteBuffer("x").code(), Code::kNotFound);
-  EXPECT_EQ(a->Upload(RangeHeader("x", 0), AsBytes(BytesOf<int32_t>(0))).status().code(), Code::kNotFound);
+  EXPECT_EQ(a->Upload(RangeHeader("x", 0), AsBytes(BytesOf<int32_t>(0))).status().code(),
+            Code::kNotFound);
   absl::StatusOr<v1::ListBuffersResponse> a_list = a->ListBuffers();
   ASSERT_OK(a_list);
   EXPECT_EQ(a_list->buffers_size(), 0);
@@ -1724,7 +1791,8 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
 
   // a writes into b's buffer by id, and b sees it by name.
   ASSERT_OK(a->Upload(RangeHeader(b_x.id(), 4), AsBytes(BytesOf<int32_t>(-5))));
-  EXPECT_EQ(MustDownload(*b, "x"), BytesOf<int32_t>(11) + BytesOf<int32_t>(-5) + BytesOf<int32_t>(11));
+  EXPECT_EQ(MustDownload(*b, "x"),
+            BytesOf<int32_t>(11) + BytesOf<int32_t>(-5) + BytesOf<int32_t>(11));
   // Deleting "x" as a deletes a's own; b's stays.
   ASSERT_OK(a->DeleteBuffer("x"));
   EXPECT_EQ(a->GetBuffer(a_x.id()).status().code(), Code::kNotFound);
@@ -1742,7 +1810,8 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   std::unique_ptr<Client> named_default = server_->Connect("default");
   ASSERT_NE(unnamed, nullptr);
   ASSERT_NE(named_default, nullptr);
-  v1::BufferInfo d = MustCreate(*unnamed, CreateRequest(v1::DTYPE_BOOL, {2}, "d", BoolScalar(true)));
+  v1::BufferInfo d =
+      MustCreate(*unnamed, CreateRequest(v1::DTYPE_BOOL, {2}, "d", BoolScalar(true)));
   absl::StatusOr<v1::BufferInfo> d_again = named_default->GetBuffer("d");
   ASSERT_OK(d_again);
   EXPECT_EQ(d_again->id(), d.id());

@@ -19,7 +19,8 @@ namespace gpucompute::testing {
 namespace {
 
 double Workload(double x) {
-  return std::sqrt(std::fabs(std::exp(-std::sin(x * x)) / (std::sqrt(std::fabs(x)) * std::tanh(x))));
+  return std::sqrt(
+      std::fabs(std::exp(-std::sin(x * x)) / (std::sqrt(std::fabs(x)) * std::tanh(x))));
 }
 constexpr std::string_view kWorkload = "sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))";
 
@@ -30,8 +31,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   ASSIGN_OR_FAIL(auto bx, UploadArray(c(), x));
   ASSIGN_OR_FAIL(auto by, UploadArray(c(), y));
 
-  ASSIGN_OR_FAIL(
-      auto sum, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
+  ASSIGN_OR_FAIL(auto sum, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())},
+                                                            {"y", BufferOperand(by.id())}})));
   EXPECT_EQ(sum.kind(), v1::OPERATION_KIND_ELEMENTWISE);
   ASSERT_EQ(sum.outputs_size(), 1);
   EXPECT_EQ(sum.outputs(0).dtype(), v1::DTYPE_FLOAT64);
@@ -48,8 +49,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   // multiply-add would be within the same bound).
   const double a = 2.75;
   ASSIGN_OR_FAIL(auto axpy, RunOp(c(), Elementwise("a*x + y", {{"a", ScalarOperand(a)},
-                                                          {"x", BufferOperand(bx.id())},
-                                                          {"y", BufferOperand(by.id())}})));
+                                                               {"x", BufferOperand(bx.id())},
+                                                               {"y", BufferOperand(by.id())}})));
   ASSIGN_OR_FAIL(auto got_axpy, DownloadArray<double>(c(), axpy.outputs(0).id()));
   ASSERT_EQ(got_axpy.size(), n);
   for (size_t i = 0; i < n; ++i) {
@@ -64,8 +65,8 @@ TEST_F(ServerOpsTest, ElementwiseSumAndAxpy) {
   ASSIGN_OR_FAIL(auto bxf, UploadArray(c(), xf));
   ASSIGN_OR_FAIL(auto byf, UploadArray(c(), yf));
   ASSIGN_OR_FAIL(auto axpyf, RunOp(c(), Elementwise("a*x + y", {{"a", ScalarOperand(3)},
-                                                           {"x", BufferOperand(bxf.id())},
-                                                           {"y", BufferOperand(byf.id())}})));
+                                                                {"x", BufferOperand(bxf.id())},
+                                                                {"y", BufferOperand(byf.id())}})));
   ASSERT_EQ(axpyf.outputs(0).dtype(), v1::DTYPE_FLOAT32);
   ASSIGN_OR_FAIL(auto got_axpyf, DownloadArray<float>(c(), axpyf.outputs(0).id()));
   ASSERT_EQ(got_axpyf.size(), n);
@@ -100,15 +101,16 @@ TEST_F(ServerOpsTest, BuffersAndOperationsOnEveryDevice) {
       ids.push_back(buffer.id());
     }
     firsts.push_back(ids[0]);
-    ASSIGN_OR_FAIL(auto sum, RunOp(c(), Elementwise("x * y + x", {{"x", BufferOperand(ids[0])}, {"y", BufferOperand(ids[1])}})));
+    ASSIGN_OR_FAIL(auto sum, RunOp(c(), Elementwise("x * y + x", {{"x", BufferOperand(ids[0])},
+                                                                  {"y", BufferOperand(ids[1])}})));
     ASSERT_EQ(sum.outputs_size(), 1);
     EXPECT_EQ(sum.outputs(0).device(), device.index());
     ASSIGN_OR_FAIL(auto total, RunOp(c(), Reduce(v1::REDUCE_KIND_SUM, sum.outputs(0).id())));
     ASSERT_EQ(total.values_size(), 1);
     EXPECT_EQ(total.values(0).float_value(), n * (1.5 * 2.25 + 1.5));
   }
-  absl::StatusOr<v1::Operation> mixed =
-      c().Submit(Elementwise("x + y", {{"x", BufferOperand(firsts[0])}, {"y", BufferOperand(firsts[1])}}));
+  absl::StatusOr<v1::Operation> mixed = c().Submit(
+      Elementwise("x + y", {{"x", BufferOperand(firsts[0])}, {"y", BufferOperand(firsts[1])}}));
   EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument) << mixed.status();
 }
 
@@ -160,8 +162,8 @@ TEST_F(ServerOpsTest, ElementwiseTypePromotionAndComparison) {
   ASSIGN_OR_FAIL(auto bxi, UploadArray(c(), xi));
   ASSIGN_OR_FAIL(auto byf, UploadArray(c(), yf));
   // NumPy 2: int32 + float32 -> float64.
-  ASSIGN_OR_FAIL(
-      auto op, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bxi.id())}, {"y", BufferOperand(byf.id())}})));
+  ASSIGN_OR_FAIL(auto op, RunOp(c(), Elementwise("x + y", {{"x", BufferOperand(bxi.id())},
+                                                           {"y", BufferOperand(byf.id())}})));
   ASSERT_EQ(op.outputs(0).dtype(), v1::DTYPE_FLOAT64);
   ASSIGN_OR_FAIL(auto got, DownloadArray<double>(c(), op.outputs(0).id()));
   ASSERT_EQ(got.size(), n);
@@ -176,16 +178,15 @@ TEST_F(ServerOpsTest, ElementwiseTypePromotionAndComparison) {
   for (size_t i = 0; i < n; i += 7) b[i] = a[i];
   ASSIGN_OR_FAIL(auto ba, UploadArray(c(), a));
   ASSIGN_OR_FAIL(auto bb, UploadArray(c(), b));
-  ASSIGN_OR_FAIL(
-      auto cmp, RunOp(c(), Elementwise("a < b", {{"a", BufferOperand(ba.id())}, {"b", BufferOperand(bb.id())}})));
+  ASSIGN_OR_FAIL(auto cmp, RunOp(c(), Elementwise("a < b", {{"a", BufferOperand(ba.id())},
+                                                            {"b", BufferOperand(bb.id())}})));
   ASSERT_EQ(cmp.outputs(0).dtype(), v1::DTYPE_BOOL);
   EXPECT_EQ(cmp.outputs(0).size_bytes(), n);
   ASSIGN_OR_FAIL(auto bits, DownloadArray<uint8_t>(c(), cmp.outputs(0).id()));
   ASSERT_EQ(bits.size(), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], a[i] < b[i] ? 1 : 0) << i;
-  ASSIGN_OR_FAIL(
-      auto cmp2,
-      RunOp(c(), Elementwise("a >= b", {{"a", BufferOperand(ba.id())}, {"b", BufferOperand(bb.id())}})));
+  ASSIGN_OR_FAIL(auto cmp2, RunOp(c(), Elementwise("a >= b", {{"a", BufferOperand(ba.id())},
+                                                              {"b", BufferOperand(bb.id())}})));
   ASSIGN_OR_FAIL(auto bits2, DownloadArray<uint8_t>(c(), cmp2.outputs(0).id()));
   ASSERT_EQ(bits2.size(), n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits2[i], a[i] >= b[i] ? 1 : 0) << i;
@@ -217,7 +218,8 @@ TEST_F(ServerOpsTest, ElementwiseIntoExistingAndNamedOutputs) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(got32[i], static_cast<float>(x[i] + y[i])) << i;
 
   // The output referred to by name works the same.
-  ASSIGN_OR_FAIL(auto named64, UploadArray(c(), std::vector<double>(n, 0.0), {}, v1::LAYOUT_C, "dest64"));
+  ASSIGN_OR_FAIL(auto named64,
+                 UploadArray(c(), std::vector<double>(n, 0.0), {}, v1::LAYOUT_C, "dest64"));
   v1::SubmitRequest by_name = xy();
   *by_name.mutable_elementwise()->mutable_output() = ExistingOutput("dest64");
   ASSIGN_OR_FAIL(auto op_named, RunOp(c(), by_name));
@@ -294,8 +296,9 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
 
   for (const char* text : {"x +", "sin(x", "x $ y", "foo(x)", "x + * y", "(x + y))", "x y"}) {
     SCOPED_TRACE(text);
-    ExpectRejected(c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
-                   absl::StatusCode::kInvalidArgument, "position", all);
+    ExpectRejected(
+        c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
+        absl::StatusCode::kInvalidArgument, "position", all);
   }
   {
     SCOPED_TRACE("foo(x) with only x bound");
@@ -309,42 +312,49 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
   }
   {
     SCOPED_TRACE("bound but unused input");
-    ExpectRejected(c(), Elementwise("x + 1", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
-                   absl::StatusCode::kInvalidArgument);
+    ExpectRejected(
+        c(), Elementwise("x + 1", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}}),
+        absl::StatusCode::kInvalidArgument);
   }
   {
     SCOPED_TRACE("unknown input buffer id");
-    ExpectRejected(c(),
-                   Elementwise("x + y", {{"x", BufferOperand(bx.id())},
-                                         {"y", BufferOperand("buf-0123456789abcdef0123456789abcdef")}}),
-                   absl::StatusCode::kNotFound, "", all);
+    ExpectRejected(
+        c(),
+        Elementwise("x + y", {{"x", BufferOperand(bx.id())},
+                              {"y", BufferOperand("buf-0123456789abcdef0123456789abcdef")}}),
+        absl::StatusCode::kNotFound, "", all);
   }
   {
     SCOPED_TRACE("unknown input buffer name");
-    ExpectRejected(c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}}),
-                   absl::StatusCode::kNotFound);
+    ExpectRejected(
+        c(), Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}}),
+        absl::StatusCode::kNotFound);
   }
   {
     SCOPED_TRACE("unknown input with a named new output");
-    v1::SubmitRequest r = Elementwise(
-        "x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}}, NewOutput("never"));
+    v1::SubmitRequest r =
+        Elementwise("x + y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand("nosuch")}},
+                    NewOutput("never"));
     ExpectRejected(c(), r, absl::StatusCode::kNotFound);
     EXPECT_EQ(c().GetBuffer("never").status().code(), absl::StatusCode::kNotFound);
   }
   {
     SCOPED_TRACE("inputs of different shapes");
-    ExpectRejected(c(), Elementwise("x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}}),
-                   absl::StatusCode::kInvalidArgument, "", all);
+    ExpectRejected(
+        c(), Elementwise("x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}}),
+        absl::StatusCode::kInvalidArgument, "", all);
   }
   {
     SCOPED_TRACE("1-D and 2-D inputs of the same size");
-    ExpectRejected(c(), Elementwise("x + m", {{"x", BufferOperand(bx.id())}, {"m", BufferOperand(bm.id())}}),
-                   absl::StatusCode::kInvalidArgument);
+    ExpectRejected(
+        c(), Elementwise("x + m", {{"x", BufferOperand(bx.id())}, {"m", BufferOperand(bm.id())}}),
+        absl::StatusCode::kInvalidArgument);
   }
   {
     SCOPED_TRACE("inputs of different layouts");
-    ExpectRejected(c(), Elementwise("m + f", {{"m", BufferOperand(bm.id())}, {"f", BufferOperand(bmf.id())}}),
-                   absl::StatusCode::kInvalidArgument);
+    ExpectRejected(
+        c(), Elementwise("m + f", {{"m", BufferOperand(bm.id())}, {"f", BufferOperand(bmf.id())}}),
+        absl::StatusCode::kInvalidArgument);
   }
   {
     SCOPED_TRACE("scalar with no value");
@@ -354,8 +364,8 @@ TEST_F(ServerOpsTest, ElementwiseRejectionsChangeNothing) {
                    absl::StatusCode::kInvalidArgument);
   }
   // After all that, a valid request still works and gives the right answer.
-  ASSIGN_OR_FAIL(
-      auto op, RunOp(c(), Elementwise("x - y", {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
+  ASSIGN_OR_FAIL(auto op, RunOp(c(), Elementwise("x - y", {{"x", BufferOperand(bx.id())},
+                                                           {"y", BufferOperand(by.id())}})));
   ASSIGN_OR_FAIL(auto x, DownloadArray<double>(c(), bx.id()));
   ASSIGN_OR_FAIL(auto y, DownloadArray<double>(c(), by.id()));
   ASSIGN_OR_FAIL(auto d, DownloadArray<double>(c(), op.outputs(0).id()));

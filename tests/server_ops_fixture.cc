@@ -27,7 +27,8 @@ v1::SubmitRequest OnStream(v1::SubmitRequest request, std::string_view stream) {
   return request;
 }
 
-absl::StatusOr<v1::Operation> RunOp(Client& client, v1::SubmitRequest request, std::string_view stream) {
+absl::StatusOr<v1::Operation> RunOp(Client& client, v1::SubmitRequest request,
+                                    std::string_view stream) {
   absl::StatusOr<v1::Operation> op = client.Submit(Waiting(std::move(request), stream));
   if (!op.ok()) return op.status();
   if (!op->done() || op->state() != v1::Operation::STATE_SUCCEEDED) {
@@ -87,7 +88,8 @@ std::string IncrementExpression() {
 
 v1::SubmitRequest Increment(const std::string& buffer, std::string_view stream) {
   static const std::string kExpression = IncrementExpression();
-  return OnStream(Elementwise(kExpression, {{"x", BufferOperand(buffer)}}, ExistingOutput(buffer)), stream);
+  return OnStream(Elementwise(kExpression, {{"x", BufferOperand(buffer)}}, ExistingOutput(buffer)),
+                  stream);
 }
 
 std::vector<std::string> QueueChain(Client& client, const std::string& buffer, int count,
@@ -101,8 +103,8 @@ std::vector<std::string> QueueChain(Client& client, const std::string& buffer, i
   return ids;
 }
 
-void ExpectShifted(Client& client, const std::string& buffer, const std::vector<double>& base, double delta,
-                   std::string_view what) {
+void ExpectShifted(Client& client, const std::string& buffer, const std::vector<double>& base,
+                   double delta, std::string_view what) {
   ASSIGN_OR_FAIL(std::vector<double> got, DownloadArray<double>(client, buffer));
   ASSERT_EQ(got.size(), base.size()) << what;
   for (size_t i = 0; i < base.size(); ++i) {

@@ -101,8 +101,8 @@ std::vector<T> ToMemory(const std::vector<double>& a, size_t rows, size_t cols, 
 
 // Compares got[i] with ref[i] within rel * max(|ref[i]|, floor) and reports the first few misses.
 template <typename T>
-void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, double rel, double floor = 0,
-                 std::string_view what = "") {
+void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, double rel,
+                 double floor = 0, std::string_view what = "") {
   ASSERT_EQ(got.size(), ref.size()) << what;
   int misses = 0;
   double worst = 0;
@@ -112,8 +112,8 @@ void ExpectClose(const std::vector<T>& got, const std::vector<double>& ref, doub
     const double scale = std::max(std::fabs(ref[i]), floor);
     if (scale > 0) worst = std::max(worst, err / scale);
     if (!(err <= rel * scale) && misses++ < 5) {
-      ADD_FAILURE() << what << " [" << i << "]: got " << g << ", want " << ref[i] << " (error " << err
-                    << " > " << rel * scale << ")";
+      ADD_FAILURE() << what << " [" << i << "]: got " << g << ", want " << ref[i] << " (error "
+                    << err << " > " << rel * scale << ")";
     }
   }
   EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << ref.size()
@@ -140,8 +140,8 @@ std::vector<std::string> QueueChain(Client& client, const std::string& buffer, i
                                     std::string_view stream = {});
 
 // Expects every element of `buffer` to be base[i] + delta.
-void ExpectShifted(Client& client, const std::string& buffer, const std::vector<double>& base, double delta,
-                   std::string_view what);
+void ExpectShifted(Client& client, const std::string& buffer, const std::vector<double>& base,
+                   double delta, std::string_view what);
 
 }  // namespace gpucompute::testing
 

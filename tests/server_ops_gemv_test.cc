@@ -23,8 +23,9 @@ struct GemvRef {
   std::vector<double> y;
   std::vector<double> scale;  // |alpha| * sum_k |A||x| + |beta * y0|
 };
-GemvRef ReferenceGemv(const std::vector<double>& a, size_t rows, size_t cols, bool transpose, double alpha,
-                      const std::vector<double>& x, double beta, const std::vector<double>* y0) {
+GemvRef ReferenceGemv(const std::vector<double>& a, size_t rows, size_t cols, bool transpose,
+                      double alpha, const std::vector<double>& x, double beta,
+                      const std::vector<double>* y0) {
   const size_t p_len = transpose ? cols : rows;
   const size_t k_len = transpose ? rows : cols;
   GemvRef r{std::vector<double>(p_len), std::vector<double>(p_len)};
@@ -60,9 +61,11 @@ TEST_F(ServerOpsTest, GemvAllLayoutsAndTransposes) {
   constexpr size_t rows = 300, cols = 77;
   const std::vector<double> a = RandomDoubles(rows * cols, -1, 1, 20);
   for (v1::Layout layout : {v1::LAYOUT_C, v1::LAYOUT_F}) {
-    ASSIGN_OR_FAIL(auto ba, UploadArray(c(), ToMemory<double>(a, rows, cols, layout), {rows, cols}, layout));
+    ASSIGN_OR_FAIL(auto ba,
+                   UploadArray(c(), ToMemory<double>(a, rows, cols, layout), {rows, cols}, layout));
     ASSERT_EQ(ba.layout(), layout);
-    ASSIGN_OR_FAIL(auto ba32, UploadArray(c(), ToMemory<float>(a, rows, cols, layout), {rows, cols}, layout));
+    ASSIGN_OR_FAIL(auto ba32,
+                   UploadArray(c(), ToMemory<float>(a, rows, cols, layout), {rows, cols}, layout));
     for (bool transpose : {false, true}) {
       const std::string what =
           absl::StrCat(layout == v1::LAYOUT_F ? "F" : "C", transpose ? " transposed" : "");
@@ -73,7 +76,8 @@ TEST_F(ServerOpsTest, GemvAllLayoutsAndTransposes) {
       ASSIGN_OR_FAIL(auto bx, UploadArray(c(), x));
 
       // New y: beta is ignored (there is no y to scale).
-      ASSIGN_OR_FAIL(auto op, RunOp(c(), Gemv(ba.id(), bx.id(), NewOutput(), transpose, 1.5, 0.75)));
+      ASSIGN_OR_FAIL(auto op,
+                     RunOp(c(), Gemv(ba.id(), bx.id(), NewOutput(), transpose, 1.5, 0.75)));
       EXPECT_EQ(op.kind(), v1::OPERATION_KIND_GEMV);
       ASSERT_EQ(op.outputs_size(), 1);
       EXPECT_EQ(op.outputs(0).dtype(), v1::DTYPE_FLOAT64);
@@ -83,18 +87,19 @@ TEST_F(ServerOpsTest, GemvAllLayoutsAndTransposes) {
       EXPECT_EQ(op.timing().bytes_read(), (rows * cols + k_len) * 8);
       EXPECT_EQ(op.timing().bytes_written(), p_len * 8);
       ASSIGN_OR_FAIL(auto y_new, DownloadArray<double>(c(), op.outputs(0).id()));
-      ExpectGemvClose(y_new, ReferenceGemv(a, rows, cols, transpose, 1.5, x, 0, nullptr), 0x1.0p-53, k_len,
-                      "new y");
+      ExpectGemvClose(y_new, ReferenceGemv(a, rows, cols, transpose, 1.5, x, 0, nullptr), 0x1.0p-53,
+                      k_len, "new y");
 
       // Existing y with alpha and beta.
       const std::vector<double> y0 = RandomDoubles(p_len, -3, 3, 30 + transpose);
       ASSIGN_OR_FAIL(auto by, UploadArray(c(), y0));
-      ASSIGN_OR_FAIL(auto op2, RunOp(c(), Gemv(ba.id(), bx.id(), ExistingOutput(by.id()), transpose, -0.5, 2.0)));
+      ASSIGN_OR_FAIL(auto op2, RunOp(c(), Gemv(ba.id(), bx.id(), ExistingOutput(by.id()), transpose,
+                                               -0.5, 2.0)));
       EXPECT_EQ(op2.outputs(0).id(), by.id());
       EXPECT_EQ(op2.timing().bytes_read(), (rows * cols + k_len + p_len) * 8);
       ASSIGN_OR_FAIL(auto y_acc, DownloadArray<double>(c(), by.id()));
-      ExpectGemvClose(y_acc, ReferenceGemv(a, rows, cols, transpose, -0.5, x, 2.0, &y0), 0x1.0p-53, k_len,
-                      "existing y, alpha -0.5, beta 2");
+      ExpectGemvClose(y_acc, ReferenceGemv(a, rows, cols, transpose, -0.5, x, 2.0, &y0), 0x1.0p-53,
+                      k_len, "existing y, alpha -0.5, beta 2");
 
       // alpha left unset defaults to 1; beta unset is 0 (y's old contents do not matter).
       v1::SubmitRequest defaults = Gemv(ba.id(), bx.id(), ExistingOutput(by.id()), transpose);
@@ -102,12 +107,13 @@ TEST_F(ServerOpsTest, GemvAllLayoutsAndTransposes) {
       defaults.mutable_gemv()->clear_beta();
       ASSIGN_OR_FAIL(auto op3, RunOp(c(), defaults));
       ASSIGN_OR_FAIL(auto y_def, DownloadArray<double>(c(), by.id()));
-      ExpectGemvClose(y_def, ReferenceGemv(a, rows, cols, transpose, 1.0, x, 0, nullptr), 0x1.0p-53, k_len,
-                      "default alpha");
+      ExpectGemvClose(y_def, ReferenceGemv(a, rows, cols, transpose, 1.0, x, 0, nullptr), 0x1.0p-53,
+                      k_len, "default alpha");
 
       // float32 A and x: products exact in float64; one more rounding to float32.
       ASSIGN_OR_FAIL(auto bx32, UploadArray(c(), Cast<float>(x)));
-      ASSIGN_OR_FAIL(auto op4, RunOp(c(), Gemv(ba32.id(), bx32.id(), NewOutput(), transpose, 2.0, 0)));
+      ASSIGN_OR_FAIL(auto op4,
+                     RunOp(c(), Gemv(ba32.id(), bx32.id(), NewOutput(), transpose, 2.0, 0)));
       EXPECT_EQ(op4.outputs(0).dtype(), v1::DTYPE_FLOAT32);
       ASSIGN_OR_FAIL(auto y32, DownloadArray<float>(c(), op4.outputs(0).id()));
       std::vector<double> a32(a.size()), x32(x.size());
@@ -142,27 +148,30 @@ TEST_F(ServerOpsTest, GemvRejectionsChangeNothing) {
     SCOPED_TRACE(what);
     ExpectRejected(c(), r, code, "", watched);
   };
-  reject("1-D a", Gemv(a1d.id(), x.id(), ExistingOutput(y.id())), absl::StatusCode::kInvalidArgument);
+  reject("1-D a", Gemv(a1d.id(), x.id(), ExistingOutput(y.id())),
+         absl::StatusCode::kInvalidArgument);
   reject("1-D a, new y", Gemv(a1d.id(), x.id()), absl::StatusCode::kInvalidArgument);
   reject("int32 a", Gemv(a_int.id(), xi.id()), absl::StatusCode::kInvalidArgument);
   reject("float64 a, float32 x", Gemv(a.id(), x32.id(), ExistingOutput(y.id())),
          absl::StatusCode::kInvalidArgument);
   reject("x of the row count without transpose", Gemv(a.id(), x_rows.id(), ExistingOutput(y.id())),
          absl::StatusCode::kInvalidArgument);
-  reject("x of the column count with transpose", Gemv(a.id(), x.id(), NewOutput(), /*transpose=*/true),
-         absl::StatusCode::kInvalidArgument);
+  reject("x of the column count with transpose",
+         Gemv(a.id(), x.id(), NewOutput(), /*transpose=*/true), absl::StatusCode::kInvalidArgument);
   reject("y of the wrong length", Gemv(a.id(), x.id(), ExistingOutput(y_short.id())),
          absl::StatusCode::kInvalidArgument);
   reject("float32 y for float64 a", Gemv(a.id(), x.id(), ExistingOutput(y32.id())),
          absl::StatusCode::kInvalidArgument);
   reject("new y of another dtype", Gemv(a.id(), x.id(), NewOutput("", v1::DTYPE_FLOAT32)),
          absl::StatusCode::kInvalidArgument);
-  reject("unknown a", Gemv("buf-00000000000000000000000000000000", x.id()), absl::StatusCode::kNotFound);
+  reject("unknown a", Gemv("buf-00000000000000000000000000000000", x.id()),
+         absl::StatusCode::kNotFound);
   reject("unknown x", Gemv(a.id(), "no-such-x", NewOutput("never")), absl::StatusCode::kNotFound);
   reject("missing a", Gemv("", x.id()), absl::StatusCode::kInvalidArgument);
   // y aliasing x: a square matrix makes the lengths agree.
   ASSIGN_OR_FAIL(auto sq, UploadArray(c(), RandomDoubles(cols * cols, -1, 1, 46), {cols, cols}));
-  reject("y is x", Gemv(sq.id(), x.id(), ExistingOutput(x.id())), absl::StatusCode::kInvalidArgument);
+  reject("y is x", Gemv(sq.id(), x.id(), ExistingOutput(x.id())),
+         absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

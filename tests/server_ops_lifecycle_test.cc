@@ -45,7 +45,8 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   EXPECT_FALSE(queued.done()) << "returned the result of an operation queued behind " << 2 * kChain
                               << " others";
   // (QUEUED precisely: see OperationBehindAChainIsReportedQueued.)
-  EXPECT_TRUE(queued.state() == v1::Operation::STATE_QUEUED || queued.state() == v1::Operation::STATE_RUNNING)
+  EXPECT_TRUE(queued.state() == v1::Operation::STATE_QUEUED ||
+              queued.state() == v1::Operation::STATE_RUNNING)
       << v1::Operation::State_Name(queued.state());
   EXPECT_EQ(queued.kind(), v1::OPERATION_KIND_ELEMENTWISE);
   EXPECT_TRUE(std::regex_match(queued.stream_id(), kStreamIdPattern)) << queued.stream_id();
@@ -59,7 +60,8 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   const double wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   EXPECT_FALSE(waited.done());
-  EXPECT_TRUE(waited.state() == v1::Operation::STATE_QUEUED || waited.state() == v1::Operation::STATE_RUNNING)
+  EXPECT_TRUE(waited.state() == v1::Operation::STATE_QUEUED ||
+              waited.state() == v1::Operation::STATE_RUNNING)
       << v1::Operation::State_Name(waited.state());
   EXPECT_EQ(waited.id(), queued.id());
   EXPECT_GE(wait_seconds, 0.009);
@@ -85,7 +87,8 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   EXPECT_EQ(t.stream_id(), queued.stream_id());
   EXPECT_EQ(t.device(), 0);
   ASSERT_GT(t.device_seconds(), 0);
-  const double gbps = static_cast<double>(t.bytes_read() + t.bytes_written()) / t.device_seconds() / 1e9;
+  const double gbps =
+      static_cast<double>(t.bytes_read() + t.bytes_written()) / t.device_seconds() / 1e9;
   EXPECT_NEAR(t.gbps(), gbps, 1e-9 * gbps);
   EXPECT_NEAR(t.gflops(), static_cast<double>(kBig) / t.device_seconds() / 1e9, 1e-9 * t.gflops());
   ASSERT_EQ(done.outputs_size(), 1);
@@ -116,7 +119,8 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
     EXPECT_EQ(c().WaitOperation(id, 0.01).status().code(), absl::StatusCode::kNotFound);
   }
   EXPECT_EQ(c().WaitOperation(queued.id(), -1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c().WaitOperation(queued.id(), std::nan("")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c().WaitOperation(queued.id(), std::nan("")).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c().WaitOperation("op-00000000000000000000000000000000", -1).status().code(),
             absl::StatusCode::kInvalidArgument);
   v1::SubmitRequest negative = Waiting(sum);
@@ -142,7 +146,8 @@ TEST_F(ServerOpsTest, OperationBehindAChainIsReportedQueued) {
   ASSIGN_OR_FAIL(auto bx, UploadArray(c(), std::vector<double>(kBig, 1.0)));
   const std::vector<std::string> chain = QueueChain(c(), bz.id(), kChain);
   ASSERT_EQ(chain.size(), static_cast<size_t>(kChain));
-  ASSIGN_OR_FAIL(auto last, c().Submit(OnStream(Elementwise("x * 2", {{"x", BufferOperand(bx.id())}}), "")));
+  ASSIGN_OR_FAIL(auto last,
+                 c().Submit(OnStream(Elementwise("x * 2", {{"x", BufferOperand(bx.id())}}), "")));
   EXPECT_EQ(last.state(), v1::Operation::STATE_QUEUED)
       << "reported while " << kChain << " earlier operations wait";
   ASSIGN_OR_FAIL(auto polled, c().GetOperation(last.id()));
@@ -195,8 +200,9 @@ TEST_F(ServerOpsTest, SubmitAsyncPreservesSubmissionOrder) {
   ASSIGN_OR_FAIL(auto bo, UploadArray(c(), std::vector<int64_t>(n, 1)));
   std::vector<OperationFuture> futures;
   for (int k = 1; k <= kOps; ++k) {
-    futures.push_back(c().SubmitAsync(Elementwise(
-        "3*x + k", {{"x", BufferOperand(bo.id())}, {"k", ScalarOperand(k)}}, ExistingOutput(bo.id()))));
+    futures.push_back(c().SubmitAsync(
+        Elementwise("3*x + k", {{"x", BufferOperand(bo.id())}, {"k", ScalarOperand(k)}},
+                    ExistingOutput(bo.id()))));
   }
   for (const OperationFuture& f : futures) {
     const absl::StatusOr<v1::Operation>& op = f.Get();
@@ -209,8 +215,10 @@ TEST_F(ServerOpsTest, SubmitAsyncPreservesSubmissionOrder) {
   ASSIGN_OR_FAIL(auto control, UploadArray(c(), std::vector<int64_t>(n, 1)));
   for (int k = 1; k <= kOps; ++k) {
     ASSIGN_OR_FAIL(
-        auto op, RunOp(c(), Elementwise("3*x + k", {{"x", BufferOperand(control.id())}, {"k", ScalarOperand(k)}},
-                                   ExistingOutput(control.id()))));
+        auto op,
+        RunOp(c(),
+              Elementwise("3*x + k", {{"x", BufferOperand(control.id())}, {"k", ScalarOperand(k)}},
+                          ExistingOutput(control.id()))));
   }
   ASSIGN_OR_FAIL(auto control_values, DownloadArray<int64_t>(c(), control.id()));
   ASSERT_EQ(control_values.size(), n);

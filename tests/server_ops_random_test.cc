@@ -40,7 +40,8 @@ T ReferenceRandom(const RandomParams& p, uint64_t i) {
     BoxMullerFloat32(b.w[2], b.w[3], &z[2], &z[3]);
     return static_cast<float>(p.mean) + static_cast<float>(p.stddev) * z[lane];
   } else if constexpr (std::is_same_v<T, double>) {
-    if (p.distribution == Distribution::kUniform) return UniformFloat64(b.w[2 * lane], b.w[2 * lane + 1]);
+    if (p.distribution == Distribution::kUniform)
+      return UniformFloat64(b.w[2 * lane], b.w[2 * lane + 1]);
     double z[2];
     BoxMullerFloat64(b, &z[0], &z[1]);
     return p.mean + p.stddev * z[lane];
@@ -61,8 +62,8 @@ Distribution ToDistribution(v1::Distribution d) {
   }
 }
 
-v1::SubmitRequest RandomRequest(v1::Distribution dist, uint64_t n, v1::DType dtype, const RandomParams& p,
-                                bool set_stddev = true) {
+v1::SubmitRequest RandomRequest(v1::Distribution dist, uint64_t n, v1::DType dtype,
+                                const RandomParams& p, bool set_stddev = true) {
   v1::SubmitRequest r = Random(dist, {n}, dtype, p.seed);
   v1::RandomOp* op = r.mutable_random();
   op->set_offset(p.offset);
@@ -83,7 +84,8 @@ void CheckRandomFill(Client& client, v1::Distribution dist, const RandomParams& 
   ASSERT_EQ(op.outputs_size(), 1);
   EXPECT_EQ(op.outputs(0).dtype(), dtype);
   EXPECT_EQ(op.outputs(0).size_bytes(), n * sizeof(T));
-  const uint64_t counters = CountersUsed(ToDistribution(dist), DTypeOf<T>::value, static_cast<int64_t>(n));
+  const uint64_t counters =
+      CountersUsed(ToDistribution(dist), DTypeOf<T>::value, static_cast<int64_t>(n));
   EXPECT_EQ(counters, (n + ElementsPerCounter(ToDistribution(dist), DTypeOf<T>::value) - 1) /
                           ElementsPerCounter(ToDistribution(dist), DTypeOf<T>::value));
   EXPECT_EQ(op.next_offset(), p.offset + counters);
@@ -115,13 +117,16 @@ void CheckRandomFill(Client& client, v1::Distribution dist, const RandomParams& 
     } else {
       ok = got[i] == want;  // bit-exact
     }
-    if (!ok && misses++ < 5) ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want;
+    if (!ok && misses++ < 5)
+      ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want;
     if constexpr (std::is_integral_v<T>) {
       if (!(got[i] >= p.low && static_cast<int64_t>(got[i]) < p.high - 0) && misses++ < 5) {
-        ADD_FAILURE() << "element " << i << " = " << got[i] << " outside [" << p.low << ", " << p.high << ")";
+        ADD_FAILURE() << "element " << i << " = " << got[i] << " outside [" << p.low << ", "
+                      << p.high << ")";
       }
     } else if (dist == v1::DISTRIBUTION_UNIFORM) {
-      if (!(got[i] >= 0 && got[i] < 1) && misses++ < 5) ADD_FAILURE() << "element " << i << " = " << got[i];
+      if (!(got[i] >= 0 && got[i] < 1) && misses++ < 5)
+        ADD_FAILURE() << "element " << i << " = " << got[i];
     }
   }
   EXPECT_EQ(misses, 0);
@@ -179,7 +184,8 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
   for (auto [low, high] : std::vector<std::pair<int64_t, int64_t>>{
            {-5, 17},
            {0, 1},
-           {std::numeric_limits<int32_t>::min(), int64_t{std::numeric_limits<int32_t>::max()} + 1}}) {
+           {std::numeric_limits<int32_t>::min(),
+            int64_t{std::numeric_limits<int32_t>::max()} + 1}}) {
     SCOPED_TRACE(absl::StrCat("int32 integers in [", low, ", ", high, ")"));
     p.low = low;
     p.high = high;
@@ -197,7 +203,8 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
   // A small range is covered entirely.
   p.low = -5;
   p.high = 17;
-  ASSIGN_OR_FAIL(auto small, RunOp(c(), RandomRequest(v1::DISTRIBUTION_INTEGERS, n, v1::DTYPE_INT32, p)));
+  ASSIGN_OR_FAIL(auto small,
+                 RunOp(c(), RandomRequest(v1::DISTRIBUTION_INTEGERS, n, v1::DTYPE_INT32, p)));
   ASSIGN_OR_FAIL(auto values, DownloadArray<int32_t>(c(), small.outputs(0).id()));
   std::map<int32_t, int> histogram;
   for (int32_t v : values) ++histogram[v];
@@ -218,7 +225,8 @@ TEST_F(ServerOpsTest, RandomContinuesAtNextOffset) {
     const DType dt = dtype == v1::DTYPE_FLOAT32 ? DType::kFloat32 : DType::kInt64;
     const uint64_t k = static_cast<uint64_t>(ElementsPerCounter(d, dt));
     const size_t itemsize = 4 + 4 * (dtype == v1::DTYPE_INT64);
-    for (uint64_t n1 : {uint64_t{4096}, uint64_t{4097}, uint64_t{4099}}) {  // a multiple of k, and not
+    for (uint64_t n1 :
+         {uint64_t{4096}, uint64_t{4097}, uint64_t{4099}}) {  // a multiple of k, and not
       SCOPED_TRACE(absl::StrCat("first fill of ", n1));
       constexpr uint64_t n2 = 3001;
       ASSIGN_OR_FAIL(auto first, RunOp(c(), RandomRequest(dist, n1, dtype, p)));
@@ -238,7 +246,8 @@ TEST_F(ServerOpsTest, RandomContinuesAtNextOffset) {
       ASSIGN_OR_FAIL(auto b2, DownloadBytes(c(), second.outputs(0).id()));
       ASSIGN_OR_FAIL(auto bw, DownloadBytes(c(), whole.outputs(0).id()));
       ASSERT_EQ(bw.size(), total * itemsize);
-      EXPECT_TRUE(bw.compare(0, b1.size(), b1) == 0) << "the first fill is not the head of the whole";
+      EXPECT_TRUE(bw.compare(0, b1.size(), b1) == 0)
+          << "the first fill is not the head of the whole";
       EXPECT_TRUE(bw.compare(used * k * itemsize, b2.size(), b2) == 0)
           << "the continued fill is not the tail of the whole";
     }
@@ -276,25 +285,30 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   reject("low > high", RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_INT32, p));
   p.low = 0;
   p.high = (int64_t{1} << 31) + 1;
-  reject("int32 range overflow (high)", RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_INT32, p));
+  reject("int32 range overflow (high)",
+         RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_INT32, p));
   p.low = int64_t{std::numeric_limits<int32_t>::min()} - 1;
   p.high = 0;
-  reject("int32 range overflow (low)", RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_INT32, p));
+  reject("int32 range overflow (low)",
+         RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_INT32, p));
   p.low = 0;
   p.high = 10;
-  reject("uniform into a new int32", RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_INT32, p));
+  reject("uniform into a new int32",
+         RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_INT32, p));
   reject("uniform into an existing int32",
          Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(i32.id())));
   reject("normal into a new int64", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_INT64, p));
   reject("uniform into bool", RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_BOOL, p));
-  reject("integers into a new float64", RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_FLOAT64, p));
+  reject("integers into a new float64",
+         RandomRequest(v1::DISTRIBUTION_INTEGERS, 10, v1::DTYPE_FLOAT64, p));
   v1::SubmitRequest into_f64 =
       Random(v1::DISTRIBUTION_INTEGERS, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
   into_f64.mutable_random()->set_low(0);
   into_f64.mutable_random()->set_high(10);
   reject("integers into an existing float64", into_f64);
   p.stddev = -1;
-  reject("normal with negative stddev", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT64, p));
+  reject("normal with negative stddev",
+         RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT64, p));
   reject("normal with negative stddev into an existing buffer", [&] {
     v1::SubmitRequest r =
         Random(v1::DISTRIBUTION_NORMAL, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id()));
@@ -306,16 +320,18 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   reject("normal with NaN mean", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT32, p));
   p.mean = 0;
   reject("no distribution", RandomRequest(v1::DISTRIBUTION_UNSPECIFIED, 10, v1::DTYPE_FLOAT32, p));
-  reject("a new buffer without dtype", RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_UNSPECIFIED, p));
-  reject("shape differing from the existing output",
-         Random(v1::DISTRIBUTION_UNIFORM, {65}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id())));
+  reject("a new buffer without dtype",
+         RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_UNSPECIFIED, p));
+  reject(
+      "shape differing from the existing output",
+      Random(v1::DISTRIBUTION_UNIFORM, {65}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput(f64.id())));
   p.offset = std::numeric_limits<uint64_t>::max() - 2;
   reject("counter overflow", RandomRequest(v1::DISTRIBUTION_UNIFORM, 100, v1::DTYPE_FLOAT64, p));
   {
     SCOPED_TRACE("unknown output");
-    ExpectRejected(c(),
-                   Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput("nope")),
-                   absl::StatusCode::kNotFound, "", watched);
+    ExpectRejected(
+        c(), Random(v1::DISTRIBUTION_UNIFORM, {}, v1::DTYPE_UNSPECIFIED, 1, ExistingOutput("nope")),
+        absl::StatusCode::kNotFound, "", watched);
   }
 }
 

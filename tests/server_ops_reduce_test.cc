@@ -164,16 +164,16 @@ TEST_F(ServerOpsTest, ReduceAllKindsAxesLayoutsAndDtypes) {
       absl::StatusOr<v1::BufferInfo> buffer;
       switch (dtype) {
         case v1::DTYPE_FLOAT64:
-          buffer =
-              UploadArray(c(), ToMemory<double>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer = UploadArray(c(), ToMemory<double>(values, kRows, kCols, upload_layout), shape,
+                               upload_layout);
           break;
         case v1::DTYPE_FLOAT32:
-          buffer =
-              UploadArray(c(), ToMemory<float>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer = UploadArray(c(), ToMemory<float>(values, kRows, kCols, upload_layout), shape,
+                               upload_layout);
           break;
         default:
-          buffer =
-              UploadArray(c(), ToMemory<int32_t>(values, kRows, kCols, upload_layout), shape, upload_layout);
+          buffer = UploadArray(c(), ToMemory<int32_t>(values, kRows, kCols, upload_layout), shape,
+                               upload_layout);
           break;
       }
       ASSERT_OK(buffer);
@@ -196,9 +196,9 @@ TEST_F(ServerOpsTest, ReduceAllKindsAxesLayoutsAndDtypes) {
           }
         }
         for (v1::ReduceKind kind : kinds) {
-          const std::string what =
-              absl::StrCat(v1::DType_Name(dtype), " ", one_d ? "1-D" : v1::Layout_Name(layout), " axis ",
-                           axis.has_value() ? absl::StrCat(*axis) : "none", " ", v1::ReduceKind_Name(kind));
+          const std::string what = absl::StrCat(
+              v1::DType_Name(dtype), " ", one_d ? "1-D" : v1::Layout_Name(layout), " axis ",
+              axis.has_value() ? absl::StrCat(*axis) : "none", " ", v1::ReduceKind_Name(kind));
           SCOPED_TRACE(what);
           ASSIGN_OR_FAIL(auto op, RunOp(c(), Reduce(kind, buffer->id(), axis)));
           EXPECT_EQ(op.kind(), v1::OPERATION_KIND_REDUCE);
@@ -214,7 +214,8 @@ TEST_F(ServerOpsTest, ReduceAllKindsAxesLayoutsAndDtypes) {
           ASSERT_EQ(op.values_size(), static_cast<int>(groups.size()));
           ASSIGN_OR_FAIL(auto downloaded, DownloadAsDoubles(c(), op.outputs(0).id(), result_dtype));
           ASSERT_EQ(downloaded.size(), groups.size());
-          const bool float_result = result_dtype == v1::DTYPE_FLOAT32 || result_dtype == v1::DTYPE_FLOAT64;
+          const bool float_result =
+              result_dtype == v1::DTYPE_FLOAT32 || result_dtype == v1::DTYPE_FLOAT64;
           for (size_t g = 0; g < groups.size(); ++g) {
             const v1::Scalar& inline_value = op.values(static_cast<int>(g));
             double got_inline;
@@ -262,7 +263,8 @@ TEST_F(ServerOpsTest, ReduceWholeFArrayArgExtremaAreCOrderIndices) {
   const std::vector<double> logical = {5,  -1, 7, 8,   // row 0
                                        6,  9,  2, 9,   // row 1: maximum 9 at (1, 1) and (1, 3)
                                        -1, 4,  3, 1};  // row 2
-  ASSIGN_OR_FAIL(auto f, UploadArray(c(), ToMemory<double>(logical, 3, 4, v1::LAYOUT_F), {3, 4}, v1::LAYOUT_F));
+  ASSIGN_OR_FAIL(auto f, UploadArray(c(), ToMemory<double>(logical, 3, 4, v1::LAYOUT_F), {3, 4},
+                                     v1::LAYOUT_F));
   ASSIGN_OR_FAIL(auto argmin, RunOp(c(), Reduce(v1::REDUCE_KIND_ARGMIN, f.id())));
   ASSERT_EQ(argmin.values_size(), 1);
   EXPECT_EQ(argmin.values(0).int_value(), 1) << "numpy.argmin gives 1 (the first -1 in C order)";
@@ -278,9 +280,11 @@ TEST_F(ServerOpsTest, ReduceWholeFArrayArgExtremaAreCOrderIndices) {
   std::vector<double> with_nan = logical;
   with_nan[6] = std::nan("");  // (1, 2): F position 7
   with_nan[9] = std::nan("");  // (2, 1): F position 5
-  ASSIGN_OR_FAIL(auto fn, UploadArray(c(), ToMemory<double>(with_nan, 3, 4, v1::LAYOUT_F), {3, 4}, v1::LAYOUT_F));
+  ASSIGN_OR_FAIL(auto fn, UploadArray(c(), ToMemory<double>(with_nan, 3, 4, v1::LAYOUT_F), {3, 4},
+                                      v1::LAYOUT_F));
   ASSIGN_OR_FAIL(auto argmin_nan, RunOp(c(), Reduce(v1::REDUCE_KIND_ARGMIN, fn.id())));
-  EXPECT_EQ(argmin_nan.values(0).int_value(), 6) << "numpy.argmin gives the first NaN in C order, 6";
+  EXPECT_EQ(argmin_nan.values(0).int_value(), 6)
+      << "numpy.argmin gives the first NaN in C order, 6";
 }
 
 TEST_F(ServerOpsTest, ReduceIntoExistingOutputAndLargeResults) {
@@ -288,7 +292,8 @@ TEST_F(ServerOpsTest, ReduceIntoExistingOutputAndLargeResults) {
   ASSIGN_OR_FAIL(auto a, UploadArray(c(), matrix, {kRows, kCols}));
   ASSIGN_OR_FAIL(auto out, UploadArray(c(), std::vector<double>(kCols, -7.0)));
   const Snapshot before = TakeSnapshot(c());
-  ASSIGN_OR_FAIL(auto op, RunOp(c(), Reduce(v1::REDUCE_KIND_MAX, a.id(), 0, ExistingOutput(out.id()))));
+  ASSIGN_OR_FAIL(auto op,
+                 RunOp(c(), Reduce(v1::REDUCE_KIND_MAX, a.id(), 0, ExistingOutput(out.id()))));
   EXPECT_EQ(op.outputs(0).id(), out.id());
   EXPECT_EQ(TakeSnapshot(c()), before);
   ASSIGN_OR_FAIL(auto got, DownloadArray<double>(c(), out.id()));
@@ -308,7 +313,8 @@ TEST_F(ServerOpsTest, ReduceIntoExistingOutputAndLargeResults) {
   EXPECT_EQ(sums.outputs(0).dtype(), v1::DTYPE_INT64);
   ASSIGN_OR_FAIL(auto row_sums, DownloadArray<int64_t>(c(), sums.outputs(0).id()));
   ASSERT_EQ(row_sums.size(), rows);
-  for (size_t i = 0; i < rows; ++i) ASSERT_EQ(row_sums[i], int64_t{tall[2 * i]} + tall[2 * i + 1]) << i;
+  for (size_t i = 0; i < rows; ++i)
+    ASSERT_EQ(row_sums[i], int64_t{tall[2 * i]} + tall[2 * i + 1]) << i;
   // Exactly 4096 results are still inline.
   ASSIGN_OR_FAIL(auto t2, UploadArray(c(), std::vector<int32_t>(4096 * 2, 1), {4096, 2}));
   ASSIGN_OR_FAIL(auto sums2, RunOp(c(), Reduce(v1::REDUCE_KIND_SUM, t2.id(), -1)));
@@ -338,25 +344,35 @@ TEST_F(ServerOpsTest, ReduceEmptyAndRejections) {
     r.add_shape(5);
     return r;
   }()));
-  ASSIGN_OR_FAIL(auto out_i32, UploadArray(c(), std::vector<int32_t>(1, 77), std::vector<uint64_t>{}));
+  ASSIGN_OR_FAIL(auto out_i32,
+                 UploadArray(c(), std::vector<int32_t>(1, 77), std::vector<uint64_t>{}));
   ASSIGN_OR_FAIL(auto out_f64_short, UploadArray(c(), std::vector<double>(9, 1.0)));
   const std::vector<std::string> watched = {v.id(), m.id(), out_i32.id(), out_f64_short.id()};
   const auto reject = [&](const char* what, const v1::SubmitRequest& r, absl::StatusCode code) {
     SCOPED_TRACE(what);
     ExpectRejected(c(), r, code, "", watched);
   };
-  reject("min of empty", Reduce(v1::REDUCE_KIND_MIN, empty.id()), absl::StatusCode::kInvalidArgument);
-  reject("max of empty", Reduce(v1::REDUCE_KIND_MAX, empty.id()), absl::StatusCode::kInvalidArgument);
-  reject("argmin of empty", Reduce(v1::REDUCE_KIND_ARGMIN, empty.id()), absl::StatusCode::kInvalidArgument);
-  reject("argmax of empty, named output", Reduce(v1::REDUCE_KIND_ARGMAX, empty.id(), {}, NewOutput("never")),
+  reject("min of empty", Reduce(v1::REDUCE_KIND_MIN, empty.id()),
+         absl::StatusCode::kInvalidArgument);
+  reject("max of empty", Reduce(v1::REDUCE_KIND_MAX, empty.id()),
+         absl::StatusCode::kInvalidArgument);
+  reject("argmin of empty", Reduce(v1::REDUCE_KIND_ARGMIN, empty.id()),
+         absl::StatusCode::kInvalidArgument);
+  reject("argmax of empty, named output",
+         Reduce(v1::REDUCE_KIND_ARGMAX, empty.id(), {}, NewOutput("never")),
          absl::StatusCode::kInvalidArgument);
   reject("min along an empty axis", Reduce(v1::REDUCE_KIND_MIN, m_empty_rows.id(), 0),
          absl::StatusCode::kInvalidArgument);
-  reject("axis 0 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), 0), absl::StatusCode::kInvalidArgument);
-  reject("axis -1 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), -1), absl::StatusCode::kInvalidArgument);
-  reject("axis 2 of 2-D", Reduce(v1::REDUCE_KIND_SUM, m.id(), 2), absl::StatusCode::kInvalidArgument);
-  reject("axis -3 of 2-D", Reduce(v1::REDUCE_KIND_SUM, m.id(), -3), absl::StatusCode::kInvalidArgument);
-  reject("no kind", Reduce(v1::REDUCE_KIND_UNSPECIFIED, m.id()), absl::StatusCode::kInvalidArgument);
+  reject("axis 0 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), 0),
+         absl::StatusCode::kInvalidArgument);
+  reject("axis -1 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), -1),
+         absl::StatusCode::kInvalidArgument);
+  reject("axis 2 of 2-D", Reduce(v1::REDUCE_KIND_SUM, m.id(), 2),
+         absl::StatusCode::kInvalidArgument);
+  reject("axis -3 of 2-D", Reduce(v1::REDUCE_KIND_SUM, m.id(), -3),
+         absl::StatusCode::kInvalidArgument);
+  reject("no kind", Reduce(v1::REDUCE_KIND_UNSPECIFIED, m.id()),
+         absl::StatusCode::kInvalidArgument);
   reject("unknown input", Reduce(v1::REDUCE_KIND_SUM, "buf-ffffffffffffffffffffffffffffffff"),
          absl::StatusCode::kNotFound);
   reject("float64 sum into an int32 buffer",
@@ -365,7 +381,8 @@ TEST_F(ServerOpsTest, ReduceEmptyAndRejections) {
   reject("axis result into a buffer of the wrong length",
          Reduce(v1::REDUCE_KIND_SUM, m.id(), 0, ExistingOutput(out_f64_short.id())),
          absl::StatusCode::kInvalidArgument);
-  reject("output is the input", Reduce(v1::REDUCE_KIND_SUM, m.id(), std::nullopt, ExistingOutput(m.id())),
+  reject("output is the input",
+         Reduce(v1::REDUCE_KIND_SUM, m.id(), std::nullopt, ExistingOutput(m.id())),
          absl::StatusCode::kInvalidArgument);
 }
 

@@ -55,8 +55,8 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   }
   // 4 elementwise.
   for (const char* text : {"x + y", "x * y", "sin(x) + y", "x < y"}) {
-    ASSIGN_OR_FAIL(
-        auto op, RunOp(c(), Elementwise(text, {{"x", BufferOperand(bx.id())}, {"y", BufferOperand(by.id())}})));
+    ASSIGN_OR_FAIL(auto op, RunOp(c(), Elementwise(text, {{"x", BufferOperand(bx.id())},
+                                                          {"y", BufferOperand(by.id())}})));
     ew_read += op.timing().bytes_read();
     ew_written += op.timing().bytes_written();
     ew_flops += op.timing().flops();
@@ -74,7 +74,8 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   }
   // 5 random.
   for (int i = 0; i < 5; ++i) {
-    ASSIGN_OR_FAIL(auto op, RunOp(c(), Random(v1::DISTRIBUTION_UNIFORM, {100}, v1::DTYPE_FLOAT32, i)));
+    ASSIGN_OR_FAIL(auto op,
+                   RunOp(c(), Random(v1::DISTRIBUTION_UNIFORM, {100}, v1::DTYPE_FLOAT32, i)));
   }
   // Rejected requests count nowhere.
   EXPECT_FALSE(c().Submit(Elementwise("x +", {{"x", BufferOperand(bx.id())}})).ok());
@@ -89,13 +90,15 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   ASSIGN_OR_FAIL(auto stats, c().GetStats());
   std::map<v1::OperationKind, v1::KindStats> by_kind;
   for (const v1::KindStats& k : stats.kinds()) {
-    EXPECT_FALSE(by_kind.contains(k.kind())) << "kind listed twice: " << v1::OperationKind_Name(k.kind());
+    EXPECT_FALSE(by_kind.contains(k.kind()))
+        << "kind listed twice: " << v1::OperationKind_Name(k.kind());
     by_kind[k.kind()] = k;
   }
   const std::map<v1::OperationKind, uint64_t> want = {
-      {v1::OPERATION_KIND_UPLOAD, 5},      {v1::OPERATION_KIND_COPY, 1},    {v1::OPERATION_KIND_FILL, 2},
-      {v1::OPERATION_KIND_ELEMENTWISE, 4}, {v1::OPERATION_KIND_GEMV, 2},    {v1::OPERATION_KIND_REDUCE, 3},
-      {v1::OPERATION_KIND_RANDOM, 5},      {v1::OPERATION_KIND_DOWNLOAD, 2}};
+      {v1::OPERATION_KIND_UPLOAD, 5}, {v1::OPERATION_KIND_COPY, 1},
+      {v1::OPERATION_KIND_FILL, 2},   {v1::OPERATION_KIND_ELEMENTWISE, 4},
+      {v1::OPERATION_KIND_GEMV, 2},   {v1::OPERATION_KIND_REDUCE, 3},
+      {v1::OPERATION_KIND_RANDOM, 5}, {v1::OPERATION_KIND_DOWNLOAD, 2}};
   for (const auto& [kind, count] : want) {
     SCOPED_TRACE(v1::OperationKind_Name(kind));
     ASSERT_TRUE(by_kind.contains(kind));
@@ -148,7 +151,8 @@ class InstrumentedBackend final : public Backend {
     return last_prepared_dtype_;
   }
 
-  absl::StatusOr<double> PrepareElementwise(const expr::Program& program, DType out_dtype) override {
+  absl::StatusOr<double> PrepareElementwise(const expr::Program& program,
+                                            DType out_dtype) override {
     std::lock_guard lock(mu_);
     last_prepared_dtype_ = out_dtype;
     if (!prepare_error_.ok()) return prepare_error_;
@@ -164,8 +168,12 @@ class InstrumentedBackend final : public Backend {
 
   absl::string_view name() const override { return cpu_.name(); }
   const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
-  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override { return cpu_.Allocate(device, bytes); }
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override { return cpu_.CreateStream(device); }
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
+    return cpu_.Allocate(device, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
+    return cpu_.CreateStream(device);
+  }
   absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
     return cpu_.ElapsedSeconds(start, end);
   }
@@ -181,20 +189,22 @@ class InstrumentedBackend final : public Backend {
                     uint64_t dst_offset, uint64_t bytes) override {
     return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
   }
-  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits, int64_t count) override {
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                    int64_t count) override {
     return cpu_.Fill(stream, dst, dtype, value_bits, count);
   }
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
-                                         std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
-                                         DType out_dtype, int64_t n) override {
+                                         std::span<const DeviceMemory* const> inputs,
+                                         DeviceMemory& out, DType out_dtype, int64_t n) override {
     return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
   }
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                       const ReduceShape& shape, DeviceMemory& out) override {
     return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
   }
-  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha, const DeviceMemory& a,
-                    const DeviceMemory& x, double beta, DeviceMemory& y) override {
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                    const DeviceMemory& a, const DeviceMemory& x, double beta,
+                    DeviceMemory& y) override {
     return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
   }
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
@@ -241,8 +251,10 @@ TEST_F(InstrumentedServerTest, PrepareElementwiseFailureChangesNothing) {
   backend_->FailPrepare(absl::ResourceExhaustedError("injected compile failure"));
 
   // Into a new buffer (allocated before compiling, and freed again) and into an existing one.
-  v1::SubmitRequest into_new = Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput("r", v1::DTYPE_FLOAT32));
-  ExpectRejected(*client_, into_new, absl::StatusCode::kResourceExhausted, "injected compile failure", {"x"});
+  v1::SubmitRequest into_new =
+      Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput("r", v1::DTYPE_FLOAT32));
+  ExpectRejected(*client_, into_new, absl::StatusCode::kResourceExhausted,
+                 "injected compile failure", {"x"});
   EXPECT_EQ(backend_->last_prepared_dtype(), DType::kFloat32);
   ExpectRejected(*client_, Elementwise("x * 2", {{"x", BufferOperand("x")}}, ExistingOutput("x")),
                  absl::StatusCode::kResourceExhausted, "injected compile failure", {"x"});
@@ -279,11 +291,11 @@ TEST_F(InstrumentedServerTest, OperationsAndTransfersAreNamedInProfilerRanges) {
   EXPECT_EQ(down.size(), x.size());
 
   const std::vector<std::string> ranges = backend_->ranges();
-  for (const std::string& want : {absl::StrCat("upload ", bx.id()),
-                                  absl::StrCat("elementwise ", bx.id(), " -> ", by),
-                                  absl::StrCat("reduce ", by, " -> ", sum.outputs(0).id()),
-                                  absl::StrCat("download ", by)}) {
-    EXPECT_NE(std::find(ranges.begin(), ranges.end(), want), ranges.end()) << "no range '" << want << "'";
+  for (const std::string& want :
+       {absl::StrCat("upload ", bx.id()), absl::StrCat("elementwise ", bx.id(), " -> ", by),
+        absl::StrCat("reduce ", by, " -> ", sum.outputs(0).id()), absl::StrCat("download ", by)}) {
+    EXPECT_NE(std::find(ranges.begin(), ranges.end(), want), ranges.end())
+        << "no range '" << want << "'";
   }
   EXPECT_EQ(backend_->open_ranges(), 0) << "every PushRange has its PopRange";
 }

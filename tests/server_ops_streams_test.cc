@@ -84,7 +84,8 @@ TEST_F(ServerOpsTest, StreamsCreateListSynchronizeDelete) {
 
   // Deleting.
   EXPECT_EQ(c().DeleteStream(default_id).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c().DeleteStream("str-00000000000000000000000000000000").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c().DeleteStream("str-00000000000000000000000000000000").code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(c().DeleteStream("").code(), absl::StatusCode::kNotFound);
   ASSIGN_OR_FAIL(auto still3, c().ListStreams());
   EXPECT_EQ(still3.streams_size(), 3);
@@ -125,7 +126,8 @@ TEST_F(ServerOpsTest, StreamsReadAfterWriteAcrossStreams) {
   const std::vector<std::string> chain = QueueChain(c(), bx.id(), kChain, a.id());
   ASSERT_EQ(chain.size(), static_cast<size_t>(kChain));
   // y = x * 1 on B, submitted after the chain: it must see all 30 increments.
-  ASSIGN_OR_FAIL(auto read, RunOp(c(), Elementwise("x * 1", {{"x", BufferOperand(bx.id())}}), b.id()));
+  ASSIGN_OR_FAIL(auto read,
+                 RunOp(c(), Elementwise("x * 1", {{"x", BufferOperand(bx.id())}}), b.id()));
   EXPECT_EQ(read.stream_id(), b.id());
   EXPECT_GT(read.timing().queued_seconds(), 0);
   // (Whether the writers on A already report done when the reader on B does is not
@@ -147,12 +149,14 @@ TEST_F(ServerOpsTest, StreamsWriteAfterReadAcrossStreams) {
   ASSIGN_OR_FAIL(auto bz, UploadArray(c(), std::vector<double>(kBig, 0.0)));
   // On A: a long chain on z, then the reader y = x * 1, which therefore starts late.
   QueueChain(c(), bz.id(), kChain, a.id());
-  ASSIGN_OR_FAIL(auto reader, c().Submit(OnStream(Elementwise("x * 1", {{"x", BufferOperand(bx.id())}}), a.id())));
+  ASSIGN_OR_FAIL(auto reader, c().Submit(OnStream(
+                                  Elementwise("x * 1", {{"x", BufferOperand(bx.id())}}), a.id())));
   EXPECT_FALSE(reader.done());
   // On B, submitted later: x = x + 100. It must wait for the reader.
   ASSIGN_OR_FAIL(
       auto writer,
-      RunOp(c(), Elementwise("x + 100", {{"x", BufferOperand(bx.id())}}, ExistingOutput(bx.id())), b.id()));
+      RunOp(c(), Elementwise("x + 100", {{"x", BufferOperand(bx.id())}}, ExistingOutput(bx.id())),
+            b.id()));
   EXPECT_EQ(writer.stream_id(), b.id());
   ASSIGN_OR_FAIL(auto reader_done, c().WaitOperation(reader.id()));
   EXPECT_EQ(reader_done.state(), v1::Operation::STATE_SUCCEEDED);
@@ -170,12 +174,14 @@ TEST_F(ServerOpsTest, StreamsWriteAfterWriteAcrossStreams) {
   // On A: a long chain on z, then x = z * 1 (x becomes 30 everywhere, late).
   QueueChain(c(), bz.id(), kChain, a.id());
   ASSIGN_OR_FAIL(
-      auto first, c().Submit(OnStream(
-                 Elementwise("z * 1", {{"z", BufferOperand(bz.id())}}, ExistingOutput(bx.id())), a.id())));
+      auto first,
+      c().Submit(OnStream(
+          Elementwise("z * 1", {{"z", BufferOperand(bz.id())}}, ExistingOutput(bx.id())), a.id())));
   // On B, later: x = w * 1, which does not read x. The later write must win.
   ASSIGN_OR_FAIL(
       auto second,
-      RunOp(c(), Elementwise("w * 1", {{"w", BufferOperand(bw.id())}}, ExistingOutput(bx.id())), b.id()));
+      RunOp(c(), Elementwise("w * 1", {{"w", BufferOperand(bw.id())}}, ExistingOutput(bx.id())),
+            b.id()));
   EXPECT_EQ(second.stream_id(), b.id());
   ASSIGN_OR_FAIL(auto first_done, c().WaitOperation(first.id()));
   EXPECT_EQ(first_done.state(), v1::Operation::STATE_SUCCEEDED);
@@ -216,11 +222,12 @@ TEST_F(ServerOpsTest, DeleteBufferWhileQueuedOpsUseIt) {
   ASSIGN_OR_FAIL(auto info0, c().GetServerInfo());
   // A chain on z, then y = 2 * x behind it, then delete x and z right away.
   const std::vector<std::string> chain = QueueChain(c(), bz.id(), kChain, s.id());
-  ASSIGN_OR_FAIL(auto reader,
-                 c().Submit(OnStream(
-                     Elementwise("2 * x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}},
-                                 NewOutput("y")),
-                     s.id())));
+  ASSIGN_OR_FAIL(
+      auto reader,
+      c().Submit(OnStream(
+          Elementwise("2 * x + z", {{"x", BufferOperand(bx.id())}, {"z", BufferOperand(bz.id())}},
+                      NewOutput("y")),
+          s.id())));
   EXPECT_FALSE(reader.done());
   ASSERT_OK(c().DeleteBuffer(bx.id()));
   ASSERT_OK(c().DeleteBuffer(bz.id()));
@@ -230,7 +237,8 @@ TEST_F(ServerOpsTest, DeleteBufferWhileQueuedOpsUseIt) {
   EXPECT_EQ(c().DeleteBuffer(bx.id()).code(), absl::StatusCode::kNotFound);
   {
     SCOPED_TRACE("using a deleted buffer");
-    ExpectRejected(c(), Elementwise("x + 1", {{"x", BufferOperand(bx.id())}}), absl::StatusCode::kNotFound);
+    ExpectRejected(c(), Elementwise("x + 1", {{"x", BufferOperand(bx.id())}}),
+                   absl::StatusCode::kNotFound);
   }
   // The queued work still succeeds and computes from the deleted buffers.
   for (const std::string& id : chain) {

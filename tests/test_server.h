@@ -180,7 +180,8 @@ absl::StatusOr<std::vector<T>> DownloadArray(Client& client, std::string_view bu
   absl::StatusOr<std::string> bytes = DownloadBytes(client, buffer);
   if (!bytes.ok()) return bytes.status();
   if (bytes->size() % sizeof(T) != 0) {
-    return absl::InternalError(absl::StrCat(bytes->size(), " bytes is no whole number of elements"));
+    return absl::InternalError(
+        absl::StrCat(bytes->size(), " bytes is no whole number of elements"));
   }
   std::vector<T> out(bytes->size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), bytes->data(), bytes->size());

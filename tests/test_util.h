@@ -50,7 +50,7 @@ template <typename T>
 #define GPUCOMPUTE_TEST_CONCAT_(a, b) GPUCOMPUTE_TEST_CONCAT_INNER_(a, b)
 #define ASSIGN_OR_FAIL(lhs, expr) \
   GPUCOMPUTE_ASSIGN_OR_FAIL_IMPL_(GPUCOMPUTE_TEST_CONCAT_(gpucompute_test_or_, __LINE__), lhs, expr)
-#define GPUCOMPUTE_ASSIGN_OR_FAIL_IMPL_(tmp, lhs, expr)               \
+#define GPUCOMPUTE_ASSIGN_OR_FAIL_IMPL_(tmp, lhs, expr)             \
   auto tmp = (expr);                                                \
   ASSERT_TRUE(tmp.ok()) << #expr << " is not OK: " << tmp.status(); \
   lhs = *std::move(tmp)

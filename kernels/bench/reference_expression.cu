@@ -23,7 +23,8 @@ __device__ __forceinline__ double Expression(double x) {
 }
 
 // 16 bytes of T.
-template <typename T> struct alignas(16) Vector16 {
+template <typename T>
+struct alignas(16) Vector16 {
   T e[16 / sizeof(T)];
 };
 
@@ -31,8 +32,7 @@ template <typename T> struct alignas(16) Vector16 {
 // by one. With `vectorised` false (a misaligned buffer) every element goes one by one.
 template <typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    ReferenceExpressionKernel(const T* x, T* out, int64_t n,
-                              bool vectorised) {
+    ReferenceExpressionKernel(const T* x, T* out, int64_t n, bool vectorised) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -74,9 +74,12 @@ cudaError_t ReferenceExpressionAsync(DType dtype, const void* x, void* out, int6
                                      cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   switch (dtype) {
-    case DType::kFloat32: return Launch<float>(x, out, n, stream);
-    case DType::kFloat64: return Launch<double>(x, out, n, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::kFloat32:
+      return Launch<float>(x, out, n, stream);
+    case DType::kFloat64:
+      return Launch<double>(x, out, n, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -33,10 +33,12 @@ __device__ typename Op::Acc BlockBest(typename Op::Acc mine) {
 }
 
 template <class Op>
-__global__ void PartialKernel(const typename Op::In* in, int64_t rows, int64_t cols, typename Op::Acc* partials) {
+__global__ void PartialKernel(const typename Op::In* in, int64_t rows, int64_t cols,
+                              typename Op::Acc* partials) {
   const int64_t n = rows * cols;
   typename Op::Acc best = Op::Identity();
-  for (int64_t m = blockIdx.x * int64_t{kThreads} + threadIdx.x; m < n; m += int64_t{gridDim.x} * kThreads) {
+  for (int64_t m = blockIdx.x * int64_t{kThreads} + threadIdx.x; m < n;
+       m += int64_t{gridDim.x} * kThreads) {
     best = Op::Combine(best, Op::Convert(in[m], (m % rows) * cols + m / rows));
   }
   const typename Op::Acc block = BlockBest<Op>(best);
@@ -56,13 +58,13 @@ cudaError_t Dispatch(const void* in, int64_t rows, int64_t cols, void* out, cuda
                      cudaStream_t stream) {
   using Acc = typename Op::Acc;
   const int64_t n = rows * cols;
-  const int blocks =
-      static_cast<int>(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
   detail::PoolScratch scratch(pool, stream);
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(scratch.Allocate(sizeof(Acc) * blocks));
   auto* partials = static_cast<Acc*>(scratch.get());
-  PartialKernel<Op><<<blocks, kThreads, 0, stream>>>(static_cast<const typename Op::In*>(in), rows, cols,
-                                                     partials);
+  PartialKernel<Op><<<blocks, kThreads, 0, stream>>>(static_cast<const typename Op::In*>(in), rows,
+                                                     cols, partials);
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
   FinalKernel<Op><<<1, kThreads, 0, stream>>>(partials, blocks, static_cast<int64_t*>(out));
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
@@ -71,8 +73,9 @@ cudaError_t Dispatch(const void* in, int64_t rows, int64_t cols, void* out, cuda
 
 }  // namespace
 
-cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows, int64_t cols,
-                                    void* out, cudaMemPool_t pool, cudaStream_t stream) {
+cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows,
+                                    int64_t cols, void* out, cudaMemPool_t pool,
+                                    cudaStream_t stream) {
   return VisitDType(dtype, [&](auto zero) {
     using Argmin = typename reduce::OpFor<ReduceKind::kArgmin, decltype(zero)>::type;
     using Argmax = typename reduce::OpFor<ReduceKind::kArgmax, decltype(zero)>::type;

@@ -47,9 +47,12 @@ cudaError_t FillAsync(void* dst, DType dtype, uint64_t value_bits, int64_t count
                       cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   switch (DTypeSize(dtype)) {
-    case 1: return detail::FillDispatch<uint8_t>(dst, value_bits, count, stream);
-    case 4: return detail::FillDispatch<uint32_t>(dst, value_bits, count, stream);
-    case 8: return detail::FillDispatch<uint64_t>(dst, value_bits, count, stream);
+    case 1:
+      return detail::FillDispatch<uint8_t>(dst, value_bits, count, stream);
+    case 4:
+      return detail::FillDispatch<uint32_t>(dst, value_bits, count, stream);
+    case 8:
+      return detail::FillDispatch<uint64_t>(dst, value_bits, count, stream);
   }
   return cudaErrorInvalidValue;
 }

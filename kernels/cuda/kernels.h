@@ -31,8 +31,9 @@ cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const R
 // The C-order index (int64, written to *out) of the first minimum (is_min) or maximum of
 // an F-layout rows x cols array, as numpy.argmin/argmax of it give; NaN counts as the
 // extreme. Reads memory in its own order; the answer does not depend on the grid.
-cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows, int64_t cols,
-                                    void* out, cudaMemPool_t pool, cudaStream_t stream);
+cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows,
+                                    int64_t cols, void* out, cudaMemPool_t pool,
+                                    cudaStream_t stream);
 
 // out[0, n) as RandomParams and kernels/philox.h define: integers and uniforms
 // bit-identical to the CPU backend.

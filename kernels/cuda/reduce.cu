@@ -67,7 +67,8 @@ int64_t NextPow2(int64_t x) {
 }
 
 // The dtype with the size of T, for FillAsync.
-template <typename T> constexpr DType SameSizeDType() {
+template <typename T>
+constexpr DType SameSizeDType() {
   return sizeof(T) == 1 ? DType::kBool : sizeof(T) == 4 ? DType::kInt32 : DType::kInt64;
 }
 
@@ -97,8 +98,8 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
                              typename Op::Out* out, cudaMemPool_t pool, cudaStream_t stream) {
   unsigned grid = 0;
   if (extent <= kGroupMaxExtent) {
-    const int group = static_cast<int>(
-        NextPow2(std::min<int64_t>(32, CeilDiv(extent, kGroupElementsPerLane))));
+    const int group =
+        static_cast<int>(NextPow2(std::min<int64_t>(32, CeilDiv(extent, kGroupElementsPerLane))));
     GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
         GridStrideBlocks(CeilDiv(outer, kBlockThreads / group), kBlocksPerSm, &grid));
     SegmentGroupKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, group, out);
@@ -108,14 +109,14 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
   // Chunks per segment: enough items to fill the GPU, none shorter than kMinChunkElements.
   // Chunk lengths are multiples of 16 elements so that chunks of an aligned segment start
   // 16-byte aligned.
-  const int64_t wanted = std::min(CeilDiv(kTargetItems, outer),
-                                  std::max<int64_t>(1, extent / kMinChunkElements));
+  const int64_t wanted =
+      std::min(CeilDiv(kTargetItems, outer), std::max<int64_t>(1, extent / kMinChunkElements));
   const int64_t chunk_len = CeilDiv(CeilDiv(extent, wanted), 16) * 16;
   const int64_t chunks = CeilDiv(extent, chunk_len);
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(GridStrideBlocks(outer * chunks, kBlocksPerSm, &grid));
   if (chunks == 1) {
-    SegmentBlockKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, 1,
-                                                              nullptr, out);
+    SegmentBlockKernel<Op>
+        <<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, 1, nullptr, out);
     return cudaGetLastError();
   }
 
@@ -124,8 +125,8 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       scratch.Allocate(static_cast<size_t>(outer * chunks) * sizeof(Acc)));
   Acc* partial = static_cast<Acc*>(scratch.get());
-  SegmentBlockKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, chunks,
-                                                            partial, out);
+  SegmentBlockKernel<Op>
+      <<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, chunks, partial, out);
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       CombinePartials<Op>(partial, outer, chunks, chunks, 1, extent, out, stream));
@@ -133,9 +134,8 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
 }
 
 template <class Op>
-cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t extent,
-                          int64_t inner, typename Op::Out* out, cudaMemPool_t pool,
-                          cudaStream_t stream) {
+cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t extent, int64_t inner,
+                          typename Op::Out* out, cudaMemPool_t pool, cudaStream_t stream) {
   const int tile = static_cast<int>(std::min<int64_t>(inner, kBlockThreads));
   const int fold = kBlockThreads / tile;
   const int64_t tiles = CeilDiv(inner, tile);
@@ -149,9 +149,8 @@ cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t exte
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(GridStrideBlocks(outer * tiles * chunks, kBlocksPerSm, &grid));
   const int fold_pow2 = static_cast<int>(NextPow2(fold));
   if (chunks == 1) {
-    StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, inner, tile, fold,
-                                                         fold_pow2, tiles, rows_per_chunk, 1,
-                                                         nullptr, out);
+    StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(
+        in, outer, extent, inner, tile, fold, fold_pow2, tiles, rows_per_chunk, 1, nullptr, out);
     return cudaGetLastError();
   }
 
@@ -161,9 +160,8 @@ cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t exte
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       scratch.Allocate(static_cast<size_t>(outputs * chunks) * sizeof(Acc)));
   Acc* partial = static_cast<Acc*>(scratch.get());
-  StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, inner, tile, fold,
-                                                       fold_pow2, tiles, rows_per_chunk, chunks,
-                                                       partial, out);
+  StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(
+      in, outer, extent, inner, tile, fold, fold_pow2, tiles, rows_per_chunk, chunks, partial, out);
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       CombinePartials<Op>(partial, outputs, chunks, 1, outputs, extent, out, stream));

@@ -152,11 +152,13 @@ CpuBackend::~CpuBackend() = default;
 absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
   if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
   // aligned_alloc needs a size that is a multiple of the alignment, and a non-zero one.
-  const uint64_t rounded = bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  const uint64_t rounded =
+      bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded < bytes) return absl::ResourceExhaustedError("allocation size overflows");
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("out of host memory allocating ", bytes, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of host memory allocating ", bytes, " bytes"));
   }
   allocated_bytes_->fetch_add(bytes, std::memory_order_relaxed);
   return DeviceMemory(p, bytes, device, [allocated = allocated_bytes_](void* ptr, uint64_t size) {
@@ -179,8 +181,10 @@ absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {
 absl::StatusOr<double> CpuBackend::ElapsedSeconds(const Event& start, const Event& end) {
   const auto* s = dynamic_cast<const CpuEvent*>(&start);
   const auto* e = dynamic_cast<const CpuEvent*>(&end);
-  if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CPU backend");
-  if (!s->IsComplete() || !e->IsComplete()) return absl::FailedPreconditionError("event has not completed");
+  if (s == nullptr || e == nullptr)
+    return absl::InvalidArgumentError("event is not from the CPU backend");
+  if (!s->IsComplete() || !e->IsComplete())
+    return absl::FailedPreconditionError("event has not completed");
   return std::chrono::duration<double>(e->WaitDone() - s->WaitDone()).count();
 }
 
@@ -247,8 +251,9 @@ void CpuBackend::ParallelCopy(void* dst, const void* src, uint64_t bytes) {
   if (dst == src) return;
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  pool_->ParallelFor(static_cast<int64_t>(bytes), kCopyGrain,
-                     [&](int64_t begin, int64_t end) { std::memmove(d + begin, s + begin, end - begin); });
+  pool_->ParallelFor(static_cast<int64_t>(bytes), kCopyGrain, [&](int64_t begin, int64_t end) {
+    std::memmove(d + begin, s + begin, end - begin);
+  });
 }
 
 absl::Status CpuBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
@@ -312,8 +317,9 @@ absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
   const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   AsCpu(stream).Enqueue([this, kind, in_dtype, i, shape, o, arg] {
     if (arg && shape.f_order_rows > 0) {
-      *static_cast<int64_t*>(o) = ArgExtremeInCOrder(kind == ReduceKind::kArgmin, in_dtype, i,
-                                                     shape.f_order_rows, shape.extent / shape.f_order_rows);
+      *static_cast<int64_t*>(o) =
+          ArgExtremeInCOrder(kind == ReduceKind::kArgmin, in_dtype, i, shape.f_order_rows,
+                             shape.extent / shape.f_order_rows);
     } else {
       cpu::Reduce(kind, in_dtype, i, shape, o, *pool_);
     }

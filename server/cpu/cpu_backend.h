@@ -26,8 +26,8 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override;
   absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override;
 
-  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
-                            uint64_t dst_offset, uint64_t bytes) override;
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                            uint64_t bytes) override;
   absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
                           uint64_t bytes) override;
   absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
@@ -51,7 +51,8 @@ class CpuBackend final : public Backend {
  private:
   // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
   // as numpy.argmin gives; NaN counts as the extreme.
-  int64_t ArgExtremeInCOrder(bool is_min, DType dtype, const void* data, int64_t rows, int64_t cols);
+  int64_t ArgExtremeInCOrder(bool is_min, DType dtype, const void* data, int64_t rows,
+                             int64_t cols);
   // Copies of large ranges are split across the pool.
   void ParallelCopy(void* dst, const void* src, uint64_t bytes);
 
@@ -59,7 +60,8 @@ class CpuBackend final : public Backend {
   std::vector<DeviceDescription> devices_;
   // Bytes of live allocations. Shared with their deleters, since memory may outlive
   // the backend.
-  std::shared_ptr<std::atomic<uint64_t>> allocated_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> allocated_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace gpucompute::cpu

@@ -26,8 +26,8 @@ void Reduce(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& 
 // (layout C) or column-major (layout F); op(A) is A or its transpose. All of A, x and y
 // have dtype `dtype` (float32 or float64). When beta == 0, y is not read (NaN in y does
 // not propagate). Deterministic: every y element is summed in a fixed order.
-void Gemv(DType dtype, const GemvShape& shape, double alpha, const void* a, const void* x, double beta,
-          void* y, ThreadPool& pool);
+void Gemv(DType dtype, const GemvShape& shape, double alpha, const void* a, const void* x,
+          double beta, void* y, ThreadPool& pool);
 
 // Fills out[0, n) as RandomParams and kernels/philox.h define. Bit-identical across
 // runs and thread counts.

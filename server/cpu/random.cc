@@ -48,20 +48,24 @@ void Random(const RandomParams& params, DType dtype, void* out, int64_t n, Threa
   if (params.distribution == Distribution::kIntegers) {
     assert(params.low < params.high);
     if (dtype == DType::kInt32) {
-      Fill<int32_t, int64_t, 2>(params, static_cast<int32_t*>(out), n, pool,
+      Fill<int32_t, int64_t, 2>(
+          params, static_cast<int32_t*>(out), n, pool,
           [](const PhiloxWords& w, const RandomParams& p, int64_t* v) { IntegerLanes(w, p, v); });
     } else if (dtype == DType::kInt64) {
-      Fill<int64_t, int64_t, 2>(params, static_cast<int64_t*>(out), n, pool,
+      Fill<int64_t, int64_t, 2>(
+          params, static_cast<int64_t*>(out), n, pool,
           [](const PhiloxWords& w, const RandomParams& p, int64_t* v) { IntegerLanes(w, p, v); });
     }
     return;
   }
   if (dtype == DType::kFloat32) {
-    Fill<float, float, 4>(params, static_cast<float*>(out), n, pool,
-          [](const PhiloxWords& w, const RandomParams& p, float* v) { Float32Lanes(w, p, v); });
+    Fill<float, float, 4>(
+        params, static_cast<float*>(out), n, pool,
+        [](const PhiloxWords& w, const RandomParams& p, float* v) { Float32Lanes(w, p, v); });
   } else if (dtype == DType::kFloat64) {
-    Fill<double, double, 2>(params, static_cast<double*>(out), n, pool,
-          [](const PhiloxWords& w, const RandomParams& p, double* v) { Float64Lanes(w, p, v); });
+    Fill<double, double, 2>(
+        params, static_cast<double*>(out), n, pool,
+        [](const PhiloxWords& w, const RandomParams& p, double* v) { Float64Lanes(w, p, v); });
   }
 }
 

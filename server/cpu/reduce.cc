@@ -44,7 +44,8 @@ constexpr int64_t kLanes = 16;
 // order, after Start (or, with kFoldRows, after Identity); Combine merges a later
 // accumulator into an earlier one. kFoldRows: whether the narrow lane folding may be
 // used, which needs an operator that ignores row indices.
-template <class Rule> struct CpuOp {
+template <class Rule>
+struct CpuOp {
   using In = typename Rule::In;
   using Acc = typename Rule::Acc;
   using Out = typename Rule::Out;

@@ -66,7 +66,8 @@ class EventPool {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(cudaEvent_t event, int device, EventPool& pool) : event_(event), device_(device), pool_(pool) {}
+  CudaEvent(cudaEvent_t event, int device, EventPool& pool)
+      : event_(event), device_(device), pool_(pool) {}
   ~CudaEvent() override { pool_.Release(event_); }
   bool IsComplete() const override {
     const cudaError_t error = cudaEventQuery(event_);
@@ -147,12 +148,13 @@ class CudaBackend final : public Backend {
   absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
                     int64_t count) override;
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
-                                         std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
-                                         DType out_dtype, int64_t n) override;
+                                         std::span<const DeviceMemory* const> inputs,
+                                         DeviceMemory& out, DType out_dtype, int64_t n) override;
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                       const ReduceShape& shape, DeviceMemory& out) override;
-  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha, const DeviceMemory& a,
-                    const DeviceMemory& x, double beta, DeviceMemory& y) override;
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                    const DeviceMemory& a, const DeviceMemory& x, double beta,
+                    DeviceMemory& y) override;
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                       int64_t n) override;
 
@@ -170,7 +172,9 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueCallback(cudaStream_t stream, int device,
                                absl::AnyInvocable<void(absl::Status) &&> fn);
   EventPool& TimingEvents(int device) { return devices_[device]->timing_events; }
-  absl::Status SetDevice(int device) { return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__); }
+  absl::Status SetDevice(int device) {
+    return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__);
+  }
   // Raises a sticky error on `device` and waits for it to surface (tests only).
   absl::Status InjectIllegalAddress(int device);
 
@@ -193,7 +197,8 @@ class CudaBackend final : public Backend {
   absl::Status CheckDevice(int device) const;
   absl::Status CheckHealthy() const { return health(); }
   // Copies between host and device through staging blocks, one block at a time.
-  absl::Status StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes, bool to_device);
+  absl::Status StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes,
+                          bool to_device);
 
   std::vector<DeviceDescription> descriptions_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -222,7 +227,8 @@ absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {
   auto* e = dynamic_cast<CudaEvent*>(event.get());
   if (e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
   RETURN_IF_ERROR(backend_.SetDevice(device_));
-  return backend_.Check(cudaStreamWaitEvent(stream_, e->get(), 0), "cudaStreamWaitEvent", __FILE__, __LINE__);
+  return backend_.Check(cudaStreamWaitEvent(stream_, e->get(), 0), "cudaStreamWaitEvent", __FILE__,
+                        __LINE__);
 }
 
 absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
@@ -230,9 +236,11 @@ absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
   cudaEvent_t event = nullptr;
   // Timing stays enabled: the executor times every operation between two of these.
   EventPool& pool = backend_.TimingEvents(device_);
-  RETURN_IF_ERROR(backend_.Check(pool.Acquire(&event), "cudaEventCreateWithFlags", __FILE__, __LINE__));
+  RETURN_IF_ERROR(
+      backend_.Check(pool.Acquire(&event), "cudaEventCreateWithFlags", __FILE__, __LINE__));
   auto wrapped = std::make_shared<CudaEvent>(event, device_, pool);
-  RETURN_IF_ERROR(backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__));
+  RETURN_IF_ERROR(
+      backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__));
   return wrapped;
 }
 
@@ -240,7 +248,8 @@ absl::Status CudaStream::OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn
   return backend_.EnqueueCallback(stream_, device_, std::move(fn));
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options) {
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   RETURN_IF_ERROR(backend->Init(options));
   return backend;
@@ -251,9 +260,9 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device is usable here (", error == cudaSuccess ? "none found" : cudaGetErrorName(error),
-                     "); use --backend=cpu"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device is usable here (",
+        error == cudaSuccess ? "none found" : cudaGetErrorName(error), "); use --backend=cpu"));
   }
   for (int d = 0; d < count; ++d) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaSetDevice(d));
@@ -261,10 +270,10 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaGetDeviceProperties(&prop, d));
     int memory_clock_khz = 0;
     int bus_width_bits = 0;
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
-                                        cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, d));
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
-                                        cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, d));
 
     auto device = std::make_unique<Device>();
     device->index = d;
@@ -282,16 +291,19 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
         Check, cudaMemPoolSetAttribute(device->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
     // Plain cudaMallocAsync (kernels' scratch) draws from this pool too.
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaDeviceSetMemPool(d, device->pool));
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&device->alloc_stream, cudaStreamNonBlocking));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, cudaStreamCreateWithFlags(&device->alloc_stream, cudaStreamNonBlocking));
     if (options.pool_initial_bytes > 0) {
       void* p = nullptr;
       GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-          Check, cudaMallocFromPoolAsync(&p, options.pool_initial_bytes, device->pool, device->alloc_stream));
+          Check, cudaMallocFromPoolAsync(&p, options.pool_initial_bytes, device->pool,
+                                         device->alloc_stream));
       GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaFreeAsync(p, device->alloc_stream));
       GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(device->alloc_stream));
     }
     device->large_staging = std::make_unique<PinnedStaging>(
-        kLargeBlockBytes, static_cast<size_t>(std::max<uint64_t>(options.pinned_staging_bytes / kLargeBlockBytes, 2)));
+        kLargeBlockBytes, static_cast<size_t>(std::max<uint64_t>(
+                              options.pinned_staging_bytes / kLargeBlockBytes, 2)));
     device->small_staging = std::make_unique<PinnedStaging>(kSmallBlockBytes, kSmallBlocks);
 
     DeviceDescription description;
@@ -334,8 +346,8 @@ absl::Status CudaBackend::WarmUp(int device) {
         RETURN_IF_ERROR(Gemv(*stream, dtype, shape, 1.0, a, v, 0.0, w));
       }
     }
-    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kNorm2,
-                            ReduceKind::kMean}) {
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin,
+                            ReduceKind::kNorm2, ReduceKind::kMean}) {
       RETURN_IF_ERROR(Reduce(*stream, kind, dtype, a, ReduceShape{1, kN * kN, 1}, w));
     }
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(AsCuda(*stream).get()));
@@ -367,8 +379,10 @@ CudaBackend::~CudaBackend() {
     device->large_staging.reset();
     device->small_staging.reset();
     if (!health().ok()) continue;
-    if (device->alloc_stream != nullptr) LogIfFailed(cudaStreamDestroy(device->alloc_stream), "cudaStreamDestroy");
-    if (device->pool != nullptr) LogIfFailed(cudaMemPoolDestroy(device->pool), "cudaMemPoolDestroy");
+    if (device->alloc_stream != nullptr)
+      LogIfFailed(cudaStreamDestroy(device->alloc_stream), "cudaStreamDestroy");
+    if (device->pool != nullptr)
+      LogIfFailed(cudaMemPoolDestroy(device->pool), "cudaMemPoolDestroy");
   }
 }
 
@@ -384,7 +398,8 @@ absl::Status CudaBackend::Check(cudaError_t error, const char* call, const char*
 
 absl::Status CudaBackend::CheckDevice(int device) const {
   if (device < 0 || device >= static_cast<int>(devices_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("no device ", device, " (this server has ", devices_.size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no device ", device, " (this server has ", devices_.size(), ")"));
   }
   return absl::OkStatus();
 }
@@ -398,7 +413,8 @@ absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
   cudaEvent_t event = nullptr;
   EventPool& pool = devices_[device]->sync_events;
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, pool.Acquire(&event));
-  if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__); !s.ok()) {
+  if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__);
+      !s.ok()) {
     pool.Release(event);
     return s;
   }
@@ -510,16 +526,18 @@ absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
   Device& d = *devices_[device];
   RETURN_IF_ERROR(SetDevice(device));
   void* p = nullptr;
-  const cudaError_t error = cudaMallocFromPoolAsync(&p, std::max<uint64_t>(bytes, 1), d.pool, d.alloc_stream);
+  const cudaError_t error =
+      cudaMallocFromPoolAsync(&p, std::max<uint64_t>(bytes, 1), d.pool, d.alloc_stream);
   if (error == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("device ", device, " is out of memory allocating ", bytes,
-                                                     " bytes (pool holds ", MemoryPoolUsage(device).reserved_bytes,
-                                                     " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device ", device, " is out of memory allocating ", bytes,
+                     " bytes (pool holds ", MemoryPoolUsage(device).reserved_bytes, " bytes)"));
   }
   RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync", __FILE__, __LINE__));
   // Waiting here orders the allocation before any use on any stream.
-  RETURN_IF_ERROR(Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__));
+  RETURN_IF_ERROR(
+      Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__));
   return DeviceMemory(p, bytes, device, [this, &d](void* ptr, uint64_t) {
     // Runs once every use has completed (the executor keeps buffers alive until then),
     // so freeing in the allocation stream's order is safe.
@@ -535,14 +553,16 @@ absl::StatusOr<std::unique_ptr<Stream>> CudaBackend::CreateStream(int device) {
   RETURN_IF_ERROR(SetDevice(device));
   cudaStream_t stream = nullptr;
   // Non-blocking: independent of the legacy default stream that libraries may use.
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
+                                      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return std::make_unique<CudaStream>(*this, device, stream);
 }
 
 absl::StatusOr<double> CudaBackend::ElapsedSeconds(const Event& start, const Event& end) {
   const auto* s = dynamic_cast<const CudaEvent*>(&start);
   const auto* e = dynamic_cast<const CudaEvent*>(&end);
-  if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
+  if (s == nullptr || e == nullptr)
+    return absl::InvalidArgumentError("event is not from the CUDA backend");
   float ms = 0;
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaEventElapsedTime(&ms, s->get(), e->get()));
   return ms / 1e3;
@@ -622,62 +642,71 @@ absl::Status CudaBackend::StagedCopy(CudaStream& stream, const char* src, char* 
                                      bool to_device) {
   Device& d = *devices_[stream.device()];
   PinnedStaging& staging = bytes <= kSmallBlockBytes ? *d.small_staging : *d.large_staging;
-  return ForEachStagedPiece(staging, bytes, [&](void* block, uint64_t offset, uint64_t piece) -> absl::Status {
-    // Uploads copy into the block now and DMA from it; downloads DMA into it and copy out
-    // when the DMA is done.
-    if (to_device) std::memcpy(block, src + offset, piece);
-    absl::Status s = Check(cudaMemcpyAsync(to_device ? dst + offset : block, to_device ? block : src + offset, piece,
-                                           to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream.get()),
-                           "cudaMemcpyAsync", __FILE__, __LINE__);
-    if (!s.ok()) {
-      staging.Release(block);
-      return s;
-    }
-    auto* done = new StagedPieceDone{&staging, block, to_device ? nullptr : dst + offset, piece};
-    s = Check(cudaLaunchHostFunc(stream.get(), &StagedPieceDone::Run, done), "cudaLaunchHostFunc", __FILE__,
-              __LINE__);
-    // A block whose copy was enqueued but whose release was not is lost with the stream.
-    if (!s.ok()) delete done;
-    return s;
-  });
+  return ForEachStagedPiece(
+      staging, bytes, [&](void* block, uint64_t offset, uint64_t piece) -> absl::Status {
+        // Uploads copy into the block now and DMA from it; downloads DMA into it and copy out
+        // when the DMA is done.
+        if (to_device) std::memcpy(block, src + offset, piece);
+        absl::Status s =
+            Check(cudaMemcpyAsync(
+                      to_device ? dst + offset : block, to_device ? block : src + offset, piece,
+                      to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream.get()),
+                  "cudaMemcpyAsync", __FILE__, __LINE__);
+        if (!s.ok()) {
+          staging.Release(block);
+          return s;
+        }
+        auto* done =
+            new StagedPieceDone{&staging, block, to_device ? nullptr : dst + offset, piece};
+        s = Check(cudaLaunchHostFunc(stream.get(), &StagedPieceDone::Run, done),
+                  "cudaLaunchHostFunc", __FILE__, __LINE__);
+        // A block whose copy was enqueued but whose release was not is lost with the stream.
+        if (!s.ok()) delete done;
+        return s;
+      });
 }
 
-absl::Status CudaBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
-                                       uint64_t bytes) {
+absl::Status CudaBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst,
+                                       uint64_t dst_offset, uint64_t bytes) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   return StagedCopy(AsCuda(stream), static_cast<const char*>(src), Bytes(dst) + dst_offset, bytes,
                     /*to_device=*/true);
 }
 
-absl::Status CudaBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
-                                     uint64_t bytes) {
+absl::Status CudaBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                                     void* dst, uint64_t bytes) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
-  return StagedCopy(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes, /*to_device=*/false);
+  return StagedCopy(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes,
+                    /*to_device=*/false);
 }
 
-absl::Status CudaBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
-                               uint64_t dst_offset, uint64_t bytes) {
+absl::Status CudaBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
+                               DeviceMemory& dst, uint64_t dst_offset, uint64_t bytes) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   if (bytes == 0 || (src.data() == dst.data() && src_offset == dst_offset)) return absl::OkStatus();
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaMemcpyAsync(Bytes(dst) + dst_offset, Bytes(src) + src_offset, bytes,
-                                                             cudaMemcpyDeviceToDevice, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+      Check, cudaMemcpyAsync(Bytes(dst) + dst_offset, Bytes(src) + src_offset, bytes,
+                             cudaMemcpyDeviceToDevice, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 // ---- kernels
 
-absl::Status CudaBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits, int64_t count) {
+absl::Status CudaBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                               int64_t count) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   if (count == 0) return absl::OkStatus();
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, FillAsync(dst.data(), dtype, value_bits, count, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+      Check, FillAsync(dst.data(), dtype, value_bits, count, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& program, DType out_dtype) {
+absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& program,
+                                                       DType out_dtype) {
   RETURN_IF_ERROR(CheckHealthy());
   double seconds = 0;
   // One kernel per distinct architecture among the devices.
@@ -694,19 +723,21 @@ absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& prog
 }
 
 absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::Program& program,
-                                                    std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
-                                                    DType out_dtype, int64_t n) {
+                                                    std::span<const DeviceMemory* const> inputs,
+                                                    DeviceMemory& out, DType out_dtype, int64_t n) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   const Device& d = *devices_[stream.device()];
   LaunchInfo info;
-  ASSIGN_OR_RETURN(const CompiledElementwise* kernel,
-                   elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds));
+  ASSIGN_OR_RETURN(
+      const CompiledElementwise* kernel,
+      elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds));
   if (n == 0) return info;
   std::vector<const void*> pointers;
   pointers.reserve(inputs.size());
   for (const DeviceMemory* m : inputs) pointers.push_back(m == nullptr ? nullptr : m->data());
-  absl::Status s = LaunchElementwise(*kernel, program, pointers, out.data(), n, d.sm_count, AsCuda(stream).get());
+  absl::Status s = LaunchElementwise(*kernel, program, pointers, out.data(), n, d.sm_count,
+                                     AsCuda(stream).get());
   if (!s.ok()) {
     // A launch error may be sticky; the launcher reports it as a status only.
     Check(cudaPeekAtLastError(), "elementwise launch", __FILE__, __LINE__).IgnoreError();
@@ -715,8 +746,9 @@ absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::
   return info;
 }
 
-absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
-                                 const ReduceShape& shape, DeviceMemory& out) {
+absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
+                                 const DeviceMemory& in, const ReduceShape& shape,
+                                 DeviceMemory& out) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   const Device& d = *devices_[stream.device()];
@@ -726,20 +758,23 @@ absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype
   plain.f_order_rows = 0;
   if (arg && shape.f_order_rows > 0) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-        Check, ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(), shape.f_order_rows,
-                                       shape.extent / shape.f_order_rows, out.data(), d.pool, AsCuda(stream).get()));
+        Check, ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(),
+                                       shape.f_order_rows, shape.extent / shape.f_order_rows,
+                                       out.data(), d.pool, AsCuda(stream).get()));
     return absl::OkStatus();
   }
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-      Check, ReduceAsync(kind, in_dtype, in.data(), plain, out.data(), d.pool, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, ReduceAsync(kind, in_dtype, in.data(), plain,
+                                                         out.data(), d.pool, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
-                               const DeviceMemory& a, const DeviceMemory& x, double beta, DeviceMemory& y) {
+                               const DeviceMemory& a, const DeviceMemory& x, double beta,
+                               DeviceMemory& y) {
   RETURN_IF_ERROR(CheckHealthy());
   if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
-    return absl::InvalidArgumentError(absl::StrCat("gemv takes float32 or float64, not ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv takes float32 or float64, not ", DTypeName(dtype)));
   }
   RETURN_IF_ERROR(SetDevice(stream.device()));
   Device& d = *devices_[stream.device()];
@@ -764,37 +799,41 @@ absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& sha
     // beta is 0.
     if (beta == 0) return Fill(stream, y, dtype, 0, y_len);
     if (dtype == DType::kFloat64) {
-      return CudaStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1), "cublasDscal_64",
-                        __FILE__, __LINE__);
+      return CudaStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1),
+                        "cublasDscal_64", __FILE__, __LINE__);
     }
     const float beta_f = static_cast<float>(beta);
-    return CudaStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1), "cublasSscal_64",
-                      __FILE__, __LINE__);
+    return CudaStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1),
+                      "cublasSscal_64", __FILE__, __LINE__);
   }
   const cublasOperation_t op = transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int64_t lda = std::max<int64_t>(m, 1);
   absl::Status st;
   if (dtype == DType::kFloat64) {
-    st = CudaStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()), lda,
-                                   static_cast<const double*>(x.data()), 1, &beta, static_cast<double*>(y.data()), 1),
+    st = CudaStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()),
+                                   lda, static_cast<const double*>(x.data()), 1, &beta,
+                                   static_cast<double*>(y.data()), 1),
                     "cublasDgemv_64", __FILE__, __LINE__);
   } else {
     const float alpha_f = static_cast<float>(alpha);
     const float beta_f = static_cast<float>(beta);
-    st = CudaStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()), lda,
-                                   static_cast<const float*>(x.data()), 1, &beta_f, static_cast<float*>(y.data()), 1),
-                    "cublasSgemv_64", __FILE__, __LINE__);
+    st =
+        CudaStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()),
+                                  lda, static_cast<const float*>(x.data()), 1, &beta_f,
+                                  static_cast<float*>(y.data()), 1),
+                   "cublasSgemv_64", __FILE__, __LINE__);
   }
   if (!st.ok()) Check(cudaPeekAtLastError(), "gemv launch", __FILE__, __LINE__).IgnoreError();
   return st;
 }
 
-absl::Status CudaBackend::Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
-                                 int64_t n) {
+absl::Status CudaBackend::Random(Stream& stream, const RandomParams& params, DType dtype,
+                                 DeviceMemory& out, int64_t n) {
   RETURN_IF_ERROR(CheckHealthy());
   RETURN_IF_ERROR(SetDevice(stream.device()));
   if (n == 0) return absl::OkStatus();
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, RandomAsync(params, dtype, out.data(), n, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+      Check, RandomAsync(params, dtype, out.data(), n, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
@@ -802,7 +841,8 @@ absl::Status CudaBackend::InjectIllegalAddress(int device) {
   RETURN_IF_ERROR(CheckDevice(device));
   RETURN_IF_ERROR(SetDevice(device));
   cudaStream_t stream = nullptr;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
+                                      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaError_t error = IllegalAddressForTestingAsync(stream);
   if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);

@@ -9,8 +9,8 @@
 namespace gpucompute::cuda {
 namespace {
 
-absl::Status Failure(bool out_of_memory, const char* call, const char* name, const char* description,
-                     const char* file, int line) {
+absl::Status Failure(bool out_of_memory, const char* call, const char* name,
+                     const char* description, const char* file, int line) {
   std::string message = absl::StrCat(call, " failed with ", name);
   if (description != nullptr) absl::StrAppend(&message, " (", description, ")");
   absl::StrAppend(&message, " at ", file, ":", line);
@@ -47,8 +47,8 @@ bool IsStickyError(cudaError_t error) {
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line) {
   if (error == cudaSuccess) return absl::OkStatus();
   if (!IsStickyError(error)) cudaGetLastError();
-  return Failure(error == cudaErrorMemoryAllocation, call, cudaGetErrorName(error), cudaGetErrorString(error),
-                 file, line);
+  return Failure(error == cudaErrorMemoryAllocation, call, cudaGetErrorName(error),
+                 cudaGetErrorString(error), file, line);
 }
 
 absl::Status CudaStatus(cublasStatus_t status, const char* call, const char* file, int line) {
@@ -60,7 +60,8 @@ absl::Status CudaStatus(cublasStatus_t status, const char* call, const char* fil
 absl::Status CudaStatus(nvrtcResult result, const char* call, const char* file, int line) {
   if (result == NVRTC_SUCCESS) return absl::OkStatus();
   // NVRTC has names only ("NVRTC_ERROR_INVALID_OPTION"), no descriptions.
-  return Failure(result == NVRTC_ERROR_OUT_OF_MEMORY, call, nvrtcGetErrorString(result), nullptr, file, line);
+  return Failure(result == NVRTC_ERROR_OUT_OF_MEMORY, call, nvrtcGetErrorString(result), nullptr,
+                 file, line);
 }
 
 void LogIfFailed(cudaError_t error, const char* call) {
@@ -68,7 +69,8 @@ void LogIfFailed(cudaError_t error, const char* call) {
 }
 
 void LogIfFailed(cublasStatus_t status, const char* call) {
-  if (status != CUBLAS_STATUS_SUCCESS) Log(call, cublasGetStatusName(status), cublasGetStatusString(status));
+  if (status != CUBLAS_STATUS_SUCCESS)
+    Log(call, cublasGetStatusName(status), cublasGetStatusString(status));
 }
 
 }  // namespace gpucompute::cuda

@@ -23,6 +23,7 @@ constexpr BackendModule kModule = {kBackendModuleAbi, &CudaDeviceCount, &CreateB
 }  // namespace
 }  // namespace gpucompute::cuda
 
-extern "C" __attribute__((visibility("default"))) const gpucompute::BackendModule* GpucomputeCudaBackendModule() {
+extern "C" __attribute__((visibility("default"))) const gpucompute::BackendModule*
+GpucomputeCudaBackendModule() {
   return &gpucompute::cuda::kModule;
 }

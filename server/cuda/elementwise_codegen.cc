@@ -418,9 +418,8 @@ ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dt
   int64_t load_bytes = 0;
   for (DType t : sig.array_dtypes) load_bytes += int64_t{v} * static_cast<int64_t>(DTypeSize(t));
   const std::vector<int32_t> order = PostOrder(ir);
-  const bool calls_math_library = std::any_of(order.begin(), order.end(), [&](int32_t i) {
-    return CallsMathLibrary(ir.nodes[i].op);
-  });
+  const bool calls_math_library = std::any_of(
+      order.begin(), order.end(), [&](int32_t i) { return CallsMathLibrary(ir.nodes[i].op); });
   if (calls_math_library) {
     sig.packs_per_thread = 1;
   } else if (load_bytes == 0) {

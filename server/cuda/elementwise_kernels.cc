@@ -22,7 +22,6 @@
 namespace gpucompute::cuda {
 namespace {
 
-
 // Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
 // SM's 2048 thread slots on sm_80/sm_90.
 constexpr int64_t kBlocksPerSm = 8;
@@ -76,8 +75,8 @@ uint64_t ParameterBits(DType dtype, const expr::ConstantValue& v) {
 // hand-written kernels in kernels/ do with their grids.
 int ResidentBlocksPerSm(cudaKernel_t kernel, int threads) {
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel), threads, 0) !=
-          cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel),
+                                                    threads, 0) != cudaSuccess ||
       blocks <= 0) {
     cudaGetLastError();
     return static_cast<int>(kBlocksPerSm);
@@ -130,7 +129,8 @@ ElementwiseKernels::~ElementwiseKernels() {
     if (!slot->done.HasBeenNotified() || slot->kernel == nullptr) continue;
     const cudaError_t error = cudaLibraryUnload(slot->kernel->library);
     // At process exit the runtime may already be gone, taking the libraries with it.
-    if (error != cudaErrorCudartUnloading) LogIfFailed(error, "cudaLibraryUnload of an elementwise kernel");
+    if (error != cudaErrorCudartUnloading)
+      LogIfFailed(error, "cudaLibraryUnload of an elementwise kernel");
   }
 }
 
@@ -177,14 +177,16 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
     // The runtime copies the image (cudaLibraryBinaryIsPreserved is not set), so the
     // CUBIN need not outlive the call.
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin.data(), nullptr,
-                                                           nullptr, 0, nullptr, nullptr, 0));
+                                                        nullptr, 0, nullptr, nullptr, 0));
     absl::Status found = [&]() -> absl::Status {
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
-          &kernel->vector_kernel, kernel->library, generated.vector_kernel.c_str()));
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
-          &kernel->scalar_kernel, kernel->library, generated.scalar_kernel.c_str()));
-      kernel->vector_blocks_per_sm = ResidentBlocksPerSm(kernel->vector_kernel, kernel->signature.threads_per_block);
-      kernel->scalar_blocks_per_sm = ResidentBlocksPerSm(kernel->scalar_kernel, kernel->signature.threads_per_block);
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&kernel->vector_kernel, kernel->library,
+                                                           generated.vector_kernel.c_str()));
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&kernel->scalar_kernel, kernel->library,
+                                                           generated.scalar_kernel.c_str()));
+      kernel->vector_blocks_per_sm =
+          ResidentBlocksPerSm(kernel->vector_kernel, kernel->signature.threads_per_block);
+      kernel->scalar_blocks_per_sm =
+          ResidentBlocksPerSm(kernel->scalar_kernel, kernel->signature.threads_per_block);
       return absl::OkStatus();
     }();
     if (!found.ok()) {

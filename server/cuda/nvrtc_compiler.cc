@@ -335,8 +335,8 @@ absl::StatusOr<std::string> NvrtcCompiler::Compile(std::string_view source, int 
 
   const std::string text(source);  // NVRTC wants it NUL-terminated
   std::unique_ptr<nvrtcProgram, ProgramDeleter> program(new nvrtcProgram(nullptr));
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcCreateProgram(program.get(), text.c_str(), "gpucompute_elementwise.cu",
-                                                     0, nullptr, nullptr));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcCreateProgram(
+      program.get(), text.c_str(), "gpucompute_elementwise.cu", 0, nullptr, nullptr));
   const std::vector<std::string> options = Options(arch);
   std::vector<const char*> option_ptrs;
   for (const std::string& o : options) option_ptrs.push_back(o.c_str());

@@ -30,7 +30,8 @@ absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) 
     return block;
   }
   if (!released_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
-    return absl::DeadlineExceededError("no pinned staging block came back: the device is not completing copies");
+    return absl::DeadlineExceededError(
+        "no pinned staging block came back: the device is not completing copies");
   }
   void* block = free_.back();
   free_.pop_back();

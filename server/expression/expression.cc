@@ -66,7 +66,9 @@ std::string Cat(const Args&... args) {
   return out;
 }
 
-absl::Status InvalidArgument(const std::string& message) { return absl::InvalidArgumentError(message); }
+absl::Status InvalidArgument(const std::string& message) {
+  return absl::InvalidArgumentError(message);
+}
 
 // ---------------------------------------------------------------------------------------
 // Constants

@@ -31,8 +31,8 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(grpc::CallbackServerContext* context,
-                                                                      v1::UploadResponse* response) {
+grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(
+    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
   using Refuse = Refusal<grpc::ServerReadReactor<v1::UploadRequest>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
@@ -40,8 +40,8 @@ grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(grpc::Call
   return NewUploadReactor(ctx_, *std::move(client), response);
 }
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc::CallbackServerContext* context,
-                                                                            const v1::DownloadRequest* request) {
+grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(
+    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
   using Refuse = Refusal<grpc::ServerWriteReactor<v1::DownloadResponse>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
@@ -51,9 +51,9 @@ grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc
   const uint64_t size = (*buffer)->size_bytes();
   const uint64_t offset = request->offset_bytes();
   if (offset > size || request->size_bytes() > size - offset) {
-    return new Refuse(absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", request->size_bytes(),
-                                                              ") are outside buffer ", (*buffer)->id, " of ", size,
-                                                              " bytes")));
+    return new Refuse(absl::InvalidArgumentError(
+        absl::StrCat("bytes [", offset, ", +", request->size_bytes(), ") are outside buffer ",
+                     (*buffer)->id, " of ", size, " bytes")));
   }
   const uint64_t length = request->size_bytes() == 0 ? size - offset : request->size_bytes();
   const uint64_t chunk = request->chunk_bytes() == 0
@@ -63,7 +63,8 @@ grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(grpc
 }
 
 grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerContext* context,
-                                                       const v1::GetBufferRequest* request, v1::BufferInfo* response) {
+                                                       const v1::GetBufferRequest* request,
+                                                       v1::BufferInfo* response) {
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
@@ -95,7 +96,8 @@ grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerCo
   // Answer once the work queued on the buffer is done; the memory goes with the last handle.
   auto* reactor = new DeferredReactor();
   ctx_.executor.AcquireHostAccess(
-      {{*buffer, true}}, [this, state = reactor->state()](const std::shared_ptr<HostAccess>& access) {
+      {{*buffer, true}},
+      [this, state = reactor->state()](const std::shared_ptr<HostAccess>& access) {
         ctx_.executor.Release(access);
         DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
       });

@@ -19,15 +19,16 @@ using Clock = std::chrono::steady_clock;
 // chunk k+1 off the device while chunk k is on the wire.
 class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
  public:
-  DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk)
+  DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size,
+                  uint64_t chunk)
       : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk)) {
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
     }
     StatePtr s = state_;
-    std::shared_ptr<HostAccess> access =
-        ctx.executor.AcquireHostAccess({{state_->buffer, false}}, [s](const std::shared_ptr<HostAccess>&) {
+    std::shared_ptr<HostAccess> access = ctx.executor.AcquireHostAccess(
+        {{state_->buffer, false}}, [s](const std::shared_ptr<HostAccess>&) {
           absl::MutexLock lock(&s->mu);
           s->ready = true;
           PumpLocked(s);
@@ -102,7 +103,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
   };
   using StatePtr = std::shared_ptr<State>;
 
-  static void FinishLocked(const StatePtr& s, grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+  static void FinishLocked(const StatePtr& s, grpc::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
     s->reactor->Finish(std::move(status));
@@ -133,7 +135,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       absl::Status st;
       {
         ScopedRange range(s->ctx.backend, s->range_name);
-        st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(), data->data(), n);
+        st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(),
+                                       data->data(), n);
       }
       Slot* slot = &f;
       if (st.ok()) {
@@ -153,7 +156,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     }
     if (s->writing) return;
     if (w.filled) {
-      const bool last = w.message.offset_bytes() + w.message.data().size() == s->end && s->next == s->end;
+      const bool last =
+          w.message.offset_bytes() + w.message.data().size() == s->end && s->next == s->end;
       if (last) {
         const uint64_t bytes = s->end - s->offset;
         SetTransferStats(bytes, s->start, w.message.mutable_transfer());
@@ -163,8 +167,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       s->reactor->StartWrite(&w.message);
       return;
     }
-    const bool all_sent = s->sent_any && s->next == s->end && !s->slots[0].filled && !s->slots[1].filled &&
-                          !s->slots[0].copying && !s->slots[1].copying;
+    const bool all_sent = s->sent_any && s->next == s->end && !s->slots[0].filled &&
+                          !s->slots[1].filled && !s->slots[0].copying && !s->slots[1].copying;
     if (all_sent) {
       // Nothing reads the buffer any more: let it go before the client hears the answer,
       // so that a delete right after the download finds it free (OnDone's Release is
@@ -180,7 +184,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* NewDownloadReactor(ServiceContext& ctx, BufferHandle buffer,
+grpc::ServerWriteReactor<v1::DownloadResponse>* NewDownloadReactor(ServiceContext& ctx,
+                                                                   BufferHandle buffer,
                                                                    uint64_t offset, uint64_t size,
                                                                    uint64_t chunk) {
   return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk);

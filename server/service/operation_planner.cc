@@ -20,8 +20,8 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
 }
 
 std::string Describe(const BufferMeta& b) {
-  return absl::StrCat(b.name.empty() ? b.id : absl::StrCat("'", b.name, "'"), " (", DTypeName(b.dtype),
-                      ShapeString(b.shape), ")");
+  return absl::StrCat(b.name.empty() ? b.id : absl::StrCat("'", b.name, "'"), " (",
+                      DTypeName(b.dtype), ShapeString(b.shape), ")");
 }
 
 enum class CastRule { kExact, kSameKind };
@@ -42,21 +42,25 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
     if (ok) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "the result is ", DTypeName(natural), " and cannot be written as ", DTypeName(to),
-        rule == CastRule::kExact ? " (the dtypes must match)" : " (only same-kind casts are allowed)"));
+        rule == CastRule::kExact ? " (the dtypes must match)"
+                                 : " (only same-kind casts are allowed)"));
   };
   if (!output.buffer().empty()) {
     ASSIGN_OR_RETURN(BufferHandle out, ctx.registry.Lookup(client, output.buffer()));
     const BufferEntry& b = *out;
     if (b.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has shape ", ShapeString(b.shape),
-                                                     " but the result has shape ", ShapeString(shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", Describe(b), " has shape ", ShapeString(b.shape),
+                       " but the result has shape ", ShapeString(shape)));
     }
     if (requested.has_value() && *requested != b.dtype) {
       return absl::InvalidArgumentError(absl::StrCat("output dtype ", DTypeName(*requested),
-                                                     " differs from the existing output ", Describe(b)));
+                                                     " differs from the existing output ",
+                                                     Describe(b)));
     }
     if (b.shape.size() >= 2 && b.layout != layout) {
-      return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has a different layout than the result"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", Describe(b), " has a different layout than the result"));
     }
     RETURN_IF_ERROR(check_cast(b.dtype));
     *created = false;
@@ -68,8 +72,8 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   return ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device);
 }
 
-absl::StatusOr<BufferHandle> Lookup(ServiceContext& ctx, absl::string_view client, absl::string_view what,
-                                    const std::string& ref) {
+absl::StatusOr<BufferHandle> Lookup(ServiceContext& ctx, absl::string_view client,
+                                    absl::string_view what, const std::string& ref) {
   if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is required"));
   return ctx.registry.Lookup(client, ref);
 }
@@ -78,7 +82,8 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
                                      const v1::ElementwiseOp& op) {
   if (op.expression().size() > kMaxExpressionBytes) {
     return absl::InvalidArgumentError(absl::StrCat("expression is ", op.expression().size(),
-                                                   " bytes; at most ", kMaxExpressionBytes, " are allowed"));
+                                                   " bytes; at most ", kMaxExpressionBytes,
+                                                   " are allowed"));
   }
   std::map<std::string, expr::InputType, std::less<>> types;
   std::map<std::string, BufferHandle, std::less<>> arrays;
@@ -87,15 +92,19 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
     switch (operand.value_case()) {
       case v1::Operand::kBuffer: {
         absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(client, operand.buffer());
-        if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat("input '", name, "': ", b.status().message()));
+        if (!b.ok())
+          return absl::Status(b.status().code(),
+                              absl::StrCat("input '", name, "': ", b.status().message()));
         if (first == nullptr) {
           first = b->get();
         } else if ((*b)->shape != first->shape) {
           return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
-                                                         " does not have the shape of ", Describe(*first)));
+                                                         " does not have the shape of ",
+                                                         Describe(*first)));
         } else if ((*b)->shape.size() >= 2 && (*b)->layout != first->layout) {
           return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
-                                                         " has a different layout than ", Describe(*first)));
+                                                         " has a different layout than ",
+                                                         Describe(*first)));
         }
         types.emplace(name, expr::ArrayInput{(*b)->dtype});
         arrays.emplace(name, *b);
@@ -105,11 +114,21 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
         const v1::Scalar& s = operand.scalar();
         expr::ScalarInput in;
         switch (s.value_case()) {
-          case v1::Scalar::kFloatValue: in.dtype = DType::kFloat64; in.f = s.float_value(); break;
-          case v1::Scalar::kIntValue: in.dtype = DType::kInt64; in.i = s.int_value(); break;
-          case v1::Scalar::kBoolValue: in.dtype = DType::kBool; in.i = s.bool_value(); break;
+          case v1::Scalar::kFloatValue:
+            in.dtype = DType::kFloat64;
+            in.f = s.float_value();
+            break;
+          case v1::Scalar::kIntValue:
+            in.dtype = DType::kInt64;
+            in.i = s.int_value();
+            break;
+          case v1::Scalar::kBoolValue:
+            in.dtype = DType::kBool;
+            in.i = s.bool_value();
+            break;
           case v1::Scalar::VALUE_NOT_SET:
-            return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("input '", name, "' is a scalar with no value"));
         }
         types.emplace(name, in);
         break;
@@ -125,8 +144,9 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   const int device = first != nullptr ? first->device : ctx.executor.default_device();
   Plan plan;
   bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, op.output(), program.result_dtype(), shape,
-                                                   layout, device, CastRule::kSameKind, &created));
+  ASSIGN_OR_RETURN(BufferHandle out,
+                   ResolveOutput(ctx, client, op.output(), program.result_dtype(), shape, layout,
+                                 device, CastRule::kSameKind, &created));
   // Compiling may take long, so it happens here, outside the executor's lock. On error
   // the output this call allocated (not yet registered) is freed with `out`.
   ASSIGN_OR_RETURN(double compile_seconds, ctx.backend.PrepareElementwise(program, out->dtype));
@@ -144,8 +164,9 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
       continue;
     }
     inputs.push_back(it->second);
-    const bool seen = std::any_of(spec.accesses.begin(), spec.accesses.end(),
-                                  [&](const Executor::Access& a) { return a.buffer == it->second; });
+    const bool seen =
+        std::any_of(spec.accesses.begin(), spec.accesses.end(),
+                    [&](const Executor::Access& a) { return a.buffer == it->second; });
     if (!seen) {
       spec.accesses.push_back({it->second, false});
       spec.bytes_read += it->second->size_bytes();
@@ -159,7 +180,8 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
                  out = out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     std::vector<const DeviceMemory*> memories;
     for (const BufferHandle& b : inputs) memories.push_back(b == nullptr ? nullptr : &b->memory);
-    return backend.Elementwise(stream, program, memories, out->memory, out->dtype, static_cast<int64_t>(n));
+    return backend.Elementwise(stream, program, memories, out->memory, out->dtype,
+                               static_cast<int64_t>(n));
   };
   return plan;
 }
@@ -173,7 +195,8 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
     return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be 2-D"));
   }
   if (!IsFloat(A.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be float32 or float64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv matrix ", Describe(A), " must be float32 or float64"));
   }
   GemvShape shape;
   shape.rows = static_cast<int64_t>(A.shape[0]);
@@ -183,15 +206,15 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
   const uint64_t x_len = shape.transpose ? A.shape[0] : A.shape[1];
   const uint64_t y_len = shape.transpose ? A.shape[1] : A.shape[0];
   if (X.dtype != A.dtype || X.shape != std::vector<uint64_t>{x_len}) {
-    return absl::InvalidArgumentError(absl::StrCat("gemv vector x ", Describe(X), " must be ", DTypeName(A.dtype), "[",
-                                                   x_len, "] to match ", op.transpose() ? "transposed " : "",
-                                                   "matrix ", Describe(A)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemv vector x ", Describe(X), " must be ", DTypeName(A.dtype), "[", x_len,
+                     "] to match ", op.transpose() ? "transposed " : "", "matrix ", Describe(A)));
   }
   const double alpha = op.has_alpha() ? op.alpha() : 1.0;
   Plan plan;
   bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC, A.device,
-                                                 CastRule::kExact, &created));
+  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC,
+                                                 A.device, CastRule::kExact, &created));
   if (y == a || y == x) {
     return absl::InvalidArgumentError("gemv output y must not be the same buffer as a or x");
   }
@@ -207,7 +230,8 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
   spec.outputs.push_back(*y);
   spec.launch = [&backend = ctx.backend, a = a, x = x, y = y, shape, alpha, beta](
                     Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
-    absl::Status s = backend.Gemv(stream, a->dtype, shape, alpha, a->memory, x->memory, beta, y->memory);
+    absl::Status s =
+        backend.Gemv(stream, a->dtype, shape, alpha, a->memory, x->memory, beta, y->memory);
     if (!s.ok()) return s;
     return LaunchInfo{};
   };
@@ -216,21 +240,32 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
 
 absl::StatusOr<ReduceKind> ReduceKindFromProto(v1::ReduceKind kind) {
   switch (kind) {
-    case v1::REDUCE_KIND_SUM: return ReduceKind::kSum;
-    case v1::REDUCE_KIND_PROD: return ReduceKind::kProd;
-    case v1::REDUCE_KIND_MIN: return ReduceKind::kMin;
-    case v1::REDUCE_KIND_MAX: return ReduceKind::kMax;
-    case v1::REDUCE_KIND_MEAN: return ReduceKind::kMean;
-    case v1::REDUCE_KIND_NORM2: return ReduceKind::kNorm2;
-    case v1::REDUCE_KIND_ARGMIN: return ReduceKind::kArgmin;
-    case v1::REDUCE_KIND_ARGMAX: return ReduceKind::kArgmax;
-    case v1::REDUCE_KIND_UNSPECIFIED: return absl::InvalidArgumentError("reduce kind is required");
-    default: break;
+    case v1::REDUCE_KIND_SUM:
+      return ReduceKind::kSum;
+    case v1::REDUCE_KIND_PROD:
+      return ReduceKind::kProd;
+    case v1::REDUCE_KIND_MIN:
+      return ReduceKind::kMin;
+    case v1::REDUCE_KIND_MAX:
+      return ReduceKind::kMax;
+    case v1::REDUCE_KIND_MEAN:
+      return ReduceKind::kMean;
+    case v1::REDUCE_KIND_NORM2:
+      return ReduceKind::kNorm2;
+    case v1::REDUCE_KIND_ARGMIN:
+      return ReduceKind::kArgmin;
+    case v1::REDUCE_KIND_ARGMAX:
+      return ReduceKind::kArgmax;
+    case v1::REDUCE_KIND_UNSPECIFIED:
+      return absl::InvalidArgumentError("reduce kind is required");
+    default:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown reduce kind ", static_cast<int>(kind)));
 }
 
-absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, const v1::ReduceOp& op) {
+absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client,
+                                const v1::ReduceOp& op) {
   ASSIGN_OR_RETURN(ReduceKind kind, ReduceKindFromProto(op.kind()));
   ASSIGN_OR_RETURN(BufferHandle in, Lookup(ctx, client, "reduce input", op.input()));
   const BufferEntry& b = *in;
@@ -244,15 +279,18 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, c
       return absl::InvalidArgumentError(
           "whole-array argmin/argmax of an F-layout array is supported up to 2 dimensions");
     }
-    if (b.layout == Layout::kF && b.shape.size() == 2) shape.f_order_rows = static_cast<int64_t>(b.shape[0]);
+    if (b.layout == Layout::kF && b.shape.size() == 2)
+      shape.f_order_rows = static_cast<int64_t>(b.shape[0]);
   } else {
     if (b.shape.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reduce along an axis needs a 2-D input; ", Describe(b), " has ", b.shape.size(), " dimensions"));
+      return absl::InvalidArgumentError(absl::StrCat("reduce along an axis needs a 2-D input; ",
+                                                     Describe(b), " has ", b.shape.size(),
+                                                     " dimensions"));
     }
     int axis = op.axis();
     if (axis < -2 || axis > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("axis ", axis, " is out of range for a 2-D input"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("axis ", axis, " is out of range for a 2-D input"));
     }
     if (axis < 0) axis += 2;
     const auto rows = static_cast<int64_t>(b.shape[0]);
@@ -267,14 +305,16 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, c
   const bool needs_element = kind == ReduceKind::kMin || kind == ReduceKind::kMax ||
                              kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   if (needs_element && shape.extent == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot take ", v1::ReduceKind_Name(op.kind()),
-                                                   " of zero elements: the reduction has no identity"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot take ", v1::ReduceKind_Name(op.kind()),
+                     " of zero elements: the reduction has no identity"));
   }
   const DType result_dtype = ReduceResultDType(kind, b.dtype);
   Plan plan;
   bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
-                                                   b.device, CastRule::kExact, &created));
+  ASSIGN_OR_RETURN(BufferHandle out,
+                   ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
+                                 b.device, CastRule::kExact, &created));
   if (out == in) return absl::InvalidArgumentError("reduce output must not be its input");
   if (created) plan.created = out;
 
@@ -302,16 +342,22 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, c
 
 absl::StatusOr<Distribution> DistributionFromProto(v1::Distribution d) {
   switch (d) {
-    case v1::DISTRIBUTION_UNIFORM: return Distribution::kUniform;
-    case v1::DISTRIBUTION_NORMAL: return Distribution::kNormal;
-    case v1::DISTRIBUTION_INTEGERS: return Distribution::kIntegers;
-    case v1::DISTRIBUTION_UNSPECIFIED: return absl::InvalidArgumentError("random distribution is required");
-    default: break;
+    case v1::DISTRIBUTION_UNIFORM:
+      return Distribution::kUniform;
+    case v1::DISTRIBUTION_NORMAL:
+      return Distribution::kNormal;
+    case v1::DISTRIBUTION_INTEGERS:
+      return Distribution::kIntegers;
+    case v1::DISTRIBUTION_UNSPECIFIED:
+      return absl::InvalidArgumentError("random distribution is required");
+    default:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown distribution ", static_cast<int>(d)));
 }
 
-absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, const v1::RandomOp& op) {
+absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
+                                const v1::RandomOp& op) {
   ASSIGN_OR_RETURN(Distribution dist, DistributionFromProto(op.distribution()));
   RandomParams params;
   params.distribution = dist;
@@ -329,8 +375,8 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   if (!op.output().buffer().empty()) {
     ASSIGN_OR_RETURN(BufferHandle b, ctx.registry.Lookup(client, op.output().buffer()));
     if (!shape.empty() && shape != b->shape) {
-      return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeString(shape), " differs from the output ",
-                                                     Describe(*b)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " differs from the output ", Describe(*b)));
     }
     shape = b->shape;
     layout = b->layout;
@@ -346,26 +392,27 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   }
   if (dist == Distribution::kIntegers) {
     if (!IsInteger(dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("random integers need an int32 or int64 output, not ",
-                                                     DTypeName(dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("random integers need an int32 or int64 output, not ", DTypeName(dtype)));
     }
     if (params.low >= params.high) {
-      return absl::InvalidArgumentError(absl::StrCat("random integers need low < high; got [", params.low, ", ",
-                                                     params.high, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("random integers need low < high; got [",
+                                                     params.low, ", ", params.high, ")"));
     }
     if (dtype == DType::kInt32 && (params.low < std::numeric_limits<int32_t>::min() ||
                                    params.high - 1 > std::numeric_limits<int32_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat("range [", params.low, ", ", params.high,
-                                                     ") does not fit an int32 output"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("range [", params.low, ", ", params.high, ") does not fit an int32 output"));
     }
   } else {
     if (!IsFloat(dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("uniform and normal values need a float32 or float64 output, not ",
-                                                     DTypeName(dtype)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uniform and normal values need a float32 or float64 output, not ", DTypeName(dtype)));
     }
     if (dist == Distribution::kNormal &&
         (!std::isfinite(params.mean) || !std::isfinite(params.stddev) || params.stddev < 0)) {
-      return absl::InvalidArgumentError("normal needs a finite mean and a finite, non-negative stddev");
+      return absl::InvalidArgumentError(
+          "normal needs a finite mean and a finite, non-negative stddev");
     }
   }
   ASSIGN_OR_RETURN(uint64_t n, CheckedElementCount(shape, DTypeSize(dtype)));
@@ -378,8 +425,9 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   bool created = false;
   v1::Output output = op.output();
   output.set_dtype(v1::DTYPE_UNSPECIFIED);  // already folded into dtype
-  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, output, dtype, shape, layout,
-                                                   ctx.executor.default_device(), CastRule::kExact, &created));
+  ASSIGN_OR_RETURN(BufferHandle out,
+                   ResolveOutput(ctx, client, output, dtype, shape, layout,
+                                 ctx.executor.default_device(), CastRule::kExact, &created));
   if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
@@ -404,11 +452,16 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request) {
   switch (request.op_case()) {
-    case v1::SubmitRequest::kElementwise: return PlanElementwise(ctx, client, request.elementwise());
-    case v1::SubmitRequest::kGemv: return PlanGemv(ctx, client, request.gemv());
-    case v1::SubmitRequest::kReduce: return PlanReduce(ctx, client, request.reduce());
-    case v1::SubmitRequest::kRandom: return PlanRandom(ctx, client, request.random());
-    case v1::SubmitRequest::OP_NOT_SET: break;
+    case v1::SubmitRequest::kElementwise:
+      return PlanElementwise(ctx, client, request.elementwise());
+    case v1::SubmitRequest::kGemv:
+      return PlanGemv(ctx, client, request.gemv());
+    case v1::SubmitRequest::kReduce:
+      return PlanReduce(ctx, client, request.reduce());
+    case v1::SubmitRequest::kRandom:
+      return PlanRandom(ctx, client, request.random());
+    case v1::SubmitRequest::OP_NOT_SET:
+      break;
   }
   return absl::InvalidArgumentError("the request names no operation");
 }
@@ -418,22 +471,24 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
   ASSIGN_OR_RETURN(DType dtype, FromProto(request.dtype()));
   ASSIGN_OR_RETURN(Layout layout, FromProto(request.layout()));
   const int device = request.has_device() ? request.device() : ctx.executor.default_device();
-  return ctx.registry.Allocate(client, request.name(), dtype,
-                               std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout,
-                               device);
+  return ctx.registry.Allocate(
+      client, request.name(), dtype,
+      std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout, device);
 }
 
-absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, const v1::Scalar& value) {
+absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
+                              const v1::Scalar& value) {
   absl::StatusOr<uint64_t> bits = ScalarBits(value, buffer->dtype);
-  if (!bits.ok()) return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
+  if (!bits.ok())
+    return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
   Plan plan;
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OperationKind::kFill;
   spec.accesses = {{buffer, true}};
   spec.bytes_written = buffer->size_bytes();
   spec.outputs.push_back(*buffer);
-  spec.launch = [&backend = ctx.backend, buffer, bits = *bits](Stream& stream,
-                                                               OpResult&) -> absl::StatusOr<LaunchInfo> {
+  spec.launch = [&backend = ctx.backend, buffer, bits = *bits](
+                    Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Fill(stream, buffer->memory, buffer->dtype, bits,
                                   static_cast<int64_t>(buffer->num_elements()));
     if (!s.ok()) return s;
@@ -444,7 +499,8 @@ absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, c
 
 absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
                                                       absl::string_view stream_id, Plan plan) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, ctx.executor.Submit(client, stream_id, std::move(plan.spec)));
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
+                   ctx.executor.Submit(client, stream_id, std::move(plan.spec)));
   if (plan.created != nullptr) {
     RETURN_IF_ERROR(ctx.registry.Register(plan.created));
   }

@@ -26,7 +26,8 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
                                                  const v1::CreateBufferRequest& request);
 
 // Fills every element of `buffer` with `value` (CreateBuffer's fill).
-absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, const v1::Scalar& value);
+absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
+                              const v1::Scalar& value);
 
 // Queues a plan on `stream_id` and registers the buffer it creates.
 absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,

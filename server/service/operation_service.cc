@@ -10,7 +10,8 @@
 namespace gpucompute {
 
 grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_ptr<Operation>& op,
-                                                              double timeout_seconds, v1::Operation* response) {
+                                                              double timeout_seconds,
+                                                              v1::Operation* response) {
   auto* reactor = new DeferredReactor();
   absl::Status armed = FirstOfEventOrTimeout(
       ctx_, timeout_seconds,
@@ -30,14 +31,17 @@ grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_
 }
 
 grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerContext* context,
-                                                       const v1::SubmitRequest* request, v1::Operation* response) {
+                                                       const v1::SubmitRequest* request,
+                                                       v1::Operation* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
-  if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok())
+    return FinishNow(context, s);
   absl::StatusOr<Plan> plan = PlanOperation(ctx_, *client, *request);
   if (!plan.ok()) return FinishNow(context, plan.status());
-  absl::StatusOr<std::shared_ptr<Operation>> op = SubmitPlan(ctx_, *client, request->stream_id(), *std::move(plan));
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      SubmitPlan(ctx_, *client, request->stream_id(), *std::move(plan));
   if (!op.ok()) return FinishNow(context, op.status());
   if (request->wait()) {
     if (AwaitBriefly(*op)) {
@@ -74,17 +78,20 @@ bool OperationServiceImpl::AwaitBriefly(const std::shared_ptr<Operation>& op) {
 grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServerContext* context,
                                                              const v1::GetOperationRequest* request,
                                                              v1::Operation* response) {
-  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.FindOperation(request->operation_id());
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      ctx_.executor.FindOperation(request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
   ToProto(ctx_.executor.GetStatus(**op), response);
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(grpc::CallbackServerContext* context,
-                                                              const v1::WaitOperationRequest* request,
-                                                              v1::Operation* response) {
-  if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.FindOperation(request->operation_id());
+grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(
+    grpc::CallbackServerContext* context, const v1::WaitOperationRequest* request,
+    v1::Operation* response) {
+  if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok())
+    return FinishNow(context, s);
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      ctx_.executor.FindOperation(request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
   return ReplyWhenDone(*op, request->timeout_seconds(), response);
 }

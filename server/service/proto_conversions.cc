@@ -18,24 +18,36 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 absl::StatusOr<DType> FromProto(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_FLOAT64: return DType::kFloat64;
-    case v1::DTYPE_INT32: return DType::kInt32;
-    case v1::DTYPE_INT64: return DType::kInt64;
-    case v1::DTYPE_BOOL: return DType::kBool;
-    case v1::DTYPE_UNSPECIFIED: return absl::InvalidArgumentError("dtype is required");
-    default: break;
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT64:
+      return DType::kFloat64;
+    case v1::DTYPE_INT32:
+      return DType::kInt32;
+    case v1::DTYPE_INT64:
+      return DType::kInt64;
+    case v1::DTYPE_BOOL:
+      return DType::kBool;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError("dtype is required");
+    default:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
 }
 
 v1::DType ToProto(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kFloat64: return v1::DTYPE_FLOAT64;
-    case DType::kInt32: return v1::DTYPE_INT32;
-    case DType::kInt64: return v1::DTYPE_INT64;
-    case DType::kBool: return v1::DTYPE_BOOL;
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat64:
+      return v1::DTYPE_FLOAT64;
+    case DType::kInt32:
+      return v1::DTYPE_INT32;
+    case DType::kInt64:
+      return v1::DTYPE_INT64;
+    case DType::kBool:
+      return v1::DTYPE_BOOL;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -43,23 +55,34 @@ v1::DType ToProto(DType dtype) {
 absl::StatusOr<Layout> FromProto(v1::Layout layout) {
   switch (layout) {
     case v1::LAYOUT_UNSPECIFIED:
-    case v1::LAYOUT_C: return Layout::kC;
-    case v1::LAYOUT_F: return Layout::kF;
-    default: break;
+    case v1::LAYOUT_C:
+      return Layout::kC;
+    case v1::LAYOUT_F:
+      return Layout::kF;
+    default:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(layout)));
 }
 
 v1::OperationKind ToProto(OperationKind kind) {
   switch (kind) {
-    case OperationKind::kElementwise: return v1::OPERATION_KIND_ELEMENTWISE;
-    case OperationKind::kGemv: return v1::OPERATION_KIND_GEMV;
-    case OperationKind::kReduce: return v1::OPERATION_KIND_REDUCE;
-    case OperationKind::kRandom: return v1::OPERATION_KIND_RANDOM;
-    case OperationKind::kFill: return v1::OPERATION_KIND_FILL;
-    case OperationKind::kCopy: return v1::OPERATION_KIND_COPY;
-    case OperationKind::kUpload: return v1::OPERATION_KIND_UPLOAD;
-    case OperationKind::kDownload: return v1::OPERATION_KIND_DOWNLOAD;
+    case OperationKind::kElementwise:
+      return v1::OPERATION_KIND_ELEMENTWISE;
+    case OperationKind::kGemv:
+      return v1::OPERATION_KIND_GEMV;
+    case OperationKind::kReduce:
+      return v1::OPERATION_KIND_REDUCE;
+    case OperationKind::kRandom:
+      return v1::OPERATION_KIND_RANDOM;
+    case OperationKind::kFill:
+      return v1::OPERATION_KIND_FILL;
+    case OperationKind::kCopy:
+      return v1::OPERATION_KIND_COPY;
+    case OperationKind::kUpload:
+      return v1::OPERATION_KIND_UPLOAD;
+    case OperationKind::kDownload:
+      return v1::OPERATION_KIND_DOWNLOAD;
   }
   return v1::OPERATION_KIND_UNSPECIFIED;
 }
@@ -79,10 +102,14 @@ namespace {
 
 v1::Operation::State ToProto(OperationStatus::State s) {
   switch (s) {
-    case OperationStatus::State::kQueued: return v1::Operation::STATE_QUEUED;
-    case OperationStatus::State::kRunning: return v1::Operation::STATE_RUNNING;
-    case OperationStatus::State::kSucceeded: return v1::Operation::STATE_SUCCEEDED;
-    case OperationStatus::State::kFailed: return v1::Operation::STATE_FAILED;
+    case OperationStatus::State::kQueued:
+      return v1::Operation::STATE_QUEUED;
+    case OperationStatus::State::kRunning:
+      return v1::Operation::STATE_RUNNING;
+    case OperationStatus::State::kSucceeded:
+      return v1::Operation::STATE_SUCCEEDED;
+    case OperationStatus::State::kFailed:
+      return v1::Operation::STATE_FAILED;
   }
   return v1::Operation::STATE_UNSPECIFIED;
 }
@@ -160,7 +187,8 @@ absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype) {
       case v1::Scalar::kIntValue: {
         const int64_t i = scalar.int_value();
         if constexpr (std::is_same_v<T, bool>) {
-          if (i != 0 && i != 1) return absl::InvalidArgumentError(absl::StrCat(i, " is not a bool (0 or 1)"));
+          if (i != 0 && i != 1)
+            return absl::InvalidArgumentError(absl::StrCat(i, " is not a bool (0 or 1)"));
         } else if constexpr (std::is_same_v<T, int32_t>) {
           if (i < std::numeric_limits<int32_t>::min() || i > std::numeric_limits<int32_t>::max()) {
             return absl::InvalidArgumentError(absl::StrCat(i, " does not fit in int32"));
@@ -172,8 +200,10 @@ absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype) {
         const double f = scalar.float_value();
         if constexpr (std::is_integral_v<T>) {
           // A float may go into an integer buffer only when it is an exact integer in range.
-          const double lo = std::is_same_v<T, bool> ? 0.0 : static_cast<double>(std::numeric_limits<T>::min());
-          const double hi = std::is_same_v<T, bool> ? 1.0 : static_cast<double>(std::numeric_limits<T>::max());
+          const double lo =
+              std::is_same_v<T, bool> ? 0.0 : static_cast<double>(std::numeric_limits<T>::min());
+          const double hi =
+              std::is_same_v<T, bool> ? 1.0 : static_cast<double>(std::numeric_limits<T>::max());
           if (!std::isfinite(f) || f != std::trunc(f) || f < lo || f >= hi + 1.0) {
             return absl::InvalidArgumentError(
                 absl::StrCat(f, " cannot be stored exactly in a ", DTypeName(dtype), " buffer"));

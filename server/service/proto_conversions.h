@@ -16,7 +16,6 @@
 
 namespace gpucompute {
 
-
 // The one conversion from absl::Status to grpc::Status: same code, same message. Every
 // status a handler returns goes through it.
 grpc::Status ToGrpcStatus(const absl::Status& status);

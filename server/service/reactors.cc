@@ -3,7 +3,8 @@
 
 namespace gpucompute {
 
-void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
+void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state,
+                                 absl::FunctionRef<grpc::Status()> produce) {
   absl::MutexLock lock(&state->mu);
   if (state->finished) return;
   state->finished = true;
@@ -14,7 +15,8 @@ void DeferredReactor::OnCancel() {
   FinishOnce(state_, [] { return ToGrpcStatus(absl::CancelledError("the call was cancelled")); });
 }
 
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;

@@ -50,7 +50,8 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
 }
 
 grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContext* context,
-                                                      const v1::GetStatsRequest* request, v1::Stats* response) {
+                                                      const v1::GetStatsRequest* request,
+                                                      v1::Stats* response) {
   const std::array<KindStats, kNumOperationKinds> stats = ctx_.executor.Stats();
   for (int k = 0; k < kNumOperationKinds; ++k) {
     const KindStats& s = stats[k];
@@ -75,12 +76,13 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(grpc::CallbackServerContext* context,
-                                                            const v1::TrimMemoryPoolRequest* request,
-                                                            v1::TrimMemoryPoolResponse* response) {
+grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(
+    grpc::CallbackServerContext* context, const v1::TrimMemoryPoolRequest* request,
+    v1::TrimMemoryPoolResponse* response) {
   std::vector<int> devices;
   if (request->has_device()) {
-    if (absl::Status s = CheckDeviceIndex(ctx_.backend, request->device()); !s.ok()) return FinishNow(context, s);
+    if (absl::Status s = CheckDeviceIndex(ctx_.backend, request->device()); !s.ok())
+      return FinishNow(context, s);
     devices.push_back(request->device());
   } else {
     for (const DeviceDescription& d : ctx_.backend.devices()) devices.push_back(d.index);
@@ -108,4 +110,3 @@ grpc::ServerUnaryReactor* ServerServiceImpl::StopProfiler(grpc::CallbackServerCo
 }
 
 }  // namespace gpucompute
-

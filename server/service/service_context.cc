@@ -13,7 +13,8 @@ namespace gpucompute {
 absl::Status CheckBackendHealthy(const Backend& backend) {
   const absl::Status health = backend.health();
   if (health.ok()) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("the ", backend.name(), " backend failed (", health.ToString(),
+  return absl::UnavailableError(absl::StrCat("the ", backend.name(), " backend failed (",
+                                             health.ToString(),
                                              "); this server refuses work until it is restarted"));
 }
 
@@ -23,8 +24,8 @@ absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& contex
   if (it == metadata.end()) return std::string(kDefaultClient);
   std::string name(it->second.data(), it->second.size());
   if (name.empty() || name.size() > kMaxClientNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metadata '", kClientMetadataKey, "' must be 1 to ", kMaxClientNameBytes, " characters"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata '", kClientMetadataKey, "' must be 1 to ", kMaxClientNameBytes, " characters"));
   }
   return name;
 }
@@ -36,9 +37,10 @@ absl::Status CheckTimeout(double seconds) {
   return absl::OkStatus();
 }
 
-absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
-                                   absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
-                                   absl::AnyInvocable<void(bool timed_out) &&> done) {
+absl::Status FirstOfEventOrTimeout(
+    ServiceContext& ctx, double timeout_seconds,
+    absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
+    absl::AnyInvocable<void(bool timed_out) &&> done) {
   struct Once {
     absl::Mutex mu;
     bool fired ABSL_GUARDED_BY(mu) = false;

@@ -23,7 +23,6 @@
 
 namespace gpucompute {
 
-
 inline constexpr char kVersion[] = "0.1.0";
 inline constexpr char kApi[] = "gpucompute.v1";
 
@@ -54,9 +53,10 @@ absl::Status CheckTimeout(double seconds);
 // runs done(timed_out) exactly once. `arm` registers the callback it is given with the
 // event source; if it fails, done never runs and its status is returned.
 // timeout_seconds == 0 means no timeout.
-absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
-                                   absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
-                                   absl::AnyInvocable<void(bool timed_out) &&> done);
+absl::Status FirstOfEventOrTimeout(
+    ServiceContext& ctx, double timeout_seconds,
+    absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
+    absl::AnyInvocable<void(bool timed_out) &&> done);
 
 }  // namespace gpucompute
 

@@ -32,7 +32,8 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
 
   // `produce` writes the response and returns the call's status; it runs only if the
   // call is not finished yet.
-  static void FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce);
+  static void FinishOnce(const std::shared_ptr<State>& state,
+                         absl::FunctionRef<grpc::Status()> produce);
 
   void OnCancel() override;
   void OnDone() override { delete this; }
@@ -42,7 +43,8 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
 };
 
 // A reactor finished at once with `status`.
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status);
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const absl::Status& status);
 
 // A streaming reactor that answers `status` at once: a streaming call refused before
 // its reactor would start.
@@ -62,9 +64,10 @@ class BufferServiceImpl final : public v1::BufferService::CallbackService {
                                          v1::CreateBufferResponse* response) override;
   grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
                                                      v1::UploadResponse* response) override;
-  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(grpc::CallbackServerContext* context,
-                                                           const v1::DownloadRequest* request) override;
-  grpc::ServerUnaryReactor* GetBuffer(grpc::CallbackServerContext* context, const v1::GetBufferRequest* request,
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerUnaryReactor* GetBuffer(grpc::CallbackServerContext* context,
+                                      const v1::GetBufferRequest* request,
                                       v1::BufferInfo* response) override;
   grpc::ServerUnaryReactor* ListBuffers(grpc::CallbackServerContext* context,
                                         const v1::ListBuffersRequest* request,
@@ -102,7 +105,8 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
  public:
   explicit OperationServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
 
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context, const v1::SubmitRequest* request,
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
+                                   const v1::SubmitRequest* request,
                                    v1::Operation* response) override;
   grpc::ServerUnaryReactor* GetOperation(grpc::CallbackServerContext* context,
                                          const v1::GetOperationRequest* request,
@@ -113,8 +117,8 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
 
  private:
   // Answers with `op` once it is done or `timeout_seconds` passes.
-  grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op, double timeout_seconds,
-                                          v1::Operation* response);
+  grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op,
+                                          double timeout_seconds, v1::Operation* response);
   // Whether a small `op` finishes within a brief spin on this thread (see the .cc).
   bool AwaitBriefly(const std::shared_ptr<Operation>& op);
 
@@ -128,7 +132,8 @@ class ServerServiceImpl final : public v1::ServerService::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context, const v1::GetStatsRequest* request,
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
                                      v1::Stats* response) override;
   grpc::ServerUnaryReactor* TrimMemoryPool(grpc::CallbackServerContext* context,
                                            const v1::TrimMemoryPoolRequest* request,

@@ -32,16 +32,17 @@ grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerCo
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   auto* reactor = new DeferredReactor();
-  absl::Status s = ctx_.executor.DeleteStream(*client, request->stream_id(), [state = reactor->state()] {
-    DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
-  });
+  absl::Status s =
+      ctx_.executor.DeleteStream(*client, request->stream_id(), [state = reactor->state()] {
+        DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
+      });
   if (!s.ok()) DeferredReactor::FinishOnce(reactor->state(), [&] { return ToGrpcStatus(s); });
   return reactor;
 }
 
-grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackServerContext* context,
-                                                               const v1::SynchronizeStreamRequest* request,
-                                                               v1::SynchronizeStreamResponse* response) {
+grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
+    grpc::CallbackServerContext* context, const v1::SynchronizeStreamRequest* request,
+    v1::SynchronizeStreamResponse* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
@@ -49,7 +50,8 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackSer
   if (absl::Status s = CheckTimeout(timeout); !s.ok()) return FinishNow(context, s);
   std::string stream_id = request->stream_id();
   if (stream_id.empty()) {
-    absl::StatusOr<StreamInfo> info = ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+    absl::StatusOr<StreamInfo> info =
+        ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
     if (!info.ok()) return FinishNow(context, info.status());
     stream_id = info->id;
   }
@@ -57,7 +59,9 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(grpc::CallbackSer
   std::shared_ptr<DeferredReactor::State> state = reactor->state();
   absl::Status s = FirstOfEventOrTimeout(
       ctx_, timeout,
-      [&](absl::AnyInvocable<void() &&> on_idle) { return ctx_.executor.Synchronize(stream_id, std::move(on_idle)); },
+      [&](absl::AnyInvocable<void() &&> on_idle) {
+        return ctx_.executor.Synchronize(stream_id, std::move(on_idle));
+      },
       [state, response](bool timed_out) {
         DeferredReactor::FinishOnce(state, [&] {
           response->set_idle(!timed_out);
@@ -74,9 +78,11 @@ grpc::ServerUnaryReactor* StreamServiceImpl::ListStreams(grpc::CallbackServerCon
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return FinishNow(context, client.status());
   // The default stream exists from the client's first call on.
-  absl::StatusOr<StreamInfo> def = ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+  absl::StatusOr<StreamInfo> def =
+      ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
   if (!def.ok()) return FinishNow(context, def.status());
-  for (const StreamInfo& s : ctx_.executor.ListStreams(*client)) ToProto(s, response->add_streams());
+  for (const StreamInfo& s : ctx_.executor.ListStreams(*client))
+    ToProto(s, response->add_streams());
   return FinishNow(context, absl::OkStatus());
 }
 

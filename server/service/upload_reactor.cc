@@ -56,7 +56,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
  private:
   struct State {
-    State(ServiceContext& c, std::string cl, v1::UploadResponse* r) : ctx(c), client(std::move(cl)), response(r) {}
+    State(ServiceContext& c, std::string cl, v1::UploadResponse* r)
+        : ctx(c), client(std::move(cl)), response(r) {}
     ServiceContext& ctx;
     const std::string client;
     v1::UploadResponse* const response;
@@ -87,7 +88,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
   };
   using StatePtr = std::shared_ptr<State>;
 
-  static void FinishLocked(const StatePtr& s, grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+  static void FinishLocked(const StatePtr& s, grpc::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
     ReleaseMemoryLocked(s);
@@ -113,18 +115,20 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     switch (header.target_case()) {
       case v1::UploadHeader::kCreate: {
         if (header.offset_bytes() != 0) {
-          return absl::InvalidArgumentError("an upload that creates a buffer must start at offset 0");
+          return absl::InvalidArgumentError(
+              "an upload that creates a buffer must start at offset 0");
         }
         absl::StatusOr<BufferHandle> b = AllocateFromRequest(ctx, s->client, header.create());
         if (!b.ok()) return b.status();
         if (header.create().has_fill()) {
-          return absl::InvalidArgumentError("an upload provides the contents; 'fill' is not allowed");
+          return absl::InvalidArgumentError(
+              "an upload provides the contents; 'fill' is not allowed");
         }
         const uint64_t size = (*b)->size_bytes();
         if (header.size_bytes() != 0 && header.size_bytes() != size) {
-          return absl::InvalidArgumentError(absl::StrCat("size_bytes is ", header.size_bytes(), " but a ",
-                                                         DTypeName((*b)->dtype), " buffer of that shape holds ",
-                                                         size, " bytes"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("size_bytes is ", header.size_bytes(), " but a ", DTypeName((*b)->dtype),
+                           " buffer of that shape holds ", size, " bytes"));
         }
         s->created = *b;
         s->range_name = absl::StrCat("upload ", (*b)->id);
@@ -137,13 +141,14 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
         if (!b.ok()) return b.status();
         const uint64_t size = (*b)->size_bytes();
         if (header.offset_bytes() > size || header.size_bytes() > size - header.offset_bytes()) {
-          return absl::InvalidArgumentError(absl::StrCat("bytes [", header.offset_bytes(), ", +",
-                                                         header.size_bytes(), ") are outside buffer ", (*b)->id,
-                                                         " of ", size, " bytes"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("bytes [", header.offset_bytes(), ", +", header.size_bytes(),
+                           ") are outside buffer ", (*b)->id, " of ", size, " bytes"));
         }
         absl::StatusOr<MemoryLimiter::Charge> charge = ctx.limiter.TryCharge(header.size_bytes());
         if (!charge.ok()) return charge.status();
-        absl::StatusOr<DeviceMemory> staging = ctx.backend.Allocate((*b)->device, header.size_bytes());
+        absl::StatusOr<DeviceMemory> staging =
+            ctx.backend.Allocate((*b)->device, header.size_bytes());
         if (!staging.ok()) return staging.status();
         s->target = *b;
         s->range_name = absl::StrCat("upload ", (*b)->id);
@@ -157,7 +162,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       case v1::UploadHeader::TARGET_NOT_SET:
         break;
     }
-    return absl::InvalidArgumentError("the upload header names no target: set 'create' or 'buffer'");
+    return absl::InvalidArgumentError(
+        "the upload header names no target: set 'create' or 'buffer'");
   }
 
   static absl::Status HandleMessageLocked(const StatePtr& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
@@ -225,8 +231,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
       return FinishLocked(s, ToGrpcStatus(absl::InvalidArgumentError("the upload sent no header")));
     }
     if (s->received != s->expected) {
-      return FinishLocked(s, ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("the upload ended after ", s->received, " of the ",
-                                                       s->expected, " bytes it declared; nothing was changed"))));
+      return FinishLocked(s, ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+                                 "the upload ended after ", s->received, " of the ", s->expected,
+                                 " bytes it declared; nothing was changed"))));
     }
     ServiceContext& ctx = s->ctx;
     if (s->created != nullptr) {
@@ -245,13 +252,15 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
     spec.bytes_read = s->expected;
     spec.bytes_written = s->expected;
     spec.outputs.push_back(*s->target);
-    spec.launch = [&backend = ctx.backend, s, bytes = s->expected](Stream& stream,
-                                                                    OpResult&) -> absl::StatusOr<LaunchInfo> {
-      absl::Status st = backend.Copy(stream, s->staging, 0, s->target->memory, s->target_offset, bytes);
+    spec.launch = [&backend = ctx.backend, s, bytes = s->expected](
+                      Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+      absl::Status st =
+          backend.Copy(stream, s->staging, 0, s->target->memory, s->target_offset, bytes);
       if (!st.ok()) return st;
       return LaunchInfo{};
     };
-    absl::StatusOr<std::shared_ptr<Operation>> op = ctx.executor.Submit(s->client, "", std::move(spec));
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        ctx.executor.Submit(s->client, "", std::move(spec));
     if (!op.ok()) return FinishLocked(s, ToGrpcStatus(op.status()));
     s->mu.Unlock();
     ctx.executor.OnDone(*op, [s, op = *op] {
@@ -272,7 +281,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::UploadRequest>* NewUploadReactor(ServiceContext& ctx, std::string client,
+grpc::ServerReadReactor<v1::UploadRequest>* NewUploadReactor(ServiceContext& ctx,
+                                                             std::string client,
                                                              v1::UploadResponse* response) {
   return new UploadReactor(ctx, std::move(client), response);
 }

@@ -22,7 +22,8 @@ namespace gpucompute::cuda::detail {
 
 // The k elements of one Philox block, aligned so that a store of the whole is one
 // 16-byte (8 for int32) vector store.
-template <typename T, int kLanes> struct alignas(sizeof(T) * kLanes) BlockValues {
+template <typename T, int kLanes>
+struct alignas(sizeof(T) * kLanes) BlockValues {
   T e[kLanes];
 };
 
@@ -42,7 +43,7 @@ template <typename T, int kLanes> struct alignas(sizeof(T) * kLanes) BlockValues
 // stddev), but near the zeros of cos and sin it is hundreds of ulps of the value, not
 // "within rounding" of the CPU's result, so it is not used.
 __device__ __forceinline__ void BoxMullerFloat32Fast(uint32_t wa, uint32_t wb, float* z_even,
-                                                    float* z_odd) {
+                                                     float* z_odd) {
   const float u1 = static_cast<float>((wa >> 8) + 1u) * 0x1.0p-24f;
   const float u2 = static_cast<float>(wb >> 8) * 0x1.0p-24f;
   const float r = sqrtf(-2.0f * logf(u1));
@@ -54,7 +55,7 @@ __device__ __forceinline__ void BoxMullerFloat32Fast(uint32_t wa, uint32_t wb, f
 }
 
 __device__ __forceinline__ void BoxMullerFloat64Fast(const PhiloxWords& b, double* z_even,
-                                                    double* z_odd) {
+                                                     double* z_odd) {
   const double u1 = static_cast<double>((JoinWords(b.w[0], b.w[1]) >> 11) + 1u) * 0x1.0p-53;
   const double u2 = static_cast<double>(JoinWords(b.w[2], b.w[3]) >> 11) * 0x1.0p-53;
   const double r = sqrt(-2.0 * log(u1));
@@ -112,7 +113,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += stride) {
-    const BlockValues<T, k> v = BlockElements<T, kDist>(PhiloxBlock(params.seed, params.offset + b), params);
+    const BlockValues<T, k> v =
+        BlockElements<T, kDist>(PhiloxBlock(params.seed, params.offset + b), params);
     T* dst = out + b * k;
     if (vector_store && b < full_blocks) {
       *reinterpret_cast<BlockValues<T, k>*>(dst) = v;

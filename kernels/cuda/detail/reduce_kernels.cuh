@@ -1,7 +1,8 @@
 // The kernels of ReduceAsync (the kernel layer; kernels/cuda/reduce.cu holds the entry
 // point and the dispatch that picks among them). Each is a template over an operator of
 // kernels/reduce_ops.h and computes, for its share of the outputs,
-//   out[o * inner + i] = Finalize(Combine_{r < extent} Convert(in[(o * extent + r) * inner + i], r))
+//   out[o * inner + i] = Finalize(Combine_{r < extent} Convert(in[(o * extent + r) * inner + i],
+//   r))
 // or a partial accumulator of an extent chunk, which CombinePartialsKernel then merges.
 //
 // Determinism: which elements each thread combines, in which order, and how threads
@@ -32,9 +33,11 @@ __device__ __forceinline__ T ShuffleXor(T v, int lane_mask) {
   }
 }
 template <typename T>
-__device__ __forceinline__ reduce::ArgPair<T> ShuffleXor(const reduce::ArgPair<T>& v, int lane_mask) {
-  return {ShuffleXor(v.value, lane_mask),
-          static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v.row), lane_mask))};
+__device__ __forceinline__ reduce::ArgPair<T> ShuffleXor(const reduce::ArgPair<T>& v,
+                                                         int lane_mask) {
+  return {
+      ShuffleXor(v.value, lane_mask),
+      static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v.row), lane_mask))};
 }
 
 // Merges the values of aligned groups of `group` lanes (a power of two <= 32) by a
@@ -46,9 +49,12 @@ __device__ __forceinline__ typename Op::Acc GroupCombine(typename Op::Acc acc, i
   return acc;
 }
 
-template <class Op> struct CombineFn {
+template <class Op>
+struct CombineFn {
   template <typename A>
-  __device__ __forceinline__ A operator()(const A& a, const A& b) const { return Op::Combine(a, b); }
+  __device__ __forceinline__ A operator()(const A& a, const A& b) const {
+    return Op::Combine(a, b);
+  }
 };
 
 // ---- inner == 1, short segments (extent <= a few thousand) ----
@@ -149,7 +155,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int u = 0; u < 4; ++u) {
         const int64_t row = row0 + (v + u * kBlockThreads) * kVec;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) lane_acc[u] = Op::Combine(lane_acc[u], Op::Convert(x[u].e[j], row + j));
+        for (int j = 0; j < kVec; ++j)
+          lane_acc[u] = Op::Combine(lane_acc[u], Op::Convert(x[u].e[j], row + j));
       }
     }
     acc = Op::Combine(Op::Combine(lane_acc[0], lane_acc[1]), Op::Combine(lane_acc[2], lane_acc[3]));
@@ -157,7 +164,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       Vector a;
       a.bits = vp[v];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) acc = Op::Combine(acc, Op::Convert(a.e[j], row0 + v * kVec + j));
+      for (int j = 0; j < kVec; ++j)
+        acc = Op::Combine(acc, Op::Convert(a.e[j], row0 + v * kVec + j));
     }
     if (tail + t < len) acc = Op::Combine(acc, Op::Convert(p[tail + t], begin + tail + t));
 
@@ -255,9 +263,9 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ... of the output at `base`, combined in that order. Four loads are issued before any
 // is combined, since the partials are latency-bound L2 reads.
 template <class Op>
-__device__ __forceinline__ typename Op::Acc CombineChunks(const typename Op::Acc* __restrict__ partial,
-                                                         int64_t base, int64_t first, int64_t chunks,
-                                                         int64_t step, int64_t chunk_stride) {
+__device__ __forceinline__ typename Op::Acc CombineChunks(
+    const typename Op::Acc* __restrict__ partial, int64_t base, int64_t first, int64_t chunks,
+    int64_t step, int64_t chunk_stride) {
   using Acc = typename Op::Acc;
   Acc acc = Op::Identity();
   int64_t c = first;
@@ -283,7 +291,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int t = static_cast<int>(threadIdx.x);
   if (width == kBlockThreads) {
     for (int64_t j = blockIdx.x; j < outputs; j += gridDim.x) {
-      const Acc acc = CombineChunks<Op>(partial, j * output_stride, t, chunks, kBlockThreads, chunk_stride);
+      const Acc acc =
+          CombineChunks<Op>(partial, j * output_stride, t, chunks, kBlockThreads, chunk_stride);
       const Acc total = BlockReduce(temp).Reduce(acc, CombineFn<Op>{});
       if (t == 0) out[j] = Op::Finalize(total, extent);
       __syncthreads();  // temp is reused by the next output
