@@ -209,7 +209,8 @@ void ExpectReduceMatches(ReduceKind kind, DType dtype, const ReduceShape& s,
       // within gamma = k u / (1 - k u), k = extent - 1, u = 2^-24, of the exact product p,
       // so |g - c| <= 2 gamma |p| <= 2 gamma |c| / (1 - gamma). Only a bound: the GPU's
       // short partial products near 1 drift further than the CPU's long ones.
-      const double k = static_cast<double>(s.extent - 1) * 0x1.0p-24;
+      // An empty extent's product is exactly 1 on both: k = 0, not negative.
+      const double k = static_cast<double>(std::max<int64_t>(s.extent - 1, 0)) * 0x1.0p-24;
       const double gamma = k / (1 - k);
       tol = 2 * gamma / (1 - gamma) * std::fabs(c) + 1e-300;
     } else if (kind == ReduceKind::kProd) {
