@@ -37,6 +37,9 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
                             $GPUCOMPUTE_KERNEL_CACHE, else
                             $XDG_CACHE_HOME/gpucompute/kernels, else
                             ~/.cache/gpucompute/kernels)
+  --metrics-listen=HOST:PORT
+                            serve Prometheus metrics on http://HOST:PORT/metrics
+                            (default: none)
   --help                    print this text
 )";
 
@@ -103,6 +106,8 @@ int main(int argc, char** argv) {
         }
         options.pool_release_threshold_bytes = *bytes;
       }
+    } else if (name == "--metrics-listen") {
+      options.metrics_listen = value;
     } else if (name == "--kernel-cache-dir") {
       options.kernel_cache_dir = value == "none" ? std::string() : value;
     } else {
@@ -120,6 +125,9 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n", (*server)->backend_name().c_str(),
                (*server)->port());
+  if ((*server)->metrics_port() != 0) {
+    std::fprintf(stderr, "gpucompute-server: metrics on port %d, path /metrics\n", (*server)->metrics_port());
+  }
   (*server)->Wait();
   g_server = nullptr;
   return 0;

@@ -36,6 +36,9 @@ struct ServerOptions {
   std::optional<std::string> kernel_cache_dir;
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
+  // HOST:PORT serving Prometheus metrics on /metrics (port 0 picks one, see
+  // Server::metrics_port); empty serves none.
+  std::string metrics_listen;
 };
 
 class Server {
@@ -48,6 +51,8 @@ class Server {
   ~Server();  // shuts down, then waits for queued work
 
   int port() const;
+  // The port /metrics is served on; 0 when ServerOptions::metrics_listen is empty.
+  int metrics_port() const;
   const std::string& backend_name() const;
   // The backend the server runs on, for tests and embedding: e.g. to inspect its memory
   // pools, or to ReportFailure and see the server refuse work.
