@@ -1,7 +1,8 @@
 // A stand-in for libnvidia-ml.so.1 with two GPUs and fixed readings, so that loading
 // NVML with dlopen and reading it through dlsym'ed entry points is tested on machines
 // without a GPU. The second GPU reports no utilization, as a MIG instance does.
-// FAKE_NVML_INIT_ERROR=N makes nvmlInit_v2 return N.
+// FAKE_NVML_INIT_ERROR=N makes nvmlInit_v2 return N; FAKE_NVML_NO_MEMORY_V2 makes
+// nvmlDeviceGetMemoryInfo_v2 fail, as on drivers before it.
 #include <cstdlib>
 #include <cstring>
 
@@ -16,6 +17,13 @@ struct nvmlUtilization_t {
 };
 struct nvmlMemory_t {
   unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+struct nvmlMemory_v2_t {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
   unsigned long long free;
   unsigned long long used;
 };
@@ -72,6 +80,17 @@ int nvmlDeviceGetMemoryInfo(nvmlDevice_st* device, nvmlMemory_t* memory) {
   memory->total = 80ull << 30;
   memory->used = device->index == 0 ? 3ull << 30 : 1ull << 20;
   memory->free = memory->total - memory->used;
+  return kSuccess;
+}
+// As NVML: `used` leaves out the 512 MiB the driver reserves, which v1 counts as used.
+int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_st* device, nvmlMemory_v2_t* memory) {
+  constexpr unsigned int kVersion2 = sizeof(nvmlMemory_v2_t) | (2u << 24);
+  if (std::getenv("FAKE_NVML_NO_MEMORY_V2") != nullptr) return kNotSupported;
+  if (memory->version != kVersion2) return kInvalidArgument;
+  memory->total = 80ull << 30;
+  memory->reserved = 512ull << 20;
+  memory->used = (device->index == 0 ? 3ull << 30 : 1ull << 20) - (512ull << 20);
+  memory->free = memory->total - memory->used - memory->reserved;
   return kSuccess;
 }
 int nvmlDeviceGetPowerUsage(nvmlDevice_st* device, unsigned int* milliwatts) {

@@ -116,6 +116,8 @@ TEST(ExpositionTest, FormatsValues) {
   EXPECT_EQ(metrics::FormatValue(0.1), "0.1");
   EXPECT_EQ(metrics::FormatValue(1e-5), "1e-05");
   EXPECT_EQ(metrics::FormatValue(12884901888.0), "12884901888");
+  EXPECT_EQ(metrics::FormatValue(-2.5), "-2.5");
+  EXPECT_EQ(metrics::FormatValue(1e20), "1e+20");
   EXPECT_EQ(metrics::FormatValue(NAN), "NaN");
   EXPECT_EQ(metrics::FormatValue(INFINITY), "+Inf");
   EXPECT_EQ(metrics::FormatValue(-INFINITY), "-Inf");
@@ -170,13 +172,26 @@ TEST(NvmlTest, ReadsEveryGpu) {
   EXPECT_EQ(gpus[0].name, "Fake GPU \"A\"");
   EXPECT_EQ(gpus[0].utilization_ratio, 0.87);
   EXPECT_EQ(gpus[0].memory_utilization_ratio, 0.42);
-  EXPECT_EQ(gpus[0].memory_used_bytes, 3.0 * (1 << 30));
+  // From nvmlDeviceGetMemoryInfo_v2: without what the driver reserves.
+  EXPECT_EQ(gpus[0].memory_used_bytes, 3.0 * (1 << 30) - 512.0 * (1 << 20));
   EXPECT_EQ(gpus[0].memory_total_bytes, 80.0 * (1 << 30));
   EXPECT_EQ(gpus[0].power_watts, 312.5);
   EXPECT_EQ(gpus[0].power_limit_watts, 700.0);
   EXPECT_EQ(gpus[0].temperature_celsius, 61.0);
   EXPECT_FALSE(gpus[1].utilization_ratio.has_value());
   EXPECT_EQ(gpus[1].power_watts, 71.25);
+}
+
+TEST(NvmlTest, MemoryFromTheFirstApiOnOlderDrivers) {
+  setenv("FAKE_NVML_NO_MEMORY_V2", "1", 1);
+  std::string error;
+  std::unique_ptr<metrics::Nvml> nvml = metrics::Nvml::Load(FAKE_NVML_PATH, &error);
+  ASSERT_NE(nvml, nullptr) << error;
+  const std::vector<metrics::GpuReading> gpus = nvml->Read();
+  unsetenv("FAKE_NVML_NO_MEMORY_V2");
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[0].memory_used_bytes, 3.0 * (1 << 30));
+  EXPECT_EQ(gpus[0].memory_total_bytes, 80.0 * (1 << 30));
 }
 
 // ---- The observer: operations queued and running, straight from the executor.
@@ -341,7 +356,7 @@ TEST_F(ObserverTest, GpuSeriesFromNvml) {
   EXPECT_EQ(s.at("gpucompute_nvml_up"), 1);
   EXPECT_EQ(s.at("gpucompute_gpu_utilization_ratio" + gpu0), 0.87);
   EXPECT_EQ(s.values.count("gpucompute_gpu_utilization_ratio" + gpu1), 0u);
-  EXPECT_EQ(s.at("gpucompute_gpu_memory_used_bytes" + gpu0), 3.0 * (1 << 30));
+  EXPECT_EQ(s.at("gpucompute_gpu_memory_used_bytes" + gpu0), 3.0 * (1 << 30) - 512.0 * (1 << 20));
   EXPECT_EQ(s.at("gpucompute_gpu_power_watts" + gpu1), 71.25);
   EXPECT_EQ(s.at("gpucompute_gpu_temperature_celsius" + gpu0), 61);
   EXPECT_EQ(

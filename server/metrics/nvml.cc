@@ -17,8 +17,17 @@ struct nvmlUtilization_t {
 struct nvmlMemory_t {
   unsigned long long total;
   unsigned long long free;
+  unsigned long long used;  // includes memory the driver reserves
+};
+// Drivers since R510: `used` without what the driver reserves, as nvidia-smi shows it.
+struct nvmlMemory_v2_t {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
   unsigned long long used;
 };
+constexpr unsigned int kMemoryV2Version = sizeof(nvmlMemory_v2_t) | (2u << 24);  // nvmlMemory_v2
 constexpr int NVML_TEMPERATURE_GPU = 0;
 constexpr unsigned kNameLength = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
 constexpr unsigned kUuidLength = 96;  // NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -35,6 +44,7 @@ struct Nvml::Api {
   nvmlReturn_t (*DeviceGetUUID)(nvmlDevice_t, char*, unsigned int);
   nvmlReturn_t (*DeviceGetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t*);
   nvmlReturn_t (*DeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*);
+  nvmlReturn_t (*DeviceGetMemoryInfoV2)(nvmlDevice_t, nvmlMemory_v2_t*);  // null on old drivers
   nvmlReturn_t (*DeviceGetPowerUsage)(nvmlDevice_t, unsigned int*);
   nvmlReturn_t (*DeviceGetEnforcedPowerLimit)(nvmlDevice_t, unsigned int*);
   nvmlReturn_t (*DeviceGetTemperature)(nvmlDevice_t, int, unsigned int*);
@@ -72,6 +82,8 @@ std::unique_ptr<Nvml> Nvml::Load(const std::string& library, std::string* error)
   Resolve(handle, "nvmlDeviceGetPowerUsage", api->DeviceGetPowerUsage, &missing);
   Resolve(handle, "nvmlDeviceGetEnforcedPowerLimit", api->DeviceGetEnforcedPowerLimit, &missing);
   Resolve(handle, "nvmlDeviceGetTemperature", api->DeviceGetTemperature, &missing);
+  std::string optional;
+  Resolve(handle, "nvmlDeviceGetMemoryInfo_v2", api->DeviceGetMemoryInfoV2, &optional);
   if (!missing.empty()) {
     *error = library + " has no " + missing;
     dlclose(handle);
@@ -111,8 +123,13 @@ std::vector<GpuReading> Nvml::Read() const {
       g.utilization_ratio = utilization.gpu / 100.0;
       g.memory_utilization_ratio = utilization.memory / 100.0;
     }
+    nvmlMemory_v2_t memory_v2{};
+    memory_v2.version = kMemoryV2Version;
     nvmlMemory_t memory{};
-    if (api_->DeviceGetMemoryInfo(device, &memory) == NVML_SUCCESS) {
+    if (api_->DeviceGetMemoryInfoV2 != nullptr && api_->DeviceGetMemoryInfoV2(device, &memory_v2) == NVML_SUCCESS) {
+      g.memory_used_bytes = static_cast<double>(memory_v2.used);
+      g.memory_total_bytes = static_cast<double>(memory_v2.total);
+    } else if (api_->DeviceGetMemoryInfo(device, &memory) == NVML_SUCCESS) {
       g.memory_used_bytes = static_cast<double>(memory.used);
       g.memory_total_bytes = static_cast<double>(memory.total);
     }

@@ -22,7 +22,7 @@ struct GpuReading {
   // Each unset when the GPU does not report it (e.g. utilization on a MIG instance).
   std::optional<double> utilization_ratio;         // kernels running, 0..1 of the last sample period
   std::optional<double> memory_utilization_ratio;  // memory controller busy, 0..1
-  std::optional<double> memory_used_bytes;
+  std::optional<double> memory_used_bytes;  // by every process, less the driver's reserve
   std::optional<double> memory_total_bytes;
   std::optional<double> power_watts;
   std::optional<double> power_limit_watts;
