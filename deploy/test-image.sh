@@ -63,26 +63,33 @@ ok "the image builds ($(elapsed "$start" "$(now)") s)"
 size=$(podman image inspect --format '{{.Size}}' "$image")
 echo "# image size: $((size / 1000000)) MB ($size bytes)"
 check "OCI labels" test "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.title"}}' "$image")" = gpucompute
-check "a HEALTHCHECK" test -n "$(podman image inspect --format '{{.Healthcheck}}' "$image" | grep -v '<nil>')"
+check "a HEALTHCHECK" bash -c "podman image inspect --format '{{.HealthCheck}}' '$image' | grep -q backend_error"
 
 # podman's own test run: can it start a container here at all?
 podman run --rm --entrypoint /bin/true "$image" 2>"$work/err" || skip "podman cannot run containers here: $(tail -2 "$work/err")"
 
 echo "# running it: read-only, capabilities dropped, --memory=$memory --cpus=$cpus"
+# (podman's complaints about systemd timers for the health check go to podman.err: the
+# check itself is run by hand below.)
 start=$(now)
 podman run -d --name "$name" --read-only --cap-drop=ALL --security-opt=no-new-privileges \
   --memory="$memory" --memory-swap="$memory" --cpus="$cpus" \
-  -p 127.0.0.1::50051 -p 127.0.0.1::9464 "$image" >/dev/null || { fail "the container starts"; exit 1; }
+  -p 127.0.0.1::50051 -p 127.0.0.1::9464 "$image" >/dev/null 2>>"$work/podman.err" ||
+  { cat "$work/podman.err"; fail "the container starts"; exit 1; }
+started=$(now)
 grpc=$(podman port "$name" 50051/tcp | head -1)
 metrics=$(podman port "$name" 9464/tcp | head -1)
 export GPUCOMPUTE_SERVER=$grpc
 healthy=""
-for _ in $(seq 300); do
-  if "$cli" --timeout 1 info >/dev/null 2>&1; then healthy=$(elapsed "$start" "$(now)"); break; fi
-  sleep 0.05
+for _ in $(seq 600); do
+  if "$cli" --timeout 1 info >/dev/null 2>&1; then healthy=$(now); break; fi
+  sleep 0.02
 done
-if [ -n "$healthy" ]; then ok "the server answers ${healthy} s after podman run"; else
-  fail "the server answers"; podman logs "$name" | tail -20; fi
+if [ -n "$healthy" ]; then
+  ok "the server answers $(elapsed "$started" "$healthy") s after podman run returned ($(elapsed "$start" "$healthy") s after it was called)"
+else
+  fail "the server answers"; podman logs "$name" | tail -20
+fi
 
 gc() { "$cli" "$@"; }
 check "runs as uid 65534" test "$(podman exec "$name" id -u)" = 65534
@@ -132,7 +139,7 @@ fi
 check "the image's health check passes" podman healthcheck run "$name"
 
 start=$(now)
-podman stop -t 10 "$name" >/dev/null
+podman stop -t 10 "$name" >/dev/null 2>>"$work/podman.err"
 stopped=$(elapsed "$start" "$(now)")
 code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
 check "podman stop ends it in ${stopped} s (under 5 s), exit status $code" \
