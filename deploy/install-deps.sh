@@ -21,6 +21,8 @@ test=(
   # The Kubernetes manifests are rendered with kubectl kustomize, checked against the
   # API's types and linted.
   python3-kubernetes python3-yaml yamllint
+  # deploy/compose.yaml is checked against the Compose schema.
+  docker-compose
 )
 image=(podman buildah runc)
 

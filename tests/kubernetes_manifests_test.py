@@ -12,7 +12,8 @@
   startup/readiness/liveness probes, requests and a memory limit, a restricted security
   context, scrape annotations naming the metrics port, a fully qualified image, and on
   GPU overlays the GPU limit, toleration, node selector and runtime class.
-- yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml).
+- yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml), and
+  docker-compose (where installed) checks deploy/compose.yaml against the Compose schema.
 - A deliberately broken manifest must be rejected, so the checks themselves are tested.
 
 Usage: kubernetes_manifests_test.py DEPLOY_DIR. Exit 0 when all pass, 1 on failures,
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 SKIP = 77
 
@@ -277,6 +279,33 @@ def self_test():
     return [f"self-test: the checks missed {m} in a broken manifest" for m in missed]
 
 
+def check_compose(path):
+    """docker-compose's schema check of the compose file, and of a broken one."""
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        print("compose: not checked (docker-compose is not installed)")
+        return []
+
+    def config(file):
+        return subprocess.run([compose, "-f", os.path.abspath(file), "config", "-q"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(file)))
+
+    failures = []
+    result = config(path)
+    print(f"compose: {'ok' if result.returncode == 0 else 'problems'}")
+    if result.returncode != 0:
+        failures.append(f"docker-compose config: {result.stderr.strip()}")
+    with open(path) as f:
+        broken = f.read().replace("read_only:", "read_onyl:")
+    with tempfile.TemporaryDirectory() as work:
+        broken_path = os.path.join(work, "compose.yaml")
+        with open(broken_path, "w") as f:
+            f.write(broken)
+        if config(broken_path).returncode == 0:
+            failures.append("self-test: docker-compose accepted a compose file with a misspelt key")
+    return failures
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -310,6 +339,7 @@ def main():
     print(f"yamllint: {'ok' if lint.returncode == 0 else 'problems'}")
     if lint.returncode != 0:
         failures.append(f"yamllint:\n{lint.stdout}{lint.stderr}")
+    failures += check_compose(os.path.join(deploy, "compose.yaml"))
     for f in failures:
         print(f"FAIL: {f}")
     return 1 if failures else 0
