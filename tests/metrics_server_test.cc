@@ -2,6 +2,7 @@
 // known in advance, and linted by promtool where it is installed.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "server/metrics/http_endpoint.h"
 #include "server/server.h"
 #include "tests/metrics_scrape.h"
 #include "tests/test_server.h"
@@ -173,6 +175,23 @@ TEST_F(MetricsServerTest, OnlyGetAndHeadOfMetrics) {
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/").status, 404);
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/etc/passwd").status, 404);
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/metrics/x").status, 404);
+}
+
+TEST(HttpEndpointTest, StopsAtOnce) {
+  // civetweb's listener polls in 2 s periods; the endpoint wakes it when stopping, so
+  // that a server's shutdown (SIGTERM, podman stop) is not held up by it.
+  for (const char* listen : {"127.0.0.1:0", ":0"}) {
+    absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> endpoint =
+        metrics::HttpEndpoint::Start(listen, [] { return std::string("up 1\n"); });
+    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+    const HttpResponse r = HttpRequest((*endpoint)->port(), "GET", "/metrics");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, "up 1\n");
+    const auto start = std::chrono::steady_clock::now();
+    endpoint->reset();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 1.0) << listen;
+  }
 }
 
 TEST(MetricsListenTest, BadAddressesStopTheStart) {

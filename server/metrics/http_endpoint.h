@@ -38,6 +38,9 @@ class HttpEndpoint {
   Render render_;
   mg_context* context_ = nullptr;
   int port_ = 0;
+  // Where the endpoint reaches its own listener, to wake it when stopping.
+  int self_family_ = 0;
+  std::string self_host_;
 };
 
 }  // namespace gpucompute::metrics
