@@ -18,12 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "client/client.h"
+#include "kernels/string_view.h"
 
 namespace gpucompute::cli {
 
-// Abseil here is built with its own string_view, which std::string_view does not
-// convert to.
-inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // ---------------------------------------------------------------------------
 // Exit status

@@ -109,11 +109,11 @@ absl::StatusOr<v1::Output> OutputFromFlags(const ParsedArgs& args, std::string_v
   std::optional<std::string> dtype = args.Value("--dtype");
   if (buffer.has_value() && name.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "give ", Sv(buffer_flag), " (an existing buffer) or --name (a new one), not both"));
+        "give ", ToAbsl(buffer_flag), " (an existing buffer) or --name (a new one), not both"));
   }
   if (buffer.has_value() && dtype.has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--dtype applies to new buffers; ", Sv(buffer_flag), " keeps its dtype"));
+        absl::StrCat("--dtype applies to new buffers; ", ToAbsl(buffer_flag), " keeps its dtype"));
   }
   if (buffer.has_value()) output.set_buffer(*buffer);
   if (name.has_value()) output.set_name(*name);
@@ -175,7 +175,7 @@ std::string PoolSummary(uint64_t reserved_bytes, uint64_t used_bytes) {
 
 // "8.0 MB[ at offset N] in 0.010 s  0.80 GB/s".
 std::string TransferSummary(const v1::TransferStats& transfer, std::string_view where = "") {
-  return absl::StrFormat("%s%s in %.3f s  %s GB/s", FormatBytes(transfer.bytes()), Sv(where),
+  return absl::StrFormat("%s%s in %.3f s  %s GB/s", FormatBytes(transfer.bytes()), ToAbsl(where),
                          transfer.seconds(), FormatRate(transfer.gbps()));
 }
 
@@ -296,7 +296,7 @@ Outcome RunProfile(CliContext& context, const ParsedArgs& args) {
   if (!status.ok()) return Outcome::Server(absl::StrCat("profile ", action), status);
   const std::string_view state = start ? "started" : "stopped";
   context.Print(context.json() ? JsonObject({{"profiler", JsonString(state)}})
-                               : absl::StrCat("profiler capture range ", Sv(state)));
+                               : absl::StrCat("profiler capture range ", ToAbsl(state)));
   return Outcome::Ok();
 }
 
@@ -415,7 +415,7 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
     if (!target.ok()) return Outcome::Server(what, target.status());
     if (target->dtype() != ToProtoDType(npy.dtype)) {
       return Outcome::Local(what, absl::InvalidArgumentError(absl::StrCat(
-                                      "the file holds ", Sv(DTypeName(npy.dtype)), " but buffer ",
+                                      "the file holds ", ToAbsl(DTypeName(npy.dtype)), " but buffer ",
                                       *into, " is ", FormatDType(target->dtype()))));
     }
     header.set_buffer(target->id());
@@ -605,12 +605,12 @@ Outcome RunRandom(CliContext& context, const ParsedArgs& args) {
   }
   for (std::string_view flag : {"--mean", "--std"}) {
     if (args.Has(flag) && distribution != "normal") {
-      return Outcome::Usage(absl::StrCat(Sv(flag), " applies to normal only"));
+      return Outcome::Usage(absl::StrCat(ToAbsl(flag), " applies to normal only"));
     }
   }
   for (std::string_view flag : {"--low", "--high"}) {
     if (args.Has(flag) && distribution != "integers") {
-      return Outcome::Usage(absl::StrCat(Sv(flag), " applies to integers only"));
+      return Outcome::Usage(absl::StrCat(ToAbsl(flag), " applies to integers only"));
     }
   }
   absl::StatusOr<v1::Output> output = OutputFromFlags(args, "--out");

@@ -182,13 +182,13 @@ const Command* FindCommand(std::string_view name) {
 }
 
 std::string UsageLine(const Command& command) {
-  return absl::StrCat("usage: gpucompute [GLOBAL FLAGS] ", Sv(command.name),
-                      command.synopsis.empty() ? "" : " ", Sv(command.synopsis));
+  return absl::StrCat("usage: gpucompute [GLOBAL FLAGS] ", ToAbsl(command.name),
+                      command.synopsis.empty() ? "" : " ", ToAbsl(command.synopsis));
 }
 
 std::string CommandHelp(const Command& command) {
-  std::string text = absl::StrCat(UsageLine(command), "\n\n", Sv(command.summary), ".\n");
-  if (!command.details.empty()) absl::StrAppend(&text, "\n", Sv(command.details));
+  std::string text = absl::StrCat(UsageLine(command), "\n\n", ToAbsl(command.summary), ".\n");
+  if (!command.details.empty()) absl::StrAppend(&text, "\n", ToAbsl(command.details));
   absl::StrAppend(&text, "\nRun 'gpucompute help' for the global flags and exit codes.\n");
   return text;
 }
@@ -218,8 +218,8 @@ std::string MainHelp() {
   size_t width = 0;
   for (const Command& command : Commands()) width = std::max(width, command.name.size());
   for (const Command& command : Commands()) {
-    absl::StrAppend(&text, "  ", Sv(command.name),
-                    std::string(width + 2 - command.name.size(), ' '), Sv(command.summary), "\n");
+    absl::StrAppend(&text, "  ", ToAbsl(command.name),
+                    std::string(width + 2 - command.name.size(), ' '), ToAbsl(command.summary), "\n");
   }
   absl::StrAppend(
       &text, "  help", std::string(width - 2, ' '),
@@ -253,7 +253,7 @@ void PrintError(std::string_view message) {
 // Exit code 2 with the message and, when known, the command's usage.
 int UsageError(std::string_view message, const Command* command) {
   PrintError(command == nullptr ? std::string(message)
-                                : absl::StrCat(Sv(command->name), ": ", Sv(message)));
+                                : absl::StrCat(ToAbsl(command->name), ": ", ToAbsl(message)));
   if (command != nullptr) {
     std::fprintf(stderr, "%s\nRun 'gpucompute help %.*s' for details.\n",
                  UsageLine(*command).c_str(), static_cast<int>(command->name.size()),

@@ -28,18 +28,18 @@ Outcome Outcome::Usage(std::string message) {
 }
 
 Outcome Outcome::Local(std::string_view what, const absl::Status& status) {
-  return Outcome{kExitLocalError, absl::StrCat(Sv(what), ": ", status.message()), false};
+  return Outcome{kExitLocalError, absl::StrCat(ToAbsl(what), ": ", status.message()), false};
 }
 
 Outcome Outcome::Server(std::string_view what, const absl::Status& status) {
   const int code = static_cast<int>(status.code());
   return Outcome{ServerExitCode(code),
-                 absl::StrCat(Sv(what), ": ", CodeName(code), ": ", status.message()), false};
+                 absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message()), false};
 }
 
 Outcome Outcome::OperationFailed(std::string_view what, const v1::Operation& operation) {
   return Outcome{ServerExitCode(operation.error_code()),
-                 absl::StrCat(Sv(what), ": operation ", operation.id(), " failed: ",
+                 absl::StrCat(ToAbsl(what), ": operation ", operation.id(), " failed: ",
                               CodeName(operation.error_code()), ": ", operation.error_message()),
                  false};
 }
@@ -123,7 +123,7 @@ absl::StatusOr<std::optional<double>> ParsedArgs::Double(std::string_view flag) 
   if (!text.has_value()) return std::optional<double>();
   double value;
   if (!absl::SimpleAtod(*text, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(Sv(flag), " needs a number, not '", *text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(flag), " needs a number, not '", *text, "'"));
   }
   return std::optional<double>(value);
 }
@@ -134,7 +134,7 @@ absl::StatusOr<std::optional<int64_t>> ParsedArgs::Int(std::string_view flag) co
   int64_t value;
   if (!absl::SimpleAtoi(*text, &value)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Sv(flag), " needs an integer, not '", *text, "'"));
+        absl::StrCat(ToAbsl(flag), " needs an integer, not '", *text, "'"));
   }
   return std::optional<int64_t>(value);
 }
@@ -146,13 +146,13 @@ absl::StatusOr<std::optional<uint64_t>> ParsedArgs::Uint(std::string_view flag) 
   // SimpleAtoi would wrap "-1" into a huge unsigned value.
   if (text->find('-') != std::string::npos || !absl::SimpleAtoi(*text, &value)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Sv(flag), " needs a non-negative integer, not '", *text, "'"));
+        absl::StrCat(ToAbsl(flag), " needs a non-negative integer, not '", *text, "'"));
   }
   return std::optional<uint64_t>(value);
 }
 
 absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text) {
-  absl::string_view inner = absl::StripAsciiWhitespace(Sv(text));
+  absl::string_view inner = absl::StripAsciiWhitespace(ToAbsl(text));
   if (inner.size() >= 2 && ((inner.front() == '(' && inner.back() == ')') ||
                             (inner.front() == '[' && inner.back() == ']'))) {
     inner = absl::StripAsciiWhitespace(inner.substr(1, inner.size() - 2));
@@ -168,7 +168,7 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text) {
     if (part.empty() || part.find('-') != absl::string_view::npos ||
         !absl::SimpleAtoi(part, &dimension)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "shape '", Sv(text), "' is not a comma-separated list of sizes, e.g. 1000,10"));
+          "shape '", ToAbsl(text), "' is not a comma-separated list of sizes, e.g. 1000,10"));
     }
     shape.push_back(dimension);
   }
@@ -186,12 +186,12 @@ std::optional<v1::Scalar> ParseScalar(std::string_view text) {
     return std::nullopt;
   }
   int64_t integer;
-  if (absl::SimpleAtoi(Sv(text), &integer)) {
+  if (absl::SimpleAtoi(ToAbsl(text), &integer)) {
     scalar.set_int_value(integer);
     return scalar;
   }
   double number;
-  if (absl::SimpleAtod(Sv(text), &number)) {
+  if (absl::SimpleAtod(ToAbsl(text), &number)) {
     scalar.set_float_value(number);
     return scalar;
   }
@@ -208,7 +208,7 @@ absl::StatusOr<v1::Layout> ParseLayout(std::string_view text) {
   if (text == "C" || text == "c") return v1::LAYOUT_C;
   if (text == "F" || text == "f") return v1::LAYOUT_F;
   return absl::InvalidArgumentError(
-      absl::StrCat("layout must be C (row-major) or F (column-major), not '", Sv(text), "'"));
+      absl::StrCat("layout must be C (row-major) or F (column-major), not '", ToAbsl(text), "'"));
 }
 
 }  // namespace gpucompute::cli

@@ -31,9 +31,6 @@ struct Client::Stubs {
 
 namespace {
 
-constexpr std::string_view kClientMetadataKey = "gpucompute-client";
-constexpr size_t kMaxClientNameBytes = 128;
-constexpr size_t kDefaultChunkBytes = size_t{4} << 20;
 // Messages the channel accepts beyond the server's limit: a download chunk of the
 // full limit plus its framing and the buffer info.
 constexpr size_t kMessageSlackBytes = size_t{1} << 20;
@@ -47,7 +44,7 @@ struct CallSettings {
 std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, bool unary) {
   auto context = std::make_unique<grpc::ClientContext>();
   if (!settings.client_name.empty()) {
-    context->AddMetadata(std::string(kClientMetadataKey), settings.client_name);
+    context->AddMetadata(kClientMetadataKey, settings.client_name);
   }
   if (unary && settings.timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + settings.timeout));
@@ -335,7 +332,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 size_t Client::ChunkBytes() const {
   if (options_.chunk_bytes == 0) return kDefaultChunkBytes;
-  return std::min(options_.chunk_bytes, kMaxMessageBytes - kChunkOverheadBytes);
+  return std::min<size_t>(options_.chunk_bytes, kMaxChunkBytes);
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {

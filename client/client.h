@@ -32,27 +32,22 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "gpucompute/v1/limits.h"
 
 namespace gpucompute {
-
-namespace v1 = ::gpucompute::v1;
 
 namespace client_internal {
 class AsyncCallRegistry;
 }  // namespace client_internal
 
-// The server's largest message (Limits.max_message_bytes of the reference server).
-inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;
-// Room for the framing around a chunk's bytes in an UploadRequest.
-inline constexpr size_t kChunkOverheadBytes = size_t{64} << 10;
 
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";
   // Sent as the metadata "gpucompute-client" when non-empty.
   std::string client_name;
-  // Upload chunk size; 0 means the default, and sizes are clamped to
-  // kMaxMessageBytes - kChunkOverheadBytes.
-  size_t chunk_bytes = size_t{4} << 20;
+  // Upload chunk size; 0 means the default, and sizes are clamped to kMaxChunkBytes
+  // (gpucompute/v1/limits.h).
+  size_t chunk_bytes = kDefaultChunkBytes;
   // Deadline of each unary call. Uploads and downloads have none: they take as long
   // as the data takes.
   absl::Duration timeout = absl::InfiniteDuration();

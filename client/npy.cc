@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/string_view.h"
 
 namespace gpucompute {
 namespace {
@@ -24,9 +25,6 @@ constexpr size_t kGrowthAxisMaxDigits = 21;
 
 constexpr std::string_view kSupportedDescrs = "<f4 <f8 <i4 <i8 |b1";
 
-// Abseil here is built with its own string_view, which std::string_view does not
-// convert to.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // What the fixed-size part of the file says.
 struct Preamble {
@@ -52,7 +50,7 @@ absl::StatusOr<Preamble> ParsePreamble(std::string_view prefix) {
   if (prefix.substr(0, kMagic.size()) != kMagic) {
     return absl::InvalidArgumentError(absl::StrCat(
         "not an .npy file: it starts with \"",
-        absl::CHexEscape(Sv(prefix.substr(0, kMagic.size()))), "\", not the magic \"\\x93NUMPY\""));
+        absl::CHexEscape(ToAbsl(prefix.substr(0, kMagic.size()))), "\", not the magic \"\\x93NUMPY\""));
   }
   const int major = static_cast<unsigned char>(prefix[6]);
   const int minor = static_cast<unsigned char>(prefix[7]);
@@ -102,7 +100,7 @@ class HeaderParser {
       absl::StatusOr<std::string_view> key = ParseString("a quoted key");
       if (!key.ok()) return key.status();
       SkipSpace();
-      if (!Consume(':')) return Error(absl::StrCat("expected ':' after '", Sv(*key), "'"));
+      if (!Consume(':')) return Error(absl::StrCat("expected ':' after '", ToAbsl(*key), "'"));
       SkipSpace();
       if (*key == "descr") {
         if (seen_descr) return Error("duplicate key 'descr'");
@@ -130,7 +128,7 @@ class HeaderParser {
         if (!shape.ok()) return shape.status();
         header.shape = *std::move(shape);
       } else {
-        return Error(absl::StrCat("unexpected key '", Sv(*key),
+        return Error(absl::StrCat("unexpected key '", ToAbsl(*key),
                                   "' (expected 'descr', 'fortran_order', 'shape')"));
       }
       SkipSpace();
@@ -168,7 +166,7 @@ class HeaderParser {
     constexpr size_t kShownBytes = 120;
     std::string_view shown = text_.substr(0, kShownBytes);
     return absl::InvalidArgumentError(absl::StrCat("malformed .npy header at byte ", pos_, ": ",
-                                                   Sv(what), " in \"", absl::CHexEscape(Sv(shown)),
+                                                   ToAbsl(what), " in \"", absl::CHexEscape(ToAbsl(shown)),
                                                    text_.size() > kShownBytes ? "..." : "", "\""));
   }
 
@@ -176,7 +174,7 @@ class HeaderParser {
   // for the keys and descrs it supports.
   absl::StatusOr<std::string_view> ParseString(std::string_view what) {
     const char quote = Peek();
-    if (quote != '\'' && quote != '"') return Error(absl::StrCat("expected ", Sv(what)));
+    if (quote != '\'' && quote != '"') return Error(absl::StrCat("expected ", ToAbsl(what)));
     const size_t start = ++pos_;
     while (pos_ < text_.size() && text_[pos_] != quote) {
       const char c = text_[pos_];
@@ -268,7 +266,7 @@ std::string ShapeRepr(const std::vector<uint64_t>& shape) {
 }
 
 std::string FileError(std::string_view what, const std::string& path) {
-  return absl::StrCat(Sv(what), " ", path);
+  return absl::StrCat(ToAbsl(what), " ", path);
 }
 
 }  // namespace
@@ -294,7 +292,7 @@ absl::StatusOr<uint64_t> NpyDataBytes(const NpyHeader& header) {
   const uint64_t itemsize = DTypeSize(header.dtype);
   if (*count > std::numeric_limits<uint64_t>::max() / itemsize) {
     return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeRepr(header.shape), " of ",
-                                                   Sv(DTypeName(header.dtype)),
+                                                   ToAbsl(DTypeName(header.dtype)),
                                                    " needs more than 2^64 bytes"));
   }
   return *count * itemsize;
@@ -321,7 +319,7 @@ absl::StatusOr<DType> DTypeFromNpyDescr(std::string_view descr) {
        {DType::kBool, DType::kInt32, DType::kInt64, DType::kFloat32, DType::kFloat64}) {
     if (descr == NpyDescr(dtype)) return dtype;
   }
-  const std::string shown = absl::CHexEscape(Sv(descr.substr(0, 32)));
+  const std::string shown = absl::CHexEscape(ToAbsl(descr.substr(0, 32)));
   if (!descr.empty() && descr[0] == '>') {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported .npy dtype '", shown,
@@ -329,7 +327,7 @@ absl::StatusOr<DType> DTypeFromNpyDescr(std::string_view descr) {
                      "arr.astype(arr.dtype.newbyteorder('<'))"));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported .npy dtype '", shown, "' (supported: ", Sv(kSupportedDescrs), ")"));
+      absl::StrCat("unsupported .npy dtype '", shown, "' (supported: ", ToAbsl(kSupportedDescrs), ")"));
 }
 
 v1::DType ToProtoDType(DType dtype) {
@@ -373,7 +371,7 @@ absl::StatusOr<DType> DTypeFromName(std::string_view name) {
     if (name == DTypeName(dtype)) return dtype;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", absl::CHexEscape(Sv(name.substr(0, 32))),
+      absl::StrCat("unknown dtype '", absl::CHexEscape(ToAbsl(name.substr(0, 32))),
                    "' (expected float32, float64, int32, int64 or bool)"));
 }
 
@@ -386,7 +384,7 @@ absl::StatusOr<std::string> EncodeNpyHeader(const NpyHeader& header) {
   if (!data_bytes.ok()) return data_bytes.status();
 
   // Keys in sorted order and Python reprs, as np.save formats them.
-  std::string dict = absl::StrCat("{'descr': '", Sv(NpyDescr(header.dtype)),
+  std::string dict = absl::StrCat("{'descr': '", ToAbsl(NpyDescr(header.dtype)),
                                   "', 'fortran_order': ", header.fortran_order ? "True" : "False",
                                   ", 'shape': ", ShapeRepr(header.shape), ", }");
   if (!header.shape.empty()) {
@@ -450,7 +448,7 @@ namespace {
 absl::Status DataSizeMismatch(const NpyParsedHeader& parsed, uint64_t actual) {
   return absl::InvalidArgumentError(
       absl::StrCat("malformed .npy file: it has ", actual, " data bytes but shape ",
-                   ShapeRepr(parsed.header.shape), " of ", Sv(DTypeName(parsed.header.dtype)),
+                   ShapeRepr(parsed.header.shape), " of ", ToAbsl(DTypeName(parsed.header.dtype)),
                    " needs ", parsed.data_bytes));
 }
 

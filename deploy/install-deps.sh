@@ -2,9 +2,9 @@
 # Installs the Debian packages gpucompute needs (Debian 12 or later; the CUDA image's
 # Ubuntu 24.04 too), unless they are already there.
 #
-#   install-deps.sh               build and test: compilers, libraries, GoogleTest, and the
-#                                 tools the tests drive (prometheus, kubectl, yamllint,
-#                                 python3-kubernetes)
+#   install-deps.sh               build and test: compilers, libraries, GoogleTest, clang,
+#                                 and the tools the tests drive (prometheus, kubectl,
+#                                 yamllint, python3-kubernetes, docker-compose)
 #   install-deps.sh --build-only  only what building needs (the container images)
 #   install-deps.sh --image-tools also podman and buildah, for deploy/test-image.sh
 set -euo pipefail
@@ -16,6 +16,8 @@ build=(
 )
 test=(
   libgtest-dev libgmock-dev
+  # The thread-safety preset builds with clang's -Wthread-safety.
+  clang
   # The metrics test scrapes the server with a real Prometheus; promtool lints the text.
   prometheus
   # The Kubernetes manifests are rendered with kubectl kustomize, checked against the

@@ -66,13 +66,8 @@
 #include <stdint.h>
 
 #include "kernels/dtype.h"
+#include "kernels/host_device.h"
 #include "kernels/ops.h"
-
-#if defined(__CUDACC__)
-#define GPUCOMPUTE_HD __host__ __device__ __forceinline__
-#else
-#define GPUCOMPUTE_HD inline
-#endif
 
 namespace gpucompute {
 

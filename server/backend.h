@@ -12,16 +12,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/expression/expression.h"
@@ -179,19 +180,19 @@ class Backend {
   // longer be trusted (a sticky CUDA error such as an illegal address); from then on the
   // service refuses work rather than serve possibly wrong results. Thread-safe.
   absl::Status health() const {
-    std::lock_guard<std::mutex> lock(health_mu_);
+    absl::MutexLock lock(&health_mu_);
     return health_;
   }
   // `listener` runs once, on the thread that reports the failure.
   void SetFailureListener(std::function<void(const absl::Status&)> listener) {
-    std::lock_guard<std::mutex> lock(health_mu_);
+    absl::MutexLock lock(&health_mu_);
     failure_listener_ = std::move(listener);
   }
   // Records that the backend is broken; the first report wins.
   void ReportFailure(absl::Status status) {
     std::function<void(const absl::Status&)> listener;
     {
-      std::lock_guard<std::mutex> lock(health_mu_);
+      absl::MutexLock lock(&health_mu_);
       if (!health_.ok() || status.ok()) return;
       health_ = status;
       listener = failure_listener_;
@@ -200,9 +201,9 @@ class Backend {
   }
 
  private:
-  mutable std::mutex health_mu_;
-  absl::Status health_;
-  std::function<void(const absl::Status&)> failure_listener_;
+  mutable absl::Mutex health_mu_;
+  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
+  std::function<void(const absl::Status&)> failure_listener_ ABSL_GUARDED_BY(health_mu_);
 };
 
 }  // namespace gpucompute

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/ids.h"
+#include "server/status_macros.h"
 
 namespace gpucompute {
 
@@ -73,22 +74,19 @@ std::string BufferRegistry::NameKey(absl::string_view client, absl::string_view 
 absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, absl::string_view name,
                                                       DType dtype, std::vector<uint64_t> shape,
                                                       Layout layout, int device) {
-  if (absl::Status s = ValidateBufferName(name); !s.ok()) return s;
-  absl::StatusOr<uint64_t> n = CheckedElementCount(shape, DTypeSize(dtype));
-  if (!n.ok()) return n.status();
+  RETURN_IF_ERROR(ValidateBufferName(name));
+  ASSIGN_OR_RETURN(uint64_t n, CheckedElementCount(shape, DTypeSize(dtype)));
   if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
     return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist; the server has ",
                                                    backend_.devices().size(), " device(s)"));
   }
   {
-    std::lock_guard lock(mu_);
-    if (absl::Status s = CheckCanAddLocked(client, name); !s.ok()) return s;
+    absl::ReaderMutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckCanAddLocked(client, name));
   }
-  const uint64_t bytes = *n * DTypeSize(dtype);
-  absl::StatusOr<MemoryLimiter::Charge> charge = limiter_.TryCharge(bytes);
-  if (!charge.ok()) return charge.status();
-  absl::StatusOr<DeviceMemory> memory = backend_.Allocate(device, bytes);
-  if (!memory.ok()) return memory.status();
+  const uint64_t bytes = n * DTypeSize(dtype);
+  ASSIGN_OR_RETURN(MemoryLimiter::Charge charge, limiter_.TryCharge(bytes));
+  ASSIGN_OR_RETURN(DeviceMemory memory, backend_.Allocate(device, bytes));
 
   auto entry = std::make_shared<BufferEntry>();
   entry->id = NewId("buf-");
@@ -101,8 +99,8 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client, 
                                       std::chrono::system_clock::now().time_since_epoch())
                                       .count();
   entry->device = device;
-  entry->memory = *std::move(memory);
-  entry->charge = *std::move(charge);
+  entry->memory = std::move(memory);
+  entry->charge = std::move(charge);
   return entry;
 }
 
@@ -119,9 +117,9 @@ absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::s
 }
 
 absl::Status BufferRegistry::Register(const BufferHandle& entry) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Checked again: other requests may have taken the name or the room since Allocate.
-  if (absl::Status s = CheckCanAddLocked(entry->client, entry->name); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
   by_id_.emplace(entry->id, entry);
   ++count_by_client_[entry->client];
@@ -145,17 +143,16 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
 
 absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
                                                     absl::string_view ref) const {
-  std::lock_guard lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return LookupLocked(client, ref);
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, absl::string_view ref) {
-  std::lock_guard lock(mu_);
-  absl::StatusOr<BufferHandle> entry = LookupLocked(client, ref);
-  if (!entry.ok()) return entry.status();
-  if (!(*entry)->name.empty()) id_by_name_.erase(NameKey((*entry)->client, (*entry)->name));
-  by_id_.erase((*entry)->id);
-  auto count = count_by_client_.find((*entry)->client);
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
+  if (!entry->name.empty()) id_by_name_.erase(NameKey(entry->client, entry->name));
+  by_id_.erase(entry->id);
+  auto count = count_by_client_.find(entry->client);
   if (--count->second == 0) count_by_client_.erase(count);
   return entry;
 }
@@ -163,7 +160,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client, ab
 std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
   std::vector<BufferHandle> out;
   {
-    std::lock_guard lock(mu_);
+    absl::ReaderMutexLock lock(&mu_);
     for (const auto& [id, entry] : by_id_) {
       if (entry->client == client) out.push_back(entry);
     }
@@ -175,12 +172,12 @@ std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
 }
 
 size_t BufferRegistry::size() const {
-  std::lock_guard lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return by_id_.size();
 }
 
 void BufferRegistry::ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const {
-  std::lock_guard lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   for (const auto& [id, entry] : by_id_) fn(*entry);
 }
 

@@ -6,14 +6,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
 #include "server/backend.h"
 
@@ -68,8 +69,6 @@ class MemoryLimiter {
   std::atomic<uint64_t> peak_{0};
 };
 
-class Work;  // executor.h
-
 // What a buffer is, without its memory: cheap to copy into results.
 struct BufferMeta {
   std::string id;
@@ -85,15 +84,11 @@ struct BufferMeta {
   uint64_t size_bytes() const { return num_elements() * DTypeSize(dtype); }
 };
 
-// One resident array. Metadata is immutable after creation; the hazard fields belong to
-// the Executor and are guarded by its mutex.
+// One resident array. Metadata is immutable after creation. The order of the work on
+// it (its hazards) is the Executor's, kept under the executor's own lock.
 struct BufferEntry : BufferMeta {
   DeviceMemory memory;
   MemoryLimiter::Charge charge;
-
-  // Executor-owned: the last work that writes it, and the work reading it since.
-  std::shared_ptr<Work> last_writer;
-  std::vector<std::shared_ptr<Work>> readers;
 };
 
 using BufferHandle = std::shared_ptr<BufferEntry>;
@@ -124,21 +119,23 @@ class BufferRegistry {
   size_t size() const;
   // Calls fn for every registered buffer, under the registry's lock (for metrics): fn
   // must be quick and must not call into the registry.
-  void ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const;
+  void ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // RESOURCE_EXHAUSTED if the client holds the most buffers it may, ALREADY_EXISTS if
   // it already uses `name`.
-  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const;
-  absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const;
+  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static std::string NameKey(absl::string_view client, absl::string_view name);
 
   Backend& backend_;
   MemoryLimiter& limiter_;
-  mutable std::mutex mu_;
-  absl::flat_hash_map<std::string, BufferHandle> by_id_;
-  absl::flat_hash_map<std::string, std::string> id_by_name_;  // NameKey -> id
-  absl::flat_hash_map<std::string, size_t> count_by_client_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, BufferHandle> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> id_by_name_ ABSL_GUARDED_BY(mu_);  // NameKey -> id
+  absl::flat_hash_map<std::string, size_t> count_by_client_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpucompute

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
+#include "server/status_macros.h"
 
 namespace gpucompute {
 
@@ -70,41 +72,42 @@ absl::Status CheckDeviceIndex(const Backend& backend, int device) {
 
 // Holds the executor's mutex; on destruction releases it and then runs the callbacks
 // queued meanwhile, so that callers' callbacks never run under the lock.
-class Executor::Guard {
+class ABSL_SCOPED_LOCKABLE Executor::Guard {
  public:
-  explicit Guard(Executor& e) : e_(e), lock_(e.mu_) {}
-  ~Guard() {
+  explicit Guard(Executor& e) ABSL_EXCLUSIVE_LOCK_FUNCTION(e.mu_) : e_(e) { e_.mu_.Lock(); }
+  ~Guard() ABSL_UNLOCK_FUNCTION() {
     std::vector<absl::AnyInvocable<void() &&>> run = std::move(e_.deferred_);
     e_.deferred_.clear();
-    lock_.unlock();
+    e_.mu_.Unlock();
     for (auto& fn : run) std::move(fn)();
   }
 
  private:
   Executor& e_;
-  std::unique_lock<std::mutex> lock_;
 };
 
-Executor::Executor(Backend& backend, int default_device)
-    : backend_(backend), default_device_(default_device) {
-  for (const DeviceDescription& d : backend_.devices()) {
-    absl::StatusOr<std::unique_ptr<Stream>> s = backend_.CreateStream(d.index);
-    // A backend that cannot create one stream per device at start-up is unusable.
-    if (!s.ok()) std::abort();
-    transfer_streams_.push_back(*std::move(s));
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend& backend, int default_device) {
+  RETURN_IF_ERROR(CheckDeviceIndex(backend, default_device));
+  std::vector<std::unique_ptr<Stream>> transfer_streams;
+  for (const DeviceDescription& d : backend.devices()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(d.index));
+    transfer_streams.push_back(std::move(stream));
   }
+  return std::unique_ptr<Executor>(new Executor(backend, default_device, std::move(transfer_streams)));
 }
 
+Executor::Executor(Backend& backend, int default_device, std::vector<std::unique_ptr<Stream>> transfer_streams)
+    : backend_(backend), default_device_(default_device), transfer_streams_(std::move(transfer_streams)) {}
+
 Executor::~Executor() {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  mu_.LockWhen(absl::Condition(
+      +[](uint64_t* in_flight) { return *in_flight == 0; }, &in_flight_));
   auto streams = std::move(streams_);
   auto retired = std::move(retired_);
-  lock.unlock();
+  mu_.Unlock();
   // Streams are destroyed here, on this thread, never on their own.
   for (auto& [id, s] : streams) s->stream.reset();
   retired.clear();
-  transfer_streams_.clear();
 }
 
 StreamInfo Executor::InfoLocked(const StreamState& s) const {
@@ -113,21 +116,20 @@ StreamInfo Executor::InfoLocked(const StreamState& s) const {
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::string_view client,
                                                                        int device, bool is_default) {
-  if (absl::Status s = CheckDeviceIndex(backend_, device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDeviceIndex(backend_, device));
   size_t owned = 0;
   for (const auto& [id, s] : streams_) owned += s->client == client;
   if (owned >= kMaxStreamsPerClient) {
     return absl::ResourceExhaustedError(absl::StrCat("a client may have at most ", kMaxStreamsPerClient,
                                                      " streams; delete one first"));
   }
-  absl::StatusOr<std::unique_ptr<Stream>> stream = backend_.CreateStream(device);
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
   auto s = std::make_shared<StreamState>();
   s->id = NewId("str-");
   s->client = std::string(client);
   s->device = device;
   s->is_default = is_default;
-  s->stream = *std::move(stream);
+  s->stream = std::move(stream);
   streams_.emplace(s->id, s);
   if (is_default) default_streams_.emplace(DefaultStreamKey(client, device), s->id);
   return s;
@@ -150,9 +152,8 @@ absl::StatusOr<StreamInfo> Executor::CreateStream(absl::string_view client, int 
 
 absl::StatusOr<StreamInfo> Executor::DefaultStream(absl::string_view client, int device) {
   Guard guard(*this);
-  absl::StatusOr<std::shared_ptr<StreamState>> s = ResolveStreamLocked(client, "", device);
-  if (!s.ok()) return s.status();
-  return InfoLocked(**s);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, "", device));
+  return InfoLocked(*s);
 }
 
 absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(absl::string_view client,
@@ -187,7 +188,7 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
   // later on another thread, since completions run on the stream's own thread.
   auto retire = [this, s, done = std::move(done)]() mutable {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       retired_.push_back(std::move(s->stream));
     }
     std::move(done)();
@@ -247,7 +248,7 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
     }
   };
   for (const Access& a : merged) {
-    BufferEntry& b = *a.buffer;
+    Hazards& b = hazards_[a.buffer->id];
     add_dep(b.last_writer);
     std::erase_if(b.readers, [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
     if (a.write) {
@@ -273,9 +274,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   }
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
-  absl::StatusOr<std::shared_ptr<StreamState>> stream = ResolveStreamLocked(client, stream_id, device);
-  if (!stream.ok()) return stream.status();
-  std::shared_ptr<StreamState> s = *std::move(stream);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> stream, ResolveStreamLocked(client, stream_id, device));
+  std::shared_ptr<StreamState> s = std::move(stream);
 
   auto op = std::make_shared<Operation>();
   OperationStatus& st = op->status_;
@@ -306,6 +306,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   return op;
 }
 
+void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers) {
+  for (const BufferHandle& buffer : buffers) {
+    auto it = hazards_.find(buffer->id);
+    if (it == hazards_.end()) continue;
+    Hazards& h = it->second;
+    std::erase_if(h.readers, [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    if (h.last_writer != nullptr && h.last_writer->phase_ == Work::Phase::kDone) h.last_writer.reset();
+    if (h.last_writer == nullptr && h.readers.empty()) hazards_.erase(it);
+  }
+}
+
 void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
   if (s->pumping) {
     s->repump = true;
@@ -331,6 +342,7 @@ void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
         if (s->blocked_on != blocked) {
           s->blocked_on = blocked;
           blocked->listeners_.push_back([this, s] {
+            mu_.AssertHeld();  // listeners run under the lock (NotifyLocked)
             s->blocked_on = nullptr;
             PumpLocked(s);
           });
@@ -419,6 +431,7 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
   if (observer_ != nullptr) observer_->OnCompleted(st);
 
   op->phase_ = Work::Phase::kDone;
+  ForgetFinishedHazardsLocked(op->buffers_);
   op->buffers_.clear();
   op->start_event_.reset();
   --op->stream_state_->unfinished;
@@ -435,7 +448,7 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
-  if (--in_flight_ == 0) idle_cv_.notify_all();
+  --in_flight_;  // the destructor's LockWhen sees it reach zero
 }
 
 void Executor::NotifyLocked(Work& work) {
@@ -488,7 +501,10 @@ void Executor::CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) 
   if (access->phase_ != Work::Phase::kPending) return;
   for (const std::shared_ptr<Work>& dep : access->deps_) {
     if (dep->phase_ != Work::Phase::kDone) {
-      dep->listeners_.push_back([this, access] { CheckHostAccessLocked(access); });
+      dep->listeners_.push_back([this, access] {
+        mu_.AssertHeld();  // listeners run under the lock (NotifyLocked)
+        CheckHostAccessLocked(access);
+      });
       return;
     }
   }
@@ -501,6 +517,7 @@ void Executor::Release(const std::shared_ptr<HostAccess>& access) {
   Guard guard(*this);
   if (access->phase_ == Work::Phase::kDone) return;
   access->phase_ = Work::Phase::kDone;
+  ForgetFinishedHazardsLocked(access->buffers_);
   access->buffers_.clear();
   access->deps_.clear();
   access->ready_ = nullptr;

@@ -17,19 +17,19 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 
@@ -88,7 +88,9 @@ struct OpResult {
 
 struct StreamState;
 
-// A node in the dependency graph: an operation or a host access.
+// A node in the dependency graph: an operation or a host access. Its fields belong to
+// the Executor and are read and written only under the executor's mutex (which the
+// annotations cannot name from here).
 class Work {
  public:
   virtual ~Work() = default;
@@ -179,7 +181,8 @@ class Executor {
   static constexpr size_t kRetainedOperations = 65536;
   static constexpr size_t kRetainedValueBytes = 64 << 20;
 
-  explicit Executor(Backend& backend, int default_device = 0);
+  // Creates the executor and one transfer stream per device of `backend`.
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(Backend& backend, int default_device = 0);
   // Waits for all submitted work to finish.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -249,39 +252,58 @@ class Executor {
   using Clock = std::chrono::steady_clock;
   class Guard;
 
+  // The hazard state of one buffer: the last work that writes it, and the work
+  // reading it since. Kept here, under the executor's mutex, keyed by buffer id; an
+  // entry goes once all of its work is done.
+  struct Hazards {
+    std::shared_ptr<Work> last_writer;
+    std::vector<std::shared_ptr<Work>> readers;
+  };
+
+  Executor(Backend& backend, int default_device, std::vector<std::unique_ptr<Stream>> transfer_streams);
+
   absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
-                                                               bool is_default);
+                                                               bool is_default)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<StreamState>> ResolveStreamLocked(absl::string_view client,
                                                                     absl::string_view stream_id,
-                                                                    int device);
+                                                                    int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the hazards of `accesses` to work's dependencies and records work as the
   // buffers' newest reader or writer.
-  void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses);
-  void PumpLocked(const std::shared_ptr<StreamState>& stream);
-  void DispatchLocked(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Event>> waits);
-  void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access);
-  void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status);
+  void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the hazard entries of `buffers` whose work is all done.
+  void ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PumpLocked(const std::shared_ptr<StreamState>& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DispatchLocked(const std::shared_ptr<Operation>& op, std::vector<std::shared_ptr<Event>> waits)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks work done or dispatched and wakes whatever waits on it.
-  void NotifyLocked(Work& work);
-  StreamInfo InfoLocked(const StreamState& s) const;
+  void NotifyLocked(Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StreamInfo InfoLocked(const StreamState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend& backend_;
   const int default_device_;
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  uint64_t in_flight_ = 0;  // operations submitted and not done
-  absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_;
+  // One per device; created at start and never changed, so read without the lock.
+  const std::vector<std::unique_ptr<Stream>> transfer_streams_;
+  absl::Mutex mu_;
+  uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
+  absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   // (client, device) -> default stream id.
-  absl::flat_hash_map<std::string, std::string> default_streams_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_;
-  std::deque<std::string> finished_order_;  // for retention
-  size_t retained_value_bytes_ = 0;
-  std::vector<std::unique_ptr<Stream>> transfer_streams_;
+  absl::flat_hash_map<std::string, std::string> default_streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);  // for retention
+  size_t retained_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Buffer id -> its hazard state, for buffers with work not yet done.
+  absl::flat_hash_map<std::string, Hazards> hazards_ ABSL_GUARDED_BY(mu_);
   // Streams of deleted StreamStates, destroyed with the executor.
-  std::vector<std::unique_ptr<Stream>> retired_;
+  std::vector<std::unique_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
   // Callbacks to run once the mutex is released (see Guard).
-  std::vector<absl::AnyInvocable<void() &&>> deferred_;
-  std::array<KindStats, kNumOpKinds> stats_{};
+  std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
+  std::array<KindStats, kNumOpKinds> stats_ ABSL_GUARDED_BY(mu_){};
+  // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
 };
 

@@ -419,6 +419,36 @@ TEST(ReduceIntegerTest, Wraparound) {
             std::numeric_limits<int32_t>::max());
 }
 
+// NumPy's rule, on every backend: float32 products are taken in float32, rounding after
+// every multiplication. Fewer than 64 rows of one column are one accumulator taking the
+// rows in order (server/cpu/reduce.cc), so the expected value is that chain of float32
+// multiplications, written out here; each case is one where multiplying in float64 and
+// rounding once at the end gives a different answer.
+TEST(ReduceFloat32ProdTest, MultipliesInFloat32) {
+  std::mt19937_64 rng(2024);
+  std::vector<float> near_one(50);  // roundings that do not cancel exactly
+  for (float& x : near_one) x = static_cast<float>(0.5 + 1.5 * Unit(rng));
+  const std::vector<std::vector<float>> cases = {
+      {0x1p100f, 0x1p100f, 0x1p-100f},   // float32 overflows to inf part way
+      {0x1p-100f, 0x1p-100f, 0x1p100f},  // float32 underflows to 0 part way
+      near_one,
+  };
+  for (const std::vector<float>& v : cases) {
+    float in_float32 = 1.0f;
+    double in_float64 = 1.0;
+    for (float x : v) {
+      in_float32 *= x;
+      in_float64 *= x;
+    }
+    ASSERT_NE(in_float32, static_cast<float>(in_float64)) << "the case cannot tell the two apart";
+    const int64_t n = static_cast<int64_t>(v.size());
+    for (int threads : {1, 7}) {
+      const auto out = RunReduce<float>(ReduceKind::kProd, v, {1, n, 1}, Pool(threads));
+      EXPECT_EQ(ReadDouble(out, DType::kFloat32, 0), in_float32) << n << " factors";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------
 // Gemv
 // ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 // contract says so (integers, bools, comparisons, min/max/arg reductions, random integers
 // and uniforms) and within rounding elsewhere. Also the CUDA-only parts of the contract:
 // the memory pool, out-of-memory, staged transfers, the kernel cache and several GPUs.
-// Every test skips where no GPU is usable.
+// Every test that needs a GPU skips where none is usable.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,6 +21,7 @@
 #include "kernels/ops.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_backend.h"
+#include "server/cuda/cuda_check.h"
 #include "server/expression/expression.h"
 #include "tests/backend_conformance.h"
 
@@ -222,14 +223,84 @@ TEST_F(CudaVsCpu, ReduceAgrees) {
         const bool float_sum = IsFloat(out) && kind != ReduceKind::kMin && kind != ReduceKind::kMax;
         // Float sums accumulate in float64 on both, in different orders: a float64 result
         // of n positive terms may differ by ~sqrt(n) roundings, a float32 one is one rounding
-        // of nearly the same value.
-        const int ulps = !float_sum ? 0 : (out == DType::kFloat32 ? 1 : 1024);
+        // of nearly the same value. Float32 products round at every step on both: each is
+        // within (n - 1) 2^-24 of the exact product, less than n - 1 ulps of it.
+        int ulps = !float_sum ? 0 : (out == DType::kFloat32 ? 1 : 1024);
+        if (kind == ReduceKind::kProd && out == DType::kFloat32) ulps = static_cast<int>(2 * shape.extent);
         ExpectAgree(out, cpu_out, gpu_out, ulps,
                     absl::StrCat("reduce kind ", static_cast<int>(kind), " of ", DTypeName(dtype), " shape {",
                                  shape.outer, ",", shape.extent, ",", shape.inner, "}"));
       }
     }
   }
+}
+
+// Float32 products are taken in float32 on both backends (kernels/reduce_ops.h), in
+// different orders, so each result is within gamma(n - 1) = (n - 1) u / (1 - (n - 1) u),
+// u = 2^-24, of the exact product and the two within twice that of each other. The factors
+// are 2^y with |y| in [0.05, 0.15] and a random sign: the products stay far from overflow in
+// any order, and a factor left out or counted twice would move a product by at least 3.5%,
+// well beyond the bound (at most 0.24% here). One shape per path of kernels/cuda/reduce.cu:
+// short segments, a long segment cut into chunks, strided.
+TEST_F(CudaVsCpu, Float32ProdAgreesWithinFloat32Rounding) {
+  const ReduceShape shapes[] = {{64, 1000, 1}, {1, 20000, 1}, {3, 1000, 33}};
+  for (const ReduceShape& shape : shapes) {
+    const int64_t n = shape.outer * shape.extent * shape.inner;
+    std::mt19937_64 rng(static_cast<uint64_t>(n));
+    std::vector<float> in(n);
+    for (float& x : in) {
+      const double y = std::uniform_real_distribution<double>(0.05, 0.15)(rng);
+      x = static_cast<float>(std::exp2((rng() & 1) ? y : -y));
+    }
+    std::vector<uint8_t> cpu_out, gpu_out;
+    RunBoth({AsBytes(in)}, shape.outer * shape.inner * sizeof(float),
+            [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+              return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], shape, o);
+            },
+            &cpu_out, &gpu_out);
+    const std::vector<float> cpu = FromBytes<float>(cpu_out);
+    const std::vector<float> gpu = FromBytes<float>(gpu_out);
+    const double k = static_cast<double>(shape.extent - 1) * 0x1.0p-24;
+    const double gamma = k / (1 - k);
+    for (int64_t o = 0; o < shape.outer; ++o) {
+      for (int64_t i = 0; i < shape.inner; ++i) {
+        long double exact = 1;
+        for (int64_t r = 0; r < shape.extent; ++r) exact *= in[(o * shape.extent + r) * shape.inner + i];
+        const double p = static_cast<double>(exact);
+        const size_t j = o * shape.inner + i;
+        const std::string what = absl::StrCat("output ", j, " of {", shape.outer, ",", shape.extent, ",",
+                                              shape.inner, "}: exact ", p, " cpu ", cpu[j], " gpu ", gpu[j]);
+        EXPECT_LE(std::fabs(cpu[j] - p), gamma * p) << what;
+        EXPECT_LE(std::fabs(gpu[j] - p), gamma * p) << what;
+        EXPECT_LE(std::fabs(gpu[j] - static_cast<double>(cpu[j])), 2 * gamma * p) << what;
+      }
+    }
+  }
+}
+
+// Three factors take one accumulator in order on both backends (kernels/cuda/reduce.cu
+// gives a segment this short a single lane), so a float32 running product that overflows
+// part way is inf on both, as in NumPy; float64 products, or float32 ones taken in float64,
+// would be 2^100.
+TEST_F(CudaVsCpu, Float32ProdOverflowsPartWayLikeTheCpu) {
+  const std::vector<float> in = {0x1p100f, 0x1p100f, 0x1p-100f};
+  std::vector<uint8_t> cpu_out, gpu_out;
+  RunBoth({AsBytes(in)}, sizeof(float),
+          [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+            return b.Reduce(s, ReduceKind::kProd, DType::kFloat32, ins[0], ReduceShape{1, 3, 1}, o);
+          },
+          &cpu_out, &gpu_out);
+  EXPECT_EQ(FromBytes<float>(cpu_out)[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(FromBytes<float>(gpu_out)[0], std::numeric_limits<float>::infinity());
+
+  const std::vector<double> in64(in.begin(), in.end());
+  RunBoth({AsBytes(in64)}, sizeof(double),
+          [&](Backend& b, Stream& s, std::vector<DeviceMemory>& ins, DeviceMemory& o) {
+            return b.Reduce(s, ReduceKind::kProd, DType::kFloat64, ins[0], ReduceShape{1, 3, 1}, o);
+          },
+          &cpu_out, &gpu_out);
+  EXPECT_EQ(FromBytes<double>(cpu_out)[0], 0x1p100);
+  EXPECT_EQ(FromBytes<double>(gpu_out)[0], 0x1p100);
 }
 
 TEST_F(CudaVsCpu, ArgReduceOfFArrayAgrees) {
@@ -450,6 +521,74 @@ TEST_F(CudaVsCpu, EveryDeviceComputes) {
   }
   EXPECT_EQ(gpu_->Allocate(static_cast<int>(gpu_->devices().size()), 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- server/cuda/cuda_check.h: needs no GPU, only the libraries' name tables.
+
+bool Contains(const absl::Status& status, const std::string& part) {
+  return std::string(status.message()).find(part) != std::string::npos;
+}
+
+TEST(CudaCheckTest, NamesTheCallTheErrorAndTheSiteAndMapsOutOfMemory) {
+  EXPECT_TRUE(cuda::CudaStatus(cudaSuccess, "call", "f.cc", 1).ok());
+  EXPECT_TRUE(cuda::CudaStatus(CUBLAS_STATUS_SUCCESS, "call", "f.cc", 1).ok());
+  EXPECT_TRUE(cuda::CudaStatus(NVRTC_SUCCESS, "call", "f.cc", 1).ok());
+  struct Case {
+    absl::Status status;
+    absl::StatusCode code;
+    std::string name;
+  };
+  const Case cases[] = {
+      {cuda::CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "cudaErrorMemoryAllocation"},
+      {cuda::CudaStatus(cudaErrorInvalidValue, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "cudaErrorInvalidValue"},
+      {cuda::CudaStatus(CUBLAS_STATUS_ALLOC_FAILED, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "CUBLAS_STATUS_ALLOC_FAILED"},
+      {cuda::CudaStatus(CUBLAS_STATUS_INVALID_VALUE, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "CUBLAS_STATUS_INVALID_VALUE"},
+      {cuda::CudaStatus(NVRTC_ERROR_OUT_OF_MEMORY, "cudaMalloc(&p, n)", "f.cc", 12),
+       absl::StatusCode::kResourceExhausted, "NVRTC_ERROR_OUT_OF_MEMORY"},
+      {cuda::CudaStatus(NVRTC_ERROR_INVALID_OPTION, "cudaMalloc(&p, n)", "f.cc", 12), absl::StatusCode::kInternal,
+       "NVRTC_ERROR_INVALID_OPTION"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.status.code(), c.code) << c.status;
+    EXPECT_TRUE(Contains(c.status, "cudaMalloc(&p, n) failed with " + c.name)) << c.status;
+    EXPECT_TRUE(Contains(c.status, " at f.cc:12")) << c.status;
+  }
+}
+
+cudaError_t Returns(cudaError_t error) { return error; }
+
+absl::Status CheckedCall(cudaError_t error, int* reached) {
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(Returns(error));
+  ++*reached;
+  return absl::OkStatus();
+}
+
+absl::Status CheckedCallVia(cudaError_t error, int* checked) {
+  auto check = [&](cudaError_t e, const char* call, const char* file, int line) {
+    ++*checked;
+    return cuda::CudaStatus(e, call, file, line);
+  };
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(check, Returns(error));
+  return absl::OkStatus();
+}
+
+TEST(CudaCheckTest, MacroReturnsTheFirstFailureWithItsCallText) {
+  int reached = 0;
+  EXPECT_TRUE(CheckedCall(cudaSuccess, &reached).ok());
+  EXPECT_EQ(reached, 1);
+  const absl::Status failed = CheckedCall(cudaErrorMemoryAllocation, &reached);
+  EXPECT_EQ(reached, 1);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(failed, "Returns(error) failed with cudaErrorMemoryAllocation")) << failed;
+  EXPECT_TRUE(Contains(failed, "cuda_backend_test.cc:")) << failed;
+
+  int checked = 0;
+  EXPECT_EQ(CheckedCallVia(cudaErrorInvalidValue, &checked).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(checked, 1);
 }
 
 }  // namespace

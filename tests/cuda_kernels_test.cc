@@ -192,9 +192,16 @@ void ExpectReduceMatches(ReduceKind kind, DType dtype, const ReduceShape& s,
       continue;
     }
     double tol;
-    if (kind == ReduceKind::kProd) {
-      // The CPU multiplies in the input's precision (the GPU in float64): the CPU's
-      // rounding errors grow like sqrt(extent).
+    if (kind == ReduceKind::kProd && out_dtype == DType::kFloat32) {
+      // Both multiply in float32 (kernels/reduce_ops.h), in different orders: each is
+      // within gamma = k u / (1 - k u), k = extent - 1, u = 2^-24, of the exact product p,
+      // so |g - c| <= 2 gamma |p| <= 2 gamma |c| / (1 - gamma). Only a bound: the GPU's
+      // short partial products near 1 drift further than the CPU's long ones.
+      const double k = static_cast<double>(s.extent - 1) * 0x1.0p-24;
+      const double gamma = k / (1 - k);
+      tol = 2 * gamma / (1 - gamma) * std::fabs(c) + 1e-300;
+    } else if (kind == ReduceKind::kProd) {
+      // Float64 on both, in different orders: rounding errors that grow like sqrt(extent).
       tol = 16 * eps * std::sqrt(static_cast<double>(s.extent)) * std::fabs(c) + 1e-300;
     } else if (kind == ReduceKind::kNorm2) {
       tol = 2 * eps * std::fabs(c) + 1e-12 * std::fabs(c);
@@ -289,6 +296,9 @@ TEST_F(CudaKernelsTest, ReduceMatchesCpuOnLargeArrays) {
     for (const ReduceShape& s : shapes) {
       if (s.outer * s.extent * s.inner > kN) continue;
       for (ReduceKind kind : kAllReduceKinds) {
+        // No bound on 2^24 float32 roundings says anything (float32 products are checked
+        // on the other shapes, and in cuda_backend_test).
+        if (kind == ReduceKind::kProd && dtype == DType::kFloat32 && s.extent == kN) continue;
         CheckReduce(this, stream_, pool_, kind, dtype, s,
                     kind == ReduceKind::kProd ? prod_data : data);
         if (HasFatalFailure()) return;

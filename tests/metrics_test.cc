@@ -84,7 +84,9 @@ TEST(ExpositionTest, HistogramBucketsAreInclusiveAndCumulative) {
     EXPECT_GE(value, previous) << line;
     previous = value;
     ++buckets;
-    if (buckets == 2) EXPECT_EQ(line, "h_seconds_bucket{le=\"0.0025\"} 3");
+    if (buckets == 2) {
+      EXPECT_EQ(line, "h_seconds_bucket{le=\"0.0025\"} 3");
+    }
   }
   EXPECT_EQ(buckets, 11);
   EXPECT_EQ(previous, 12u);
@@ -198,17 +200,17 @@ TEST(NvmlTest, MemoryFromTheFirstApiOnOlderDrivers) {
 
 class ObserverTest : public ::testing::Test {
  protected:
-  // The executor is declared last, so that it is destroyed first, waiting for its work,
-  // while the observer it calls still lives.
   ObserverTest()
       : backend_(2),
         limiter_(uint64_t{1} << 30),
         registry_(backend_, limiter_),
-        ctx_{backend_, executor_, registry_, limiter_, timer_},
-        metrics_(ctx_),
-        executor_(backend_) {
-    executor_.SetObserver(&metrics_);
+        executor_(*Executor::Create(backend_)),
+        ctx_{backend_, *executor_, registry_, limiter_, timer_},
+        metrics_(ctx_) {
+    executor_->SetObserver(&metrics_);
   }
+  // The executor goes first, waiting for its work, while the observer it calls lives.
+  ~ObserverTest() override { executor_.reset(); }
 
   BufferHandle NewBuffer(const std::string& client, uint64_t n) {
     absl::StatusOr<BufferHandle> b = registry_.Allocate(client, "", DType::kFloat64, {n}, Layout::kC, 0);
@@ -237,9 +239,9 @@ class ObserverTest : public ::testing::Test {
   MemoryLimiter limiter_;
   BufferRegistry registry_;
   Timer timer_;
+  std::unique_ptr<Executor> executor_;
   ServiceContext ctx_;
   metrics::ServerMetrics metrics_;
-  Executor executor_;
 };
 
 TEST_F(ObserverTest, QueuedRunningAndDone) {
@@ -252,7 +254,7 @@ TEST_F(ObserverTest, QueuedRunningAndDone) {
   auto let_go = [&, done = false]() mutable {
     if (done) return;
     done = true;
-    if (hold != nullptr) executor_.Release(hold);
+    if (hold != nullptr) executor_->Release(hold);
     release.set_value();
   };
   struct LetGo {
@@ -262,14 +264,14 @@ TEST_F(ObserverTest, QueuedRunningAndDone) {
 
   // A host access holds `b`: the fill of b waits for it in the executor (queued).
   std::promise<void> ready;
-  hold = executor_.AcquireHostAccess({{b, true}}, [&](const std::shared_ptr<HostAccess>&) { ready.set_value(); });
+  hold = executor_->AcquireHostAccess({{b, true}}, [&](const std::shared_ptr<HostAccess>&) { ready.set_value(); });
   ready.get_future().wait();
   // Two fills of `a`, on their own stream, hold the device (running).
-  absl::StatusOr<StreamInfo> other = executor_.CreateStream("c", 0);
+  absl::StatusOr<StreamInfo> other = executor_->CreateStream("c", 0);
   ASSERT_TRUE(other.ok());
-  EXPECT_TRUE(executor_.Submit("c", other->id, HeldFill(a, released)).ok());
-  EXPECT_TRUE(executor_.Submit("c", other->id, HeldFill(a, released)).ok());
-  absl::StatusOr<std::shared_ptr<Operation>> queued = executor_.Submit("c", "", HeldFill(b, released));
+  EXPECT_TRUE(executor_->Submit("c", other->id, HeldFill(a, released)).ok());
+  EXPECT_TRUE(executor_->Submit("c", other->id, HeldFill(a, released)).ok());
+  absl::StatusOr<std::shared_ptr<Operation>> queued = executor_->Submit("c", "", HeldFill(b, released));
   EXPECT_TRUE(queued.ok());
 
   Scrape s = Read();
@@ -303,10 +305,10 @@ TEST_F(ObserverTest, FailedOperationsAreCountedNotTimed) {
   spec.launch = [](Stream&, OpResult&) -> absl::StatusOr<LaunchInfo> {
     return absl::InternalError("launch failed on purpose");
   };
-  absl::StatusOr<std::shared_ptr<Operation>> op = executor_.Submit("c", "", std::move(spec));
+  absl::StatusOr<std::shared_ptr<Operation>> op = executor_->Submit("c", "", std::move(spec));
   ASSERT_TRUE(op.ok());
   std::promise<void> done;
-  executor_.OnDone(*op, [&] { done.set_value(); });
+  executor_->OnDone(*op, [&] { done.set_value(); });
   done.get_future().wait();
   const Scrape s = Read();
   EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"reduce\",outcome=\"failed\"}"), 1);

@@ -61,7 +61,7 @@ cudaError_t Launch(const void* x, void* out, int64_t n, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int64_t work = vectorised ? CeilDiv(n, 16 / sizeof(T)) : n;
   unsigned grid = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       detail::GridStrideBlocks(CeilDiv(work, kBlockThreads), kBlocksPerSm, &grid));
   ReferenceExpressionKernel<T><<<grid, kBlockThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<T*>(out), n, vectorised);

@@ -1,12 +1,16 @@
 // Whole-array argmin/argmax of an F-layout matrix in NumPy's C order. Each thread reads
 // memory in order (coalesced) and tags every element with its C-order index; candidates
-// combine with an order-independent rule (NaN first, then the extreme, ties to the lower
-// C-order index), so the answer is the same whatever the grid and thread schedule.
+// combine with the argmin/argmax operator of kernels/reduce_ops.h, whose rule (NaN first,
+// then the extreme, ties to the lower index) does not depend on the combination order, so
+// the answer is the same whatever the grid and thread schedule, and the CPU's.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/detail/launch.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/reduce_ops.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -14,104 +18,67 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1024;
 
-template <typename T>
-struct Candidate {
-  T value;
-  int64_t index;  // C-order; -1 for none
-  bool nan;
-};
-
-template <typename T>
-__device__ bool IsNan(T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return v != v;
-  } else {
-    return false;
-  }
-}
-
-// Whether candidate a beats b.
-template <typename T>
-__device__ bool Better(const Candidate<T>& a, const Candidate<T>& b, bool is_min) {
-  if (b.index < 0) return a.index >= 0;
-  if (a.index < 0) return false;
-  if (a.nan != b.nan) return a.nan;
-  if (!a.nan) {
-    if (is_min ? a.value < b.value : b.value < a.value) return true;
-    if (is_min ? b.value < a.value : a.value < b.value) return false;
-  }
-  return a.index < b.index;
-}
-
-template <typename T>
-__device__ Candidate<T> BlockBest(Candidate<T> mine, bool is_min) {
-  __shared__ Candidate<T> shared[kThreads];
+template <class Op>
+__device__ typename Op::Acc BlockBest(typename Op::Acc mine) {
+  __shared__ typename Op::Acc shared[kThreads];
   shared[threadIdx.x] = mine;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride && Better(shared[threadIdx.x + stride], shared[threadIdx.x], is_min)) {
-      shared[threadIdx.x] = shared[threadIdx.x + stride];
+    if (threadIdx.x < stride) {
+      shared[threadIdx.x] = Op::Combine(shared[threadIdx.x], shared[threadIdx.x + stride]);
     }
     __syncthreads();
   }
   return shared[0];
 }
 
-template <typename Stored, typename T>
-__global__ void PartialKernel(const Stored* in, int64_t rows, int64_t cols, bool is_min, Candidate<T>* partials) {
+template <class Op>
+__global__ void PartialKernel(const typename Op::In* in, int64_t rows, int64_t cols, typename Op::Acc* partials) {
   const int64_t n = rows * cols;
-  Candidate<T> best{T{}, -1, false};
+  typename Op::Acc best = Op::Identity();
   for (int64_t m = blockIdx.x * int64_t{kThreads} + threadIdx.x; m < n; m += int64_t{gridDim.x} * kThreads) {
-    const T v = static_cast<T>(in[m]);
-    const Candidate<T> c{v, (m % rows) * cols + m / rows, IsNan(v)};
-    if (Better(c, best, is_min)) best = c;
+    best = Op::Combine(best, Op::Convert(in[m], (m % rows) * cols + m / rows));
   }
-  const Candidate<T> block = BlockBest(best, is_min);
+  const typename Op::Acc block = BlockBest<Op>(best);
   if (threadIdx.x == 0) partials[blockIdx.x] = block;
 }
 
-template <typename T>
-__global__ void FinalKernel(const Candidate<T>* partials, int count, bool is_min, int64_t* out) {
-  Candidate<T> best{T{}, -1, false};
-  for (int k = threadIdx.x; k < count; k += kThreads) {
-    if (Better(partials[k], best, is_min)) best = partials[k];
-  }
-  const Candidate<T> block = BlockBest(best, is_min);
-  if (threadIdx.x == 0) *out = block.index;
+template <class Op>
+__global__ void FinalKernel(const typename Op::Acc* partials, int count, int64_t* out) {
+  typename Op::Acc best = Op::Identity();
+  for (int k = threadIdx.x; k < count; k += kThreads) best = Op::Combine(best, partials[k]);
+  const typename Op::Acc block = BlockBest<Op>(best);
+  if (threadIdx.x == 0) *out = Op::Finalize(block, count);
 }
 
-template <typename Stored, typename T>
-cudaError_t Dispatch(bool is_min, const void* in, int64_t rows, int64_t cols, void* out, cudaMemPool_t pool,
+template <class Op>
+cudaError_t Dispatch(const void* in, int64_t rows, int64_t cols, void* out, cudaMemPool_t pool,
                      cudaStream_t stream) {
+  using Acc = typename Op::Acc;
   const int64_t n = rows * cols;
-  const int blocks = static_cast<int>(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
-  void* scratch = nullptr;
-  cudaError_t error = cudaMallocFromPoolAsync(&scratch, sizeof(Candidate<T>) * blocks, pool, stream);
-  if (error != cudaSuccess) return error;
-  auto* partials = static_cast<Candidate<T>*>(scratch);
-  PartialKernel<Stored, T><<<blocks, kThreads, 0, stream>>>(static_cast<const Stored*>(in), rows, cols, is_min,
-                                                            partials);
-  error = cudaGetLastError();
-  if (error == cudaSuccess) {
-    FinalKernel<T><<<1, kThreads, 0, stream>>>(partials, blocks, is_min, static_cast<int64_t*>(out));
-    error = cudaGetLastError();
-  }
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);
-  return error != cudaSuccess ? error : freed;
+  const int blocks =
+      static_cast<int>(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (n + kThreads - 1) / kThreads)));
+  detail::PoolScratch scratch(pool, stream);
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(scratch.Allocate(sizeof(Acc) * blocks));
+  auto* partials = static_cast<Acc*>(scratch.get());
+  PartialKernel<Op><<<blocks, kThreads, 0, stream>>>(static_cast<const typename Op::In*>(in), rows, cols,
+                                                     partials);
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
+  FinalKernel<Op><<<1, kThreads, 0, stream>>>(partials, blocks, static_cast<int64_t*>(out));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
+  return scratch.Free();
 }
 
 }  // namespace
 
 cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows, int64_t cols,
                                     void* out, cudaMemPool_t pool, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kBool: return Dispatch<uint8_t, int>(is_min, in, rows, cols, out, pool, stream);
-    case DType::kInt32: return Dispatch<int32_t, int32_t>(is_min, in, rows, cols, out, pool, stream);
-    case DType::kInt64: return Dispatch<int64_t, int64_t>(is_min, in, rows, cols, out, pool, stream);
-    case DType::kFloat32: return Dispatch<float, float>(is_min, in, rows, cols, out, pool, stream);
-    case DType::kFloat64: return Dispatch<double, double>(is_min, in, rows, cols, out, pool, stream);
-  }
-  return cudaErrorInvalidValue;
+  return VisitDType(dtype, [&](auto zero) {
+    using Argmin = typename reduce::OpFor<ReduceKind::kArgmin, decltype(zero)>::type;
+    using Argmax = typename reduce::OpFor<ReduceKind::kArgmax, decltype(zero)>::type;
+    return is_min ? Dispatch<Argmin>(in, rows, cols, out, pool, stream)
+                  : Dispatch<Argmax>(in, rows, cols, out, pool, stream);
+  });
 }
 
 }  // namespace gpucompute::cuda

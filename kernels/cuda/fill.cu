@@ -34,7 +34,7 @@ cudaError_t FillDispatch(void* dst_bytes, uint64_t value_bits, int64_t count, cu
   }
   const int64_t vectors = (count - head) / (16 / sizeof(T));
   unsigned grid = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(GridStrideBlocks(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(GridStrideBlocks(
       CeilDiv(std::max<int64_t>(vectors, head), kBlockThreads), kFillBlocksPerSm, &grid));
   FillKernel<T><<<grid, kBlockThreads, 0, stream>>>(dst, count, head, value, pattern);
   return cudaGetLastError();

@@ -28,7 +28,7 @@ cudaError_t RandomDispatch(const RandomParams& params, void* out_bytes, int64_t 
   T* out = static_cast<T*>(out_bytes);
   const bool vector_store = reinterpret_cast<uintptr_t>(out) % (sizeof(T) * k) == 0;
   unsigned grid = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(CeilDiv(n, k), kBlockThreads), kRandomBlocksPerSm, &grid));
   RandomKernel<T, kDist><<<grid, kBlockThreads, 0, stream>>>(params, out, n, vector_store);
   return cudaGetLastError();

@@ -1,5 +1,6 @@
 // ReduceAsync: the entry point and its dispatch. The kernels are in
-// kernels/cuda/detail/reduce_kernels.cuh, the operators in detail/reduce_ops.cuh.
+// kernels/cuda/detail/reduce_kernels.cuh, the operators and their types in
+// kernels/reduce_ops.h (shared with the CPU backend).
 //
 // Paths, by shape [outer, extent, inner]:
 //   * inner == 1, extent <= kGroupMaxExtent: SegmentGroupKernel, 1 to 32 lanes per
@@ -26,14 +27,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "kernels/cuda/detail/launch.cuh"
 #include "kernels/cuda/detail/reduce_kernels.cuh"
-#include "kernels/cuda/detail/reduce_ops.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
+#include "kernels/reduce_ops.h"
 
 namespace gpucompute::cuda {
 namespace detail {
@@ -85,7 +85,7 @@ cudaError_t CombinePartials(const typename Op::Acc* partial, int64_t outputs, in
   }
   const int64_t per_block = kBlockThreads / width;
   unsigned grid = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(outputs, per_block), kBlocksPerSm, &grid));
   CombinePartialsKernel<Op><<<grid, kBlockThreads, 0, stream>>>(
       partial, outputs, chunks, output_stride, chunk_stride, width, extent, out);
@@ -99,7 +99,7 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
   if (extent <= kGroupMaxExtent) {
     const int group = static_cast<int>(
         NextPow2(std::min<int64_t>(32, CeilDiv(extent, kGroupElementsPerLane))));
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+    GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
         GridStrideBlocks(CeilDiv(outer, kBlockThreads / group), kBlocksPerSm, &grid));
     SegmentGroupKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, group, out);
     return cudaGetLastError();
@@ -112,7 +112,7 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
                                   std::max<int64_t>(1, extent / kMinChunkElements));
   const int64_t chunk_len = CeilDiv(CeilDiv(extent, wanted), 16) * 16;
   const int64_t chunks = CeilDiv(extent, chunk_len);
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(GridStrideBlocks(outer * chunks, kBlocksPerSm, &grid));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(GridStrideBlocks(outer * chunks, kBlocksPerSm, &grid));
   if (chunks == 1) {
     SegmentBlockKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, 1,
                                                               nullptr, out);
@@ -121,17 +121,15 @@ cudaError_t ReduceContiguous(const typename Op::In* in, int64_t outer, int64_t e
 
   using Acc = typename Op::Acc;
   PoolScratch scratch(pool, stream);
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       scratch.Allocate(static_cast<size_t>(outer * chunks) * sizeof(Acc)));
   Acc* partial = static_cast<Acc*>(scratch.get());
   SegmentBlockKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, chunk_len, chunks,
                                                             partial, out);
-  cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) {
-    status = CombinePartials<Op>(partial, outer, chunks, chunks, 1, extent, out, stream);
-  }
-  const cudaError_t free_status = scratch.Free();
-  return status != cudaSuccess ? status : free_status;
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
+      CombinePartials<Op>(partial, outer, chunks, chunks, 1, extent, out, stream));
+  return scratch.Free();
 }
 
 template <class Op>
@@ -148,7 +146,7 @@ cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t exte
   const int64_t rows_per_chunk = CeilDiv(extent, wanted);
   const int64_t chunks = CeilDiv(extent, rows_per_chunk);
   unsigned grid = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(GridStrideBlocks(outer * tiles * chunks, kBlocksPerSm, &grid));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(GridStrideBlocks(outer * tiles * chunks, kBlocksPerSm, &grid));
   const int fold_pow2 = static_cast<int>(NextPow2(fold));
   if (chunks == 1) {
     StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, inner, tile, fold,
@@ -160,18 +158,16 @@ cudaError_t ReduceStrided(const typename Op::In* in, int64_t outer, int64_t exte
   using Acc = typename Op::Acc;
   const int64_t outputs = outer * inner;
   PoolScratch scratch(pool, stream);
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       scratch.Allocate(static_cast<size_t>(outputs * chunks) * sizeof(Acc)));
   Acc* partial = static_cast<Acc*>(scratch.get());
   StridedKernel<Op><<<grid, kBlockThreads, 0, stream>>>(in, outer, extent, inner, tile, fold,
                                                        fold_pow2, tiles, rows_per_chunk, chunks,
                                                        partial, out);
-  cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) {
-    status = CombinePartials<Op>(partial, outputs, chunks, 1, outputs, extent, out, stream);
-  }
-  const cudaError_t free_status = scratch.Free();
-  return status != cudaSuccess ? status : free_status;
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetLastError());
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
+      CombinePartials<Op>(partial, outputs, chunks, 1, outputs, extent, out, stream));
+  return scratch.Free();
 }
 
 template <class Op>
@@ -196,38 +192,6 @@ cudaError_t Dispatch(const void* in_bytes, const ReduceShape& shape, void* out_b
   return ReduceStrided<Op>(in, outer, extent, inner, out, pool, stream);
 }
 
-// The operators of each kind for element type T, as server/cpu/reduce.cc chooses them.
-template <typename T>
-cudaError_t ReduceTyped(ReduceKind kind, const void* in, const ReduceShape& shape, void* out,
-                        cudaMemPool_t pool, cudaStream_t stream) {
-  using In = typename StorageOf<T>::type;
-  constexpr bool kFloat = std::is_floating_point_v<T>;
-  using IntegralOut = std::conditional_t<kFloat, T, int64_t>;  // sum, prod
-  using RealOut = std::conditional_t<kFloat, T, double>;       // mean, norm2
-  using SumAcc = std::conditional_t<kFloat, double, uint64_t>;
-  // Float products in float64 where the CPU uses T (see ProdOp in detail/reduce_ops.cuh).
-  using ProdAcc = std::conditional_t<kFloat, double, uint64_t>;
-  switch (kind) {
-    case ReduceKind::kSum:
-      return Dispatch<SumOp<In, SumAcc, IntegralOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kProd:
-      return Dispatch<ProdOp<In, ProdAcc, IntegralOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kMean:
-      return Dispatch<MeanOp<In, RealOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kNorm2:
-      return Dispatch<Norm2Op<In, RealOut>>(in, shape, out, pool, stream);
-    case ReduceKind::kMin:
-      return Dispatch<ExtremeOp<In, false>>(in, shape, out, pool, stream);
-    case ReduceKind::kMax:
-      return Dispatch<ExtremeOp<In, true>>(in, shape, out, pool, stream);
-    case ReduceKind::kArgmin:
-      return Dispatch<ArgOp<In, false>>(in, shape, out, pool, stream);
-    case ReduceKind::kArgmax:
-      return Dispatch<ArgOp<In, true>>(in, shape, out, pool, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -241,7 +205,9 @@ cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const R
     return cudaErrorInvalidValue;
   }
   return VisitDType(in_dtype, [&](auto zero) {
-    return detail::ReduceTyped<decltype(zero)>(kind, in, shape, out, pool, stream);
+    return reduce::VisitReduceOp<decltype(zero)>(kind, [&](auto op) {
+      return detail::Dispatch<decltype(op)>(in, shape, out, pool, stream);
+    });
   });
 }
 

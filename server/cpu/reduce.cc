@@ -1,4 +1,5 @@
-// Reductions over the middle axis of an [outer, extent, inner] array.
+// Reductions over the middle axis of an [outer, extent, inner] array, with the operators
+// and types of kernels/reduce_ops.h; this file fixes the order in which they combine.
 //
 // Summation order (what makes the results deterministic). For every output (o, i) the
 // extent axis is cut into blocks of rows_per_block = max(1, 2^16 / tile) rows, where
@@ -18,14 +19,12 @@
 // arithmetic wraps modulo 2^64 (unsigned, so no undefined behaviour) and is exact, and
 // min/max/argmin/argmax select an element.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
+#include "kernels/reduce_ops.h"
 #include "server/cpu/kernels.h"
 #include "server/cpu/thread_pool.h"
 
@@ -40,163 +39,30 @@ constexpr int64_t kMaxTile = 256;
 // Minimum accumulator lanes for narrow (inner < kLanes) reductions.
 constexpr int64_t kLanes = 16;
 
-// Bools are stored as one byte; any nonzero byte reads as true.
-template <typename T> struct StorageOf { using type = T; };
-template <> struct StorageOf<bool> { using type = uint8_t; };
-
-template <typename T> T Normalize(T x) { return x; }
-inline uint8_t Normalize(uint8_t x) { return x != 0; }
-
-template <typename T> bool IsNan(T x) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return x != x;
-  } else {
-    return false;
-  }
-}
-
-// Converts an element to an accumulator type; integers go through int64 to uint64 so
-// that sums and products wrap instead of overflowing.
-template <typename Acc, typename In> Acc Widen(In x) {
-  if constexpr (std::is_same_v<Acc, uint64_t>) {
-    return static_cast<uint64_t>(static_cast<int64_t>(Normalize(x)));
-  } else {
-    return static_cast<Acc>(Normalize(x));
-  }
-}
-
-// An op defines In (stored element), Acc, Out, kFoldRows (whether the narrow lane
-// folding may be used, which needs an op that ignores row indices), and
-// Identity / Start(acc, x, row) / Add(acc, x, row) / Combine(earlier, later) /
-// Finalize(acc, extent). Start begins an accumulator at the first row of a block; Add
-// takes the rows of one accumulator in increasing order.
-
-template <typename InT, typename AccT, typename OutT> struct SumOp {
-  using In = InT;
-  using Acc = AccT;
-  using Out = OutT;
-  static constexpr bool kFoldRows = true;
-  static Acc Identity() { return Acc{0}; }
+// The loops below over an operator of kernels/reduce_ops.h. Start begins an accumulator
+// at the first row of a block; Add takes the rows of one accumulator in increasing
+// order, after Start (or, with kFoldRows, after Identity); Combine merges a later
+// accumulator into an earlier one. kFoldRows: whether the narrow lane folding may be
+// used, which needs an operator that ignores row indices.
+template <class Rule> struct CpuOp {
+  using In = typename Rule::In;
+  using Acc = typename Rule::Acc;
+  using Out = typename Rule::Out;
+  static constexpr bool kFoldRows = !Rule::kUsesRow;
+  static Acc Identity() { return Rule::Identity(); }
   static void Start(Acc& a, In x, int64_t row) {
-    a = Identity();
-    Add(a, x, row);
+    a = Rule::Combine(Rule::Identity(), Rule::Convert(x, row));
   }
-  static void Add(Acc& a, In x, int64_t) { a += Widen<Acc>(x); }
-  static void Combine(Acc& a, const Acc& b) { a += b; }
-  static Out Finalize(const Acc& a, int64_t) { return static_cast<Out>(a); }
-};
-
-template <typename InT, typename AccT, typename OutT> struct ProdOp {
-  using In = InT;
-  using Acc = AccT;
-  using Out = OutT;
-  static constexpr bool kFoldRows = true;
-  static Acc Identity() { return Acc{1}; }
-  static void Start(Acc& a, In x, int64_t row) {
-    a = Identity();
-    Add(a, x, row);
-  }
-  static void Add(Acc& a, In x, int64_t) { a *= Widen<Acc>(x); }
-  static void Combine(Acc& a, const Acc& b) { a *= b; }
-  static Out Finalize(const Acc& a, int64_t) { return static_cast<Out>(a); }
-};
-
-// Sum in float64, divided by the extent once (extent 0 gives 0 / 0 = NaN).
-template <typename InT, typename OutT> struct MeanOp {
-  using In = InT;
-  using Acc = double;
-  using Out = OutT;
-  static constexpr bool kFoldRows = true;
-  static Acc Identity() { return 0.0; }
-  static void Start(Acc& a, In x, int64_t row) {
-    a = Identity();
-    Add(a, x, row);
-  }
-  static void Add(Acc& a, In x, int64_t) { a += Widen<double>(x); }
-  static void Combine(Acc& a, const Acc& b) { a += b; }
-  static Out Finalize(const Acc& a, int64_t extent) {
-    return static_cast<Out>(a / static_cast<double>(extent));
-  }
-};
-
-// sqrt of the plain float64 sum of squares. Exact range for float32 and integer inputs;
-// for float64 inputs the squares overflow to inf above about 1.3e154 and underflow
-// below about 1.5e-154 (no scaling, unlike BLAS nrm2).
-template <typename InT, typename OutT> struct Norm2Op {
-  using In = InT;
-  using Acc = double;
-  using Out = OutT;
-  static constexpr bool kFoldRows = true;
-  static Acc Identity() { return 0.0; }
-  static void Start(Acc& a, In x, int64_t row) {
-    a = Identity();
-    Add(a, x, row);
-  }
-  static void Add(Acc& a, In x, int64_t) {
-    const double d = Widen<double>(x);
-    a += d * d;
-  }
-  static void Combine(Acc& a, const Acc& b) { a += b; }
-  static Out Finalize(const Acc& a, int64_t) { return static_cast<Out>(std::sqrt(a)); }
-};
-
-// Min (kMax false) or max; a NaN anywhere makes the result NaN.
-template <typename InT, bool kMax> struct ExtremeOp {
-  using In = InT;
-  using Acc = InT;
-  using Out = InT;
-  static constexpr bool kFoldRows = true;
-  static Acc Identity() {
-    if constexpr (std::is_floating_point_v<In>) {
-      return kMax ? -std::numeric_limits<In>::infinity() : std::numeric_limits<In>::infinity();
-    } else {
-      return kMax ? std::numeric_limits<In>::lowest() : std::numeric_limits<In>::max();
-    }
-  }
-  static void Start(Acc& a, In x, int64_t) { a = Normalize(x); }
-  static void Add(Acc& a, In x, int64_t) { Combine(a, Normalize(x)); }
-  static void Combine(Acc& a, const Acc& b) {
-    // Once a is NaN both comparisons are false and it stays NaN. A select, not a branch,
-    // so that the loops vectorise.
-    a = ((kMax ? b > a : b < a) || IsNan(b)) ? b : a;
-  }
-  static Out Finalize(const Acc& a, int64_t) { return a; }
-};
-
-// Argmin (kMax false) or argmax: the first NaN if there is one, else the first extreme.
-// Combine keeps the preferred (value, row) pair under an order that breaks ties by the
-// smaller row, so it is associative and commutative and the result does not depend on
-// the order at all.
-template <typename InT, bool kMax> struct ArgOp {
-  struct Acc {
-    InT value;
-    int64_t row;
-  };
-  using In = InT;
-  using Out = int64_t;
-  static constexpr bool kFoldRows = false;  // rows must keep their indices
-  static Acc Identity() {
-    return {ExtremeOp<InT, kMax>::Identity(), std::numeric_limits<int64_t>::max()};
-  }
-  static void Start(Acc& a, In x, int64_t row) { a = {Normalize(x), row}; }
-  // Rows arrive in increasing order, so only a strictly better value, or a first NaN,
-  // replaces the accumulator.
   static void Add(Acc& a, In x, int64_t row) {
-    x = Normalize(x);
-    if ((kMax ? x > a.value : x < a.value) || (IsNan(x) && !IsNan(a.value))) a = {x, row};
-  }
-  static void Combine(Acc& a, const Acc& b) {
-    const bool a_nan = IsNan(a.value);
-    const bool b_nan = IsNan(b.value);
-    if (a_nan || b_nan) {
-      if (b_nan && (!a_nan || b.row < a.row)) a = b;
-      return;
-    }
-    if ((kMax ? b.value > a.value : b.value < a.value) || (b.value == a.value && b.row < a.row)) {
-      a = b;
+    if constexpr (requires { Rule::Append(a, x, row); }) {
+      static_assert(!kFoldRows, "Append needs an accumulator begun by Start");
+      a = Rule::Append(a, x, row);
+    } else {
+      a = Rule::Combine(a, Rule::Convert(x, row));
     }
   }
-  static Out Finalize(const Acc& a, int64_t) { return a.row; }
+  static void Combine(Acc& a, const Acc& b) { a = Rule::Combine(a, b); }
+  static Out Finalize(const Acc& a, int64_t extent) { return Rule::Finalize(a, extent); }
 };
 
 // acc[t] (+)= base[r * stride + t] for r < rows and t < width, rows in order. `row0` is
@@ -334,40 +200,10 @@ void RunReduce(const typename Op::In* in, const ReduceShape& shape, typename Op:
   });
 }
 
-template <class Op>
+template <class Rule>
 void Run(const void* in, const ReduceShape& shape, void* out, ThreadPool& pool) {
-  RunReduce<Op>(static_cast<const typename Op::In*>(in), shape,
-                static_cast<typename Op::Out*>(out), pool);
-}
-
-template <typename T>
-void ReduceTyped(ReduceKind kind, const void* in, const ReduceShape& shape, void* out,
-                 ThreadPool& pool) {
-  using In = typename StorageOf<T>::type;
-  constexpr bool kFloat = std::is_floating_point_v<T>;
-  // NumPy's result types (ops.h: ReduceResultDType); bool min/max stay one byte.
-  using IntegralOut = std::conditional_t<kFloat, T, int64_t>;  // sum, prod
-  using RealOut = std::conditional_t<kFloat, T, double>;       // mean, norm2
-  using SumAcc = std::conditional_t<kFloat, double, uint64_t>;
-  using ProdAcc = std::conditional_t<kFloat, T, uint64_t>;
-  switch (kind) {
-    case ReduceKind::kSum:
-      return Run<SumOp<In, SumAcc, IntegralOut>>(in, shape, out, pool);
-    case ReduceKind::kProd:
-      return Run<ProdOp<In, ProdAcc, IntegralOut>>(in, shape, out, pool);
-    case ReduceKind::kMean:
-      return Run<MeanOp<In, RealOut>>(in, shape, out, pool);
-    case ReduceKind::kNorm2:
-      return Run<Norm2Op<In, RealOut>>(in, shape, out, pool);
-    case ReduceKind::kMin:
-      return Run<ExtremeOp<In, false>>(in, shape, out, pool);
-    case ReduceKind::kMax:
-      return Run<ExtremeOp<In, true>>(in, shape, out, pool);
-    case ReduceKind::kArgmin:
-      return Run<ArgOp<In, false>>(in, shape, out, pool);
-    case ReduceKind::kArgmax:
-      return Run<ArgOp<In, true>>(in, shape, out, pool);
-  }
+  RunReduce<CpuOp<Rule>>(static_cast<const typename Rule::In*>(in), shape,
+                         static_cast<typename Rule::Out*>(out), pool);
 }
 
 }  // namespace
@@ -375,7 +211,8 @@ void ReduceTyped(ReduceKind kind, const void* in, const ReduceShape& shape, void
 void Reduce(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& shape, void* out,
             ThreadPool& pool) {
   VisitDType(in_dtype, [&](auto zero) {
-    ReduceTyped<decltype(zero)>(kind, in, shape, out, pool);
+    reduce::VisitReduceOp<decltype(zero)>(
+        kind, [&](auto op) { Run<decltype(op)>(in, shape, out, pool); });
   });
 }
 

@@ -21,6 +21,7 @@
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/elementwise_kernels.h"
 #include "server/cuda/pinned_staging.h"
+#include "server/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -107,14 +108,6 @@ class CudaStream final : public Stream {
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
 char* Bytes(const DeviceMemory& m) { return static_cast<char*>(m.data()); }
-
-absl::Status CublasStatus(cublasStatus_t status, const char* call) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  std::string message = absl::StrCat(call, " failed with ", cublasGetStatusName(status), " (",
-                                     cublasGetStatusString(status), ")");
-  if (status == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(std::move(message));
-  return absl::InternalError(std::move(message));
-}
 
 // One GPU: its memory pool, a stream for allocations, its cuBLAS handle and staging.
 struct Device {
@@ -219,12 +212,6 @@ class CudaBackend final : public Backend {
   std::thread completion_thread_;
 };
 
-#define CUDA_CHECK_RETURN(call)                                                 \
-  do {                                                                          \
-    const absl::Status cuda_check_status_ = Check((call), #call, __FILE__, __LINE__); \
-    if (!cuda_check_status_.ok()) return cuda_check_status_;                    \
-  } while (false)
-
 CudaStream::~CudaStream() {
   // Work still queued finishes first: destroying a stream does not cancel it.
   const cudaError_t error = cudaStreamDestroy(stream_);
@@ -234,20 +221,18 @@ CudaStream::~CudaStream() {
 absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {
   auto* e = dynamic_cast<CudaEvent*>(event.get());
   if (e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
-  if (absl::Status s = backend_.SetDevice(device_); !s.ok()) return s;
+  RETURN_IF_ERROR(backend_.SetDevice(device_));
   return backend_.Check(cudaStreamWaitEvent(stream_, e->get(), 0), "cudaStreamWaitEvent", __FILE__, __LINE__);
 }
 
 absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
-  if (absl::Status s = backend_.SetDevice(device_); !s.ok()) return s;
+  RETURN_IF_ERROR(backend_.SetDevice(device_));
   cudaEvent_t event = nullptr;
   // Timing stays enabled: the executor times every operation between two of these.
   EventPool& pool = backend_.TimingEvents(device_);
-  absl::Status s = backend_.Check(pool.Acquire(&event), "cudaEventCreateWithFlags", __FILE__, __LINE__);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(backend_.Check(pool.Acquire(&event), "cudaEventCreateWithFlags", __FILE__, __LINE__));
   auto wrapped = std::make_shared<CudaEvent>(event, device_, pool);
-  s = backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(backend_.Check(cudaEventRecord(event, stream_), "cudaEventRecord", __FILE__, __LINE__));
   return wrapped;
 }
 
@@ -257,7 +242,7 @@ absl::Status CudaStream::OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
-  if (absl::Status s = backend->Init(options); !s.ok()) return s;
+  RETURN_IF_ERROR(backend->Init(options));
   return backend;
 }
 
@@ -271,13 +256,15 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
                      "); use --backend=cpu"));
   }
   for (int d = 0; d < count; ++d) {
-    CUDA_CHECK_RETURN(cudaSetDevice(d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaSetDevice(d));
     cudaDeviceProp prop{};
-    CUDA_CHECK_RETURN(cudaGetDeviceProperties(&prop, d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaGetDeviceProperties(&prop, d));
     int memory_clock_khz = 0;
     int bus_width_bits = 0;
-    CUDA_CHECK_RETURN(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, d));
-    CUDA_CHECK_RETURN(cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
+                                        cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
+                                        cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, d));
 
     auto device = std::make_unique<Device>();
     device->index = d;
@@ -288,18 +275,20 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = d;
-    CUDA_CHECK_RETURN(cudaMemPoolCreate(&device->pool, &props));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaMemPoolCreate(&device->pool, &props));
     // Memory the pool keeps when freed; the initial reservation is kept in any case.
     uint64_t threshold = std::max(options.pool_release_threshold_bytes, options.pool_initial_bytes);
-    CUDA_CHECK_RETURN(cudaMemPoolSetAttribute(device->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, cudaMemPoolSetAttribute(device->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
     // Plain cudaMallocAsync (kernels' scratch) draws from this pool too.
-    CUDA_CHECK_RETURN(cudaDeviceSetMemPool(d, device->pool));
-    CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&device->alloc_stream, cudaStreamNonBlocking));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaDeviceSetMemPool(d, device->pool));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&device->alloc_stream, cudaStreamNonBlocking));
     if (options.pool_initial_bytes > 0) {
       void* p = nullptr;
-      CUDA_CHECK_RETURN(cudaMallocFromPoolAsync(&p, options.pool_initial_bytes, device->pool, device->alloc_stream));
-      CUDA_CHECK_RETURN(cudaFreeAsync(p, device->alloc_stream));
-      CUDA_CHECK_RETURN(cudaStreamSynchronize(device->alloc_stream));
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+          Check, cudaMallocFromPoolAsync(&p, options.pool_initial_bytes, device->pool, device->alloc_stream));
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaFreeAsync(p, device->alloc_stream));
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(device->alloc_stream));
     }
     device->large_staging = std::make_unique<PinnedStaging>(
         kLargeBlockBytes, static_cast<size_t>(std::max<uint64_t>(options.pinned_staging_bytes / kLargeBlockBytes, 2)));
@@ -318,7 +307,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
   completion_thread_ = std::thread([this] { PollCompletions(); });
   for (const auto& device : devices_) {
-    if (absl::Status s = WarmUp(device->index); !s.ok()) return s;
+    RETURN_IF_ERROR(WarmUp(device->index));
   }
   return absl::OkStatus();
 }
@@ -327,33 +316,29 @@ absl::Status CudaBackend::WarmUp(int device) {
   // The CUDA runtime loads each kernel on its first launch, and cuBLAS sets up on its first
   // call: tens of milliseconds that would land on a client's first gemv or reduction (and
   // in its device time). Paying them here keeps them off every request.
-  absl::StatusOr<std::unique_ptr<Stream>> stream = CreateStream(device);
-  if (!stream.ok()) return stream.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, CreateStream(device));
   constexpr int64_t kN = 128;  // 16384-element reductions take the chunked path large ones do
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
-    absl::StatusOr<DeviceMemory> a = Allocate(device, kN * kN * DTypeSize(dtype));
-    absl::StatusOr<DeviceMemory> v = Allocate(device, kN * DTypeSize(dtype));
-    absl::StatusOr<DeviceMemory> w = Allocate(device, kN * DTypeSize(dtype));
-    if (!a.ok()) return a.status();
-    if (!v.ok()) return v.status();
-    if (!w.ok()) return w.status();
+    ASSIGN_OR_RETURN(DeviceMemory a, Allocate(device, kN * kN * DTypeSize(dtype)));
+    ASSIGN_OR_RETURN(DeviceMemory v, Allocate(device, kN * DTypeSize(dtype)));
+    ASSIGN_OR_RETURN(DeviceMemory w, Allocate(device, kN * DTypeSize(dtype)));
     for (Distribution distribution : {Distribution::kUniform, Distribution::kNormal}) {
       RandomParams params;
       params.distribution = distribution;
-      if (absl::Status s = Random(**stream, params, dtype, *a, kN * kN); !s.ok()) return s;
+      RETURN_IF_ERROR(Random(*stream, params, dtype, a, kN * kN));
     }
-    if (absl::Status s = Fill(**stream, *v, dtype, 0, kN); !s.ok()) return s;
+    RETURN_IF_ERROR(Fill(*stream, v, dtype, 0, kN));
     for (bool col_major : {false, true}) {
       for (bool transpose : {false, true}) {
         const GemvShape shape{kN, kN, col_major, transpose};
-        if (absl::Status s = Gemv(**stream, dtype, shape, 1.0, *a, *v, 0.0, *w); !s.ok()) return s;
+        RETURN_IF_ERROR(Gemv(*stream, dtype, shape, 1.0, a, v, 0.0, w));
       }
     }
     for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kNorm2,
                             ReduceKind::kMean}) {
-      if (absl::Status s = Reduce(**stream, kind, dtype, *a, ReduceShape{1, kN * kN, 1}, *w); !s.ok()) return s;
+      RETURN_IF_ERROR(Reduce(*stream, kind, dtype, a, ReduceShape{1, kN * kN, 1}, w));
     }
-    CUDA_CHECK_RETURN(cudaStreamSynchronize(AsCuda(**stream).get()));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(AsCuda(*stream).get()));
   }
   return absl::OkStatus();
 }
@@ -375,8 +360,9 @@ CudaBackend::~CudaBackend() {
   elementwise_.reset();
   for (auto& device : devices_) {
     cudaSetDevice(device->index);
-    if (device->cublas != nullptr && cublasDestroy(device->cublas) != CUBLAS_STATUS_SUCCESS && health().ok()) {
-      std::fprintf(stderr, "gpucompute: cublasDestroy failed\n");
+    if (device->cublas != nullptr) {
+      const cublasStatus_t destroyed = cublasDestroy(device->cublas);
+      if (health().ok()) LogIfFailed(destroyed, "cublasDestroy");
     }
     device->large_staging.reset();
     device->small_staging.reset();
@@ -407,11 +393,11 @@ absl::Status CudaBackend::CheckDevice(int device) const {
 
 absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
                                           absl::AnyInvocable<void(absl::Status) &&> fn) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(device));
   cudaEvent_t event = nullptr;
   EventPool& pool = devices_[device]->sync_events;
-  CUDA_CHECK_RETURN(pool.Acquire(&event));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, pool.Acquire(&event));
   if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__); !s.ok()) {
     pool.Release(event);
     return s;
@@ -519,10 +505,10 @@ void CudaBackend::PollCompletions() {
 // ---- memory and streams
 
 absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevice(device));
+  RETURN_IF_ERROR(CheckHealthy());
   Device& d = *devices_[device];
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  RETURN_IF_ERROR(SetDevice(device));
   void* p = nullptr;
   const cudaError_t error = cudaMallocFromPoolAsync(&p, std::max<uint64_t>(bytes, 1), d.pool, d.alloc_stream);
   if (error == cudaErrorMemoryAllocation) {
@@ -531,30 +517,25 @@ absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
                                                      " bytes (pool holds ", MemoryPoolUsage(device).reserved_bytes,
                                                      " bytes)"));
   }
-  CUDA_CHECK_RETURN(error);
+  RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync", __FILE__, __LINE__));
   // Waiting here orders the allocation before any use on any stream.
-  if (absl::Status s = Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__));
   return DeviceMemory(p, bytes, device, [this, &d](void* ptr, uint64_t) {
     // Runs once every use has completed (the executor keeps buffers alive until then),
     // so freeing in the allocation stream's order is safe.
     cudaSetDevice(d.index);
-    const cudaError_t e = cudaFreeAsync(ptr, d.alloc_stream);
-    if (e != cudaSuccess && health().ok()) {
-      std::fprintf(stderr, "gpucompute: cudaFreeAsync failed: %s\n", cudaGetErrorName(e));
-    }
+    const cudaError_t freed = cudaFreeAsync(ptr, d.alloc_stream);
+    if (health().ok()) LogIfFailed(freed, "cudaFreeAsync");
   });
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> CudaBackend::CreateStream(int device) {
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevice(device));
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(device));
   cudaStream_t stream = nullptr;
   // Non-blocking: independent of the legacy default stream that libraries may use.
-  CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return std::make_unique<CudaStream>(*this, device, stream);
 }
 
@@ -563,7 +544,7 @@ absl::StatusOr<double> CudaBackend::ElapsedSeconds(const Event& start, const Eve
   const auto* e = dynamic_cast<const CudaEvent*>(&end);
   if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("event is not from the CUDA backend");
   float ms = 0;
-  CUDA_CHECK_RETURN(cudaEventElapsedTime(&ms, s->get(), e->get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaEventElapsedTime(&ms, s->get(), e->get()));
   return ms / 1e3;
 }
 
@@ -577,26 +558,26 @@ PoolUsage CudaBackend::MemoryPoolUsage(int device) const {
 }
 
 absl::StatusOr<PoolUsage> CudaBackend::TrimMemoryPool(int device, uint64_t keep_bytes) {
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevice(device));
+  RETURN_IF_ERROR(SetDevice(device));
   Device& d = *devices_[device];
   // Frees still pending in the allocation stream's order would not be released.
-  CUDA_CHECK_RETURN(cudaStreamSynchronize(d.alloc_stream));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(d.alloc_stream));
   // Nothing to do when the pool holds no more than keep_bytes; the driver would round a
   // huge keep_bytes up to its granularity, overflow, and trim everything.
   if (keep_bytes < MemoryPoolUsage(device).reserved_bytes) {
-    CUDA_CHECK_RETURN(cudaMemPoolTrimTo(d.pool, keep_bytes));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaMemPoolTrimTo(d.pool, keep_bytes));
   }
   return MemoryPoolUsage(device);
 }
 
 absl::Status CudaBackend::StartProfiler() {
-  CUDA_CHECK_RETURN(cudaProfilerStart());
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaProfilerStart());
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::StopProfiler() {
-  CUDA_CHECK_RETURN(cudaProfilerStop());
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaProfilerStop());
   return absl::OkStatus();
 }
 
@@ -611,9 +592,8 @@ template <typename Fn>
 absl::Status ForEachStagedPiece(PinnedStaging& staging, uint64_t bytes, Fn&& fn) {
   for (uint64_t done = 0; done < bytes;) {
     const uint64_t piece = std::min(bytes - done, staging.block_bytes());
-    absl::StatusOr<void*> block = staging.Acquire();
-    if (!block.ok()) return block.status();
-    if (absl::Status s = fn(*block, done, piece); !s.ok()) return s;
+    ASSIGN_OR_RETURN(void* block, staging.Acquire());
+    RETURN_IF_ERROR(fn(block, done, piece));
     done += piece;
   }
   return absl::OkStatus();
@@ -664,52 +644,50 @@ absl::Status CudaBackend::StagedCopy(CudaStream& stream, const char* src, char* 
 
 absl::Status CudaBackend::CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
                                        uint64_t bytes) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   return StagedCopy(AsCuda(stream), static_cast<const char*>(src), Bytes(dst) + dst_offset, bytes,
                     /*to_device=*/true);
 }
 
 absl::Status CudaBackend::CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
                                      uint64_t bytes) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   return StagedCopy(AsCuda(stream), Bytes(src) + src_offset, static_cast<char*>(dst), bytes, /*to_device=*/false);
 }
 
 absl::Status CudaBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
                                uint64_t dst_offset, uint64_t bytes) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   if (bytes == 0 || (src.data() == dst.data() && src_offset == dst_offset)) return absl::OkStatus();
-  CUDA_CHECK_RETURN(cudaMemcpyAsync(Bytes(dst) + dst_offset, Bytes(src) + src_offset, bytes,
-                                    cudaMemcpyDeviceToDevice, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaMemcpyAsync(Bytes(dst) + dst_offset, Bytes(src) + src_offset, bytes,
+                                                             cudaMemcpyDeviceToDevice, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 // ---- kernels
 
 absl::Status CudaBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits, int64_t count) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   if (count == 0) return absl::OkStatus();
-  CUDA_CHECK_RETURN(FillAsync(dst.data(), dtype, value_bits, count, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, FillAsync(dst.data(), dtype, value_bits, count, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& program, DType out_dtype) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
   double seconds = 0;
   // One kernel per distinct architecture among the devices.
   std::vector<int> done;
   for (const auto& device : devices_) {
     if (std::find(done.begin(), done.end(), device->compute_capability) != done.end()) continue;
     done.push_back(device->compute_capability);
-    if (absl::Status s = SetDevice(device->index); !s.ok()) return s;
+    RETURN_IF_ERROR(SetDevice(device->index));
     double compile = 0;
-    absl::StatusOr<const CompiledElementwise*> kernel =
-        elementwise_->Get(program, out_dtype, device->compute_capability, &compile);
-    if (!kernel.ok()) return kernel.status();
+    RETURN_IF_ERROR(elementwise_->Get(program, out_dtype, device->compute_capability, &compile));
     seconds += compile;
   }
   return seconds;
@@ -718,18 +696,17 @@ absl::StatusOr<double> CudaBackend::PrepareElementwise(const expr::Program& prog
 absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::Program& program,
                                                     std::span<const DeviceMemory* const> inputs, DeviceMemory& out,
                                                     DType out_dtype, int64_t n) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   const Device& d = *devices_[stream.device()];
   LaunchInfo info;
-  absl::StatusOr<const CompiledElementwise*> kernel =
-      elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds);
-  if (!kernel.ok()) return kernel.status();
+  ASSIGN_OR_RETURN(const CompiledElementwise* kernel,
+                   elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds));
   if (n == 0) return info;
   std::vector<const void*> pointers;
   pointers.reserve(inputs.size());
   for (const DeviceMemory* m : inputs) pointers.push_back(m == nullptr ? nullptr : m->data());
-  absl::Status s = LaunchElementwise(**kernel, program, pointers, out.data(), n, d.sm_count, AsCuda(stream).get());
+  absl::Status s = LaunchElementwise(*kernel, program, pointers, out.data(), n, d.sm_count, AsCuda(stream).get());
   if (!s.ok()) {
     // A launch error may be sticky; the launcher reports it as a status only.
     Check(cudaPeekAtLastError(), "elementwise launch", __FILE__, __LINE__).IgnoreError();
@@ -740,30 +717,31 @@ absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::
 
 absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                                  const ReduceShape& shape, DeviceMemory& out) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   const Device& d = *devices_[stream.device()];
   // f_order_rows only changes what argmin and argmax report (see kernels/ops.h).
   const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   ReduceShape plain = shape;
   plain.f_order_rows = 0;
   if (arg && shape.f_order_rows > 0) {
-    CUDA_CHECK_RETURN(ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(), shape.f_order_rows,
-                                              shape.extent / shape.f_order_rows, out.data(), d.pool,
-                                              AsCuda(stream).get()));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, ArgExtremeInCOrderAsync(kind == ReduceKind::kArgmin, in_dtype, in.data(), shape.f_order_rows,
+                                       shape.extent / shape.f_order_rows, out.data(), d.pool, AsCuda(stream).get()));
     return absl::OkStatus();
   }
-  CUDA_CHECK_RETURN(ReduceAsync(kind, in_dtype, in.data(), plain, out.data(), d.pool, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+      Check, ReduceAsync(kind, in_dtype, in.data(), plain, out.data(), d.pool, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
                                const DeviceMemory& a, const DeviceMemory& x, double beta, DeviceMemory& y) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
   if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
     return absl::InvalidArgumentError(absl::StrCat("gemv takes float32 or float64, not ", DTypeName(dtype)));
   }
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   Device& d = *devices_[stream.device()];
   cudaStream_t s = AsCuda(stream).get();
   // cuBLAS is column-major. An F-layout A is A itself; a C-layout A is, read column-major,
@@ -775,38 +753,37 @@ absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& sha
   const int64_t inner = shape.transpose ? shape.rows : shape.cols;
   std::lock_guard lock(d.cublas_mu);
   if (d.cublas == nullptr) {
-    if (absl::Status st = CublasStatus(cublasCreate(&d.cublas), "cublasCreate"); !st.ok()) return st;
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasCreate(&d.cublas));
     // Host scalars; no atomics, so results are deterministic run to run.
-    if (absl::Status st = CublasStatus(cublasSetPointerMode(d.cublas, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
-        !st.ok()) {
-      return st;
-    }
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasSetPointerMode(d.cublas, CUBLAS_POINTER_MODE_HOST));
   }
-  if (absl::Status st = CublasStatus(cublasSetStream(d.cublas, s), "cublasSetStream"); !st.ok()) return st;
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasSetStream(d.cublas, s));
   if (y_len == 0) return absl::OkStatus();
   if (inner == 0) {
     // An empty sum: y = beta * y (BLAS would leave y untouched), and y is not read when
     // beta is 0.
     if (beta == 0) return Fill(stream, y, dtype, 0, y_len);
     if (dtype == DType::kFloat64) {
-      return CublasStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1), "cublasDscal");
+      return CudaStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1), "cublasDscal_64",
+                        __FILE__, __LINE__);
     }
     const float beta_f = static_cast<float>(beta);
-    return CublasStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1), "cublasSscal");
+    return CudaStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1), "cublasSscal_64",
+                      __FILE__, __LINE__);
   }
   const cublasOperation_t op = transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int64_t lda = std::max<int64_t>(m, 1);
   absl::Status st;
   if (dtype == DType::kFloat64) {
-    st = CublasStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()), lda,
-                                     static_cast<const double*>(x.data()), 1, &beta, static_cast<double*>(y.data()), 1),
-                      "cublasDgemv");
+    st = CudaStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()), lda,
+                                   static_cast<const double*>(x.data()), 1, &beta, static_cast<double*>(y.data()), 1),
+                    "cublasDgemv_64", __FILE__, __LINE__);
   } else {
     const float alpha_f = static_cast<float>(alpha);
     const float beta_f = static_cast<float>(beta);
-    st = CublasStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()), lda,
-                                     static_cast<const float*>(x.data()), 1, &beta_f, static_cast<float*>(y.data()), 1),
-                      "cublasSgemv");
+    st = CudaStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()), lda,
+                                   static_cast<const float*>(x.data()), 1, &beta_f, static_cast<float*>(y.data()), 1),
+                    "cublasSgemv_64", __FILE__, __LINE__);
   }
   if (!st.ok()) Check(cudaPeekAtLastError(), "gemv launch", __FILE__, __LINE__).IgnoreError();
   return st;
@@ -814,18 +791,18 @@ absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& sha
 
 absl::Status CudaBackend::Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                                  int64_t n) {
-  if (absl::Status s = CheckHealthy(); !s.ok()) return s;
-  if (absl::Status s = SetDevice(stream.device()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   if (n == 0) return absl::OkStatus();
-  CUDA_CHECK_RETURN(RandomAsync(params, dtype, out.data(), n, AsCuda(stream).get()));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, RandomAsync(params, dtype, out.data(), n, AsCuda(stream).get()));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::InjectIllegalAddress(int device) {
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevice(device));
+  RETURN_IF_ERROR(SetDevice(device));
   cudaStream_t stream = nullptr;
-  CUDA_CHECK_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaError_t error = IllegalAddressForTestingAsync(stream);
   if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
@@ -844,9 +821,8 @@ int CudaDeviceCount() {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
-  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(options);
-  if (!backend.ok()) return backend.status();
-  return std::unique_ptr<Backend>(std::move(*backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 std::string DefaultKernelCacheDir() {

@@ -1,10 +1,28 @@
 #include "server/cuda/cuda_check.h"
 
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace gpucompute::cuda {
+namespace {
+
+absl::Status Failure(bool out_of_memory, const char* call, const char* name, const char* description,
+                     const char* file, int line) {
+  std::string message = absl::StrCat(call, " failed with ", name);
+  if (description != nullptr) absl::StrAppend(&message, " (", description, ")");
+  absl::StrAppend(&message, " at ", file, ":", line);
+  if (out_of_memory) return absl::ResourceExhaustedError(std::move(message));
+  return absl::InternalError(std::move(message));
+}
+
+void Log(const char* call, const char* name, const char* description) {
+  std::fprintf(stderr, "gpucompute: %s failed: %s (%s)\n", call, name, description);
+}
+
+}  // namespace
 
 bool IsStickyError(cudaError_t error) {
   switch (error) {
@@ -29,15 +47,28 @@ bool IsStickyError(cudaError_t error) {
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line) {
   if (error == cudaSuccess) return absl::OkStatus();
   if (!IsStickyError(error)) cudaGetLastError();
-  std::string message = absl::StrCat(call, " failed with ", cudaGetErrorName(error), " (",
-                                     cudaGetErrorString(error), ") at ", file, ":", line);
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(std::move(message));
-  return absl::InternalError(std::move(message));
+  return Failure(error == cudaErrorMemoryAllocation, call, cudaGetErrorName(error), cudaGetErrorString(error),
+                 file, line);
+}
+
+absl::Status CudaStatus(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return Failure(status == CUBLAS_STATUS_ALLOC_FAILED, call, cublasGetStatusName(status),
+                 cublasGetStatusString(status), file, line);
+}
+
+absl::Status CudaStatus(nvrtcResult result, const char* call, const char* file, int line) {
+  if (result == NVRTC_SUCCESS) return absl::OkStatus();
+  // NVRTC has names only ("NVRTC_ERROR_INVALID_OPTION"), no descriptions.
+  return Failure(result == NVRTC_ERROR_OUT_OF_MEMORY, call, nvrtcGetErrorString(result), nullptr, file, line);
 }
 
 void LogIfFailed(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return;
-  std::fprintf(stderr, "gpucompute: %s failed: %s (%s)\n", call, cudaGetErrorName(error), cudaGetErrorString(error));
+  if (error != cudaSuccess) Log(call, cudaGetErrorName(error), cudaGetErrorString(error));
+}
+
+void LogIfFailed(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) Log(call, cublasGetStatusName(status), cublasGetStatusString(status));
 }
 
 }  // namespace gpucompute::cuda

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -18,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "server/cuda/cuda_check.h"
 #include "server/expression/ir.h"
+#include "server/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -130,10 +130,7 @@ ElementwiseKernels::~ElementwiseKernels() {
     if (!slot->done.HasBeenNotified() || slot->kernel == nullptr) continue;
     const cudaError_t error = cudaLibraryUnload(slot->kernel->library);
     // At process exit the runtime may already be gone, taking the libraries with it.
-    if (error != cudaSuccess && error != cudaErrorCudartUnloading) {
-      std::fprintf(stderr, "gpucompute: cudaLibraryUnload of an elementwise kernel failed: %s\n",
-                   cudaGetErrorName(error));
-    }
+    if (error != cudaErrorCudartUnloading) LogIfFailed(error, "cudaLibraryUnload of an elementwise kernel");
   }
 }
 
@@ -156,7 +153,7 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
     const bool hit = slot->done.HasBeenNotified();
     slot->done.WaitForNotification();
     if (!hit && compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
-    if (!slot->status.ok()) return slot->status;
+    RETURN_IF_ERROR(slot->status);
     return slot->kernel.get();
   }
 
@@ -172,15 +169,14 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
                        " uses of scalar inputs); at most ", kMaxElementwiseArgumentBytes,
                        " are supported. Use fewer scalar inputs, or pass some values as arrays."));
     }
-    absl::StatusOr<std::string> cubin = compiler_.Compile(generated.source, arch);
-    if (!cubin.ok()) return cubin.status();
+    ASSIGN_OR_RETURN(const std::string cubin, compiler_.Compile(generated.source, arch));
     kernel->canonical = program.canonical();
     kernel->out_dtype = out_dtype;
     kernel->arch = arch;
     kernel->signature = std::move(generated.signature);
     // The runtime copies the image (cudaLibraryBinaryIsPreserved is not set), so the
     // CUBIN need not outlive the call.
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin->data(), nullptr,
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin.data(), nullptr,
                                                            nullptr, 0, nullptr, nullptr, 0));
     absl::Status found = [&]() -> absl::Status {
       GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(
@@ -209,7 +205,7 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
   }
   slot->done.Notify();
   if (compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(status);
   return slot->kernel.get();
 }
 

@@ -21,6 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/cuda/cuda_check.h"
+#include "server/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -159,8 +161,6 @@ void AddField(Sha256State& sha, std::string_view field) {
   sha.Update(field);
 }
 
-std::string NvrtcError(nvrtcResult r) { return nvrtcGetErrorString(r); }
-
 // Deletes an nvrtcProgram however Compile returns.
 struct ProgramDeleter {
   void operator()(nvrtcProgram* p) const {
@@ -171,13 +171,9 @@ struct ProgramDeleter {
 
 absl::Status CheckArchSupported(int arch) {
   int count = 0;
-  if (nvrtcResult r = nvrtcGetNumSupportedArchs(&count); r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcGetNumSupportedArchs: ", NvrtcError(r)));
-  }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcGetNumSupportedArchs(&count));
   std::vector<int> archs(count);
-  if (nvrtcResult r = nvrtcGetSupportedArchs(archs.data()); r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcGetSupportedArchs: ", NvrtcError(r)));
-  }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcGetSupportedArchs(archs.data()));
   if (std::find(archs.begin(), archs.end(), arch) == archs.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("this NVRTC cannot compile for compute capability ", arch / 10, ".", arch % 10,
@@ -217,9 +213,7 @@ std::vector<std::string> NvrtcCompiler::Options(int arch) {
 absl::StatusOr<std::array<uint8_t, 32>> NvrtcCompiler::Key(std::string_view source, int arch) {
   int major = 0;
   int minor = 0;
-  if (nvrtcResult r = nvrtcVersion(&major, &minor); r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcVersion: ", NvrtcError(r)));
-  }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcVersion(&major, &minor));
   Sha256State sha;
   // v2: --fmad=false dropped, the expression's arithmetic now in rounded intrinsics.
   AddField(sha, "gpucompute NVRTC cubin cache v2");
@@ -327,26 +321,22 @@ void NvrtcCompiler::WriteCache(const std::string& path, const std::array<uint8_t
 absl::StatusOr<std::string> NvrtcCompiler::Compile(std::string_view source, int arch,
                                                    bool* from_cache) {
   if (from_cache != nullptr) *from_cache = false;
-  absl::StatusOr<std::array<uint8_t, 32>> key = Key(source, arch);
-  if (!key.ok()) return key.status();
+  ASSIGN_OR_RETURN(const auto key, Key(source, arch));
   std::string path;
   if (!cache_dir_.empty()) {
-    path = PathFor(*key);
+    path = PathFor(key);
     std::string cubin;
-    if (ReadCache(path, *key, &cubin)) {
+    if (ReadCache(path, key, &cubin)) {
       if (from_cache != nullptr) *from_cache = true;
       return cubin;
     }
   }
-  if (absl::Status s = CheckArchSupported(arch); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckArchSupported(arch));
 
   const std::string text(source);  // NVRTC wants it NUL-terminated
   std::unique_ptr<nvrtcProgram, ProgramDeleter> program(new nvrtcProgram(nullptr));
-  if (nvrtcResult r = nvrtcCreateProgram(program.get(), text.c_str(), "gpucompute_elementwise.cu",
-                                         0, nullptr, nullptr);
-      r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcCreateProgram: ", NvrtcError(r)));
-  }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcCreateProgram(program.get(), text.c_str(), "gpucompute_elementwise.cu",
+                                                     0, nullptr, nullptr));
   const std::vector<std::string> options = Options(arch);
   std::vector<const char*> option_ptrs;
   for (const std::string& o : options) option_ptrs.push_back(o.c_str());
@@ -362,18 +352,14 @@ absl::StatusOr<std::string> NvrtcCompiler::Compile(std::string_view source, int 
       while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
     }
     return absl::InternalError(absl::StrCat("NVRTC could not compile a generated kernel (",
-                                            NvrtcError(compiled), ", options ",
+                                            nvrtcGetErrorString(compiled), ", options ",
                                             absl::StrJoin(options, " "), "):\n", log));
   }
   size_t size = 0;
-  if (nvrtcResult r = nvrtcGetCUBINSize(*program, &size); r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcGetCUBINSize: ", NvrtcError(r)));
-  }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcGetCUBINSize(*program, &size));
   std::string cubin(size, '\0');
-  if (nvrtcResult r = nvrtcGetCUBIN(*program, cubin.data()); r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtcGetCUBIN: ", NvrtcError(r)));
-  }
-  if (!path.empty()) WriteCache(path, *key, cubin);
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(nvrtcGetCUBIN(*program, cubin.data()));
+  if (!path.empty()) WriteCache(path, key, cubin);
   return cubin;
 }
 

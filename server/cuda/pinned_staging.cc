@@ -17,12 +17,7 @@ PinnedStaging::~PinnedStaging() {
     std::fprintf(stderr, "gpucompute: %zu pinned staging blocks still in use at shutdown\n",
                  all_.size() - free_.size());
   }
-  for (void* block : free_) {
-    const cudaError_t error = cudaFreeHost(block);
-    if (error != cudaSuccess) {
-      std::fprintf(stderr, "gpucompute: cudaFreeHost failed: %s\n", cudaGetErrorName(error));
-    }
-  }
+  for (void* block : free_) LogIfFailed(cudaFreeHost(block), "cudaFreeHost");
 }
 
 absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) {

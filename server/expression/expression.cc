@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "server/expression/scalar_ops.h"
+#include "server/status_macros.h"
 
 namespace gpucompute::expr {
 
@@ -40,8 +41,8 @@ bool CanCastSameKind(DType from, DType to) {
 
 namespace {
 
-// String building. (absl::StrCat would do, but this Abseil build's string_view is not
-// std::string_view.)
+// String building for the compiler's messages, over std::string_view: the compiler is
+// plain C++ (kernels/string_view.h says why), and Abseil meets it only in the Status.
 inline void AppendOne(std::string& out, std::string_view s) { out.append(s); }
 inline void AppendOne(std::string& out, const char* s) { out.append(s); }
 inline void AppendOne(std::string& out, const std::string& s) { out.append(s); }
@@ -65,9 +66,7 @@ std::string Cat(const Args&... args) {
   return out;
 }
 
-absl::Status InvalidArgument(const std::string& message) {
-  return absl::InvalidArgumentError(absl::string_view(message.data(), message.size()));
-}
+absl::Status InvalidArgument(const std::string& message) { return absl::InvalidArgumentError(message); }
 
 // ---------------------------------------------------------------------------------------
 // Constants
@@ -630,10 +629,9 @@ absl::StatusOr<Value> Compiler::Unary(OpKind op, const Value& a, int32_t pos,
     r.dtype = dtype;
     return r;
   }
-  absl::StatusOr<int32_t> arg = Materialize(a, dtype);
-  if (!arg.ok()) return arg.status();
+  ASSIGN_OR_RETURN(int32_t arg, Materialize(a, dtype));
   ++ops_;
-  return Strong(AddNode(op, dtype, {*arg}), a.pos);
+  return Strong(AddNode(op, dtype, {arg}), a.pos);
 }
 
 absl::StatusOr<Value> Compiler::Binary(OpKind op, const Value& a, const Value& b, int32_t pos,
@@ -669,19 +667,17 @@ absl::StatusOr<Value> Compiler::Binary(OpKind op, const Value& a, const Value& b
     r.pos = a.pos;
     return r;
   }
-  absl::StatusOr<int32_t> x = Materialize(a, dtype);
-  if (!x.ok()) return x.status();
+  ASSIGN_OR_RETURN(int32_t x, Materialize(a, dtype));
   if (op == OpKind::kPow && b.weak && !b.parameter &&
       (b.dtype == DType::kFloat64 ? b.constant.f == 2.0 : b.constant.i == 2)) {
     // x**2 as x*x, like NumPy's fast path for a scalar exponent: exact where pow() may be
     // off by a rounding, and much faster.
     ++ops_;
-    return Strong(AddNode(OpKind::kMul, result, {*x, *x}), a.pos);
+    return Strong(AddNode(OpKind::kMul, result, {x, x}), a.pos);
   }
-  absl::StatusOr<int32_t> y = Materialize(b, dtype);
-  if (!y.ok()) return y.status();
+  ASSIGN_OR_RETURN(int32_t y, Materialize(b, dtype));
   ++ops_;
-  return Strong(AddNode(op, result, {*x, *y}), a.pos);
+  return Strong(AddNode(op, result, {x, y}), a.pos);
 }
 
 absl::StatusOr<Value> Compiler::Where(const Value& c, const Value& a, const Value& b, int32_t pos) {
@@ -691,9 +687,8 @@ absl::StatusOr<Value> Compiler::Where(const Value& c, const Value& a, const Valu
     zero.weak = true;
     zero.dtype = DType::kInt64;
     zero.pos = c.pos;
-    absl::StatusOr<Value> ne = Binary(OpKind::kNotEqual, c, zero, pos, "where");
-    if (!ne.ok()) return ne.status();
-    cond = *ne;
+    ASSIGN_OR_RETURN(Value ne, Binary(OpKind::kNotEqual, c, zero, pos, "where"));
+    cond = ne;
   }
   const Promoted promoted = Promote(a, b);
   // A condition fixed by the text picks its branch now. One derived from a scalar input
@@ -708,18 +703,14 @@ absl::StatusOr<Value> Compiler::Where(const Value& c, const Value& a, const Valu
       r.parameter = cond.parameter || a.parameter || b.parameter;
       return r;
     }
-    absl::StatusOr<int32_t> node = Materialize(chosen, promoted.dtype);
-    if (!node.ok()) return node.status();
-    return Strong(*node, chosen.pos);
+    ASSIGN_OR_RETURN(int32_t node, Materialize(chosen, promoted.dtype));
+    return Strong(node, chosen.pos);
   }
-  absl::StatusOr<int32_t> nc = Materialize(cond, DType::kBool);
-  if (!nc.ok()) return nc.status();
-  absl::StatusOr<int32_t> na = Materialize(a, promoted.dtype);
-  if (!na.ok()) return na.status();
-  absl::StatusOr<int32_t> nb = Materialize(b, promoted.dtype);
-  if (!nb.ok()) return nb.status();
+  ASSIGN_OR_RETURN(int32_t nc, Materialize(cond, DType::kBool));
+  ASSIGN_OR_RETURN(int32_t na, Materialize(a, promoted.dtype));
+  ASSIGN_OR_RETURN(int32_t nb, Materialize(b, promoted.dtype));
   ++ops_;
-  return Strong(AddNode(OpKind::kWhere, promoted.dtype, {*nc, *na, *nb}), c.pos);
+  return Strong(AddNode(OpKind::kWhere, promoted.dtype, {nc, na, nb}), c.pos);
 }
 
 OpKind ComparisonOp(Tok t) {
@@ -749,7 +740,7 @@ absl::StatusOr<Value> Compiler::ParseComparison() {
   const OpKind op = ComparisonOp(tok_.kind);
   const int32_t pos = tok_.pos;
   const std::string what = Cat("operator ", Quote(TokenText()));
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   absl::StatusOr<Value> right = ParseSum();
   if (!right.ok()) return right;
   if (IsComparisonToken(tok_.kind)) {
@@ -765,7 +756,7 @@ absl::StatusOr<Value> Compiler::ParseSum() {
   while (left.ok() && (tok_.kind == Tok::kPlus || tok_.kind == Tok::kMinus)) {
     const bool plus = tok_.kind == Tok::kPlus;
     const int32_t pos = tok_.pos;
-    if (absl::Status s = Advance(); !s.ok()) return s;
+    RETURN_IF_ERROR(Advance());
     absl::StatusOr<Value> right = ParseTerm();
     if (!right.ok()) return right;
     left = Binary(plus ? OpKind::kAdd : OpKind::kSub, *left, *right, pos,
@@ -779,7 +770,7 @@ absl::StatusOr<Value> Compiler::ParseTerm() {
   while (left.ok() && (tok_.kind == Tok::kStar || tok_.kind == Tok::kSlash)) {
     const bool mul = tok_.kind == Tok::kStar;
     const int32_t pos = tok_.pos;
-    if (absl::Status s = Advance(); !s.ok()) return s;
+    RETURN_IF_ERROR(Advance());
     absl::StatusOr<Value> right = ParseUnary();
     if (!right.ok()) return right;
     left = Binary(mul ? OpKind::kMul : OpKind::kDiv, *left, *right, pos,
@@ -792,9 +783,9 @@ absl::StatusOr<Value> Compiler::ParseUnary() {
   if (tok_.kind != Tok::kMinus && tok_.kind != Tok::kPlus) return ParsePower();
   const bool minus = tok_.kind == Tok::kMinus;
   const int32_t pos = tok_.pos;
-  if (absl::Status s = EnterLevel(pos); !s.ok()) return s;
+  RETURN_IF_ERROR(EnterLevel(pos));
   LevelGuard guard(&depth_);
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   absl::StatusOr<Value> operand = ParseUnary();
   if (!operand.ok() || !minus) return operand;
   absl::StatusOr<Value> r = Unary(OpKind::kNeg, *operand, pos, "unary '-'");
@@ -806,9 +797,9 @@ absl::StatusOr<Value> Compiler::ParsePower() {
   absl::StatusOr<Value> base = ParsePrimary();
   if (!base.ok() || tok_.kind != Tok::kStarStar) return base;
   const int32_t pos = tok_.pos;
-  if (absl::Status s = EnterLevel(pos); !s.ok()) return s;
+  RETURN_IF_ERROR(EnterLevel(pos));
   LevelGuard guard(&depth_);
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   absl::StatusOr<Value> exponent = ParseUnary();  // right-assoc, and allows 2**-1
   if (!exponent.ok()) return exponent;
   return Binary(OpKind::kPow, *base, *exponent, pos, "operator '**'");
@@ -822,15 +813,15 @@ absl::StatusOr<Value> Compiler::ParsePrimary() {
       return ParseName();
     case Tok::kLParen: {
       const int32_t open = tok_.pos;
-      if (absl::Status s = EnterLevel(open); !s.ok()) return s;
+      RETURN_IF_ERROR(EnterLevel(open));
       LevelGuard guard(&depth_);
-      if (absl::Status s = Advance(); !s.ok()) return s;
+      RETURN_IF_ERROR(Advance());
       absl::StatusOr<Value> inner = ParseComparison();
       if (!inner.ok()) return inner;
       if (tok_.kind != Tok::kRParen) {
         return Unexpected(Cat("')' to close '(' at position ", open));
       }
-      if (absl::Status s = Advance(); !s.ok()) return s;
+      RETURN_IF_ERROR(Advance());
       inner->pos = open;
       return inner;
     }
@@ -845,14 +836,14 @@ absl::StatusOr<Value> Compiler::ParseNumber() {
   v.dtype = number_is_float_ ? DType::kFloat64 : DType::kInt64;
   v.constant = number_;
   v.pos = tok_.pos;
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   return v;
 }
 
 absl::StatusOr<Value> Compiler::ParseName() {
   const std::string_view name = TokenText();
   const int32_t pos = tok_.pos;
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   if (tok_.kind == Tok::kLParen) {
     const FunctionInfo* f = FindFunction(name);
     if (f == nullptr) return ErrorAt(pos, Cat("unknown function ", Quote(name)));
@@ -900,12 +891,12 @@ absl::StatusOr<Value> Compiler::ParseName() {
 
 absl::StatusOr<Value> Compiler::ParseCall(const FunctionInfo& f, int32_t name_pos) {
   const int32_t open = tok_.pos;
-  if (absl::Status s = EnterLevel(open); !s.ok()) return s;
+  RETURN_IF_ERROR(EnterLevel(open));
   LevelGuard guard(&depth_);
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   std::vector<Value> args;
   if (tok_.kind == Tok::kRParen) {
-    if (absl::Status s = Advance(); !s.ok()) return s;
+    RETURN_IF_ERROR(Advance());
   } else {
     for (;;) {
       absl::StatusOr<Value> arg = ParseComparison();
@@ -915,7 +906,7 @@ absl::StatusOr<Value> Compiler::ParseCall(const FunctionInfo& f, int32_t name_po
       if (t != Tok::kComma && t != Tok::kRParen) {
         return Unexpected(Cat("',' or ')' to close '(' at position ", open));
       }
-      if (absl::Status s = Advance(); !s.ok()) return s;
+      RETURN_IF_ERROR(Advance());
       if (t == Tok::kRParen) break;
     }
   }
@@ -1019,10 +1010,9 @@ absl::StatusOr<Compiled> Compiler::Run() {
   }
   used_.assign(names_.size(), false);
 
-  if (absl::Status s = Advance(); !s.ok()) return s;
+  RETURN_IF_ERROR(Advance());
   if (tok_.kind == Tok::kEnd) return ErrorAt(tok_.pos, "the expression is empty");
-  absl::StatusOr<Value> value = ParseComparison();
-  if (!value.ok()) return value.status();
+  ASSIGN_OR_RETURN(Value value, ParseComparison());
   if (tok_.kind == Tok::kRParen) return ErrorAt(tok_.pos, "')' has no matching '('");
   if (tok_.kind != Tok::kEnd) {
     return ErrorAt(tok_.pos, Cat("unexpected ", DescribeToken(), " after a complete expression"));
@@ -1034,12 +1024,11 @@ absl::StatusOr<Compiled> Compiler::Run() {
     }
   }
   // A result that is still a Python-like scalar takes its default dtype, which is
-  // already value->dtype (bool, int64 or float64).
-  absl::StatusOr<int32_t> root = Materialize(*value, value->dtype);
-  if (!root.ok()) return root.status();
+  // already value.dtype (bool, int64 or float64).
+  ASSIGN_OR_RETURN(int32_t root, Materialize(value, value.dtype));
 
   Compiled compiled;
-  compiled.ir = Finish(*root);
+  compiled.ir = Finish(root);
   compiled.inputs = std::move(names_);
   compiled.input_types = std::move(types_);
   compiled.ops_per_element = ops_;
@@ -1050,14 +1039,13 @@ absl::StatusOr<Compiled> Compiler::Run() {
 }  // namespace
 
 absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs) {
-  absl::StatusOr<Compiled> compiled = Compiler(text, inputs).Run();
-  if (!compiled.ok()) return compiled.status();
+  ASSIGN_OR_RETURN(Compiled compiled, Compiler(text, inputs).Run());
   auto state = std::make_shared<Program::State>();
-  state->ir = std::move(compiled->ir);
-  state->inputs = std::move(compiled->inputs);
-  state->input_types = std::move(compiled->input_types);
-  state->ops_per_element = compiled->ops_per_element;
-  state->canonical = std::move(compiled->canonical);
+  state->ir = std::move(compiled.ir);
+  state->inputs = std::move(compiled.inputs);
+  state->input_types = std::move(compiled.input_types);
+  state->ops_per_element = compiled.ops_per_element;
+  state->canonical = std::move(compiled.canonical);
   return Program(std::move(state));
 }
 

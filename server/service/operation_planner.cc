@@ -9,6 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "kernels/philox.h"
 #include "server/expression/expression.h"
+#include "server/service/proto_conversions.h"
+#include "server/status_macros.h"
 
 namespace gpucompute {
 namespace {
@@ -32,9 +34,8 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
                                            int device, CastRule rule, bool* created) {
   std::optional<DType> requested;
   if (output.dtype() != v1::DTYPE_UNSPECIFIED) {
-    absl::StatusOr<DType> d = FromProto(output.dtype());
-    if (!d.ok()) return d.status();
-    requested = *d;
+    ASSIGN_OR_RETURN(DType d, FromProto(output.dtype()));
+    requested = d;
   }
   auto check_cast = [&](DType to) -> absl::Status {
     const bool ok = rule == CastRule::kExact ? natural == to : expr::CanCastSameKind(natural, to);
@@ -44,9 +45,8 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
         rule == CastRule::kExact ? " (the dtypes must match)" : " (only same-kind casts are allowed)"));
   };
   if (!output.buffer().empty()) {
-    absl::StatusOr<BufferHandle> out = ctx.registry.Lookup(client, output.buffer());
-    if (!out.ok()) return out.status();
-    const BufferEntry& b = **out;
+    ASSIGN_OR_RETURN(BufferHandle out, ctx.registry.Lookup(client, output.buffer()));
+    const BufferEntry& b = *out;
     if (b.shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has shape ", ShapeString(b.shape),
                                                      " but the result has shape ", ShapeString(shape)));
@@ -58,12 +58,12 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
     if (b.shape.size() >= 2 && b.layout != layout) {
       return absl::InvalidArgumentError(absl::StrCat("output ", Describe(b), " has a different layout than the result"));
     }
-    if (absl::Status s = check_cast(b.dtype); !s.ok()) return s;
+    RETURN_IF_ERROR(check_cast(b.dtype));
     *created = false;
     return out;
   }
   const DType dtype = requested.value_or(natural);
-  if (absl::Status s = check_cast(dtype); !s.ok()) return s;
+  RETURN_IF_ERROR(check_cast(dtype));
   *created = true;
   return ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device);
 }
@@ -118,29 +118,26 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
         return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
     }
   }
-  absl::StatusOr<expr::Program> program = expr::Compile(op.expression(), types);
-  if (!program.ok()) return program.status();
+  ASSIGN_OR_RETURN(expr::Program program, expr::Compile(op.expression(), types));
 
   const std::vector<uint64_t> shape = first != nullptr ? first->shape : std::vector<uint64_t>{};
   const Layout layout = first != nullptr ? first->layout : Layout::kC;
   const int device = first != nullptr ? first->device : ctx.executor.default_device();
   Plan plan;
   bool created = false;
-  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, op.output(), program->result_dtype(), shape,
-                                                   layout, device, CastRule::kSameKind, &created);
-  if (!out.ok()) return out.status();
+  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, op.output(), program.result_dtype(), shape,
+                                                   layout, device, CastRule::kSameKind, &created));
   // Compiling may take long, so it happens here, outside the executor's lock. On error
   // the output this call allocated (not yet registered) is freed with `out`.
-  absl::StatusOr<double> compile_seconds = ctx.backend.PrepareElementwise(*program, (*out)->dtype);
-  if (!compile_seconds.ok()) return compile_seconds.status();
-  if (created) plan.created = *out;
+  ASSIGN_OR_RETURN(double compile_seconds, ctx.backend.PrepareElementwise(program, out->dtype));
+  if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OpKind::kElementwise;
-  spec.compile_seconds = *compile_seconds;
-  const uint64_t n = (*out)->num_elements();
-  std::vector<BufferHandle> inputs;  // parallel to program->inputs(); null for scalars
-  for (const std::string& name : program->inputs()) {
+  spec.compile_seconds = compile_seconds;
+  const uint64_t n = out->num_elements();
+  std::vector<BufferHandle> inputs;  // parallel to program.inputs(); null for scalars
+  for (const std::string& name : program.inputs()) {
     auto it = arrays.find(name);
     if (it == arrays.end()) {
       inputs.push_back(nullptr);
@@ -154,12 +151,12 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
       spec.bytes_read += it->second->size_bytes();
     }
   }
-  spec.accesses.push_back({*out, true});
-  spec.bytes_written = (*out)->size_bytes();
-  spec.flops = static_cast<uint64_t>(program->ops_per_element()) * n;
-  spec.outputs.push_back(**out);
-  spec.launch = [&backend = ctx.backend, program = *std::move(program), inputs = std::move(inputs),
-                 out = *out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+  spec.accesses.push_back({out, true});
+  spec.bytes_written = out->size_bytes();
+  spec.flops = static_cast<uint64_t>(program.ops_per_element()) * n;
+  spec.outputs.push_back(*out);
+  spec.launch = [&backend = ctx.backend, program = std::move(program), inputs = std::move(inputs),
+                 out = out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     std::vector<const DeviceMemory*> memories;
     for (const BufferHandle& b : inputs) memories.push_back(b == nullptr ? nullptr : &b->memory);
     return backend.Elementwise(stream, program, memories, out->memory, out->dtype, static_cast<int64_t>(n));
@@ -168,12 +165,10 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
 }
 
 absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, const v1::GemvOp& op) {
-  absl::StatusOr<BufferHandle> a = Lookup(ctx, client, "gemv matrix 'a'", op.a());
-  if (!a.ok()) return a.status();
-  absl::StatusOr<BufferHandle> x = Lookup(ctx, client, "gemv vector 'x'", op.x());
-  if (!x.ok()) return x.status();
-  const BufferEntry& A = **a;
-  const BufferEntry& X = **x;
+  ASSIGN_OR_RETURN(BufferHandle a, Lookup(ctx, client, "gemv matrix 'a'", op.a()));
+  ASSIGN_OR_RETURN(BufferHandle x, Lookup(ctx, client, "gemv vector 'x'", op.x()));
+  const BufferEntry& A = *a;
+  const BufferEntry& X = *x;
   if (A.shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be 2-D"));
   }
@@ -195,23 +190,22 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
   const double alpha = op.has_alpha() ? op.alpha() : 1.0;
   Plan plan;
   bool created = false;
-  absl::StatusOr<BufferHandle> y = ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC, A.device,
-                                                 CastRule::kExact, &created);
-  if (!y.ok()) return y.status();
-  if (*y == *a || *y == *x) {
+  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC, A.device,
+                                                 CastRule::kExact, &created));
+  if (y == a || y == x) {
     return absl::InvalidArgumentError("gemv output y must not be the same buffer as a or x");
   }
   const double beta = created ? 0.0 : op.beta();
-  if (created) plan.created = *y;
+  if (created) plan.created = y;
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OpKind::kGemv;
-  spec.accesses = {{*a, false}, {*x, false}, {*y, true}};
-  spec.bytes_read = A.size_bytes() + X.size_bytes() + (beta != 0 ? (*y)->size_bytes() : 0);
-  spec.bytes_written = (*y)->size_bytes();
+  spec.accesses = {{a, false}, {x, false}, {y, true}};
+  spec.bytes_read = A.size_bytes() + X.size_bytes() + (beta != 0 ? y->size_bytes() : 0);
+  spec.bytes_written = y->size_bytes();
   spec.flops = 2 * A.num_elements();
-  spec.outputs.push_back(**y);
-  spec.launch = [&backend = ctx.backend, a = *a, x = *x, y = *y, shape, alpha, beta](
+  spec.outputs.push_back(*y);
+  spec.launch = [&backend = ctx.backend, a = a, x = x, y = y, shape, alpha, beta](
                     Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Gemv(stream, a->dtype, shape, alpha, a->memory, x->memory, beta, y->memory);
     if (!s.ok()) return s;
@@ -237,18 +231,16 @@ absl::StatusOr<ReduceKind> ReduceKindFromProto(v1::ReduceKind kind) {
 }
 
 absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, const v1::ReduceOp& op) {
-  absl::StatusOr<ReduceKind> kind = ReduceKindFromProto(op.kind());
-  if (!kind.ok()) return kind.status();
-  absl::StatusOr<BufferHandle> in = Lookup(ctx, client, "reduce input", op.input());
-  if (!in.ok()) return in.status();
-  const BufferEntry& b = **in;
+  ASSIGN_OR_RETURN(ReduceKind kind, ReduceKindFromProto(op.kind()));
+  ASSIGN_OR_RETURN(BufferHandle in, Lookup(ctx, client, "reduce input", op.input()));
+  const BufferEntry& b = *in;
   const int64_t n = static_cast<int64_t>(b.num_elements());
   ReduceShape shape;
   std::vector<uint64_t> out_shape;
   if (!op.has_axis()) {
     shape.extent = n;
     if (b.layout == Layout::kF && b.shape.size() > 2 &&
-        (*kind == ReduceKind::kArgmin || *kind == ReduceKind::kArgmax)) {
+        (kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax)) {
       return absl::InvalidArgumentError(
           "whole-array argmin/argmax of an F-layout array is supported up to 2 dimensions");
     }
@@ -272,30 +264,29 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client, c
     shape = reduce_slow_axis ? ReduceShape{1, slow, fast} : ReduceShape{slow, fast, 1};
     out_shape = {axis == 0 ? b.shape[1] : b.shape[0]};
   }
-  const bool needs_element = *kind == ReduceKind::kMin || *kind == ReduceKind::kMax ||
-                             *kind == ReduceKind::kArgmin || *kind == ReduceKind::kArgmax;
+  const bool needs_element = kind == ReduceKind::kMin || kind == ReduceKind::kMax ||
+                             kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   if (needs_element && shape.extent == 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot take ", v1::ReduceKind_Name(op.kind()),
                                                    " of zero elements: the reduction has no identity"));
   }
-  const DType result_dtype = ReduceResultDType(*kind, b.dtype);
+  const DType result_dtype = ReduceResultDType(kind, b.dtype);
   Plan plan;
   bool created = false;
-  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
-                                                   b.device, CastRule::kExact, &created);
-  if (!out.ok()) return out.status();
-  if (*out == *in) return absl::InvalidArgumentError("reduce output must not be its input");
-  if (created) plan.created = *out;
+  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
+                                                   b.device, CastRule::kExact, &created));
+  if (out == in) return absl::InvalidArgumentError("reduce output must not be its input");
+  if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OpKind::kReduce;
-  spec.accesses = {{*in, false}, {*out, true}};
+  spec.accesses = {{in, false}, {out, true}};
   spec.bytes_read = b.size_bytes();
-  spec.bytes_written = (*out)->size_bytes();
-  spec.flops = static_cast<uint64_t>(n) * (*kind == ReduceKind::kNorm2 ? 2 : 1);
-  spec.outputs.push_back(**out);
-  const bool inline_values = (*out)->num_elements() <= kMaxInlineValues;
-  spec.launch = [&backend = ctx.backend, kind = *kind, in = *in, out = *out, shape, inline_values](
+  spec.bytes_written = out->size_bytes();
+  spec.flops = static_cast<uint64_t>(n) * (kind == ReduceKind::kNorm2 ? 2 : 1);
+  spec.outputs.push_back(*out);
+  const bool inline_values = out->num_elements() <= kMaxInlineValues;
+  spec.launch = [&backend = ctx.backend, kind = kind, in = in, out = out, shape, inline_values](
                     Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Reduce(stream, kind, in->dtype, in->memory, shape, out->memory);
     if (s.ok() && inline_values) {
@@ -321,10 +312,9 @@ absl::StatusOr<Distribution> DistributionFromProto(v1::Distribution d) {
 }
 
 absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, const v1::RandomOp& op) {
-  absl::StatusOr<Distribution> dist = DistributionFromProto(op.distribution());
-  if (!dist.ok()) return dist.status();
+  ASSIGN_OR_RETURN(Distribution dist, DistributionFromProto(op.distribution()));
   RandomParams params;
-  params.distribution = *dist;
+  params.distribution = dist;
   params.seed = op.seed();
   params.offset = op.offset();
   params.mean = op.mean();
@@ -337,27 +327,24 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   Layout layout = Layout::kC;
   DType dtype;
   if (!op.output().buffer().empty()) {
-    absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(client, op.output().buffer());
-    if (!b.ok()) return b.status();
-    if (!shape.empty() && shape != (*b)->shape) {
+    ASSIGN_OR_RETURN(BufferHandle b, ctx.registry.Lookup(client, op.output().buffer()));
+    if (!shape.empty() && shape != b->shape) {
       return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeString(shape), " differs from the output ",
-                                                     Describe(**b)));
+                                                     Describe(*b)));
     }
-    shape = (*b)->shape;
-    layout = (*b)->layout;
-    dtype = (*b)->dtype;
+    shape = b->shape;
+    layout = b->layout;
+    dtype = b->dtype;
   } else {
-    absl::StatusOr<Layout> l = FromProto(op.layout());
-    if (!l.ok()) return l.status();
-    layout = *l;
+    ASSIGN_OR_RETURN(Layout l, FromProto(op.layout()));
+    layout = l;
     if (op.output().dtype() == v1::DTYPE_UNSPECIFIED) {
       return absl::InvalidArgumentError("a new random buffer needs output.dtype");
     }
-    absl::StatusOr<DType> d = FromProto(op.output().dtype());
-    if (!d.ok()) return d.status();
-    dtype = *d;
+    ASSIGN_OR_RETURN(DType d, FromProto(op.output().dtype()));
+    dtype = d;
   }
-  if (*dist == Distribution::kIntegers) {
+  if (dist == Distribution::kIntegers) {
     if (!IsInteger(dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("random integers need an int32 or int64 output, not ",
                                                      DTypeName(dtype)));
@@ -376,14 +363,13 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
       return absl::InvalidArgumentError(absl::StrCat("uniform and normal values need a float32 or float64 output, not ",
                                                      DTypeName(dtype)));
     }
-    if (*dist == Distribution::kNormal &&
+    if (dist == Distribution::kNormal &&
         (!std::isfinite(params.mean) || !std::isfinite(params.stddev) || params.stddev < 0)) {
       return absl::InvalidArgumentError("normal needs a finite mean and a finite, non-negative stddev");
     }
   }
-  absl::StatusOr<uint64_t> n = CheckedElementCount(shape, DTypeSize(dtype));
-  if (!n.ok()) return n.status();
-  const uint64_t counters = CountersUsed(*dist, dtype, static_cast<int64_t>(*n));
+  ASSIGN_OR_RETURN(uint64_t n, CheckedElementCount(shape, DTypeSize(dtype)));
+  const uint64_t counters = CountersUsed(dist, dtype, static_cast<int64_t>(n));
   if (counters > std::numeric_limits<uint64_t>::max() - params.offset) {
     return absl::InvalidArgumentError(absl::StrCat("offset ", params.offset, " plus the ", counters,
                                                    " counters this fill uses overflows 64 bits"));
@@ -392,18 +378,17 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client, c
   bool created = false;
   v1::Output output = op.output();
   output.set_dtype(v1::DTYPE_UNSPECIFIED);  // already folded into dtype
-  absl::StatusOr<BufferHandle> out = ResolveOutput(ctx, client, output, dtype, shape, layout,
-                                                   ctx.executor.default_device(), CastRule::kExact, &created);
-  if (!out.ok()) return out.status();
-  if (created) plan.created = *out;
+  ASSIGN_OR_RETURN(BufferHandle out, ResolveOutput(ctx, client, output, dtype, shape, layout,
+                                                   ctx.executor.default_device(), CastRule::kExact, &created));
+  if (created) plan.created = out;
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OpKind::kRandom;
-  spec.accesses = {{*out, true}};
-  spec.bytes_written = (*out)->size_bytes();
-  spec.outputs.push_back(**out);
+  spec.accesses = {{out, true}};
+  spec.bytes_written = out->size_bytes();
+  spec.outputs.push_back(*out);
   const uint64_t next_offset = params.offset + counters;
-  spec.launch = [&backend = ctx.backend, out = *out, params, next_offset](
+  spec.launch = [&backend = ctx.backend, out = out, params, next_offset](
                     Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
     result.next_offset = next_offset;
     absl::Status s = backend.Random(stream, params, out->dtype, out->memory,
@@ -428,6 +413,16 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
   return absl::InvalidArgumentError("the request names no operation");
 }
 
+absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
+                                                 const v1::CreateBufferRequest& request) {
+  ASSIGN_OR_RETURN(DType dtype, FromProto(request.dtype()));
+  ASSIGN_OR_RETURN(Layout layout, FromProto(request.layout()));
+  const int device = request.has_device() ? request.device() : ctx.executor.default_device();
+  return ctx.registry.Allocate(client, request.name(), dtype,
+                               std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout,
+                               device);
+}
+
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, const v1::Scalar& value) {
   absl::StatusOr<uint64_t> bits = ScalarBits(value, buffer->dtype);
   if (!bits.ok()) return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
@@ -449,10 +444,9 @@ absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, c
 
 absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
                                                       absl::string_view stream_id, Plan plan) {
-  absl::StatusOr<std::shared_ptr<Operation>> op = ctx.executor.Submit(client, stream_id, std::move(plan.spec));
-  if (!op.ok()) return op.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, ctx.executor.Submit(client, stream_id, std::move(plan.spec)));
   if (plan.created != nullptr) {
-    if (absl::Status s = ctx.registry.Register(plan.created); !s.ok()) return s;
+    RETURN_IF_ERROR(ctx.registry.Register(plan.created));
   }
   return op;
 }

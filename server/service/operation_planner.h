@@ -20,6 +20,11 @@ struct Plan {
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request);
 
+// Checks a CreateBuffer request (or an upload's header) and allocates its buffer, not yet
+// visible to lookups (BufferRegistry::Allocate).
+absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
+                                                 const v1::CreateBufferRequest& request);
+
 // Fills every element of `buffer` with `value` (CreateBuffer's fill).
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer, const v1::Scalar& value);
 

@@ -4,14 +4,14 @@
 namespace gpucompute {
 
 void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state, absl::FunctionRef<grpc::Status()> produce) {
-  std::lock_guard lock(state->mu);
+  absl::MutexLock lock(&state->mu);
   if (state->finished) return;
   state->finished = true;
   state->reactor->Finish(produce());
 }
 
 void DeferredReactor::OnCancel() {
-  FinishOnce(state_, [] { return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"); });
+  FinishOnce(state_, [] { return ToGrpcStatus(absl::CancelledError("the call was cancelled")); });
 }
 
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {

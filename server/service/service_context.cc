@@ -3,16 +3,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 absl::Status CheckBackendHealthy(const Backend& backend) {
   const absl::Status health = backend.health();
@@ -26,183 +22,11 @@ absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& contex
   auto it = metadata.find(kClientMetadataKey);
   if (it == metadata.end()) return std::string(kDefaultClient);
   std::string name(it->second.data(), it->second.size());
-  if (name.empty() || name.size() > 128) {
+  if (name.empty() || name.size() > kMaxClientNameBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("metadata '", kClientMetadataKey, "' must be 1 to 128 characters"));
+        absl::StrCat("metadata '", kClientMetadataKey, "' must be 1 to ", kMaxClientNameBytes, " characters"));
   }
   return name;
-}
-
-absl::StatusOr<DType> FromProto(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_FLOAT64: return DType::kFloat64;
-    case v1::DTYPE_INT32: return DType::kInt32;
-    case v1::DTYPE_INT64: return DType::kInt64;
-    case v1::DTYPE_BOOL: return DType::kBool;
-    case v1::DTYPE_UNSPECIFIED: return absl::InvalidArgumentError("dtype is required");
-    default: break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
-}
-
-v1::DType ToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kFloat64: return v1::DTYPE_FLOAT64;
-    case DType::kInt32: return v1::DTYPE_INT32;
-    case DType::kInt64: return v1::DTYPE_INT64;
-    case DType::kBool: return v1::DTYPE_BOOL;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-absl::StatusOr<Layout> FromProto(v1::Layout layout) {
-  switch (layout) {
-    case v1::LAYOUT_UNSPECIFIED:
-    case v1::LAYOUT_C: return Layout::kC;
-    case v1::LAYOUT_F: return Layout::kF;
-    default: break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(layout)));
-}
-
-v1::OperationKind ToProto(OpKind kind) {
-  switch (kind) {
-    case OpKind::kElementwise: return v1::OPERATION_KIND_ELEMENTWISE;
-    case OpKind::kGemv: return v1::OPERATION_KIND_GEMV;
-    case OpKind::kReduce: return v1::OPERATION_KIND_REDUCE;
-    case OpKind::kRandom: return v1::OPERATION_KIND_RANDOM;
-    case OpKind::kFill: return v1::OPERATION_KIND_FILL;
-    case OpKind::kCopy: return v1::OPERATION_KIND_COPY;
-    case OpKind::kUpload: return v1::OPERATION_KIND_UPLOAD;
-    case OpKind::kDownload: return v1::OPERATION_KIND_DOWNLOAD;
-  }
-  return v1::OPERATION_KIND_UNSPECIFIED;
-}
-
-void ToProto(const BufferMeta& meta, v1::BufferInfo* info) {
-  info->set_id(meta.id);
-  info->set_name(meta.name);
-  info->set_dtype(ToProto(meta.dtype));
-  for (uint64_t d : meta.shape) info->add_shape(d);
-  info->set_layout(meta.layout == Layout::kF ? v1::LAYOUT_F : v1::LAYOUT_C);
-  info->set_size_bytes(meta.size_bytes());
-  info->set_device(meta.device);
-  info->set_create_time_unix_nanos(meta.create_time_unix_nanos);
-}
-
-namespace {
-
-v1::Operation::State ToProto(OperationStatus::State s) {
-  switch (s) {
-    case OperationStatus::State::kQueued: return v1::Operation::STATE_QUEUED;
-    case OperationStatus::State::kRunning: return v1::Operation::STATE_RUNNING;
-    case OperationStatus::State::kSucceeded: return v1::Operation::STATE_SUCCEEDED;
-    case OperationStatus::State::kFailed: return v1::Operation::STATE_FAILED;
-  }
-  return v1::Operation::STATE_UNSPECIFIED;
-}
-
-void AppendValues(const OpResult& r, v1::Operation* op) {
-  const size_t itemsize = DTypeSize(r.values_dtype);
-  for (size_t off = 0; off + itemsize <= r.values.size(); off += itemsize) {
-    v1::Scalar* s = op->add_values();
-    VisitDType(r.values_dtype, [&](auto zero) {
-      using T = decltype(zero);
-      if constexpr (std::is_same_v<T, bool>) {
-        s->set_bool_value(r.values[off] != 0);
-      } else {
-        T v;
-        std::memcpy(&v, r.values.data() + off, sizeof(T));
-        if constexpr (std::is_floating_point_v<T>) {
-          s->set_float_value(v);
-        } else {
-          s->set_int_value(v);
-        }
-      }
-    });
-  }
-}
-
-}  // namespace
-
-void ToProto(const OperationStatus& status, v1::Operation* op) {
-  op->set_id(status.id);
-  op->set_kind(ToProto(status.kind));
-  op->set_state(ToProto(status.state));
-  op->set_done(status.done());
-  if (!status.error.ok()) {
-    op->set_error_code(static_cast<int32_t>(status.error.code()));
-    op->set_error_message(std::string(status.error.message()));
-  }
-  op->set_stream_id(status.stream_id);
-  for (const BufferMeta& m : status.outputs) ToProto(m, op->add_outputs());
-  if (!status.done()) return;
-  v1::Timing* t = op->mutable_timing();
-  const OpTiming& ti = status.timing;
-  t->set_queued_seconds(ti.queued_seconds);
-  t->set_device_seconds(ti.device_seconds);
-  t->set_compile_seconds(ti.compile_seconds);
-  t->set_bytes_read(ti.bytes_read);
-  t->set_bytes_written(ti.bytes_written);
-  t->set_flops(ti.flops);
-  if (ti.device_seconds > 0) {
-    t->set_gbps(static_cast<double>(ti.bytes_read + ti.bytes_written) / ti.device_seconds / 1e9);
-    t->set_gflops(static_cast<double>(ti.flops) / ti.device_seconds / 1e9);
-  }
-  t->set_stream_id(status.stream_id);
-  t->set_device(status.device);
-  AppendValues(status.result, op);
-  op->set_next_offset(status.result.next_offset);
-}
-
-absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype) {
-  return VisitDType(dtype, [&](auto zero) -> absl::StatusOr<uint64_t> {
-    using T = decltype(zero);
-    uint64_t bits = 0;
-    auto store = [&](auto v) {
-      if constexpr (std::is_same_v<T, bool>) {
-        const uint8_t b = v ? 1 : 0;
-        std::memcpy(&bits, &b, 1);
-      } else {
-        const T t = static_cast<T>(v);
-        std::memcpy(&bits, &t, sizeof(T));
-      }
-      return bits;
-    };
-    switch (scalar.value_case()) {
-      case v1::Scalar::kBoolValue:
-        return store(scalar.bool_value());
-      case v1::Scalar::kIntValue: {
-        const int64_t i = scalar.int_value();
-        if constexpr (std::is_same_v<T, bool>) {
-          if (i != 0 && i != 1) return absl::InvalidArgumentError(absl::StrCat(i, " is not a bool (0 or 1)"));
-        } else if constexpr (std::is_same_v<T, int32_t>) {
-          if (i < std::numeric_limits<int32_t>::min() || i > std::numeric_limits<int32_t>::max()) {
-            return absl::InvalidArgumentError(absl::StrCat(i, " does not fit in int32"));
-          }
-        }
-        return store(i);
-      }
-      case v1::Scalar::kFloatValue: {
-        const double f = scalar.float_value();
-        if constexpr (std::is_integral_v<T>) {
-          // A float may go into an integer buffer only when it is an exact integer in range.
-          const double lo = std::is_same_v<T, bool> ? 0.0 : static_cast<double>(std::numeric_limits<T>::min());
-          const double hi = std::is_same_v<T, bool> ? 1.0 : static_cast<double>(std::numeric_limits<T>::max());
-          if (!std::isfinite(f) || f != std::trunc(f) || f < lo || f >= hi + 1.0) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(f, " cannot be stored exactly in a ", DTypeName(dtype), " buffer"));
-          }
-        }
-        return store(f);
-      }
-      case v1::Scalar::VALUE_NOT_SET:
-        break;
-    }
-    return absl::InvalidArgumentError("scalar has no value");
-  });
 }
 
 absl::Status CheckTimeout(double seconds) {
@@ -216,16 +40,17 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
                                    absl::FunctionRef<absl::Status(absl::AnyInvocable<void() &&>)> arm,
                                    absl::AnyInvocable<void(bool timed_out) &&> done) {
   struct Once {
-    std::mutex mu;
-    bool fired = false;
-    uint64_t timer_key = 0;
+    absl::Mutex mu;
+    bool fired ABSL_GUARDED_BY(mu) = false;
+    uint64_t timer_key ABSL_GUARDED_BY(mu) = 0;
+    // Run by whoever claims `fired`, once; not touched by anyone else.
     absl::AnyInvocable<void(bool) &&> done;
   };
   auto once = std::make_shared<Once>();
   once->done = std::move(done);
   // Claims the right to run `done`; the loser of the race does nothing.
   auto claim = [once]() -> bool {
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     return !std::exchange(once->fired, true);
   };
   if (timeout_seconds > 0) {
@@ -235,14 +60,14 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
     const uint64_t key = ctx.timer.Schedule(when, [once, claim] {
       if (claim()) std::move(once->done)(true);
     });
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     once->timer_key = key;
   }
   absl::Status armed = arm([once, claim, &timer = ctx.timer] {
     if (!claim()) return;
     uint64_t key;
     {
-      std::lock_guard lock(once->mu);
+      absl::MutexLock lock(&once->mu);
       key = once->timer_key;
     }
     if (key != 0) timer.Cancel(key);
@@ -250,7 +75,7 @@ absl::Status FirstOfEventOrTimeout(ServiceContext& ctx, double timeout_seconds,
   });
   if (!armed.ok()) {
     claim();
-    std::lock_guard lock(once->mu);
+    absl::MutexLock lock(&once->mu);
     if (once->timer_key != 0) ctx.timer.Cancel(once->timer_key);
   }
   return armed;

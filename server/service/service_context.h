@@ -1,6 +1,7 @@
 // What every RPC handler shares: the backend, the executor, the buffer registry, the
-// memory limiter, the timer, and the server's limits. Also the one place that turns
-// absl::Status into grpc::Status, and the proto <-> internal conversions.
+// memory limiter and the timer, and the checks every handler makes of its call. The
+// conversions to and from the API's messages are in proto_conversions.h; the wire
+// limits the client shares are in gpucompute/v1/limits.h.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 #define GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "gpucompute/v1/limits.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
@@ -21,18 +23,9 @@
 
 namespace gpucompute {
 
-namespace v1 = ::gpucompute::v1;
 
 inline constexpr char kVersion[] = "0.1.0";
 inline constexpr char kApi[] = "gpucompute.v1";
-inline constexpr char kClientMetadataKey[] = "gpucompute-client";
-inline constexpr char kDefaultClient[] = "default";
-// gRPC messages are capped here; chunks leave room for the envelope.
-inline constexpr uint64_t kMaxMessageBytes = 64ull << 20;
-inline constexpr uint64_t kMaxChunkBytes = kMaxMessageBytes - (64 << 10);
-inline constexpr uint64_t kDefaultChunkBytes = 4ull << 20;
-inline constexpr uint32_t kMaxExpressionBytes = 64 << 10;
-inline constexpr uint32_t kMaxInlineValues = 4096;
 
 struct ServiceContext {
   Backend& backend;
@@ -43,9 +36,6 @@ struct ServiceContext {
   std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 };
 
-// The one conversion from absl::Status to grpc::Status: same code, same message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
 // failed (INTERNAL: ...); this server refuses work until it is restarted"). Every RPC
 // that would touch the device (CreateBuffer, Upload, Download, Submit, CreateStream,
@@ -55,20 +45,6 @@ absl::Status CheckBackendHealthy(const Backend& backend);
 // The calling client's name (metadata "gpucompute-client"), or INVALID_ARGUMENT if it
 // is malformed. Clients that send none are "default".
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context);
-
-// Conversions between the API's enums and the internal ones.
-absl::StatusOr<DType> FromProto(v1::DType dtype);
-v1::DType ToProto(DType dtype);
-absl::StatusOr<Layout> FromProto(v1::Layout layout);
-v1::OperationKind ToProto(OpKind kind);
-
-void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
-void ToProto(const OperationStatus& status, v1::Operation* op);
-
-// A scalar converted to `dtype`, in its native representation (as Backend::Fill wants).
-// INVALID_ARGUMENT if the value does not fit (an int beyond int32, a fraction into an
-// int, a non-finite float into an int).
-absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype);
 
 // INVALID_ARGUMENT unless `seconds` is a timeout a request may carry: >= 0 (0 meaning
 // none), not NaN.

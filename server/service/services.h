@@ -4,12 +4,14 @@
 #define GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
 
 #include <memory>
-#include <mutex>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "server/service/proto_conversions.h"
 #include "server/service/service_context.h"
 
 namespace gpucompute {
@@ -20,9 +22,9 @@ namespace gpucompute {
 class DeferredReactor final : public grpc::ServerUnaryReactor {
  public:
   struct State {
-    std::mutex mu;
-    bool finished = false;
-    DeferredReactor* reactor = nullptr;  // valid until finished
+    absl::Mutex mu;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    DeferredReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // valid until finished
   };
 
   DeferredReactor() : state_(std::make_shared<State>()) { state_->reactor = this; }
@@ -41,6 +43,15 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
 
 // A reactor finished at once with `status`.
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status);
+
+// A streaming reactor that answers `status` at once: a streaming call refused before
+// its reactor would start.
+template <typename Reactor>
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
 
 class BufferServiceImpl final : public v1::BufferService::CallbackService {
  public:

@@ -10,13 +10,15 @@
 #include <cstddef>
 #include <cstdint>
 
-// Evaluates a CUDA runtime call and returns its status from the enclosing function when
-// it is not cudaSuccess. Dispatch code is a straight line of such calls, so "the first
-// error met" is the one returned.
-#define GPUCOMPUTE_CUDA_RETURN_IF_ERROR(expr)  \
-  do {                                         \
-    const cudaError_t gpucompute_status_ = (expr); \
-    if (gpucompute_status_ != cudaSuccess) return gpucompute_status_; \
+// Evaluates a CUDA runtime call (or an entry point of this library) and returns its
+// cudaError_t from the enclosing function when it is not cudaSuccess. Dispatch code is a
+// straight line of such calls, so "the first error met" is the one returned. The device
+// library's own check: it returns cudaError_t, where the server's
+// GPUCOMPUTE_CUDA_RETURN_IF_ERROR (server/cuda/cuda_check.h) returns absl::Status.
+#define GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                            \
+    const cudaError_t gpucompute_kernel_error_ = (expr);                          \
+    if (gpucompute_kernel_error_ != cudaSuccess) return gpucompute_kernel_error_; \
   } while (0)
 
 namespace gpucompute::cuda::detail {
@@ -33,7 +35,7 @@ inline cudaError_t SmCount(int* sm_count) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices] = {};
   int device = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (device >= 0 && device < kMaxDevices) {
     const int cached = cache[device].load(std::memory_order_relaxed);
     if (cached > 0) {
@@ -42,7 +44,7 @@ inline cudaError_t SmCount(int* sm_count) {
     }
   }
   int count = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   if (count <= 0) count = 1;
   if (device >= 0 && device < kMaxDevices) cache[device].store(count, std::memory_order_relaxed);
@@ -56,7 +58,7 @@ inline cudaError_t SmCount(int* sm_count) {
 // in which order: results do not depend on it.
 inline cudaError_t GridStrideBlocks(int64_t work_blocks, int blocks_per_sm, unsigned* grid) {
   int sm_count = 0;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(SmCount(&sm_count));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(SmCount(&sm_count));
   const int64_t cap = static_cast<int64_t>(sm_count) * blocks_per_sm;
   int64_t blocks = work_blocks < cap ? work_blocks : cap;
   if (blocks < 1) blocks = 1;

@@ -1,6 +1,6 @@
 // The kernels of ReduceAsync (the kernel layer; kernels/cuda/reduce.cu holds the entry
-// point and the dispatch that picks among them). Each is a template over an op of
-// reduce_ops.cuh and computes, for its share of the outputs,
+// point and the dispatch that picks among them). Each is a template over an operator of
+// kernels/reduce_ops.h and computes, for its share of the outputs,
 //   out[o * inner + i] = Finalize(Combine_{r < extent} Convert(in[(o * extent + r) * inner + i], r))
 // or a partial accumulator of an extent chunk, which CombinePartialsKernel then merges.
 //
@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/detail/launch.cuh"
-#include "kernels/cuda/detail/reduce_ops.cuh"
+#include "kernels/reduce_ops.h"
 
 namespace gpucompute::cuda::detail {
 
@@ -32,7 +32,7 @@ __device__ __forceinline__ T ShuffleXor(T v, int lane_mask) {
   }
 }
 template <typename T>
-__device__ __forceinline__ ArgPair<T> ShuffleXor(const ArgPair<T>& v, int lane_mask) {
+__device__ __forceinline__ reduce::ArgPair<T> ShuffleXor(const reduce::ArgPair<T>& v, int lane_mask) {
   return {ShuffleXor(v.value, lane_mask),
           static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v.row), lane_mask))};
 }

@@ -1,0 +1,28 @@
+// The wire limits of gpucompute.v1 that the client and the server share. The server
+// reports them in GetServerInfo's Limits; a client built with this header already
+// agrees with the reference server.
+#ifndef GPUCOMPUTE_V1_LIMITS_H_
+#define GPUCOMPUTE_V1_LIMITS_H_
+
+#include <cstdint>
+
+namespace gpucompute {
+
+// The metadata key that names the calling client, and the name of a client that sends
+// none.
+inline constexpr char kClientMetadataKey[] = "gpucompute-client";
+inline constexpr char kDefaultClient[] = "default";
+inline constexpr uint64_t kMaxClientNameBytes = 128;
+
+// gRPC messages are capped here, both ways.
+inline constexpr uint64_t kMaxMessageBytes = uint64_t{64} << 20;
+// Room for the framing around a chunk's bytes in an UploadRequest or DownloadResponse.
+inline constexpr uint64_t kChunkOverheadBytes = uint64_t{64} << 10;
+inline constexpr uint64_t kMaxChunkBytes = kMaxMessageBytes - kChunkOverheadBytes;
+inline constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
+inline constexpr uint32_t kMaxExpressionBytes = 64 << 10;
+inline constexpr uint32_t kMaxInlineValues = 4096;
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_V1_LIMITS_H_

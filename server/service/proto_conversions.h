@@ -1,0 +1,40 @@
+// Conversions between the API's messages and the server's own types, and the one place
+// an absl::Status becomes a grpc::Status.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_PROTO_CONVERSIONS_H_
+#define GPUCOMPUTE_SERVER_SERVICE_PROTO_CONVERSIONS_H_
+
+#include <cstdint>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+#include "kernels/dtype.h"
+#include "server/buffer_registry.h"
+#include "server/executor.h"
+
+namespace gpucompute {
+
+
+// The one conversion from absl::Status to grpc::Status: same code, same message. Every
+// status a handler returns goes through it.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Conversions between the API's enums and the internal ones.
+absl::StatusOr<DType> FromProto(v1::DType dtype);
+v1::DType ToProto(DType dtype);
+absl::StatusOr<Layout> FromProto(v1::Layout layout);
+v1::OperationKind ToProto(OpKind kind);
+
+void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
+void ToProto(const OperationStatus& status, v1::Operation* op);
+
+// A scalar converted to `dtype`, in its native representation (as Backend::Fill wants).
+// INVALID_ARGUMENT if the value does not fit (an int beyond int32, a fraction into an
+// int, a non-finite float into an int).
+absl::StatusOr<uint64_t> ScalarBits(const v1::Scalar& scalar, DType dtype);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_PROTO_CONVERSIONS_H_
