@@ -1,14 +1,46 @@
 #!/usr/bin/env bash
-# Installs the Debian packages gpucompute builds with (Debian 12 or later), unless they
-# are already there.
+# Installs the Debian packages gpucompute needs (Debian 12 or later; the CUDA image's
+# Ubuntu 24.04 too), unless they are already there.
+#
+#   install-deps.sh               build and test: compilers, libraries, GoogleTest, clang,
+#                                 and the tools the tests drive (prometheus, kubectl,
+#                                 yamllint, python3-kubernetes, docker-compose)
+#   install-deps.sh --build-only  only what building needs (the container images)
+#   install-deps.sh --image-tools also podman and buildah, for deploy/test-image.sh
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config clang
+build=(
+  build-essential cmake ninja-build pkg-config
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
-  libgtest-dev libgmock-dev
-  python3-numpy python3-grpcio python3-protobuf python3-pytest
+  libcivetweb-dev
 )
+test=(
+  libgtest-dev libgmock-dev
+  # The thread-safety preset builds with clang's -Wthread-safety.
+  clang
+  # The Python client and its pytest suite.
+  python3-numpy python3-grpcio python3-protobuf python3-pytest
+  # The metrics test scrapes the server with a real Prometheus; promtool lints the text.
+  prometheus
+  # The Kubernetes manifests are rendered with kubectl kustomize, checked against the
+  # API's types and linted.
+  python3-kubernetes python3-yaml yamllint
+  # deploy/compose.yaml is checked against the Compose schema.
+  docker-compose
+)
+image=(podman buildah runc)
+
+packages=("${build[@]}")
+case "${1:-}" in
+  --build-only) ;;
+  --image-tools) packages+=("${test[@]}" "${image[@]}") ;;
+  "") packages+=("${test[@]}") ;;
+  *) echo "usage: $0 [--build-only|--image-tools]" >&2; exit 2 ;;
+esac
+# Any kubectl will do; Debian's is kubernetes-client.
+if [ "${1:-}" != --build-only ] && ! command -v kubectl >/dev/null; then
+  packages+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -20,4 +52,15 @@ sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 echo "installing: ${missing[*]}" >&2
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Packages that start a service (prometheus) must not start it here: the tests run
+# their own, on ports of their choosing.
+policy=""
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  policy=/usr/sbin/policy-rc.d
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod +x "$policy"
+fi
+status=0
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" || status=$?
+[ -n "$policy" ] && $sudo rm -f "$policy"
+exit $status

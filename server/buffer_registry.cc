@@ -180,4 +180,9 @@ size_t BufferRegistry::size() const {
   return by_id_.size();
 }
 
+void BufferRegistry::ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const {
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [id, entry] : by_id_) fn(*entry);
+}
+
 }  // namespace gpucompute

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -117,6 +118,9 @@ class BufferRegistry {
   // The client's buffers, oldest first.
   std::vector<BufferHandle> List(absl::string_view client) const;
   size_t size() const;
+  // Calls fn for every registered buffer, under the registry's lock (for metrics): fn
+  // must be quick and must not call into the registry.
+  void ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // RESOURCE_EXHAUSTED if the client holds the most buffers it may, ALREADY_EXISTS if

@@ -322,6 +322,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   ++s->unfinished;
   ++in_flight_;
   operations_.emplace(st.id, op);
+  if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
   return op;
 }
@@ -414,6 +415,7 @@ void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
   op->deps_.clear();
   op->status_.state = OperationStatus::State::kRunning;
   op->phase_ = Work::Phase::kDispatched;
+  if (observer_ != nullptr) observer_->OnDispatched(op->status_);
   // Even a failed launch completes through the stream, so that it stays in order with
   // the work before it.
   absl::Status enqueued = stream.OnComplete([this, op, status](absl::Status device_status) {
@@ -450,6 +452,7 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
   k.bytes_read += st.timing.bytes_read;
   k.bytes_written += st.timing.bytes_written;
   k.flops += st.timing.flops;
+  if (observer_ != nullptr) observer_->OnCompleted(st);
 
   op->phase_ = Work::Phase::kDone;
   ForgetFinishedHazardsLocked(op->buffers_);

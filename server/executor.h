@@ -155,6 +155,17 @@ struct StreamInfo {
   uint64_t pending_operations = 0;
 };
 
+// Told of each operation as it is submitted, handed to the backend, and completed (for
+// metrics). Called under the executor's mutex: it must be quick, and must not call into
+// the executor.
+class OperationObserver {
+ public:
+  virtual ~OperationObserver() = default;
+  virtual void OnSubmitted(const OperationStatus& op) = 0;
+  virtual void OnDispatched(const OperationStatus& op) = 0;
+  virtual void OnCompleted(const OperationStatus& op) = 0;
+};
+
 struct KindStats {
   uint64_t count = 0;
   uint64_t failed = 0;
@@ -232,6 +243,9 @@ class Executor {
   // A stream for staging transfers to and from `device`, outside any client's order.
   Stream& TransferStream(int device);
 
+  // Set before any work is submitted; the observer must outlive the executor.
+  void SetObserver(OperationObserver* observer) { observer_ = observer; }
+
   std::array<KindStats, kNumOperationKinds> Stats();
   // Counts a finished upload or download in the statistics.
   void RecordTransfer(OperationKind kind, uint64_t bytes);
@@ -295,6 +309,8 @@ class Executor {
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
+  // Set before any work is submitted, then only read.
+  OperationObserver* observer_ = nullptr;
 };
 
 }  // namespace gpucompute

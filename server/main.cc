@@ -44,6 +44,9 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
                             (default $GPUCOMPUTE_CUDA_MODULE, else
                             libgpucompute_cuda_backend.so beside this program,
                             else the one of the build tree that built it)
+  --metrics-listen=HOST:PORT
+                            serve Prometheus metrics on http://HOST:PORT/metrics
+                            (default: none)
   --help                    print this text
 
 SIGTERM or SIGINT stops the server (exit status 0), also while it starts.
@@ -180,6 +183,8 @@ int main(int argc, char** argv) {
         }
         options.pool_release_threshold_bytes = *bytes;
       }
+    } else if (name == "--metrics-listen") {
+      options.metrics_listen = value;
     } else if (name == "--kernel-cache-dir") {
       options.kernel_cache_dir = value == "none" ? std::string() : value;
     } else if (name == "--cuda-module") {
@@ -198,6 +203,10 @@ int main(int argc, char** argv) {
   if (!watcher.Serve(server->get())) return 0;  // stopped while it started
   std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n",
                (*server)->backend_name().c_str(), (*server)->port());
+  if ((*server)->metrics_port() != 0) {
+    std::fprintf(stderr, "gpucompute-server: metrics on port %d, path /metrics\n",
+                 (*server)->metrics_port());
+  }
   (*server)->Wait();
   watcher.Stop();
   return 0;

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/backend_loader.h"
+#include "server/metrics/server_metrics.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -88,6 +89,8 @@ struct Server::Impl {
   std::unique_ptr<StreamServiceImpl> streams;
   std::unique_ptr<OperationServiceImpl> operations;
   std::unique_ptr<ServerServiceImpl> server_service;
+  // Outlives the executor, which calls it as operations complete.
+  std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
   int port = 0;
@@ -118,6 +121,7 @@ uint64_t DefaultMemoryLimit(const Backend& backend) {
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() {
+  if (impl_->metrics != nullptr) impl_->metrics->StopServing();
   Shutdown();
   impl_->grpc_server->Wait();
   {
@@ -173,6 +177,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
   impl->operations = std::make_unique<OperationServiceImpl>(*impl->ctx);
   impl->server_service = std::make_unique<ServerServiceImpl>(*impl->ctx);
+  if (!options.metrics_listen.empty()) {
+    impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
+    RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
+    impl->executor->SetObserver(impl->metrics.get());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -198,6 +207,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 }
 
 int Server::port() const { return impl_->port; }
+int Server::metrics_port() const { return impl_->metrics == nullptr ? 0 : impl_->metrics->port(); }
 const std::string& Server::backend_name() const { return impl_->backend_name; }
 Backend& Server::backend() { return *impl_->backend; }
 void Server::Wait() { impl_->grpc_server->Wait(); }

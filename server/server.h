@@ -39,6 +39,9 @@ struct ServerOptions {
   // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as
   // server/backend_loader.h's CudaModuleCandidates says.
   std::string cuda_module;
+  // HOST:PORT serving Prometheus metrics on /metrics (port 0 picks one, see
+  // Server::metrics_port); empty serves none.
+  std::string metrics_listen;
 };
 
 class Server {
@@ -51,6 +54,8 @@ class Server {
   ~Server();  // shuts down, then waits for queued work
 
   int port() const;
+  // The port /metrics is served on; 0 when ServerOptions::metrics_listen is empty.
+  int metrics_port() const;
   const std::string& backend_name() const;
   // The backend the server runs on, for tests and embedding: e.g. to inspect its memory
   // pools, or to ReportFailure and see the server refuse work.

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "server/cgroup_limits.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/kernels.h"
 
@@ -121,7 +122,9 @@ char* Bytes(const DeviceMemory& m) { return static_cast<char*>(m.data()); }
 uint64_t PhysicalMemoryBytes() {
   struct sysinfo info {};
   if (sysinfo(&info) != 0) return 0;
-  return static_cast<uint64_t>(info.totalram) * info.mem_unit;
+  // In a container, the container's memory, not the host's.
+  return LimitedMemoryBytes(static_cast<uint64_t>(info.totalram) * info.mem_unit,
+                            ReadCgroupLimits());
 }
 
 std::string CpuModelName() {
@@ -138,7 +141,9 @@ std::string CpuModelName() {
 
 }  // namespace
 
-CpuBackend::CpuBackend(size_t threads) : pool_(std::make_unique<ThreadPool>(threads)) {
+CpuBackend::CpuBackend(size_t threads)
+    : pool_(std::make_unique<ThreadPool>(
+          threads != 0 ? threads : LimitedThreadCount(AvailableProcessors(), ReadCgroupLimits()))) {
   DeviceDescription d;
   d.index = 0;
   d.name = CpuModelName();
