@@ -294,9 +294,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   }
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
-  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> stream,
-                   ResolveStreamLocked(client, stream_id, device));
-  std::shared_ptr<StreamState> s = std::move(stream);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
 
   auto op = std::make_shared<Operation>();
   OperationStatus& st = op->status_;
