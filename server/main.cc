@@ -6,51 +6,13 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <thread>
+#include <vector>
 
-#include "absl/strings/numbers.h"
+#include "server/flags.h"
 #include "server/server.h"
 
 namespace {
-
-constexpr char kUsage[] = R"(usage: gpucompute-server [flags]
-
-Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on them.
-
-  --backend=auto|cpu|cuda   compute backend; auto takes CUDA when a GPU is present
-                            (default auto)
-  --listen=HOST:PORT        address to listen on (default 127.0.0.1:50051)
-  --memory-limit=SIZE       bytes buffers may hold in all, e.g. 8GiB, 512MiB;
-                            0 picks a default: half of the memory for the CPU,
-                            each GPU's memory less max(5%, 256MiB) for CUDA
-                            (default 0)
-  --cpu-threads=N           CPU backend worker threads; 0 is one per hardware
-                            thread (default 0)
-  --default-device=N        device for buffers and streams whose request names
-                            none (default 0)
-  --pool-initial=SIZE       CUDA: bytes each device's memory pool reserves at
-                            start (default 0)
-  --pool-release-threshold=SIZE|keep
-                            CUDA: bytes each pool keeps reserved when memory is
-                            freed; keep (the default) keeps everything, 0 returns
-                            freed memory to the device
-  --kernel-cache-dir=DIR    CUDA: where compiled kernels are cached across
-                            restarts; "" or none disables the cache (default
-                            $GPUCOMPUTE_KERNEL_CACHE, else
-                            $XDG_CACHE_HOME/gpucompute/kernels, else
-                            ~/.cache/gpucompute/kernels)
-  --cuda-module=PATH        the CUDA backend module, opened only to run on CUDA
-                            (default $GPUCOMPUTE_CUDA_MODULE, else
-                            libgpucompute_cuda_backend.so beside this program,
-                            else the one of the build tree that built it)
-  --metrics-listen=HOST:PORT
-                            serve Prometheus metrics on http://HOST:PORT/metrics
-                            (default: none)
-  --help                    print this text
-
-SIGTERM or SIGINT stops the server (exit status 0), also while it starts.
-)";
 
 // Blocks SIGINT and SIGTERM in the calling thread and returns them. Called first thing in
 // main, before any thread exists: every thread started later (gRPC's, the backend's, the
@@ -124,75 +86,24 @@ class StopSignalWatcher {
   std::thread thread_;                    // last: it runs on the members above
 };
 
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "gpucompute-server: %s\n\n%s", message.c_str(), kUsage);
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const sigset_t stop_signals = BlockStopSignals();
-  gpucompute::ServerOptions options;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
+  const gpucompute::ParsedCommandLine command_line =
+      gpucompute::ParseServerCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  switch (command_line.outcome) {
+    case gpucompute::ParsedCommandLine::Outcome::kHelp:
+      std::fputs(command_line.usage.c_str(), stdout);
       return 0;
-    }
-    const size_t eq = arg.find('=');
-    std::string_view name = arg.substr(0, eq);
-    std::string value;
-    if (eq != std::string_view::npos) {
-      value = std::string(arg.substr(eq + 1));
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return UsageError(std::string(name) + " needs a value");
-    }
-    if (name == "--backend") {
-      options.backend = value;
-    } else if (name == "--listen") {
-      options.listen = value;
-    } else if (name == "--memory-limit") {
-      absl::StatusOr<uint64_t> limit = gpucompute::ParseByteSize(value);
-      if (!limit.ok())
-        return UsageError("--memory-limit: " + std::string(limit.status().message()));
-      options.memory_limit_bytes = *limit;
-    } else if (name == "--cpu-threads") {
-      if (!absl::SimpleAtoi(value, &options.cpu_threads) || options.cpu_threads < 0) {
-        return UsageError("--cpu-threads needs a non-negative integer");
-      }
-    } else if (name == "--default-device") {
-      if (!absl::SimpleAtoi(value, &options.default_device) || options.default_device < 0) {
-        return UsageError("--default-device needs a non-negative integer");
-      }
-    } else if (name == "--pool-initial") {
-      absl::StatusOr<uint64_t> bytes = gpucompute::ParseByteSize(value);
-      if (!bytes.ok())
-        return UsageError("--pool-initial: " + std::string(bytes.status().message()));
-      options.pool_initial_bytes = *bytes;
-    } else if (name == "--pool-release-threshold") {
-      if (value == "keep" || value == "max") {
-        options.pool_release_threshold_bytes = UINT64_MAX;
-      } else {
-        absl::StatusOr<uint64_t> bytes = gpucompute::ParseByteSize(value);
-        if (!bytes.ok()) {
-          return UsageError("--pool-release-threshold: " + std::string(bytes.status().message()) +
-                            " (or 'keep')");
-        }
-        options.pool_release_threshold_bytes = *bytes;
-      }
-    } else if (name == "--metrics-listen") {
-      options.metrics_listen = value;
-    } else if (name == "--kernel-cache-dir") {
-      options.kernel_cache_dir = value == "none" ? std::string() : value;
-    } else if (name == "--cuda-module") {
-      options.cuda_module = value;
-    } else {
-      return UsageError("unknown flag " + std::string(name));
-    }
+    case gpucompute::ParsedCommandLine::Outcome::kError:
+      std::fprintf(stderr, "gpucompute-server: %s\n\n%s", command_line.error.c_str(),
+                   command_line.usage.c_str());
+      return 2;
+    case gpucompute::ParsedCommandLine::Outcome::kRun:
+      break;
   }
+  const gpucompute::ServerOptions& options = command_line.options;
 
   StopSignalWatcher watcher(stop_signals);
   absl::StatusOr<std::unique_ptr<gpucompute::Server>> server = gpucompute::Server::Start(options);

@@ -1,0 +1,338 @@
+#include "server/flags.h"
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace gpucompute {
+namespace {
+
+// Flag value types whose parsing says what a malformed value should look like.
+
+struct ByteSize {
+  uint64_t bytes = 0;
+};
+
+bool AbslParseFlag(absl::string_view text, ByteSize* size, std::string* error) {
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok()) {
+    *error = std::string(bytes.status().message());
+    return false;
+  }
+  size->bytes = *bytes;
+  return true;
+}
+
+std::string AbslUnparseFlag(ByteSize size) { return absl::StrCat(size.bytes); }
+
+// A byte size, or "keep" (also "max") for no limit.
+struct ReleaseThreshold {
+  uint64_t bytes = UINT64_MAX;
+};
+
+bool AbslParseFlag(absl::string_view text, ReleaseThreshold* threshold, std::string* error) {
+  if (text == "keep" || text == "max") {
+    threshold->bytes = UINT64_MAX;
+    return true;
+  }
+  ByteSize size;
+  if (!AbslParseFlag(text, &size, error)) {
+    absl::StrAppend(error, " (or 'keep')");
+    return false;
+  }
+  threshold->bytes = size.bytes;
+  return true;
+}
+
+std::string AbslUnparseFlag(ReleaseThreshold threshold) {
+  return threshold.bytes == UINT64_MAX ? "keep" : absl::StrCat(threshold.bytes);
+}
+
+struct NonNegative {
+  int value = 0;
+};
+
+bool AbslParseFlag(absl::string_view text, NonNegative* n, std::string* error) {
+  if (!absl::SimpleAtoi(text, &n->value) || n->value < 0) {
+    *error = "needs a non-negative integer";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(NonNegative n) { return absl::StrCat(n.value); }
+
+// A directory that may be left to the backend's default ("default"), or disabled ("" or
+// "none").
+struct CacheDir {
+  std::optional<std::string> path;
+};
+
+bool AbslParseFlag(absl::string_view text, CacheDir* dir, std::string*) {
+  if (text == "default") {
+    dir->path.reset();
+  } else {
+    dir->path = text == "none" ? std::string() : std::string(text);
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(const CacheDir& dir) {
+  if (!dir.path.has_value()) return "default";
+  return dir.path->empty() ? "none" : *dir.path;
+}
+
+}  // namespace
+}  // namespace gpucompute
+
+ABSL_FLAG(std::string, backend, "auto", "compute backend; auto takes CUDA when a GPU is present");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "address to listen on");
+ABSL_FLAG(gpucompute::ByteSize, memory_limit, {},
+          "bytes buffers may hold in all, e.g. 8GiB, 512MiB; 0 picks a default: half of the "
+          "memory for the CPU, each GPU's memory less max(5%, 256MiB) for CUDA");
+ABSL_FLAG(gpucompute::NonNegative, cpu_threads, {},
+          "CPU backend worker threads; 0 is one per hardware thread");
+ABSL_FLAG(gpucompute::NonNegative, default_device, {},
+          "device for buffers and streams whose request names none");
+ABSL_FLAG(gpucompute::ByteSize, pool_initial, {},
+          "CUDA: bytes each device's memory pool reserves at start");
+ABSL_FLAG(gpucompute::ReleaseThreshold, pool_release_threshold, {},
+          "CUDA: bytes each pool keeps reserved when memory is freed; keep keeps "
+          "everything, 0 returns freed memory to the device");
+ABSL_FLAG(gpucompute::CacheDir, kernel_cache_dir, {},
+          "CUDA: where compiled kernels are cached across restarts; \"\" or none disables "
+          "the cache; the default is $GPUCOMPUTE_KERNEL_CACHE, else "
+          "$XDG_CACHE_HOME/gpucompute/kernels, else ~/.cache/gpucompute/kernels");
+ABSL_FLAG(std::string, cuda_module, "",
+          "the CUDA backend module, opened only to run on CUDA; the default is "
+          "$GPUCOMPUTE_CUDA_MODULE, else libgpucompute_cuda_backend.so beside this program, "
+          "else the one of the build tree that built it");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
+
+namespace gpucompute {
+namespace {
+
+// The flags in the order the usage lists them, each with what its value looks like.
+struct FlagDoc {
+  const char* name;
+  const char* value;
+  bool help_tells_default = false;  // its help says what the default is
+};
+constexpr FlagDoc kFlagDocs[] = {
+    {"backend", "auto|cpu|cuda"},
+    {"listen", "HOST:PORT"},
+    {"memory_limit", "SIZE"},
+    {"cpu_threads", "N"},
+    {"default_device", "N"},
+    {"pool_initial", "SIZE"},
+    {"pool_release_threshold", "SIZE|keep"},
+    {"kernel_cache_dir", "DIR", true},
+    {"cuda_module", "PATH", true},
+    {"metrics_listen", "HOST:PORT"},
+};
+
+// Command lines spell flags with dashes, Abseil names them with underscores; both are
+// taken.
+std::string FlagName(absl::string_view spelled) {
+  std::string name(spelled);
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return name;
+}
+
+std::string Spelled(absl::string_view name) {
+  std::string spelled(name);
+  for (char& c : spelled) {
+    if (c == '_') c = '-';
+  }
+  return spelled;
+}
+
+// Appends `text` to `out` wrapped at 80 columns, each line indented by `indent`.
+void AppendWrapped(absl::string_view text, int indent, std::string* out) {
+  const std::string pad(indent, ' ');
+  size_t column = indent;
+  absl::StrAppend(out, pad);
+  bool first = true;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!first && column + 1 + word.size() > 80) {
+      absl::StrAppend(out, "\n", pad);
+      column = indent;
+      first = true;
+    }
+    if (!first) {
+      out->push_back(' ');
+      ++column;
+    }
+    absl::StrAppend(out, word);
+    column += word.size();
+    first = false;
+  }
+  out->push_back('\n');
+}
+
+std::string Usage() {
+  std::string usage =
+      "usage: gpucompute-server [flags]\n\n"
+      "Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels\n"
+      "on them.\n\n";
+  for (const FlagDoc& doc : kFlagDocs) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(doc.name);
+    absl::StrAppend(&usage, "  --", Spelled(doc.name), "=", doc.value, "\n");
+    std::string help = flag->Help();
+    if (!doc.help_tells_default) {
+      const std::string default_value = flag->DefaultValue();
+      absl::StrAppend(&help, " (default ", default_value.empty() ? "none" : default_value, ")");
+    }
+    AppendWrapped(help, 6, &usage);
+  }
+  absl::StrAppend(&usage,
+                  "  --flagfile=PATH\n"
+                  "      read flags from PATH, one per line; lines starting with # are "
+                  "comments\n"
+                  "  --help\n"
+                  "      print this text\n\n"
+                  "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n");
+  return usage;
+}
+
+class CommandLineParser {
+ public:
+  // Sets the flag named in `arg` ("--name=value", "--name", "--noname"), taking its
+  // value from `next` when `arg` has none and the flag is not a boolean; `used_next`
+  // says whether it did. Returns an error message, empty on success.
+  std::string Apply(absl::string_view arg, const std::string* next, bool* used_next) {
+    *used_next = false;
+    absl::string_view body = arg;
+    if (!absl::ConsumePrefix(&body, "--") && !absl::ConsumePrefix(&body, "-")) {
+      return absl::StrCat("unexpected argument '", arg, "'");
+    }
+    const size_t eq = body.find('=');
+    const std::string name = FlagName(body.substr(0, eq));
+    std::optional<std::string> value;
+    if (eq != absl::string_view::npos) value = std::string(body.substr(eq + 1));
+
+    if (name == "flagfile") {
+      if (!value.has_value()) {
+        if (next == nullptr) return "--flagfile needs a value";
+        value = *next;
+        *used_next = true;
+      }
+      return ReadFlagfile(*value);
+    }
+    absl::CommandLineFlag* flag = Find(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = Find(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>() && !value.has_value()) {
+        flag = negated;
+        value = "false";
+      }
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag --", Spelled(name));
+    if (!value.has_value()) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (next != nullptr) {
+        value = *next;
+        *used_next = true;
+      } else {
+        return absl::StrCat("--", Spelled(name), " needs a value");
+      }
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      // Abseil says "Illegal value 'V' specified for flag 'F'; REASON": the reason is ours.
+      if (const size_t reason = error.find("; "); reason != std::string::npos) {
+        error.erase(0, reason + 2);
+      }
+      return absl::StrCat("--", Spelled(name), ": ", error);
+    }
+    return "";
+  }
+
+  std::string ApplyAll(const std::vector<std::string>& args) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      bool used_next = false;
+      const std::string* next = i + 1 < args.size() ? &args[i + 1] : nullptr;
+      if (std::string error = Apply(args[i], next, &used_next); !error.empty()) return error;
+      if (used_next) ++i;
+    }
+    return "";
+  }
+
+ private:
+  static absl::CommandLineFlag* Find(const std::string& name) {
+    for (const FlagDoc& doc : kFlagDocs) {
+      if (name == doc.name) return absl::FindCommandLineFlag(name);
+    }
+    return nullptr;  // flags of linked libraries are not the server's
+  }
+
+  std::string ReadFlagfile(const std::string& path) {
+    // A flagfile naming itself, directly or not, would never end.
+    if (++flagfile_depth_ > 16) return absl::StrCat("--flagfile: ", path, " nests too deeply");
+    std::ifstream in(path);
+    if (!in) return absl::StrCat("--flagfile: cannot read ", path);
+    std::vector<std::string> args;
+    std::string line;
+    while (std::getline(in, line)) {
+      absl::string_view text = absl::StripAsciiWhitespace(line);
+      if (text.empty() || text[0] == '#') continue;
+      args.emplace_back(text);
+    }
+    std::string error = ApplyAll(args);
+    --flagfile_depth_;
+    return error.empty() ? error : absl::StrCat(error, " (in ", path, ")");
+  }
+
+  int flagfile_depth_ = 0;
+};
+
+}  // namespace
+
+ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
+  ParsedCommandLine parsed;
+  parsed.usage = Usage();
+  for (const FlagDoc& doc : kFlagDocs) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(doc.name);
+    std::string ignored;
+    flag->ParseFrom(flag->DefaultValue(), &ignored);
+  }
+  for (const std::string& arg : args) {
+    if (arg == "--help" || arg == "-h") {
+      parsed.outcome = ParsedCommandLine::Outcome::kHelp;
+      return parsed;
+    }
+  }
+  if (std::string error = CommandLineParser().ApplyAll(args); !error.empty()) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = std::move(error);
+    return parsed;
+  }
+
+  ServerOptions& o = parsed.options;
+  o.backend = absl::GetFlag(FLAGS_backend);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit).bytes;
+  o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads).value;
+  o.default_device = absl::GetFlag(FLAGS_default_device).value;
+  o.pool_initial_bytes = absl::GetFlag(FLAGS_pool_initial).bytes;
+  o.pool_release_threshold_bytes = absl::GetFlag(FLAGS_pool_release_threshold).bytes;
+  o.kernel_cache_dir = absl::GetFlag(FLAGS_kernel_cache_dir).path;
+  o.cuda_module = absl::GetFlag(FLAGS_cuda_module);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  return parsed;
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,236 @@
+// The server's command line: Abseil flags, --flagfile, and the exit codes of the program.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/flags.h"
+
+namespace gpucompute {
+namespace {
+
+using Outcome = ParsedCommandLine::Outcome;
+
+class ServerFlagsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gpucompute_flags_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
+  const ParsedCommandLine parsed = ParseServerCommandLine({});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  const ServerOptions defaults;
+  EXPECT_EQ(parsed.options.listen, defaults.listen);
+  EXPECT_EQ(parsed.options.backend, defaults.backend);
+  EXPECT_EQ(parsed.options.memory_limit_bytes, defaults.memory_limit_bytes);
+  EXPECT_EQ(parsed.options.cpu_threads, defaults.cpu_threads);
+  EXPECT_EQ(parsed.options.default_device, defaults.default_device);
+  EXPECT_EQ(parsed.options.pool_initial_bytes, defaults.pool_initial_bytes);
+  EXPECT_EQ(parsed.options.pool_release_threshold_bytes, defaults.pool_release_threshold_bytes);
+  EXPECT_EQ(parsed.options.kernel_cache_dir, defaults.kernel_cache_dir);
+  EXPECT_EQ(parsed.options.cuda_module, defaults.cuda_module);
+  EXPECT_EQ(parsed.options.metrics_listen, defaults.metrics_listen);
+}
+
+TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
+  const ParsedCommandLine parsed = ParseServerCommandLine({
+      "--backend=cpu",
+      "--listen",
+      "0.0.0.0:7000",
+      "--memory-limit=512MiB",
+      "--cpu_threads=3",
+      "--default-device",
+      "1",
+      "--pool-initial=1GiB",
+      "--pool-release-threshold=64MiB",
+      "--kernel-cache-dir=/tmp/k",
+      "--cuda-module=/opt/m.so",
+      "--metrics-listen=127.0.0.1:9100",
+  });
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  const ServerOptions& o = parsed.options;
+  EXPECT_EQ(o.backend, "cpu");
+  EXPECT_EQ(o.listen, "0.0.0.0:7000");
+  EXPECT_EQ(o.memory_limit_bytes, 512ull << 20);
+  EXPECT_EQ(o.cpu_threads, 3);
+  EXPECT_EQ(o.default_device, 1);
+  EXPECT_EQ(o.pool_initial_bytes, 1ull << 30);
+  EXPECT_EQ(o.pool_release_threshold_bytes, 64ull << 20);
+  EXPECT_EQ(o.kernel_cache_dir, std::optional<std::string>("/tmp/k"));
+  EXPECT_EQ(o.cuda_module, "/opt/m.so");
+  EXPECT_EQ(o.metrics_listen, "127.0.0.1:9100");
+}
+
+TEST_F(ServerFlagsTest, SpecialValues) {
+  ParsedCommandLine parsed =
+      ParseServerCommandLine({"--pool-release-threshold=keep", "--kernel-cache-dir=none"});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  EXPECT_EQ(parsed.options.pool_release_threshold_bytes, UINT64_MAX);
+  EXPECT_EQ(parsed.options.kernel_cache_dir, std::optional<std::string>(""));
+
+  parsed = ParseServerCommandLine({"--pool-release-threshold=0", "--kernel-cache-dir="});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  EXPECT_EQ(parsed.options.pool_release_threshold_bytes, 0u);
+  EXPECT_EQ(parsed.options.kernel_cache_dir, std::optional<std::string>(""));
+}
+
+TEST_F(ServerFlagsTest, EachParseStartsFromTheDefaults) {
+  ASSERT_EQ(ParseServerCommandLine({"--memory-limit=1GiB"}).outcome, Outcome::kRun);
+  const ParsedCommandLine parsed = ParseServerCommandLine({});
+  EXPECT_EQ(parsed.options.memory_limit_bytes, 0u);
+}
+
+TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"--memory-limit=lots"}, "--memory-limit: 'lots' is not a byte size"},
+      {{"--memory-limit=5XB"}, "--memory-limit: '5XB' has an unknown unit"},
+      {{"--cpu-threads=-1"}, "--cpu-threads: needs a non-negative integer"},
+      {{"--default-device=one"}, "--default-device: needs a non-negative integer"},
+      {{"--pool-release-threshold=some"}, "(or 'keep')"},
+      {{"--no-such-flag=1"}, "unknown flag --no-such-flag"},
+      {{"--listen"}, "--listen needs a value"},
+      {{"listen=1"}, "unexpected argument 'listen=1'"},
+      {{"--flagfile=/nonexistent/flags"}, "--flagfile: cannot read /nonexistent/flags"},
+  };
+  for (const Case& c : cases) {
+    const ParsedCommandLine parsed = ParseServerCommandLine(c.args);
+    EXPECT_EQ(parsed.outcome, Outcome::kError) << c.args[0];
+    EXPECT_NE(parsed.error.find(c.message), std::string::npos) << c.args[0] << ": " << parsed.error;
+  }
+}
+
+TEST_F(ServerFlagsTest, FlagfileIsReadInPlaceAndLaterFlagsWin) {
+  const std::string inner = WriteFile("inner.flags", "--cpu-threads=7\n");
+  const std::string flags = WriteFile("server.flags",
+                                      "# a configuration\n\n"
+                                      "--backend=cpu\n"
+                                      "  --memory-limit=2GiB  \n"
+                                      "--flagfile=" +
+                                          inner + "\n");
+  const ParsedCommandLine parsed =
+      ParseServerCommandLine({"--memory-limit=1GiB", "--flagfile=" + flags, "--cpu-threads=2"});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  EXPECT_EQ(parsed.options.backend, "cpu");
+  EXPECT_EQ(parsed.options.memory_limit_bytes, 2ull << 30) << "the flagfile came later";
+  EXPECT_EQ(parsed.options.cpu_threads, 2) << "the command line came later";
+}
+
+TEST_F(ServerFlagsTest, FlagfileErrorsNameTheFileAndSelfInclusionEnds) {
+  const std::string bad = WriteFile("bad.flags", "--memory-limit=nope\n");
+  ParsedCommandLine parsed = ParseServerCommandLine({"--flagfile", bad});
+  ASSERT_EQ(parsed.outcome, Outcome::kError);
+  EXPECT_NE(parsed.error.find("(in " + bad + ")"), std::string::npos) << parsed.error;
+
+  const std::string loop = (dir_ / "loop.flags").string();
+  WriteFile("loop.flags", "--flagfile=" + loop + "\n");
+  parsed = ParseServerCommandLine({"--flagfile=" + loop});
+  ASSERT_EQ(parsed.outcome, Outcome::kError);
+  EXPECT_NE(parsed.error.find("nests too deeply"), std::string::npos) << parsed.error;
+}
+
+TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
+  const ParsedCommandLine parsed = ParseServerCommandLine({"--cpu-threads=bad", "--help"});
+  EXPECT_EQ(parsed.outcome, Outcome::kHelp);
+  for (const char* flag :
+       {"--backend=auto|cpu|cuda", "--listen=HOST:PORT", "--memory-limit=SIZE", "--cpu-threads=N",
+        "--default-device=N", "--pool-initial=SIZE", "--pool-release-threshold=SIZE|keep",
+        "--kernel-cache-dir=DIR", "--cuda-module=PATH", "--metrics-listen=HOST:PORT",
+        "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
+    EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
+  }
+  for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
+    EXPECT_LE(line.size(), 80u) << line;
+  }
+}
+
+// The program itself: exit 2 and the message for a malformed value, 0 for --help, and a
+// server configured by a flagfile alone.
+struct Exit {
+  int code = -1;
+  std::string err;
+};
+
+Exit RunServer(const std::vector<std::string>& flags, const std::string& log,
+               bool stop_once_listening = false) {
+  std::vector<std::string> args = {GPUCOMPUTE_SERVER_BIN};
+  args.insert(args.end(), flags.begin(), flags.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return {};
+  auto read_log = [&] {
+    std::stringstream text;
+    text << std::ifstream(log).rdbuf();
+    return text.str();
+  };
+  if (stop_once_listening) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(30);
+         absl::Now() < deadline && read_log().find("listening on port") == std::string::npos;) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    kill(pid, SIGTERM);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_log()};
+}
+
+TEST_F(ServerFlagsTest, ProgramExitCodes) {
+  const std::string log = (dir_ / "server.log").string();
+  Exit bad = RunServer({"--memory-limit=lots"}, log);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("gpucompute-server: --memory-limit: 'lots' is not a byte size"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_NE(bad.err.find("usage: gpucompute-server"), std::string::npos) << bad.err;
+
+  EXPECT_EQ(RunServer({"--bogus"}, log).code, 2);
+  EXPECT_EQ(RunServer({"--help"}, log).code, 0);
+
+  const std::string flags = WriteFile(
+      "cpu.flags", "--backend=cpu\n--listen=127.0.0.1:0\n--memory-limit=64MiB\n--cpu-threads=1\n");
+  Exit served = RunServer({"--flagfile=" + flags}, log, /*stop_once_listening=*/true);
+  EXPECT_EQ(served.code, 0) << served.err;
+  EXPECT_NE(served.err.find("cpu backend, listening on port"), std::string::npos) << served.err;
+}
+
+}  // namespace
+}  // namespace gpucompute
