@@ -39,7 +39,11 @@ try:
 except ImportError as e:
     skip(f"python3-kubernetes and python3-yaml are needed ({e}); deploy/install-deps.sh installs them")
 
-KINDS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service"}
+KINDS = {
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("v1", "Service"): "V1Service",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+}
 # Fields newer than the client library's types: (type, field) -> checker of the value.
 NEWER_FIELDS = {
     ("V1Probe", "grpc"): lambda v, path: check_grpc_action(v, path),
@@ -232,10 +236,36 @@ def validate_policy(objects, gpu):
     for k, v in s["spec"]["selector"].items():
         if template_labels.get(k) != v:
             errors.append(f"Service: selector {k}={v} matches no pod")
+    errors += check_flagfile(objects, pod)
     port_names = {p.get("name") for c in containers for p in c.get("ports", [])}
     for p in s["spec"]["ports"]:
         if isinstance(p.get("targetPort"), str) and p["targetPort"] not in port_names:
             errors.append(f"Service: targetPort {p['targetPort']} names no container port")
+    return errors
+
+
+def check_flagfile(objects, pod):
+    """The server reads its flags with --flagfile from a mounted ConfigMap."""
+    errors = []
+    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    server = pod["containers"][0]
+    flagfiles = [a.split("=", 1)[1] for a in server.get("args", []) if a.startswith("--flagfile=")]
+    if len(flagfiles) != 1:
+        return ["container server: args must name one --flagfile"]
+    directory, key = os.path.split(flagfiles[0])
+    mounts = {m["mountPath"]: m["name"] for m in server.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    volume = volumes.get(mounts.get(directory), {})
+    config_map = config_maps.get(volume.get("configMap", {}).get("name"))
+    if config_map is None:
+        return [f"container server: {directory} is not a mounted ConfigMap of this overlay"]
+    flags = config_map.get("data", {}).get(key)
+    if flags is None:
+        return [f"ConfigMap {config_map['metadata']['name']}: no key {key}"]
+    for line in flags.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and not line.startswith("--"):
+            errors.append(f"ConfigMap {config_map['metadata']['name']}: '{line}' is not a flag")
     return errors
 
 
