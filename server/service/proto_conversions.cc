@@ -13,7 +13,31 @@ namespace gpucompute {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      BoundedErrorMessage(status.message()));
+}
+
+namespace {
+
+// The end of the longest prefix of `text` of at most `bytes` that does not split a UTF-8
+// sequence (a cut before a continuation byte would leave invalid UTF-8).
+size_t Utf8Floor(absl::string_view text, size_t bytes) {
+  while (bytes > 0 && bytes < text.size() &&
+         (static_cast<unsigned char>(text[bytes]) & 0xC0) == 0x80) {
+    --bytes;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string BoundedErrorMessage(absl::string_view message) {
+  if (message.size() <= kMaxErrorMessageBytes) return std::string(message);
+  constexpr size_t kKeep = (kMaxErrorMessageBytes - 64) / 2;
+  const size_t head = Utf8Floor(message, kKeep);
+  const size_t tail = Utf8Floor(message, message.size() - kKeep);
+  return absl::StrCat(message.substr(0, head), "... [", tail - head, " bytes left out] ...",
+                      message.substr(tail));
 }
 
 absl::StatusOr<DType> FromProto(v1::DType dtype) {
@@ -144,7 +168,7 @@ void ToProto(const OperationStatus& status, v1::Operation* op) {
   op->set_done(status.done());
   if (!status.error.ok()) {
     op->set_error_code(static_cast<int32_t>(status.error.code()));
-    op->set_error_message(std::string(status.error.message()));
+    op->set_error_message(BoundedErrorMessage(status.error.message()));
   }
   op->set_stream_id(status.stream_id);
   for (const BufferMeta& m : status.outputs) ToProto(m, op->add_outputs());

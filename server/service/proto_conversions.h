@@ -20,6 +20,14 @@ namespace gpucompute {
 // status a handler returns goes through it.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// Error messages echo what a caller sent (names, ids, expressions), which may be of any
+// length; a message over kMaxErrorMessageBytes keeps its start and its end (where the
+// reason usually is) and says how much of the middle it left out. Every message that
+// leaves the server goes through this: a gRPC status must fit in trailing metadata (8 KiB
+// by default), or the caller sees RESOURCE_EXHAUSTED about metadata instead of its error.
+inline constexpr size_t kMaxErrorMessageBytes = 1024;
+std::string BoundedErrorMessage(absl::string_view message);
+
 // Conversions between the API's enums and the internal ones.
 absl::StatusOr<DType> FromProto(v1::DType dtype);
 v1::DType ToProto(DType dtype);
