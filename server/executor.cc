@@ -95,26 +95,49 @@ class ABSL_SCOPED_LOCKABLE Executor::Guard {
   Executor& e_;
 };
 
-absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend& backend, int default_device) {
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend& backend, int default_device,
+                                                           size_t max_streams) {
   RETURN_IF_ERROR(CheckDeviceIndex(backend, default_device));
+  if (max_streams == 0) return absl::InvalidArgumentError("max_streams must be at least 1");
   std::vector<std::unique_ptr<Stream>> transfer_streams;
   for (const DeviceDescription& d : backend.devices()) {
     ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(d.index));
     transfer_streams.push_back(std::move(stream));
   }
   return std::unique_ptr<Executor>(
-      new Executor(backend, default_device, std::move(transfer_streams)));
+      new Executor(backend, default_device, max_streams, std::move(transfer_streams)));
 }
 
-Executor::Executor(Backend& backend, int default_device,
+Executor::Executor(Backend& backend, int default_device, size_t max_streams,
                    std::vector<std::unique_ptr<Stream>> transfer_streams)
     : backend_(backend),
       default_device_(default_device),
-      transfer_streams_(std::move(transfer_streams)) {}
+      max_streams_(max_streams),
+      transfer_streams_(std::move(transfer_streams)),
+      reaper_([this] { ReapRetiredStreams(); }) {}
+
+void Executor::ReapRetiredStreams() {
+  for (;;) {
+    mu_.LockWhen(absl::Condition(
+        +[](Executor* e)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->stopping_ || !e->retired_.empty(); },
+        this));
+    std::vector<std::unique_ptr<Stream>> retired = std::move(retired_);
+    retired_.clear();
+    const bool stopping = stopping_;
+    mu_.Unlock();
+    retired.clear();
+    if (stopping) return;
+  }
+}
 
 Executor::~Executor() {
   mu_.LockWhen(absl::Condition(
       +[](uint64_t* in_flight) { return *in_flight == 0; }, &in_flight_));
+  stopping_ = true;
+  mu_.Unlock();
+  reaper_.join();
+  mu_.Lock();
   auto streams = std::move(streams_);
   auto retired = std::move(retired_);
   mu_.Unlock();
@@ -137,6 +160,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::str
     return absl::ResourceExhaustedError(absl::StrCat(
         "a client may have at most ", kMaxStreamsPerClient, " streams; delete one first"));
   }
+  RETURN_IF_ERROR(ReserveStreamLocked());
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
   auto s = std::make_shared<StreamState>();
   s->id = NewId("str-");
@@ -150,18 +174,9 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::str
 }
 
 absl::StatusOr<StreamInfo> Executor::CreateStream(absl::string_view client, int device) {
-  std::vector<std::unique_ptr<Stream>> retired;
-  absl::StatusOr<StreamInfo> info;
-  {
-    Guard guard(*this);
-    retired = std::move(retired_);
-    retired_.clear();
-    absl::StatusOr<std::shared_ptr<StreamState>> s = NewStreamLocked(client, device, false);
-    info = s.ok() ? absl::StatusOr<StreamInfo>(InfoLocked(**s)) : s.status();
-  }
-  // Streams of deleted StreamStates are destroyed here, on a thread none of them owns.
-  retired.clear();
-  return info;
+  Guard guard(*this);
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, NewStreamLocked(client, device, false));
+  return InfoLocked(*s);
 }
 
 absl::StatusOr<StreamInfo> Executor::DefaultStream(absl::string_view client, int device) {
@@ -199,7 +214,31 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
     return absl::FailedPreconditionError(
         absl::StrCat("stream ", stream_id, " is a default stream and cannot be deleted"));
   }
-  streams_.erase(it);
+  RetireStreamLocked(std::move(s), std::move(done));
+  return absl::OkStatus();
+}
+
+absl::Status Executor::ReserveStreamLocked() {
+  if (streams_.size() < max_streams_) return absl::OkStatus();
+  // A default stream is made on a client's first use and cannot be deleted, so clients
+  // that come and go would otherwise use up the streams (and, on the CPU backend, a
+  // thread each). An idle one has nothing to finish and is made again when next used.
+  for (auto it = default_streams_.begin(); it != default_streams_.end(); ++it) {
+    std::shared_ptr<StreamState> s = streams_.at(it->second);
+    if (s->unfinished != 0 || !s->pending.empty()) continue;
+    default_streams_.erase(it);
+    RetireStreamLocked(std::move(s), [] {});
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the server has ", streams_.size(),
+                   " streams, its limit (--max-streams), and every one is "
+                   "busy or not a default stream; retry later or delete a stream"));
+}
+
+void Executor::RetireStreamLocked(std::shared_ptr<StreamState> s,
+                                  absl::AnyInvocable<void() &&> done) {
+  streams_.erase(s->id);
   // The backend stream is retired once its last operation is done; it is destroyed
   // later on another thread, since completions run on the stream's own thread.
   auto retire = [this, s, done = std::move(done)]() mutable {
@@ -215,7 +254,6 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
   } else {
     deferred_.push_back(std::move(retire));
   }
-  return absl::OkStatus();
 }
 
 absl::Status Executor::Synchronize(absl::string_view stream_id,

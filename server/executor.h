@@ -21,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -178,13 +179,19 @@ struct KindStats {
 class Executor {
  public:
   static constexpr size_t kMaxStreamsPerClient = 64;
+  // Streams of all clients together (default streams included), unless Create is told
+  // otherwise. On the CPU backend each stream is a thread.
+  static constexpr size_t kDefaultMaxStreams = 1024;
   // Finished operations stay queryable until either bound is passed; the oldest go
   // first. The second bounds the memory inline results can hold.
   static constexpr size_t kRetainedOperations = 65536;
   static constexpr size_t kRetainedValueBytes = 64 << 20;
 
   // Creates the executor and one transfer stream per device of `backend`.
-  static absl::StatusOr<std::unique_ptr<Executor>> Create(Backend& backend, int default_device = 0);
+  // At most `max_streams` streams exist at once; a client's default stream that is idle
+  // is reclaimed to make room (it is created again on its next use).
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(Backend& backend, int default_device = 0,
+                                                          size_t max_streams = kDefaultMaxStreams);
   // Waits for all submitted work to finish.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -192,6 +199,7 @@ class Executor {
 
   Backend& backend() { return backend_; }
   int default_device() const { return default_device_; }
+  size_t max_streams() const { return max_streams_; }
 
   // --- Streams. Ids are global and unguessable; listings are per client.
   absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
@@ -262,7 +270,7 @@ class Executor {
     std::vector<std::shared_ptr<Work>> readers;
   };
 
-  Executor(Backend& backend, int default_device,
+  Executor(Backend& backend, int default_device, size_t max_streams,
            std::vector<std::unique_ptr<Stream>> transfer_streams);
 
   absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
@@ -289,9 +297,18 @@ class Executor {
   // Marks work done or dispatched and wakes whatever waits on it.
   void NotifyLocked(Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StreamInfo InfoLocked(const StreamState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `s` at once; its backend stream is retired, and `done` runs, once the work
+  // queued on it has finished.
+  void RetireStreamLocked(std::shared_ptr<StreamState> s, absl::AnyInvocable<void() &&> done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapRetiredStreams() ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes room for one more stream under max_streams_, reclaiming an idle default stream
+  // if need be; RESOURCE_EXHAUSTED when every stream is busy or not a default one.
+  absl::Status ReserveStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend& backend_;
   const int default_device_;
+  const size_t max_streams_;
   // One per device; created at start and never changed, so read without the lock.
   const std::vector<std::unique_ptr<Stream>> transfer_streams_;
   absl::Mutex mu_;
@@ -304,13 +321,17 @@ class Executor {
   size_t retained_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Buffer id -> its hazard state, for buffers with work not yet done.
   absl::flat_hash_map<std::string, Hazards> hazards_ ABSL_GUARDED_BY(mu_);
-  // Streams of deleted StreamStates, destroyed with the executor.
+  // Backend streams of forgotten StreamStates, whose work is done. The reaper destroys
+  // them: never on their own thread (a CPU stream joins its thread), never in a CUDA
+  // callback, and soon, since each may hold a thread.
   std::vector<std::unique_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
+  std::thread reaper_;  // last: it runs on the members above
 };
 
 }  // namespace gpucompute

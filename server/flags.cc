@@ -101,6 +101,9 @@ ABSL_FLAG(gpucompute::ByteSize, memory_limit, {},
           "memory for the CPU, each GPU's memory less max(5%, 256MiB) for CUDA");
 ABSL_FLAG(gpucompute::NonNegative, cpu_threads, {},
           "CPU backend worker threads; 0 is one per hardware thread");
+ABSL_FLAG(gpucompute::NonNegative, max_streams, {1024},
+          "streams of all clients together, default streams included; idle default streams "
+          "are reclaimed to make room (on the CPU backend each stream is a thread)");
 ABSL_FLAG(gpucompute::NonNegative, default_device, {},
           "device for buffers and streams whose request names none");
 ABSL_FLAG(gpucompute::ByteSize, pool_initial, {},
@@ -133,6 +136,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"listen", "HOST:PORT"},
     {"memory_limit", "SIZE"},
     {"cpu_threads", "N"},
+    {"max_streams", "N"},
     {"default_device", "N"},
     {"pool_initial", "SIZE"},
     {"pool_release_threshold", "SIZE|keep"},
@@ -321,12 +325,18 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
     return parsed;
   }
 
+  if (absl::GetFlag(FLAGS_max_streams).value == 0) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = "--max-streams: needs a positive integer";
+    return parsed;
+  }
   ServerOptions& o = parsed.options;
   o.backend = absl::GetFlag(FLAGS_backend);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit).bytes;
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads).value;
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
+  o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
   o.pool_initial_bytes = absl::GetFlag(FLAGS_pool_initial).bytes;
   o.pool_release_threshold_bytes = absl::GetFlag(FLAGS_pool_release_threshold).bytes;
   o.kernel_cache_dir = absl::GetFlag(FLAGS_kernel_cache_dir).path;

@@ -169,7 +169,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                          : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
   impl->registry = std::make_unique<BufferRegistry>(*impl->backend, *impl->limiter);
-  ASSIGN_OR_RETURN(impl->executor, Executor::Create(*impl->backend, options.default_device));
+  ASSIGN_OR_RETURN(impl->executor, Executor::Create(*impl->backend, options.default_device, options.max_streams));
   impl->timer = std::make_unique<Timer>();
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});

@@ -34,6 +34,9 @@ struct ServerOptions {
   // $XDG_CACHE_HOME/gpucompute/kernels, else ~/.cache/gpucompute/kernels); "" disables
   // the cache.
   std::optional<std::string> kernel_cache_dir;
+  // Streams of all clients together, default streams included (idle default streams are
+  // reclaimed to make room). On the CPU backend each stream is a thread.
+  size_t max_streams = 1024;
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
   // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as

@@ -312,6 +312,39 @@ TEST_F(ExecutorTest, StreamsPerClientAreLimited) {
   EXPECT_OK(executor_->CreateStream("other", 0));
 }
 
+// Clients that come and go must not use up the streams: the server's bound takes idle
+// default streams back, and refuses only when every stream is busy or not a default.
+TEST_F(ExecutorTest, StreamsOfAllClientsAreBoundedAndIdleDefaultsReclaimed) {
+  ASSIGN_OR_FAIL(std::unique_ptr<Executor> executor, Executor::Create(backend_, 0, 3));
+  BufferHandle x = NewBuffer(4);
+  ASSERT_OK(executor->DefaultStream("a", 0));
+  ASSERT_OK(executor->DefaultStream("b", 0));
+  ASSERT_OK(executor->DefaultStream("c", 0));
+  // Idle: "d"'s default stream takes one of theirs.
+  ASSERT_OK(executor->DefaultStream("d", 0));
+  size_t streams = 0;
+  for (const char* client : {"a", "b", "c", "d"}) streams += executor->ListStreams(client).size();
+  EXPECT_EQ(streams, 3u);
+
+  // Three busy streams: one explicit, two defaults; nothing can be reclaimed.
+  ASSIGN_OR_FAIL(StreamInfo busy, executor->CreateStream("e", 0));
+  ASSERT_OK(executor->Submit("e", busy.id, Write("e", x, 1)));
+  ASSERT_OK(executor->Submit("f", "", Write("f", x, 2)));
+  ASSERT_OK(executor->Submit("g", "", Write("g", x, 3)));
+  const absl::Status refused = executor->Submit("h", "", Write("h", x, 4)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--max-streams"), absl::string_view::npos) << refused;
+  EXPECT_EQ(executor->CreateStream("h", 0).status().code(), absl::StatusCode::kResourceExhausted);
+
+  // Once the work is done, the idle defaults make room again.
+  backend_.RunReady();
+  for (const char* kernel : {"e", "f", "g"}) backend_.Finish(kernel);
+  ASSERT_OK(executor->Submit("h", "", Write("h", x, 4)));
+  backend_.Finish("h");
+  EXPECT_EQ(At(x, 0), 4);
+  backend_.RunUntilIdle();
+}
+
 TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   // Each operation leaves 1 MiB of inline values: the byte bound evicts before the count.
   int count = 0;

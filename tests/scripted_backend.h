@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -91,6 +92,7 @@ class ScriptedBackend final : public Backend {
 
   // Takes every stream as far as it goes without finishing a running kernel.
   void RunReady() {
+    std::lock_guard lock(streams_mu_);
     bool progress = true;
     while (progress) {
       progress = false;
@@ -213,9 +215,13 @@ class ScriptedBackend final : public Backend {
   class ScriptedStream final : public Stream {
    public:
     ScriptedStream(ScriptedBackend& backend, int device) : backend_(backend), device_(device) {
+      std::lock_guard lock(backend_.streams_mu_);
       backend_.streams_.push_back(this);
     }
-    ~ScriptedStream() override { std::erase(backend_.streams_, this); }
+    ~ScriptedStream() override {
+      std::lock_guard lock(backend_.streams_mu_);
+      std::erase(backend_.streams_, this);
+    }
 
     int device() const override { return device_; }
     absl::Status Wait(std::shared_ptr<Event> event) override {
@@ -307,7 +313,10 @@ class ScriptedBackend final : public Backend {
   }
 
   std::vector<DeviceDescription> devices_;
-  std::vector<ScriptedStream*> streams_;
+  // The executor destroys retired streams on a thread of its own; everything else runs
+  // on the test's thread, within RunReady when it reaches the executor.
+  std::recursive_mutex streams_mu_;
+  std::vector<ScriptedStream*> streams_;  // under streams_mu_
   absl::flat_hash_map<std::string, KernelState> kernels_;
   std::vector<std::string> started_order_;
   double now_seconds_ = 0;

@@ -1,6 +1,7 @@
 // Hostile input through a real server: requests no honest client sends. Each gets its
 // exact code and a bounded message that still says what was wrong, and changes nothing.
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "server/service/proto_conversions.h"
 #include "tests/test_server.h"
@@ -115,6 +117,47 @@ TEST_F(HostileInputTest, LongOperandsAndNamesInSubmitAreBounded) {
   EXPECT_LE(op.status().message().size(), kMaxErrorMessageBytes);
   EXPECT_TRUE(absl::StrContains(op.status().message(), "position")) << op.status();
   EXPECT_EQ(TakeSnapshot(*client_), before);
+}
+
+// The threads of this process (the server runs in it).
+int ProcessThreads() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Every new client name gets a default stream, which cannot be deleted, and on the CPU
+// backend each stream is a thread: 300 names used to make 315 threads. The server's
+// stream bound takes idle default streams back instead.
+TEST(HostileClientsTest, ManyClientNamesDoNotGrowStreamsOrThreads) {
+  ServerOptions options;
+  options.max_streams = 8;
+  std::unique_ptr<TestServer> server = TestServer::StartWithOptions(options);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> first = server->Connect("client-0");
+  ASSERT_OK(
+      first->Submit(Random(v1::DISTRIBUTION_UNIFORM, {16}, v1::DTYPE_FLOAT64, 1, NewOutput("r0"))));
+  const int threads_before = ProcessThreads();
+  for (int i = 1; i < 300; ++i) {
+    std::unique_ptr<Client> client = server->Connect(absl::StrCat("client-", i));
+    v1::SubmitRequest request = Elementwise("x * 2", {{"x", BufferOperand("r0")}});
+    request.set_wait(true);
+    // Buffers belong to their client: another client's name is unknown, which must not
+    // stop it from getting (and giving back) a default stream.
+    ASSERT_EQ(client->Submit(request).status().code(), Code::kNotFound) << i;
+    request = Random(v1::DISTRIBUTION_UNIFORM, {4}, v1::DTYPE_FLOAT32, i);
+    request.set_wait(true);
+    ASSERT_OK(client->Submit(request)) << i;
+    ASSERT_OK(client->GetServerInfo());
+  }
+  const int threads_after = ProcessThreads();
+  // gRPC may add a few threads of its own under load; one per name would be 299.
+  EXPECT_LE(threads_after, threads_before + 32) << "threads grew with client names";
+  absl::StatusOr<v1::ServerInfo> info = first->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().max_streams(), 8u);
 }
 
 TEST(BoundedErrorMessageTest, ShortMessagesAreUntouched) {

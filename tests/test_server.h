@@ -67,7 +67,15 @@ class TestServer {
   static std::unique_ptr<TestServer> StartWith(std::unique_ptr<Backend> backend,
                                                uint64_t memory_limit_bytes = 256 * kMiB,
                                                int cpu_threads = 2) {
-    ServerOptions options;
+    return StartWithOptions(ServerOptions(), std::move(backend), memory_limit_bytes, cpu_threads);
+  }
+
+  // As StartWith, from `options` (listen, backend, memory limit, threads and the kernel
+  // cache are the test's).
+  static std::unique_ptr<TestServer> StartWithOptions(ServerOptions options,
+                                                      std::unique_ptr<Backend> backend = nullptr,
+                                                      uint64_t memory_limit_bytes = 256 * kMiB,
+                                                      int cpu_threads = 2) {
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
     options.backend = TestBackendName();

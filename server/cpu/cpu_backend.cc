@@ -10,6 +10,7 @@
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -180,7 +181,14 @@ PoolUsage CpuBackend::MemoryPoolUsage(int device) const {
 
 absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {
   if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
-  return std::make_unique<CpuStream>(device);
+  // Each stream is a thread, which the system may refuse (a thread or address-space
+  // limit): that is the caller's RESOURCE_EXHAUSTED, not the server's end.
+  try {
+    return std::make_unique<CpuStream>(device);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the thread of a CPU stream: ", e.what()));
+  }
 }
 
 absl::StatusOr<double> CpuBackend::ElapsedSeconds(const Event& start, const Event& end) {

@@ -43,6 +43,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_message_bytes(kMaxMessageBytes);
   limits->set_max_dimensions(kMaxDimensions);
   limits->set_max_streams_per_client(Executor::kMaxStreamsPerClient);
+  limits->set_max_streams(ctx_.executor.max_streams());
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
   response->set_backend_error(BackendError(ctx_.backend));
