@@ -159,6 +159,10 @@ class Backend {
     return 0.0;
   }
   virtual PoolUsage MemoryPoolUsage(int device) const { return {}; }
+  // How many operations the executor puts on one of this backend's streams ahead of
+  // their completion; the rest wait in the executor, where a shutdown can still cancel
+  // them. Deep enough to keep the device busy between the executor's turns.
+  virtual int DispatchWindow() const { return 64; }
   // Returns pool memory beyond `keep_bytes` (and beyond what live allocations use) to the
   // device; reports the pool afterwards.
   virtual absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) {

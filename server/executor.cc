@@ -23,6 +23,9 @@ struct StreamState {
   // an operation no longer retained is long done.
   std::weak_ptr<Operation> last;
   uint64_t unfinished = 0;
+  // Dispatched to the backend stream and not yet complete; at most the backend's
+  // DispatchWindow.
+  int dispatched = 0;
   // PumpLocked re-entrancy: a pump asked for while one runs is folded into it.
   bool pumping = false;
   bool repump = false;
@@ -113,6 +116,7 @@ Executor::Executor(Backend& backend, int default_device, size_t max_streams,
     : backend_(backend),
       default_device_(default_device),
       max_streams_(max_streams),
+      dispatch_window_(std::max(1, backend.DispatchWindow())),
       transfer_streams_(std::move(transfer_streams)),
       reaper_([this] { ReapRetiredStreams(); }) {}
 
@@ -171,6 +175,25 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::str
   streams_.emplace(s->id, s);
   if (is_default) default_streams_.emplace(DefaultStreamKey(client, device), s->id);
   return s;
+}
+
+bool Executor::WaitIdle(absl::Time deadline) {
+  const bool idle = mu_.LockWhenWithDeadline(
+      absl::Condition(
+          +[](uint64_t* in_flight) { return *in_flight == 0; }, &in_flight_),
+      deadline);
+  mu_.Unlock();
+  return idle;
+}
+
+size_t Executor::CancelQueued(absl::Status status) {
+  Guard guard(*this);
+  cancelled_ = std::move(status);
+  size_t queued = 0;
+  for (const auto& [id, s] : streams_) queued += s->pending.size();
+  // A pump may pump other streams too (what waited on a cancelled operation).
+  for (const auto& [id, s] : streams_) PumpLocked(s);
+  return queued;
 }
 
 absl::StatusOr<StreamInfo> Executor::CreateStream(absl::string_view client, int device) {
@@ -332,6 +355,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   }
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
+  RETURN_IF_ERROR(cancelled_);
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
 
   auto op = std::make_shared<Operation>();
@@ -384,11 +408,14 @@ void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
   s->pumping = true;
   do {
     s->repump = false;
-    while (!s->pending.empty()) {
+    while (!s->pending.empty() && (s->dispatched < dispatch_window_ || !cancelled_.ok())) {
       const std::shared_ptr<Operation> op = s->pending.front();
       std::vector<std::shared_ptr<Event>> waits;
       Work* blocked = nullptr;
-      for (const std::shared_ptr<Work>& dep : op->deps_) {
+      // Cancelled work fails at once, behind what its stream already runs; it waits for
+      // nothing else, since it touches no memory.
+      for (size_t i = 0; cancelled_.ok() && i < op->deps_.size(); ++i) {
+        const std::shared_ptr<Work>& dep = op->deps_[i];
         if (dep->phase_ == Work::Phase::kDone || dep->stream_ == s.get()) continue;
         if (dep->phase_ == Work::Phase::kDispatched && dep->end_event_ != nullptr) {
           waits.push_back(dep->end_event_);
@@ -422,7 +449,7 @@ void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
   // The range covers all this operation enqueues: its waits, events and kernels.
   std::optional<ScopedRange> range;
   range.emplace(backend_, op->range_name_);
-  absl::Status status;
+  absl::Status status = cancelled_;
   for (auto& w : waits) {
     if (status.ok()) status = stream.Wait(std::move(w));
   }
@@ -451,6 +478,7 @@ void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
   op->deps_.clear();
   op->status_.state = OperationStatus::State::kRunning;
   op->phase_ = Work::Phase::kDispatched;
+  ++op->stream_state_->dispatched;
   if (observer_ != nullptr) observer_->OnDispatched(op->status_);
   // Even a failed launch completes through the stream, so that it stays in order with
   // the work before it.
@@ -495,10 +523,12 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
   op->buffers_.clear();
   op->start_event_.reset();
   --op->stream_state_->unfinished;
+  --op->stream_state_->dispatched;
   for (auto& fn : op->on_done_) deferred_.push_back(std::move(fn));
   op->on_done_.clear();
   NotifyLocked(*op);
   op->end_event_.reset();
+  if (!op->stream_state_->pending.empty()) PumpLocked(op->stream_state_);
 
   finished_order_.push_back(st.id);
   retained_value_bytes_ += st.result.values.size();

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 
@@ -201,6 +202,14 @@ class Executor {
   int default_device() const { return default_device_; }
   size_t max_streams() const { return max_streams_; }
 
+  // --- Shutdown.
+  // Whether every submitted operation finished before `deadline`.
+  bool WaitIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Operations not yet on the device fail with `status` (in their streams' order, after
+  // the work before them), and so do those submitted later; work already on the device
+  // finishes. Returns how many queued operations it failed.
+  size_t CancelQueued(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+
   // --- Streams. Ids are global and unguessable; listings are per client.
   absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
   // The client's default stream on `device`, created on first use.
@@ -309,10 +318,13 @@ class Executor {
   Backend& backend_;
   const int default_device_;
   const size_t max_streams_;
+  const int dispatch_window_;
   // One per device; created at start and never changed, so read without the lock.
   const std::vector<std::unique_ptr<Stream>> transfer_streams_;
   absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
+  // Set by CancelQueued: what queued and later operations fail with.
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   // (client, device) -> default stream id.
   absl::flat_hash_map<std::string, std::string> default_streams_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 
 namespace gpucompute {
 namespace {
@@ -104,6 +105,9 @@ ABSL_FLAG(gpucompute::NonNegative, cpu_threads, {},
 ABSL_FLAG(gpucompute::NonNegative, max_streams, {1024},
           "streams of all clients together, default streams included; idle default streams "
           "are reclaimed to make room (on the CPU backend each stream is a thread)");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "on SIGTERM, how long calls in flight and queued operations get to finish (e.g. "
+          "10s, 500ms); then calls are cancelled and operations not yet started fail");
 ABSL_FLAG(gpucompute::NonNegative, default_device, {},
           "device for buffers and streams whose request names none");
 ABSL_FLAG(gpucompute::ByteSize, pool_initial, {},
@@ -137,6 +141,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"memory_limit", "SIZE"},
     {"cpu_threads", "N"},
     {"max_streams", "N"},
+    {"shutdown_grace", "DURATION"},
     {"default_device", "N"},
     {"pool_initial", "SIZE"},
     {"pool_release_threshold", "SIZE|keep"},
@@ -337,6 +342,11 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads).value;
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
   o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
+  o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  if (o.shutdown_grace < absl::ZeroDuration()) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = "--shutdown-grace: must not be negative";
+  }
   o.pool_initial_bytes = absl::GetFlag(FLAGS_pool_initial).bytes;
   o.pool_release_threshold_bytes = absl::GetFlag(FLAGS_pool_release_threshold).bytes;
   o.kernel_cache_dir = absl::GetFlag(FLAGS_kernel_cache_dir).path;

@@ -94,6 +94,7 @@ struct Server::Impl {
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
   int port = 0;
+  absl::Duration shutdown_grace;
 };
 
 namespace {
@@ -153,6 +154,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto impl = std::make_unique<Impl>();
   impl->backend = std::move(backend);
   impl->backend_name = std::string(impl->backend->name());
+  impl->shutdown_grace = options.shutdown_grace;
   // A failure after which the device cannot be trusted: logged once, and the health
   // service goes NOT_SERVING (the services refuse work themselves, through
   // CheckBackendHealthy).
@@ -169,7 +171,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                          : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
   impl->registry = std::make_unique<BufferRegistry>(*impl->backend, *impl->limiter);
-  ASSIGN_OR_RETURN(impl->executor, Executor::Create(*impl->backend, options.default_device, options.max_streams));
+  ASSIGN_OR_RETURN(impl->executor,
+                   Executor::Create(*impl->backend, options.default_device, options.max_streams));
   impl->timer = std::make_unique<Timer>();
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
@@ -214,9 +217,24 @@ void Server::Wait() { impl_->grpc_server->Wait(); }
 
 void Server::Shutdown() {
   if (impl_->grpc_server == nullptr) return;
-  impl_->grpc_server->GetHealthCheckService()->SetServingStatus(false);
-  // Calls in flight get a moment to finish, then are cancelled.
-  impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  {
+    std::lock_guard lock(impl_->health_sink->mu);
+    if (impl_->health_sink->health != nullptr) SetServing(*impl_->health_sink->health, false);
+  }
+  const absl::Time deadline = absl::Now() + impl_->shutdown_grace;
+  // New calls are refused from here on; those in flight have until the deadline.
+  impl_->grpc_server->Shutdown(absl::ToChronoTime(deadline));
+  // Operations submitted without a call waiting on them get the same time.
+  if (!impl_->executor->WaitIdle(deadline)) {
+    const size_t cancelled =
+        impl_->executor->CancelQueued(absl::UnavailableError("the server is shutting down"));
+    if (cancelled > 0) {
+      std::fprintf(stderr,
+                   "gpucompute-server: %zu queued operations did not start within the shutdown "
+                   "grace of %s; cancelled\n",
+                   cancelled, absl::FormatDuration(impl_->shutdown_grace).c_str());
+    }
+  }
 }
 
 }  // namespace gpucompute

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace gpucompute {
 
@@ -37,6 +38,9 @@ struct ServerOptions {
   // Streams of all clients together, default streams included (idle default streams are
   // reclaimed to make room). On the CPU backend each stream is a thread.
   size_t max_streams = 1024;
+  // On Shutdown, how long calls in flight and queued operations get to finish before
+  // the calls are cancelled and the operations not yet on the device fail.
+  absl::Duration shutdown_grace = absl::Seconds(10);
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
   // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as
@@ -65,6 +69,10 @@ class Server {
   Backend& backend();
   // Blocks until Shutdown is called from another thread.
   void Wait();
+  // Reports NOT_SERVING, takes no new calls, and gives the calls in flight and the
+  // queued operations ServerOptions::shutdown_grace to finish; then cancels the calls
+  // and fails the operations not yet on the device (UNAVAILABLE). Returns once the calls
+  // are over; the destructor waits for the device.
   void Shutdown();
 
  private:

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/client.h"
 #include "client/npy.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 
@@ -465,6 +467,50 @@ TEST_F(CliTest, ServerStopsCleanlyOnSigtermAndSigint) {
     ASSERT_NE(WaitForListening(server), 0) << ReadFile(server.log);
     ExpectStopsCleanly(server, signal);
   }
+}
+
+// Queued work must not hold a stopping server past its grace (a pod's grace period is
+// short): six queued fills once kept it alive 12.6 s after SIGTERM. What is on the device
+// finishes; what has not started fails, and the server exits 0.
+TEST_F(CliTest, ServerCancelsQueuedWorkAfterTheShutdownGrace) {
+  ServerProcess server = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=1",
+                                      "--shutdown-grace=300ms", "--memory-limit=256MiB"},
+                                     Path("grace.log"));
+  const int port = WaitForListening(server);
+  ASSERT_NE(port, 0) << ReadFile(server.log);
+  ClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(port);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::SubmitRequest fill =
+      Random(v1::DISTRIBUTION_UNIFORM, {1 << 21}, v1::DTYPE_FLOAT64, 1, NewOutput("x"));
+  fill.set_wait(true);
+  ASSERT_TRUE((*client)->Submit(fill).ok());
+  v1::SubmitRequest heavy = Elementwise("sin(x) * cos(x) + exp(x) * tanh(x) + sqrt(x) * log1p(x)",
+                                        {{"x", BufferOperand("x")}}, NewOutput("y"));
+  heavy.set_wait(true);
+  const absl::Time first = absl::Now();
+  ASSERT_TRUE((*client)->Submit(heavy).ok());
+  const absl::Duration one = absl::Now() - first;
+  *heavy.mutable_elementwise()->mutable_output() = ExistingOutput("y");
+  heavy.set_wait(false);
+  // About 8 s of work, queued on one stream.
+  const int queued = std::clamp(static_cast<int>(absl::Seconds(8) / one), 8, 400);
+  for (int i = 0; i < queued; ++i) ASSERT_TRUE((*client)->Submit(heavy).ok());
+
+  const absl::Time stop = absl::Now();
+  const std::optional<int> status = StopServer(server, SIGTERM, absl::Seconds(60));
+  const absl::Duration took = absl::Now() - stop;
+  ASSERT_TRUE(status.has_value()) << "the server did not exit within 60 s";
+  ASSERT_TRUE(WIFEXITED(*status)) << "ended by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(server.log);
+  EXPECT_NE(ReadFile(server.log).find("queued operations did not start within the shutdown grace"),
+            std::string::npos)
+      << ReadFile(server.log);
+  // The grace, the operation that was running and a margin for a loaded machine; the
+  // queued work alone would take about 8 s.
+  EXPECT_LT(took, absl::Milliseconds(300) + 2 * one + absl::Seconds(2))
+      << queued << " operations of " << one << " each were queued";
 }
 
 // SIGTERM as soon as main has blocked the stop signals, its first act: before the server

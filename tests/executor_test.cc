@@ -345,6 +345,73 @@ TEST_F(ExecutorTest, StreamsOfAllClientsAreBoundedAndIdleDefaultsReclaimed) {
   backend_.RunUntilIdle();
 }
 
+// Shutdown: what runs finishes, what is queued fails behind it, in stream order, and
+// nothing new is taken.
+TEST_F(ExecutorTest, CancelQueuedFailsWhatHasNotStarted) {
+  backend_.set_dispatch_window(1);
+  ASSIGN_OR_FAIL(std::unique_ptr<Executor> executor, Executor::Create(backend_));
+  executor_.swap(executor);  // the fixture's ends with the test
+  BufferHandle x = NewBuffer(4);
+  BufferHandle y = NewBuffer(4);
+  const std::string other = NewStream();
+  std::shared_ptr<Operation> running = Submit("", Write("x = 1", x, 1));
+  std::shared_ptr<Operation> queued = Submit("", Write("x = 2", x, 2));
+  // On another stream, waiting for the queued one (it reads x).
+  std::shared_ptr<Operation> dependent = Submit(other, CopyOp("y = x", x, y));
+  backend_.RunReady();
+  ASSERT_EQ(StateOf(running), State::kRunning);
+  ASSERT_EQ(StateOf(queued), State::kQueued) << "the window holds one operation per stream";
+  EXPECT_FALSE(executor_->WaitIdle(absl::Now() + absl::Milliseconds(1)));
+
+  EXPECT_EQ(executor_->CancelQueued(absl::UnavailableError("shutting down")), 2u);
+  const absl::Status late = executor_->Submit("c", "", Write("late", x, 3)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  backend_.RunReady();
+  EXPECT_EQ(StateOf(running), State::kRunning) << "work on the device is not cut short";
+  EXPECT_EQ(StateOf(dependent), State::kFailed) << "it waited for nothing";
+  backend_.Finish("x = 1");
+  EXPECT_EQ(StateOf(running), State::kSucceeded);
+  EXPECT_EQ(StateOf(queued), State::kFailed);
+  EXPECT_EQ(executor_->GetStatus(*queued).error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(At(x, 0), 1) << "a cancelled operation ran";
+  EXPECT_EQ(At(y, 0), 0) << "a cancelled operation ran";
+  EXPECT_TRUE(executor_->WaitIdle(absl::Now()));
+  executor_.swap(executor);
+}
+
+// A stream holds at most the backend's window of dispatched operations; the next goes
+// out as one completes, in order.
+TEST_F(ExecutorTest, DispatchStaysWithinTheBackendsWindow) {
+  // Counts what the executor hands to the backend, completed or not.
+  struct DispatchCounter final : OperationObserver {
+    void OnSubmitted(const OperationStatus&) override {}
+    void OnDispatched(const OperationStatus&) override { ++dispatched; }
+    void OnCompleted(const OperationStatus&) override {}
+    int dispatched = 0;  // under the executor's lock
+  } counter;
+  backend_.set_dispatch_window(2);
+  ASSIGN_OR_FAIL(std::unique_ptr<Executor> executor, Executor::Create(backend_));
+  executor->SetObserver(&counter);
+  BufferHandle x = NewBuffer(4);
+  std::vector<std::shared_ptr<Operation>> ops;
+  for (int i = 0; i < 5; ++i) {
+    ASSIGN_OR_FAIL(std::shared_ptr<Operation> op,
+                   executor->Submit("c", "", Write(absl::StrCat("w", i), x, i)));
+    ops.push_back(op);
+  }
+  backend_.RunReady();
+  EXPECT_EQ(counter.dispatched, 2);
+  backend_.Finish("w0");
+  EXPECT_EQ(counter.dispatched, 3);
+  backend_.Finish("w1");
+  EXPECT_EQ(counter.dispatched, 4);
+  for (int i = 2; i < 5; ++i) backend_.Finish(absl::StrCat("w", i));
+  EXPECT_EQ(counter.dispatched, 5);
+  for (const auto& op : ops) EXPECT_EQ(executor->GetStatus(*op).state, State::kSucceeded);
+  EXPECT_EQ(At(x, 0), 4);
+  EXPECT_EQ(backend_.started_order(), (std::vector<std::string>{"w0", "w1", "w2", "w3", "w4"}));
+}
+
 TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   // Each operation leaves 1 MiB of inline values: the byte bound evicts before the count.
   int count = 0;

@@ -150,6 +150,10 @@ class ScriptedBackend final : public Backend {
     return std::unique_ptr<Stream>(new ScriptedStream(*this, device));
   }
 
+  // The executor reads it when it is created.
+  void set_dispatch_window(int window) { dispatch_window_ = window; }
+  int DispatchWindow() const override { return dispatch_window_; }
+
   absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
     const auto* a = dynamic_cast<const ScriptedEvent*>(&start);
     const auto* b = dynamic_cast<const ScriptedEvent*>(&end);
@@ -315,6 +319,7 @@ class ScriptedBackend final : public Backend {
   std::vector<DeviceDescription> devices_;
   // The executor destroys retired streams on a thread of its own; everything else runs
   // on the test's thread, within RunReady when it reaches the executor.
+  int dispatch_window_ = 64;
   std::recursive_mutex streams_mu_;
   std::vector<ScriptedStream*> streams_;  // under streams_mu_
   absl::flat_hash_map<std::string, KernelState> kernels_;

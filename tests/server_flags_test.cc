@@ -51,6 +51,7 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.memory_limit_bytes, defaults.memory_limit_bytes);
   EXPECT_EQ(parsed.options.cpu_threads, defaults.cpu_threads);
   EXPECT_EQ(parsed.options.max_streams, defaults.max_streams);
+  EXPECT_EQ(parsed.options.shutdown_grace, defaults.shutdown_grace);
   EXPECT_EQ(parsed.options.default_device, defaults.default_device);
   EXPECT_EQ(parsed.options.pool_initial_bytes, defaults.pool_initial_bytes);
   EXPECT_EQ(parsed.options.pool_release_threshold_bytes, defaults.pool_release_threshold_bytes);
@@ -67,6 +68,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--memory-limit=512MiB",
       "--cpu_threads=3",
       "--max-streams=99",
+      "--shutdown-grace=1.5s",
       "--default-device",
       "1",
       "--pool-initial=1GiB",
@@ -82,6 +84,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.memory_limit_bytes, 512ull << 20);
   EXPECT_EQ(o.cpu_threads, 3);
   EXPECT_EQ(o.max_streams, 99u);
+  EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(o.default_device, 1);
   EXPECT_EQ(o.pool_initial_bytes, 1ull << 30);
   EXPECT_EQ(o.pool_release_threshold_bytes, 64ull << 20);
@@ -120,6 +123,8 @@ TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
       {{"--cpu-threads=-1"}, "--cpu-threads: needs a non-negative integer"},
       {{"--default-device=one"}, "--default-device: needs a non-negative integer"},
       {{"--max-streams=0"}, "--max-streams: needs a positive integer"},
+      {{"--shutdown-grace=-1s"}, "--shutdown-grace: must not be negative"},
+      {{"--shutdown-grace=soon"}, "--shutdown-grace: "},
       {{"--pool-release-threshold=some"}, "(or 'keep')"},
       {{"--no-such-flag=1"}, "unknown flag --no-such-flag"},
       {{"--listen"}, "--listen needs a value"},
@@ -167,7 +172,7 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
   EXPECT_EQ(parsed.outcome, Outcome::kHelp);
   for (const char* flag :
        {"--backend=auto|cpu|cuda", "--listen=HOST:PORT", "--memory-limit=SIZE", "--cpu-threads=N",
-        "--max-streams=N", "--default-device=N", "--pool-initial=SIZE",
+        "--max-streams=N", "--shutdown-grace=DURATION", "--default-device=N", "--pool-initial=SIZE",
         "--pool-release-threshold=SIZE|keep", "--kernel-cache-dir=DIR", "--cuda-module=PATH",
         "--metrics-listen=HOST:PORT", "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;

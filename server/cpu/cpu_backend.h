@@ -47,6 +47,9 @@ class CpuBackend final : public Backend {
 
   // There is no pool: reserved and used are both the bytes live allocations asked for.
   PoolUsage MemoryPoolUsage(int device) const override;
+  // A stream's thread runs one operation at a time; one more ready behind it is all it
+  // takes to never wait for the executor.
+  int DispatchWindow() const override { return 2; }
 
  private:
   // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
