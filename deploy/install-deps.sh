@@ -16,8 +16,9 @@ build=(
 )
 test=(
   libgtest-dev libgmock-dev
-  # The thread-safety preset builds with clang's -Wthread-safety.
-  clang
+  # The thread-safety preset builds with clang's -Wthread-safety; the fuzz preset links
+  # libFuzzer and the sanitizers from compiler-rt.
+  clang libclang-rt-dev
   # The Python client and its pytest suite.
   python3-numpy python3-grpcio python3-protobuf python3-pytest
   # The metrics test scrapes the server with a real Prometheus; promtool lints the text.
