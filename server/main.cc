@@ -47,6 +47,16 @@ Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels on 
   --metrics-listen=HOST:PORT
                             serve Prometheus metrics on http://HOST:PORT/metrics
                             (default: none)
+  --allow-shared-memory     let clients register POSIX shared-memory regions and
+                            copy between them and buffers (SharedMemoryService);
+                            only for trusted clients on this host (default off)
+  --allow-cuda-ipc          let clients export buffers as CUDA IPC handles and
+                            register their own device memory as regions (CUDA
+                            backend); only for trusted clients on this host
+                            (default off)
+  --region-idle-timeout=SECONDS
+                            release a shared-memory region or export unused this
+                            long; 0 never does (default 600)
   --help                    print this text
 
 SIGTERM or SIGINT stops the server (exit status 0), also while it starts.
@@ -142,6 +152,16 @@ int main(int argc, char** argv) {
     }
     const size_t eq = arg.find('=');
     std::string_view name = arg.substr(0, eq);
+    // Switches: alone, or =true / =false.
+    if (name == "--allow-shared-memory" || name == "--allow-cuda-ipc") {
+      const std::string_view text = eq == std::string_view::npos ? "true" : arg.substr(eq + 1);
+      bool on = false;
+      if (!absl::SimpleAtob(text, &on)) {
+        return UsageError(std::string(name) + " takes no value, or =true or =false");
+      }
+      (name == "--allow-shared-memory" ? options.allow_shared_memory : options.allow_cuda_ipc) = on;
+      continue;
+    }
     std::string value;
     if (eq != std::string_view::npos) {
       value = std::string(arg.substr(eq + 1));
@@ -187,6 +207,11 @@ int main(int argc, char** argv) {
       options.metrics_listen = value;
     } else if (name == "--kernel-cache-dir") {
       options.kernel_cache_dir = value == "none" ? std::string() : value;
+    } else if (name == "--region-idle-timeout") {
+      if (!absl::SimpleAtod(value, &options.region_idle_timeout_seconds) ||
+          !(options.region_idle_timeout_seconds >= 0)) {
+        return UsageError("--region-idle-timeout needs a non-negative number of seconds");
+      }
     } else if (name == "--cuda-module") {
       options.cuda_module = value;
     } else {
