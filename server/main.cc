@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     if (name == "--allow-shared-memory" || name == "--allow-cuda-ipc") {
       const std::string_view text = eq == std::string_view::npos ? "true" : arg.substr(eq + 1);
       bool on = false;
-      if (!absl::SimpleAtob(text, &on)) {
+      if (!absl::SimpleAtob(absl::string_view(text.data(), text.size()), &on)) {
         return UsageError(std::string(name) + " takes no value, or =true or =false");
       }
       (name == "--allow-shared-memory" ? options.allow_shared_memory : options.allow_cuda_ipc) = on;
