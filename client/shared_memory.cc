@@ -128,18 +128,23 @@ absl::Status SharedMemoryTransport::Reserve(uint64_t bytes) {
 
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyFromRegion(
     const v1::CopyFromRegionRequest& request) {
-  v1::CopyRegionResponse response;
-  grpc::Status status =
-      stub_->CopyFromRegion(client_.NewContext(/*unary=*/false).get(), request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+  return Copy(&v1::SharedMemoryService::Stub::CopyFromRegion, request);
 }
 
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyToRegion(
     const v1::CopyToRegionRequest& request) {
+  return Copy(&v1::SharedMemoryService::Stub::CopyToRegion, request);
+}
+
+template <typename Request>
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Copy(
+    grpc::Status (v1::SharedMemoryService::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                          v1::CopyRegionResponse*),
+    const Request& request) {
+  // No deadline: a copy takes as long as its bytes take, as a streamed transfer does.
   v1::CopyRegionResponse response;
   grpc::Status status =
-      stub_->CopyToRegion(client_.NewContext(/*unary=*/false).get(), request, &response);
+      (stub_.get()->*method)(client_.NewContext(/*unary=*/false).get(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

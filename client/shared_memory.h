@@ -78,6 +78,11 @@ class SharedMemoryTransport {
   absl::Status Release();
   absl::StatusOr<v1::CopyRegionResponse> CopyFromRegion(const v1::CopyFromRegionRequest& request);
   absl::StatusOr<v1::CopyRegionResponse> CopyToRegion(const v1::CopyToRegionRequest& request);
+  template <typename Request>
+  absl::StatusOr<v1::CopyRegionResponse> Copy(
+      grpc::Status (v1::SharedMemoryService::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            v1::CopyRegionResponse*),
+      const Request& request);
   // Fills the segment's first `bytes` from `reader`.
   absl::Status Fill(const UploadReader& reader, uint64_t bytes);
   absl::StatusOr<v1::CopyRegionResponse> UploadInPieces(const v1::UploadHeader& header,

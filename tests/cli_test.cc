@@ -27,6 +27,7 @@
 #include "client/client.h"
 #include "client/npy.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
@@ -261,11 +262,7 @@ class CliTest : public ::testing::Test {
 };
 
 std::vector<double> RandomValues(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-3, 3);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
+  return testing::RandomDoubles(n, seed, -3, 3);
 }
 
 TEST_F(CliTest, PutAndGetRoundTripBothOrders) {

@@ -28,14 +28,6 @@ extern char** environ;
 namespace gpucompute::testing {
 namespace {
 
-std::vector<double> RandomDoubles(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1e3, 1e3);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 #define ASSERT_CUDA(call) ASSERT_OK(cuda::CudaStatus((call), #call, __FILE__, __LINE__))
 
 // The server program on CUDA; its stderr goes to a file the test reads the port from.

@@ -28,14 +28,6 @@ namespace {
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
-std::vector<double> RandomDoubles(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-1e3, 1e3);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
 std::span<const std::byte> Bytes(const std::vector<double>& v) {
   return std::as_bytes(std::span<const double>(v));
 }

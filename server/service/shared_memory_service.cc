@@ -127,6 +127,19 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
   return reactor;
 }
 
+// OK when `size` bytes from `region_offset` lie in the copy's region, and a CUDA IPC
+// region is on the buffer's device.
+absl::Status CheckRegionSide(const RegionCopy& copy, uint64_t region_offset, uint64_t size) {
+  RETURN_IF_ERROR(
+      CheckByteRange(region_offset, size, copy.region->size, absl::StrCat("region ", copy.region->id)));
+  if (copy.region->kind == RegionKind::kCudaIpc && copy.region->device != copy.buffer->device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", copy.region->id, " is on device ", copy.region->device,
+                     " but buffer ", copy.buffer->id, " is on device ", copy.buffer->device));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::string& client,
                                               const v1::CopyFromRegionRequest& request) {
   RegionCopy copy;
@@ -164,13 +177,7 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
     case v1::CopyFromRegionRequest::TARGET_NOT_SET:
       return absl::InvalidArgumentError("the copy names no target: set 'create' or 'buffer'");
   }
-  RETURN_IF_ERROR(CheckByteRange(request.region_offset_bytes(), size, copy.region->size,
-                                 absl::StrCat("region ", copy.region->id)));
-  if (copy.region->kind == RegionKind::kCudaIpc && copy.region->device != copy.buffer->device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region ", copy.region->id, " is on device ", copy.region->device,
-                     " but buffer ", copy.buffer->id, " is on device ", copy.buffer->device));
-  }
+  RETURN_IF_ERROR(CheckRegionSide(copy, request.region_offset_bytes(), size));
   copy.bytes = size;
   copy.transfer = OperationKind::kUpload;
   copy.spec.accesses = {{copy.buffer, true}};
@@ -203,13 +210,7 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
   RETURN_IF_ERROR(CheckByteRange(offset, request.size_bytes(), buffer_size,
                                  absl::StrCat("buffer ", copy.buffer->id)));
   const uint64_t size = request.size_bytes() == 0 ? buffer_size - offset : request.size_bytes();
-  RETURN_IF_ERROR(CheckByteRange(request.region_offset_bytes(), size, copy.region->size,
-                                 absl::StrCat("region ", copy.region->id)));
-  if (copy.region->kind == RegionKind::kCudaIpc && copy.region->device != copy.buffer->device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region ", copy.region->id, " is on device ", copy.region->device,
-                     " but buffer ", copy.buffer->id, " is on device ", copy.buffer->device));
-  }
+  RETURN_IF_ERROR(CheckRegionSide(copy, request.region_offset_bytes(), size));
   copy.bytes = size;
   copy.transfer = OperationKind::kDownload;
   copy.spec.accesses = {{copy.buffer, false}};
@@ -229,6 +230,21 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
     return LaunchInfo{};
   };
   return copy;
+}
+
+// Both copy RPCs: the checks every call makes, the plan, and the copy.
+template <typename Request>
+grpc::ServerUnaryReactor* ServeCopy(
+    ServiceContext& ctx, grpc::CallbackServerContext* context, const Request& request,
+    absl::StatusOr<RegionCopy> (*plan)(ServiceContext&, const std::string&, const Request&),
+    v1::CopyRegionResponse* response) {
+  if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<RegionCopy> copy = plan(ctx, *client, request);
+  if (!copy.ok()) return FinishNow(context, copy.status());
+  return SubmitCopy(ctx, context, *client, request.stream_id(), *std::move(copy), response);
 }
 
 }  // namespace
@@ -309,25 +325,13 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ListRegions(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyFromRegion(
     grpc::CallbackServerContext* context, const v1::CopyFromRegionRequest* request,
     v1::CopyRegionResponse* response) {
-  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<RegionCopy> copy = PlanCopyFromRegion(ctx_, *client, *request);
-  if (!copy.ok()) return FinishNow(context, copy.status());
-  return SubmitCopy(ctx_, context, *client, request->stream_id(), *std::move(copy), response);
+  return ServeCopy(ctx_, context, *request, PlanCopyFromRegion, response);
 }
 
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyToRegion(
     grpc::CallbackServerContext* context, const v1::CopyToRegionRequest* request,
     v1::CopyRegionResponse* response) {
-  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<RegionCopy> copy = PlanCopyToRegion(ctx_, *client, *request);
-  if (!copy.ok()) return FinishNow(context, copy.status());
-  return SubmitCopy(ctx_, context, *client, request->stream_id(), *std::move(copy), response);
+  return ServeCopy(ctx_, context, *request, PlanCopyToRegion, response);
 }
 
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
