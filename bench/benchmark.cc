@@ -36,12 +36,16 @@
 //              the link's ceiling; `h2d copy` is Backend::CopyFromHost of the same bytes
 //              from pageable host memory (through the CUDA backend's pinned staging; the
 //              ceiling on the CPU), `d2h copy` Backend::CopyToHost, `upload` and
-//              `download` the client library's calls into and out of a buffer
+//              `download` the client library's calls into and out of a buffer, `shm
+//              upload` and `shm download` the same through SharedMemoryTransport (the
+//              client's copy into or out of its segment included; the server's copy is
+//              one DMA from the pinned segment on CUDA); `shm upload into` overwrites the
+//              existing buffer, without a new buffer's allocation and first touch
 //    MiB       bytes moved / 2^20
 //    ms        device time for the copies; wall time of the whole call (from the client's
 //              side, connection and response included) for upload and download
 //    GB/s      bytes / ms, 1e9 bytes
-//    server GB/s  the server's own TransferStats (first byte to last)
+//    server GB/s  the server's own TransferStats (first byte to last; for shm, its copy)
 //    vs ceiling  GB/s / the pinned h2d copy's GB/s (CUDA), or the h2d copy's (CPU)
 //  e2e latency (the same server; wall time of each call from the client, nearest rank):
 //    call      Submit(wait=true) of x + y on 2^20 float32 resident buffers into a resident
@@ -96,6 +100,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/shared_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/backend.h"
@@ -681,6 +686,58 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   if (sink != source)
     return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
 
+  // The same through shared memory: one segment, registered once (not timed), reused.
+  SharedMemoryTransport shm(*client);
+  RETURN_IF_ERROR(shm.Reserve(bytes));
+  std::vector<double> shm_upload_wall, shm_upload_server, shm_download_wall, shm_download_server;
+  kept.clear();
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::CopyRegionResponse> up = shm.Upload(header, data);
+    const double wall = SecondsSince(start);
+    if (!up.ok()) return up.status();
+    if (r > 0) {
+      shm_upload_wall.push_back(wall);
+      shm_upload_server.push_back(up->transfer().gbps());
+    }
+    if (!kept.empty()) RETURN_IF_ERROR(client->DeleteBuffer(kept));
+    kept = up->buffer().id();
+  }
+  // Into the existing buffer: the same copy without a new allocation's first touch.
+  std::vector<double> shm_overwrite_wall, shm_overwrite_server;
+  v1::UploadHeader overwrite;
+  overwrite.set_buffer(kept);
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::CopyRegionResponse> up = shm.Upload(overwrite, data);
+    const double wall = SecondsSince(start);
+    if (!up.ok()) return up.status();
+    if (r > 0) {
+      shm_overwrite_wall.push_back(wall);
+      shm_overwrite_server.push_back(up->transfer().gbps());
+    }
+  }
+  std::fill(sink.begin(), sink.end(), 0);
+  request.set_buffer(kept);
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::CopyRegionResponse> down =
+        shm.Download(request, [&](uint64_t offset, std::string_view chunk) -> absl::Status {
+          std::memcpy(sink.data() + offset, chunk.data(), chunk.size());
+          return absl::OkStatus();
+        });
+    const double wall = SecondsSince(start);
+    if (!down.ok()) return down.status();
+    if (r > 0) {
+      shm_download_wall.push_back(wall);
+      shm_download_server.push_back(down->transfer().gbps());
+    }
+  }
+  RETURN_IF_ERROR(client->DeleteBuffer(kept));
+  if (sink != source) {
+    return absl::DataLossError("the bytes downloaded through shared memory differ from the uploaded");
+  }
+
   // The ceiling: the pinned copy where there is one (CUDA), else the backend's own copy.
   const double ceiling_seconds =
       ceilings.pinned_h2d_seconds > 0 ? ceilings.pinned_h2d_seconds : h2d_seconds;
@@ -696,6 +753,9 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   add("d2h copy", d2h_seconds, "");
   add("upload", Median(upload_wall), Fixed(Median(upload_server), 3));
   add("download", Median(download_wall), Fixed(Median(download_server), 3));
+  add("shm upload", Median(shm_upload_wall), Fixed(Median(shm_upload_server), 3));
+  add("shm upload into", Median(shm_overwrite_wall), Fixed(Median(shm_overwrite_server), 3));
+  add("shm download", Median(shm_download_wall), Fixed(Median(shm_download_server), 3));
   table.Print(absl::StrCat(
       "transfers: in-process server over loopback, median of ", options.repeat,
       ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));
@@ -970,6 +1030,7 @@ absl::Status Run(const Options& options) {
   server_options.listen = "127.0.0.1:0";
   server_options.backend = options.backend;
   server_options.cpu_threads = options.threads;
+  server_options.allow_shared_memory = true;  // the shm rows; client and server share a host
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "client/cli.h"
 #include "client/npy.h"
+#include "client/shared_memory.h"
 
 namespace gpucompute::cli {
 
@@ -177,6 +178,37 @@ std::string PoolSummary(uint64_t reserved_bytes, uint64_t used_bytes) {
 std::string TransferSummary(const v1::TransferStats& transfer, std::string_view where = "") {
   return absl::StrFormat("%s%s in %.3f s  %s GB/s", FormatBytes(transfer.bytes()), ToAbsl(where),
                          transfer.seconds(), FormatRate(transfer.gbps()));
+}
+
+// The shared-memory transport a put or get of `bytes` uses, or null for gRPC, as
+// --transport says: "grpc"; "shm", or an error saying why it cannot be used; "auto" (the
+// default), shared memory when the server allows it, runs on this host and can map this
+// process's memory, else gRPC.
+absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> ChooseTransport(Client& client,
+                                                                       const ParsedArgs& args,
+                                                                       uint64_t bytes) {
+  const std::string transport = args.Value("--transport").value_or("auto");
+  if (transport == "grpc") return nullptr;
+  if (transport != "auto" && transport != "shm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport is auto, grpc or shm, not '", transport, "'"));
+  }
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  absl::Status usable = info.ok() ? CheckSharedMemoryUsable(*info) : info.status();
+  auto shm = std::make_unique<SharedMemoryTransport>(client);
+  if (usable.ok()) usable = shm->Reserve(bytes);
+  if (usable.ok()) return shm;
+  if (transport == "shm") return usable;
+  return nullptr;
+}
+
+// The outcome of a transfer that could not start on its transport.
+Outcome TransportFailure(std::string_view what, const absl::Status& status) {
+  return absl::IsInvalidArgument(status) ? UsageFrom(status) : Outcome::Server(what, status);
+}
+
+const char* TransportName(const std::unique_ptr<SharedMemoryTransport>& shm) {
+  return shm != nullptr ? "shm" : "grpc";
 }
 
 }  // namespace
@@ -436,9 +468,24 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
     if (!n.ok()) read_failed = true;
     return n;
   };
+  absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> shm =
+      ChooseTransport(**client, args, reader->data_bytes());
+  if (!shm.ok()) return TransportFailure(what, shm.status());
   ProgressBar progress("put", reader->data_bytes());
-  absl::StatusOr<v1::UploadResponse> response =
-      (*client)->Upload(header, reader->data_bytes(), read, progress.AsCallback());
+  absl::StatusOr<v1::UploadResponse> response;
+  if (*shm != nullptr) {
+    absl::StatusOr<v1::CopyRegionResponse> copied =
+        (*shm)->Upload(header, reader->data_bytes(), read, progress.AsCallback());
+    if (copied.ok()) {
+      response.emplace();
+      *response->mutable_buffer() = copied->buffer();
+      *response->mutable_transfer() = copied->transfer();
+    } else {
+      response = copied.status();
+    }
+  } else {
+    response = (*client)->Upload(header, reader->data_bytes(), read, progress.AsCallback());
+  }
   if (!response.ok()) {
     return read_failed ? Outcome::Local(what, response.status())
                        : Outcome::Server(what, response.status());
@@ -447,12 +494,14 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
   if (context.json()) {
     context.Print(JsonObject({{"buffer", ToJson(response->buffer())},
                               {"transfer", ToJson(response->transfer())},
-                              {"file", JsonString(path)}}));
+                              {"file", JsonString(path)},
+                              {"transport", JsonString(TransportName(*shm))}}));
   } else {
     const std::string where =
         into.has_value() ? absl::StrCat(" at offset ", offset->value_or(0)) : "";
     context.Print(absl::StrCat(FormatBufferRef(response->buffer()), "  uploaded ",
-                               TransferSummary(response->transfer(), where)));
+                               TransferSummary(response->transfer(), where), "  via ",
+                               TransportName(*shm)));
   }
   return Outcome::Ok();
 }
@@ -492,9 +541,27 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
   v1::DownloadRequest request;
   // By id: the name could be rebound between the two calls.
   request.set_buffer(info->id());
+  absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> shm =
+      ChooseTransport(**client, args, info->size_bytes());
+  if (!shm.ok()) {
+    discard();
+    return TransportFailure(what, shm.status());
+  }
   ProgressBar progress("get", info->size_bytes());
-  absl::StatusOr<v1::DownloadResponse> response =
-      (*client)->Download(request, sink, progress.AsCallback());
+  absl::StatusOr<v1::DownloadResponse> response;
+  if (*shm != nullptr) {
+    absl::StatusOr<v1::CopyRegionResponse> copied =
+        (*shm)->Download(request, sink, progress.AsCallback());
+    if (copied.ok()) {
+      response.emplace();
+      *response->mutable_buffer() = copied->buffer();
+      *response->mutable_transfer() = copied->transfer();
+    } else {
+      response = copied.status();
+    }
+  } else {
+    response = (*client)->Download(request, sink, progress.AsCallback());
+  }
   if (!response.ok()) {
     discard();
     return write_failed ? Outcome::Local(what, response.status())
@@ -508,10 +575,12 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
   if (context.json()) {
     context.Print(JsonObject({{"buffer", ToJson(response->buffer())},
                               {"transfer", ToJson(response->transfer())},
-                              {"file", JsonString(*path)}}));
+                              {"file", JsonString(*path)},
+                              {"transport", JsonString(TransportName(*shm))}}));
   } else {
     context.Print(absl::StrCat(FormatBufferRef(response->buffer()), "  downloaded to ", *path, "  ",
-                               TransferSummary(response->transfer())));
+                               TransferSummary(response->transfer()), "  via ",
+                               TransportName(*shm)));
   }
   return Outcome::Ok();
 }

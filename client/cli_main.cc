@@ -27,6 +27,13 @@ constexpr FlagSpec kOut = ValueFlag("--out");
 constexpr FlagSpec kName = ValueFlag("--name");
 constexpr FlagSpec kDType = ValueFlag("--dtype");
 
+constexpr FlagSpec kTransport = ValueFlag("--transport");
+constexpr absl::string_view kTransportDetails =
+    "Transports: grpc streams the bytes over the connection; shm moves them through a\n"
+    "POSIX shared-memory segment the server maps, for a server on this host started\n"
+    "with --allow-shared-memory; auto takes shm when the server allows it and is on\n"
+    "this host, else grpc. The JSON output says which was used (\"transport\").\n";
+
 constexpr absl::string_view kOutputDetails =
     "  --out BUFFER   write into this existing buffer (id or name)\n"
     "  --name NAME    name the new result buffer (default: unnamed)\n"
@@ -80,25 +87,31 @@ const std::vector<Command>& Commands() {
         ValueFlag("--name"), ValueFlag("--device")},
        RunCreate},
       {"put",
-       "FILE.npy [--name N] [--into BUFFER [--offset BYTES]]",
+       "FILE.npy [--name N] [--into BUFFER [--offset BYTES]] [--transport T]",
        "upload a .npy file into a new buffer, or into part of an existing one",
+       absl::StrCat(
        "The file is streamed: it is never loaded whole. Supported: '<f4' '<f8' '<i4'\n"
        "'<i8' '|b1', C or Fortran order (Fortran order makes an F-layout buffer).\n"
        "  --name N         name the new buffer\n"
        "  --into BUFFER    overwrite bytes of an existing buffer of the same dtype with\n"
        "                   the file's data, as stored\n"
        "  --offset BYTES   where in BUFFER the data goes (default 0)\n"
+       "  --transport T    auto (default), grpc or shm; see below\n"
        "Prints the buffer, its dtype and shape, the bytes and the transfer rate. A\n"
        "progress bar appears on stderr for transfers over 8 MiB when it is a terminal.\n",
-       {ValueFlag("--name"), ValueFlag("--into"), ValueFlag("--offset")},
+       kTransportDetails),
+       {ValueFlag("--name"), ValueFlag("--into"), ValueFlag("--offset"), kTransport},
        RunPut},
       {"get",
-       "BUFFER -o FILE.npy",
+       "BUFFER -o FILE.npy [--transport T]",
        "download a buffer into a .npy file",
+       absl::StrCat(
        "Writes the buffer's dtype and shape, and Fortran order for F-layout buffers.\n"
        "A failed download removes the partial file.\n"
-       "  -o, --output FILE   the file to write\n",
-       {ValueFlag("--output", "-o")},
+       "  -o, --output FILE   the file to write\n"
+       "  --transport T       auto (default), grpc or shm; see below\n",
+       kTransportDetails),
+       {ValueFlag("--output", "-o"), kTransport},
        RunGet},
       {"eval",
        "EXPR NAME=VALUE... [--out BUFFER | --name N] [--dtype D] [--no-wait]",

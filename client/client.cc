@@ -377,15 +377,21 @@ absl::StatusOr<v1::BufferInfo> Client::CreateBuffer(const v1::CreateBufferReques
 absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header,
                                                   std::span<const std::byte> data,
                                                   const ProgressFn& progress) {
-  uint64_t position = 0;
   // Protobuf owns the bytes it sends, so each chunk is copied once into the message.
-  UploadReader reader = [&](std::span<std::byte> out) -> absl::StatusOr<size_t> {
+  return Upload(header, data.size(), SpanReader(data), progress);
+}
+
+UploadReader SpanReader(std::span<const std::byte> data) {
+  return [data, position = uint64_t{0}](std::span<std::byte> out) mutable -> absl::StatusOr<size_t> {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(out.size(), data.size() - position));
     std::memcpy(out.data(), data.data() + position, n);
     position += n;
     return n;
   };
-  return Upload(header, data.size(), reader, progress);
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext(bool unary) const {
+  return MakeContext(SettingsOf(options_), unary);
 }
 
 absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header,

@@ -64,6 +64,9 @@ using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_vie
 // Converts a gRPC status to the absl::Status with the same code and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// A reader that hands out `data` in order; `data` must outlive it.
+UploadReader SpanReader(std::span<const std::byte> data);
+
 // The result of SubmitAsync: resolves to the finished operation (done is true; its
 // state may be FAILED) or to the error of an RPC. Copyable; copies share the result.
 class OperationFuture {
@@ -98,6 +101,11 @@ class Client {
   ~Client();
 
   const ClientOptions& options() const { return options_; }
+  // The channel, and a context for a call on it that names the client (and carries the
+  // call timeout when `unary`): for stubs of services this class does not wrap, such as
+  // SharedMemoryTransport's (client/shared_memory.h).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  std::unique_ptr<grpc::ClientContext> NewContext(bool unary) const;
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   absl::StatusOr<v1::Stats> GetStats();

@@ -179,6 +179,42 @@ class Backend {
   virtual void PushRange(const std::string& name) {}
   virtual void PopRange() {}
 
+  // --- Shared memory and CUDA IPC (server/shared_memory/). The defaults suit a backend
+  // whose device memory is host memory, as the CPU backend's: nothing to pin, no IPC.
+
+  // Pins [ptr, ptr + bytes) of host memory (a mapped shared-memory region) for DMA until
+  // UnpinHostMemory(ptr), so that CopyFromPinnedHost and CopyToPinnedHost move it in one
+  // transfer. `read_only`: the mapping is readable only.
+  virtual absl::Status PinHostMemory(void* ptr, uint64_t bytes, bool read_only) {
+    return absl::OkStatus();
+  }
+  virtual void UnpinHostMemory(void* ptr) {}
+  // CopyFromHost and CopyToHost for host memory pinned with PinHostMemory.
+  virtual absl::Status CopyFromPinnedHost(Stream& stream, const void* src, DeviceMemory& dst,
+                                          uint64_t dst_offset, uint64_t bytes) {
+    return CopyFromHost(stream, src, dst, dst_offset, bytes);
+  }
+  virtual absl::Status CopyToPinnedHost(Stream& stream, const DeviceMemory& src,
+                                        uint64_t src_offset, void* dst, uint64_t bytes) {
+    return CopyToHost(stream, src, src_offset, dst, bytes);
+  }
+  // Device memory that ExportIpcHandle can export. Allocate's memory may come from a
+  // stream-ordered pool, whose allocations cudaIpcGetMemHandle cannot export.
+  virtual absl::StatusOr<DeviceMemory> AllocateExportable(int device, uint64_t bytes) {
+    return NoCudaIpc();
+  }
+  // The CUDA IPC handle (the bytes of a cudaIpcMemHandle_t) of memory from
+  // AllocateExportable; it maps from the memory's start.
+  virtual absl::StatusOr<std::string> ExportIpcHandle(const DeviceMemory& memory) {
+    return NoCudaIpc();
+  }
+  // Maps another process's device allocation from its IPC handle; the mapping closes when
+  // the result is destroyed. INVALID_ARGUMENT if the allocation is smaller than `bytes`.
+  virtual absl::StatusOr<DeviceMemory> OpenIpcHandle(int device, absl::string_view handle,
+                                                     uint64_t bytes) {
+    return NoCudaIpc();
+  }
+
   // --- Health. OK until the backend hits an error after which its devices' state can no
   // longer be trusted (a sticky CUDA error such as an illegal address); from then on the
   // service refuses work rather than serve possibly wrong results. Thread-safe.
@@ -204,6 +240,11 @@ class Backend {
   }
 
  private:
+  absl::Status NoCudaIpc() const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA IPC needs the cuda backend; this server runs the ", name(), " backend"));
+  }
+
   mutable absl::Mutex health_mu_;
   absl::Status health_ ABSL_GUARDED_BY(health_mu_);
   std::function<void(const absl::Status&)> failure_listener_ ABSL_GUARDED_BY(health_mu_);

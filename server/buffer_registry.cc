@@ -74,7 +74,7 @@ std::string BufferRegistry::NameKey(absl::string_view client, absl::string_view 
 absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
                                                       absl::string_view name, DType dtype,
                                                       std::vector<uint64_t> shape, Layout layout,
-                                                      int device) {
+                                                      int device, bool exportable) {
   RETURN_IF_ERROR(ValidateBufferName(name));
   ASSIGN_OR_RETURN(uint64_t n, CheckedElementCount(shape, DTypeSize(dtype)));
   if (device < 0 || device >= static_cast<int>(backend_.devices().size())) {
@@ -88,7 +88,8 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   }
   const uint64_t bytes = n * DTypeSize(dtype);
   ASSIGN_OR_RETURN(MemoryLimiter::Charge charge, limiter_.TryCharge(bytes));
-  ASSIGN_OR_RETURN(DeviceMemory memory, backend_.Allocate(device, bytes));
+  ASSIGN_OR_RETURN(DeviceMemory memory, exportable ? backend_.AllocateExportable(device, bytes)
+                                                   : backend_.Allocate(device, bytes));
 
   auto entry = std::make_shared<BufferEntry>();
   entry->id = NewId("buf-");
@@ -102,6 +103,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
                                       .count();
   entry->device = device;
   entry->memory = std::move(memory);
+  entry->exportable = exportable;
   entry->charge = std::move(charge);
   return entry;
 }

@@ -88,6 +88,9 @@ struct BufferMeta {
 // it (its hazards) is the Executor's, kept under the executor's own lock.
 struct BufferEntry : BufferMeta {
   DeviceMemory memory;
+  // The memory came from Backend::AllocateExportable: it can be exported as a CUDA IPC
+  // handle (SharedMemoryService.ExportBuffer).
+  bool exportable = false;
   MemoryLimiter::Charge charge;
 };
 
@@ -105,10 +108,11 @@ class BufferRegistry {
   BufferRegistry(Backend& backend, MemoryLimiter& limiter) : backend_(backend), limiter_(limiter) {}
 
   // Allocates an entry that is not yet visible to lookups. Checks the shape, the name
-  // (and that the client does not already use it) and the memory limit.
+  // (and that the client does not already use it) and the memory limit. `exportable`
+  // takes the memory from Backend::AllocateExportable.
   absl::StatusOr<BufferHandle> Allocate(absl::string_view client, absl::string_view name,
                                         DType dtype, std::vector<uint64_t> shape, Layout layout,
-                                        int device);
+                                        int device, bool exportable = false);
   // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile.
   absl::Status Register(const BufferHandle& entry);
   // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.

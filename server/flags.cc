@@ -58,6 +58,21 @@ std::string AbslUnparseFlag(ReleaseThreshold threshold) {
   return threshold.bytes == UINT64_MAX ? "keep" : absl::StrCat(threshold.bytes);
 }
 
+// A non-negative number of seconds, possibly fractional.
+struct Seconds {
+  double value = 0;
+};
+
+bool AbslParseFlag(absl::string_view text, Seconds* s, std::string* error) {
+  if (!absl::SimpleAtod(text, &s->value) || !(s->value >= 0)) {
+    *error = "needs a non-negative number of seconds";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(Seconds s) { return absl::StrCat(s.value); }
+
 struct NonNegative {
   int value = 0;
 };
@@ -102,6 +117,15 @@ ABSL_FLAG(gpucompute::ByteSize, memory_limit, {},
           "memory for the CPU, each GPU's memory less max(5%, 256MiB) for CUDA");
 ABSL_FLAG(gpucompute::NonNegative, cpu_threads, {},
           "CPU backend worker threads; 0 is one per hardware thread");
+ABSL_FLAG(bool, allow_shared_memory, false,
+          "let clients register POSIX shared-memory regions and copy between them and "
+          "buffers (SharedMemoryService); only for trusted clients on this host");
+ABSL_FLAG(bool, allow_cuda_ipc, false,
+          "let clients export buffers as CUDA IPC handles and register their own device "
+          "memory as regions (CUDA backend); only for trusted clients on this host");
+ABSL_FLAG(gpucompute::Seconds, region_idle_timeout, {600},
+          "release a shared-memory region or export unused this long, in seconds; 0 never "
+          "does");
 ABSL_FLAG(gpucompute::NonNegative, max_streams, {1024},
           "streams of all clients together, default streams included; idle default streams "
           "are reclaimed to make room (on the CPU backend each stream is a thread)");
@@ -148,6 +172,9 @@ constexpr FlagDoc kFlagDocs[] = {
     {"kernel_cache_dir", "DIR", true},
     {"cuda_module", "PATH", true},
     {"metrics_listen", "HOST:PORT"},
+    {"allow_shared_memory", "true|false"},
+    {"allow_cuda_ipc", "true|false"},
+    {"region_idle_timeout", "SECONDS"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -352,6 +379,9 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.kernel_cache_dir = absl::GetFlag(FLAGS_kernel_cache_dir).path;
   o.cuda_module = absl::GetFlag(FLAGS_cuda_module);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
+  o.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
+  o.region_idle_timeout_seconds = absl::GetFlag(FLAGS_region_idle_timeout).value;
   return parsed;
 }
 

@@ -67,7 +67,8 @@ struct HealthSink {
 // The services the health service reports on, besides the server as a whole ("").
 std::vector<std::string> ServiceNames() {
   return {v1::BufferService::service_full_name(), v1::StreamService::service_full_name(),
-          v1::OperationService::service_full_name(), v1::ServerService::service_full_name()};
+          v1::OperationService::service_full_name(), v1::ServerService::service_full_name(),
+          v1::SharedMemoryService::service_full_name()};
 }
 
 void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
@@ -89,6 +90,9 @@ struct Server::Impl {
   std::unique_ptr<StreamServiceImpl> streams;
   std::unique_ptr<OperationServiceImpl> operations;
   std::unique_ptr<ServerServiceImpl> server_service;
+  // Only while SharedMemoryService allows something; the service itself always answers.
+  std::unique_ptr<RegionRegistry> regions;
+  std::unique_ptr<SharedMemoryServiceImpl> shared_memory;
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -134,6 +138,8 @@ Server::~Server() {
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
   impl_->executor.reset();
+  // Regions are released at shutdown; the copies that used them are done.
+  impl_->regions.reset();
   impl_->registry.reset();
   impl_->timer.reset();
 }
@@ -180,6 +186,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
   impl->operations = std::make_unique<OperationServiceImpl>(*impl->ctx);
   impl->server_service = std::make_unique<ServerServiceImpl>(*impl->ctx);
+  {
+    const double timeout = options.region_idle_timeout_seconds;
+    if (!(timeout >= 0) || timeout > 1e9) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region idle timeout must be 0 to 1e9 seconds, got ", timeout));
+    }
+    SharedMemoryPolicy& policy = impl->ctx->shared_memory;
+    policy.allow_system = options.allow_shared_memory;
+    policy.allow_cuda_ipc = options.allow_cuda_ipc;
+    policy.idle_timeout = absl::Seconds(timeout);
+    if (policy.allow_system || policy.allow_cuda_ipc) {
+      impl->regions = std::make_unique<RegionRegistry>(policy.idle_timeout);
+      impl->ctx->regions = impl->regions.get();
+    }
+    impl->shared_memory = std::make_unique<SharedMemoryServiceImpl>(*impl->ctx);
+  }
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
@@ -196,6 +218,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(impl->streams.get());
   builder.RegisterService(impl->operations.get());
   builder.RegisterService(impl->server_service.get());
+  builder.RegisterService(impl->shared_memory.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

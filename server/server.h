@@ -49,6 +49,14 @@ struct ServerOptions {
   // HOST:PORT serving Prometheus metrics on /metrics (port 0 picks one, see
   // Server::metrics_port); empty serves none.
   std::string metrics_listen;
+  // SharedMemoryService: system shared-memory regions (--allow-shared-memory) and CUDA IPC
+  // regions and exports (--allow-cuda-ipc). Off by default: only trusted clients on the
+  // server's host should be let in; without them the service answers FAILED_PRECONDITION.
+  bool allow_shared_memory = false;
+  bool allow_cuda_ipc = false;
+  // Seconds a region may go unused before it is released; 0 keeps regions until they are
+  // unregistered or the server stops.
+  double region_idle_timeout_seconds = 600;
 };
 
 class Server {

@@ -22,11 +22,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/npy.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "tests/test_util.h"
 
 namespace gpucompute {
 namespace {
@@ -89,7 +91,14 @@ class CliTest : public ::testing::Test {
   // server's own code instead of meeting the default action in the dynamic loader.
   static ServerProcess SpawnServer(const std::vector<std::string>& flags, const std::string& log,
                                    bool block_stop_signals = false) {
-    std::vector<std::string> args = {server_bin_};
+    return SpawnProgram(server_bin_, flags, log, block_stop_signals);
+  }
+
+  // Starts `program` with `flags`, its stderr (and stdout) going to `log`.
+  static ServerProcess SpawnProgram(const std::string& program,
+                                    const std::vector<std::string>& flags, const std::string& log,
+                                    bool block_stop_signals = false) {
+    std::vector<std::string> args = {program};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -104,6 +113,7 @@ class CliTest : public ::testing::Test {
     if (pid == 0) {  // only async-signal-safe calls from here to exec
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) dup2(fd, STDERR_FILENO);
+      if (fd >= 0) dup2(fd, STDOUT_FILENO);
       if (block_stop_signals) sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
       execv(argv[0], argv.data());
       _exit(127);
@@ -253,11 +263,7 @@ class CliTest : public ::testing::Test {
 };
 
 std::vector<double> RandomValues(size_t n, uint32_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-3, 3);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
+  return testing::RandomDoubles(n, -3, 3, seed);
 }
 
 TEST_F(CliTest, PutAndGetRoundTripBothOrders) {
@@ -615,8 +621,10 @@ TEST_F(CliTest, ServerRejectsBadFlags) {
   EXPECT_NE(ReadFile(err).find("unknown backend"), std::string::npos) << ReadFile(err);
 
   // Malformed values are usage errors (exit 2) naming the flag.
-  for (const std::string flag : {"--pool-initial=lots", "--pool-release-threshold=some",
-                                 "--default-device=-1", "--default-device=first"}) {
+  for (const std::string flag :
+       {"--pool-initial=lots", "--pool-release-threshold=some", "--default-device=-1",
+        "--default-device=first", "--region-idle-timeout=-1", "--allow-shared-memory=maybe",
+        "--allow-cuda-ipc=2"}) {
     const int code =
         std::system((ShellQuote(server_bin_) + " " + flag + " 2>" + ShellQuote(err)).c_str());
     EXPECT_EQ(WEXITSTATUS(code), 2) << flag;
@@ -630,6 +638,180 @@ TEST_F(CliTest, ServerRejectsBadFlags) {
                       .c_str());
   EXPECT_EQ(WEXITSTATUS(device), 1);
   EXPECT_NE(ReadFile(err).find("device 3 does not exist"), std::string::npos) << ReadFile(err);
+}
+
+// A server started with --allow-shared-memory, and a library client of it.
+class SharedMemoryServer {
+ public:
+  explicit SharedMemoryServer(ServerProcess process, int port) : process_(std::move(process)) {
+    ClientOptions options;
+    options.target = target(port);
+    options.client_name = "cli-test";
+    options.timeout = absl::Seconds(60);
+    client_ = *Client::Connect(options);
+    target_ = options.target;
+    stub_ = v1::SharedMemoryService::NewStub(client_->channel());
+  }
+  // A server a failed test did not stop goes here.
+  ~SharedMemoryServer() {
+    if (process_.pid > 0) {
+      kill(process_.pid, SIGKILL);
+      waitpid(process_.pid, nullptr, 0);
+    }
+  }
+  static std::string target(int port) { return "127.0.0.1:" + std::to_string(port); }
+  const std::string& target() const { return target_; }
+  ServerProcess& process() { return process_; }
+  Client& client() { return *client_; }
+  int Regions() {
+    v1::ListRegionsResponse response;
+    grpc::Status status = stub_->ListRegions(client_->NewContext(true).get(), {}, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.regions_size();
+  }
+
+ private:
+  ServerProcess process_;
+  std::string target_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<v1::SharedMemoryService::Stub> stub_;
+};
+
+// Whether `pid`'s memory map, or /dev/shm, still has a segment of the CLI process `cli`.
+bool MapsSegmentOf(pid_t pid, pid_t cli) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  const std::string needle = "/gpucompute-" + std::to_string(cli) + "-";
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+bool ShmFileOf(pid_t cli) {
+  const std::string prefix = "gpucompute-" + std::to_string(cli) + "-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+TEST_F(CliTest, PutAndGetChooseTheirTransport) {
+  const std::vector<double> values = RandomValues(3 * 1000, 11);
+  const std::string in = Path("transport_in.npy");
+  WriteNpy(in, values, {3, 1000}, false);
+
+  // This server does not allow shared memory: auto takes gRPC, shm is refused naming the flag.
+  Result put = Run("--json put " + ShellQuote(in) + " --name t_auto --transport=auto");
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_NE(put.out.find("\"transport\":\"grpc\""), std::string::npos) << put.out;
+  Result refused = Run("put " + ShellQuote(in) + " --name t_shm --transport=shm");
+  EXPECT_EQ(refused.exit_code, 19) << "FAILED_PRECONDITION is 10 + 9: " << refused.err;
+  EXPECT_NE(refused.err.find("--allow-shared-memory"), std::string::npos) << refused.err;
+  EXPECT_EQ(Run("--json ls").out.find("t_shm"), std::string::npos);
+  Result get_refused = Run("get t_auto -o " + ShellQuote(Path("refused.npy")) + " --transport=shm");
+  EXPECT_EQ(get_refused.exit_code, 19) << get_refused.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("refused.npy")));
+  EXPECT_EQ(Run("put " + ShellQuote(in) + " --transport=pigeon").exit_code, 2);
+
+  // One that does: auto takes shared memory, and every path gives back the same bytes.
+  ServerProcess process = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu",
+                                       "--memory-limit=256MiB", "--cpu-threads=2",
+                                       "--allow-shared-memory"},
+                                      Path("shm_server.log"));
+  const int port = WaitForListening(process);
+  ASSERT_NE(port, 0) << ReadFile(process.log);
+  SharedMemoryServer shm(process, port);
+  put = Run("--json put " + ShellQuote(in) + " --name t_shm", shm.target());
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_NE(put.out.find("\"transport\":\"shm\""), std::string::npos) << put.out;
+  for (const std::string transport : {"auto", "shm", "grpc"}) {
+    const std::string out = Path("transport_" + transport + ".npy");
+    Result get = Run("--json get t_shm -o " + ShellQuote(out) + " --transport=" + transport,
+                     shm.target());
+    ASSERT_EQ(get.exit_code, 0) << transport << ": " << get.err;
+    EXPECT_NE(get.out.find(std::string("\"transport\":\"") +
+                           (transport == "grpc" ? "grpc" : "shm") + "\""),
+              std::string::npos)
+        << get.out;
+    EXPECT_EQ(ReadNpyDoubles(out), values) << transport;
+    EXPECT_EQ(ReadFile(out), ReadFile(in)) << transport;
+  }
+  // Into part of an existing buffer, through shared memory.
+  const std::vector<double> patch = RandomValues(500, 12);
+  WriteNpy(Path("patch.npy"), patch, {500}, false);
+  Result into = Run("put " + ShellQuote(Path("patch.npy")) + " --into t_shm --offset 8000", shm.target());
+  ASSERT_EQ(into.exit_code, 0) << into.err;
+  EXPECT_NE(into.out.find("via shm"), std::string::npos) << into.out;
+  ASSERT_EQ(Run("get t_shm -o " + ShellQuote(Path("patched.npy")), shm.target()).exit_code, 0);
+  std::vector<double> expected = values;
+  std::copy(patch.begin(), patch.end(), expected.begin() + 1000);
+  EXPECT_EQ(ReadNpyDoubles(Path("patched.npy")), expected);
+  EXPECT_EQ(shm.Regions(), 0) << "the CLI left its region registered";
+  ExpectStopsCleanly(shm.process(), SIGTERM);
+}
+
+TEST_F(CliTest, ClientKilledDuringASharedMemoryPutLeavesNothing) {
+  const size_t n = size_t{4} << 20;  // 32 MiB
+  const std::vector<double> values = RandomValues(n, 13);
+  const std::string in = Path("killed_in.npy");
+  WriteNpy(in, values, {n}, false);
+  ServerProcess process = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu",
+                                       "--memory-limit=1GiB", "--cpu-threads=2",
+                                       "--allow-shared-memory", "--region-idle-timeout=0.3"},
+                                      Path("killed_server.log"));
+  const int port = WaitForListening(process);
+  ASSERT_NE(port, 0) << ReadFile(process.log);
+  SharedMemoryServer shm(process, port);
+
+  int whole = 0;  // kills that came too late: the put had finished
+  for (const int delay_ms : {0, 5, 20, 60}) {
+    SCOPED_TRACE(absl::StrCat("killed ", delay_ms, " ms after registering"));
+    const std::string name = "killed_" + std::to_string(delay_ms);
+    ServerProcess cli =
+        SpawnProgram(cli_bin_,
+                     {"--server", shm.target(), "--client", "cli-test", "put", in, "--name", name,
+                      "--transport=shm"},
+                     Path("killed_cli.log"));
+    ASSERT_GT(cli.pid, 0);
+    // Mid-transfer: the region is registered and the segment's name already unlinked.
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+         absl::Now() < deadline && !HasExited(cli.pid);) {
+      if (shm.Regions() == 1 && !ShmFileOf(cli.pid)) break;
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    kill(cli.pid, SIGKILL);
+    int status = 0;
+    waitpid(cli.pid, &status, 0);
+
+    // The region idles out and the server unmaps it; no file is left in /dev/shm.
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+         absl::Now() < deadline && shm.Regions() != 0;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(shm.Regions(), 0);
+    EXPECT_FALSE(MapsSegmentOf(process.pid, cli.pid)) << "the server still maps the segment";
+    EXPECT_FALSE(ShmFileOf(cli.pid)) << "a segment file is left in /dev/shm";
+    // The buffer exists whole, with every value, or not at all; memory matches.
+    absl::StatusOr<v1::ListBuffersResponse> list = shm.client().ListBuffers();
+    ASSERT_TRUE(list.ok()) << list.status();
+    for (const v1::BufferInfo& buffer : list->buffers()) {
+      if (buffer.name() != name) continue;
+      ++whole;
+      std::string bytes;
+      v1::DownloadRequest request;
+      request.set_buffer(buffer.id());
+      ASSERT_TRUE(shm.client().Download(request, &bytes).ok());
+      ASSERT_EQ(bytes.size(), n * 8);
+      EXPECT_EQ(std::memcmp(bytes.data(), values.data(), bytes.size()), 0)
+          << "a half-written buffer is visible";
+    }
+    absl::StatusOr<v1::ServerInfo> info = shm.client().GetServerInfo();
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->memory_used_bytes(), list->total_bytes()) << "memory leaked";
+  }
+  EXPECT_LT(whole, 4) << "no kill came mid-transfer, so this test tested nothing";
+  ExpectStopsCleanly(shm.process(), SIGTERM);
 }
 
 }  // namespace

@@ -132,9 +132,8 @@ int ProcessThreads() {
 // backend each stream is a thread: 300 names used to make 315 threads. The server's
 // stream bound takes idle default streams back instead.
 TEST(HostileClientsTest, ManyClientNamesDoNotGrowStreamsOrThreads) {
-  ServerOptions options;
-  options.max_streams = 8;
-  std::unique_ptr<TestServer> server = TestServer::StartWithOptions(options);
+  std::unique_ptr<TestServer> server = TestServer::StartWith(
+      nullptr, 256 * kMiB, 2, [](ServerOptions& options) { options.max_streams = 8; });
   ASSERT_NE(server, nullptr);
   std::unique_ptr<Client> first = server->Connect("client-0");
   ASSERT_OK(

@@ -59,13 +59,6 @@ void ExpectRejected(Client& client, const v1::SubmitRequest& request, absl::Stat
   }
 }
 
-std::vector<double> RandomDoubles(size_t n, double lo, double hi, uint64_t seed) {
-  Lcg g(seed);
-  std::vector<double> v(n);
-  for (double& x : v) x = g.Uniform(lo, hi);
-  return v;
-}
-
 std::vector<double> Iota(size_t n, double scale) {
   std::vector<double> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i % 65536) * scale;

@@ -78,8 +78,6 @@ class Lcg {
   uint64_t state_;
 };
 
-std::vector<double> RandomDoubles(size_t n, double lo, double hi, uint64_t seed);
-
 template <typename To, typename From>
 std::vector<To> Cast(const std::vector<From>& v) {
   std::vector<To> out(v.size());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -63,25 +64,19 @@ class TestServer {
   }
 
   // As Start, serving `backend` when it is not null (e.g. a wrapper of the CPU backend
-  // that injects failures).
-  static std::unique_ptr<TestServer> StartWith(std::unique_ptr<Backend> backend,
-                                               uint64_t memory_limit_bytes = 256 * kMiB,
-                                               int cpu_threads = 2) {
-    return StartWithOptions(ServerOptions(), std::move(backend), memory_limit_bytes, cpu_threads);
-  }
-
-  // As StartWith, from `options` (listen, backend, memory limit, threads and the kernel
-  // cache are the test's).
-  static std::unique_ptr<TestServer> StartWithOptions(ServerOptions options,
-                                                      std::unique_ptr<Backend> backend = nullptr,
-                                                      uint64_t memory_limit_bytes = 256 * kMiB,
-                                                      int cpu_threads = 2) {
+  // that injects failures), with `configure` adjusting the options last (e.g. to enable a
+  // service).
+  static std::unique_ptr<TestServer> StartWith(
+      std::unique_ptr<Backend> backend, uint64_t memory_limit_bytes = 256 * kMiB,
+      int cpu_threads = 2, const std::function<void(ServerOptions&)>& configure = {}) {
+    ServerOptions options;
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
     options.backend = TestBackendName();
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;
+    if (configure) configure(options);
     absl::StatusOr<std::unique_ptr<Server>> server =
         backend == nullptr ? Server::Start(options) : Server::Start(options, std::move(backend));
     if (!server.ok()) {

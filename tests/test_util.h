@@ -14,7 +14,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/support/status.h>
 
@@ -39,6 +42,16 @@ template <typename T>
   const absl::Status status = StatusOf(value);
   if (status.ok()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << expression << " is not OK: " << status;
+}
+
+// `n` values drawn uniformly from [low, high) by mt19937_64 seeded with `seed`: the same
+// on every run and machine.
+inline std::vector<double> RandomDoubles(size_t n, double low, double high, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(low, high);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
 }
 
 }  // namespace gpucompute::testing

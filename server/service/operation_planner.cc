@@ -467,13 +467,15 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
 }
 
 absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
-                                                 const v1::CreateBufferRequest& request) {
+                                                 const v1::CreateBufferRequest& request,
+                                                 bool exportable) {
   ASSIGN_OR_RETURN(DType dtype, FromProto(request.dtype()));
   ASSIGN_OR_RETURN(Layout layout, FromProto(request.layout()));
   const int device = request.has_device() ? request.device() : ctx.executor.default_device();
   return ctx.registry.Allocate(
       client, request.name(), dtype,
-      std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout, device);
+      std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout, device,
+      exportable);
 }
 
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,

@@ -21,9 +21,10 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
                                    const v1::SubmitRequest& request);
 
 // Checks a CreateBuffer request (or an upload's header) and allocates its buffer, not yet
-// visible to lookups (BufferRegistry::Allocate).
+// visible to lookups (BufferRegistry::Allocate), exportable as a CUDA IPC handle if asked.
 absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
-                                                 const v1::CreateBufferRequest& request);
+                                                 const v1::CreateBufferRequest& request,
+                                                 bool exportable = false);
 
 // Fills every element of `buffer` with `value` (CreateBuffer's fill).
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,

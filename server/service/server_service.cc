@@ -1,4 +1,5 @@
 // ServerService: GetServerInfo, GetStats, TrimMemoryPool, StartProfiler, StopProfiler.
+#include "gpucompute/v1/host_identity.h"
 #include "server/service/services.h"
 
 namespace gpucompute {
@@ -46,7 +47,14 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_streams(ctx_.executor.max_streams());
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
+  limits->set_max_regions_per_client(kMaxRegionsPerClient);
   response->set_backend_error(BackendError(ctx_.backend));
+  response->set_shared_memory_enabled(ctx_.shared_memory.allow_system);
+  response->set_cuda_ipc_enabled(ctx_.shared_memory.allow_cuda_ipc);
+  response->set_hostname(HostName());
+  response->set_boot_id(BootId());
+  response->set_region_idle_timeout_seconds(
+      absl::ToDoubleSeconds(ctx_.shared_memory.idle_timeout));
   return FinishNow(context, absl::OkStatus());
 }
 

@@ -19,6 +19,7 @@
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
+#include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
 
 namespace gpucompute {
@@ -33,6 +34,9 @@ struct ServiceContext {
   MemoryLimiter& limiter;
   Timer& timer;
   std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
+  // SharedMemoryService: what it allows, and its regions (null while it allows nothing).
+  SharedMemoryPolicy shared_memory = {};
+  RegionRegistry* regions = nullptr;
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

@@ -149,6 +149,35 @@ class ServerServiceImpl final : public v1::ServerService::CallbackService {
   ServiceContext& ctx_;
 };
 
+// SharedMemoryService: regions of shared memory and CUDA IPC, and copies between them and
+// buffers (shared_memory_service.cc).
+class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackService {
+ public:
+  explicit SharedMemoryServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegionInfo* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* CopyFromRegion(grpc::CallbackServerContext* context,
+                                           const v1::CopyFromRegionRequest* request,
+                                           v1::CopyRegionResponse* response) override;
+  grpc::ServerUnaryReactor* CopyToRegion(grpc::CallbackServerContext* context,
+                                         const v1::CopyToRegionRequest* request,
+                                         v1::CopyRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ExportBuffer(grpc::CallbackServerContext* context,
+                                         const v1::ExportBufferRequest* request,
+                                         v1::ExportBufferResponse* response) override;
+
+ private:
+  ServiceContext& ctx_;
+};
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_

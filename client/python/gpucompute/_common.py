@@ -44,6 +44,8 @@ _SERVICE_METHODS = {
     "OperationService": ("Submit", "GetOperation", "WaitOperation"),
     "ServerService": ("GetServerInfo", "GetStats", "TrimMemoryPool", "StartProfiler",
                       "StopProfiler"),
+    "SharedMemoryService": ("RegisterRegion", "UnregisterRegion", "ListRegions",
+                            "CopyFromRegion", "CopyToRegion", "ExportBuffer"),
 }
 
 

@@ -1,0 +1,295 @@
+#include "client/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gpucompute/v1/host_identity.h"
+
+namespace gpucompute {
+namespace {
+
+// The smallest segment: one page, so that empty transfers have a region too.
+constexpr uint64_t kMinRegionBytes = 4096;
+
+absl::Status ErrnoError(absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// A name no other segment has: this process, a counter, and 64 random bits.
+std::string NewSegmentName() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device random;
+  const uint64_t bits = (uint64_t{random()} << 32) | random();
+  return absl::StrFormat("/gpucompute-%d-%d-%016x", getpid(), counter.fetch_add(1), bits);
+}
+
+void AddTransfer(const v1::TransferStats& piece, v1::TransferStats* total) {
+  total->set_bytes(total->bytes() + piece.bytes());
+  total->set_seconds(total->seconds() + piece.seconds());
+  total->set_gbps(total->seconds() > 0 ? total->bytes() / total->seconds() / 1e9 : 0);
+}
+
+}  // namespace
+
+absl::Status CheckSharedMemoryUsable(const v1::ServerInfo& info) {
+  if (!info.shared_memory_enabled()) {
+    return absl::FailedPreconditionError(
+        "the server does not allow shared memory (it runs without --allow-shared-memory)");
+  }
+  const std::string boot_id = BootId();
+  if (info.hostname() != HostName() || boot_id.empty() || info.boot_id() != boot_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the server runs on another host (", info.hostname(), ") than this client (", HostName(),
+        "); shared memory needs both on one host"));
+  }
+  return absl::OkStatus();
+}
+
+SharedMemoryTransport::SharedMemoryTransport(Client& client, Options options)
+    : client_(client),
+      options_(options),
+      stub_(v1::SharedMemoryService::NewStub(client.channel())) {}
+
+SharedMemoryTransport::~SharedMemoryTransport() { Release().IgnoreError(); }
+
+absl::Status SharedMemoryTransport::Release() {
+  absl::Status status;
+  if (!region_id_.empty()) {
+    v1::UnregisterRegionRequest request;
+    request.set_region_id(region_id_);
+    v1::UnregisterRegionResponse response;
+    status = FromGrpcStatus(
+        stub_->UnregisterRegion(client_.NewContext(/*unary=*/true).get(), request, &response));
+    region_id_.clear();
+  }
+  if (data_ != nullptr) munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+  return status;
+}
+
+absl::Status SharedMemoryTransport::Reserve(uint64_t bytes) {
+  uint64_t want = std::max(bytes, kMinRegionBytes);
+  if (options_.max_region_bytes != 0) {
+    want = std::min(want, std::max(options_.max_region_bytes, kMinRegionBytes));
+  }
+  if (data_ != nullptr && size_ >= want) return absl::OkStatus();
+  if (absl::Status s = Release(); !s.ok() && !absl::IsNotFound(s)) return s;
+
+  const std::string name = NewSegmentName();
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return ErrnoError(absl::StrCat("shm_open of ", name));
+  void* data = MAP_FAILED;
+  absl::Status status;
+  // Allocated now, not on first touch: a full /dev/shm is an error here rather than a
+  // SIGBUS in whichever process writes first.
+  if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
+    status = ErrnoError(absl::StrCat("sizing shared memory ", name, " to ", want, " bytes"));
+  } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(want)); error != 0) {
+    status = absl::ResourceExhaustedError(absl::StrCat(
+        "allocating ", want, " bytes of shared memory: ", std::strerror(error)));
+  } else {
+    data = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) status = ErrnoError(absl::StrCat("mmap of ", name));
+  }
+  close(fd);
+  if (status.ok()) {
+    v1::RegisterRegionRequest request;
+    v1::SystemSharedMemory* system = request.mutable_system();
+    system->set_name(name);
+    system->set_size_bytes(want);
+    v1::RegionInfo region;
+    status = FromGrpcStatus(
+        stub_->RegisterRegion(client_.NewContext(/*unary=*/true).get(), request, &region));
+    if (status.ok()) region_id_ = region.id();
+  }
+  // Mapped on both sides (or failed): the name is no longer needed, and gone it cannot
+  // outlive this process.
+  shm_unlink(name.c_str());
+  if (!status.ok()) {
+    if (data != MAP_FAILED) munmap(data, want);
+    return status;
+  }
+  data_ = static_cast<std::byte*>(data);
+  size_ = want;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyFromRegion(
+    const v1::CopyFromRegionRequest& request) {
+  return Copy(&v1::SharedMemoryService::Stub::CopyFromRegion, request);
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyToRegion(
+    const v1::CopyToRegionRequest& request) {
+  return Copy(&v1::SharedMemoryService::Stub::CopyToRegion, request);
+}
+
+template <typename Request>
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Copy(
+    grpc::Status (v1::SharedMemoryService::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                          v1::CopyRegionResponse*),
+    const Request& request) {
+  // No deadline: a copy takes as long as its bytes take, as a streamed transfer does.
+  v1::CopyRegionResponse response;
+  grpc::Status status =
+      (stub_.get()->*method)(client_.NewContext(/*unary=*/false).get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status SharedMemoryTransport::Fill(const UploadReader& reader, uint64_t bytes) {
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t wanted = static_cast<size_t>(bytes - done);
+    absl::StatusOr<size_t> got = reader(std::span<std::byte>(data_ + done, wanted));
+    if (!got.ok()) return got.status();
+    if (*got == 0 || *got > wanted) {
+      return absl::InternalError(absl::StrCat("the upload reader returned ", *got,
+                                              " bytes when ", wanted, " were asked for"));
+    }
+    done += *got;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(
+    const v1::UploadHeader& header, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress) {
+  if (header.size_bytes() != 0 && header.size_bytes() != size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the upload header declares ",
+                                                   header.size_bytes(), " bytes but ", size_bytes,
+                                                   " are given"));
+  }
+  if (absl::Status s = Reserve(size_bytes); !s.ok()) return s;
+  if (size_bytes > size_) return UploadInPieces(header, size_bytes, reader, progress);
+  if (absl::Status s = Fill(reader, size_bytes); !s.ok()) return s;
+  v1::CopyFromRegionRequest request;
+  request.set_region_id(region_id_);
+  request.set_size_bytes(size_bytes);
+  if (header.has_create()) {
+    *request.mutable_create() = header.create();
+  } else {
+    request.set_buffer(header.buffer());
+    request.set_offset_bytes(header.offset_bytes());
+    if (size_bytes == 0) {
+      // Nothing to copy (and 0 would mean "to the end of the buffer").
+      absl::StatusOr<v1::BufferInfo> info = client_.GetBuffer(header.buffer());
+      if (!info.ok()) return info.status();
+      v1::CopyRegionResponse response;
+      *response.mutable_buffer() = *std::move(info);
+      return response;
+    }
+  }
+  absl::StatusOr<v1::CopyRegionResponse> response = CopyFromRegion(request);
+  if (response.ok() && progress) progress(size_bytes, size_bytes);
+  return response;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
+    const v1::UploadHeader& header, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress) {
+  std::string target = header.buffer();
+  uint64_t offset = header.offset_bytes();
+  if (header.has_create()) {
+    absl::StatusOr<v1::BufferInfo> created = client_.CreateBuffer(header.create());
+    if (!created.ok()) return created.status();
+    if (created->size_bytes() != size_bytes) {
+      client_.DeleteBuffer(created->id()).IgnoreError();
+      return absl::InvalidArgumentError(absl::StrCat("the upload has ", size_bytes,
+                                                     " bytes but the new buffer holds ",
+                                                     created->size_bytes()));
+    }
+    target = created->id();
+    offset = 0;
+  }
+  v1::CopyRegionResponse total;
+  for (uint64_t done = 0; done < size_bytes;) {
+    const uint64_t piece = std::min(size_, size_bytes - done);
+    absl::Status status = Fill(reader, piece);
+    v1::CopyRegionResponse response;
+    if (status.ok()) {
+      v1::CopyFromRegionRequest request;
+      request.set_region_id(region_id_);
+      request.set_size_bytes(piece);
+      request.set_buffer(target);
+      request.set_offset_bytes(offset + done);
+      absl::StatusOr<v1::CopyRegionResponse> copied = CopyFromRegion(request);
+      if (copied.ok()) response = *std::move(copied);
+      status = copied.status();
+    }
+    if (!status.ok()) {
+      if (header.has_create()) client_.DeleteBuffer(target).IgnoreError();
+      return status;
+    }
+    *total.mutable_buffer() = response.buffer();
+    AddTransfer(response.transfer(), total.mutable_transfer());
+    done += piece;
+    if (progress) progress(done, size_bytes);
+  }
+  return total;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(
+    const v1::UploadHeader& header, std::span<const std::byte> data) {
+  return Upload(header, data.size(), SpanReader(data));
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
+    const v1::DownloadRequest& request, const DownloadSink& sink, const ProgressFn& progress) {
+  absl::StatusOr<v1::BufferInfo> info = client_.GetBuffer(request.buffer());
+  if (!info.ok()) return info.status();
+  const uint64_t size = info->size_bytes();
+  const uint64_t offset = request.offset_bytes();
+  if (offset > size || request.size_bytes() > size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", request.size_bytes(),
+                                                   ") are outside buffer ", info->id(), " of ",
+                                                   size, " bytes"));
+  }
+  const uint64_t length = request.size_bytes() == 0 ? size - offset : request.size_bytes();
+  if (absl::Status s = Reserve(length); !s.ok()) return s;
+  v1::CopyRegionResponse total;
+  *total.mutable_buffer() = *info;
+  for (uint64_t done = 0; done < length;) {
+    const uint64_t piece = std::min(size_, length - done);
+    v1::CopyToRegionRequest copy;
+    // By id: the name could be rebound between the pieces.
+    copy.set_buffer(info->id());
+    copy.set_offset_bytes(offset + done);
+    copy.set_size_bytes(piece);
+    copy.set_region_id(region_id_);
+    absl::StatusOr<v1::CopyRegionResponse> response = CopyToRegion(copy);
+    if (!response.ok()) return response.status();
+    if (absl::Status s = sink(offset + done, std::string_view(reinterpret_cast<const char*>(data_),
+                                                              static_cast<size_t>(piece)));
+        !s.ok()) {
+      return s;
+    }
+    *total.mutable_buffer() = response->buffer();
+    AddTransfer(response->transfer(), total.mutable_transfer());
+    done += piece;
+    if (progress) progress(done, length);
+  }
+  return total;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
+    const v1::DownloadRequest& request, std::string* data) {
+  data->clear();
+  return Download(request, [data](uint64_t, std::string_view chunk) {
+    data->append(chunk);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace gpucompute

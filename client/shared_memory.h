@@ -1,0 +1,103 @@
+// Transfers through system shared memory, for a client on the server's host
+// (SharedMemoryService, enabled on the server by --allow-shared-memory).
+//
+// A SharedMemoryTransport owns one POSIX shared-memory segment, registered with the server
+// as a region. An upload writes the data into the segment and asks the server to copy it
+// into a buffer; a download asks the server to copy a buffer into the segment and reads it
+// from there. No array bytes cross the socket.
+//
+// The segment's name is unlinked as soon as the server has mapped it: the memory lives as
+// long as the two mappings, so a client that exits or is killed leaves no file in /dev/shm,
+// and the server's mapping goes when the region is unregistered, idles out, or the server
+// stops.
+//
+// A transfer that fits the segment is one copy on the server, all or nothing: a new buffer
+// appears, or an existing range changes, only when every byte is in. The segment grows to
+// fit each transfer, up to Options::max_region_bytes; a larger transfer moves in pieces of
+// that size, each one copy: an upload into an existing buffer then changes it piece by
+// piece, and an upload into a new buffer creates it first and deletes it on failure.
+#ifndef GPUCOMPUTE_CLIENT_SHARED_MEMORY_H_
+#define GPUCOMPUTE_CLIENT_SHARED_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
+
+namespace gpucompute {
+
+// OK when `info` says the server allows system shared memory and runs on this host (the
+// same host name and boot id); otherwise FAILED_PRECONDITION saying which is not so.
+absl::Status CheckSharedMemoryUsable(const v1::ServerInfo& info);
+
+class SharedMemoryTransport {
+ public:
+  struct Options {
+    // The most the segment may grow to; 0 lets it grow to the largest transfer.
+    uint64_t max_region_bytes = 0;
+  };
+
+  // `client` must outlive the transport. No segment exists until the first transfer.
+  SharedMemoryTransport(Client& client, Options options);
+  explicit SharedMemoryTransport(Client& client) : SharedMemoryTransport(client, Options{}) {}
+  // Unregisters the region and unmaps the segment.
+  ~SharedMemoryTransport();
+  SharedMemoryTransport(const SharedMemoryTransport&) = delete;
+  SharedMemoryTransport& operator=(const SharedMemoryTransport&) = delete;
+
+  // Makes sure a registered segment of at least `bytes` (capped as above) exists, e.g. to
+  // find out up front whether the server can map this process's shared memory.
+  absl::Status Reserve(uint64_t bytes);
+
+  // Uploads as Client::Upload does (header.size_bytes 0 or size_bytes). The response has
+  // the buffer and, in `transfer`, the bytes and the seconds of the server's copies.
+  absl::StatusOr<v1::CopyRegionResponse> Upload(const v1::UploadHeader& header,
+                                                uint64_t size_bytes, const UploadReader& reader,
+                                                const ProgressFn& progress = {});
+  absl::StatusOr<v1::CopyRegionResponse> Upload(const v1::UploadHeader& header,
+                                                std::span<const std::byte> data);
+  // Downloads as Client::Download does: request.size_bytes 0 reads to the end; the sink
+  // gets the bytes in order. request.chunk_bytes is not used.
+  absl::StatusOr<v1::CopyRegionResponse> Download(const v1::DownloadRequest& request,
+                                                  const DownloadSink& sink,
+                                                  const ProgressFn& progress = {});
+  absl::StatusOr<v1::CopyRegionResponse> Download(const v1::DownloadRequest& request,
+                                                  std::string* data);
+
+  // The registered region, for tests: empty before the first transfer.
+  const std::string& region_id() const { return region_id_; }
+  uint64_t region_bytes() const { return size_; }
+
+ private:
+  absl::Status Release();
+  absl::StatusOr<v1::CopyRegionResponse> CopyFromRegion(const v1::CopyFromRegionRequest& request);
+  absl::StatusOr<v1::CopyRegionResponse> CopyToRegion(const v1::CopyToRegionRequest& request);
+  template <typename Request>
+  absl::StatusOr<v1::CopyRegionResponse> Copy(
+      grpc::Status (v1::SharedMemoryService::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            v1::CopyRegionResponse*),
+      const Request& request);
+  // Fills the segment's first `bytes` from `reader`.
+  absl::Status Fill(const UploadReader& reader, uint64_t bytes);
+  absl::StatusOr<v1::CopyRegionResponse> UploadInPieces(const v1::UploadHeader& header,
+                                                        uint64_t size_bytes,
+                                                        const UploadReader& reader,
+                                                        const ProgressFn& progress);
+
+  Client& client_;
+  const Options options_;
+  std::unique_ptr<v1::SharedMemoryService::Stub> stub_;
+  std::byte* data_ = nullptr;  // the mapped segment, size_ bytes
+  uint64_t size_ = 0;
+  std::string region_id_;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_CLIENT_SHARED_MEMORY_H_

@@ -1,0 +1,399 @@
+// SharedMemoryService: RegisterRegion, UnregisterRegion, ListRegions, CopyFromRegion,
+// CopyToRegion, ExportBuffer. The regions themselves live in
+// server/shared_memory/region_registry.h; copies are executor operations, ordered with
+// everything else that touches their buffer.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/service/operation_planner.h"
+#include "server/service/services.h"
+#include "server/service/transfer_reactors.h"
+#include "server/status_macros.h"
+
+namespace gpucompute {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status Disabled(absl::string_view what, absl::string_view flag) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " is disabled on this server; start it with ", flag,
+                   " (only for trusted clients on the server's host)"));
+}
+
+absl::Status CheckAllowed(const ServiceContext& ctx, RegionKind kind) {
+  if (kind == RegionKind::kSystem) {
+    if (!ctx.shared_memory.allow_system) return Disabled("system shared memory", kAllowSharedMemoryFlag);
+  } else if (!ctx.shared_memory.allow_cuda_ipc) {
+    return Disabled("CUDA IPC", kAllowCudaIpcFlag);
+  }
+  return absl::OkStatus();
+}
+
+// For the RPCs that serve regions of either kind.
+absl::Status CheckAnyAllowed(const ServiceContext& ctx) {
+  if (ctx.regions != nullptr) return absl::OkStatus();
+  return Disabled("shared memory", absl::StrCat(kAllowSharedMemoryFlag, " or ", kAllowCudaIpcFlag));
+}
+
+v1::RegionKind ToProto(RegionKind kind) {
+  switch (kind) {
+    case RegionKind::kSystem:
+      return v1::REGION_KIND_SYSTEM;
+    case RegionKind::kCudaIpc:
+      return v1::REGION_KIND_CUDA_IPC;
+    case RegionKind::kExport:
+      return v1::REGION_KIND_EXPORT;
+  }
+  return v1::REGION_KIND_UNSPECIFIED;
+}
+
+void ToProto(const Region& region, v1::RegionInfo* info) {
+  info->set_id(region.id);
+  info->set_kind(ToProto(region.kind));
+  info->set_size_bytes(region.size);
+  info->set_shm_name(region.shm_name);
+  info->set_shm_offset_bytes(region.shm_offset);
+  info->set_read_only(region.read_only);
+  info->set_device(region.device);
+  if (region.exported != nullptr) info->set_buffer(region.exported->id);
+  info->set_create_time_unix_nanos(region.create_time_unix_nanos);
+}
+
+// The region a copy reads or writes: a system or CUDA IPC region of the client.
+absl::StatusOr<RegionHandle> LookupCopyRegion(ServiceContext& ctx, absl::string_view client,
+                                              absl::string_view id, bool write) {
+  ASSIGN_OR_RETURN(RegionHandle region, ctx.regions->Lookup(client, id));
+  if (region->kind == RegionKind::kExport) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", id, " is an export of buffer ", region->exported->id,
+                     "; use the buffer itself"));
+  }
+  if (write && region->read_only) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", id, " was registered read-only; it can only be copied from"));
+  }
+  return region;
+}
+
+// A copy between a region and a buffer, validated and ready to queue.
+struct RegionCopy {
+  Executor::OpSpec spec;
+  // Held until the copy completes: the launch's own references go once it is enqueued.
+  RegionHandle region;
+  BufferHandle buffer;
+  // A buffer the copy creates: registered when it is done, if the call is still live.
+  BufferHandle created;
+  uint64_t bytes = 0;
+  OperationKind transfer = OperationKind::kUpload;
+};
+
+// Queues the copy and answers once it is done. A new buffer becomes visible only then,
+// and not at all if the call ended before (a client that went away leaves nothing).
+grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerContext* context,
+                                     const std::string& client, absl::string_view stream_id,
+                                     RegionCopy copy, v1::CopyRegionResponse* response) {
+  const Clock::time_point start = Clock::now();
+  copy.spec.kind = OperationKind::kCopy;
+  copy.spec.bytes_read = copy.bytes;
+  copy.spec.bytes_written = copy.bytes;
+  copy.spec.outputs.clear();
+  if (copy.transfer == OperationKind::kUpload) copy.spec.outputs.push_back(*copy.buffer);
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      ctx.executor.Submit(client, stream_id, std::move(copy.spec));
+  if (!op.ok()) return FinishNow(context, op.status());
+  auto* reactor = new DeferredReactor();
+  ctx.executor.OnDone(*op, [&ctx, op = *op, copy = std::move(copy), start, response,
+                            state = reactor->state()]() mutable {
+    const OperationStatus done = ctx.executor.GetStatus(*op);
+    DeferredReactor::FinishOnce(state, [&]() -> grpc::Status {
+      if (!done.error.ok()) return ToGrpcStatus(done.error);
+      if (copy.created != nullptr) {
+        if (absl::Status s = ctx.registry.Register(copy.created); !s.ok()) return ToGrpcStatus(s);
+      }
+      ToProto(*copy.buffer, response->mutable_buffer());
+      SetTransferStats(copy.bytes, start, response->mutable_transfer());
+      v1::Operation operation;
+      ToProto(done, &operation);
+      *response->mutable_timing() = operation.timing();
+      ctx.executor.RecordTransfer(copy.transfer, copy.bytes);
+      return grpc::Status::OK;
+    });
+    // The region, and a buffer never registered, go here, after the copy.
+  });
+  return reactor;
+}
+
+// OK when `size` bytes from `region_offset` lie in the copy's region, and a CUDA IPC
+// region is on the buffer's device.
+absl::Status CheckRegionSide(const RegionCopy& copy, uint64_t region_offset, uint64_t size) {
+  RETURN_IF_ERROR(
+      CheckByteRange(region_offset, size, copy.region->size, absl::StrCat("region ", copy.region->id)));
+  if (copy.region->kind == RegionKind::kCudaIpc && copy.region->device != copy.buffer->device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", copy.region->id, " is on device ", copy.region->device,
+                     " but buffer ", copy.buffer->id, " is on device ", copy.buffer->device));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::string& client,
+                                              const v1::CopyFromRegionRequest& request) {
+  RegionCopy copy;
+  ASSIGN_OR_RETURN(copy.region,
+                   LookupCopyRegion(ctx, client, request.region_id(), /*write=*/false));
+  uint64_t size = request.size_bytes();
+  uint64_t offset = request.offset_bytes();
+  switch (request.target_case()) {
+    case v1::CopyFromRegionRequest::kCreate: {
+      if (offset != 0) {
+        return absl::InvalidArgumentError("a copy that creates a buffer must start at offset 0");
+      }
+      if (request.create().has_fill()) {
+        return absl::InvalidArgumentError("a copy provides the contents; 'fill' is not allowed");
+      }
+      ASSIGN_OR_RETURN(copy.created, AllocateFromRequest(ctx, client, request.create()));
+      copy.buffer = copy.created;
+      const uint64_t buffer_size = copy.buffer->size_bytes();
+      if (size != 0 && size != buffer_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "size_bytes is ", size, " but a ", DTypeName(copy.buffer->dtype),
+            " buffer of that shape holds ", buffer_size, " bytes"));
+      }
+      size = buffer_size;
+      break;
+    }
+    case v1::CopyFromRegionRequest::kBuffer: {
+      ASSIGN_OR_RETURN(copy.buffer, ctx.registry.Lookup(client, request.buffer()));
+      const uint64_t buffer_size = copy.buffer->size_bytes();
+      RETURN_IF_ERROR(
+          CheckByteRange(offset, size, buffer_size, absl::StrCat("buffer ", copy.buffer->id)));
+      if (size == 0) size = buffer_size - offset;
+      break;
+    }
+    case v1::CopyFromRegionRequest::TARGET_NOT_SET:
+      return absl::InvalidArgumentError("the copy names no target: set 'create' or 'buffer'");
+  }
+  RETURN_IF_ERROR(CheckRegionSide(copy, request.region_offset_bytes(), size));
+  copy.bytes = size;
+  copy.transfer = OperationKind::kUpload;
+  copy.spec.accesses = {{copy.buffer, true}};
+  const char* src = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
+  copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
+                      buffer = copy.buffer.get(), src, region_offset = request.region_offset_bytes(),
+                      offset, size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    // Raw pointers: SubmitCopy holds the region and the buffer until the copy is done.
+    absl::Status s;
+    if (region->kind == RegionKind::kCudaIpc) {
+      s = backend.Copy(stream, region->ipc_memory, region_offset, buffer->memory, offset, size);
+    } else if (region->mapping->pinned()) {
+      s = backend.CopyFromPinnedHost(stream, src + region_offset, buffer->memory, offset, size);
+    } else {
+      s = backend.CopyFromHost(stream, src + region_offset, buffer->memory, offset, size);
+    }
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return copy;
+}
+
+absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::string& client,
+                                            const v1::CopyToRegionRequest& request) {
+  RegionCopy copy;
+  ASSIGN_OR_RETURN(copy.region, LookupCopyRegion(ctx, client, request.region_id(), /*write=*/true));
+  ASSIGN_OR_RETURN(copy.buffer, ctx.registry.Lookup(client, request.buffer()));
+  const uint64_t buffer_size = copy.buffer->size_bytes();
+  const uint64_t offset = request.offset_bytes();
+  RETURN_IF_ERROR(CheckByteRange(offset, request.size_bytes(), buffer_size,
+                                 absl::StrCat("buffer ", copy.buffer->id)));
+  const uint64_t size = request.size_bytes() == 0 ? buffer_size - offset : request.size_bytes();
+  RETURN_IF_ERROR(CheckRegionSide(copy, request.region_offset_bytes(), size));
+  copy.bytes = size;
+  copy.transfer = OperationKind::kDownload;
+  copy.spec.accesses = {{copy.buffer, false}};
+  char* dst = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
+  copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
+                      buffer = copy.buffer.get(), dst, region_offset = request.region_offset_bytes(),
+                      offset, size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    absl::Status s;
+    if (region->kind == RegionKind::kCudaIpc) {
+      s = backend.Copy(stream, buffer->memory, offset, region->ipc_memory, region_offset, size);
+    } else if (region->mapping->pinned()) {
+      s = backend.CopyToPinnedHost(stream, buffer->memory, offset, dst + region_offset, size);
+    } else {
+      s = backend.CopyToHost(stream, buffer->memory, offset, dst + region_offset, size);
+    }
+    if (!s.ok()) return s;
+    return LaunchInfo{};
+  };
+  return copy;
+}
+
+// Both copy RPCs: the checks every call makes, the plan, and the copy.
+template <typename Request>
+grpc::ServerUnaryReactor* ServeCopy(
+    ServiceContext& ctx, grpc::CallbackServerContext* context, const Request& request,
+    absl::StatusOr<RegionCopy> (*plan)(ServiceContext&, const std::string&, const Request&),
+    v1::CopyRegionResponse* response) {
+  if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<RegionCopy> copy = plan(ctx, *client, request);
+  if (!copy.ok()) return FinishNow(context, copy.status());
+  return SubmitCopy(ctx, context, *client, request.stream_id(), *std::move(copy), response);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
+    v1::RegionInfo* response) {
+  auto region = std::make_unique<Region>();
+  switch (request->source_case()) {
+    case v1::RegisterRegionRequest::kSystem:
+      region->kind = RegionKind::kSystem;
+      break;
+    case v1::RegisterRegionRequest::kCudaIpc:
+      region->kind = RegionKind::kCudaIpc;
+      break;
+    case v1::RegisterRegionRequest::SOURCE_NOT_SET:
+      return FinishNow(context, absl::InvalidArgumentError(
+                                    "the request names no memory: set 'system' or 'cuda_ipc'"));
+  }
+  if (absl::Status s = CheckAllowed(ctx_, region->kind); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  region->client = *client;
+  if (region->kind == RegionKind::kSystem) {
+    const v1::SystemSharedMemory& system = request->system();
+    absl::StatusOr<std::unique_ptr<SharedMapping>> mapping =
+        SharedMapping::Open(ctx_.backend, system.name(), system.offset_bytes(),
+                            system.size_bytes(), system.read_only());
+    if (!mapping.ok()) return FinishNow(context, mapping.status());
+    region->shm_name = system.name();
+    region->shm_offset = system.offset_bytes();
+    region->read_only = system.read_only();
+    region->size = system.size_bytes();
+    region->mapping = *std::move(mapping);
+  } else {
+    const v1::CudaIpcMemory& ipc = request->cuda_ipc();
+    if (absl::Status s = CheckDeviceIndex(ctx_.backend, ipc.device()); !s.ok())
+      return FinishNow(context, s);
+    if (ipc.size_bytes() == 0) {
+      return FinishNow(context,
+                       absl::InvalidArgumentError("a CUDA IPC region needs size_bytes > 0"));
+    }
+    absl::StatusOr<DeviceMemory> memory =
+        ctx_.backend.OpenIpcHandle(ipc.device(), ipc.handle(), ipc.size_bytes());
+    if (!memory.ok()) return FinishNow(context, memory.status());
+    region->device = ipc.device();
+    region->size = ipc.size_bytes();
+    region->ipc_memory = *std::move(memory);
+  }
+  absl::StatusOr<RegionHandle> added = ctx_.regions->Add(std::move(region));
+  if (added.ok()) ToProto(**added, response);
+  return FinishNow(context, added.status());
+}
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse* response) {
+  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  // Copies in flight hold the region until they complete.
+  return FinishNow(context, ctx_.regions->Remove(*client, request->region_id()).status());
+}
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ListRegions(
+    grpc::CallbackServerContext* context, const v1::ListRegionsRequest* request,
+    v1::ListRegionsResponse* response) {
+  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  for (const RegionHandle& region : ctx_.regions->List(*client)) {
+    ToProto(*region, response->add_regions());
+  }
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyFromRegion(
+    grpc::CallbackServerContext* context, const v1::CopyFromRegionRequest* request,
+    v1::CopyRegionResponse* response) {
+  return ServeCopy(ctx_, context, *request, PlanCopyFromRegion, response);
+}
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyToRegion(
+    grpc::CallbackServerContext* context, const v1::CopyToRegionRequest* request,
+    v1::CopyRegionResponse* response) {
+  return ServeCopy(ctx_, context, *request, PlanCopyToRegion, response);
+}
+
+grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
+    grpc::CallbackServerContext* context, const v1::ExportBufferRequest* request,
+    v1::ExportBufferResponse* response) {
+  if (absl::Status s = CheckAllowed(ctx_, RegionKind::kExport); !s.ok())
+    return FinishNow(context, s);
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<BufferHandle> buffer;
+  switch (request->target_case()) {
+    case v1::ExportBufferRequest::kBuffer:
+      buffer = ctx_.registry.Lookup(*client, request->buffer());
+      if (buffer.ok() && !(*buffer)->exportable) {
+        return FinishNow(context, absl::FailedPreconditionError(absl::StrCat(
+                                      "buffer ", (*buffer)->id,
+                                      " was not created exportable (its memory comes from the "
+                                      "stream-ordered pool); create one with ExportBuffer's "
+                                      "'create'")));
+      }
+      break;
+    case v1::ExportBufferRequest::kCreate:
+      buffer = AllocateFromRequest(ctx_, *client, request->create(), /*exportable=*/true);
+      break;
+    case v1::ExportBufferRequest::TARGET_NOT_SET:
+      return FinishNow(context,
+                       absl::InvalidArgumentError("the request names no buffer: set 'buffer' or "
+                                                  "'create'"));
+  }
+  if (!buffer.ok()) return FinishNow(context, buffer.status());
+  absl::StatusOr<std::string> handle = ctx_.backend.ExportIpcHandle((*buffer)->memory);
+  if (!handle.ok()) return FinishNow(context, handle.status());
+  auto region = std::make_unique<Region>();
+  region->client = *client;
+  region->kind = RegionKind::kExport;
+  region->size = (*buffer)->size_bytes();
+  region->device = (*buffer)->device;
+  region->exported = *buffer;
+  region->ipc_handle = *handle;
+  if (request->has_create()) {
+    // Registered before the export, so that a failure leaves neither.
+    absl::Status registered;
+    if (request->create().has_fill()) {
+      absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->create().fill());
+      if (!plan.ok()) return FinishNow(context, plan.status());
+      plan->created = *buffer;
+      registered = SubmitPlan(ctx_, *client, "", *std::move(plan)).status();
+    } else {
+      registered = ctx_.registry.Register(*buffer);
+    }
+    if (!registered.ok()) return FinishNow(context, registered);
+  }
+  absl::StatusOr<RegionHandle> added = ctx_.regions->Add(std::move(region));
+  if (!added.ok()) {
+    if (request->has_create()) (void)ctx_.registry.Remove(*client, (*buffer)->id);
+    return FinishNow(context, added.status());
+  }
+  ToProto(**buffer, response->mutable_buffer());
+  ToProto(**added, response->mutable_region());
+  response->set_handle(*handle);
+  return FinishNow(context, absl::OkStatus());
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,240 @@
+#include "server/shared_memory/region_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "server/ids.h"
+#include "server/status_macros.h"
+
+namespace gpucompute {
+namespace {
+
+// The longest name shm_open takes, its leading '/' included (NAME_MAX).
+constexpr size_t kMaxShmNameBytes = 255;
+
+absl::Status ValidateShmName(absl::string_view name) {
+  if (name.size() < 2 || name.size() > kMaxShmNameBytes || name[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory name must be '/' and 1 to ", kMaxShmNameBytes - 1,
+                     " more characters, e.g. '/my-region'"));
+  }
+  for (char c : name.substr(1)) {
+    // shm_open names one file of /dev/shm: no directories, no control characters.
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          "shared-memory name may contain no '/' after the first and no control characters");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ErrnoStatus(int error, absl::string_view call, absl::string_view name) {
+  const std::string what = absl::StrCat(call, " of shared-memory object '", name, "': ",
+                                        std::strerror(error));
+  switch (error) {
+    case ENOENT:
+      return absl::NotFoundError(absl::StrCat(what, " (is the client on the server's host?)"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(what);
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(what);
+    default:
+      return absl::InvalidArgumentError(what);
+  }
+}
+
+// Closes a file descriptor on every way out.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+absl::Status CheckByteRange(uint64_t offset, uint64_t size, uint64_t total,
+                            absl::string_view what) {
+  if (offset > total || size > total - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes [", offset, ", +", size, ") are outside ", what, " of ", total,
+                     " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& backend,
+                                                                   absl::string_view name,
+                                                                   uint64_t offset, uint64_t size,
+                                                                   bool read_only) {
+  RETURN_IF_ERROR(ValidateShmName(name));
+  if (size == 0) return absl::InvalidArgumentError("a shared-memory region needs size_bytes > 0");
+  const std::string path(name);
+  ScopedFd fd(shm_open(path.c_str(), read_only ? O_RDONLY : O_RDWR, 0));
+  if (fd.get() < 0) return ErrnoStatus(errno, "shm_open", name);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", name);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' is not a shared-memory object"));
+  }
+  RETURN_IF_ERROR(CheckByteRange(offset, size, static_cast<uint64_t>(st.st_size),
+                                 absl::StrCat("shared-memory object '", name, "'")));
+  // mmap maps whole pages: map from the page holding `offset`.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  const size_t length = static_cast<size_t>(offset - start + size);  // <= st_size: no overflow
+  void* base = mmap(nullptr, length, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd.get(), static_cast<off_t>(start));
+  if (base == MAP_FAILED) return ErrnoStatus(errno, "mmap", name);
+  std::unique_ptr<SharedMapping> mapping(
+      new SharedMapping(backend, base, length, static_cast<char*>(base) + (offset - start), size));
+  // Pinning makes a copy one DMA; a backend that cannot pin this mapping still copies
+  // through its staging memory, so a failure here only costs speed.
+  absl::Status pinned = backend.PinHostMemory(base, length, read_only);
+  if (pinned.ok()) {
+    mapping->pinned_ = true;
+  } else {
+    std::fprintf(stderr, "gpucompute-server: not pinning shared-memory object '%s': %s\n",
+                 path.c_str(), pinned.ToString().c_str());
+  }
+  return mapping;
+}
+
+SharedMapping::~SharedMapping() {
+  if (pinned_) backend_.UnpinHostMemory(base_);
+  munmap(base_, length_);
+}
+
+RegionRegistry::RegionRegistry(absl::Duration idle_timeout) : idle_timeout_(idle_timeout) {
+  if (idle_timeout_ > absl::ZeroDuration()) sweeper_ = std::thread([this] { SweepLoop(); });
+}
+
+RegionRegistry::~RegionRegistry() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+  absl::flat_hash_map<std::string, Entry> released;
+  {
+    absl::MutexLock lock(&mu_);
+    released.swap(by_id_);
+    count_by_client_.clear();
+  }
+}
+
+void RegionRegistry::SweepLoop() {
+  // Checks a few times per timeout, so that a region goes at most a quarter late, and at
+  // least once a second.
+  const absl::Duration period =
+      std::clamp(idle_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
+    if (stopping_) break;
+    mu_.Unlock();
+    ReleaseIdle(absl::Now());
+    mu_.Lock();
+  }
+}
+
+absl::Status RegionRegistry::NotFound(absl::string_view id) {
+  return absl::NotFoundError(absl::StrCat("region ", id, " not found"));
+}
+
+absl::StatusOr<RegionHandle> RegionRegistry::Add(std::unique_ptr<Region> region) {
+  region->id = NewId("shm-");
+  region->create_time_unix_nanos = absl::ToUnixNanos(absl::Now());
+  RegionHandle handle(std::move(region));
+  absl::MutexLock lock(&mu_);
+  size_t& count = count_by_client_[handle->client];
+  if (count >= kMaxRegionsPerClient) {
+    if (count == 0) count_by_client_.erase(handle->client);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a client may hold at most ", kMaxRegionsPerClient, " regions; unregister some first"));
+  }
+  ++count;
+  by_id_.emplace(handle->id, Entry{handle, absl::Now()});
+  return handle;
+}
+
+absl::StatusOr<RegionHandle> RegionRegistry::Lookup(absl::string_view client,
+                                                    absl::string_view id) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.region->client != client) return NotFound(id);
+  it->second.last_use = absl::Now();
+  return it->second.region;
+}
+
+absl::StatusOr<RegionHandle> RegionRegistry::Remove(absl::string_view client,
+                                                    absl::string_view id) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.region->client != client) return NotFound(id);
+  RegionHandle region = std::move(it->second.region);
+  by_id_.erase(it);
+  auto count = count_by_client_.find(region->client);
+  if (--count->second == 0) count_by_client_.erase(count);
+  return region;
+}
+
+std::vector<RegionHandle> RegionRegistry::List(absl::string_view client) const {
+  std::vector<RegionHandle> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, entry] : by_id_) {
+      if (entry.region->client == client) out.push_back(entry.region);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const RegionHandle& a, const RegionHandle& b) {
+    return std::tie(a->create_time_unix_nanos, a->id) < std::tie(b->create_time_unix_nanos, b->id);
+  });
+  return out;
+}
+
+size_t RegionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return by_id_.size();
+}
+
+size_t RegionRegistry::ReleaseIdle(absl::Time now) {
+  if (idle_timeout_ <= absl::ZeroDuration()) return 0;
+  // Unmapping and unpinning take time: the regions go after the lock is released.
+  std::vector<RegionHandle> released;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = by_id_.begin(); it != by_id_.end();) {
+      if (now - it->second.last_use < idle_timeout_) {
+        ++it;
+        continue;
+      }
+      auto count = count_by_client_.find(it->second.region->client);
+      if (--count->second == 0) count_by_client_.erase(count);
+      released.push_back(std::move(it->second.region));
+      by_id_.erase(it++);
+    }
+  }
+  return released.size();
+}
+
+}  // namespace gpucompute

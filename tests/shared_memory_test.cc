@@ -1,0 +1,536 @@
+// SharedMemoryService end to end: a server in this process on a loopback port, clients
+// over a real socket, POSIX shared-memory segments made by the test or by the client
+// library's SharedMemoryTransport. (The CLI's --transport and a client killed mid-transfer
+// are in cli_test.cc; CUDA IPC, which needs two processes and a GPU, in cuda_ipc_test.cc.)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "client/shared_memory.h"
+#include "gpucompute/v1/host_identity.h"
+#include "server/shared_memory/region_registry.h"
+#include "tests/test_server.h"
+
+namespace gpucompute::testing {
+namespace {
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+std::span<const std::byte> Bytes(const std::vector<double>& v) {
+  return std::as_bytes(std::span<const double>(v));
+}
+
+std::vector<double> AsDoubles(const std::string& bytes) {
+  std::vector<double> out(bytes.size() / sizeof(double));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(double));
+  return out;
+}
+
+// Lines of this process's memory map that name `needle` (a shared-memory segment).
+int MappingsOf(const std::string& needle) {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(needle) != std::string::npos) ++count;
+  }
+  return count;
+}
+
+// A POSIX shared-memory object the test made itself, unlinked and unmapped at the end.
+class Segment {
+ public:
+  explicit Segment(uint64_t size)
+      : name_(absl::StrCat("/gpucompute-test-", getpid(), "-", counter_++, "-segment")),
+        size_(size) {
+    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    data_ = static_cast<char*>(p);
+    close(fd);
+  }
+  ~Segment() {
+    munmap(data_, size_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string name_;
+  uint64_t size_;
+  char* data_ = nullptr;
+};
+
+// Raw SharedMemoryService calls as a named client, for requests the library never sends.
+class RawShm {
+ public:
+  RawShm(const TestServer& server, std::string client)
+      : stub_(v1::SharedMemoryService::NewStub(server.RawChannel())), client_(std::move(client)) {}
+
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (v1::SharedMemoryService::Stub::*method)(
+                                    grpc::ClientContext*, const Request&, Response*),
+                                const Request& request) {
+    grpc::ClientContext context;
+    context.AddMetadata(kClientMetadataKey, client_);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    Response response;
+    grpc::Status status = (stub_.get()->*method)(&context, request, &response);
+    if (!status.ok()) return StatusOf(status);
+    return response;
+  }
+
+  absl::StatusOr<v1::RegionInfo> Register(const std::string& name, uint64_t offset, uint64_t size,
+                                          bool read_only = false) {
+    v1::RegisterRegionRequest request;
+    request.mutable_system()->set_name(name);
+    request.mutable_system()->set_offset_bytes(offset);
+    request.mutable_system()->set_size_bytes(size);
+    request.mutable_system()->set_read_only(read_only);
+    return Call(&v1::SharedMemoryService::Stub::RegisterRegion, request);
+  }
+  absl::Status Unregister(const std::string& id) {
+    v1::UnregisterRegionRequest request;
+    request.set_region_id(id);
+    return Call(&v1::SharedMemoryService::Stub::UnregisterRegion, request).status();
+  }
+  absl::StatusOr<v1::ListRegionsResponse> List() {
+    return Call(&v1::SharedMemoryService::Stub::ListRegions, v1::ListRegionsRequest());
+  }
+  absl::StatusOr<v1::CopyRegionResponse> CopyFrom(const v1::CopyFromRegionRequest& request) {
+    return Call(&v1::SharedMemoryService::Stub::CopyFromRegion, request);
+  }
+  absl::StatusOr<v1::CopyRegionResponse> CopyTo(const v1::CopyToRegionRequest& request) {
+    return Call(&v1::SharedMemoryService::Stub::CopyToRegion, request);
+  }
+  absl::StatusOr<v1::ExportBufferResponse> Export(const v1::ExportBufferRequest& request) {
+    return Call(&v1::SharedMemoryService::Stub::ExportBuffer, request);
+  }
+
+ private:
+  std::unique_ptr<v1::SharedMemoryService::Stub> stub_;
+  std::string client_;
+};
+
+v1::CopyFromRegionRequest CopyInto(const std::string& region, uint64_t region_offset,
+                                   const std::string& buffer, uint64_t offset, uint64_t size) {
+  v1::CopyFromRegionRequest request;
+  request.set_region_id(region);
+  request.set_region_offset_bytes(region_offset);
+  request.set_buffer(buffer);
+  request.set_offset_bytes(offset);
+  request.set_size_bytes(size);
+  return request;
+}
+
+v1::CopyToRegionRequest CopyOut(const std::string& buffer, uint64_t offset, uint64_t size,
+                                const std::string& region, uint64_t region_offset) {
+  v1::CopyToRegionRequest request;
+  request.set_buffer(buffer);
+  request.set_offset_bytes(offset);
+  request.set_size_bytes(size);
+  request.set_region_id(region);
+  request.set_region_offset_bytes(region_offset);
+  return request;
+}
+
+v1::UploadHeader CreateFloat64(uint64_t n, const std::string& name = "") {
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->add_shape(n);
+  header.mutable_create()->set_name(name);
+  return header;
+}
+
+class SharedMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(/*allow=*/true, /*idle_timeout_seconds=*/600); }
+
+  void Start(bool allow, double idle_timeout_seconds) {
+    server_.reset();
+    server_ = TestServer::StartWith(nullptr, 256 * kMiB, 2, [&](ServerOptions& options) {
+      options.allow_shared_memory = allow;
+      options.allow_cuda_ipc = allow;
+      options.region_idle_timeout_seconds = idle_timeout_seconds;
+    });
+    ASSERT_NE(server_, nullptr);
+    client_ = server_->Connect("shm-test");
+    ASSERT_NE(client_, nullptr);
+  }
+
+  std::unique_ptr<TestServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(SharedMemoryTest, ServerInfoSaysWhatIsAllowedAndWhichHost) {
+  ASSIGN_OR_FAIL(v1::ServerInfo info, client_->GetServerInfo());
+  EXPECT_TRUE(info.shared_memory_enabled());
+  EXPECT_TRUE(info.cuda_ipc_enabled());
+  EXPECT_EQ(info.hostname(), HostName());
+  EXPECT_EQ(info.boot_id(), BootId());
+  EXPECT_FALSE(info.boot_id().empty());
+  EXPECT_EQ(info.region_idle_timeout_seconds(), 600);
+  EXPECT_EQ(info.limits().max_regions_per_client(), kMaxRegionsPerClient);
+  EXPECT_OK(CheckSharedMemoryUsable(info));
+
+  Start(/*allow=*/false, 600);
+  ASSIGN_OR_FAIL(info, client_->GetServerInfo());
+  EXPECT_FALSE(info.shared_memory_enabled());
+  EXPECT_FALSE(info.cuda_ipc_enabled());
+  const absl::Status usable = CheckSharedMemoryUsable(info);
+  EXPECT_TRUE(absl::IsFailedPrecondition(usable)) << usable;
+  info.set_shared_memory_enabled(true);
+  info.set_boot_id("another-boot");
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckSharedMemoryUsable(info)));
+}
+
+TEST_F(SharedMemoryTest, UploadComputeAndDownloadThroughSharedMemory) {
+  const size_t n = 100003;  // not a multiple of a page of doubles
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 1);
+  SharedMemoryTransport shm(*client_);
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse up, shm.Upload(CreateFloat64(n, "x"), Bytes(x)));
+  EXPECT_EQ(up.buffer().name(), "x");
+  EXPECT_EQ(up.buffer().size_bytes(), n * 8);
+  EXPECT_EQ(up.transfer().bytes(), n * 8);
+  EXPECT_EQ(up.timing().bytes_written(), n * 8);
+  // What the server holds is what was written, byte for byte (read back over gRPC).
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "x"));
+  EXPECT_EQ(back, x);
+
+  ASSIGN_OR_FAIL(v1::Operation op, client_->Submit(Elementwise(
+                                       "2*x + 1", {{"x", BufferOperand("x")}}, NewOutput("y"))));
+  ASSIGN_OR_FAIL(v1::Operation synced, client_->WaitOperation(op.id()));
+  ASSERT_EQ(synced.state(), v1::Operation::STATE_SUCCEEDED);
+  std::string bytes;
+  v1::DownloadRequest request;
+  request.set_buffer("y");
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse down, shm.Download(request, &bytes));
+  EXPECT_EQ(down.transfer().bytes(), n * 8);
+  const std::vector<double> y = AsDoubles(bytes);
+  ASSERT_EQ(y.size(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], 2 * x[i] + 1) << "at " << i;
+
+  // A byte range: the middle of y, from an odd offset.
+  request.set_offset_bytes(8 * 1001);
+  request.set_size_bytes(8 * 5000);
+  ASSIGN_OR_FAIL(down, shm.Download(request, &bytes));
+  ASSERT_EQ(bytes.size(), 8 * 5000u);
+  EXPECT_EQ(AsDoubles(bytes), std::vector<double>(y.begin() + 1001, y.begin() + 6001));
+}
+
+TEST_F(SharedMemoryTest, TransfersLargerThanTheRegionMoveInPieces) {
+  // 10000 doubles through a region of 3 pages: pieces of 12288 bytes, the last uneven.
+  const size_t n = 10000;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 2);
+  SharedMemoryTransport shm(*client_, {.max_region_bytes = 3 * 4096});
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse up, shm.Upload(CreateFloat64(n, "pieces"), Bytes(x)));
+  EXPECT_EQ(shm.region_bytes(), 3 * 4096u);
+  EXPECT_EQ(up.transfer().bytes(), n * 8);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "pieces"));
+  EXPECT_EQ(back, x);
+
+  // Into an existing buffer at an offset that ends mid-piece.
+  const std::vector<double> patch = RandomDoubles(4000, -1e3, 1e3, 3);
+  v1::UploadHeader header;
+  header.set_buffer("pieces");
+  header.set_offset_bytes(8 * 777);
+  ASSERT_OK(shm.Upload(header, Bytes(patch)));
+  std::vector<double> expected = x;
+  std::copy(patch.begin(), patch.end(), expected.begin() + 777);
+  std::string bytes;
+  v1::DownloadRequest request;
+  request.set_buffer("pieces");
+  ASSERT_OK(shm.Download(request, &bytes));
+  EXPECT_EQ(AsDoubles(bytes), expected);
+}
+
+TEST_F(SharedMemoryTest, RegistrationChecksNameRangeAndExistence) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(3 * 4096);
+  // The shared-memory name must exist on the server's host.
+  absl::StatusOr<v1::RegionInfo> r = raw.Register("/gpucompute-test-no-such-object", 0, 4096);
+  EXPECT_TRUE(absl::IsNotFound(r.status())) << r.status();
+  for (const char* name : {"", "/", "no-slash", "/a/b", "/../etc"}) {
+    r = raw.Register(name, 0, 4096);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << name << ": " << r.status();
+  }
+  // Ranges beyond the object, including ones whose end overflows 64 bits.
+  const uint64_t size = segment.size();
+  for (const auto& [offset, bytes] : std::vector<std::pair<uint64_t, uint64_t>>{{0, size + 1},
+                                                                                {size, 1},
+                                                                                {1, size},
+                                                                                {kMax, 1},
+                                                                                {1, kMax},
+                                                                                {4096, kMax - 4095},
+                                                                                {kMax, kMax},
+                                                                                {size + 1, 0},
+                                                                                {0, 0}}) {
+    r = raw.Register(segment.name(), offset, bytes);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status()))
+        << offset << " +" << bytes << ": " << r.status();
+  }
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse list, raw.List());
+  EXPECT_EQ(list.regions_size(), 0) << "a rejected registration left a region";
+  EXPECT_EQ(MappingsOf(segment.name()), 1) << "a rejected registration left a mapping";
+
+  // An unaligned range inside the object is fine, and maps exactly those bytes.
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 4096 + 24, 4096));
+  EXPECT_EQ(region.kind(), v1::REGION_KIND_SYSTEM);
+  EXPECT_EQ(region.size_bytes(), 4096u);
+  EXPECT_EQ(region.shm_offset_bytes(), 4096u + 24);
+  std::vector<double> values = RandomDoubles(512, -1e3, 1e3, 4);
+  std::memcpy(segment.data() + 4096 + 24, values.data(), 4096);
+  v1::CopyFromRegionRequest create;
+  create.set_region_id(region.id());
+  *create.mutable_create() = CreateFloat64(512).create();
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse copied, raw.CopyFrom(create));
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, copied.buffer().id()));
+  EXPECT_EQ(back, values);
+  EXPECT_EQ(MappingsOf(segment.name()), 2);
+  ASSERT_OK(raw.Unregister(region.id()));
+  EXPECT_EQ(MappingsOf(segment.name()), 1) << "unregistering left the server's mapping";
+}
+
+TEST_F(SharedMemoryTest, RejectedCopiesChangeNothing) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4096);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, 4096));
+  ASSIGN_OR_FAIL(v1::RegionInfo read_only, raw.Register(segment.name(), 0, 4096, true));
+  const std::vector<double> original = RandomDoubles(1000, -1e3, 1e3, 5);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, original, {}, v1::LAYOUT_C, "b"));
+  std::memset(segment.data(), 0x5a, 4096);
+  const Snapshot before = TakeSnapshot(*client_);
+  const std::string id = buffer.id();
+  const std::string segment_before(segment.data(), 4096);
+
+  auto expect_invalid = [&](const absl::Status& status, const std::string& what) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << what << ": " << status;
+  };
+  // The region is too small for the buffer.
+  v1::CopyFromRegionRequest create;
+  create.set_region_id(region.id());
+  *create.mutable_create() = CreateFloat64(1000, "too_big").create();
+  expect_invalid(raw.CopyFrom(create).status(), "region too small for a new buffer");
+  expect_invalid(raw.CopyFrom(CopyInto(region.id(), 0, id, 0, 8000)).status(),
+                 "region too small for the range");
+  expect_invalid(raw.CopyTo(CopyOut(id, 0, 0, region.id(), 0)).status(),
+                 "region too small for the whole buffer");
+  // Out of bounds, on either side, with ends that overflow.
+  for (const auto& [region_offset, offset, size] :
+       std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>{{kMax, 0, 8},
+                                                             {4096, 0, 8},
+                                                             {4088, 0, 16},
+                                                             {8, 0, kMax - 7},
+                                                             {0, kMax, 8},
+                                                             {0, 8000, 8},
+                                                             {0, 7992, 16},
+                                                             {0, 8, kMax},
+                                                             {kMax - 7, kMax - 7, 8}}) {
+    const std::string what = absl::StrCat(region_offset, " ", offset, " +", size);
+    expect_invalid(raw.CopyFrom(CopyInto(region.id(), region_offset, id, offset, size)).status(),
+                   "from " + what);
+    expect_invalid(raw.CopyTo(CopyOut(id, offset, size, region.id(), region_offset)).status(),
+                   "to " + what);
+  }
+  // A new buffer must start at 0 and take exactly its size.
+  create.mutable_create()->clear_shape();
+  create.mutable_create()->add_shape(8);
+  create.set_offset_bytes(8);
+  expect_invalid(raw.CopyFrom(create).status(), "create at an offset");
+  create.set_offset_bytes(0);
+  create.set_size_bytes(32);
+  expect_invalid(raw.CopyFrom(create).status(), "create of another size");
+  // A read-only region is never written.
+  expect_invalid(raw.CopyTo(CopyOut(id, 0, 8, read_only.id(), 0)).status(), "into read-only");
+  // Nothing names a target.
+  v1::CopyFromRegionRequest no_target;
+  no_target.set_region_id(region.id());
+  expect_invalid(raw.CopyFrom(no_target).status(), "no target");
+
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  ASSIGN_OR_FAIL(std::vector<double> after, DownloadArray<double>(*client_, id));
+  EXPECT_EQ(after, original) << "a rejected copy changed the buffer";
+  EXPECT_EQ(std::string(segment.data(), 4096), segment_before)
+      << "a rejected copy changed the region";
+
+  // The read-only region still serves as a source.
+  ASSERT_OK(raw.CopyFrom(CopyInto(read_only.id(), 0, id, 8, 4096)));
+  ASSIGN_OR_FAIL(after, DownloadArray<double>(*client_, id));
+  std::vector<double> expected = original;
+  std::memcpy(expected.data() + 1, segment.data(), 4096);
+  EXPECT_EQ(after, expected);
+}
+
+TEST_F(SharedMemoryTest, UnregisteredAndOtherClientsRegionsAreNotFound) {
+  RawShm owner(*server_, "owner");
+  RawShm other(*server_, "other");
+  Segment segment(4096);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, owner.Register(segment.name(), 0, 4096));
+  ASSIGN_OR_FAIL(
+      v1::BufferInfo buffer,
+      UploadArray(*server_->Connect("other"), RandomDoubles(16, -1e3, 1e3, 6), {}, v1::LAYOUT_C));
+  const std::string unknown = "shm-0123456789abcdef0123456789abcdef";
+
+  // Another client's id answers exactly as an unknown one does.
+  const absl::Status theirs = other.CopyTo(CopyOut(buffer.id(), 0, 8, region.id(), 0)).status();
+  const absl::Status nobodys = other.CopyTo(CopyOut(buffer.id(), 0, 8, unknown, 0)).status();
+  EXPECT_TRUE(absl::IsNotFound(theirs)) << theirs;
+  EXPECT_EQ(absl::StrReplaceAll(theirs.message(), {{region.id(), "ID"}}),
+            absl::StrReplaceAll(nobodys.message(), {{unknown, "ID"}}));
+  EXPECT_TRUE(absl::IsNotFound(other.Unregister(region.id())));
+  EXPECT_TRUE(
+      absl::IsNotFound(other.CopyFrom(CopyInto(region.id(), 0, buffer.id(), 0, 8)).status()));
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse theirs_list, other.List());
+  EXPECT_EQ(theirs_list.regions_size(), 0);
+  // ... and the owner's region is untouched by all that.
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse list, owner.List());
+  ASSERT_EQ(list.regions_size(), 1);
+  EXPECT_EQ(list.regions(0).id(), region.id());
+
+  ASSERT_OK(owner.Unregister(region.id()));
+  EXPECT_TRUE(absl::IsNotFound(owner.Unregister(region.id())));
+  v1::CopyFromRegionRequest create;
+  create.set_region_id(region.id());
+  *create.mutable_create() = CreateFloat64(8).create();
+  EXPECT_TRUE(absl::IsNotFound(owner.CopyFrom(create).status()));
+  ASSIGN_OR_FAIL(list, owner.List());
+  EXPECT_EQ(list.regions_size(), 0);
+}
+
+TEST_F(SharedMemoryTest, DisabledServiceNamesTheFlag) {
+  Start(/*allow=*/false, 600);
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4096);
+  const Snapshot before = TakeSnapshot(*client_);
+  auto expect_flag = [](const absl::Status& status, const std::string& flag) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+    EXPECT_NE(status.message().find(flag), std::string::npos) << status;
+  };
+  expect_flag(raw.Register(segment.name(), 0, 4096).status(), "--allow-shared-memory");
+  v1::RegisterRegionRequest ipc;
+  ipc.mutable_cuda_ipc()->set_handle(std::string(64, '\0'));
+  ipc.mutable_cuda_ipc()->set_size_bytes(64);
+  expect_flag(raw.Call(&v1::SharedMemoryService::Stub::RegisterRegion, ipc).status(),
+              "--allow-cuda-ipc");
+  v1::ExportBufferRequest exported;
+  *exported.mutable_create() = CreateFloat64(8).create();
+  expect_flag(raw.Export(exported).status(), "--allow-cuda-ipc");
+  expect_flag(raw.List().status(), "--allow-shared-memory");
+  expect_flag(raw.Unregister("shm-0123456789abcdef0123456789abcdef"), "--allow-shared-memory");
+  v1::CopyFromRegionRequest create;
+  *create.mutable_create() = CreateFloat64(8).create();
+  expect_flag(raw.CopyFrom(create).status(), "--allow-shared-memory");
+  SharedMemoryTransport shm(*client_);
+  expect_flag(shm.Upload(CreateFloat64(8), Bytes(RandomDoubles(8, -1e3, 1e3, 7))).status(),
+              "--allow-shared-memory");
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  EXPECT_EQ(MappingsOf(segment.name()), 1);
+}
+
+TEST_F(SharedMemoryTest, CudaIpcOnTheCpuBackendFailsClearlyAndChangesNothing) {
+  if (TestBackendName() != "cpu") GTEST_SKIP() << "CUDA IPC itself: cuda_ipc_test";
+  RawShm raw(*server_, "shm-test");
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, RandomDoubles(8, -1e3, 1e3, 8)));
+  const Snapshot before = TakeSnapshot(*client_);
+  v1::ExportBufferRequest request;
+  *request.mutable_create() = CreateFloat64(1024, "exported").create();
+  absl::Status status = raw.Export(request).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_NE(status.message().find("cuda backend"), std::string::npos) << status;
+  request.set_buffer(buffer.id());
+  status = raw.Export(request).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_NE(status.message().find("not created exportable"), std::string::npos) << status;
+  v1::RegisterRegionRequest ipc;
+  ipc.mutable_cuda_ipc()->set_handle(std::string(64, '\0'));
+  ipc.mutable_cuda_ipc()->set_size_bytes(64);
+  status = raw.Call(&v1::SharedMemoryService::Stub::RegisterRegion, ipc).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse list, raw.List());
+  EXPECT_EQ(list.regions_size(), 0);
+}
+
+TEST_F(SharedMemoryTest, CopiesKeepTheBuffersOrderAcrossStreams) {
+  // A writer queued on another stream comes before a later copy out of the buffer, and a
+  // copy in comes before a later reader: the executor's hazards, as for uploads.
+  const size_t n = 1 << 16;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 9);
+  SharedMemoryTransport shm(*client_);
+  ASSERT_OK(shm.Upload(CreateFloat64(n, "ox"), Bytes(x)));
+  ASSIGN_OR_FAIL(v1::StreamInfo stream, client_->CreateStream());
+  ASSERT_OK(client_->CreateBuffer([&] {
+    v1::CreateBufferRequest r;
+    r.set_dtype(v1::DTYPE_FLOAT64);
+    r.add_shape(n);
+    r.set_name("oy");
+    return r;
+  }()));
+  for (int round = 0; round < 3; ++round) {
+    // Each round's result differs, so a copy that overtook its writer shows.
+    const double k = round + 2;
+    v1::SubmitRequest request = Elementwise(
+        "x * k", {{"x", BufferOperand("ox")}, {"k", ScalarOperand(k)}}, ExistingOutput("oy"));
+    request.set_stream_id(stream.id());
+    ASSERT_OK(client_->Submit(request));  // not waited for
+    std::string bytes;
+    v1::DownloadRequest down;
+    down.set_buffer("oy");
+    ASSERT_OK(shm.Download(down, &bytes));
+    const std::vector<double> y = AsDoubles(bytes);
+    ASSERT_EQ(y.size(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * k) << "round " << round << " at " << i;
+  }
+}
+
+TEST_F(SharedMemoryTest, IdleRegionsAreReleased) {
+  Start(/*allow=*/true, /*idle_timeout_seconds=*/0.2);
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4096);
+  const absl::Time registered = absl::Now();
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, 4096));
+  EXPECT_EQ(MappingsOf(segment.name()), 2);
+  absl::Time gone;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    ASSIGN_OR_FAIL(v1::ListRegionsResponse list, raw.List());
+    if (list.regions_size() == 0) {
+      gone = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_NE(gone, absl::Time()) << "the idle region was never released";
+  EXPECT_GE(gone - registered, absl::Milliseconds(200));
+  EXPECT_EQ(MappingsOf(segment.name()), 1) << "the released region is still mapped";
+  EXPECT_TRUE(absl::IsNotFound(raw.CopyTo(CopyOut("x", 0, 8, region.id(), 0)).status()));
+}
+
+TEST_F(SharedMemoryTest, ShutdownReleasesRegions) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4096);
+  ASSERT_OK(raw.Register(segment.name(), 0, 4096));
+  ASSERT_OK(raw.Register(segment.name(), 0, 4096, true));
+  EXPECT_EQ(MappingsOf(segment.name()), 3);
+  client_.reset();
+  server_.reset();
+  EXPECT_EQ(MappingsOf(segment.name()), 1) << "the stopped server left its mappings";
+}
+
+}  // namespace
+}  // namespace gpucompute::testing
