@@ -59,6 +59,16 @@ void ExpectRejected(Client& client, const v1::SubmitRequest& request, absl::Stat
   }
 }
 
+uint64_t CompletedCount(Client& client, v1::OperationKind kind) {
+  absl::StatusOr<v1::Stats> stats = client.GetStats();
+  EXPECT_OK(stats);
+  if (!stats.ok()) return 0;
+  for (const v1::KindStats& k : stats->kinds()) {
+    if (k.kind() == kind) return k.count();
+  }
+  return 0;
+}
+
 std::vector<double> RandomDoubles(size_t n, double lo, double hi, uint64_t seed) {
   Lcg g(seed);
   std::vector<double> v(n);
