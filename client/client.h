@@ -98,6 +98,8 @@ class Client {
   ~Client();
 
   const ClientOptions& options() const { return options_; }
+  // The channel, for the sessions and chains of client/session.h.
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   absl::StatusOr<v1::Stats> GetStats();

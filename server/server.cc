@@ -67,7 +67,8 @@ struct HealthSink {
 // The services the health service reports on, besides the server as a whole ("").
 std::vector<std::string> ServiceNames() {
   return {v1::BufferService::service_full_name(), v1::StreamService::service_full_name(),
-          v1::OperationService::service_full_name(), v1::ServerService::service_full_name()};
+          v1::OperationService::service_full_name(), v1::ServerService::service_full_name(),
+          v1::SessionService::service_full_name()};
 }
 
 void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
@@ -89,6 +90,7 @@ struct Server::Impl {
   std::unique_ptr<StreamServiceImpl> streams;
   std::unique_ptr<OperationServiceImpl> operations;
   std::unique_ptr<ServerServiceImpl> server_service;
+  std::unique_ptr<SessionServiceImpl> sessions;
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -177,6 +179,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
   impl->operations = std::make_unique<OperationServiceImpl>(*impl->ctx);
   impl->server_service = std::make_unique<ServerServiceImpl>(*impl->ctx);
+  impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
@@ -193,6 +196,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(impl->streams.get());
   builder.RegisterService(impl->operations.get());
   builder.RegisterService(impl->server_service.get());
+  builder.RegisterService(impl->sessions.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

@@ -45,6 +45,8 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_streams_per_client(Executor::kMaxStreamsPerClient);
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
+  limits->set_max_session_in_flight(kMaxSessionInFlight);
+  limits->set_max_chain_steps(kMaxChainSteps);
   response->set_backend_error(BackendError(ctx_.backend));
   return FinishNow(context, absl::OkStatus());
 }
