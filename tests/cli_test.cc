@@ -16,11 +16,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/npy.h"
@@ -373,6 +375,54 @@ TEST_F(CliTest, ErrorsHaveTheirExitCodes) {
 
   Result no_server = Run("info", "127.0.0.1:1");
   EXPECT_EQ(no_server.exit_code, 24) << "UNAVAILABLE is 10 + 14";
+}
+
+TEST_F(CliTest, RunSendsAFileThroughOneSession) {
+  const std::vector<double> x = {1, 2, 3, 4, 5};
+  WriteNpy(Path("rx.npy"), x, {x.size()}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("rx.npy")) + " --name rx").exit_code, 0);
+  std::ofstream(Path("ok.ops")) << "# (x - 1)^2, its sum and its max\n"
+                                   "@d eval 'x - 1' x=rx\n"
+                                   "\n"
+                                   "@y eval \"d * d\" d=tag:d --name run_y  # kept\n"
+                                   "reduce sum tag:y\n"
+                                   "@m reduce max tag:d\n";
+  Result ok = Run("--json run " + ShellQuote(Path("ok.ops")));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  std::map<std::string, v1::Operation> answers;
+  for (absl::string_view line : absl::StrSplit(ok.out, '\n', absl::SkipEmpty())) {
+    const v1::SessionResponse answer = ParseJson<v1::SessionResponse>(std::string(line));
+    answers[answer.tag()] = answer.operation();
+  }
+  ASSERT_EQ(answers.size(), 4u) << ok.out;
+  for (const auto& [tag, op] : answers) {
+    EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << tag << ": " << op.error_message();
+  }
+  ASSERT_EQ(answers["5"].values_size(), 1);
+  EXPECT_EQ(answers["5"].values(0).float_value(), 0 + 1 + 4 + 9 + 16);
+  EXPECT_EQ(answers["m"].values(0).float_value(), 4);
+  ASSERT_EQ(Run("get run_y -o " + ShellQuote(Path("run_y.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("run_y.npy")), (std::vector<double>{0, 1, 4, 9, 16}));
+
+  // A failure fails its dependents, the rest runs, and the exit code is the first
+  // failure's; the text output names every tag.
+  std::ofstream(Path("fail.ops")) << "@bad eval 'x +' x=rx\n"
+                                     "@dep reduce sum tag:bad\n"
+                                     "@fine eval 'x * 10' x=rx --name run_fine\n";
+  Result failed = Run("run " + ShellQuote(Path("fail.ops")));
+  EXPECT_EQ(failed.exit_code, 13) << "INVALID_ARGUMENT is 10 + 3: " << failed.err;
+  EXPECT_NE(failed.out.find("bad "), std::string::npos) << failed.out;
+  EXPECT_NE(failed.out.find("tag 'bad'"), std::string::npos) << failed.out;
+  ASSERT_EQ(Run("get run_fine -o " + ShellQuote(Path("run_fine.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("run_fine.npy")), (std::vector<double>{10, 20, 30, 40, 50}));
+
+  // A malformed line runs nothing.
+  std::ofstream(Path("usage.ops")) << "eval 'x + 1' x=rx --name run_never\n"
+                                      "ls\n";
+  Result usage = Run("run " + ShellQuote(Path("usage.ops")));
+  EXPECT_EQ(usage.exit_code, 2) << usage.err;
+  EXPECT_NE(usage.err.find(":2:"), std::string::npos) << usage.err;
+  EXPECT_EQ(Run("--json ls").out.find("run_never"), std::string::npos);
 }
 
 TEST_F(CliTest, InfoStatsAndStreams) {
