@@ -5,7 +5,7 @@
 // Run (defaults shown; the defaults fit a small CPU machine in about a minute):
 //   gpucompute-bench --backend=cpu --log2n=24 --dtype=both --repeat=5
 //       --sections=kernels,transfers,e2e --threads=0 --gemv=2048,4096
-//       --transfer-mib=0 --samples=200
+//       --transfer-mib=0 --samples=200 --session-ops=20000
 // The GPU run: --backend=cuda --log2n=28 --gemv=16384,32768.
 //   --log2n         arrays have N = 2^log2n elements (kernels, transfers, e2e load)
 //   --dtype         float64, float32 or both (kernels section)
@@ -13,7 +13,8 @@
 //   --threads       CPU backend worker threads, 0 = one per hardware thread
 //   --gemv          square gemv sizes, comma-separated (empty: none)
 //   --transfer-mib  transfer size in MiB; 0 = N float64 elements
-//   --samples       RPCs timed for each e2e latency row
+//   --samples       RPCs timed for each e2e latency row (and each sessions latency row)
+//   --session-ops   operations each sessions throughput row sends in all
 //
 // Columns.
 //  kernels (Backend API only, device-resident buffers, one stream; device time between
@@ -65,6 +66,16 @@
 //    sum device s  the sum of the 400 operations' Timing.device_seconds; operations of
 //              different streams overlap on the device and each counts its stretched time
 //    op ms p50 the median device time of one operation under this load
+//  sessions (--sections=sessions; every operation is x + 1 on 1024 float32 values into a
+//  resident output, each client on its own default stream):
+//    ops/s     operations per second from the first submission to the last answer:
+//              through one session per client (1 and 16 clients), and, for comparison,
+//              SubmitAsync with 64 in flight (1 client), the path without sessions
+//    p50 ms    Submit(wait) and a session's submit-and-wait, each timed alternately with
+//              GetServerInfo (the no-op); vs no-op is the ratio of the p50s
+//    chain     RunChain of 100 steps, each the last one's output + 1 (temporaries): the
+//              median wall time against the sum of the steps' device times plus one
+//              no-op p50 (the round trip)
 //  memory (while the load's 8 buffers exist; CUDA only for the device columns): the whole
 //  device's memory in use (cudaMemGetInfo; the benchmark process is the server) against
 //  the bytes the buffers hold, and the target: overhead under 5% of the device + 256 MiB
@@ -76,6 +87,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <future>
 #include <latch>
@@ -100,6 +112,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/session.h"
 #include "client/shared_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -138,10 +151,12 @@ struct Options {
   bool kernels = true;
   bool transfers = true;
   bool e2e = true;
+  bool sessions = true;
   int threads = 0;
   std::vector<int64_t> gemv = {2048, 4096};
   uint64_t transfer_mib = 0;  // 0: 2^log2n float64 elements
   int samples = 200;
+  int session_ops = 20000;
 
   int64_t n() const { return int64_t{1} << log2n; }
   uint64_t transfer_bytes() const {
@@ -151,8 +166,8 @@ struct Options {
 
 constexpr const char* kUsage =
     "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
-    "         [--repeat=5] [--sections=kernels,transfers,e2e] [--threads=0]\n"
-    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200]\n";
+    "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
+    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n";
 
 absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
                       int64_t* out) {
@@ -198,7 +213,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
       o.repeat = static_cast<int>(v);
     } else if (name == "sections") {
-      o.kernels = o.transfers = o.e2e = false;
+      o.kernels = o.transfers = o.e2e = o.sessions = false;
       for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
         if (s == "kernels") {
           o.kernels = true;
@@ -206,9 +221,11 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
           o.transfers = true;
         } else if (s == "e2e") {
           o.e2e = true;
+        } else if (s == "sessions") {
+          o.sessions = true;
         } else {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--sections: unknown section '", s, "' (use kernels, transfers, e2e)"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--sections: unknown section '", s, "' (use kernels, transfers, e2e, sessions)"));
         }
       }
     } else if (name == "threads") {
@@ -223,6 +240,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     } else if (name == "transfer-mib") {
       RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
       o.transfer_mib = static_cast<uint64_t>(v);
+    } else if (name == "session-ops") {
+      RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
+      o.session_ops = static_cast<int>(v);
     } else if (name == "samples") {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
       o.samples = static_cast<int>(v);
@@ -735,7 +755,8 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   }
   RETURN_IF_ERROR(client->DeleteBuffer(kept));
   if (sink != source) {
-    return absl::DataLossError("the bytes downloaded through shared memory differ from the uploaded");
+    return absl::DataLossError(
+        "the bytes downloaded through shared memory differ from the uploaded");
   }
 
   // The ceiling: the pinned copy where there is one (CUDA), else the backend's own copy.
@@ -995,6 +1016,215 @@ absl::Status RunLoad(const Options& options, const Server& server) {
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------------------
+// Section: sessions
+
+constexpr uint64_t kSmallN = 1024;
+constexpr int kAsyncWindow = 64;
+constexpr int kChainSteps = 100;
+constexpr int kMaxSessionClients = 16;
+
+// x (ones) and y, float32[kSmallN], on the client's default stream, for SmallAdd.
+absl::Status PrepareSmall(Client& client) {
+  for (const char* name : {"x", "y"}) {
+    v1::CreateBufferRequest request;
+    request.set_dtype(v1::DTYPE_FLOAT32);
+    request.add_shape(kSmallN);
+    request.set_name(name);
+    request.mutable_fill()->set_float_value(1.0);
+    RETURN_IF_ERROR(client.CreateBuffer(request).status());
+  }
+  ASSIGN_OR_RETURN(bool idle, client.SynchronizeStream(""));
+  if (!idle) return absl::DeadlineExceededError("the stream did not go idle");
+  return absl::OkStatus();
+}
+
+absl::Status DeleteSmall(Client& client) {
+  RETURN_IF_ERROR(client.DeleteBuffer("x"));
+  return client.DeleteBuffer("y");
+}
+
+// y = x + 1: the small operation of this section.
+v1::SubmitRequest SmallAdd() {
+  return Elementwise("x + 1", {{"x", BufferOperand("x")}}, ExistingOutput("y"));
+}
+
+// Operations per second through one session per client, `clients` clients on threads of
+// their own sending `total` operations in all, from the first submission to the last
+// answer.
+absl::StatusOr<double> SessionOpsPerSecond(const Server& server, int clients, int total) {
+  std::vector<std::unique_ptr<Client>> connected;
+  for (int i = 0; i < clients; ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                     Connect(server, absl::StrCat("bench-session-", i)));
+    RETURN_IF_ERROR(PrepareSmall(*client));
+    connected.push_back(std::move(client));
+  }
+  const int each = std::max(1, total / clients);
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (const auto& client : connected) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(*client));
+    sessions.push_back(std::move(session));
+  }
+  std::latch go(1);
+  std::vector<absl::Status> statuses(clients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      go.wait();
+      std::vector<OperationFuture> futures;
+      futures.reserve(each);
+      for (int k = 0; k < each; ++k) futures.push_back(sessions[i]->Submit(SmallAdd()).result);
+      statuses[i] = sessions[i]->Close();
+      for (const OperationFuture& f : futures) {
+        if (statuses[i].ok()) statuses[i] = Succeeded(f.Get());
+      }
+    });
+  }
+  const Clock::time_point start = Clock::now();
+  go.count_down();
+  for (std::thread& t : threads) t.join();
+  const double wall = SecondsSince(start);
+  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
+  for (const auto& client : connected) RETURN_IF_ERROR(DeleteSmall(*client));
+  return clients * each / wall;
+}
+
+// Operations per second of one client's SubmitAsync with kAsyncWindow in flight.
+absl::StatusOr<double> AsyncOpsPerSecond(const Server& server, int total) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-async"));
+  RETURN_IF_ERROR(PrepareSmall(*client));
+  std::deque<OperationFuture> window;
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < total; ++i) {
+    if (window.size() == kAsyncWindow) {
+      RETURN_IF_ERROR(Succeeded(window.front().Get()));
+      window.pop_front();
+    }
+    window.push_back(client->SubmitAsync(SmallAdd()));
+  }
+  for (const OperationFuture& f : window) RETURN_IF_ERROR(Succeeded(f.Get()));
+  const double wall = SecondsSince(start);
+  RETURN_IF_ERROR(DeleteSmall(*client));
+  return total / wall;
+}
+
+struct SmallLatencies {
+  std::vector<double> submit, session, noop, device;
+};
+
+// Submit(wait), a session's submit-and-wait and GetServerInfo, taking turns.
+absl::StatusOr<SmallLatencies> MeasureSmallLatencies(const Options& options, Client& client) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(client));
+  v1::SubmitRequest waiting = SmallAdd();
+  waiting.set_wait(true);
+  SmallLatencies l;
+  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
+    Clock::time_point start = Clock::now();
+    absl::StatusOr<v1::Operation> op = client.Submit(waiting);
+    const double submit_wall = SecondsSince(start);
+    RETURN_IF_ERROR(Succeeded(op));
+    start = Clock::now();
+    const absl::StatusOr<v1::Operation> answered = session->Submit(SmallAdd()).result.Get();
+    const double session_wall = SecondsSince(start);
+    RETURN_IF_ERROR(Succeeded(answered));
+    start = Clock::now();
+    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+    const double noop_wall = SecondsSince(start);
+    if (!info.ok()) return info.status();
+    if (i < kLatencyWarmup) continue;
+    l.submit.push_back(submit_wall);
+    l.session.push_back(session_wall);
+    l.noop.push_back(noop_wall);
+    l.device.push_back(answered->timing().device_seconds());
+  }
+  RETURN_IF_ERROR(session->Close());
+  return l;
+}
+
+struct ChainTimes {
+  double wall = 0;    // median
+  double device = 0;  // median of the sums of the steps' device times
+};
+
+// A chain of kChainSteps: kChainSteps - 1 increments, each of the last one's output,
+// then the max of the last, checked.
+absl::StatusOr<ChainTimes> MeasureChain(const Options& options, Client& client) {
+  Chain chain;
+  std::string last = chain.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}));
+  for (int k = 1; k < kChainSteps - 1; ++k) {
+    last = chain.Add(Elementwise("s + 1", {{"s", BufferOperand(TagRef(last))}}));
+  }
+  chain.Add(Reduce(v1::REDUCE_KIND_MAX, TagRef(last)));
+  std::vector<double> walls, devices;
+  for (int r = 0; r <= options.repeat; ++r) {
+    const Clock::time_point start = Clock::now();
+    ASSIGN_OR_RETURN(v1::ChainResponse response, chain.Run(client));
+    const double wall = SecondsSince(start);
+    double device = 0;
+    for (const v1::ChainStepResult& step : response.steps()) {
+      RETURN_IF_ERROR(Succeeded(step.operation()));
+      device += step.operation().timing().device_seconds();
+    }
+    const v1::Operation& max = response.steps(kChainSteps - 1).operation();
+    if (max.values_size() != 1 || max.values(0).float_value() != kChainSteps) {
+      return absl::InternalError("the chain's last step did not give its reference value");
+    }
+    if (r == 0) continue;  // warm-up
+    walls.push_back(wall);
+    devices.push_back(device);
+  }
+  return ChainTimes{Median(walls), Median(devices)};
+}
+
+absl::Status RunSessions(const Options& options, const Server& server) {
+  const int total = options.session_ops;
+  ASSIGN_OR_RETURN(double one, SessionOpsPerSecond(server, 1, total));
+  ASSIGN_OR_RETURN(double many, SessionOpsPerSecond(server, kMaxSessionClients, total));
+  ASSIGN_OR_RETURN(double async, AsyncOpsPerSecond(server, std::min(total, 5000)));
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-session-latency"));
+  RETURN_IF_ERROR(PrepareSmall(*client));
+  ASSIGN_OR_RETURN(SmallLatencies l, MeasureSmallLatencies(options, *client));
+  ASSIGN_OR_RETURN(ChainTimes chain, MeasureChain(options, *client));
+  RETURN_IF_ERROR(DeleteSmall(*client));
+
+  const double noop50 = Percentile(l.noop, 50);
+  const double submit_ratio = Percentile(l.submit, 50) / noop50;
+  const double session_ratio = Percentile(l.session, 50) / noop50;
+  const double chain_bound = 2 * chain.device + noop50;
+  Table table({"measure", "value", "p99 ms", "vs", "target", "met"}, 1);
+  auto met = [](bool ok) { return std::string(ok ? "yes" : "NO"); };
+  table.AddRow({"session, 1 client (ops/s)", Fixed(one, 0), "", "", ">= 50000", met(one >= 50000)});
+  table.AddRow({absl::StrCat("sessions, ", kMaxSessionClients, " clients (ops/s)"), Fixed(many, 0),
+                "", "", ">= 150000", met(many >= 150000)});
+  table.AddRow({absl::StrCat("SubmitAsync, 1 client, ", kAsyncWindow, " in flight (ops/s)"),
+                Fixed(async, 0), "", absl::StrCat(Fixed(one / async, 1), "x slower than session"),
+                "", ""});
+  table.AddRow({"Submit(wait) p50 ms", Fixed(Percentile(l.submit, 50) * 1e3, 3),
+                Fixed(Percentile(l.submit, 99) * 1e3, 3),
+                absl::StrCat(Fixed(submit_ratio, 2), "x no-op"), "<= 1.2x",
+                met(submit_ratio <= 1.2)});
+  table.AddRow({"session submit+wait p50 ms", Fixed(Percentile(l.session, 50) * 1e3, 3),
+                Fixed(Percentile(l.session, 99) * 1e3, 3),
+                absl::StrCat(Fixed(session_ratio, 2), "x no-op"), "<= 1.2x",
+                met(session_ratio <= 1.2)});
+  table.AddRow({"GetServerInfo (no-op) p50 ms", Fixed(noop50 * 1e3, 3),
+                Fixed(Percentile(l.noop, 99) * 1e3, 3), "", "", ""});
+  table.AddRow(
+      {"device time of one x + 1, median ms", Fixed(Median(l.device) * 1e3, 4), "", "", "", ""});
+  table.AddRow({absl::StrCat("chain of ", kChainSteps, " steps, wall ms"),
+                Fixed(chain.wall * 1e3, 3), "",
+                absl::StrCat("device sum ", Fixed(chain.device * 1e3, 3), " ms + no-op ",
+                             Fixed(noop50 * 1e3, 3), " ms"),
+                absl::StrCat("<= 2x device + no-op = ", Fixed(chain_bound * 1e3, 3)),
+                met(chain.wall <= chain_bound)});
+  table.Print(absl::StrCat("sessions: x + 1 on ", kSmallN, " float32 values; ", total,
+                           " operations per throughput row, ", options.samples,
+                           " alternating samples per latency row"));
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Options& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   const DeviceDescription& device = backend->devices().at(0);
@@ -1018,7 +1248,7 @@ absl::Status Run(const Options& options) {
   std::fflush(stdout);
 
   if (options.kernels) RETURN_IF_ERROR(RunKernels(options, *backend));
-  if (!options.transfers && !options.e2e) return absl::OkStatus();
+  if (!options.transfers && !options.e2e && !options.sessions) return absl::OkStatus();
   CopyCeilings ceilings;
   if (options.transfers) {
     ASSIGN_OR_RETURN(ceilings, MeasureCopyCeilings(options, *backend));
@@ -1037,6 +1267,7 @@ absl::Status Run(const Options& options) {
     RETURN_IF_ERROR(RunLatency(options, *server));
     RETURN_IF_ERROR(RunLoad(options, *server));
   }
+  if (options.sessions) RETURN_IF_ERROR(RunSessions(options, *server));
   return absl::OkStatus();
 }
 

@@ -172,6 +172,9 @@ class CliContext {
 };
 
 using CommandFn = Outcome (*)(CliContext& context, const ParsedArgs& args);
+// Builds the request of an operation command from its arguments; usage errors come back
+// as the Outcome, success as Outcome::Ok().
+using BuildRequestFn = Outcome (*)(const ParsedArgs& args, v1::SubmitRequest* request);
 
 struct Command {
   std::string_view name;
@@ -182,7 +185,12 @@ struct Command {
   std::string details;
   std::vector<FlagSpec> flags;
   CommandFn run;
+  // Operation commands only (eval, gemv, reduce, rand): the request alone, for `run`.
+  BuildRequestFn build = nullptr;
 };
+
+// The command named `name`, or null.
+const Command* FindCommand(std::string_view name);
 
 Outcome RunInfo(CliContext& context, const ParsedArgs& args);
 Outcome RunStats(CliContext& context, const ParsedArgs& args);
@@ -200,6 +208,12 @@ Outcome RunRandom(CliContext& context, const ParsedArgs& args);
 Outcome RunWait(CliContext& context, const ParsedArgs& args);
 Outcome RunOperation(CliContext& context, const ParsedArgs& args);
 Outcome RunStream(CliContext& context, const ParsedArgs& args);
+Outcome RunFile(CliContext& context, const ParsedArgs& args);
+
+Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request);
+Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request);
+Outcome BuildReduce(const ParsedArgs& args, v1::SubmitRequest* request);
+Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request);
 
 }  // namespace gpucompute::cli
 

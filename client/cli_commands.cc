@@ -169,6 +169,13 @@ Outcome SubmitAndReport(CliContext& context, std::string_view what, const Parsed
   return outcome;
 }
 
+Outcome BuildAndSubmit(CliContext& context, std::string_view what, const ParsedArgs& args,
+                       BuildRequestFn build) {
+  v1::SubmitRequest request;
+  if (Outcome built = build(args, &request); built.exit_code != kExitOk) return built;
+  return SubmitAndReport(context, what, args, std::move(request));
+}
+
 // "1.0 GB reserved, 800.0 MB used".
 std::string PoolSummary(uint64_t reserved_bytes, uint64_t used_bytes) {
   return absl::StrCat(FormatBytes(reserved_bytes), " reserved, ", FormatBytes(used_bytes), " used");
@@ -588,10 +595,9 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
 // ---------------------------------------------------------------------------
 // Operations
 
-Outcome RunEval(CliContext& context, const ParsedArgs& args) {
+Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 1, SIZE_MAX)) return *usage;
-  v1::SubmitRequest request;
-  v1::ElementwiseOp* op = request.mutable_elementwise();
+  v1::ElementwiseOp* op = request->mutable_elementwise();
   op->set_expression(args.positional()[0]);
   for (size_t i = 1; i < args.positional().size(); ++i) {
     const std::string& binding = args.positional()[i];
@@ -616,10 +622,10 @@ Outcome RunEval(CliContext& context, const ParsedArgs& args) {
   absl::StatusOr<v1::Output> output = OutputFromFlags(args, "--out");
   if (!output.ok()) return UsageFrom(output.status());
   *op->mutable_output() = *std::move(output);
-  return SubmitAndReport(context, "eval", args, std::move(request));
+  return Outcome::Ok();
 }
 
-Outcome RunGemv(CliContext& context, const ParsedArgs& args) {
+Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 2, 2)) return *usage;
   absl::StatusOr<std::optional<double>> alpha = args.Double("--alpha");
   if (!alpha.ok()) return UsageFrom(alpha.status());
@@ -627,13 +633,13 @@ Outcome RunGemv(CliContext& context, const ParsedArgs& args) {
   if (!beta.ok()) return UsageFrom(beta.status());
   absl::StatusOr<v1::Output> y = OutputFromFlags(args, "--y");
   if (!y.ok()) return UsageFrom(y.status());
-  v1::SubmitRequest request =
+  *request =
       Gemv(args.positional()[0], args.positional()[1], *std::move(y), args.Has("--transpose"),
            alpha->value_or(1.0), beta->value_or(0.0));
-  return SubmitAndReport(context, "gemv", args, std::move(request));
+  return Outcome::Ok();
 }
 
-Outcome RunReduce(CliContext& context, const ParsedArgs& args) {
+Outcome BuildReduce(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 2, 2)) return *usage;
   static constexpr std::pair<std::string_view, v1::ReduceKind> kKinds[] = {
       {"sum", v1::REDUCE_KIND_SUM},       {"prod", v1::REDUCE_KIND_PROD},
@@ -654,16 +660,15 @@ Outcome RunReduce(CliContext& context, const ParsedArgs& args) {
   if (!output.ok()) return UsageFrom(output.status());
   std::optional<int> axis_value;
   if (axis->has_value()) axis_value = static_cast<int>(**axis);
-  v1::SubmitRequest request =
+  *request =
       Reduce(kind->second, args.positional()[1], axis_value, *std::move(output));
-  return SubmitAndReport(context, "reduce", args, std::move(request));
+  return Outcome::Ok();
 }
 
-Outcome RunRandom(CliContext& context, const ParsedArgs& args) {
+Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 1, 1)) return *usage;
   const std::string& distribution = args.positional()[0];
-  v1::SubmitRequest request;
-  v1::RandomOp* op = request.mutable_random();
+  v1::RandomOp* op = request->mutable_random();
   if (distribution == "uniform") {
     op->set_distribution(v1::DISTRIBUTION_UNIFORM);
   } else if (distribution == "normal") {
@@ -717,7 +722,23 @@ Outcome RunRandom(CliContext& context, const ParsedArgs& args) {
   if (stddev->has_value()) op->set_stddev(**stddev);
   op->set_low(low->value_or(0));
   op->set_high(high->value_or(0));
-  return SubmitAndReport(context, "rand", args, std::move(request));
+  return Outcome::Ok();
+}
+
+Outcome RunEval(CliContext& context, const ParsedArgs& args) {
+  return BuildAndSubmit(context, "eval", args, BuildEval);
+}
+
+Outcome RunGemv(CliContext& context, const ParsedArgs& args) {
+  return BuildAndSubmit(context, "gemv", args, BuildGemv);
+}
+
+Outcome RunReduce(CliContext& context, const ParsedArgs& args) {
+  return BuildAndSubmit(context, "reduce", args, BuildReduce);
+}
+
+Outcome RunRandom(CliContext& context, const ParsedArgs& args) {
+  return BuildAndSubmit(context, "rand", args, BuildRandom);
 }
 
 Outcome RunWait(CliContext& context, const ParsedArgs& args) {

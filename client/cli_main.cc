@@ -124,7 +124,8 @@ const std::vector<Command>& Commands() {
            "  --dtype D      dtype of a new result (default: NumPy 2's promotion)\n",
            kOutputDetails),
        {kOut, kName, kDType, kNoWait},
-       RunEval},
+       RunEval,
+       BuildEval},
       {"gemv",
        "A X [--y BUFFER | --name N] [--transpose] [--alpha V] [--beta V] [--no-wait]",
        "y = alpha * op(A) * x + beta * y",
@@ -136,7 +137,8 @@ const std::vector<Command>& Commands() {
        "  --no-wait      print the operation id and return at once\n",
        {ValueFlag("--y"), kName, SwitchFlag("--transpose"), ValueFlag("--alpha"),
         ValueFlag("--beta"), kNoWait},
-       RunGemv},
+       RunGemv,
+       BuildGemv},
       {"reduce",
        "KIND BUFFER [--axis N] [--out BUFFER | --name N] [--dtype D] [--no-wait]",
        "reduce a buffer: sum prod min max mean norm2 argmin argmax",
@@ -147,7 +149,8 @@ const std::vector<Command>& Commands() {
            "  --dtype D      dtype of a new result (default: NumPy's)\n",
            kOutputDetails),
        {ValueFlag("--axis"), kOut, kName, kDType, kNoWait},
-       RunReduce},
+       RunReduce,
+       BuildReduce},
       {"rand",
        "uniform|normal|integers --shape S --dtype D [--seed N] [--offset N] [FLAGS]",
        "fill a buffer with counter-based random numbers (Philox4x32-10)",
@@ -163,7 +166,24 @@ const std::vector<Command>& Commands() {
        {ValueFlag("--shape"), kDType, ValueFlag("--seed"), ValueFlag("--offset"),
         ValueFlag("--mean"), ValueFlag("--std"), ValueFlag("--low"), ValueFlag("--high"),
         ValueFlag("--layout"), kOut, kName, kNoWait},
-       RunRandom},
+       RunRandom,
+       BuildRandom},
+      {"run",
+       "FILE",
+       "run a file of operations through one session",
+       "FILE (or - for stdin) holds one operation per line, written as the eval, gemv,\n"
+       "reduce and rand commands take them (quotes group words; # starts a comment).\n"
+       "All of them go to the server at once through one session and run in order of\n"
+       "their dependencies; each completion is printed as it arrives, after its tag.\n"
+       "A line's tag is its line number, or NAME when the line starts with @NAME. A\n"
+       "later line uses an earlier line's result as the buffer tag:TAG, e.g.\n"
+       "  @s reduce sum x\n"
+       "  eval 'x / s' x=x s=tag:s --name y\n"
+       "The new unnamed results are freed when the file is done; --name keeps one.\n"
+       "The exit code is the first failure's (10 + its code), or 0. Lines are checked\n"
+       "before anything is sent: a malformed line runs nothing (exit 2).\n",
+       {},
+       RunFile},
       {"wait",
        "OP_ID [--timeout S]",
        "wait for an operation and print it",
@@ -187,12 +207,6 @@ const std::vector<Command>& Commands() {
   return *commands;
 }
 
-const Command* FindCommand(std::string_view name) {
-  for (const Command& command : Commands()) {
-    if (command.name == name) return &command;
-  }
-  return nullptr;
-}
 
 std::string UsageLine(const Command& command) {
   return absl::StrCat("usage: gpucompute [GLOBAL FLAGS] ", ToAbsl(command.name),
@@ -370,6 +384,14 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
+
+const Command* FindCommand(std::string_view name) {
+  for (const Command& command : Commands()) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
 }  // namespace gpucompute::cli
 
 int main(int argc, char** argv) { return gpucompute::cli::Main(argc, argv); }

@@ -103,7 +103,8 @@ class Client {
   const ClientOptions& options() const { return options_; }
   // The channel, and a context for a call on it that names the client (and carries the
   // call timeout when `unary`): for stubs of services this class does not wrap, such as
-  // SharedMemoryTransport's (client/shared_memory.h).
+  // SharedMemoryTransport's (client/shared_memory.h) and the sessions and chains of
+  // client/session.h.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   std::unique_ptr<grpc::ClientContext> NewContext(bool unary) const;
 

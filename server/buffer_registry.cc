@@ -123,12 +123,38 @@ absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client,
 
 absl::Status BufferRegistry::Register(const BufferHandle& entry) {
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(ReserveLocked(entry));
+  by_id_.emplace(entry->id, entry);
+  return absl::OkStatus();
+}
+
+absl::Status BufferRegistry::ReserveLocked(const BufferHandle& entry) {
   // Checked again: other requests may have taken the name or the room since Allocate.
   RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
-  by_id_.emplace(entry->id, entry);
   ++count_by_client_[entry->client];
   return absl::OkStatus();
+}
+
+absl::Status BufferRegistry::Reserve(const BufferHandle& entry) {
+  absl::MutexLock lock(&mu_);
+  return ReserveLocked(entry);
+}
+
+void BufferRegistry::Publish(const BufferHandle& entry) {
+  absl::MutexLock lock(&mu_);
+  by_id_.emplace(entry->id, entry);
+}
+
+void BufferRegistry::Unreserve(const BufferHandle& entry) {
+  absl::MutexLock lock(&mu_);
+  UnreserveLocked(*entry);
+}
+
+void BufferRegistry::UnreserveLocked(const BufferEntry& entry) {
+  if (!entry.name.empty()) id_by_name_.erase(NameKey(entry.client, entry.name));
+  auto count = count_by_client_.find(entry.client);
+  if (--count->second == 0) count_by_client_.erase(count);
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view client,
@@ -140,10 +166,12 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
     return it->second;
   }
   auto name = id_by_name_.find(NameKey(client, ref));
-  if (name == id_by_name_.end()) {
+  // A reserved name (Reserve) does not resolve until it is published.
+  auto it = name == id_by_name_.end() ? by_id_.end() : by_id_.find(name->second);
+  if (it == by_id_.end()) {
     return absl::NotFoundError(absl::StrCat("no buffer named '", ref, "'"));
   }
-  return by_id_.at(name->second);
+  return it->second;
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
@@ -156,10 +184,8 @@ absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client,
                                                     absl::string_view ref) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
-  if (!entry->name.empty()) id_by_name_.erase(NameKey(entry->client, entry->name));
   by_id_.erase(entry->id);
-  auto count = count_by_client_.find(entry->client);
-  if (--count->second == 0) count_by_client_.erase(count);
+  UnreserveLocked(*entry);
   return entry;
 }
 

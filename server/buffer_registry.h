@@ -115,6 +115,14 @@ class BufferRegistry {
                                         int device, bool exportable = false);
   // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile.
   absl::Status Register(const BufferHandle& entry);
+  // Register in two steps, for a buffer that an operation creates: Reserve takes the
+  // entry's name and its place among the client's buffers (ALREADY_EXISTS or
+  // RESOURCE_EXHAUSTED as Register) without making it visible; Publish then makes it
+  // visible, or Unreserve gives the name back. Between the two the name is taken but
+  // does not resolve.
+  absl::Status Reserve(const BufferHandle& entry);
+  void Publish(const BufferHandle& entry);
+  void Unreserve(const BufferHandle& entry);
   // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.
   absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
   // Unregisters; the memory lives on while queued work holds the handle.
@@ -131,6 +139,8 @@ class BufferRegistry {
   // it already uses `name`.
   absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveLocked(const BufferHandle& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnreserveLocked(const BufferEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static std::string NameKey(absl::string_view client, absl::string_view name);

@@ -66,9 +66,9 @@ struct HealthSink {
 
 // The services the health service reports on, besides the server as a whole ("").
 std::vector<std::string> ServiceNames() {
-  return {v1::BufferService::service_full_name(), v1::StreamService::service_full_name(),
-          v1::OperationService::service_full_name(), v1::ServerService::service_full_name(),
-          v1::SharedMemoryService::service_full_name()};
+  return {v1::BufferService::service_full_name(),       v1::StreamService::service_full_name(),
+          v1::OperationService::service_full_name(),    v1::ServerService::service_full_name(),
+          v1::SharedMemoryService::service_full_name(), v1::SessionService::service_full_name()};
 }
 
 void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
@@ -93,6 +93,7 @@ struct Server::Impl {
   // Only while SharedMemoryService allows something; the service itself always answers.
   std::unique_ptr<RegionRegistry> regions;
   std::unique_ptr<SharedMemoryServiceImpl> shared_memory;
+  std::unique_ptr<SessionServiceImpl> sessions;
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -202,6 +203,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->shared_memory = std::make_unique<SharedMemoryServiceImpl>(*impl->ctx);
   }
+  impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
@@ -219,6 +221,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(impl->operations.get());
   builder.RegisterService(impl->server_service.get());
   builder.RegisterService(impl->shared_memory.get());
+  builder.RegisterService(impl->sessions.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

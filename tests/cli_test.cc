@@ -17,12 +17,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -383,6 +385,54 @@ TEST_F(CliTest, ErrorsHaveTheirExitCodes) {
   EXPECT_EQ(no_server.exit_code, 24) << "UNAVAILABLE is 10 + 14";
 }
 
+TEST_F(CliTest, RunSendsAFileThroughOneSession) {
+  const std::vector<double> x = {1, 2, 3, 4, 5};
+  WriteNpy(Path("rx.npy"), x, {x.size()}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("rx.npy")) + " --name rx").exit_code, 0);
+  std::ofstream(Path("ok.ops")) << "# (x - 1)^2, its sum and its max\n"
+                                   "@d eval 'x - 1' x=rx\n"
+                                   "\n"
+                                   "@y eval \"d * d\" d=tag:d --name run_y  # kept\n"
+                                   "reduce sum tag:y\n"
+                                   "@m reduce max tag:d\n";
+  Result ok = Run("--json run " + ShellQuote(Path("ok.ops")));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  std::map<std::string, v1::Operation> answers;
+  for (absl::string_view line : absl::StrSplit(ok.out, '\n', absl::SkipEmpty())) {
+    const v1::SessionResponse answer = ParseJson<v1::SessionResponse>(std::string(line));
+    answers[answer.tag()] = answer.operation();
+  }
+  ASSERT_EQ(answers.size(), 4u) << ok.out;
+  for (const auto& [tag, op] : answers) {
+    EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << tag << ": " << op.error_message();
+  }
+  ASSERT_EQ(answers["5"].values_size(), 1);
+  EXPECT_EQ(answers["5"].values(0).float_value(), 0 + 1 + 4 + 9 + 16);
+  EXPECT_EQ(answers["m"].values(0).float_value(), 4);
+  ASSERT_EQ(Run("get run_y -o " + ShellQuote(Path("run_y.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("run_y.npy")), (std::vector<double>{0, 1, 4, 9, 16}));
+
+  // A failure fails its dependents, the rest runs, and the exit code is the first
+  // failure's; the text output names every tag.
+  std::ofstream(Path("fail.ops")) << "@bad eval 'x +' x=rx\n"
+                                     "@dep reduce sum tag:bad\n"
+                                     "@fine eval 'x * 10' x=rx --name run_fine\n";
+  Result failed = Run("run " + ShellQuote(Path("fail.ops")));
+  EXPECT_EQ(failed.exit_code, 13) << "INVALID_ARGUMENT is 10 + 3: " << failed.err;
+  EXPECT_NE(failed.out.find("bad "), std::string::npos) << failed.out;
+  EXPECT_NE(failed.out.find("tag 'bad'"), std::string::npos) << failed.out;
+  ASSERT_EQ(Run("get run_fine -o " + ShellQuote(Path("run_fine.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("run_fine.npy")), (std::vector<double>{10, 20, 30, 40, 50}));
+
+  // A malformed line runs nothing.
+  std::ofstream(Path("usage.ops")) << "eval 'x + 1' x=rx --name run_never\n"
+                                      "ls\n";
+  Result usage = Run("run " + ShellQuote(Path("usage.ops")));
+  EXPECT_EQ(usage.exit_code, 2) << usage.err;
+  EXPECT_NE(usage.err.find(":2:"), std::string::npos) << usage.err;
+  EXPECT_EQ(Run("--json ls").out.find("run_never"), std::string::npos);
+}
+
 TEST_F(CliTest, InfoStatsAndStreams) {
   Result info = Run("--json info");
   ASSERT_EQ(info.exit_code, 0) << info.err;
@@ -714,10 +764,10 @@ TEST_F(CliTest, PutAndGetChooseTheirTransport) {
   EXPECT_EQ(Run("put " + ShellQuote(in) + " --transport=pigeon").exit_code, 2);
 
   // One that does: auto takes shared memory, and every path gives back the same bytes.
-  ServerProcess process = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu",
-                                       "--memory-limit=256MiB", "--cpu-threads=2",
-                                       "--allow-shared-memory"},
-                                      Path("shm_server.log"));
+  ServerProcess process =
+      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
+                   "--cpu-threads=2", "--allow-shared-memory"},
+                  Path("shm_server.log"));
   const int port = WaitForListening(process);
   ASSERT_NE(port, 0) << ReadFile(process.log);
   SharedMemoryServer shm(process, port);
@@ -726,8 +776,8 @@ TEST_F(CliTest, PutAndGetChooseTheirTransport) {
   EXPECT_NE(put.out.find("\"transport\":\"shm\""), std::string::npos) << put.out;
   for (const std::string transport : {"auto", "shm", "grpc"}) {
     const std::string out = Path("transport_" + transport + ".npy");
-    Result get = Run("--json get t_shm -o " + ShellQuote(out) + " --transport=" + transport,
-                     shm.target());
+    Result get =
+        Run("--json get t_shm -o " + ShellQuote(out) + " --transport=" + transport, shm.target());
     ASSERT_EQ(get.exit_code, 0) << transport << ": " << get.err;
     EXPECT_NE(get.out.find(std::string("\"transport\":\"") +
                            (transport == "grpc" ? "grpc" : "shm") + "\""),
@@ -739,7 +789,8 @@ TEST_F(CliTest, PutAndGetChooseTheirTransport) {
   // Into part of an existing buffer, through shared memory.
   const std::vector<double> patch = RandomValues(500, 12);
   WriteNpy(Path("patch.npy"), patch, {500}, false);
-  Result into = Run("put " + ShellQuote(Path("patch.npy")) + " --into t_shm --offset 8000", shm.target());
+  Result into =
+      Run("put " + ShellQuote(Path("patch.npy")) + " --into t_shm --offset 8000", shm.target());
   ASSERT_EQ(into.exit_code, 0) << into.err;
   EXPECT_NE(into.out.find("via shm"), std::string::npos) << into.out;
   ASSERT_EQ(Run("get t_shm -o " + ShellQuote(Path("patched.npy")), shm.target()).exit_code, 0);
@@ -755,10 +806,10 @@ TEST_F(CliTest, ClientKilledDuringASharedMemoryPutLeavesNothing) {
   const std::vector<double> values = RandomValues(n, 13);
   const std::string in = Path("killed_in.npy");
   WriteNpy(in, values, {n}, false);
-  ServerProcess process = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu",
-                                       "--memory-limit=1GiB", "--cpu-threads=2",
-                                       "--allow-shared-memory", "--region-idle-timeout=0.3"},
-                                      Path("killed_server.log"));
+  ServerProcess process =
+      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=1GiB",
+                   "--cpu-threads=2", "--allow-shared-memory", "--region-idle-timeout=0.3"},
+                  Path("killed_server.log"));
   const int port = WaitForListening(process);
   ASSERT_NE(port, 0) << ReadFile(process.log);
   SharedMemoryServer shm(process, port);
@@ -767,11 +818,10 @@ TEST_F(CliTest, ClientKilledDuringASharedMemoryPutLeavesNothing) {
   for (const int delay_ms : {0, 5, 20, 60}) {
     SCOPED_TRACE(absl::StrCat("killed ", delay_ms, " ms after registering"));
     const std::string name = "killed_" + std::to_string(delay_ms);
-    ServerProcess cli =
-        SpawnProgram(cli_bin_,
-                     {"--server", shm.target(), "--client", "cli-test", "put", in, "--name", name,
-                      "--transport=shm"},
-                     Path("killed_cli.log"));
+    ServerProcess cli = SpawnProgram(cli_bin_,
+                                     {"--server", shm.target(), "--client", "cli-test", "put", in,
+                                      "--name", name, "--transport=shm"},
+                                     Path("killed_cli.log"));
     ASSERT_GT(cli.pid, 0);
     // Mid-transfer: the region is registered and the segment's name already unlinked.
     for (const absl::Time deadline = absl::Now() + absl::Seconds(20);

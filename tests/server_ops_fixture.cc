@@ -59,6 +59,16 @@ void ExpectRejected(Client& client, const v1::SubmitRequest& request, absl::Stat
   }
 }
 
+uint64_t CompletedCount(Client& client, v1::OperationKind kind) {
+  absl::StatusOr<v1::Stats> stats = client.GetStats();
+  EXPECT_OK(stats);
+  if (!stats.ok()) return 0;
+  for (const v1::KindStats& k : stats->kinds()) {
+    if (k.kind() == kind) return k.count();
+  }
+  return 0;
+}
+
 std::vector<double> Iota(size_t n, double scale) {
   std::vector<double> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i % 65536) * scale;

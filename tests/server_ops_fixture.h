@@ -59,6 +59,9 @@ absl::StatusOr<v1::Operation> RunOp(Client& client, v1::SubmitRequest request,
 void ExpectRejected(Client& client, const v1::SubmitRequest& request, absl::StatusCode code,
                     std::string_view needle = {}, const std::vector<std::string>& watched = {});
 
+// Operations of `kind` the server has completed (GetStats).
+uint64_t CompletedCount(Client& client, v1::OperationKind kind);
+
 // ---------------------------------------------------------------------------
 // Test data and references
 

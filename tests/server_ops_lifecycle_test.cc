@@ -3,12 +3,14 @@
 // SubmitAsync's order.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -228,6 +230,44 @@ TEST_F(ServerOpsTest, SubmitAsyncPreservesSubmissionOrder) {
   EXPECT_EQ(static_cast<uint64_t>(got[0]), want)
       << "SubmitAsync calls made in order from one thread ran on the stream in another order";
   for (size_t i = 1; i < n; ++i) ASSERT_EQ(got[i], got[0]) << i;
+}
+
+// A rejected Submit must not run: the output name is taken before anything is queued.
+TEST_F(ServerOpsTest, RacingSubmitsForOneOutputNameRunOnce) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>(64, 1.0), {}, v1::LAYOUT_C, "x"));
+  const uint64_t ran_before = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
+  constexpr int kThreads = 8;
+  constexpr int kEach = 25;
+  std::atomic<int> ok{0}, exists{0}, other{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      for (int i = 0; i < kEach; ++i) {
+        const double value = t * kEach + i;
+        absl::StatusOr<v1::Operation> op = c().Submit(Elementwise(
+            "x * v", {{"x", BufferOperand("x")}, {"v", ScalarOperand(value)}}, NewOutput("same")));
+        if (op.ok()) {
+          ++ok;
+        } else if (op.status().code() == absl::StatusCode::kAlreadyExists) {
+          ++exists;
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  go = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(exists.load(), kThreads * kEach - 1);
+  EXPECT_EQ(other.load(), 0);
+  ASSERT_OK(c().SynchronizeStream(""));
+  EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE), ran_before + 1);
+  // The buffer holds one submission's result: x * v for a single v.
+  ASSIGN_OR_FAIL(std::vector<double> got, DownloadArray<double>(c(), "same"));
+  for (double v : got) EXPECT_EQ(v, got[0]);
 }
 
 }  // namespace

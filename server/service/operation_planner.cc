@@ -29,7 +29,8 @@ enum class CastRule { kExact, kSameKind };
 // The buffer an operation writes: an existing one, checked against the result's shape
 // and dtype, or a new, not yet registered one.
 absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
-                                           const v1::Output& output, DType natural,
+                                           BufferResolver resolve, const v1::Output& output,
+                                           DType natural,
                                            const std::vector<uint64_t>& shape, Layout layout,
                                            int device, CastRule rule, bool* created) {
   std::optional<DType> requested;
@@ -46,7 +47,7 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
                                  : " (only same-kind casts are allowed)"));
   };
   if (!output.buffer().empty()) {
-    ASSIGN_OR_RETURN(BufferHandle out, ctx.registry.Lookup(client, output.buffer()));
+    ASSIGN_OR_RETURN(BufferHandle out, resolve(output.buffer()));
     const BufferEntry& b = *out;
     if (b.shape != shape) {
       return absl::InvalidArgumentError(
@@ -72,14 +73,14 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   return ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device);
 }
 
-absl::StatusOr<BufferHandle> Lookup(ServiceContext& ctx, absl::string_view client,
-                                    absl::string_view what, const std::string& ref) {
+absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view what,
+                                    const std::string& ref) {
   if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is required"));
-  return ctx.registry.Lookup(client, ref);
+  return resolve(ref);
 }
 
 absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
-                                     const v1::ElementwiseOp& op) {
+                                     BufferResolver resolve, const v1::ElementwiseOp& op) {
   if (op.expression().size() > kMaxExpressionBytes) {
     return absl::InvalidArgumentError(absl::StrCat("expression is ", op.expression().size(),
                                                    " bytes; at most ", kMaxExpressionBytes,
@@ -91,7 +92,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   for (const auto& [name, operand] : op.inputs()) {
     switch (operand.value_case()) {
       case v1::Operand::kBuffer: {
-        absl::StatusOr<BufferHandle> b = ctx.registry.Lookup(client, operand.buffer());
+        absl::StatusOr<BufferHandle> b = resolve(operand.buffer());
         if (!b.ok())
           return absl::Status(b.status().code(),
                               absl::StrCat("input '", name, "': ", b.status().message()));
@@ -145,7 +146,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   Plan plan;
   bool created = false;
   ASSIGN_OR_RETURN(BufferHandle out,
-                   ResolveOutput(ctx, client, op.output(), program.result_dtype(), shape, layout,
+                   ResolveOutput(ctx, client, resolve, op.output(), program.result_dtype(), shape, layout,
                                  device, CastRule::kSameKind, &created));
   // Compiling may take long, so it happens here, outside the executor's lock. On error
   // the output this call allocated (not yet registered) is freed with `out`.
@@ -186,9 +187,10 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   return plan;
 }
 
-absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, const v1::GemvOp& op) {
-  ASSIGN_OR_RETURN(BufferHandle a, Lookup(ctx, client, "gemv matrix 'a'", op.a()));
-  ASSIGN_OR_RETURN(BufferHandle x, Lookup(ctx, client, "gemv vector 'x'", op.x()));
+absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
+                              BufferResolver resolve, const v1::GemvOp& op) {
+  ASSIGN_OR_RETURN(BufferHandle a, Lookup(resolve, "gemv matrix 'a'", op.a()));
+  ASSIGN_OR_RETURN(BufferHandle x, Lookup(resolve, "gemv vector 'x'", op.x()));
   const BufferEntry& A = *a;
   const BufferEntry& X = *x;
   if (A.shape.size() != 2) {
@@ -213,7 +215,7 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client, con
   const double alpha = op.has_alpha() ? op.alpha() : 1.0;
   Plan plan;
   bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, op.y(), A.dtype, {y_len}, Layout::kC,
+  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, resolve, op.y(), A.dtype, {y_len}, Layout::kC,
                                                  A.device, CastRule::kExact, &created));
   if (y == a || y == x) {
     return absl::InvalidArgumentError("gemv output y must not be the same buffer as a or x");
@@ -265,9 +267,9 @@ absl::StatusOr<ReduceKind> ReduceKindFromProto(v1::ReduceKind kind) {
 }
 
 absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client,
-                                const v1::ReduceOp& op) {
+                                BufferResolver resolve, const v1::ReduceOp& op) {
   ASSIGN_OR_RETURN(ReduceKind kind, ReduceKindFromProto(op.kind()));
-  ASSIGN_OR_RETURN(BufferHandle in, Lookup(ctx, client, "reduce input", op.input()));
+  ASSIGN_OR_RETURN(BufferHandle in, Lookup(resolve, "reduce input", op.input()));
   const BufferEntry& b = *in;
   const int64_t n = static_cast<int64_t>(b.num_elements());
   ReduceShape shape;
@@ -313,7 +315,7 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client,
   Plan plan;
   bool created = false;
   ASSIGN_OR_RETURN(BufferHandle out,
-                   ResolveOutput(ctx, client, op.output(), result_dtype, out_shape, Layout::kC,
+                   ResolveOutput(ctx, client, resolve, op.output(), result_dtype, out_shape, Layout::kC,
                                  b.device, CastRule::kExact, &created));
   if (out == in) return absl::InvalidArgumentError("reduce output must not be its input");
   if (created) plan.created = out;
@@ -357,7 +359,7 @@ absl::StatusOr<Distribution> DistributionFromProto(v1::Distribution d) {
 }
 
 absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
-                                const v1::RandomOp& op) {
+                                BufferResolver resolve, const v1::RandomOp& op) {
   ASSIGN_OR_RETURN(Distribution dist, DistributionFromProto(op.distribution()));
   RandomParams params;
   params.distribution = dist;
@@ -373,7 +375,7 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
   Layout layout = Layout::kC;
   DType dtype;
   if (!op.output().buffer().empty()) {
-    ASSIGN_OR_RETURN(BufferHandle b, ctx.registry.Lookup(client, op.output().buffer()));
+    ASSIGN_OR_RETURN(BufferHandle b, resolve(op.output().buffer()));
     if (!shape.empty() && shape != b->shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ShapeString(shape), " differs from the output ", Describe(*b)));
@@ -426,7 +428,7 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
   v1::Output output = op.output();
   output.set_dtype(v1::DTYPE_UNSPECIFIED);  // already folded into dtype
   ASSIGN_OR_RETURN(BufferHandle out,
-                   ResolveOutput(ctx, client, output, dtype, shape, layout,
+                   ResolveOutput(ctx, client, resolve, output, dtype, shape, layout,
                                  ctx.executor.default_device(), CastRule::kExact, &created));
   if (created) plan.created = out;
 
@@ -451,15 +453,22 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
 
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request) {
+  return PlanOperation(ctx, client, request, [&](absl::string_view ref) {
+    return ctx.registry.Lookup(client, ref);
+  });
+}
+
+absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
+                                   const v1::SubmitRequest& request, BufferResolver resolve) {
   switch (request.op_case()) {
     case v1::SubmitRequest::kElementwise:
-      return PlanElementwise(ctx, client, request.elementwise());
+      return PlanElementwise(ctx, client, resolve, request.elementwise());
     case v1::SubmitRequest::kGemv:
-      return PlanGemv(ctx, client, request.gemv());
+      return PlanGemv(ctx, client, resolve, request.gemv());
     case v1::SubmitRequest::kReduce:
-      return PlanReduce(ctx, client, request.reduce());
+      return PlanReduce(ctx, client, resolve, request.reduce());
     case v1::SubmitRequest::kRandom:
-      return PlanRandom(ctx, client, request.random());
+      return PlanRandom(ctx, client, resolve, request.random());
     case v1::SubmitRequest::OP_NOT_SET:
       break;
   }
@@ -499,14 +508,42 @@ absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
   return plan;
 }
 
-absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
-                                                      absl::string_view stream_id, Plan plan) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
-                   ctx.executor.Submit(client, stream_id, std::move(plan.spec)));
-  if (plan.created != nullptr) {
-    RETURN_IF_ERROR(ctx.registry.Register(plan.created));
+BufferHandle WrittenBuffer(const Plan& plan) {
+  for (const Executor::Access& a : plan.spec.accesses) {
+    if (a.write) return a.buffer;
+  }
+  return nullptr;
+}
+
+absl::Status ReserveCreated(ServiceContext& ctx, const Plan& plan) {
+  if (plan.created == nullptr) return absl::OkStatus();
+  return ctx.registry.Reserve(plan.created);
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> SubmitReserved(ServiceContext& ctx,
+                                                          absl::string_view client,
+                                                          absl::string_view stream_id, Plan plan) {
+  BufferHandle created = std::move(plan.created);
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      ctx.executor.Submit(client, stream_id, std::move(plan.spec));
+  if (created != nullptr) {
+    // Published only once its writer is queued, so that no other request can queue
+    // work on it ahead of the operation that fills it.
+    if (op.ok()) {
+      ctx.registry.Publish(created);
+    } else {
+      ctx.registry.Unreserve(created);
+    }
   }
   return op;
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
+                                                      absl::string_view stream_id, Plan plan) {
+  // The name is taken before anything is queued: a request that loses the race for
+  // it is rejected without running.
+  RETURN_IF_ERROR(ReserveCreated(ctx, plan));
+  return SubmitReserved(ctx, client, stream_id, std::move(plan));
 }
 
 }  // namespace gpucompute

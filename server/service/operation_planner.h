@@ -3,9 +3,9 @@
 #ifndef GPUCOMPUTE_SERVER_SERVICE_OPERATION_PLANNER_H_
 #define GPUCOMPUTE_SERVER_SERVICE_OPERATION_PLANNER_H_
 
-#include "absl/strings/string_view.h"
-
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "server/service/service_context.h"
 
@@ -20,6 +20,18 @@ struct Plan {
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request);
 
+// Resolves one buffer reference of a request (an id or a name, or whatever the caller
+// lets it be) to its buffer.
+using BufferResolver = absl::FunctionRef<absl::StatusOr<BufferHandle>(absl::string_view ref)>;
+
+// As above, with every buffer reference of the request resolved by `resolve` instead of
+// the client's buffers (sessions and chains resolve "tag:<t>" themselves).
+absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
+                                   const v1::SubmitRequest& request, BufferResolver resolve);
+
+// The buffer the planned operation writes (every operation writes one).
+BufferHandle WrittenBuffer(const Plan& plan);
+
 // Checks a CreateBuffer request (or an upload's header) and allocates its buffer, not yet
 // visible to lookups (BufferRegistry::Allocate), exportable as a CUDA IPC handle if asked.
 absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
@@ -30,9 +42,20 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
                               const v1::Scalar& value);
 
-// Queues a plan on `stream_id` and registers the buffer it creates.
+// Queues a plan on `stream_id` and registers the buffer it creates. The name of that
+// buffer is taken first, so a plan whose name is taken meanwhile queues nothing.
 absl::StatusOr<std::shared_ptr<Operation>> SubmitPlan(ServiceContext& ctx, absl::string_view client,
                                                       absl::string_view stream_id, Plan plan);
+
+// SubmitPlan in two steps, for requests that check many plans before queuing any:
+// ReserveCreated takes the name of the buffer the plan creates (BufferRegistry::Reserve);
+// SubmitReserved queues the plan and then makes that buffer visible, or gives its name
+// back if the plan cannot be queued. Every successful ReserveCreated must be followed
+// by SubmitReserved or by BufferRegistry::Unreserve of plan.created.
+absl::Status ReserveCreated(ServiceContext& ctx, const Plan& plan);
+absl::StatusOr<std::shared_ptr<Operation>> SubmitReserved(ServiceContext& ctx,
+                                                          absl::string_view client,
+                                                          absl::string_view stream_id, Plan plan);
 
 }  // namespace gpucompute
 

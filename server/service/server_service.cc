@@ -48,6 +48,8 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
   limits->set_max_regions_per_client(kMaxRegionsPerClient);
+  limits->set_max_session_in_flight(kMaxSessionInFlight);
+  limits->set_max_chain_steps(kMaxChainSteps);
   response->set_backend_error(BackendError(ctx_.backend));
   response->set_shared_memory_enabled(ctx_.shared_memory.allow_system);
   response->set_cuda_ipc_enabled(ctx_.shared_memory.allow_cuda_ipc);

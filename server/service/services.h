@@ -178,6 +178,22 @@ class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackSe
   ServiceContext& ctx_;
 };
 
+// Sessions (session_service.cc) and chains (chain_service.cc): tagged operations that
+// feed each other without a round trip between them.
+class SessionServiceImpl final : public v1::SessionService::CallbackService {
+ public:
+  explicit SessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
+                                     const v1::ChainRequest* request,
+                                     v1::ChainResponse* response) override;
+
+ private:
+  ServiceContext& ctx_;
+};
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_

@@ -46,6 +46,9 @@ _SERVICE_METHODS = {
                       "StopProfiler"),
     "SharedMemoryService": ("RegisterRegion", "UnregisterRegion", "ListRegions",
                             "CopyFromRegion", "CopyToRegion", "ExportBuffer"),
+    # Reached through Methods only (Session is a bidirectional stream of
+    # SessionRequest/SessionResponse); the Client has no wrapper for them yet.
+    "SessionService": ("Session", "RunChain"),
 }
 
 
@@ -92,7 +95,7 @@ class Options:
 
 
 class Methods:
-    """The multi-callables of the four services on one channel (blocking or grpc.aio:
+    """The multi-callables of the five services on one channel (blocking or grpc.aio:
     both channels make them the same way). Upload takes messages serialized by
     upload_messages and Download yields decode_download's pairs, so chunks skip a
     protobuf copy each way."""
@@ -107,6 +110,10 @@ class Methods:
                 if method == "Upload":
                     callable_ = channel.stream_unary(
                         path, request_serializer=None, response_deserializer=response.FromString)
+                elif method == "Session":
+                    callable_ = channel.stream_stream(
+                        path, request_serializer=request.SerializeToString,
+                        response_deserializer=response.FromString)
                 elif method == "Download":
                     callable_ = channel.unary_stream(
                         path, request_serializer=request.SerializeToString,

@@ -23,6 +23,12 @@ inline constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
 inline constexpr uint32_t kMaxExpressionBytes = 64 << 10;
 inline constexpr uint32_t kMaxInlineValues = 4096;
 
+// Sessions and chains: operations a session may have accepted and not yet answered
+// (the server stops reading its requests meanwhile), and the steps of one chain.
+inline constexpr uint32_t kMaxSessionInFlight = 1024;
+inline constexpr uint32_t kMaxChainSteps = 4096;
+inline constexpr char kTagPrefix[] = "tag:";
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_V1_LIMITS_H_

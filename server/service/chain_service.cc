@@ -1,0 +1,197 @@
+// SessionService.RunChain: a list of tagged steps, checked whole, queued at once, and
+// answered when the last is done (the contract is in the proto).
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "server/service/services.h"
+#include "server/service/tagged_ops.h"
+#include "server/status_macros.h"
+
+namespace gpucompute {
+namespace {
+
+struct ChainStepPlan {
+  std::string tag;
+  std::string stream_id;
+  Plan plan;
+  BufferHandle written;
+  // The new buffer the step keeps (registers), if any; a new buffer not kept is a
+  // temporary, alive only while the chain's work uses it.
+  BufferHandle kept;
+  bool temporary = false;
+  std::vector<size_t> deps;  // indices of the steps it refers to by tag
+};
+
+// `status` with its message prefixed by the step it is about.
+absl::Status StepError(size_t index, absl::string_view tag, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("step ", index, " ('", tag, "'): ", status.message()));
+}
+
+// Checks and plans every step. Nothing is queued or registered; on error the buffers
+// the plans allocated are freed with them.
+absl::StatusOr<std::vector<ChainStepPlan>> PlanChain(ServiceContext& ctx, absl::string_view client,
+                                                     const v1::ChainRequest& request) {
+  if (request.steps().empty()) return absl::InvalidArgumentError("a chain needs at least one step");
+  if (request.steps_size() > static_cast<int>(kMaxChainSteps)) {
+    return absl::InvalidArgumentError(absl::StrCat("the chain has ", request.steps_size(),
+                                                   " steps; at most ", kMaxChainSteps,
+                                                   " are allowed"));
+  }
+  std::vector<ChainStepPlan> steps;
+  steps.reserve(request.steps_size());
+  absl::flat_hash_map<std::string, size_t> index;
+  for (const v1::ChainStep& step : request.steps()) {
+    const size_t i = steps.size();
+    if (absl::Status s = CheckTag(step.tag()); !s.ok()) return StepError(i, step.tag(), s);
+    if (index.contains(step.tag())) {
+      return StepError(i, step.tag(),
+                       absl::InvalidArgumentError("its tag is already used by an earlier step"));
+    }
+    std::vector<std::string> dep_tags;
+    absl::StatusOr<Plan> plan = PlanTagged(
+        ctx, client, step.op(),
+        [&](absl::string_view tag) -> absl::StatusOr<BufferHandle> {
+          auto it = index.find(tag);
+          if (it == index.end()) return UnknownTagError(tag);
+          return steps[it->second].written;
+        },
+        &dep_tags);
+    if (!plan.ok()) return StepError(i, step.tag(), plan.status());
+    ChainStepPlan& planned = steps.emplace_back();
+    planned.tag = step.tag();
+    planned.stream_id = step.op().stream_id().empty() ? request.stream_id() : step.op().stream_id();
+    planned.written = WrittenBuffer(*plan);
+    planned.plan = *std::move(plan);
+    for (const std::string& tag : dep_tags) planned.deps.push_back(index.at(tag));
+    index.emplace(step.tag(), i);
+  }
+  absl::flat_hash_set<std::string> keep;
+  for (const std::string& tag : request.keep()) {
+    if (!index.contains(tag)) {
+      return absl::InvalidArgumentError(absl::StrCat("keep names tag '", tag, "', which no step has"));
+    }
+    keep.insert(tag);
+  }
+  for (ChainStepPlan& step : steps) {
+    BufferHandle& created = step.plan.created;
+    if (created == nullptr) continue;
+    if (created->name.empty() && !keep.contains(step.tag)) {
+      step.temporary = true;
+      created = nullptr;
+    } else {
+      step.kept = created;
+    }
+  }
+  return steps;
+}
+
+// Takes the names of the buffers the chain keeps, all or none.
+absl::Status ReserveAll(ServiceContext& ctx, const std::vector<ChainStepPlan>& steps) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::Status s = ReserveCreated(ctx, steps[i].plan);
+    if (s.ok()) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (steps[j].kept != nullptr) ctx.registry.Unreserve(steps[j].kept);
+    }
+    return StepError(i, steps[i].tag, s);
+  }
+  return absl::OkStatus();
+}
+
+// A chain in flight: its steps' operations, answered once the last is done.
+struct ChainRun {
+  ChainRun(ServiceContext& ctx, v1::ChainResponse* response,
+           std::shared_ptr<DeferredReactor::State> reactor)
+      : ctx(ctx), response(response), reactor(std::move(reactor)) {}
+
+  ServiceContext& ctx;
+  std::vector<ChainStepPlan> steps;
+  std::vector<std::shared_ptr<Operation>> ops;
+  std::atomic<size_t> remaining{0};
+  v1::ChainResponse* response;
+  std::shared_ptr<DeferredReactor::State> reactor;
+
+  void Answer() {
+    DeferredReactor::FinishOnce(reactor, [&] {
+      std::vector<absl::Status> errors(steps.size());
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const ChainStepPlan& step = steps[i];
+        v1::ChainStepResult* result = response->add_steps();
+        result->set_tag(step.tag);
+        v1::Operation* op = result->mutable_operation();
+        ToProto(ctx.executor.GetStatus(*ops[i]), op);
+        for (size_t d : step.deps) {
+          if (errors[d].ok()) continue;
+          MarkFailed(FailedDependencyError(steps[d].tag, errors[d]), op);
+          break;
+        }
+        errors[i] = OperationError(*op);
+        if (step.temporary) {
+          auto* outputs = op->mutable_outputs();
+          outputs->erase(std::remove_if(outputs->begin(), outputs->end(),
+                                        [&](const v1::BufferInfo& b) {
+                                          return b.id() == step.written->id;
+                                        }),
+                         outputs->end());
+        }
+      }
+      // The temporaries go with the last handles: the plans' and the operations'.
+      ops.clear();
+      steps.clear();
+      return grpc::Status::OK;
+    });
+  }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerContext* context,
+                                                       const v1::ChainRequest* request,
+                                                       v1::ChainResponse* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx_, *client, *request);
+  if (!steps.ok()) return FinishNow(context, steps.status());
+  if (absl::Status s = ReserveAll(ctx_, *steps); !s.ok()) return FinishNow(context, s);
+
+  auto* reactor = new DeferredReactor();
+  auto run = std::make_shared<ChainRun>(ctx_, response, reactor->state());
+  run->steps = *std::move(steps);
+  for (size_t i = 0; i < run->steps.size(); ++i) {
+    ChainStepPlan& step = run->steps[i];
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        SubmitReserved(ctx_, *client, step.stream_id, std::move(step.plan));
+    if (!op.ok()) {
+      // Only a stream that is missing, deleted meanwhile or on another device gets
+      // here; the steps queued before this one run, and nothing after it does.
+      for (size_t j = i + 1; j < run->steps.size(); ++j) {
+        if (run->steps[j].kept != nullptr) ctx_.registry.Unreserve(run->steps[j].kept);
+      }
+      DeferredReactor::FinishOnce(run->reactor, [&] {
+        return ToGrpcStatus(StepError(i, step.tag, op.status()));
+      });
+      return reactor;
+    }
+    run->ops.push_back(*std::move(op));
+  }
+  run->remaining = run->ops.size();
+  // Copied first: a callback may answer (and clear ops) while this loop runs.
+  const std::vector<std::shared_ptr<Operation>> ops = run->ops;
+  for (const std::shared_ptr<Operation>& op : ops) {
+    ctx_.executor.OnDone(op, [run] {
+      if (run->remaining.fetch_sub(1) == 1) run->Answer();
+    });
+  }
+  return reactor;
+}
+
+}  // namespace gpucompute

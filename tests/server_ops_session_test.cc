@@ -1,0 +1,294 @@
+// Sessions and chains (SessionService) through a real server: tags and dependencies,
+// failures passed on to dependents, cancellation, chains checked whole, many sessions at
+// once.
+#include <atomic>
+#include <thread>
+
+#include "client/session.h"
+#include "tests/server_ops_fixture.h"
+
+namespace gpucompute::testing {
+namespace {
+
+using SessionTest = ServerOpsTest;
+
+void ExpectContains(std::string_view text, std::string_view needle) {
+  EXPECT_NE(text.find(needle), std::string_view::npos) << "'" << needle << "' not in: " << text;
+}
+
+v1::Operand Tagged(std::string_view tag) { return BufferOperand(TagRef(tag)); }
+
+absl::StatusOr<v1::Operation> Result(const Session::Submitted& submitted) {
+  return submitted.result.Get();
+}
+
+// Waits until the server's memory use is `bytes` (queued work may still hold some).
+void ExpectMemoryReturnsTo(Client& client, uint64_t bytes) {
+  uint64_t used = 0;
+  for (int i = 0; i < 500; ++i) {
+    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+    ASSERT_OK(info);
+    used = info->memory_used_bytes();
+    if (used == bytes) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(used, bytes) << "memory in use did not return to what it was";
+}
+
+TEST_F(SessionTest, TagsFeedLaterOperationsBeforeTheyRun) {
+  const std::vector<double> x = RandomDoubles(1000, -2, 2, 1);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(std::unique_ptr<Session> session, Session::Open(c()));
+  // a = 2x; s = sum(a); c = a + 1 (named); then c = 3a through c's tag, after c.
+  auto a = session->Submit(Elementwise("x * 2", {{"x", BufferOperand("x")}}), "a");
+  auto s = session->Submit(Reduce(v1::REDUCE_KIND_SUM, a.Ref()), "s");
+  auto cc = session->Submit(Elementwise("a + 1", {{"a", Tagged("a")}}, NewOutput("c")), "c");
+  auto d = session->Submit(Elementwise("a * 3", {{"a", Tagged("a")}}, ExistingOutput(cc.Ref())));
+  EXPECT_EQ(d.tag, "#4");
+  for (const auto* op : {&a, &s, &cc, &d}) {
+    ASSIGN_OR_FAIL(v1::Operation done, Result(*op));
+    EXPECT_EQ(done.state(), v1::Operation::STATE_SUCCEEDED) << op->tag << ": " << done.error_message();
+    EXPECT_TRUE(done.done());
+  }
+  double sum = 0;
+  std::vector<double> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum += 2 * x[i];
+    want[i] = 2 * x[i] * 3;
+  }
+  ASSIGN_OR_FAIL(v1::Operation summed, Result(s));
+  ASSERT_EQ(summed.values_size(), 1);
+  EXPECT_NEAR(summed.values(0).float_value(), sum, 1e-12 * x.size());
+  ASSIGN_OR_FAIL(std::vector<double> got, DownloadArray<double>(c(), "c"));
+  ExpectClose(got, want, 1e-15, 1e-300, "c = 3a");
+  ASSERT_OK(session->Close());
+  // The temporaries (a, s) are gone with the session; x and the named c stay.
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  ASSERT_EQ(list.buffers_size(), 2);
+  EXPECT_EQ(list.total_bytes(), 2 * x.size() * sizeof(double));
+}
+
+TEST_F(SessionTest, AFailureFailsItsDependentsAndNothingElse) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3, 4}, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(std::unique_ptr<Session> session, Session::Open(c()));
+  auto bad = session->Submit(Elementwise("x +", {{"x", BufferOperand("x")}}), "bad");
+  auto dep = session->Submit(Elementwise("b * 2", {{"b", Tagged("bad")}}), "dep");
+  auto dep2 = session->Submit(Reduce(v1::REDUCE_KIND_SUM, TagRef("dep")), "dep2");
+  auto fine = session->Submit(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("y")),
+                              "fine");
+  auto unknown = session->Submit(Reduce(v1::REDUCE_KIND_SUM, TagRef("nope")), "unknown");
+  auto again = session->Submit(Reduce(v1::REDUCE_KIND_SUM, "x"), "fine");
+  auto after = session->Submit(Reduce(v1::REDUCE_KIND_MAX, fine.Ref()), "after");
+
+  ASSIGN_OR_FAIL(v1::Operation r, Result(bad));
+  EXPECT_EQ(r.state(), v1::Operation::STATE_FAILED);
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSIGN_OR_FAIL(r, Result(dep));
+  EXPECT_EQ(r.state(), v1::Operation::STATE_FAILED);
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ExpectContains(r.error_message(), "tag 'bad'");
+  ASSIGN_OR_FAIL(r, Result(dep2));
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ExpectContains(r.error_message(), "tag 'dep'");
+  ASSIGN_OR_FAIL(r, Result(unknown));
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ExpectContains(r.error_message(), "tag 'nope'");
+  // The independent operation ran; its tag is not taken over by a duplicate.
+  ASSIGN_OR_FAIL(r, Result(fine));
+  EXPECT_EQ(r.state(), v1::Operation::STATE_SUCCEEDED) << r.error_message();
+  EXPECT_FALSE(again.result.valid() && again.result.Get().ok() &&
+               again.result.Get()->state() == v1::Operation::STATE_SUCCEEDED);
+  ASSIGN_OR_FAIL(r, Result(after));
+  EXPECT_EQ(r.state(), v1::Operation::STATE_SUCCEEDED) << r.error_message();
+  ASSERT_EQ(r.values_size(), 1);
+  EXPECT_EQ(r.values(0).float_value(), 5.0);
+  ASSERT_OK(session->Close());
+  ASSIGN_OR_FAIL(std::vector<double> y, DownloadArray<double>(c(), "y"));
+  EXPECT_EQ(y, (std::vector<double>{2, 3, 4, 5}));
+}
+
+TEST_F(SessionTest, CancelledMidFlightLeaksNothingAndKeepsNamedBuffers) {
+  const size_t n = kBig / 4;
+  const std::vector<double> base = Iota(n);
+  ASSERT_OK(UploadArray(c(), base, {}, v1::LAYOUT_C, "keep"));
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  ASSIGN_OR_FAIL(std::unique_ptr<Session> session, Session::Open(c()));
+  auto named = session->Submit(
+      Elementwise("x + 1", {{"x", BufferOperand("keep")}}, NewOutput("named")), "named");
+  ASSERT_OK(Result(named));
+  // A chain of temporaries, each from the last, cancelled while it runs.
+  std::vector<Session::Submitted> chain;
+  std::string last = "keep";
+  for (int i = 0; i < 24; ++i) {
+    chain.push_back(session->Submit(Elementwise("x + 1", {{"x", BufferOperand(last)}})));
+    last = chain.back().Ref();
+  }
+  EXPECT_EQ(session->Cancel().code(), absl::StatusCode::kCancelled);
+  for (const Session::Submitted& s : chain) {
+    ASSERT_TRUE(s.result.Wait(absl::Seconds(30)));  // answered or cancelled, never left
+  }
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + n * sizeof(double));
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  ASSERT_EQ(list.buffers_size(), 2);
+  EXPECT_EQ(list.buffers(0).name(), "keep");
+  EXPECT_EQ(list.buffers(1).name(), "named");
+  ExpectShifted(c(), "keep", base, 0, "keep");
+  ExpectShifted(c(), "named", base, 1, "named");
+}
+
+TEST_F(SessionTest, ManyConcurrentSessionsGiveReferenceValues) {
+  constexpr int kSessions = 16;
+  constexpr int kOps = 200;
+  constexpr size_t kN = 256;
+  std::vector<std::vector<double>> inputs;
+  for (int s = 0; s < kSessions; ++s) {
+    inputs.push_back(RandomDoubles(kN, -1, 1, 100 + s));
+    ASSERT_OK(UploadArray(c(), inputs.back(), {}, v1::LAYOUT_C, absl::StrCat("x", s)));
+  }
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int s = 0; s < kSessions; ++s) {
+    threads.emplace_back([&, s] {
+      absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(c());
+      if (!session.ok()) {
+        ++failures;
+        return;
+      }
+      // y_k = y_{k-1} * 0.5 + k, from y_0 = x: each step through the last one's tag.
+      std::vector<Session::Submitted> ops;
+      std::string last = absl::StrCat("x", s);
+      for (int k = 1; k < kOps; ++k) {
+        v1::Output out = k == kOps - 1 ? NewOutput(absl::StrCat("y", s)) : v1::Output();
+        ops.push_back((*session)->Submit(
+            Elementwise("y * 0.5 + k", {{"y", BufferOperand(last)}, {"k", ScalarOperand(k)}},
+                        out)));
+        last = ops.back().Ref();
+      }
+      ops.push_back((*session)->Submit(Reduce(v1::REDUCE_KIND_SUM, last), "sum"));
+      std::vector<double> y = inputs[s];
+      for (int k = 1; k < kOps; ++k) {
+        for (double& v : y) v = v * 0.5 + k;
+      }
+      double sum = 0;
+      for (double v : y) sum += v;
+      for (const Session::Submitted& op : ops) {
+        const absl::StatusOr<v1::Operation>& done = op.result.Get();
+        if (!done.ok() || done->state() != v1::Operation::STATE_SUCCEEDED) ++failures;
+      }
+      const absl::StatusOr<v1::Operation>& summed = ops.back().result.Get();
+      if (!summed.ok() || summed->values_size() != 1 ||
+          std::abs(summed->values(0).float_value() - sum) > 1e-9 * std::abs(sum)) {
+        ++failures;
+      }
+      if (!(*session)->Close().ok()) ++failures;
+      absl::StatusOr<std::vector<double>> got = DownloadArray<double>(c(), absl::StrCat("y", s));
+      if (!got.ok()) {
+        ++failures;
+        return;
+      }
+      ExpectClose(*got, y, 1e-14, 1, absl::StrCat("session ", s));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // Only the named results stay.
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + kSessions * kN * sizeof(double));
+}
+
+TEST_F(SessionTest, ChainRunsInOneCallAndFreesItsTemporaries) {
+  const std::vector<double> x = RandomDoubles(500, 1, 3, 7);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  Chain chain;
+  chain.Add(Reduce(v1::REDUCE_KIND_MEAN, "x"), "mean");
+  chain.Add(Elementwise("x - 1", {{"x", BufferOperand("x")}}), "shifted");
+  chain.Add(Reduce(v1::REDUCE_KIND_NORM2, TagRef("shifted")), "norm");
+  chain.Add(Elementwise("s * 2", {{"s", Tagged("shifted")}}, NewOutput("doubled")), "doubled");
+  chain.Add(Elementwise("s * s", {{"s", Tagged("shifted")}}), "squared");
+  chain.Keep("squared");
+  ASSIGN_OR_FAIL(v1::ChainResponse response, chain.Run(c()));
+  ASSERT_EQ(response.steps_size(), 5);
+  double mean = 0, norm = 0;
+  for (double v : x) {
+    mean += v / x.size();
+    norm += (v - 1) * (v - 1);
+  }
+  norm = std::sqrt(norm);
+  for (const v1::ChainStepResult& step : response.steps()) {
+    EXPECT_EQ(step.operation().state(), v1::Operation::STATE_SUCCEEDED)
+        << step.tag() << ": " << step.operation().error_message();
+    EXPECT_TRUE(step.operation().has_timing());
+  }
+  EXPECT_EQ(response.steps(0).tag(), "mean");
+  EXPECT_NEAR(response.steps(0).operation().values(0).float_value(), mean, 1e-13);
+  EXPECT_NEAR(response.steps(2).operation().values(0).float_value(), norm, 1e-12 * norm);
+  // The temporary is not reported as an output; the kept and the named ones are.
+  EXPECT_EQ(response.steps(1).operation().outputs_size(), 0);
+  ASSERT_EQ(response.steps(3).operation().outputs_size(), 1);
+  EXPECT_EQ(response.steps(3).operation().outputs(0).name(), "doubled");
+  ASSERT_EQ(response.steps(4).operation().outputs_size(), 1);
+  const std::string squared_id = response.steps(4).operation().outputs(0).id();
+
+  std::vector<double> doubled(x.size()), squared(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    doubled[i] = (x[i] - 1) * 2;
+    squared[i] = (x[i] - 1) * (x[i] - 1);
+  }
+  ASSIGN_OR_FAIL(std::vector<double> got, DownloadArray<double>(c(), "doubled"));
+  ExpectClose(got, doubled, 1e-15, 1e-300, "doubled");
+  ASSIGN_OR_FAIL(got, DownloadArray<double>(c(), squared_id));
+  ExpectClose(got, squared, 1e-15, 1e-300, "squared");
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  EXPECT_EQ(list.buffers_size(), 3);  // x, doubled, squared
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + 2 * x.size() * sizeof(double));
+}
+
+TEST_F(SessionTest, AnInvalidChainStepRejectsTheWholeChain) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>{9}, {}, v1::LAYOUT_C, "taken"));
+  const Snapshot before = TakeSnapshot(c());
+  const uint64_t ran_before = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
+  auto expect_rejected = [&](const Chain& chain, absl::StatusCode code, std::string_view needle) {
+    absl::StatusOr<v1::ChainResponse> response = chain.Run(c());
+    EXPECT_EQ(response.status().code(), code) << response.status();
+    ExpectContains(std::string(response.status().message()), needle);
+    EXPECT_EQ(TakeSnapshot(c()), before);
+    EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE), ran_before);
+  };
+  Chain unknown_tag;
+  unknown_tag.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("a")), "a");
+  unknown_tag.Add(Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput("b")), "b");
+  unknown_tag.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef("zzz")), "c");
+  expect_rejected(unknown_tag, absl::StatusCode::kInvalidArgument, "step 2 ('c')");
+
+  Chain bad_shape;
+  bad_shape.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("a")), "a");
+  bad_shape.Add(Elementwise("a + t", {{"a", Tagged("a")}, {"t", BufferOperand("taken")}}), "b");
+  expect_rejected(bad_shape, absl::StatusCode::kInvalidArgument, "step 1 ('b')");
+
+  Chain name_taken;
+  name_taken.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("a")), "a");
+  name_taken.Add(Elementwise("x + 2", {{"x", BufferOperand("x")}}, NewOutput("taken")), "b");
+  expect_rejected(name_taken, absl::StatusCode::kAlreadyExists, "step 1 ('b')");
+
+  Chain same_name_twice;
+  same_name_twice.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("n")), "a");
+  same_name_twice.Add(Elementwise("x + 2", {{"x", BufferOperand("x")}}, NewOutput("n")), "b");
+  expect_rejected(same_name_twice, absl::StatusCode::kAlreadyExists, "step 1 ('b')");
+
+  Chain duplicate_tag;
+  duplicate_tag.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), "a");
+  duplicate_tag.Add(Elementwise("x + 2", {{"x", BufferOperand("x")}}), "a");
+  expect_rejected(duplicate_tag, absl::StatusCode::kInvalidArgument, "step 1 ('a')");
+
+  Chain bad_keep;
+  bad_keep.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), "a");
+  bad_keep.Keep("b");
+  expect_rejected(bad_keep, absl::StatusCode::kInvalidArgument, "keep names tag 'b'");
+
+  expect_rejected(Chain(), absl::StatusCode::kInvalidArgument, "at least one step");
+}
+
+}  // namespace
+}  // namespace gpucompute::testing
