@@ -42,6 +42,9 @@ struct ServerOptions {
   // HOST:PORT serving Prometheus metrics on /metrics (port 0 picks one, see
   // Server::metrics_port); empty serves none.
   std::string metrics_listen;
+  // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
+  // GetServerInfo reports; off, it reports 0.
+  bool measure_copy_ceiling = true;
 };
 
 class Server {

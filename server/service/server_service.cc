@@ -45,6 +45,11 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_streams_per_client(Executor::kMaxStreamsPerClient);
   limits->set_max_expression_bytes(kMaxExpressionBytes);
   limits->set_max_inline_values(kMaxInlineValues);
+  limits->set_max_upload_ranges(kMaxUploadRanges);
+  limits->set_upload_idle_timeout_seconds(kDefaultUploadIdleTimeoutSeconds);
+  response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
+  response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
+  response->set_copy_ceiling(ctx_.copy_ceiling.description);
   response->set_backend_error(BackendError(ctx_.backend));
   return FinishNow(context, absl::OkStatus());
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,7 @@
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
+#include "server/host_staging_pool.h"
 #include "server/timer.h"
 
 namespace gpucompute {
@@ -33,6 +35,10 @@ struct ServiceContext {
   MemoryLimiter& limiter;
   Timer& timer;
   std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
+  // Host memory the transfers stage chunks in (set by the server at start).
+  std::unique_ptr<HostStagingPool> staging = nullptr;
+  // The backend's copy ceiling on the default device, measured at start (GetServerInfo).
+  Backend::CopyCeiling copy_ceiling = {};
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

@@ -23,6 +23,11 @@ inline constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
 inline constexpr uint32_t kMaxExpressionBytes = 64 << 10;
 inline constexpr uint32_t kMaxInlineValues = 4096;
 
+// Multi-range uploads (BufferService.BeginUpload): range streams one upload may have,
+// and the seconds without data after which the server gives an upload up.
+inline constexpr uint32_t kMaxUploadRanges = 1024;
+inline constexpr double kDefaultUploadIdleTimeoutSeconds = 60;
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_V1_LIMITS_H_
