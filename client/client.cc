@@ -552,6 +552,35 @@ class SharedProgress {
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Runs transfer(i, progress of range i) for each of `ranges` ranges concurrently, one
+// thread each; returns their results, or the cause of the first failure.
+template <typename Response>
+absl::StatusOr<std::vector<Response>> RunRanges(
+    size_t ranges, uint64_t total, const ProgressFn& progress,
+    const std::function<absl::StatusOr<Response>(size_t, const ProgressFn&)>& transfer) {
+  std::vector<absl::Status> statuses(ranges);
+  std::vector<Response> responses(ranges);
+  SharedProgress shared_progress(progress, total);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranges; ++i) {
+    threads.emplace_back([&, i] {
+      ProgressFn range_progress = [&, last = uint64_t{0}](uint64_t done, uint64_t) mutable {
+        shared_progress.Add(done - last);
+        last = done;
+      };
+      absl::StatusOr<Response> r = transfer(i, range_progress);
+      if (r.ok()) {
+        responses[i] = *std::move(r);
+      } else {
+        statuses[i] = r.status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (absl::Status s = FirstCause(statuses); !s.ok()) return s;
+  return responses;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::UploadResponse> Client::ParallelUpload(const v1::UploadHeader& header,
@@ -563,28 +592,14 @@ absl::StatusOr<v1::UploadResponse> Client::ParallelUpload(const v1::UploadHeader
   absl::StatusOr<v1::BeginUploadResponse> started = BeginUpload(begin);
   if (!started.ok()) return started.status();
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = SplitRanges(data.size(), streams);
-  std::vector<absl::Status> statuses(ranges.size());
-  std::vector<v1::UploadResponse> responses(ranges.size());
-  SharedProgress shared_progress(progress, data.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    threads.emplace_back([&, i] {
-      absl::StatusOr<v1::UploadResponse> r = UploadRange(
-          started->transfer_id(), ranges[i].first, data.subspan(ranges[i].first, ranges[i].second),
-          static_cast<int>(i), [&, last = uint64_t{0}](uint64_t done, uint64_t) mutable {
-            shared_progress.Add(done - last);
-            last = done;
-          });
-      if (r.ok()) {
-        responses[i] = *std::move(r);
-      } else {
-        statuses[i] = r.status();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  if (absl::Status s = FirstCause(statuses); !s.ok()) return s;
-  return responses.front();
+  absl::StatusOr<std::vector<v1::UploadResponse>> responses = RunRanges<v1::UploadResponse>(
+      ranges.size(), data.size(), progress, [&](size_t i, const ProgressFn& range_progress) {
+        return UploadRange(started->transfer_id(), ranges[i].first,
+                           data.subspan(ranges[i].first, ranges[i].second), static_cast<int>(i),
+                           range_progress);
+      });
+  if (!responses.ok()) return responses.status();
+  return responses->front();
 }
 
 absl::StatusOr<v1::DownloadResponse> Client::DownloadImpl(
@@ -749,41 +764,26 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
   if (streams <= 1) return absl::UnimplementedError("one stream");
   if (absl::Status s = Reserve(data, total, /*resize=*/true); !s.ok()) return s;
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = SplitRanges(total, streams);
-  std::vector<absl::Status> statuses(ranges.size());
-  std::vector<v1::DownloadResponse> responses(ranges.size());
-  SharedProgress shared_progress(progress, total);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    threads.emplace_back([&, i] {
-      v1::DownloadRequest range = request;
-      range.set_offset_bytes(request.offset_bytes() + ranges[i].first);
-      range.set_size_bytes(ranges[i].second);
-      char* out = data->data() - request.offset_bytes();
-      absl::StatusOr<v1::DownloadResponse> r = DownloadOn(
-          *TransferChannel(static_cast<int>(i)), range, {},
-          [out](uint64_t offset, std::string_view piece) {
-            std::memcpy(out + offset, piece.data(), piece.size());
-            return absl::OkStatus();
-          },
-          [&, last = uint64_t{0}](uint64_t done, uint64_t) mutable {
-            shared_progress.Add(done - last);
-            last = done;
-          },
-          /*whole_chunks=*/false);
-      if (r.ok()) {
-        responses[i] = *std::move(r);
-      } else {
-        statuses[i] = r.status();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  if (absl::Status s = FirstCause(statuses); !s.ok()) {
+  char* out = data->data() - request.offset_bytes();
+  absl::StatusOr<std::vector<v1::DownloadResponse>> responses = RunRanges<v1::DownloadResponse>(
+      ranges.size(), total, progress, [&](size_t i, const ProgressFn& range_progress) {
+        v1::DownloadRequest range = request;
+        range.set_offset_bytes(request.offset_bytes() + ranges[i].first);
+        range.set_size_bytes(ranges[i].second);
+        return DownloadOn(
+            *TransferChannel(static_cast<int>(i)), range, {},
+            [out](uint64_t offset, std::string_view piece) {
+              std::memcpy(out + offset, piece.data(), piece.size());
+              return absl::OkStatus();
+            },
+            range_progress, /*whole_chunks=*/false);
+      });
+  if (!responses.ok()) {
     data->clear();
-    return s;
+    return responses.status();
   }
   v1::DownloadResponse result;
-  *result.mutable_buffer() = responses.front().buffer();
+  *result.mutable_buffer() = responses->front().buffer();
   result.set_offset_bytes(request.offset_bytes());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -82,6 +82,28 @@ std::unique_ptr<grpc::ClientContext> Context(const std::string& client_name = ""
 
 Code GrpcCode(const grpc::Status& s) { return static_cast<Code>(s.error_code()); }
 
+// Sends `header`, then `bytes` in chunks of 1024 each with its CRC32C, over a plain
+// protobuf stub; the chunk at `corrupt_at` carries a wrong CRC.
+grpc::Status SendWithCrc(v1::BufferService::Stub& stub, const v1::UploadHeader& header,
+                         std::string_view bytes, uint64_t corrupt_at = UINT64_MAX) {
+  auto context = Context();
+  v1::UploadResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+      stub.Upload(context.get(), &response);
+  v1::UploadRequest request;
+  *request.mutable_header() = header;
+  writer->Write(request);
+  for (uint64_t at = 0; at < bytes.size(); at += 1024) {
+    v1::UploadRequest chunk;
+    chunk.set_chunk(std::string(bytes.substr(at, 1024)));
+    const uint32_t crc = ExtendCrc32cPortable(0, chunk.chunk().data(), chunk.chunk().size());
+    chunk.set_chunk_crc32c(at == corrupt_at ? crc ^ 1 : crc);
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 class ServerTransfersTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -235,30 +257,11 @@ TEST_F(ServerTransfersTest, CorruptedChunkIsDataLoss) {
   const Snapshot before = TakeSnapshot(*client_);
   const std::string other = RandomBytes(data.size(), 5);
 
-  auto send = [&](const v1::UploadHeader& header, bool corrupt) {
-    auto context = Context();
-    v1::UploadResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
-        Stub()->Upload(context.get(), &response);
-    v1::UploadRequest request;
-    *request.mutable_header() = header;
-    writer->Write(request);
-    for (uint64_t at = 0; at < header.size_bytes(); at += 1024) {
-      v1::UploadRequest chunk;
-      chunk.set_chunk(other.substr(at, 1024));
-      uint32_t crc = ExtendCrc32cPortable(0, chunk.chunk().data(), chunk.chunk().size());
-      if (corrupt && at == 2048) crc ^= 1;
-      chunk.set_chunk_crc32c(crc);
-      if (!writer->Write(chunk)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
-  };
   v1::UploadHeader create = CreateFloat64(512);
   create.set_size_bytes(data.size());
-  grpc::Status s = send(create, true);
+  grpc::Status s = SendWithCrc(*Stub(), create, other, 2048);
   EXPECT_EQ(GrpcCode(s), Code::kDataLoss) << s.error_message();
-  s = send(IntoBuffer(id, 0, data.size()), true);
+  s = SendWithCrc(*Stub(), IntoBuffer(id, 0, data.size()), other, 2048);
   EXPECT_EQ(GrpcCode(s), Code::kDataLoss) << s.error_message();
   EXPECT_EQ(TakeSnapshot(*client_), before);
   absl::StatusOr<std::string> back = DownloadBytes(*client_, id);
@@ -280,23 +283,7 @@ TEST_F(ServerTransfersTest, CorruptedChunkIsDataLoss) {
   range.set_size_bytes(data.size() - 1000);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Chunks of the range start at byte 1000; the third (at 2048 of the range) is corrupt.
-  auto context = Context();
-  v1::UploadResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
-      Stub()->Upload(context.get(), &response);
-  v1::UploadRequest request;
-  *request.mutable_header() = range;
-  writer->Write(request);
-  const std::string tail = other.substr(1000);
-  for (uint64_t at = 0; at < tail.size(); at += 1024) {
-    v1::UploadRequest chunk;
-    chunk.set_chunk(tail.substr(at, 1024));
-    chunk.set_chunk_crc32c(
-        ExtendCrc32cPortable(0, chunk.chunk().data(), chunk.chunk().size()) ^ (at == 2048));
-    if (!writer->Write(chunk)) break;
-  }
-  writer->WritesDone();
-  s = writer->Finish();
+  s = SendWithCrc(*Stub(), range, std::string_view(other).substr(1000), 2048);
   good.join();
   EXPECT_EQ(GrpcCode(s), Code::kDataLoss) << s.error_message();
   EXPECT_EQ(first.status().code(), Code::kDataLoss) << first.status();
@@ -306,7 +293,7 @@ TEST_F(ServerTransfersTest, CorruptedChunkIsDataLoss) {
   EXPECT_TRUE(*back == data);
 
   // Correct checksums are accepted.
-  s = send(IntoBuffer(id, 0, data.size()), false);
+  s = SendWithCrc(*Stub(), IntoBuffer(id, 0, data.size()), other);
   EXPECT_TRUE(s.ok()) << s.error_message();
   back = DownloadBytes(*client_, id);
   ASSERT_OK(back);
