@@ -8,7 +8,11 @@
 //
 // Transfers stream: Upload sends the header and then chunks read from memory or from a
 // reader callback, Download hands chunks to a sink in order, so arrays larger than
-// memory (and larger than 4 GiB) move through a buffer of one chunk.
+// memory (and larger than 4 GiB) move through a buffer of one chunk. Chunks go on the
+// wire without a protobuf copy: an upload from memory sends slices that point into the
+// caller's memory. Large uploads from memory and downloads into memory are split into
+// byte ranges carried by concurrent streams over separate connections
+// (ClientOptions::transfer_streams; BufferService.BeginUpload).
 #ifndef GPUCOMPUTE_CLIENT_CLIENT_H_
 #define GPUCOMPUTE_CLIENT_CLIENT_H_
 
@@ -29,6 +33,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
@@ -50,7 +56,19 @@ struct ClientOptions {
   // Deadline of each unary call. Uploads and downloads have none: they take as long
   // as the data takes.
   absl::Duration timeout = absl::InfiniteDuration();
+  // Concurrent streams, each on its own connection, that an upload from memory or a
+  // download into memory is split over. 0: automatic (kAutoTransferStreams for transfers
+  // of at least kParallelTransferBytes, else one); 1: always one stream.
+  int transfer_streams = 0;
+  // Send a CRC32C with every upload chunk and ask for one with every download chunk; a
+  // mismatch fails the transfer with DATA_LOSS.
+  bool checksums = false;
 };
+
+inline constexpr int kAutoTransferStreams = 4;
+inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
+// Streams one transfer is split over at most.
+inline constexpr int kMaxTransferStreams = 64;
 
 // Called after each chunk with the bytes moved so far and the total.
 using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
@@ -142,6 +160,16 @@ class Client {
   absl::StatusOr<v1::DownloadResponse> Download(const v1::DownloadRequest& request,
                                                 const DownloadSink& sink,
                                                 const ProgressFn& progress = {});
+  // The parts of a multi-range upload, for callers that split and schedule the ranges
+  // themselves (Upload does both for an upload from memory): BeginUpload reserves the
+  // upload, then each range goes in its own UploadRange call, concurrently or not,
+  // `channel` choosing which of the client's connections carries it. Every UploadRange of
+  // the upload returns once the whole upload has committed or failed, with its outcome.
+  absl::StatusOr<v1::BeginUploadResponse> BeginUpload(const v1::BeginUploadRequest& request);
+  absl::StatusOr<v1::UploadResponse> UploadRange(std::string_view transfer_id,
+                                                 uint64_t offset_bytes,
+                                                 std::span<const std::byte> data, int channel = 0,
+                                                 const ProgressFn& progress = {});
   absl::StatusOr<v1::BufferInfo> GetBuffer(std::string_view buffer);
   absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
   absl::Status DeleteBuffer(std::string_view buffer);
@@ -179,9 +207,32 @@ class Client {
       const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
       const DownloadSink& sink, const ProgressFn& progress);
   size_t ChunkBytes() const;
+  // Streams the transfer of `bytes` is split into.
+  int TransferStreams(uint64_t bytes) const;
+  // Channel `index` of the transfer streams: 0 is the client's channel, each other one
+  // its own connection.
+  std::shared_ptr<grpc::Channel> TransferChannel(int index);
+  // One Upload stream: `header`, then chunks of `size_bytes` bytes in all, each the
+  // slice `next_chunk` gives.
+  absl::StatusOr<v1::UploadResponse> UploadStream(
+      grpc::Channel& channel, const v1::UploadHeader& header, uint64_t size_bytes,
+      const std::function<absl::StatusOr<grpc::Slice>(uint64_t sent)>& next_chunk,
+      const ProgressFn& progress);
+  absl::StatusOr<v1::UploadResponse> ParallelUpload(const v1::UploadHeader& header,
+                                                    std::span<const std::byte> data, int streams,
+                                                    const ProgressFn& progress);
+  absl::StatusOr<v1::DownloadResponse> ParallelDownload(const v1::DownloadRequest& request,
+                                                        std::string* data,
+                                                        const ProgressFn& progress);
+  absl::StatusOr<v1::DownloadResponse> DownloadOn(
+      grpc::Channel& channel, const v1::DownloadRequest& request,
+      const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
+      const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks);
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
+  absl::Mutex channels_mu_;
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_ ABSL_GUARDED_BY(channels_mu_);
   std::unique_ptr<Stubs> stubs_;
   // Shared with the asynchronous calls, which leave it as they are destroyed.
   std::shared_ptr<client_internal::AsyncCallRegistry> async_calls_;

@@ -122,6 +122,11 @@ uint64_t DefaultMemoryLimit(const Backend& backend) {
   return limit;
 }
 
+// Host staging kept for reuse between transfers, and the block the copy ceiling is
+// measured with.
+constexpr uint64_t kStagingCacheBytes = uint64_t{256} << 20;
+constexpr uint64_t kCeilingProbeBytes = uint64_t{32} << 20;
+
 }  // namespace
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -183,6 +188,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->timer = std::make_unique<Timer>();
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
+  impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
+  if (options.measure_copy_ceiling) {
+    // Cheap (a few copies of 32 MiB); a backend that cannot measure reports 0.
+    absl::StatusOr<Backend::CopyCeiling> ceiling =
+        impl->backend->MeasureCopyCeiling(options.default_device, kCeilingProbeBytes, 2);
+    if (ceiling.ok()) impl->ctx->copy_ceiling = *std::move(ceiling);
+  }
   impl->buffers = std::make_unique<BufferServiceImpl>(*impl->ctx);
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
   impl->operations = std::make_unique<OperationServiceImpl>(*impl->ctx);

@@ -57,6 +57,9 @@ struct ServerOptions {
   // Seconds a region may go unused before it is released; 0 keeps regions until they are
   // unregistered or the server stops.
   double region_idle_timeout_seconds = 600;
+  // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
+  // GetServerInfo reports; off, it reports 0.
+  bool measure_copy_ceiling = true;
 };
 
 class Server {

@@ -76,6 +76,8 @@ class TestServer {
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;
+    // A backend a test wraps counts or fails calls; the measurement would add some.
+    options.measure_copy_ceiling = backend == nullptr;
     if (configure) configure(options);
     absl::StatusOr<std::unique_ptr<Server>> server =
         backend == nullptr ? Server::Start(options) : Server::Start(options, std::move(backend));

@@ -1,8 +1,10 @@
 // BufferService: CreateBuffer, Upload, Download, GetBuffer, ListBuffers, DeleteBuffer.
 // The streaming transfers run in their own reactors (transfer_reactors.h).
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "gpucompute/v1/wire_format.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
@@ -31,21 +33,57 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerReadReactor<v1::UploadRequest>* BufferServiceImpl::Upload(
-    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
-  using Refuse = Refusal<grpc::ServerReadReactor<v1::UploadRequest>>;
+grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::Upload(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  using Refuse = Refusal<grpc::ServerReadReactor<grpc::ByteBuffer>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return new Refuse(client.status());
-  return NewUploadReactor(ctx_, *std::move(client), response);
+  return NewUploadReactor(ctx_, uploads_, context, *std::move(client), response);
 }
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(
-    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
-  using Refuse = Refusal<grpc::ServerWriteReactor<v1::DownloadResponse>>;
+grpc::ServerUnaryReactor* BufferServiceImpl::BeginUpload(grpc::CallbackServerContext* context,
+                                                         const v1::BeginUploadRequest* request,
+                                                         v1::BeginUploadResponse* response) {
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  if (absl::Status s = CheckTimeout(request->idle_timeout_seconds()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  if (request->header().size_bytes() == 0 &&
+      request->header().target_case() != v1::UploadHeader::kCreate) {
+    return FinishNow(context, absl::InvalidArgumentError(
+                                  "a multi-range upload needs size_bytes of at least 1"));
+  }
+  absl::StatusOr<std::shared_ptr<UploadTransfer>> transfer =
+      UploadTransfer::Start(ctx_, *client, request->header());
+  if (!transfer.ok()) return FinishNow(context, transfer.status());
+  if ((*transfer)->size() == 0) {
+    return FinishNow(context, absl::InvalidArgumentError(
+                                  "a multi-range upload carries at least one byte; upload an "
+                                  "empty buffer with Upload"));
+  }
+  const double idle = request->idle_timeout_seconds() == 0
+                          ? kDefaultUploadIdleTimeoutSeconds
+                          : std::clamp(request->idle_timeout_seconds(), 0.05, 3600.0);
+  (*transfer)->Publish(uploads_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::duration<double>(idle)));
+  response->set_transfer_id((*transfer)->id());
+  response->set_size_bytes((*transfer)->size());
+  response->set_idle_timeout_seconds(idle);
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
+  using Refuse = Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<std::string> client = ClientName(*context);
   if (!client.ok()) return new Refuse(client.status());
+  v1::DownloadRequest parsed;
+  if (absl::Status s = wire::Parse(*raw_request, &parsed); !s.ok()) return new Refuse(s);
+  const v1::DownloadRequest* request = &parsed;
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
   if (!buffer.ok()) return new Refuse(buffer.status());
   const uint64_t size = (*buffer)->size_bytes();
@@ -59,7 +97,7 @@ grpc::ServerWriteReactor<v1::DownloadResponse>* BufferServiceImpl::Download(
   const uint64_t chunk = request->chunk_bytes() == 0
                              ? kDefaultChunkBytes
                              : std::clamp<uint64_t>(request->chunk_bytes(), 4096, kMaxChunkBytes);
-  return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk);
+  return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk, request->crc32c());
 }
 
 grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerContext* context,

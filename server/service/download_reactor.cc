@@ -2,10 +2,13 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "gpucompute/v1/crc32c.h"
+#include "gpucompute/v1/wire_format.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
@@ -16,12 +19,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Waits for the buffer's pending writers, then streams the range in chunks, copying
-// chunk k+1 off the device while chunk k is on the wire.
-class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+// chunk k+1 off the device while chunk k is on the wire. Each chunk is copied into a
+// host staging block and sent from there: the message's data is a slice over the block,
+// which the slice keeps alive until gRPC is done with it.
+class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size,
-                  uint64_t chunk)
-      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk)) {
+                  uint64_t chunk, bool checksums)
+      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk, checksums)) {
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
@@ -51,6 +56,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       return;
     }
     state_->slots[state_->write_slot].filled = false;
+    state_->slots[state_->write_slot].message.Clear();
     state_->write_slot ^= 1;
     PumpLocked(state_);
   }
@@ -68,17 +74,22 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
 
  private:
   struct Slot {
-    v1::DownloadResponse message;
+    grpc::ByteBuffer message;
+    HostStagingPool::Block staging;
+    uint64_t offset = 0;  // in the buffer
+    uint64_t bytes = 0;
+    bool first = false;  // carries the buffer's info
     bool copying = false;
     bool filled = false;
   };
   struct State {
-    State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch)
+    State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch, bool crc)
         : ctx(c),
           buffer(std::move(b)),
           offset(off),
           end(off + sz),
           chunk(ch),
+          checksums(crc),
           range_name(absl::StrCat("download ", buffer->id)),
           next(off) {}
     ServiceContext& ctx;
@@ -86,6 +97,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     const uint64_t offset;
     const uint64_t end;
     const uint64_t chunk;
+    const bool checksums;
     const std::string range_name;  // "download buf-..." around each chunk's copy
     absl::Mutex mu;
     DownloadReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
@@ -119,11 +131,15 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       Slot& f = s->slots[s->fill_slot];
       if (f.copying || f.filled) break;
       const uint64_t n = std::min(s->chunk, s->end - s->next);
-      f.message.Clear();
-      f.message.set_offset_bytes(s->next);
-      std::string* data = f.message.mutable_data();
-      data->resize(n);
-      if (!s->sent_any && s->next == s->offset) ToProto(*s->buffer, f.message.mutable_buffer());
+      f.offset = s->next;
+      f.bytes = n;
+      f.first = !s->sent_any;
+      f.staging.reset();
+      if (n != 0) {
+        absl::StatusOr<HostStagingPool::Block> block = s->ctx.staging->Acquire(n);
+        if (!block.ok()) return FinishLocked(s, ToGrpcStatus(block.status()));
+        f.staging = *std::move(block);
+      }
       s->next += n;
       s->sent_any = true;
       if (n == 0) {
@@ -135,8 +151,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
       absl::Status st;
       {
         ScopedRange range(s->ctx.backend, s->range_name);
-        st = s->ctx.backend.CopyToHost(stream, s->buffer->memory, f.message.offset_bytes(),
-                                       data->data(), n);
+        st = s->ctx.backend.CopyToStaging(stream, s->buffer->memory, f.offset,
+                                          f.staging->data(), n);
       }
       Slot* slot = &f;
       if (st.ok()) {
@@ -156,13 +172,16 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     }
     if (s->writing) return;
     if (w.filled) {
-      const bool last =
-          w.message.offset_bytes() + w.message.data().size() == s->end && s->next == s->end;
+      const bool last = w.offset + w.bytes == s->end && s->next == s->end;
+      v1::TransferStats stats;
       if (last) {
         const uint64_t bytes = s->end - s->offset;
-        SetTransferStats(bytes, s->start, w.message.mutable_transfer());
+        SetTransferStats(bytes, s->start, &stats);
         s->ctx.executor.RecordTransfer(OperationKind::kDownload, bytes);
       }
+      v1::BufferInfo info;
+      if (w.first) ToProto(*s->buffer, &info);
+      BuildMessage(s->checksums, w, w.first ? &info : nullptr, last ? &stats : nullptr);
       s->writing = true;
       s->reactor->StartWrite(&w.message);
       return;
@@ -179,16 +198,34 @@ class DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadRespon
     }
   }
 
+  // The slot's message: its data is a slice over the staging block, holding a
+  // reference to it, so the block outlives any use gRPC makes of the slice.
+  static void BuildMessage(bool checksums, Slot& slot, const v1::BufferInfo* info,
+                           const v1::TransferStats* stats) {
+    grpc::Slice data;
+    std::optional<uint32_t> crc;
+    if (slot.bytes != 0) {
+      auto* owner = new HostStagingPool::Block(std::move(slot.staging));
+      data = grpc::Slice(
+          (*owner)->data(), static_cast<size_t>(slot.bytes),
+          [](void* p) { delete static_cast<HostStagingPool::Block*>(p); }, owner);
+      if (checksums) crc = ExtendCrc32c(0, (*owner)->data(), static_cast<size_t>(slot.bytes));
+    } else if (checksums) {
+      crc = 0;
+    }
+    slot.message = wire::DownloadChunk(info, slot.offset, stats, crc, data);
+  }
+
   StatePtr state_;
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* NewDownloadReactor(ServiceContext& ctx,
-                                                                   BufferHandle buffer,
-                                                                   uint64_t offset, uint64_t size,
-                                                                   uint64_t chunk) {
-  return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(ServiceContext& ctx,
+                                                               BufferHandle buffer,
+                                                               uint64_t offset, uint64_t size,
+                                                               uint64_t chunk, bool checksums) {
+  return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk, checksums);
 }
 
 }  // namespace gpucompute

@@ -50,13 +50,17 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_regions_per_client(kMaxRegionsPerClient);
   limits->set_max_session_in_flight(kMaxSessionInFlight);
   limits->set_max_chain_steps(kMaxChainSteps);
+  limits->set_max_upload_ranges(kMaxUploadRanges);
+  limits->set_upload_idle_timeout_seconds(kDefaultUploadIdleTimeoutSeconds);
+  response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
+  response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
+  response->set_copy_ceiling(ctx_.copy_ceiling.description);
   response->set_backend_error(BackendError(ctx_.backend));
   response->set_shared_memory_enabled(ctx_.shared_memory.allow_system);
   response->set_cuda_ipc_enabled(ctx_.shared_memory.allow_cuda_ipc);
   response->set_hostname(HostName());
   response->set_boot_id(BootId());
-  response->set_region_idle_timeout_seconds(
-      absl::ToDoubleSeconds(ctx_.shared_memory.idle_timeout));
+  response->set_region_idle_timeout_seconds(absl::ToDoubleSeconds(ctx_.shared_memory.idle_timeout));
   return FinishNow(context, absl::OkStatus());
 }
 

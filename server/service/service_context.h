@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,7 @@
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
+#include "server/host_staging_pool.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
 
@@ -37,6 +39,10 @@ struct ServiceContext {
   // SharedMemoryService: what it allows, and its regions (null while it allows nothing).
   SharedMemoryPolicy shared_memory = {};
   RegionRegistry* regions = nullptr;
+  // Host memory the transfers stage chunks in (set by the server at start).
+  std::unique_ptr<HostStagingPool> staging = nullptr;
+  // The backend's copy ceiling on the default device, measured at start (GetServerInfo).
+  Backend::CopyCeiling copy_ceiling = {};
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

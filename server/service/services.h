@@ -13,6 +13,7 @@
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/service_context.h"
+#include "server/service/upload_transfer.h"
 
 namespace gpucompute {
 
@@ -55,17 +56,26 @@ class Refusal final : public Reactor {
   void OnDone() override { delete this; }
 };
 
-class BufferServiceImpl final : public v1::BufferService::CallbackService {
+// Upload and Download are served in their raw form (grpc::ByteBuffer messages), so that
+// their reactors read and write chunk bytes without protobuf's copies; the wire format is
+// the generated messages' all the same.
+class BufferServiceImpl final
+    : public v1::BufferService::WithRawCallbackMethod_Upload<
+          v1::BufferService::WithRawCallbackMethod_Download<v1::BufferService::CallbackService>> {
  public:
-  explicit BufferServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+  explicit BufferServiceImpl(ServiceContext& ctx)
+      : ctx_(ctx), uploads_(std::make_shared<UploadTransferTable>()) {}
 
   grpc::ServerUnaryReactor* CreateBuffer(grpc::CallbackServerContext* context,
                                          const v1::CreateBufferRequest* request,
                                          v1::CreateBufferResponse* response) override;
-  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
-                                                     v1::UploadResponse* response) override;
-  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
-      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* context,
+                                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* BeginUpload(grpc::CallbackServerContext* context,
+                                        const v1::BeginUploadRequest* request,
+                                        v1::BeginUploadResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetBuffer(grpc::CallbackServerContext* context,
                                       const v1::GetBufferRequest* request,
                                       v1::BufferInfo* response) override;
@@ -76,8 +86,12 @@ class BufferServiceImpl final : public v1::BufferService::CallbackService {
                                          const v1::DeleteBufferRequest* request,
                                          v1::DeleteBufferResponse* response) override;
 
+  // Multi-range uploads in progress.
+  size_t uploads_in_progress() { return uploads_->size(); }
+
  private:
   ServiceContext& ctx_;
+  const std::shared_ptr<UploadTransferTable> uploads_;
 };
 
 class StreamServiceImpl final : public v1::StreamService::CallbackService {

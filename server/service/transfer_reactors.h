@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -12,20 +13,27 @@
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "server/buffer_registry.h"
 #include "server/service/service_context.h"
+#include "server/service/upload_transfer.h"
 
 namespace gpucompute {
 
-// Receives an upload's header and chunks; answers once the data is in device memory.
-grpc::ServerReadReactor<v1::UploadRequest>* NewUploadReactor(ServiceContext& ctx,
-                                                             std::string client,
-                                                             v1::UploadResponse* response);
+// Both read and write the messages' wire format themselves (gpucompute/v1/wire_format.h)
+// so that chunk bytes go between gRPC's slices and host staging memory without a protobuf
+// copy.
 
-// Streams bytes [offset, offset + size) of `buffer` in chunks of `chunk` bytes. The
-// range must already be checked against the buffer's size.
-grpc::ServerWriteReactor<v1::DownloadResponse>* NewDownloadReactor(ServiceContext& ctx,
-                                                                   BufferHandle buffer,
-                                                                   uint64_t offset, uint64_t size,
-                                                                   uint64_t chunk);
+// Receives an upload stream's header and chunks (a whole upload, or one range of a
+// multi-range upload in `table`); answers with the upload's outcome (an UploadResponse).
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadReactor(
+    ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
+    grpc::CallbackServerContext* context, std::string client, grpc::ByteBuffer* response);
+
+// Streams bytes [offset, offset + size) of `buffer` in DownloadResponse messages of
+// `chunk` bytes, with a CRC32C of each when `checksums`. The range must already be
+// checked against the buffer's size.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(ServiceContext& ctx,
+                                                               BufferHandle buffer,
+                                                               uint64_t offset, uint64_t size,
+                                                               uint64_t chunk, bool checksums);
 
 // Fills a transfer's statistics: `bytes` moved since `start`.
 void SetTransferStats(uint64_t bytes, std::chrono::steady_clock::time_point start,

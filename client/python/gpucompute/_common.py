@@ -38,8 +38,8 @@ _LAYOUTS = {"C": v1.LAYOUT_C, "F": v1.LAYOUT_F}
 REDUCE_KINDS = ("sum", "prod", "min", "max", "mean", "norm2", "argmin", "argmax")
 
 _SERVICE_METHODS = {
-    "BufferService": ("CreateBuffer", "Upload", "Download", "GetBuffer", "ListBuffers",
-                      "DeleteBuffer"),
+    "BufferService": ("CreateBuffer", "Upload", "BeginUpload", "Download", "GetBuffer",
+                      "ListBuffers", "DeleteBuffer"),
     "StreamService": ("CreateStream", "DeleteStream", "SynchronizeStream", "ListStreams"),
     "OperationService": ("Submit", "GetOperation", "WaitOperation"),
     "ServerService": ("GetServerInfo", "GetStats", "TrimMemoryPool", "StartProfiler",

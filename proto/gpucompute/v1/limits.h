@@ -28,6 +28,10 @@ inline constexpr uint32_t kMaxInlineValues = 4096;
 inline constexpr uint32_t kMaxSessionInFlight = 1024;
 inline constexpr uint32_t kMaxChainSteps = 4096;
 inline constexpr char kTagPrefix[] = "tag:";
+// Multi-range uploads (BufferService.BeginUpload): range streams one upload may have,
+// and the seconds without data after which the server gives an upload up.
+inline constexpr uint32_t kMaxUploadRanges = 1024;
+inline constexpr double kDefaultUploadIdleTimeoutSeconds = 60;
 
 }  // namespace gpucompute
 

@@ -1,0 +1,77 @@
+// The transfer messages of gpucompute.v1 (UploadRequest, DownloadResponse) read from and
+// written to gRPC byte buffers directly, so that chunk bytes never pass through a
+// protobuf `bytes` field: a received chunk is a list of views into the slices gRPC
+// received it in, and a sent chunk is a slice over the sender's own memory behind a few
+// bytes of framing. The encoding is the ordinary protobuf wire format, so peers that use
+// the generated messages (the Python client, older clients) read and write the same bytes.
+// The small messages inside (UploadHeader, BufferInfo, TransferStats) are parsed and
+// serialized by protobuf as usual.
+#ifndef GPUCOMPUTE_V1_WIRE_FORMAT_H_
+#define GPUCOMPUTE_V1_WIRE_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/status/status.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+
+namespace gpucompute::wire {
+
+// Bytes spread over slices, in order. The views point into slices someone keeps alive.
+struct Pieces {
+  std::vector<std::string_view> views;
+  uint64_t size = 0;
+
+  // Copies the bytes to `dst`, which holds at least `size`.
+  void CopyTo(void* dst) const;
+  uint32_t Crc32c() const;
+};
+
+// A received message: its slices (which own the bytes the views point into) and what
+// was parsed from them. Reusable: Parse* clears it first.
+struct UploadMessage {
+  enum class Kind { kEmpty, kHeader, kChunk };
+  std::vector<grpc::Slice> slices;
+  Kind kind = Kind::kEmpty;
+  v1::UploadHeader header;  // kHeader
+  Pieces chunk;             // kChunk
+  std::optional<uint32_t> chunk_crc32c;
+};
+
+struct DownloadMessage {
+  std::vector<grpc::Slice> slices;
+  bool has_buffer = false;
+  v1::BufferInfo buffer;
+  uint64_t offset_bytes = 0;
+  Pieces data;
+  bool has_transfer = false;
+  v1::TransferStats transfer;
+  std::optional<uint32_t> data_crc32c;
+};
+
+// INVALID_ARGUMENT for bytes that are not a well-formed message of the type, or an
+// UploadRequest that carries both a header and a chunk.
+absl::Status ParseUploadRequest(const grpc::ByteBuffer& buffer, UploadMessage* out);
+absl::Status ParseDownloadResponse(const grpc::ByteBuffer& buffer, DownloadMessage* out);
+
+// An UploadRequest whose chunk is `data`, used as it is (no copy).
+grpc::ByteBuffer UploadChunk(const grpc::Slice& data, std::optional<uint32_t> crc32c);
+// A DownloadResponse whose data is `data`, used as it is; `buffer` and `transfer` are
+// set when not null.
+grpc::ByteBuffer DownloadChunk(const v1::BufferInfo* buffer, uint64_t offset_bytes,
+                               const v1::TransferStats* transfer, std::optional<uint32_t> crc32c,
+                               const grpc::Slice& data);
+
+// Any message, serialized by protobuf (headers, requests and responses of the unary
+// kind). Parse gives INVALID_ARGUMENT for bytes that do not parse.
+grpc::ByteBuffer Serialize(const google::protobuf::MessageLite& message);
+absl::Status Parse(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
+
+}  // namespace gpucompute::wire
+
+#endif  // GPUCOMPUTE_V1_WIRE_FORMAT_H_

@@ -1,0 +1,277 @@
+#include "server/service/upload_transfer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/ids.h"
+#include "server/service/operation_planner.h"
+#include "server/service/proto_conversions.h"
+#include "server/service/transfer_reactors.h"
+#include "server/status_macros.h"
+
+namespace gpucompute {
+
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
+    ServiceContext& ctx, std::string client, const v1::UploadHeader& header) {
+  if (!header.transfer_id().empty()) {
+    return absl::InvalidArgumentError("a new upload's header may not name a transfer_id");
+  }
+  std::shared_ptr<UploadTransfer> t(new UploadTransfer(ctx, std::move(client)));
+  switch (header.target_case()) {
+    case v1::UploadHeader::kCreate: {
+      if (header.offset_bytes() != 0) {
+        return absl::InvalidArgumentError("an upload that creates a buffer must start at offset 0");
+      }
+      if (header.create().has_fill()) {
+        return absl::InvalidArgumentError("an upload provides the contents; 'fill' is not allowed");
+      }
+      ASSIGN_OR_RETURN(BufferHandle b, AllocateFromRequest(ctx, t->client_, header.create()));
+      const uint64_t size = b->size_bytes();
+      if (header.size_bytes() != 0 && header.size_bytes() != size) {
+        return absl::InvalidArgumentError(absl::StrCat("size_bytes is ", header.size_bytes(),
+                                                       " but a ", DTypeName(b->dtype),
+                                                       " buffer of that shape holds ", size,
+                                                       " bytes"));
+      }
+      t->created_ = std::move(b);
+      t->size_ = size;
+      t->destination_ = &t->created_->memory;
+      return t;
+    }
+    case v1::UploadHeader::kBuffer: {
+      ASSIGN_OR_RETURN(BufferHandle b, ctx.registry.Lookup(t->client_, header.buffer()));
+      const uint64_t size = b->size_bytes();
+      if (header.offset_bytes() > size || header.size_bytes() > size - header.offset_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat("bytes [", header.offset_bytes(), ", +",
+                                                       header.size_bytes(), ") are outside buffer ",
+                                                       b->id, " of ", size, " bytes"));
+      }
+      ASSIGN_OR_RETURN(t->staging_charge_, ctx.limiter.TryCharge(header.size_bytes()));
+      ASSIGN_OR_RETURN(t->device_staging_, ctx.backend.Allocate(b->device, header.size_bytes()));
+      t->target_ = std::move(b);
+      t->target_offset_ = header.offset_bytes();
+      t->size_ = header.size_bytes();
+      t->destination_ = &t->device_staging_;
+      return t;
+    }
+    case v1::UploadHeader::TARGET_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("the upload header names no target: set 'create' or 'buffer'");
+}
+
+void UploadTransfer::Publish(std::shared_ptr<UploadTransferTable> table,
+                             std::chrono::nanoseconds idle_timeout) {
+  id_ = NewId("upl-");
+  table->Add(shared_from_this());
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(table);
+  idle_timeout_ = idle_timeout;
+  ScheduleIdleCheckLocked();
+}
+
+void UploadTransfer::ScheduleIdleCheckLocked() {
+  std::weak_ptr<UploadTransfer> weak = weak_from_this();
+  ctx_.timer.Schedule(last_activity_ + idle_timeout_, [weak] {
+    std::shared_ptr<UploadTransfer> self = weak.lock();
+    if (self == nullptr) return;
+    absl::MutexLock lock(&self->mu_);
+    if (self->finished_ || self->committing_ || !self->error_.ok()) return;
+    if (Clock::now() - self->last_activity_ < self->idle_timeout_) {
+      return self->ScheduleIdleCheckLocked();
+    }
+    self->error_ = absl::DeadlineExceededError(absl::StrCat(
+        "upload ", self->id_, " received no data for ",
+        std::chrono::duration<double>(self->idle_timeout_).count(), " s; nothing was changed"));
+    self->MaybeFinishLocked();
+  });
+}
+
+absl::Status UploadTransfer::AddRange(uint64_t offset, uint64_t size, Listener listener) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || committing_ || !error_.ok()) {
+    return absl::NotFoundError(absl::StrCat("upload ", id_, " is over"));
+  }
+  listeners_.push_back(std::move(listener));
+  last_activity_ = Clock::now();
+  absl::Status bad;
+  if (offset > size_ || size > size_ - offset) {
+    bad = absl::InvalidArgumentError(absl::StrCat("range [", offset, ", +", size,
+                                                  ") is outside the upload's ", size_, " bytes"));
+  } else if (size == 0 && size_ != 0) {
+    bad = absl::InvalidArgumentError("a range stream must carry at least one byte");
+  } else if (ranges_.size() >= kMaxUploadRanges) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("an upload may have at most ", kMaxUploadRanges, " ranges"));
+  } else if (size != 0) {
+    // The claimed range after `offset`, and the one before it.
+    auto next = ranges_.lower_bound(offset);
+    const bool overlaps_next = next != ranges_.end() && next->first < offset + size;
+    const bool overlaps_previous =
+        next != ranges_.begin() && std::prev(next)->first + std::prev(next)->second > offset;
+    if (overlaps_next || overlaps_previous) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "range [", offset, ", +", size, ") overlaps a range of the upload already claimed"));
+    }
+  }
+  if (!bad.ok()) {
+    error_ = absl::Status(bad.code(), absl::StrCat(bad.message(), "; nothing was changed"));
+    MaybeFinishLocked();
+    return bad;
+  }
+  ranges_.emplace(offset, size);
+  ++open_ranges_;
+  return absl::OkStatus();
+}
+
+void UploadTransfer::Write(uint64_t offset, const void* staging, uint64_t bytes,
+                           absl::AnyInvocable<void(absl::Status) &&> done) {
+  absl::Status st;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok() || finished_) {
+      st = absl::AbortedError("the upload has failed");
+    } else {
+      ++copies_in_flight_;
+      last_activity_ = Clock::now();
+    }
+  }
+  if (!st.ok()) return std::move(done)(st);
+  Stream& stream = ctx_.executor.TransferStream(destination_->device());
+  {
+    ScopedRange range(ctx_.backend, absl::StrCat("upload ", size_, " bytes"));
+    st = ctx_.backend.CopyFromStaging(stream, staging, *destination_, offset, bytes);
+  }
+  if (st.ok()) {
+    st = stream.OnComplete(
+        [self = shared_from_this(), done = std::move(done), bytes](absl::Status status) mutable {
+          std::move(done)(status);
+          if (status.ok()) {
+            absl::MutexLock lock(&self->mu_);
+            self->received_ += bytes;
+          }
+          self->CopyDone(status);
+        });
+    if (st.ok()) return;
+  }
+  // Nothing was enqueued that would call `done`. (A copy enqueued without its
+  // completion is ordered before later work on the stream, which the release waits for.)
+  std::move(done)(st);
+  CopyDone(st);
+}
+
+void UploadTransfer::CopyDone(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  --copies_in_flight_;
+  if (!status.ok() && error_.ok()) error_ = status;
+  MaybeFinishLocked();
+}
+
+void UploadTransfer::RangeDone() {
+  absl::MutexLock lock(&mu_);
+  --open_ranges_;
+  last_activity_ = Clock::now();
+  MaybeFinishLocked();
+}
+
+void UploadTransfer::Fail(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || committing_ || !error_.ok()) return;
+  error_ = std::move(status);
+  MaybeFinishLocked();
+}
+
+void UploadTransfer::MaybeFinishLocked() {
+  if (finished_ || committing_ || copies_in_flight_ > 0) return;
+  if (!error_.ok()) return FinishLocked(error_);
+  if (open_ranges_ == 0 && received_ == size_ && !listeners_.empty()) CommitLocked();
+}
+
+void UploadTransfer::CommitLocked() {
+  committing_ = true;
+  if (table_ != nullptr) table_->Remove(id_);
+  if (created_ != nullptr) {
+    absl::Status st = ctx_.registry.Register(created_);
+    if (st.ok()) ctx_.executor.RecordTransfer(OperationKind::kUpload, size_);
+    return FinishLocked(std::move(st));
+  }
+  // Overwrite the range in stream order with everything else that touches the buffer.
+  Executor::OpSpec spec;
+  spec.kind = OperationKind::kCopy;
+  spec.accesses = {{target_, true}};
+  spec.bytes_read = size_;
+  spec.bytes_written = size_;
+  spec.outputs.push_back(*target_);
+  spec.launch = [self = shared_from_this()](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    RETURN_IF_ERROR(self->ctx_.backend.Copy(stream, self->device_staging_, 0,
+                                            self->target_->memory, self->target_offset_,
+                                            self->size_));
+    return LaunchInfo{};
+  };
+  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.Submit(client_, "", std::move(spec));
+  if (!op.ok()) return FinishLocked(op.status());
+  // OnDone runs the callback at once if the copy is already done. Nothing else changes
+  // the upload while it commits.
+  mu_.Unlock();
+  ctx_.executor.OnDone(*op, [self = shared_from_this(), op = *op] {
+    absl::MutexLock lock(&self->mu_);
+    const absl::Status error = self->ctx_.executor.GetStatus(*op).error;
+    if (error.ok()) self->ctx_.executor.RecordTransfer(OperationKind::kUpload, self->size_);
+    self->FinishLocked(error);
+  });
+  mu_.Lock();
+}
+
+void UploadTransfer::FinishLocked(absl::Status status) {
+  if (finished_) return;
+  finished_ = true;
+  if (table_ != nullptr) table_->Remove(id_);
+  table_.reset();
+  v1::UploadResponse response;
+  if (status.ok()) {
+    ToProto(created_ != nullptr ? *created_ : *target_, response.mutable_buffer());
+    SetTransferStats(size_, start_, response.mutable_transfer());
+  }
+  // The memory goes back before anyone hears the outcome (a registered buffer keeps its
+  // own reference).
+  destination_ = nullptr;
+  created_.reset();
+  target_.reset();
+  device_staging_ = DeviceMemory();
+  staging_charge_ = MemoryLimiter::Charge();
+  std::vector<Listener> listeners = std::move(listeners_);
+  listeners_.clear();
+  ctx_.timer.Post([listeners = std::move(listeners), status = std::move(status),
+                   response = std::move(response)]() mutable {
+    for (Listener& l : listeners) std::move(l)(status, response);
+  });
+}
+
+void UploadTransferTable::Add(std::shared_ptr<UploadTransfer> transfer) {
+  absl::MutexLock lock(&mu_);
+  transfers_[transfer->id()] = std::move(transfer);
+}
+
+absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransferTable::Lookup(
+    const std::string& client, const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->client() != client) {
+    return absl::NotFoundError(absl::StrCat("no upload in progress has transfer id '", id, "'"));
+  }
+  return it->second;
+}
+
+void UploadTransferTable::Remove(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  transfers_.erase(id);
+}
+
+size_t UploadTransferTable::size() {
+  absl::MutexLock lock(&mu_);
+  return transfers_.size();
+}
+
+}  // namespace gpucompute
