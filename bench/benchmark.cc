@@ -665,48 +665,64 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   header.mutable_create()->add_shape(bytes / sizeof(double));
   const auto data = std::as_bytes(std::span(source));
 
-  std::vector<double> upload_wall, upload_server;
-  std::string kept;  // the last upload, kept for the downloads
-  for (int r = 0; r <= options.repeat; ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::UploadResponse> up = client->Upload(header, data);
-    const double wall = SecondsSince(start);
-    if (!up.ok()) return up.status();
-    if (r > 0) {  // r == 0 is the warm-up
-      upload_wall.push_back(wall);
-      upload_server.push_back(up->transfer().gbps());
+  // The gRPC rows: one stream, and the library's own choice (parallel streams on
+  // separate connections for large arrays).
+  struct Row {
+    std::string op;
+    double seconds;
+    std::string server_gbps;
+  };
+  std::vector<Row> rows;
+  std::string kept;         // the last upload, kept for the downloads
+  std::string sink_string;  // what Download(string*) fills
+  auto grpc_rows = [&](Client& c, const std::string& suffix) -> absl::Status {
+    std::vector<double> upload_wall, upload_server;
+    for (int r = 0; r <= options.repeat; ++r) {
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<v1::UploadResponse> up = c.Upload(header, data);
+      const double wall = SecondsSince(start);
+      if (!up.ok()) return up.status();
+      if (r > 0) {  // r == 0 is the warm-up
+        upload_wall.push_back(wall);
+        upload_server.push_back(up->transfer().gbps());
+      }
+      if (!kept.empty()) RETURN_IF_ERROR(c.DeleteBuffer(kept));
+      kept = up->buffer().id();
     }
-    if (!kept.empty()) RETURN_IF_ERROR(client->DeleteBuffer(kept));
-    kept = up->buffer().id();
-  }
-
-  // Cleared so that the check below sees what the downloads wrote, not the d2h copy's bytes.
-  std::fill(sink.begin(), sink.end(), 0);
-  std::vector<double> download_wall, download_server;
-  v1::DownloadRequest request;
-  request.set_buffer(kept);
-  for (int r = 0; r <= options.repeat; ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::DownloadResponse> down =
-        client->Download(request, [&](uint64_t offset, std::string_view chunk) -> absl::Status {
-          if (offset > bytes || chunk.size() > bytes - offset) {
-            return absl::OutOfRangeError("the server sent more bytes than the buffer holds");
-          }
-          std::memcpy(sink.data() + offset, chunk.data(), chunk.size());
-          return absl::OkStatus();
-        });
-    const double wall = SecondsSince(start);
-    if (!down.ok()) return down.status();
-    if (r > 0) {
-      download_wall.push_back(wall);
-      download_server.push_back(down->transfer().gbps());
+    // Cleared so that the check below sees what the downloads wrote.
+    std::fill(sink.begin(), sink.end(), 0);
+    std::vector<double> download_wall;
+    v1::DownloadRequest request;
+    request.set_buffer(kept);
+    for (int r = 0; r <= options.repeat; ++r) {
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<v1::DownloadResponse> down = c.Download(request, &sink_string);
+      const double wall = SecondsSince(start);
+      if (!down.ok()) return down.status();
+      if (r > 0) download_wall.push_back(wall);
     }
+    if (sink_string.size() != bytes || std::memcmp(sink_string.data(), source.data(), bytes) != 0)
+      return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
+    rows.push_back({"upload" + suffix, Median(upload_wall), Fixed(Median(upload_server), 3)});
+    rows.push_back({"download" + suffix, Median(download_wall), ""});
+    RETURN_IF_ERROR(c.DeleteBuffer(kept));
+    kept.clear();
+    return absl::OkStatus();
+  };
+  {
+    ClientOptions one;
+    one.target = absl::StrCat("127.0.0.1:", server.port());
+    one.client_name = "bench-transfers";
+    one.timeout = absl::Seconds(600);
+    one.transfer_streams = 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> single, Client::Connect(one));
+    RETURN_IF_ERROR(grpc_rows(*single, " (1 stream)"));
   }
-  RETURN_IF_ERROR(client->DeleteBuffer(kept));
-  if (sink != source)
-    return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
+  RETURN_IF_ERROR(grpc_rows(*client, " (library's choice)"));
+  sink_string = std::string();
 
   // The same through shared memory: one segment, registered once (not timed), reused.
+  v1::DownloadRequest request;
   SharedMemoryTransport shm(*client);
   RETURN_IF_ERROR(shm.Reserve(bytes));
   std::vector<double> shm_upload_wall, shm_upload_server, shm_download_wall, shm_download_server;
@@ -743,7 +759,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
     const Clock::time_point start = Clock::now();
     absl::StatusOr<v1::CopyRegionResponse> down =
         shm.Download(request, [&](uint64_t offset, std::string_view chunk) -> absl::Status {
-          std::memcpy(sink.data() + offset, chunk.data(), chunk.size());
+          ParallelCopy(sink.data() + offset, chunk.data(), chunk.size());
           return absl::OkStatus();
         });
     const double wall = SecondsSince(start);
@@ -759,6 +775,47 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
         "the bytes downloaded through shared memory differ from the uploaded");
   }
 
+  // A whole workflow, as a user runs it: the array up, one expression into a new buffer,
+  // the result down, both buffers deleted; through shared memory and through gRPC.
+  v1::SubmitRequest eval = Elementwise("x * 2 + 1", {{"x", BufferOperand("wf_x")}});
+  eval.set_wait(true);
+  v1::UploadHeader workflow_header = header;
+  workflow_header.mutable_create()->set_name("wf_x");
+  auto workflow = [&](bool use_shm) -> absl::StatusOr<double> {
+    std::vector<double> walls;
+    for (int r = 0; r <= options.repeat; ++r) {
+      const Clock::time_point start = Clock::now();
+      if (use_shm) {
+        RETURN_IF_ERROR(shm.Upload(workflow_header, data).status());
+      } else {
+        RETURN_IF_ERROR(client->Upload(workflow_header, data).status());
+      }
+      absl::StatusOr<v1::Operation> op = client->Submit(eval);
+      RETURN_IF_ERROR(Succeeded(op));
+      v1::DownloadRequest result;
+      result.set_buffer(op->outputs(0).id());
+      if (use_shm) {
+        RETURN_IF_ERROR(shm.Download(result,
+                                     [&](uint64_t offset, std::string_view chunk) {
+                                       ParallelCopy(sink.data() + offset, chunk.data(),
+                                                    chunk.size());
+                                       return absl::OkStatus();
+                                     })
+                            .status());
+      } else {
+        RETURN_IF_ERROR(client->Download(result, &sink_string).status());
+      }
+      const double wall = SecondsSince(start);
+      RETURN_IF_ERROR(client->DeleteBuffer("wf_x"));
+      RETURN_IF_ERROR(client->DeleteBuffer(op->outputs(0).id()));
+      if (r > 0) walls.push_back(wall);
+    }
+    return Median(walls);
+  };
+  ASSIGN_OR_RETURN(const double workflow_shm, workflow(true));
+  ASSIGN_OR_RETURN(const double workflow_grpc, workflow(false));
+  sink_string = std::string();
+
   // The ceiling: the pinned copy where there is one (CUDA), else the backend's own copy.
   const double ceiling_seconds =
       ceilings.pinned_h2d_seconds > 0 ? ceilings.pinned_h2d_seconds : h2d_seconds;
@@ -772,11 +829,13 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   if (ceilings.pinned_h2d_seconds > 0) add("pinned h2d (ceiling)", ceilings.pinned_h2d_seconds, "");
   add("h2d copy", h2d_seconds, "");
   add("d2h copy", d2h_seconds, "");
-  add("upload", Median(upload_wall), Fixed(Median(upload_server), 3));
-  add("download", Median(download_wall), Fixed(Median(download_server), 3));
+  for (const Row& row : rows) add(row.op.c_str(), row.seconds, row.server_gbps);
   add("shm upload", Median(shm_upload_wall), Fixed(Median(shm_upload_server), 3));
   add("shm upload into", Median(shm_overwrite_wall), Fixed(Median(shm_overwrite_server), 3));
   add("shm download", Median(shm_download_wall), Fixed(Median(shm_download_server), 3));
+  // Bytes moved: the array up and the result down; GB/s counts one way, as the others.
+  add("workflow shm: up, x*2+1, down", workflow_shm, "");
+  add("workflow gRPC: up, x*2+1, down", workflow_grpc, "");
   table.Print(absl::StrCat(
       "transfers: in-process server over loopback, median of ", options.repeat,
       ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));

@@ -141,7 +141,9 @@ void UploadTransfer::Write(uint64_t offset, const void* staging, uint64_t bytes,
   if (!st.ok()) return std::move(done)(st);
   Stream& stream = ctx_.executor.TransferStream(destination_->device());
   {
-    ScopedRange range(ctx_.backend, absl::StrCat("upload ", size_, " bytes"));
+    // Named after the buffer the bytes are for, as the executor names operations.
+    ScopedRange range(ctx_.backend,
+                      absl::StrCat("upload ", (created_ != nullptr ? created_ : target_)->id));
     st = ctx_.backend.CopyFromStaging(stream, staging, *destination_, offset, bytes);
   }
   if (st.ok()) {
