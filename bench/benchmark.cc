@@ -579,10 +579,13 @@ absl::Status RunKernels(const Options& options, Backend& backend) {
 // ---------------------------------------------------------------------------
 // Sections on the server: transfers and e2e
 
-absl::StatusOr<std::unique_ptr<Client>> Connect(const Server& server, const std::string& name) {
+// `transfer_streams` as ClientOptions has it: 0 lets the library choose.
+absl::StatusOr<std::unique_ptr<Client>> Connect(const Server& server, const std::string& name,
+                                                int transfer_streams = 0) {
   ClientOptions options;
   options.target = absl::StrCat("127.0.0.1:", server.port());
   options.client_name = name;
+  options.transfer_streams = transfer_streams;
   options.timeout = absl::Seconds(600);  // a hung server ends the run instead of hanging it
   return Client::Connect(options);
 }
@@ -690,7 +693,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
       kept = up->buffer().id();
     }
     // Cleared so that the check below sees what the downloads wrote.
-    std::fill(sink.begin(), sink.end(), 0);
+    sink_string.clear();
     std::vector<double> download_wall;
     v1::DownloadRequest request;
     request.set_buffer(kept);
@@ -710,12 +713,8 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
     return absl::OkStatus();
   };
   {
-    ClientOptions one;
-    one.target = absl::StrCat("127.0.0.1:", server.port());
-    one.client_name = "bench-transfers";
-    one.timeout = absl::Seconds(600);
-    one.transfer_streams = 1;
-    ASSIGN_OR_RETURN(std::unique_ptr<Client> single, Client::Connect(one));
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> single,
+                     Connect(server, "bench-transfers", /*transfer_streams=*/1));
     RETURN_IF_ERROR(grpc_rows(*single, " (1 stream)"));
   }
   RETURN_IF_ERROR(grpc_rows(*client, " (library's choice)"));
