@@ -115,6 +115,7 @@
 #include "client/session.h"
 #include "client/shared_memory.h"
 #include "client/transfer_timing.h"
+#include "gpucompute/v1/transfer_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/backend.h"
@@ -1260,6 +1261,7 @@ absl::Status Run(const Options& options) {
 }  // namespace gpucompute::bench
 
 int main(int argc, char** argv) {
+  gpucompute::RetainTransferMemory();
   absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
   if (!options.ok()) {
     const bool help = absl::IsCancelled(options.status());

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "gpucompute/v1/transfer_memory.h"
 
 namespace gpucompute::cli {
 namespace {
@@ -413,4 +414,7 @@ const Command* FindCommand(std::string_view name) {
 
 }  // namespace gpucompute::cli
 
-int main(int argc, char** argv) { return gpucompute::cli::Main(argc, argv); }
+int main(int argc, char** argv) {
+  gpucompute::RetainTransferMemory();
+  return gpucompute::cli::Main(argc, argv);
+}
