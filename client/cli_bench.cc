@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,23 +55,17 @@ absl::StatusOr<Settings> ParseSettings(const ParsedArgs& args) {
     }
     settings.sizes.push_back(*size);
   }
-  absl::StatusOr<std::optional<int64_t>> repeat = args.Int("--repeat");
-  if (!repeat.ok()) return repeat.status();
-  if (repeat->has_value()) {
-    if (**repeat < 1 || **repeat > kMaxRepeat) {
+  for (const auto& [flag, min, max, value] :
+       {std::tuple{"--repeat", 1, kMaxRepeat, &settings.repeat},
+        std::tuple{"--streams", 2, kMaxTransferStreams, &settings.streams}}) {
+    absl::StatusOr<std::optional<int64_t>> given = args.Int(flag);
+    if (!given.ok()) return given.status();
+    if (!given->has_value()) continue;
+    if (**given < min || **given > max) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--repeat must be from 1 to ", kMaxRepeat, ", not ", **repeat));
+          absl::StrCat(flag, " must be from ", min, " to ", max, ", not ", **given));
     }
-    settings.repeat = static_cast<int>(**repeat);
-  }
-  absl::StatusOr<std::optional<int64_t>> streams = args.Int("--streams");
-  if (!streams.ok()) return streams.status();
-  if (streams->has_value()) {
-    if (**streams < 2 || **streams > kMaxTransferStreams) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--streams must be from 2 to ", kMaxTransferStreams, ", not ", **streams));
-    }
-    settings.streams = static_cast<int>(**streams);
+    *value = static_cast<int>(**given);
   }
   if (std::optional<std::string> chunk = args.Value("--chunk-bytes")) {
     absl::StatusOr<uint64_t> bytes = ParseByteSize(*chunk);

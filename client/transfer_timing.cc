@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -123,35 +124,41 @@ absl::StatusOr<TransferTiming> TimeTransfers(Client& client, TransferPath& path,
     kept.clear();
     return s;
   };
+  // `transfer` once untimed, then `repeat` times timed, `after` following each untimed.
+  auto time_calls = [repeat](const std::function<absl::StatusOr<v1::TransferStats>()>& transfer,
+                             const std::function<absl::Status()>& after, std::vector<double>& wall,
+                             std::vector<double>& server_gbps) {
+    for (int r = 0; r <= repeat; ++r) {
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<v1::TransferStats> stats = transfer();
+      const double seconds = SecondsSince(start);
+      if (!stats.ok()) return stats.status();
+      if (r > 0) {
+        wall.push_back(seconds);
+        server_gbps.push_back(stats->gbps());
+      }
+      if (absl::Status s = after(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
   std::vector<double> upload_wall, upload_server, download_wall, download_server;
-  absl::Status status;
-  for (int r = 0; r <= repeat && status.ok(); ++r) {  // r == 0 is the warm-up
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::UploadResponse> up = path.Upload(header, data);
-    const double wall = SecondsSince(start);
-    if (!up.ok()) {
-      status = up.status();
-      break;
-    }
-    if (r > 0) {
-      upload_wall.push_back(wall);
-      upload_server.push_back(up->transfer().gbps());
-    }
-    status = delete_kept();
-    kept = up->buffer().id();
-  }
-  for (int r = 0; r <= repeat && status.ok(); ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::TransferStats> down = path.Download(kept);
-    const double wall = SecondsSince(start);
-    if (!down.ok()) {
-      status = down.status();
-      break;
-    }
-    if (r > 0) {
-      download_wall.push_back(wall);
-      download_server.push_back(down->gbps());
-    }
+  std::string uploaded;
+  absl::Status status = time_calls(
+      [&]() -> absl::StatusOr<v1::TransferStats> {
+        absl::StatusOr<v1::UploadResponse> up = path.Upload(header, data);
+        if (!up.ok()) return up.status();
+        uploaded = up->buffer().id();
+        return up->transfer();
+      },
+      [&] {
+        absl::Status s = delete_kept();
+        kept = std::move(uploaded);
+        return s;
+      },
+      upload_wall, upload_server);
+  if (status.ok()) {
+    status = time_calls([&] { return path.Download(kept); }, [] { return absl::OkStatus(); },
+                        download_wall, download_server);
   }
   if (status.ok()) {
     const std::span<const std::byte> got = path.downloaded();

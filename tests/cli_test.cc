@@ -98,6 +98,16 @@ class CliTest : public ::testing::Test {
     return SpawnProgram(server_bin_, flags, log, block_stop_signals);
   }
 
+  // A CPU server that allows shared memory, and its port (0 if it did not start).
+  static std::pair<ServerProcess, int> SpawnSharedMemoryServer(const std::string& log) {
+    ServerProcess process =
+        SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
+                     "--cpu-threads=2", "--allow-shared-memory"},
+                    log);
+    const int port = WaitForListening(process);
+    return {process, port};
+  }
+
   // Starts `program` with `flags`, its stderr (and stdout) going to `log`.
   static ServerProcess SpawnProgram(const std::string& program,
                                     const std::vector<std::string>& flags, const std::string& log,
@@ -766,11 +776,7 @@ TEST_F(CliTest, PutAndGetChooseTheirTransport) {
   EXPECT_EQ(Run("put " + ShellQuote(in) + " --transport=pigeon").exit_code, 2);
 
   // One that does: auto takes shared memory, and every path gives back the same bytes.
-  ServerProcess process =
-      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
-                   "--cpu-threads=2", "--allow-shared-memory"},
-                  Path("shm_server.log"));
-  const int port = WaitForListening(process);
+  auto [process, port] = SpawnSharedMemoryServer(Path("shm_server.log"));
   ASSERT_NE(port, 0) << ReadFile(process.log);
   SharedMemoryServer shm(process, port);
   put = Run("--json put " + ShellQuote(in) + " --name t_shm", shm.target());
@@ -992,11 +998,7 @@ TEST_F(CliTest, BenchPrintsEachTransportAndSizeBesideTheServersCeiling) {
 }
 
 TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
-  ServerProcess process =
-      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
-                   "--cpu-threads=2", "--allow-shared-memory"},
-                  Path("bench_shm_server.log"));
-  const int port = WaitForListening(process);
+  auto [process, port] = SpawnSharedMemoryServer(Path("bench_shm_server.log"));
   ASSERT_NE(port, 0) << ReadFile(process.log);
   SharedMemoryServer shm(process, port);
   Result json = Run("--json bench --sizes=256KiB --repeat 1", shm.target());
