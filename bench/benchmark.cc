@@ -114,6 +114,8 @@
 #include "client/client.h"
 #include "client/session.h"
 #include "client/shared_memory.h"
+#include "client/transfer_timing.h"
+#include "gpucompute/v1/transfer_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/backend.h"
@@ -321,12 +323,6 @@ class Table {
 };
 
 std::string Fixed(double v, int digits) { return absl::StrFormat("%.*f", digits, v); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
 
 // Nearest-rank percentile, p in (0, 100].
 double Percentile(std::vector<double> v, double p) {
@@ -600,13 +596,6 @@ absl::Status Succeeded(const absl::StatusOr<v1::Operation>& op) {
   return absl::OkStatus();
 }
 
-// Every byte written, so no page of the host buffers is first touched while timed.
-std::vector<char> TransferSource(uint64_t bytes) {
-  std::vector<char> source(bytes);
-  for (uint64_t i = 0; i < bytes; ++i) source[i] = static_cast<char>(i * 131 + 7);
-  return source;
-}
-
 // The transfer ceilings: the backend's own host-to-device and device-to-host copies of
 // the transfer size, from and to pageable host memory, as the server's transfers are.
 struct CopyCeilings {
@@ -669,79 +658,38 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   const auto data = std::as_bytes(std::span(source));
 
   // The gRPC rows: one stream, and the library's own choice (parallel streams on
-  // separate connections for large arrays).
+  // separate connections for large arrays); then shared memory, through one segment
+  // registered once (not timed) and reused.
   struct Row {
     std::string op;
     double seconds;
     std::string server_gbps;
   };
   std::vector<Row> rows;
-  std::string kept;         // the last upload, kept for the downloads
-  std::string sink_string;  // what Download(string*) fills
-  auto grpc_rows = [&](Client& c, const std::string& suffix) -> absl::Status {
-    std::vector<double> upload_wall, upload_server;
-    for (int r = 0; r <= options.repeat; ++r) {
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<v1::UploadResponse> up = c.Upload(header, data);
-      const double wall = SecondsSince(start);
-      if (!up.ok()) return up.status();
-      if (r > 0) {  // r == 0 is the warm-up
-        upload_wall.push_back(wall);
-        upload_server.push_back(up->transfer().gbps());
-      }
-      if (!kept.empty()) RETURN_IF_ERROR(c.DeleteBuffer(kept));
-      kept = up->buffer().id();
-    }
-    // Cleared so that the check below sees what the downloads wrote.
-    sink_string.clear();
-    std::vector<double> download_wall;
-    v1::DownloadRequest request;
-    request.set_buffer(kept);
-    for (int r = 0; r <= options.repeat; ++r) {
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<v1::DownloadResponse> down = c.Download(request, &sink_string);
-      const double wall = SecondsSince(start);
-      if (!down.ok()) return down.status();
-      if (r > 0) download_wall.push_back(wall);
-    }
-    if (sink_string.size() != bytes || std::memcmp(sink_string.data(), source.data(), bytes) != 0)
-      return absl::DataLossError("the downloaded bytes differ from the uploaded ones");
-    rows.push_back({"upload" + suffix, Median(upload_wall), Fixed(Median(upload_server), 3)});
-    rows.push_back({"download" + suffix, Median(download_wall), ""});
-    RETURN_IF_ERROR(c.DeleteBuffer(kept));
-    kept.clear();
+  auto add_rows = [&](TransferPath& path, const std::string& prefix,
+                      const std::string& suffix) -> absl::Status {
+    ASSIGN_OR_RETURN(const TransferTiming t,
+                     TimeTransfers(*client, path, header, data, options.repeat));
+    rows.push_back({prefix + "upload" + suffix, t.upload_seconds, Fixed(t.upload_server_gbps, 3)});
+    rows.push_back(
+        {prefix + "download" + suffix, t.download_seconds, Fixed(t.download_server_gbps, 3)});
     return absl::OkStatus();
   };
   {
     ASSIGN_OR_RETURN(std::unique_ptr<Client> single,
                      Connect(server, "bench-transfers", /*transfer_streams=*/1));
-    RETURN_IF_ERROR(grpc_rows(*single, " (1 stream)"));
+    RETURN_IF_ERROR(add_rows(*GrpcTransferPath(*single), "", " (1 stream)"));
   }
-  RETURN_IF_ERROR(grpc_rows(*client, " (library's choice)"));
-  sink_string = std::string();
-
-  // The same through shared memory: one segment, registered once (not timed), reused.
-  v1::DownloadRequest request;
+  RETURN_IF_ERROR(add_rows(*GrpcTransferPath(*client), "", " (library's choice)"));
   SharedMemoryTransport shm(*client);
   RETURN_IF_ERROR(shm.Reserve(bytes));
-  std::vector<double> shm_upload_wall, shm_upload_server, shm_download_wall, shm_download_server;
-  kept.clear();
-  for (int r = 0; r <= options.repeat; ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::CopyRegionResponse> up = shm.Upload(header, data);
-    const double wall = SecondsSince(start);
-    if (!up.ok()) return up.status();
-    if (r > 0) {
-      shm_upload_wall.push_back(wall);
-      shm_upload_server.push_back(up->transfer().gbps());
-    }
-    if (!kept.empty()) RETURN_IF_ERROR(client->DeleteBuffer(kept));
-    kept = up->buffer().id();
-  }
-  // Into the existing buffer: the same copy without a new allocation's first touch.
+  RETURN_IF_ERROR(add_rows(*SharedMemoryTransferPath(shm), "shm ", ""));
+
+  // Into an existing buffer: the same copy without a new allocation's first touch.
+  ASSIGN_OR_RETURN(const v1::CopyRegionResponse target, shm.Upload(header, data));
   std::vector<double> shm_overwrite_wall, shm_overwrite_server;
   v1::UploadHeader overwrite;
-  overwrite.set_buffer(kept);
+  overwrite.set_buffer(target.buffer().id());
   for (int r = 0; r <= options.repeat; ++r) {
     const Clock::time_point start = Clock::now();
     absl::StatusOr<v1::CopyRegionResponse> up = shm.Upload(overwrite, data);
@@ -752,27 +700,9 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
       shm_overwrite_server.push_back(up->transfer().gbps());
     }
   }
-  std::fill(sink.begin(), sink.end(), 0);
-  request.set_buffer(kept);
-  for (int r = 0; r <= options.repeat; ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::CopyRegionResponse> down =
-        shm.Download(request, [&](uint64_t offset, std::string_view chunk) -> absl::Status {
-          ParallelCopy(sink.data() + offset, chunk.data(), chunk.size());
-          return absl::OkStatus();
-        });
-    const double wall = SecondsSince(start);
-    if (!down.ok()) return down.status();
-    if (r > 0) {
-      shm_download_wall.push_back(wall);
-      shm_download_server.push_back(down->transfer().gbps());
-    }
-  }
-  RETURN_IF_ERROR(client->DeleteBuffer(kept));
-  if (sink != source) {
-    return absl::DataLossError(
-        "the bytes downloaded through shared memory differ from the uploaded");
-  }
+  RETURN_IF_ERROR(client->DeleteBuffer(target.buffer().id()));
+  rows.push_back(
+      {"shm upload into", Median(shm_overwrite_wall), Fixed(Median(shm_overwrite_server), 3)});
 
   // A whole workflow, as a user runs it: the array up, one expression into a new buffer,
   // the result down, both buffers deleted; through shared memory and through gRPC.
@@ -780,6 +710,7 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   eval.set_wait(true);
   v1::UploadHeader workflow_header = header;
   workflow_header.mutable_create()->set_name("wf_x");
+  std::string sink_string;  // what Download(string*) fills
   auto workflow = [&](bool use_shm) -> absl::StatusOr<double> {
     std::vector<double> walls;
     for (int r = 0; r <= options.repeat; ++r) {
@@ -829,9 +760,6 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   add("h2d copy", h2d_seconds, "");
   add("d2h copy", d2h_seconds, "");
   for (const Row& row : rows) add(row.op.c_str(), row.seconds, row.server_gbps);
-  add("shm upload", Median(shm_upload_wall), Fixed(Median(shm_upload_server), 3));
-  add("shm upload into", Median(shm_overwrite_wall), Fixed(Median(shm_overwrite_server), 3));
-  add("shm download", Median(shm_download_wall), Fixed(Median(shm_download_server), 3));
   // Bytes moved: the array up and the result down; GB/s counts one way, as the others.
   add("workflow shm: up, x*2+1, down", workflow_shm, "");
   add("workflow gRPC: up, x*2+1, down", workflow_grpc, "");
@@ -1333,6 +1261,7 @@ absl::Status Run(const Options& options) {
 }  // namespace gpucompute::bench
 
 int main(int argc, char** argv) {
+  gpucompute::RetainTransferMemory();
   absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
   if (!options.ok()) {
     const bool help = absl::IsCancelled(options.status());

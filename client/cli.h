@@ -91,6 +91,8 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text);
 std::optional<v1::Scalar> ParseScalar(std::string_view text);
 absl::StatusOr<v1::DType> ParseProtoDType(std::string_view name);
 absl::StatusOr<v1::Layout> ParseLayout(std::string_view text);
+// "4096", "64KiB", "1MiB", "2GiB" (K, M, G are the same binary units) -> bytes.
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 
 // ---------------------------------------------------------------------------
 // Output
@@ -153,6 +155,9 @@ struct GlobalOptions {
   std::optional<double> timeout_seconds;
 };
 
+// The connection the global flags describe.
+ClientOptions ClientOptionsFor(const GlobalOptions& options);
+
 // What every command works with: the global flags, the connection (made on first
 // use) and stdout.
 class CliContext {
@@ -209,6 +214,7 @@ Outcome RunWait(CliContext& context, const ParsedArgs& args);
 Outcome RunOperation(CliContext& context, const ParsedArgs& args);
 Outcome RunStream(CliContext& context, const ParsedArgs& args);
 Outcome RunFile(CliContext& context, const ParsedArgs& args);
+Outcome RunBench(CliContext& context, const ParsedArgs& args);
 
 Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request);
 Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request);

@@ -18,15 +18,19 @@
 
 namespace gpucompute::cli {
 
+ClientOptions ClientOptionsFor(const GlobalOptions& options) {
+  ClientOptions client_options;
+  client_options.target = options.server;
+  client_options.client_name = options.client_name;
+  if (options.timeout_seconds.has_value()) {
+    client_options.timeout = absl::Seconds(*options.timeout_seconds);
+  }
+  return client_options;
+}
+
 absl::StatusOr<Client*> CliContext::client() {
   if (client_ == nullptr) {
-    ClientOptions options;
-    options.target = options_.server;
-    options.client_name = options_.client_name;
-    if (options_.timeout_seconds.has_value()) {
-      options.timeout = absl::Seconds(*options_.timeout_seconds);
-    }
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(ClientOptionsFor(options_));
     if (!client.ok()) return client.status();
     client_ = *std::move(client);
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "gpucompute/v1/transfer_memory.h"
 
 namespace gpucompute::cli {
 namespace {
@@ -192,6 +193,25 @@ const std::vector<Command>& Commands() {
        {ValueFlag("--timeout")},
        RunWait},
       {"op", "OP_ID", "print an operation without waiting", "", {}, RunOperation},
+      {"bench",
+       "[--sizes LIST] [--repeat N] [--transport LIST] [--streams N] [--chunk-bytes BYTES]",
+       "upload and download speed per transport and size, against the server's ceiling",
+       "Uploads an array of each size into a new buffer and downloads it again, through\n"
+       "each transport, and prints the GB/s of each way beside the copy ceiling the\n"
+       "server measured at start (info: host-to-device and device-to-host), as a ratio.\n"
+       "Each figure is the median wall time of --repeat calls after one warm-up, from\n"
+       "this client's side. The bytes are checked; the buffers are deleted.\n"
+       "  --sizes LIST        array sizes, e.g. 1MiB,64MiB,512MiB (multiples of 8 bytes;\n"
+       "                      default 1MiB,64MiB,256MiB)\n"
+       "  --repeat N          timed calls of each (default 3)\n"
+       "  --transport LIST    all (default), or some of grpc (one stream), grpc-parallel\n"
+       "                      (--streams connections) and shm (shared memory; all takes\n"
+       "                      it when the server allows it and is on this host)\n"
+       "  --streams N         streams of grpc-parallel (default 4)\n"
+       "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n",
+       {ValueFlag("--sizes"), ValueFlag("--repeat"), ValueFlag("--transport"),
+        ValueFlag("--streams"), ValueFlag("--chunk-bytes")},
+       RunBench},
       {"stream",
        "create [--device N] | rm ID... | sync [ID] [--timeout S] | ls",
        "manage streams",
@@ -394,4 +414,7 @@ const Command* FindCommand(std::string_view name) {
 
 }  // namespace gpucompute::cli
 
-int main(int argc, char** argv) { return gpucompute::cli::Main(argc, argv); }
+int main(int argc, char** argv) {
+  gpucompute::RetainTransferMemory();
+  return gpucompute::cli::Main(argc, argv);
+}

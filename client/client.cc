@@ -741,12 +741,13 @@ absl::Status Reserve(std::string* data, uint64_t total, bool resize) {
 absl::StatusOr<v1::DownloadResponse> Client::Download(const v1::DownloadRequest& request,
                                                       std::string* data,
                                                       const ProgressFn& progress) {
-  data->clear();
   if (options_.transfer_streams != 1) {
+    // `data` as it is: a string that already has the size is not zero-filled again.
     absl::StatusOr<v1::DownloadResponse> parallel = ParallelDownload(request, data, progress);
     // UNIMPLEMENTED: the transfer is too small to split.
     if (parallel.status().code() != absl::StatusCode::kUnimplemented) return parallel;
   }
+  data->clear();
   auto reserve = [data](const v1::BufferInfo&, uint64_t total) {
     return Reserve(data, total, /*resize=*/false);
   };
@@ -777,7 +778,11 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
   const uint64_t total = request.size_bytes() == 0 ? size - offset : request.size_bytes();
   const int streams = TransferStreams(total);
   if (streams <= 1) return absl::UnimplementedError("one stream");
-  if (absl::Status s = Reserve(data, total, /*resize=*/true); !s.ok()) return s;
+  // Resizing writes only bytes the string did not have (a reused string keeps its own).
+  if (absl::Status s = Reserve(data, total, /*resize=*/true); !s.ok()) {
+    data->clear();
+    return s;
+  }
   const std::vector<std::pair<uint64_t, uint64_t>> ranges = SplitRanges(total, streams);
   char* out = data->data() - request.offset_bytes();
   absl::StatusOr<std::vector<v1::DownloadResponse>> responses = RunRanges<v1::DownloadResponse>(

@@ -12,7 +12,9 @@
 // wire without a protobuf copy: an upload from memory sends slices that point into the
 // caller's memory. Large uploads from memory and downloads into memory are split into
 // byte ranges carried by concurrent streams over separate connections
-// (ClientOptions::transfer_streams; BufferService.BeginUpload).
+// (ClientOptions::transfer_streams; BufferService.BeginUpload). A program that moves large
+// arrays should call RetainTransferMemory() (gpucompute/v1/transfer_memory.h) at start,
+// or gRPC's receive memory is page-faulted in afresh for every chunk.
 #ifndef GPUCOMPUTE_CLIENT_CLIENT_H_
 #define GPUCOMPUTE_CLIENT_CLIENT_H_
 

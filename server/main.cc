@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpucompute/v1/transfer_memory.h"
 #include "server/flags.h"
 #include "server/server.h"
 
@@ -89,6 +90,7 @@ class StopSignalWatcher {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpucompute::RetainTransferMemory();
   const sigset_t stop_signals = BlockStopSignals();
   const gpucompute::ParsedCommandLine command_line =
       gpucompute::ParseServerCommandLine(std::vector<std::string>(argv + 1, argv + argc));

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -94,6 +96,16 @@ class CliTest : public ::testing::Test {
   static ServerProcess SpawnServer(const std::vector<std::string>& flags, const std::string& log,
                                    bool block_stop_signals = false) {
     return SpawnProgram(server_bin_, flags, log, block_stop_signals);
+  }
+
+  // A CPU server that allows shared memory, and its port (0 if it did not start).
+  static std::pair<ServerProcess, int> SpawnSharedMemoryServer(const std::string& log) {
+    ServerProcess process =
+        SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
+                     "--cpu-threads=2", "--allow-shared-memory"},
+                    log);
+    const int port = WaitForListening(process);
+    return {process, port};
   }
 
   // Starts `program` with `flags`, its stderr (and stdout) going to `log`.
@@ -764,11 +776,7 @@ TEST_F(CliTest, PutAndGetChooseTheirTransport) {
   EXPECT_EQ(Run("put " + ShellQuote(in) + " --transport=pigeon").exit_code, 2);
 
   // One that does: auto takes shared memory, and every path gives back the same bytes.
-  ServerProcess process =
-      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=256MiB",
-                   "--cpu-threads=2", "--allow-shared-memory"},
-                  Path("shm_server.log"));
-  const int port = WaitForListening(process);
+  auto [process, port] = SpawnSharedMemoryServer(Path("shm_server.log"));
   ASSERT_NE(port, 0) << ReadFile(process.log);
   SharedMemoryServer shm(process, port);
   put = Run("--json put " + ShellQuote(in) + " --name t_shm", shm.target());
@@ -861,6 +869,152 @@ TEST_F(CliTest, ClientKilledDuringASharedMemoryPutLeavesNothing) {
     EXPECT_EQ(info->memory_used_bytes(), list->total_bytes()) << "memory leaked";
   }
   EXPECT_LT(whole, 4) << "no kill came mid-transfer, so this test tested nothing";
+  ExpectStopsCleanly(shm.process(), SIGTERM);
+}
+
+// The rows of a `--json bench` document: its "results" list, parsed by protobuf's JSON
+// parser (a real one, not a search for substrings).
+std::vector<google::protobuf::Struct> BenchResults(const std::string& json,
+                                                   google::protobuf::Struct* document) {
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, document).ok()) << json;
+  std::vector<google::protobuf::Struct> rows;
+  for (const google::protobuf::Value& row :
+       (*document->mutable_fields())["results"].list_value().values()) {
+    rows.push_back(row.struct_value());
+  }
+  return rows;
+}
+
+double Number(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  EXPECT_TRUE(it != s.fields().end() && it->second.has_number_value()) << key;
+  return it == s.fields().end() ? 0 : it->second.number_value();
+}
+
+std::string Text(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? "" : it->second.string_value();
+}
+
+TEST_F(CliTest, BenchPrintsEachTransportAndSizeBesideTheServersCeiling) {
+  absl::StatusOr<std::unique_ptr<Client>> client = [] {
+    ClientOptions options;
+    options.target = "127.0.0.1:" + std::to_string(port_);
+    options.client_name = "cli-test";
+    return Client::Connect(options);
+  }();
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::ServerInfo> before = (*client)->GetServerInfo();
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_GT(before->host_to_device_gbps(), 0) << "the server measured no ceiling";
+
+  // The table: a header, then one row per transport and size; shared memory is not
+  // allowed by this server, so it has no row.
+  Result table = Run("bench --sizes=64KiB,1MiB --repeat 2 --streams 3 --chunk-bytes=256KiB");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  std::map<std::string, int> rows;  // "transport streams size" -> count
+  for (absl::string_view line : absl::StrSplit(table.out, '\n')) {
+    std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (cells.size() < 8 || (cells[0] != "grpc" && cells[0] != "grpc-parallel")) continue;
+    ++rows[absl::StrCat(cells[0], " ", cells[1], " ", cells[2], " ", cells[3])];
+    for (size_t i : {4, 5, 6, 7}) {
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(cells[i], &value) && std::isfinite(value) && value > 0) << line;
+    }
+  }
+  const std::map<std::string, int> expected = {{"grpc 1 65.5 kB", 1},
+                                               {"grpc 1 1.0 MB", 1},
+                                               {"grpc-parallel 3 65.5 kB", 1},
+                                               {"grpc-parallel 3 1.0 MB", 1}};
+  EXPECT_EQ(rows, expected) << table.out;
+  EXPECT_NE(table.out.find("vs h2d"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("shm: not usable"), std::string::npos) << table.out;
+
+  // The same as one JSON document, every ratio finite and positive and consistent with
+  // the server's ceiling.
+  Result json = Run("--json bench --sizes=1MiB,64KiB --repeat 1 --transport=grpc,grpc-parallel");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(std::count(json.out.begin(), json.out.end(), '\n'), 1) << json.out;
+  google::protobuf::Struct document;
+  const std::vector<google::protobuf::Struct> results = BenchResults(json.out, &document);
+  EXPECT_EQ(Number(document, "repeat"), 1);
+  EXPECT_EQ(Number(document, "chunk_bytes"), 4 << 20);
+  ASSERT_EQ(results.size(), 4u) << json.out;
+  const google::protobuf::Struct& ceiling = document.fields().at("ceiling").struct_value();
+  EXPECT_NEAR(Number(ceiling, "host_to_device_gbps"), before->host_to_device_gbps(),
+              before->host_to_device_gbps() * 1e-8);
+  EXPECT_NEAR(Number(ceiling, "device_to_host_gbps"), before->device_to_host_gbps(),
+              before->device_to_host_gbps() * 1e-8);
+  const std::vector<std::pair<std::string, double>> order = {{"grpc", 1 << 20},
+                                                             {"grpc-parallel", 1 << 20},
+                                                             {"grpc", 64 << 10},
+                                                             {"grpc-parallel", 64 << 10}};
+  for (size_t i = 0; i < results.size(); ++i) {
+    const google::protobuf::Struct& r = results[i];
+    SCOPED_TRACE(json.out);
+    EXPECT_EQ(Text(r, "transport"), order[i].first);
+    EXPECT_EQ(Number(r, "size_bytes"), order[i].second);
+    EXPECT_EQ(Number(r, "streams"), order[i].first == "grpc" ? 1 : 4);
+    for (const char* way : {"upload", "download"}) {
+      const double seconds = Number(r, absl::StrCat(way, "_seconds"));
+      const double gbps = Number(r, absl::StrCat(way, "_gbps"));
+      const double ratio = Number(r, absl::StrCat(way, "_vs_ceiling"));
+      ASSERT_TRUE(std::isfinite(ratio) && ratio > 0) << way;
+      EXPECT_NEAR(gbps, order[i].second / seconds / 1e9, gbps * 1e-4) << way;
+      const double ceiling_gbps = std::string(way) == "upload" ? before->host_to_device_gbps()
+                                                               : before->device_to_host_gbps();
+      EXPECT_NEAR(ratio, gbps / ceiling_gbps, ratio * 1e-4) << way;
+    }
+  }
+
+  // Bad flags: exit 2 with a message naming the flag, and nothing uploaded.
+  for (const auto& [flags, message] :
+       std::vector<std::pair<std::string, std::string>>{{"--sizes=12", "--sizes"},
+                                                        {"--sizes=1MiB,lots", "--sizes"},
+                                                        {"--sizes=-8", "--sizes"},
+                                                        {"--repeat 0", "--repeat"},
+                                                        {"--repeat=x", "--repeat"},
+                                                        {"--transport=pigeon", "--transport"},
+                                                        {"--chunk-bytes=16", "--chunk-bytes"},
+                                                        {"--chunk-bytes=1GiB", "--chunk-bytes"},
+                                                        {"--streams=1", "--streams"},
+                                                        {"--frobnicate", "--frobnicate"},
+                                                        {"extra", "extra"}}) {
+    Result bad = Run("bench " + flags);
+    EXPECT_EQ(bad.exit_code, 2) << flags << ": " << bad.err;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << flags << ": " << bad.err;
+    EXPECT_TRUE(bad.out.empty()) << flags << ": " << bad.out;
+  }
+  // Shared memory asked for from a server that does not allow it: its error, not a usage one.
+  Result shm = Run("bench --sizes=64KiB --repeat 1 --transport=shm");
+  EXPECT_EQ(shm.exit_code, 19) << shm.err;
+  EXPECT_NE(shm.err.find("--allow-shared-memory"), std::string::npos) << shm.err;
+
+  // Every buffer the runs made is gone.
+  absl::StatusOr<v1::ServerInfo> after = (*client)->GetServerInfo();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->buffer_count(), before->buffer_count());
+  EXPECT_EQ(after->memory_used_bytes(), before->memory_used_bytes());
+}
+
+TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
+  auto [process, port] = SpawnSharedMemoryServer(Path("bench_shm_server.log"));
+  ASSERT_NE(port, 0) << ReadFile(process.log);
+  SharedMemoryServer shm(process, port);
+  Result json = Run("--json bench --sizes=256KiB --repeat 1", shm.target());
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  google::protobuf::Struct document;
+  const std::vector<google::protobuf::Struct> results = BenchResults(json.out, &document);
+  ASSERT_EQ(results.size(), 3u) << json.out;
+  EXPECT_EQ(Text(results[2], "transport"), "shm");
+  for (const char* key : {"upload_vs_ceiling", "download_vs_ceiling"}) {
+    const double ratio = Number(results[2], key);
+    EXPECT_TRUE(std::isfinite(ratio) && ratio > 0) << key << ": " << json.out;
+  }
+  EXPECT_EQ(shm.Regions(), 0) << "bench left its region registered";
+  absl::StatusOr<v1::ServerInfo> info = shm.client().GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->buffer_count(), 0u);
   ExpectStopsCleanly(shm.process(), SIGTERM);
 }
 
