@@ -34,7 +34,7 @@ bool IsBufferId(absl::string_view id) {
 
 absl::StatusOr<std::string> EncodePersistHeader(const PersistedHeader& h) {
   if (h.scope.size() > 0xffff || h.id.size() > 0xffff || h.name.size() > 0xffff ||
-      h.shape.size() > kMaxDimensions || h.device < 0 || h.device > 0xff) {
+      h.shape.size() > kMaxDimensions || h.device < 0 || h.device > 0xff || h.ttl_nanos < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("buffer ", h.id, " does not fit the persistence format"));
   }
@@ -51,6 +51,7 @@ absl::StatusOr<std::string> EncodePersistHeader(const PersistedHeader& h) {
   PutLittle(h.shape.size(), 1, &out);
   PutLittle(h.device, 1, &out);
   PutLittle(h.payload_bytes, 8, &out);
+  PutLittle(static_cast<uint64_t>(h.ttl_nanos), 8, &out);
   for (uint64_t d : h.shape) PutLittle(d, 8, &out);
   absl::StrAppend(&out, h.scope, h.id, h.name);
   PutLittle(ExtendCrc32c(0, out.data(), out.size()), 4, &out);
@@ -97,6 +98,11 @@ absl::StatusOr<PersistedHeader> DecodePersistHeader(absl::string_view header) {
   const size_t dims = GetLittle(header, 24, 1);
   h.device = static_cast<int>(GetLittle(header, 25, 1));
   h.payload_bytes = GetLittle(header, 26, 8);
+  const uint64_t ttl = GetLittle(header, 34, 8);
+  if (ttl > static_cast<uint64_t>(kMaxTtlSeconds * 1e9)) {
+    return absl::InvalidArgumentError(absl::StrCat("the lease of ", ttl, " ns is too long"));
+  }
+  h.ttl_nanos = static_cast<int64_t>(ttl);
   if (dims > kMaxDimensions) {
     return absl::InvalidArgumentError(absl::StrCat("the shape has ", dims, " dimensions"));
   }

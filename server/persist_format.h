@@ -16,8 +16,10 @@
 //   24      1     dimensions D (at most kMaxDimensions)
 //   25      1     device the buffer was on
 //   26      8     payload length P, which must equal product(shape) * itemsize
-//   34      8*D   shape
-//   34+8D   S     scope
+//   34      8     the buffer's lease, its ttl in nanoseconds (0: none); a restored
+//                 buffer's lease starts afresh at the restore
+//   42      8*D   shape
+//   42+8D   S     scope
 //           I     id ("buf-" and 32 hex digits)
 //           N     name (non-empty: only named buffers persist)
 //   H-4     4     CRC32C of bytes [0, H-4)
@@ -46,7 +48,7 @@ inline constexpr size_t kPersistMagicBytes = 8;
 inline constexpr uint32_t kPersistFormatVersion = 1;
 // Magic, version and header length: what a reader needs to know how much header follows.
 inline constexpr size_t kPersistPrefixBytes = 16;
-inline constexpr size_t kPersistFixedHeaderBytes = 34;
+inline constexpr size_t kPersistFixedHeaderBytes = 42;
 // Scope, id and name lengths are 16-bit; with the shape and CRC this bounds the header.
 inline constexpr size_t kPersistMaxHeaderBytes =
     kPersistFixedHeaderBytes + 8 * kMaxDimensions + 3 * 0xffff + 4;
@@ -63,6 +65,7 @@ struct PersistedHeader {
   std::vector<uint64_t> shape;
   int device = 0;
   uint64_t payload_bytes = 0;
+  int64_t ttl_nanos = 0;
 };
 
 // The header's bytes, its CRC included. INVALID_ARGUMENT if a field does not fit the
@@ -75,7 +78,7 @@ absl::StatusOr<std::string> EncodePersistHeader(const PersistedHeader& header);
 absl::StatusOr<size_t> DecodePersistPrefix(absl::string_view prefix);
 
 // Decodes and checks exactly the header's H bytes (prefix included): CRC, field
-// lengths, dtype, layout, shape against the payload length, id and name. DATA_LOSS for
+// lengths, dtype, layout, shape against the payload length, lease, id and name. DATA_LOSS for
 // a CRC mismatch, INVALID_ARGUMENT for a field that is wrong.
 absl::StatusOr<PersistedHeader> DecodePersistHeader(absl::string_view header);
 

@@ -163,6 +163,8 @@ absl::Status BufferPersister::RestoreFile(const std::string& path) {
   ASSIGN_OR_RETURN(BufferHandle entry,
                    registry_.Allocate(h.scope, h.name, h.dtype, h.shape, h.layout, device));
   entry->id = h.id;  // clients hold the id across the restart
+  // The time the server was down does not count against the lease.
+  entry->lease.Set(h.ttl_nanos, SteadyNanos());
   if (h.payload_bytes > 0) {
     ASSIGN_OR_RETURN(DeviceMemory staging,
                      backend_.AllocateHostStaging(std::min(h.payload_bytes, kChunkBytes)));
@@ -203,6 +205,7 @@ absl::Status BufferPersister::WriteBuffer(const BufferHandle& buffer) {
   h.shape = buffer->shape;
   h.device = buffer->device;
   h.payload_bytes = buffer->size_bytes();
+  h.ttl_nanos = buffer->lease.ttl_nanos.load();
   ASSIGN_OR_RETURN(std::string header, EncodePersistHeader(h));
   const std::string temp = Join(dir_, absl::StrCat(buffer->id, kPersistTempSuffix));
   const std::string final_path = Join(dir_, absl::StrCat(buffer->id, kPersistSuffix));
