@@ -34,8 +34,9 @@ int64_t SteadyNanos() {
 
 absl::StatusOr<int64_t> TtlNanos(double seconds) {
   if (!(seconds >= 0) || !(seconds <= kMaxTtlSeconds)) {
-    return absl::InvalidArgumentError(absl::StrCat("ttl_seconds must be a finite number from 0 to ",
-                                                   kMaxTtlSeconds, " (30 days); got ", seconds));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ttl_seconds must be a finite number from 0 to ",
+                     static_cast<int64_t>(kMaxTtlSeconds), " (30 days); got ", seconds));
   }
   return static_cast<int64_t>(seconds * 1e9);
 }

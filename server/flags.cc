@@ -399,7 +399,8 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.default_result_ttl_seconds = absl::GetFlag(FLAGS_default_result_ttl).value;
   if (!(o.default_result_ttl_seconds <= kMaxTtlSeconds)) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;
-    parsed.error = absl::StrCat("--default-result-ttl: at most ", kMaxTtlSeconds, " seconds");
+    parsed.error = absl::StrCat("--default-result-ttl: at most ",
+                                static_cast<int64_t>(kMaxTtlSeconds), " seconds");
   }
   o.persist_dir = absl::GetFlag(FLAGS_persist_dir);
   o.snapshot_interval = absl::GetFlag(FLAGS_snapshot_interval);
