@@ -1,9 +1,7 @@
 // Leases (expiry, renewal by use and by RenewLease, validation) and persistence across
 // restarts (--persist-dir): in-process servers over a real socket, and the real
 // gpucompute-server program restarted under load.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,9 +20,8 @@
 #include "absl/strings/str_replace.h"
 #include "gpucompute/v1/limits.h"
 #include "server/persist_format.h"
+#include "tests/spawn_server.h"
 #include "tests/test_server.h"
-
-extern char** environ;
 
 namespace gpucompute::testing {
 namespace {
@@ -355,17 +352,18 @@ TEST_F(PersistTest, EveryDtypeAndLayoutSurvivesARestartByteForByte) {
         UploadRaw(*client, v1::DTYPE_INT32, {2}, v1::LAYOUT_C, "", Pattern(98, 8));
     ASSERT_TRUE(unnamed.ok());
     unnamed_id = unnamed->id();
+    ASSERT_TRUE(CreateLeased(*client, 3600, "leased", 4).ok());
     // Written once, then deleted: its file must go with the next write.
     absl::StatusOr<size_t> written = server->server().Snapshot();
     ASSERT_TRUE(written.ok()) << written.status();
-    EXPECT_EQ(*written, expected.size() + 1);
+    EXPECT_EQ(*written, expected.size() + 2);
     ASSERT_TRUE(client->DeleteBuffer("doomed").ok());
     absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
     ASSERT_TRUE(info.ok());
     EXPECT_TRUE(info->persistence_enabled());
   }  // destroyed: shuts down, writing the named buffers
   const std::vector<std::string> files = Files();
-  EXPECT_EQ(files.size(), expected.size());
+  EXPECT_EQ(files.size(), expected.size() + 1);
   for (const std::string& f : files) {
     EXPECT_TRUE(absl::EndsWith(f, kPersistSuffix)) << f << ": a temporary file was left";
   }
@@ -377,7 +375,13 @@ TEST_F(PersistTest, EveryDtypeAndLayoutSurvivesARestartByteForByte) {
   EXPECT_EQ(client->GetBuffer(unnamed_id).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->buffer_count(), expected.size());
+  EXPECT_EQ(info->buffer_count(), expected.size() + 1);
+  // The lease comes back too, starting afresh.
+  absl::StatusOr<v1::BufferInfo> leased = client->GetBuffer("leased");
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  EXPECT_EQ(leased->ttl_seconds(), 3600);
+  EXPECT_GT(leased->lease_expire_time_unix_nanos(),
+            absl::ToUnixNanos(absl::Now() + absl::Seconds(3590)));
   // Another client's name does not resolve for this one.
   EXPECT_EQ(server->Connect("carol")->GetBuffer("scalar").status().code(),
             absl::StatusCode::kNotFound);
@@ -391,20 +395,28 @@ void WriteAll(const fs::path& path, const std::string& data) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
 }
 
-TEST_F(PersistTest, BadFilesAreReportedAndSkippedAndTheOthersRestored) {
+// Starts a server on `dir`, uploads `count` float32 buffers of shape [8, columns]
+// named prefix0, prefix1, ... for the client "default", and stops it, writing them.
+std::vector<Expected> PersistNamed(const fs::path& dir, int count, const std::string& prefix,
+                                   uint64_t columns) {
   std::vector<Expected> buffers;
-  {
-    auto server = StartPersisting(dir_);
-    ASSERT_NE(server, nullptr);
-    auto client = server->Connect();
-    for (int i = 0; i < 5; ++i) {
-      const std::string bytes = Pattern(i + 1, 64 * 4);
-      absl::StatusOr<v1::BufferInfo> b =
-          UploadRaw(*client, v1::DTYPE_FLOAT32, {8, 8}, v1::LAYOUT_C, absl::StrCat("b", i), bytes);
-      ASSERT_TRUE(b.ok()) << b.status();
-      buffers.push_back({*b, "default", bytes});
-    }
+  auto server = StartPersisting(dir);
+  EXPECT_NE(server, nullptr);
+  if (server == nullptr) return buffers;
+  auto client = server->Connect();
+  for (int i = 0; i < count; ++i) {
+    const std::string bytes = Pattern(i + 1, 8 * columns * 4);
+    absl::StatusOr<v1::BufferInfo> b = UploadRaw(*client, v1::DTYPE_FLOAT32, {8, columns},
+                                                 v1::LAYOUT_C, absl::StrCat(prefix, i), bytes);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (b.ok()) buffers.push_back({*b, "default", bytes});
   }
+  return buffers;
+}
+
+TEST_F(PersistTest, BadFilesAreReportedAndSkippedAndTheOthersRestored) {
+  const std::vector<Expected> buffers = PersistNamed(dir_, 5, "b", 8);
+  ASSERT_EQ(buffers.size(), 5u);
   auto file = [&](int i) { return dir_ / (buffers[i].info.id() + kPersistSuffix); };
   // 0: a payload byte flipped; 1: truncated; 2: a header byte flipped;
   // 3: another format version. 4 stays good.
@@ -457,19 +469,8 @@ TEST_F(PersistTest, BadFilesAreReportedAndSkippedAndTheOthersRestored) {
 }
 
 TEST_F(PersistTest, TakenNamesAndTheMemoryLimitSkipFiles) {
-  std::vector<Expected> buffers;
-  {
-    auto server = StartPersisting(dir_);
-    ASSERT_NE(server, nullptr);
-    auto client = server->Connect();
-    for (int i = 0; i < 2; ++i) {
-      const std::string bytes = Pattern(i + 7, kMiB);
-      absl::StatusOr<v1::BufferInfo> b = UploadRaw(*client, v1::DTYPE_INT64, {kMiB / 8},
-                                                   v1::LAYOUT_C, absl::StrCat("m", i), bytes);
-      ASSERT_TRUE(b.ok()) << b.status();
-      buffers.push_back({*b, "default", bytes});
-    }
-  }
+  const std::vector<Expected> buffers = PersistNamed(dir_, 2, "m", kMiB / 32);  // 1 MiB each
+  ASSERT_EQ(buffers.size(), 2u);
   // A copy of buffer 0's file under another name: same id and name, so it is skipped.
   fs::copy_file(dir_ / (buffers[0].info.id() + kPersistSuffix), dir_ / "zz-copy.gpcbuf");
   {
@@ -505,18 +506,8 @@ struct Program {
 };
 
 Program Spawn(const std::vector<std::string>& flags, const fs::path& log) {
-  std::vector<std::string> args = {GPUCOMPUTE_SERVER_BIN};
-  args.insert(args.end(), flags.begin(), flags.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  Program p{-1, log};
-  EXPECT_EQ(posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
+  Program p{SpawnProgram(GPUCOMPUTE_SERVER_BIN, flags, log.string()), log};
+  EXPECT_GT(p.pid, 0);
   return p;
 }
 
