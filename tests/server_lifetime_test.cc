@@ -59,6 +59,16 @@ absl::StatusOr<v1::BufferInfo> CreateLeased(Client& client, double ttl,
   return client.CreateBuffer(request);
 }
 
+// A waiting Submit of 2*x; the caller sets its output.
+v1::SubmitRequest Double(const std::string& x) {
+  v1::SubmitRequest submit;
+  submit.set_wait(true);
+  v1::ElementwiseOp* op = submit.mutable_elementwise();
+  op->set_expression("x * 2");
+  (*op->mutable_inputs())["x"].set_buffer(x);
+  return submit;
+}
+
 // Polls `done` every 10 ms for up to 5 s.
 bool Eventually(const std::function<bool()>& done) {
   for (const absl::Time deadline = absl::Now() + absl::Seconds(5); absl::Now() < deadline;) {
@@ -106,12 +116,12 @@ TEST(LeaseTest, ExpiredBufferIsReclaimedAndAnswersLikeAnUnknownId) {
 TEST(LeaseTest, UseAndRenewLeaseKeepABufferAlive) {
   auto server = StartLeased();
   auto client = server->Connect();
-  absl::StatusOr<v1::BufferInfo> b = CreateLeased(*client, 0.4, "kept", 8);
+  absl::StatusOr<v1::BufferInfo> b = CreateLeased(*client, 0.8, "kept", 8);
   ASSERT_TRUE(b.ok()) << b.status();
   absl::StatusOr<v1::BufferInfo> other = CreateLeased(*client, 0, "plain", 8);
   ASSERT_TRUE(other.ok());
-  // 1.5 s in all, more than three times the lease, renewed by every kind of use.
-  for (int i = 0; i < 10; ++i) {
+  // 2.4 s in all, three times the lease, renewed by every kind of use.
+  for (int i = 0; i < 16; ++i) {
     absl::SleepFor(absl::Milliseconds(150));
     switch (i % 4) {
       case 0:
@@ -121,12 +131,8 @@ TEST(LeaseTest, UseAndRenewLeaseKeepABufferAlive) {
         ASSERT_TRUE(DownloadBytes(*client, b->id()).ok()) << "round " << i;
         break;
       case 2: {
-        v1::SubmitRequest submit;
-        submit.set_wait(true);
-        v1::ElementwiseOp* op = submit.mutable_elementwise();
-        op->set_expression("x + 1");
-        (*op->mutable_inputs())["x"].set_buffer(b->id());
-        op->mutable_output()->set_buffer(other->id());
+        v1::SubmitRequest submit = Double(b->id());
+        submit.mutable_elementwise()->mutable_output()->set_buffer(other->id());
         absl::StatusOr<v1::Operation> done = client->Submit(submit);
         ASSERT_TRUE(done.ok()) << "round " << i << ": " << done.status();
         break;
@@ -134,7 +140,7 @@ TEST(LeaseTest, UseAndRenewLeaseKeepABufferAlive) {
       default: {
         absl::StatusOr<v1::BufferInfo> renewed = client->RenewLease("kept");
         ASSERT_TRUE(renewed.ok()) << "round " << i << ": " << renewed.status();
-        EXPECT_DOUBLE_EQ(renewed->ttl_seconds(), 0.4);
+        EXPECT_DOUBLE_EQ(renewed->ttl_seconds(), 0.8);
       }
     }
   }
@@ -146,7 +152,7 @@ TEST(LeaseTest, UseAndRenewLeaseKeepABufferAlive) {
   ASSERT_TRUE(ended.ok());
   EXPECT_EQ(ended->ttl_seconds(), 0);
   EXPECT_EQ(ended->lease_expire_time_unix_nanos(), 0);
-  absl::SleepFor(absl::Milliseconds(600));
+  absl::SleepFor(absl::Milliseconds(1000));
   EXPECT_TRUE(client->GetBuffer(b->id()).ok());
   absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
   ASSERT_TRUE(info.ok());
@@ -174,23 +180,15 @@ TEST(LeaseTest, InvalidTtlIsRejectedAndChangesNothing) {
     EXPECT_EQ(client->Upload(header, std::as_bytes(std::span(&one, 1))).status().code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(client->RenewLease("kept", ttl).status().code(), absl::StatusCode::kInvalidArgument);
-    v1::SubmitRequest submit;
-    submit.set_wait(true);
-    v1::ElementwiseOp* op = submit.mutable_elementwise();
-    op->set_expression("x * 2");
-    (*op->mutable_inputs())["x"].set_buffer("kept");
-    op->mutable_output()->set_name("new");
-    op->mutable_output()->set_ttl_seconds(ttl);
+    v1::SubmitRequest submit = Double("kept");
+    submit.mutable_elementwise()->mutable_output()->set_name("new");
+    submit.mutable_elementwise()->mutable_output()->set_ttl_seconds(ttl);
     EXPECT_EQ(client->Submit(submit).status().code(), absl::StatusCode::kInvalidArgument);
   }
   // A ttl for an existing output is refused: RenewLease renews it.
-  v1::SubmitRequest submit;
-  submit.set_wait(true);
-  v1::ElementwiseOp* op = submit.mutable_elementwise();
-  op->set_expression("x * 2");
-  (*op->mutable_inputs())["x"].set_buffer("kept");
-  op->mutable_output()->set_buffer("kept");
-  op->mutable_output()->set_ttl_seconds(5);
+  v1::SubmitRequest submit = Double("kept");
+  submit.mutable_elementwise()->mutable_output()->set_buffer("kept");
+  submit.mutable_elementwise()->mutable_output()->set_ttl_seconds(5);
   EXPECT_EQ(client->Submit(submit).status().code(), absl::StatusCode::kInvalidArgument);
 
   EXPECT_EQ(MemoryUsed(*client), used);
@@ -202,17 +200,13 @@ TEST(LeaseTest, InvalidTtlIsRejectedAndChangesNothing) {
 }
 
 TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
-  auto server = StartLeased(0.3);
+  auto server = StartLeased(1);
   auto client = server->Connect();
   absl::StatusOr<v1::BufferInfo> x = CreateLeased(*client, 0, "x", 8);
   ASSERT_TRUE(x.ok());
   auto eval = [&](const std::string& name) {
-    v1::SubmitRequest submit;
-    submit.set_wait(true);
-    v1::ElementwiseOp* op = submit.mutable_elementwise();
-    op->set_expression("x * 2");
-    (*op->mutable_inputs())["x"].set_buffer("x");
-    op->mutable_output()->set_name(name);
+    v1::SubmitRequest submit = Double("x");
+    submit.mutable_elementwise()->mutable_output()->set_name(name);
     absl::StatusOr<v1::Operation> done = client->Submit(submit);
     EXPECT_TRUE(done.ok()) << done.status();
     return done.ok() && done->outputs_size() == 1 ? done->outputs(0).id() : std::string();
@@ -221,11 +215,11 @@ TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
   const std::string named = eval("y");
   absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
   ASSERT_TRUE(info.ok());
-  EXPECT_DOUBLE_EQ(info->default_result_ttl_seconds(), 0.3);
+  EXPECT_DOUBLE_EQ(info->default_result_ttl_seconds(), 1);
   absl::StatusOr<v1::BufferInfo> u = client->GetBuffer(unnamed);
   ASSERT_TRUE(u.ok()) << u.status();
-  EXPECT_DOUBLE_EQ(u->ttl_seconds(), 0.3);
-  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_DOUBLE_EQ(u->ttl_seconds(), 1);
+  absl::SleepFor(absl::Milliseconds(1300));
   EXPECT_EQ(client->GetBuffer(unnamed).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<v1::BufferInfo> n = client->GetBuffer(named);
   ASSERT_TRUE(n.ok()) << n.status();
@@ -577,10 +571,8 @@ TEST_F(PersistTest, RestartUnderLoadLosesNoNamedBuffer) {
         }
         ++uploads;
         // Unnamed work alongside: it must not disturb the named buffers.
-        v1::SubmitRequest submit;
-        v1::ElementwiseOp* op = submit.mutable_elementwise();
-        op->set_expression("x * 2");
-        (*op->mutable_inputs())["x"].set_buffer(b->id());
+        v1::SubmitRequest submit = Double(b->id());
+        submit.set_wait(false);
         (void)client->Submit(submit);
       }
     });
