@@ -204,6 +204,7 @@ Outcome RunProfile(CliContext& context, const ParsedArgs& args);
 Outcome RunList(CliContext& context, const ParsedArgs& args);
 Outcome RunRemove(CliContext& context, const ParsedArgs& args);
 Outcome RunCreate(CliContext& context, const ParsedArgs& args);
+Outcome RunRenew(CliContext& context, const ParsedArgs& args);
 Outcome RunPut(CliContext& context, const ParsedArgs& args);
 Outcome RunGet(CliContext& context, const ParsedArgs& args);
 Outcome RunEval(CliContext& context, const ParsedArgs& args);

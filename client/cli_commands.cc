@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -103,6 +104,18 @@ absl::StatusOr<std::optional<int>> DeviceFlag(const ParsedArgs& args) {
     return absl::InvalidArgumentError(absl::StrCat("--device ", **device, " is out of range"));
   }
   return std::optional<int>(static_cast<int>(**device));
+}
+
+// --ttl SECONDS: a lease for a new buffer (the server checks the range).
+absl::StatusOr<std::optional<double>> TtlFlag(const ParsedArgs& args) {
+  std::optional<std::string> text = args.Value("--ttl");
+  if (!text.has_value()) return std::optional<double>();
+  double seconds = 0;
+  if (!absl::SimpleAtod(*text, &seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ttl needs a number of seconds, not '", *text, "'"));
+  }
+  return std::optional<double>(seconds);
 }
 
 // Where an operation writes: an existing buffer (`buffer_flag`, e.g. --out) or a new
@@ -393,6 +406,28 @@ Outcome RunRemove(CliContext& context, const ParsedArgs& args) {
   return failure.value_or(Outcome::Ok());
 }
 
+Outcome RunRenew(CliContext& context, const ParsedArgs& args) {
+  if (auto usage = CheckPositional(args, 1, SIZE_MAX)) return *usage;
+  absl::StatusOr<std::optional<double>> ttl = TtlFlag(args);
+  if (!ttl.ok()) return UsageFrom(ttl.status());
+  absl::StatusOr<Client*> client = Connect(context);
+  if (!client.ok()) return UsageFrom(client.status());
+  // Renews what it can and reports the first failure, as rm does.
+  std::optional<Outcome> failure;
+  for (const std::string& buffer : args.positional()) {
+    absl::StatusOr<v1::BufferInfo> info = (*client)->RenewLease(buffer, *ttl);
+    if (!info.ok()) {
+      if (!failure.has_value())
+        failure = Outcome::Server(absl::StrCat("renew ", buffer), info.status());
+      continue;
+    }
+    context.Print(context.json()
+                      ? ToJson(*info)
+                      : absl::StrCat(FormatBufferRef(*info), "  ttl ", info->ttl_seconds(), " s"));
+  }
+  return failure.value_or(Outcome::Ok());
+}
+
 Outcome RunCreate(CliContext& context, const ParsedArgs& args) {
   if (auto usage = CheckPositional(args, 0, 0)) return *usage;
   v1::CreateBufferRequest request;
@@ -418,6 +453,9 @@ Outcome RunCreate(CliContext& context, const ParsedArgs& args) {
     *request.mutable_fill() = *scalar;
   }
   request.set_name(args.Value("--name").value_or(""));
+  absl::StatusOr<std::optional<double>> ttl = TtlFlag(args);
+  if (!ttl.ok()) return UsageFrom(ttl.status());
+  request.set_ttl_seconds(ttl->value_or(0));
   absl::StatusOr<std::optional<int>> device = DeviceFlag(args);
   if (!device.ok()) return UsageFrom(device.status());
   if (device->has_value()) request.set_device(**device);
@@ -442,9 +480,11 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
   absl::StatusOr<std::optional<uint64_t>> offset = args.Uint("--offset");
   if (!offset.ok()) return UsageFrom(offset.status());
   if (offset->has_value() && !into.has_value()) return Outcome::Usage("--offset needs --into");
-  if (into.has_value() && args.Has("--name")) {
-    return Outcome::Usage("--name names a new buffer; it cannot be used with --into");
+  if (into.has_value() && (args.Has("--name") || args.Has("--ttl"))) {
+    return Outcome::Usage("--name and --ttl are for a new buffer; they cannot be used with --into");
   }
+  absl::StatusOr<std::optional<double>> ttl = TtlFlag(args);
+  if (!ttl.ok()) return UsageFrom(ttl.status());
 
   absl::StatusOr<NpyReader> reader = NpyReader::Open(path);
   if (!reader.ok()) return Outcome::Local(what, reader.status());
@@ -471,6 +511,7 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
     for (uint64_t dimension : npy.shape) create->add_shape(dimension);
     create->set_layout(npy.fortran_order && npy.shape.size() >= 2 ? v1::LAYOUT_F : v1::LAYOUT_C);
     create->set_name(args.Value("--name").value_or(""));
+    create->set_ttl_seconds(ttl->value_or(0));
   }
 
   bool read_failed = false;

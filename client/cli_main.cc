@@ -83,17 +83,27 @@ const std::vector<Command>& Commands() {
        "  --fill V       set every element to V (a number, True or False); otherwise\n"
        "                 the contents are unspecified\n"
        "  --name N       name the buffer\n"
-       "  --device N     allocate on device N (default: the server's)\n",
+       "  --device N     allocate on device N (default: the server's)\n"
+       "  --ttl SECONDS  give the buffer a lease: unless used or renewed within\n"
+       "                 SECONDS, the server reclaims it (default: no lease)\n",
        {ValueFlag("--shape"), ValueFlag("--dtype"), ValueFlag("--layout"), ValueFlag("--fill"),
-        ValueFlag("--name"), ValueFlag("--device")},
+        ValueFlag("--name"), ValueFlag("--device"), ValueFlag("--ttl")},
        RunCreate},
+      {"renew",
+       "BUFFER... [--ttl SECONDS]",
+       "renew buffers' leases",
+       "Renews each buffer's lease now, keeping its time-to-live, or setting it to\n"
+       "--ttl SECONDS (0 ends the lease). Every use of a buffer renews it as well.\n",
+       {ValueFlag("--ttl")},
+       RunRenew},
       {"put",
-       "FILE.npy [--name N] [--into BUFFER [--offset BYTES]] [--transport T]",
+       "FILE.npy [--name N] [--ttl SECONDS] [--into BUFFER [--offset BYTES]] [--transport T]",
        "upload a .npy file into a new buffer, or into part of an existing one",
        absl::StrCat(
        "The file is streamed: it is never loaded whole. Supported: '<f4' '<f8' '<i4'\n"
        "'<i8' '|b1', C or Fortran order (Fortran order makes an F-layout buffer).\n"
        "  --name N         name the new buffer\n"
+       "  --ttl SECONDS    give the new buffer a lease (see create)\n"
        "  --into BUFFER    overwrite bytes of an existing buffer of the same dtype with\n"
        "                   the file's data, as stored\n"
        "  --offset BYTES   where in BUFFER the data goes (default 0)\n"
@@ -101,7 +111,8 @@ const std::vector<Command>& Commands() {
        "Prints the buffer, its dtype and shape, the bytes and the transfer rate. A\n"
        "progress bar appears on stderr for transfers over 8 MiB when it is a terminal.\n",
        kTransportDetails),
-       {ValueFlag("--name"), ValueFlag("--into"), ValueFlag("--offset"), kTransport},
+       {ValueFlag("--name"), ValueFlag("--ttl"), ValueFlag("--into"), ValueFlag("--offset"),
+        kTransport},
        RunPut},
       {"get",
        "BUFFER -o FILE.npy [--transport T]",

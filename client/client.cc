@@ -866,6 +866,17 @@ absl::Status Client::DeleteBuffer(std::string_view buffer) {
       .status();
 }
 
+absl::StatusOr<v1::BufferInfo> Client::RenewLease(std::string_view buffer,
+                                                  std::optional<double> ttl_seconds) {
+  v1::RenewLeaseRequest request;
+  request.set_buffer(std::string(buffer));
+  if (ttl_seconds.has_value()) request.set_ttl_seconds(*ttl_seconds);
+  absl::StatusOr<v1::RenewLeaseResponse> response = CallUnary(
+      SettingsOf(options_), stubs_->buffers.get(), &v1::BufferService::Stub::RenewLease, request);
+  if (!response.ok()) return response.status();
+  return response->buffer();
+}
+
 absl::StatusOr<v1::StreamInfo> Client::CreateStream(std::optional<int> device) {
   v1::CreateStreamRequest request;
   if (device.has_value()) request.set_device(*device);

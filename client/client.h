@@ -175,6 +175,10 @@ class Client {
   absl::StatusOr<v1::BufferInfo> GetBuffer(std::string_view buffer);
   absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
   absl::Status DeleteBuffer(std::string_view buffer);
+  // Renews the buffer's lease, with a new time-to-live when `ttl_seconds` is set (0
+  // ends the lease).
+  absl::StatusOr<v1::BufferInfo> RenewLease(std::string_view buffer,
+                                            std::optional<double> ttl_seconds = {});
 
   // Streams.
   absl::StatusOr<v1::StreamInfo> CreateStream(std::optional<int> device = {});

@@ -26,6 +26,21 @@ absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes) {
   return Charge(this, bytes);
 }
 
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::StatusOr<int64_t> TtlNanos(double seconds) {
+  if (!(seconds >= 0) || !(seconds <= kMaxTtlSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ttl_seconds must be a finite number from 0 to ",
+                     static_cast<int64_t>(kMaxTtlSeconds), " (30 days); got ", seconds));
+  }
+  return static_cast<int64_t>(seconds * 1e9);
+}
+
 uint64_t BufferMeta::num_elements() const {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
@@ -131,6 +146,10 @@ absl::Status BufferRegistry::Register(const BufferHandle& entry) {
 absl::Status BufferRegistry::ReserveLocked(const BufferHandle& entry) {
   // Checked again: other requests may have taken the name or the room since Allocate.
   RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
+  if (by_id_.contains(entry->id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a buffer with id ", entry->id, " already exists"));
+  }
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
   ++count_by_client_[entry->client];
   return absl::OkStatus();
@@ -160,15 +179,19 @@ void BufferRegistry::UnreserveLocked(const BufferEntry& entry) {
 absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view client,
                                                           absl::string_view ref) const {
   if (ref.empty()) return absl::InvalidArgumentError("no buffer given");
+  // An expired buffer the sweep has not reclaimed yet is already gone.
+  const int64_t now = SteadyNanos();
   if (ref.rfind("buf-", 0) == 0) {
     auto it = by_id_.find(ref);
-    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
+    if (it == by_id_.end() || it->second->lease.ExpiredAt(now)) {
+      return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
+    }
     return it->second;
   }
   auto name = id_by_name_.find(NameKey(client, ref));
   // A reserved name (Reserve) does not resolve until it is published.
   auto it = name == id_by_name_.end() ? by_id_.end() : by_id_.find(name->second);
-  if (it == by_id_.end()) {
+  if (it == by_id_.end() || it->second->lease.ExpiredAt(now)) {
     return absl::NotFoundError(absl::StrCat("no buffer named '", ref, "'"));
   }
   return it->second;
@@ -177,7 +200,29 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
 absl::StatusOr<BufferHandle> BufferRegistry::Lookup(absl::string_view client,
                                                     absl::string_view ref) const {
   absl::ReaderMutexLock lock(&mu_);
-  return LookupLocked(client, ref);
+  ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
+  // Under the lock, so that the sweep (which takes it exclusively) cannot reclaim the
+  // buffer between the check and the renewal.
+  entry->lease.Renew(SteadyNanos());
+  return entry;
+}
+
+size_t BufferRegistry::ReclaimExpired() {
+  // Their handles are dropped after the lock: a last handle frees device memory.
+  std::vector<BufferHandle> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = SteadyNanos();
+    for (const auto& [id, entry] : by_id_) {
+      if (entry->lease.ExpiredAt(now)) expired.push_back(entry);
+    }
+    for (const BufferHandle& entry : expired) {
+      by_id_.erase(entry->id);
+      UnreserveLocked(*entry);
+    }
+  }
+  leases_expired_.fetch_add(expired.size());
+  return expired.size();
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client,
@@ -193,13 +238,24 @@ std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
   std::vector<BufferHandle> out;
   {
     absl::ReaderMutexLock lock(&mu_);
+    const int64_t now = SteadyNanos();
     for (const auto& [id, entry] : by_id_) {
-      if (entry->client == client) out.push_back(entry);
+      if (entry->client == client && !entry->lease.ExpiredAt(now)) out.push_back(entry);
     }
   }
   std::sort(out.begin(), out.end(), [](const BufferHandle& a, const BufferHandle& b) {
     return std::tie(a->create_time_unix_nanos, a->id) < std::tie(b->create_time_unix_nanos, b->id);
   });
+  return out;
+}
+
+std::vector<BufferHandle> BufferRegistry::ListNamed() const {
+  std::vector<BufferHandle> out;
+  absl::ReaderMutexLock lock(&mu_);
+  const int64_t now = SteadyNanos();
+  for (const auto& [id, entry] : by_id_) {
+    if (!entry->name.empty() && !entry->lease.ExpiredAt(now)) out.push_back(entry);
+  }
   return out;
 }
 

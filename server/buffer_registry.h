@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "gpucompute/v1/limits.h"
 #include "kernels/dtype.h"
 #include "server/backend.h"
 
@@ -84,9 +85,36 @@ struct BufferMeta {
   uint64_t size_bytes() const { return num_elements() * DTypeSize(dtype); }
 };
 
-// One resident array. Metadata is immutable after creation. The order of the work on
-// it (its hazards) is the Executor's, kept under the executor's own lock.
+// A buffer's lease: a time-to-live, and the steady-clock deadline at which the buffer
+// expires unless something renews it first. Atomic because lookups renew it under the
+// registry's shared lock; a ttl of 0 means no lease.
+struct Lease {
+  std::atomic<int64_t> ttl_nanos{0};
+  std::atomic<int64_t> deadline_nanos{0};  // steady clock, since its epoch
+
+  // Sets the ttl (0 ends the lease) and renews it from `now`.
+  void Set(int64_t ttl, int64_t now) {
+    ttl_nanos.store(ttl);
+    Renew(now);
+  }
+  void Renew(int64_t now) {
+    const int64_t ttl = ttl_nanos.load();
+    if (ttl > 0) deadline_nanos.store(now + ttl);
+  }
+  bool ExpiredAt(int64_t now) const { return ttl_nanos.load() > 0 && deadline_nanos.load() <= now; }
+};
+
+// Nanoseconds on the steady clock, the clock of lease deadlines.
+int64_t SteadyNanos();
+
+// INVALID_ARGUMENT unless `seconds` is a lease a request may ask for: finite, >= 0 and
+// at most kMaxTtlSeconds (0: no lease). Returns it in nanoseconds.
+absl::StatusOr<int64_t> TtlNanos(double seconds);
+
+// One resident array. Metadata is immutable after creation, except the lease. The order
+// of the work on it (its hazards) is the Executor's, kept under the executor's own lock.
 struct BufferEntry : BufferMeta {
+  Lease lease;
   DeviceMemory memory;
   // The memory came from Backend::AllocateExportable: it can be exported as a CUDA IPC
   // handle (SharedMemoryService.ExportBuffer).
@@ -113,7 +141,8 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> Allocate(absl::string_view client, absl::string_view name,
                                         DType dtype, std::vector<uint64_t> shape, Layout layout,
                                         int device, bool exportable = false);
-  // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile.
+  // Makes an allocated entry visible. ALREADY_EXISTS if its name was taken meanwhile,
+  // or its id is taken (a restored buffer keeps the id it had).
   absl::Status Register(const BufferHandle& entry);
   // Register in two steps, for a buffer that an operation creates: Reserve takes the
   // entry's name and its place among the client's buffers (ALREADY_EXISTS or
@@ -123,12 +152,19 @@ class BufferRegistry {
   absl::Status Reserve(const BufferHandle& entry);
   void Publish(const BufferHandle& entry);
   void Unreserve(const BufferHandle& entry);
-  // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.
+  // Resolves a buffer id, or else one of the client's names, and renews its lease.
+  // NOT_FOUND says which; a buffer whose lease has expired is not found.
   absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
+  // Unregisters every buffer whose lease has expired (memory as Remove); returns how many.
+  size_t ReclaimExpired();
+  // Buffers reclaimed by ReclaimExpired since the registry was made.
+  uint64_t leases_expired() const { return leases_expired_.load(); }
   // Unregisters; the memory lives on while queued work holds the handle.
   absl::StatusOr<BufferHandle> Remove(absl::string_view client, absl::string_view ref);
   // The client's buffers, oldest first.
   std::vector<BufferHandle> List(absl::string_view client) const;
+  // Every client's named buffers, in no particular order (for persistence).
+  std::vector<BufferHandle> ListNamed() const;
   size_t size() const;
   // Calls fn for every registered buffer, under the registry's lock (for metrics): fn
   // must be quick and must not call into the registry.
@@ -151,6 +187,7 @@ class BufferRegistry {
   absl::flat_hash_map<std::string, BufferHandle> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> id_by_name_ ABSL_GUARDED_BY(mu_);  // NameKey -> id
   absl::flat_hash_map<std::string, size_t> count_by_client_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> leases_expired_{0};
 };
 
 }  // namespace gpucompute

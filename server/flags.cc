@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "gpucompute/v1/limits.h"
 
 namespace gpucompute {
 namespace {
@@ -147,6 +148,16 @@ ABSL_FLAG(std::string, cuda_module, "",
           "the CUDA backend module, opened only to run on CUDA; the default is "
           "$GPUCOMPUTE_CUDA_MODULE, else libgpucompute_cuda_backend.so beside this program, "
           "else the one of the build tree that built it");
+ABSL_FLAG(gpucompute::Seconds, default_result_ttl, {},
+          "lease in seconds of an unnamed operation result that asks for none: unless used "
+          "or renewed, it is reclaimed this long after it was last used; 0 gives none; at "
+          "most 2592000 (30 days)");
+ABSL_FLAG(std::string, persist_dir, "",
+          "write every named buffer to this directory at shutdown (after in-flight work) "
+          "and restore them at start; empty persists nothing");
+ABSL_FLAG(absl::Duration, snapshot_interval, absl::ZeroDuration(),
+          "with --persist-dir, also write the named buffers this often (e.g. 5m); 0 only "
+          "at shutdown");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
 
@@ -175,6 +186,9 @@ constexpr FlagDoc kFlagDocs[] = {
     {"allow_shared_memory", "true|false"},
     {"allow_cuda_ipc", "true|false"},
     {"region_idle_timeout", "SECONDS"},
+    {"default_result_ttl", "SECONDS"},
+    {"persist_dir", "DIR"},
+    {"snapshot_interval", "DURATION"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -382,6 +396,18 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   o.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
   o.region_idle_timeout_seconds = absl::GetFlag(FLAGS_region_idle_timeout).value;
+  o.default_result_ttl_seconds = absl::GetFlag(FLAGS_default_result_ttl).value;
+  if (!(o.default_result_ttl_seconds <= kMaxTtlSeconds)) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = absl::StrCat("--default-result-ttl: at most ",
+                                static_cast<int64_t>(kMaxTtlSeconds), " seconds");
+  }
+  o.persist_dir = absl::GetFlag(FLAGS_persist_dir);
+  o.snapshot_interval = absl::GetFlag(FLAGS_snapshot_interval);
+  if (o.snapshot_interval < absl::ZeroDuration()) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = "--snapshot-interval: must not be negative";
+  }
   return parsed;
 }
 

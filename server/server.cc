@@ -7,6 +7,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/backend_loader.h"
 #include "server/metrics/server_metrics.h"
+#include "server/persistence.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -100,6 +102,17 @@ struct Server::Impl {
   std::string backend_name;
   int port = 0;
   absl::Duration shutdown_grace;
+  absl::Duration lease_sweep_interval;
+  std::unique_ptr<BufferPersister> persister;
+  std::atomic<bool> persisted{false};  // the shutdown's write is done (or under way)
+
+  // Reclaims expired leases now and then, on the timer thread, until the timer is gone.
+  void ScheduleLeaseSweep() {
+    timer->Schedule(Timer::Clock::now() + absl::ToChronoNanoseconds(lease_sweep_interval), [this] {
+      registry->ReclaimExpired();
+      ScheduleLeaseSweep();
+    });
+  }
 };
 
 namespace {
@@ -144,10 +157,12 @@ Server::~Server() {
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
   impl_->executor.reset();
+  // Before the registry: the lease sweep runs on the timer.
+  impl_->timer.reset();
   // Regions are released at shutdown; the copies that used them are done.
   impl_->regions.reset();
+  impl_->persister.reset();
   impl_->registry.reset();
-  impl_->timer.reset();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
@@ -167,6 +182,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->backend = std::move(backend);
   impl->backend_name = std::string(impl->backend->name());
   impl->shutdown_grace = options.shutdown_grace;
+  impl->lease_sweep_interval = options.lease_sweep_interval > absl::ZeroDuration()
+                                   ? options.lease_sweep_interval
+                                   : absl::Seconds(1);
+  absl::StatusOr<int64_t> default_ttl = TtlNanos(options.default_result_ttl_seconds);
+  if (!default_ttl.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default result ttl: ", default_ttl.status().message()));
+  }
   // A failure after which the device cannot be trusted: logged once, and the health
   // service goes NOT_SERVING (the services refuse work themselves, through
   // CheckBackendHealthy).
@@ -189,6 +212,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
+  impl->ctx->default_result_ttl_nanos = *default_ttl;
+  if (!options.persist_dir.empty()) {
+    // Restored before the server serves: clients that come back find their buffers.
+    impl->persister = std::make_unique<BufferPersister>(*impl->backend, *impl->executor,
+                                                        *impl->registry, options.persist_dir);
+    ASSIGN_OR_RETURN(const size_t restored, impl->persister->Restore());
+    std::fprintf(stderr, "gpucompute-server: restored %zu buffers from %s\n", restored,
+                 options.persist_dir.c_str());
+    impl->ctx->persistence_enabled = true;
+  }
   if (options.measure_copy_ceiling) {
     // Cheap (a few copies of 32 MiB); a backend that cannot measure reports 0.
     absl::StatusOr<Backend::CopyCeiling> ceiling =
@@ -244,6 +277,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // A failure reported before this point found no health service to update.
     SetServing(*impl->health_sink->health, impl->backend->health().ok());
   }
+  if (impl->persister != nullptr && options.snapshot_interval > absl::ZeroDuration()) {
+    impl->persister->StartPeriodic(options.snapshot_interval);
+  }
+  impl->ScheduleLeaseSweep();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -273,6 +310,25 @@ void Server::Shutdown() {
                    cancelled, absl::FormatDuration(impl_->shutdown_grace).c_str());
     }
   }
+  if (impl_->persister != nullptr && !impl_->persisted.exchange(true)) {
+    impl_->persister->StopPeriodic();
+    absl::StatusOr<size_t> written = impl_->persister->Snapshot();
+    if (written.ok()) {
+      std::fprintf(stderr, "gpucompute-server: wrote %zu named buffers to %s\n", *written,
+                   impl_->persister->dir().c_str());
+    } else {
+      std::fprintf(stderr, "gpucompute-server: writing the named buffers to %s failed: %s\n",
+                   impl_->persister->dir().c_str(),
+                   std::string(written.status().message()).c_str());
+    }
+  }
+}
+
+absl::StatusOr<size_t> Server::Snapshot() {
+  if (impl_->persister == nullptr) {
+    return absl::FailedPreconditionError("the server has no persist directory");
+  }
+  return impl_->persister->Snapshot();
 }
 
 }  // namespace gpucompute

@@ -60,6 +60,16 @@ struct ServerOptions {
   // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
   // GetServerInfo reports; off, it reports 0.
   bool measure_copy_ceiling = true;
+  // Seconds of the lease an unnamed operation result gets when it asks for none; 0
+  // gives none. At most kMaxTtlSeconds.
+  double default_result_ttl_seconds = 0;
+  // How often expired leases are looked for and their buffers reclaimed.
+  absl::Duration lease_sweep_interval = absl::Seconds(1);
+  // Directory named buffers are written to at shutdown and restored from at start;
+  // empty: none persist. See server/persistence.h.
+  std::string persist_dir;
+  // With persist_dir: also write named buffers this often; zero only at shutdown.
+  absl::Duration snapshot_interval = absl::ZeroDuration();
 };
 
 class Server {
@@ -83,8 +93,12 @@ class Server {
   // Reports NOT_SERVING, takes no new calls, and gives the calls in flight and the
   // queued operations ServerOptions::shutdown_grace to finish; then cancels the calls
   // and fails the operations not yet on the device (UNAVAILABLE). Returns once the calls
-  // are over; the destructor waits for the device.
+  // are over; the destructor waits for the device. With ServerOptions::persist_dir, it
+  // then writes the named buffers there (once, however often it is called).
   void Shutdown();
+  // With ServerOptions::persist_dir: writes the named buffers now, as the periodic
+  // snapshot does; returns how many. FAILED_PRECONDITION without a persist_dir.
+  absl::StatusOr<size_t> Snapshot();
 
  private:
   struct Impl;

@@ -371,6 +371,21 @@ TEST_F(CliTest, ListAndRemove) {
   EXPECT_EQ(Run("rm lr").exit_code, 15) << "NOT_FOUND is 10 + 5";
 }
 
+TEST_F(CliTest, TtlAndRenew) {
+  Result create = Run("--json create --shape 4 --name leased --ttl 600");
+  ASSERT_EQ(create.exit_code, 0) << create.err;
+  EXPECT_EQ(ParseJson<v1::BufferInfo>(create.out).ttl_seconds(), 600);
+  Result renew = Run("--json renew leased --ttl 0");
+  ASSERT_EQ(renew.exit_code, 0) << renew.err;
+  const v1::BufferInfo renewed = ParseJson<v1::BufferInfo>(renew.out);
+  EXPECT_EQ(renewed.name(), "leased");
+  EXPECT_EQ(renewed.ttl_seconds(), 0);
+  EXPECT_EQ(Run("create --shape 4 --ttl -1").exit_code, 13) << "INVALID_ARGUMENT is 10 + 3";
+  EXPECT_EQ(Run("renew leased --ttl 1e9").exit_code, 13);
+  EXPECT_EQ(Run("renew no_such_buffer").exit_code, 15);
+  EXPECT_EQ(Run("rm leased").exit_code, 0);
+}
+
 TEST_F(CliTest, ErrorsHaveTheirExitCodes) {
   Result missing = Run("get no_such_buffer -o " + ShellQuote(Path("none.npy")));
   EXPECT_EQ(missing.exit_code, 15) << "NOT_FOUND is 10 + 5";

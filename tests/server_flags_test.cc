@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/flags.h"
+#include "tests/spawn_server.h"
 
 namespace gpucompute {
 namespace {
@@ -58,6 +59,9 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.kernel_cache_dir, defaults.kernel_cache_dir);
   EXPECT_EQ(parsed.options.cuda_module, defaults.cuda_module);
   EXPECT_EQ(parsed.options.metrics_listen, defaults.metrics_listen);
+  EXPECT_EQ(parsed.options.default_result_ttl_seconds, defaults.default_result_ttl_seconds);
+  EXPECT_EQ(parsed.options.persist_dir, defaults.persist_dir);
+  EXPECT_EQ(parsed.options.snapshot_interval, defaults.snapshot_interval);
 }
 
 TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
@@ -76,6 +80,10 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--kernel-cache-dir=/tmp/k",
       "--cuda-module=/opt/m.so",
       "--metrics-listen=127.0.0.1:9100",
+      "--default-result-ttl=90.5",
+      "--persist_dir",
+      "/var/lib/gpucompute",
+      "--snapshot-interval=5m",
   });
   ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
   const ServerOptions& o = parsed.options;
@@ -91,6 +99,9 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.kernel_cache_dir, std::optional<std::string>("/tmp/k"));
   EXPECT_EQ(o.cuda_module, "/opt/m.so");
   EXPECT_EQ(o.metrics_listen, "127.0.0.1:9100");
+  EXPECT_EQ(o.default_result_ttl_seconds, 90.5);
+  EXPECT_EQ(o.persist_dir, "/var/lib/gpucompute");
+  EXPECT_EQ(o.snapshot_interval, absl::Minutes(5));
 }
 
 TEST_F(ServerFlagsTest, SpecialValues) {
@@ -126,6 +137,10 @@ TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
       {{"--shutdown-grace=-1s"}, "--shutdown-grace: must not be negative"},
       {{"--shutdown-grace=soon"}, "--shutdown-grace: "},
       {{"--pool-release-threshold=some"}, "(or 'keep')"},
+      {{"--default-result-ttl=-1"}, "--default-result-ttl: needs a non-negative number"},
+      {{"--default-result-ttl=2592001"}, "--default-result-ttl: at most 2592000 seconds"},
+      {{"--default-result-ttl=inf"}, "--default-result-ttl: at most"},
+      {{"--snapshot-interval=-1s"}, "--snapshot-interval: must not be negative"},
       {{"--no-such-flag=1"}, "unknown flag --no-such-flag"},
       {{"--listen"}, "--listen needs a value"},
       {{"listen=1"}, "unexpected argument 'listen=1'"},
@@ -174,7 +189,8 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
        {"--backend=auto|cpu|cuda", "--listen=HOST:PORT", "--memory-limit=SIZE", "--cpu-threads=N",
         "--max-streams=N", "--shutdown-grace=DURATION", "--default-device=N", "--pool-initial=SIZE",
         "--pool-release-threshold=SIZE|keep", "--kernel-cache-dir=DIR", "--cuda-module=PATH",
-        "--metrics-listen=HOST:PORT", "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
+        "--metrics-listen=HOST:PORT", "--default-result-ttl=SECONDS", "--persist-dir=DIR",
+        "--snapshot-interval=DURATION", "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
@@ -191,20 +207,8 @@ struct Exit {
 
 Exit RunServer(const std::vector<std::string>& flags, const std::string& log,
                bool stop_once_listening = false) {
-  std::vector<std::string> args = {GPUCOMPUTE_SERVER_BIN};
-  args.insert(args.end(), flags.begin(), flags.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return {};
+  const pid_t pid = testing::SpawnProgram(GPUCOMPUTE_SERVER_BIN, flags, log);
+  if (pid < 0) return {};
   auto read_log = [&] {
     std::stringstream text;
     text << std::ifstream(log).rdbuf();

@@ -1,7 +1,9 @@
-// BufferService: CreateBuffer, Upload, Download, GetBuffer, ListBuffers, DeleteBuffer.
+// BufferService: CreateBuffer, Upload, Download, GetBuffer, ListBuffers, DeleteBuffer,
+// RenewLease.
 // The streaming transfers run in their own reactors (transfer_reactors.h).
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "gpucompute/v1/wire_format.h"
@@ -140,6 +142,26 @@ grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerCo
         DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
       });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* BufferServiceImpl::RenewLease(grpc::CallbackServerContext* context,
+                                                        const v1::RenewLeaseRequest* request,
+                                                        v1::RenewLeaseResponse* response) {
+  absl::StatusOr<std::string> client = ClientName(*context);
+  if (!client.ok()) return FinishNow(context, client.status());
+  // Checked first: a rejected request leaves the lease as it was.
+  std::optional<int64_t> ttl;
+  if (request->has_ttl_seconds()) {
+    absl::StatusOr<int64_t> nanos = TtlNanos(request->ttl_seconds());
+    if (!nanos.ok()) return FinishNow(context, nanos.status());
+    ttl = *nanos;
+  }
+  // The lookup renews the lease with the buffer's own ttl.
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  if (!buffer.ok()) return FinishNow(context, buffer.status());
+  if (ttl.has_value()) (*buffer)->lease.Set(*ttl, SteadyNanos());
+  ToProto(**buffer, response->mutable_buffer());
+  return FinishNow(context, absl::OkStatus());
 }
 
 }  // namespace gpucompute

@@ -46,7 +46,12 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
         rule == CastRule::kExact ? " (the dtypes must match)"
                                  : " (only same-kind casts are allowed)"));
   };
+  ASSIGN_OR_RETURN(int64_t ttl, TtlNanos(output.ttl_seconds()));
   if (!output.buffer().empty()) {
+    if (ttl != 0) {
+      return absl::InvalidArgumentError(
+          "output.ttl_seconds applies to a new buffer; renew an existing one with RenewLease");
+    }
     ASSIGN_OR_RETURN(BufferHandle out, resolve(output.buffer()));
     const BufferEntry& b = *out;
     if (b.shape != shape) {
@@ -70,7 +75,12 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   const DType dtype = requested.value_or(natural);
   RETURN_IF_ERROR(check_cast(dtype));
   *created = true;
-  return ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device);
+  ASSIGN_OR_RETURN(BufferHandle out,
+                   ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device));
+  // An unnamed result nobody downloads would otherwise live until the server stops.
+  if (ttl == 0 && output.name().empty()) ttl = ctx.default_result_ttl_nanos;
+  out->lease.Set(ttl, SteadyNanos());
+  return out;
 }
 
 absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view what,
@@ -480,11 +490,15 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
                                                  bool exportable) {
   ASSIGN_OR_RETURN(DType dtype, FromProto(request.dtype()));
   ASSIGN_OR_RETURN(Layout layout, FromProto(request.layout()));
+  ASSIGN_OR_RETURN(int64_t ttl, TtlNanos(request.ttl_seconds()));
   const int device = request.has_device() ? request.device() : ctx.executor.default_device();
-  return ctx.registry.Allocate(
-      client, request.name(), dtype,
-      std::vector<uint64_t>(request.shape().begin(), request.shape().end()), layout, device,
-      exportable);
+  ASSIGN_OR_RETURN(
+      BufferHandle buffer,
+      ctx.registry.Allocate(client, request.name(), dtype,
+                            std::vector<uint64_t>(request.shape().begin(), request.shape().end()),
+                            layout, device, exportable));
+  buffer->lease.Set(ttl, SteadyNanos());
+  return buffer;
 }
 
 absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,

@@ -8,6 +8,8 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace gpucompute {
 
@@ -120,6 +122,16 @@ void ToProto(const BufferMeta& meta, v1::BufferInfo* info) {
   info->set_size_bytes(meta.size_bytes());
   info->set_device(meta.device);
   info->set_create_time_unix_nanos(meta.create_time_unix_nanos);
+}
+
+void ToProto(const BufferEntry& entry, v1::BufferInfo* info) {
+  ToProto(static_cast<const BufferMeta&>(entry), info);
+  const int64_t ttl = entry.lease.ttl_nanos.load();
+  if (ttl == 0) return;
+  info->set_ttl_seconds(static_cast<double>(ttl) / 1e9);
+  // The deadline is on the steady clock; the API speaks wall-clock time.
+  const int64_t remaining = entry.lease.deadline_nanos.load() - SteadyNanos();
+  info->set_lease_expire_time_unix_nanos(absl::ToUnixNanos(absl::Now()) + remaining);
 }
 
 namespace {

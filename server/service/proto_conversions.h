@@ -35,6 +35,8 @@ absl::StatusOr<Layout> FromProto(v1::Layout layout);
 v1::OperationKind ToProto(OperationKind kind);
 
 void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
+// As above, with the buffer's lease.
+void ToProto(const BufferEntry& entry, v1::BufferInfo* info);
 void ToProto(const OperationStatus& status, v1::Operation* op);
 
 // A scalar converted to `dtype`, in its native representation (as Backend::Fill wants).

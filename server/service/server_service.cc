@@ -52,6 +52,11 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_chain_steps(kMaxChainSteps);
   limits->set_max_upload_ranges(kMaxUploadRanges);
   limits->set_upload_idle_timeout_seconds(kDefaultUploadIdleTimeoutSeconds);
+  limits->set_max_ttl_seconds(kMaxTtlSeconds);
+  response->set_default_result_ttl_seconds(static_cast<double>(ctx_.default_result_ttl_nanos) /
+                                           1e9);
+  response->set_leases_expired(ctx_.registry.leases_expired());
+  response->set_persistence_enabled(ctx_.persistence_enabled);
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);

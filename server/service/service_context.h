@@ -43,6 +43,10 @@ struct ServiceContext {
   std::unique_ptr<HostStagingPool> staging = nullptr;
   // The backend's copy ceiling on the default device, measured at start (GetServerInfo).
   Backend::CopyCeiling copy_ceiling = {};
+  // The lease of unnamed operation results that ask for none (--default-result-ttl).
+  int64_t default_result_ttl_nanos = 0;
+  // Whether named buffers persist across restarts (--persist-dir).
+  bool persistence_enabled = false;
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

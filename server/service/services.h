@@ -85,6 +85,9 @@ class BufferServiceImpl final
   grpc::ServerUnaryReactor* DeleteBuffer(grpc::CallbackServerContext* context,
                                          const v1::DeleteBufferRequest* request,
                                          v1::DeleteBufferResponse* response) override;
+  grpc::ServerUnaryReactor* RenewLease(grpc::CallbackServerContext* context,
+                                       const v1::RenewLeaseRequest* request,
+                                       v1::RenewLeaseResponse* response) override;
 
   // Multi-range uploads in progress.
   size_t uploads_in_progress() { return uploads_->size(); }

@@ -32,6 +32,9 @@ inline constexpr char kTagPrefix[] = "tag:";
 // and the seconds without data after which the server gives an upload up.
 inline constexpr uint32_t kMaxUploadRanges = 1024;
 inline constexpr double kDefaultUploadIdleTimeoutSeconds = 60;
+// Longest lease a buffer may carry (CreateBufferRequest.ttl_seconds): 30 days. A longer
+// life is no lease at all (ttl 0).
+inline constexpr double kMaxTtlSeconds = 30 * 24 * 3600.0;
 
 }  // namespace gpucompute
 
