@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/auth.h"
 #include "server/ids.h"
 #include "server/status_macros.h"
 
@@ -162,7 +163,10 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
   if (ref.empty()) return absl::InvalidArgumentError("no buffer given");
   if (ref.rfind("buf-", 0) == 0) {
     auto it = by_id_.find(ref);
-    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
+    // Another tenant's buffer is not found, exactly as an unknown id is.
+    if (it == by_id_.end() || !SameTenant(it->second->client, client)) {
+      return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
+    }
     return it->second;
   }
   auto name = id_by_name_.find(NameKey(client, ref));

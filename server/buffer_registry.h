@@ -124,6 +124,8 @@ class BufferRegistry {
   void Publish(const BufferHandle& entry);
   void Unreserve(const BufferHandle& entry);
   // Resolves a buffer id, or else one of the client's names. NOT_FOUND says which.
+  // `client` is the caller's scope (server/auth.h): another tenant's buffer id is
+  // NOT_FOUND with the message an unknown id gets.
   absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
   // Unregisters; the memory lives on while queued work holds the handle.
   absl::StatusOr<BufferHandle> Remove(absl::string_view client, absl::string_view ref);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,6 +134,7 @@ class Operation final : public Work {
   friend class Executor;
   using Clock = std::chrono::steady_clock;
   OperationStatus status_;
+  std::string scope_;  // of the client that submitted it (server/auth.h)
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
@@ -210,7 +212,9 @@ class Executor {
   // finishes. Returns how many queued operations it failed.
   size_t CancelQueued(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // --- Streams. Ids are global and unguessable; listings are per client.
+  // --- Streams. Ids are global and unguessable; listings are per client. `client` is
+  // the caller's scope (server/auth.h): a stream or operation of another tenant is
+  // NOT_FOUND, exactly as an unknown id is.
   absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
   // The client's default stream on `device`, created on first use.
   absl::StatusOr<StreamInfo> DefaultStream(absl::string_view client, int device);
@@ -218,7 +222,8 @@ class Executor {
   absl::Status DeleteStream(absl::string_view client, absl::string_view stream_id,
                             absl::AnyInvocable<void() &&> done);
   // `done` runs once every operation submitted to the stream so far has finished.
-  absl::Status Synchronize(absl::string_view stream_id, absl::AnyInvocable<void() &&> done);
+  absl::Status Synchronize(absl::string_view client, absl::string_view stream_id,
+                           absl::AnyInvocable<void() &&> done);
   std::vector<StreamInfo> ListStreams(absl::string_view client);
 
   // --- Operations.
@@ -247,7 +252,8 @@ class Executor {
   // device.
   absl::StatusOr<std::shared_ptr<Operation>> Submit(absl::string_view client,
                                                     absl::string_view stream_id, OpSpec spec);
-  absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view id);
+  absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view client,
+                                                           absl::string_view id);
   OperationStatus GetStatus(const Operation& op);
   // Runs fn once the operation is done: at once, on this thread, if it already is.
   void OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn);
@@ -263,9 +269,11 @@ class Executor {
   // Set before any work is submitted; the observer must outlive the executor.
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
 
-  std::array<KindStats, kNumOperationKinds> Stats();
-  // Counts a finished upload or download in the statistics.
-  void RecordTransfer(OperationKind kind, uint64_t bytes);
+  // The server's statistics, or with `tenant` set those of that tenant's operations.
+  std::array<KindStats, kNumOperationKinds> Stats(
+      std::optional<absl::string_view> tenant = std::nullopt);
+  // Counts a finished upload or download by the client of `scope` in the statistics.
+  void RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -341,6 +349,8 @@ class Executor {
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
+  absl::flat_hash_map<std::string, std::array<KindStats, kNumOperationKinds>> tenant_stats_
+      ABSL_GUARDED_BY(mu_);
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
   std::thread reaper_;  // last: it runs on the members above

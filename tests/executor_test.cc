@@ -273,7 +273,7 @@ TEST_F(ExecutorTest, SynchronizeWaitsForEverythingSubmitted) {
   const std::string s = NewStream();
   for (int i = 1; i <= 5; ++i) Submit(s, Write(absl::StrCat("x = ", i), x, i));
   std::optional<int64_t> at_sync;
-  ASSERT_OK(executor_->Synchronize(s, [&] { at_sync = At(x, 0); }));
+  ASSERT_OK(executor_->Synchronize("", s, [&] { at_sync = At(x, 0); }));
   for (int i = 1; i <= 4; ++i) {
     backend_.Finish(absl::StrCat("x = ", i));
     EXPECT_FALSE(at_sync.has_value()) << "synchronized with only " << i << " of 5 done";
@@ -432,8 +432,8 @@ TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   for (size_t i = 0; i < fit; ++i) last = with_values();
   backend_.RunUntilIdle();
   EXPECT_EQ(StateOf(last), State::kSucceeded);
-  EXPECT_EQ(executor_->FindOperation(first->id()).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_OK(executor_->FindOperation(last->id()));
+  EXPECT_EQ(executor_->FindOperation("", first->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_OK(executor_->FindOperation("", last->id()));
 }
 
 TEST_F(ExecutorTest, TimingIsRecorded) {
