@@ -149,6 +149,18 @@ ABSL_FLAG(std::string, cuda_module, "",
           "else the one of the build tree that built it");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
+ABSL_FLAG(std::string, tls_cert, "",
+          "serve TLS with this PEM certificate chain (with --tls-key); empty serves plaintext");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "require client certificates that this PEM CA verifies (mutual TLS); a "
+          "certificate's common name names its tenant when the call carries no token");
+ABSL_FLAG(std::string, tokens_file, "",
+          "bearer tokens, one 'TOKEN TENANT [admin]' a line, # comments; calls must send "
+          "'authorization: Bearer TOKEN'; re-read on SIGHUP");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "listen on a non-loopback address without authentication (no --tokens-file, no "
+          "--tls-client-ca): anyone who reaches the port can use every buffer");
 
 namespace gpucompute {
 namespace {
@@ -175,6 +187,11 @@ constexpr FlagDoc kFlagDocs[] = {
     {"allow_shared_memory", "true|false"},
     {"allow_cuda_ipc", "true|false"},
     {"region_idle_timeout", "SECONDS"},
+    {"tls_cert", "PATH"},
+    {"tls_key", "PATH"},
+    {"tls_client_ca", "PATH"},
+    {"tokens_file", "PATH"},
+    {"allow_insecure_remote", "true|false"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -239,7 +256,8 @@ std::string Usage() {
                   "comments\n"
                   "  --help\n"
                   "      print this text\n\n"
-                  "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n");
+                  "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n"
+                  "SIGHUP re-reads --tokens-file (a malformed file keeps the tokens in use).\n");
   return usage;
 }
 
@@ -382,6 +400,11 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   o.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
   o.region_idle_timeout_seconds = absl::GetFlag(FLAGS_region_idle_timeout).value;
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   return parsed;
 }
 

@@ -60,6 +60,19 @@ struct ServerOptions {
   // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
   // GetServerInfo reports; off, it reports 0.
   bool measure_copy_ceiling = true;
+
+  // TLS: PEM files of the server's certificate chain and private key; both or neither.
+  // With tls_client_ca_file (PEM) set as well, clients must present a certificate it
+  // verifies (mutual TLS), whose common name may name the caller's tenant.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Bearer tokens, one "TOKEN TENANT [admin]" a line (server/auth.h); re-read by
+  // Server::ReloadTokens (main calls it on SIGHUP).
+  std::string tokens_file;
+  // Without authentication (no tokens file, no client CA) the server refuses to listen on
+  // anything but a loopback address, unless this is set.
+  bool allow_insecure_remote = false;
 };
 
 class Server {
@@ -85,12 +98,19 @@ class Server {
   // and fails the operations not yet on the device (UNAVAILABLE). Returns once the calls
   // are over; the destructor waits for the device.
   void Shutdown();
+  // Reads ServerOptions::tokens_file again. On error (logged, and returned) the tokens in
+  // use stay; without a tokens file it does nothing.
+  absl::Status ReloadTokens();
 
  private:
   struct Impl;
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Whether `listen` (HOST:PORT, [V6]:PORT or unix:PATH) only takes connections from this
+// host: a loopback address, "localhost" or a Unix socket.
+bool IsLoopbackListenAddress(absl::string_view listen);
 
 // Parses "1073741824", "512MiB", "8GiB", "1.5GB" and the like into bytes.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
