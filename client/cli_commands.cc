@@ -23,6 +23,12 @@ absl::StatusOr<Client*> CliContext::client() {
     ClientOptions options;
     options.target = options_.server;
     options.client_name = options_.client_name;
+    options.token = options_.token;
+    options.tls = options_.tls;
+    options.tls_ca_file = options_.tls_ca_file;
+    options.tls_cert_file = options_.tls_cert_file;
+    options.tls_key_file = options_.tls_key_file;
+    options.tls_server_name = options_.tls_server_name;
     if (options_.timeout_seconds.has_value()) {
       options.timeout = absl::Seconds(*options_.timeout_seconds);
     }
