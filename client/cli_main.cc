@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -358,10 +359,21 @@ int Main(int argc, char** argv) {
       (flag == "--json" ? options.json : options.tls) = true;
       continue;
     }
-    static constexpr std::string_view kValueFlags[] = {
-        "--server",     "--client", "--stream",   "--timeout", "--token",
-        "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"};
-    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags)) {
+    // Flags whose value is taken as it is.
+    static constexpr std::pair<std::string_view, std::string GlobalOptions::*> kStringFlags[] = {
+        {"--client", &GlobalOptions::client_name},
+        {"--stream", &GlobalOptions::stream},
+        {"--token", &GlobalOptions::token},
+        {"--tls-ca", &GlobalOptions::tls_ca_file},
+        {"--tls-cert", &GlobalOptions::tls_cert_file},
+        {"--tls-key", &GlobalOptions::tls_key_file},
+        {"--tls-server-name", &GlobalOptions::tls_server_name},
+    };
+    const auto* string_flag =
+        std::find_if(std::begin(kStringFlags), std::end(kStringFlags),
+                     [&](const auto& known) { return known.first == flag; });
+    if (string_flag == std::end(kStringFlags) && flag != "--server" && flag != "--token-file" &&
+        flag != "--timeout") {
       return UsageError(absl::StrCat("unknown global flag ", flag), nullptr);
     }
     std::string value;
@@ -372,27 +384,15 @@ int Main(int argc, char** argv) {
     } else {
       return UsageError(absl::StrCat(flag, " needs a value"), nullptr);
     }
-    if (flag == "--server") {
+    if (string_flag != std::end(kStringFlags)) {
+      options.*(string_flag->second) = value;
+    } else if (flag == "--server") {
       if (value.empty()) return UsageError("--server needs HOST:PORT", nullptr);
       options.server = value;
-    } else if (flag == "--client") {
-      options.client_name = value;
-    } else if (flag == "--stream") {
-      options.stream = value;
-    } else if (flag == "--token") {
-      options.token = value;
     } else if (flag == "--token-file") {
       absl::StatusOr<std::string> token = ReadTokenFile(value);
       if (!token.ok()) return UsageError(std::string(token.status().message()), nullptr);
       options.token = *std::move(token);
-    } else if (flag == "--tls-ca") {
-      options.tls_ca_file = value;
-    } else if (flag == "--tls-cert") {
-      options.tls_cert_file = value;
-    } else if (flag == "--tls-key") {
-      options.tls_key_file = value;
-    } else if (flag == "--tls-server-name") {
-      options.tls_server_name = value;
     } else {
       double seconds;
       if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {
