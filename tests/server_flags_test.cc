@@ -58,6 +58,11 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.kernel_cache_dir, defaults.kernel_cache_dir);
   EXPECT_EQ(parsed.options.cuda_module, defaults.cuda_module);
   EXPECT_EQ(parsed.options.metrics_listen, defaults.metrics_listen);
+  EXPECT_EQ(parsed.options.tls_cert_file, "");
+  EXPECT_EQ(parsed.options.tls_key_file, "");
+  EXPECT_EQ(parsed.options.tls_client_ca_file, "");
+  EXPECT_EQ(parsed.options.tokens_file, "");
+  EXPECT_FALSE(parsed.options.allow_insecure_remote);
 }
 
 TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
@@ -76,6 +81,12 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--kernel-cache-dir=/tmp/k",
       "--cuda-module=/opt/m.so",
       "--metrics-listen=127.0.0.1:9100",
+      "--tls-cert=/etc/s.pem",
+      "--tls_key",
+      "/etc/s.key",
+      "--tls-client-ca=/etc/ca.pem",
+      "--tokens-file=/etc/tokens",
+      "--allow-insecure-remote",
   });
   ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
   const ServerOptions& o = parsed.options;
@@ -91,6 +102,11 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.kernel_cache_dir, std::optional<std::string>("/tmp/k"));
   EXPECT_EQ(o.cuda_module, "/opt/m.so");
   EXPECT_EQ(o.metrics_listen, "127.0.0.1:9100");
+  EXPECT_EQ(o.tls_cert_file, "/etc/s.pem");
+  EXPECT_EQ(o.tls_key_file, "/etc/s.key");
+  EXPECT_EQ(o.tls_client_ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o.tokens_file, "/etc/tokens");
+  EXPECT_TRUE(o.allow_insecure_remote);
 }
 
 TEST_F(ServerFlagsTest, SpecialValues) {
@@ -174,7 +190,9 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
        {"--backend=auto|cpu|cuda", "--listen=HOST:PORT", "--memory-limit=SIZE", "--cpu-threads=N",
         "--max-streams=N", "--shutdown-grace=DURATION", "--default-device=N", "--pool-initial=SIZE",
         "--pool-release-threshold=SIZE|keep", "--kernel-cache-dir=DIR", "--cuda-module=PATH",
-        "--metrics-listen=HOST:PORT", "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
+        "--metrics-listen=HOST:PORT", "--flagfile=PATH", "(default 127.0.0.1:50051)",
+        "--tls-cert=PATH", "--tls-key=PATH", "--tls-client-ca=PATH", "--tokens-file=PATH",
+        "--allow-insecure-remote=true|false", "SIGHUP re-reads --tokens-file"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
