@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/auth.h"
 #include "server/ids.h"
+#include "server/quotas.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -164,6 +165,16 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::str
   if (owned >= kMaxStreamsPerClient) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a client may have at most ", kMaxStreamsPerClient, " streams; delete one first"));
+  }
+  if (quotas_ != nullptr) {
+    const absl::string_view tenant = TenantOfScope(client);
+    const uint64_t quota = quotas_->For(tenant).streams;
+    uint64_t tenant_streams = 0;
+    for (const auto& [id, s] : streams_) tenant_streams += TenantOfScope(s->client) == tenant;
+    if (quota != 0 && tenant_streams >= quota) {
+      return QuotaExceeded(tenant, "streams", quota,
+                           absl::StrCat(tenant_streams, " streams, default streams included"));
+    }
   }
   RETURN_IF_ERROR(ReserveStreamLocked());
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
@@ -357,6 +368,16 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
   RETURN_IF_ERROR(cancelled_);
+  const absl::string_view tenant = TenantOfScope(client);
+  if (quotas_ != nullptr) {
+    const uint64_t quota = quotas_->For(tenant).operations;
+    auto it = in_flight_by_tenant_.find(tenant);
+    const uint64_t in_flight = it == in_flight_by_tenant_.end() ? 0 : it->second;
+    if (quota != 0 && in_flight >= quota) {
+      return QuotaExceeded(tenant, "operations", quota,
+                           absl::StrCat(in_flight, " operations in flight"));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
 
   auto op = std::make_shared<Operation>();
@@ -383,6 +404,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   s->last = op;
   ++s->unfinished;
   ++in_flight_;
+  ++in_flight_by_tenant_[tenant];
   operations_.emplace(st.id, op);
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
@@ -543,6 +565,8 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
+  auto tenant_in_flight = in_flight_by_tenant_.find(TenantOfScope(op->scope_));
+  if (--tenant_in_flight->second == 0) in_flight_by_tenant_.erase(tenant_in_flight);
   --in_flight_;  // the destructor's LockWhen sees it reach zero
 }
 

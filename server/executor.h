@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
+#include "server/quotas.h"
 
 namespace gpucompute {
 
@@ -268,6 +269,9 @@ class Executor {
 
   // Set before any work is submitted; the observer must outlive the executor.
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
+  // Enforces the tenants' streams and operations quotas (null: none). Set before any
+  // work is submitted; `quotas` must outlive the executor.
+  void SetQuotas(const QuotaTable* quotas) { quotas_ = quotas; }
 
   // The server's statistics, or with `tenant` set those of that tenant's operations.
   std::array<KindStats, kNumOperationKinds> Stats(
@@ -331,6 +335,7 @@ class Executor {
   const std::vector<std::unique_ptr<Stream>> transfer_streams_;
   absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
+  absl::flat_hash_map<std::string, uint64_t> in_flight_by_tenant_ ABSL_GUARDED_BY(mu_);
   // Set by CancelQueued: what queued and later operations fail with.
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
@@ -353,6 +358,7 @@ class Executor {
       ABSL_GUARDED_BY(mu_);
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
+  const QuotaTable* quotas_ = nullptr;
   std::thread reaper_;  // last: it runs on the members above
 };
 

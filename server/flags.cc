@@ -158,6 +158,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, tokens_file, "",
           "bearer tokens, one 'TOKEN TENANT [admin]' a line, # comments; calls must send "
           "'authorization: Bearer TOKEN'; re-read on SIGHUP");
+ABSL_FLAG(std::string, quota_file, "",
+          "per-tenant quotas: lines 'default KEY=VALUE...' and 'tenant NAME KEY=VALUE...' "
+          "with keys device_bytes, buffers, streams, operations; 0 or absent is none");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "listen on a non-loopback address without authentication (no --tokens-file, no "
           "--tls-client-ca): anyone who reaches the port can use every buffer");
@@ -192,6 +195,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"tls_client_ca", "PATH"},
     {"tokens_file", "PATH"},
     {"allow_insecure_remote", "true|false"},
+    {"quota_file", "PATH"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -405,6 +409,7 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  o.quota_file = absl::GetFlag(FLAGS_quota_file);
   return parsed;
 }
 

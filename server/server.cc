@@ -20,6 +20,7 @@
 #include "server/auth.h"
 #include "server/backend_loader.h"
 #include "server/metrics/server_metrics.h"
+#include "server/quotas.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -144,6 +145,7 @@ struct Server::Impl {
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Timer> timer;
   std::unique_ptr<Authenticator> auth;  // null without authentication
+  std::unique_ptr<QuotaTable> quotas;   // null without a quota file
   std::unique_ptr<ServiceContext> ctx;
   std::unique_ptr<BufferServiceImpl> buffers;
   std::unique_ptr<StreamServiceImpl> streams;
@@ -238,6 +240,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ASSIGN_OR_RETURN(impl->auth, Authenticator::Create(options.tokens_file,
                                                        !options.tls_client_ca_file.empty()));
   }
+  if (!options.quota_file.empty()) {
+    ASSIGN_OR_RETURN(QuotaTable quotas, QuotaTable::Load(options.quota_file));
+    impl->quotas = std::make_unique<QuotaTable>(std::move(quotas));
+  }
   impl->backend = std::move(backend);
   impl->backend_name = std::string(impl->backend->name());
   impl->shutdown_grace = options.shutdown_grace;
@@ -263,6 +269,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->ctx->auth = impl->auth.get();
+  impl->ctx->quotas = impl->quotas.get();
+  impl->registry->SetQuotas(impl->quotas.get());
+  impl->executor->SetQuotas(impl->quotas.get());
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
   if (options.measure_copy_ceiling) {
     // Cheap (a few copies of 32 MiB); a backend that cannot measure reports 0.

@@ -73,6 +73,8 @@ struct ServerOptions {
   // Without authentication (no tokens file, no client CA) the server refuses to listen on
   // anything but a loopback address, unless this is set.
   bool allow_insecure_remote = false;
+  // Per-tenant quotas (server/quotas.h gives the format); empty: none.
+  std::string quota_file;
 };
 
 class Server {

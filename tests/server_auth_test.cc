@@ -19,6 +19,7 @@
 #include "client/session.h"
 #include "client/shared_memory.h"
 #include "server/auth.h"
+#include "server/quotas.h"
 #include "server/server.h"
 #include "tests/test_server.h"
 
@@ -660,6 +661,114 @@ TEST_F(TokenTest, TenantsSeeTheirOwnFiguresAndAnAdminTheServers) {
   EXPECT_EQ(rs->memory_used_bytes(), 744u);
   EXPECT_GE(rs->memory_peak_bytes(), 744u);
   EXPECT_GT(rs->pools_size(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Quotas.
+
+TEST(QuotaTableTest, DefaultsAndOverrides) {
+  absl::StatusOr<QuotaTable> table = QuotaTable::Parse(
+      "tenant bob buffers=3 # before the default line: it still takes the defaults\n"
+      "default device_bytes=1KiB buffers=2 streams=4 operations=8\n"
+      "tenant carol device_bytes=0\n");
+  ASSERT_OK(table);
+  const TenantQuota& alice = table->For("alice");
+  EXPECT_EQ(alice.device_bytes, 1024u);
+  EXPECT_EQ(alice.buffers, 2u);
+  EXPECT_EQ(alice.streams, 4u);
+  EXPECT_EQ(alice.operations, 8u);
+  EXPECT_EQ(table->For("bob").buffers, 3u);
+  EXPECT_EQ(table->For("bob").device_bytes, 1024u);
+  EXPECT_EQ(table->For("carol").device_bytes, 0u);  // none
+  EXPECT_EQ(table->For("carol").buffers, 2u);
+  // An empty file: no quotas.
+  absl::StatusOr<QuotaTable> empty = QuotaTable::Parse("# nothing\n");
+  ASSERT_OK(empty);
+  EXPECT_EQ(empty->For("alice").buffers, 0u);
+
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"default bytes=1\n", "line 1: unknown key 'bytes'"},
+           {"default buffers=-1\n", "buffers needs a non-negative integer"},
+           {"default device_bytes=lots\n", "'lots' is not a byte size"},
+           {"default\ndefault\n", "line 2: a second default line"},
+           {"tenant a/b buffers=1\n", "a tenant name must be"},
+           {"tenant a buffers=1\ntenant a streams=1\n", "tenant 'a' has a line already"},
+           {"tenants a\n", "expected 'default KEY=VALUE...'"},
+       }) {
+    absl::StatusOr<QuotaTable> bad = QuotaTable::Parse(text);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(bad.status().message().find(says), std::string::npos) << bad.status();
+  }
+}
+
+TEST(QuotaTest, BuffersAndDeviceBytesPerTenantNameTheQuota) {
+  TempDir dir;
+  const std::string tokens = dir.Write("tokens", kTokens);
+  const std::string quotas =
+      dir.Write("quotas", "default device_bytes=1KiB buffers=2\ntenant bob buffers=3\n");
+  std::unique_ptr<TestServer> server =
+      TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
+        o.tokens_file = tokens;
+        o.quota_file = quotas;
+      });
+  ASSERT_NE(server, nullptr);
+  const auto as = [&](const char* token) {
+    absl::StatusOr<std::unique_ptr<Client>> c =
+        server->ConnectWith([&](ClientOptions& o) { o.token = token; });
+    EXPECT_OK(c);
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  std::unique_ptr<Client> alice = as(kAliceToken);
+  std::unique_ptr<Client> bob = as(kBobToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+
+  absl::StatusOr<v1::ServerInfo> info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().tenant_max_device_bytes(), 1024u);
+  EXPECT_EQ(info->limits().tenant_max_buffers(), 2u);
+  EXPECT_EQ(info->limits().tenant_max_streams(), 0u);
+  EXPECT_EQ(info->limits().tenant_max_operations_in_flight(), 0u);
+  info = bob->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().tenant_max_buffers(), 3u);
+
+  // Two buffers of 256 bytes; the third is one too many.
+  absl::StatusOr<v1::BufferInfo> first = UploadArray(*alice, std::vector<int32_t>(64, 1));
+  ASSERT_OK(first);
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>(64, 2)));
+  const Snapshot before = TakeSnapshot(*alice);
+  absl::Status third = UploadArray(*alice, std::vector<int32_t>(4, 3)).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("tenant 'alice' is at its quota 'buffers' of 2"),
+            std::string::npos)
+      << third;
+  // An operation's new output counts as well, and the refused operation creates nothing.
+  v1::SubmitRequest op = ElementwiseOn(first->id());
+  op.mutable_elementwise()->mutable_output()->set_name("result");
+  absl::Status submitted = alice->Submit(op).status();
+  EXPECT_EQ(submitted.code(), absl::StatusCode::kResourceExhausted) << submitted;
+  EXPECT_NE(submitted.message().find("quota 'buffers'"), std::string::npos) << submitted;
+  EXPECT_EQ(TakeSnapshot(*alice), before);
+  EXPECT_EQ(alice->GetBuffer("result").status().code(), absl::StatusCode::kNotFound);
+
+  // With room for a buffer, 1 KiB of bytes is the limit: 256 held, 772 more do not fit,
+  // 768 do.
+  ASSERT_OK(alice->DeleteBuffer(first->id()));
+  absl::Status big = UploadArray(*alice, std::vector<int32_t>(193, 4)).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted) << big;
+  EXPECT_NE(big.message().find("quota 'device_bytes' of 1024 (256 bytes held, 772 more"),
+            std::string::npos)
+      << big;
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>(192, 5)));  // exactly 1 KiB in all
+  absl::StatusOr<v1::ServerInfo> full = alice->GetServerInfo();
+  ASSERT_OK(full);
+  EXPECT_EQ(full->memory_used_bytes(), 1024u);
+
+  // bob's quota is his own: three buffers, whatever alice holds.
+  for (int i = 0; i < 3; ++i) ASSERT_OK(UploadArray(*bob, std::vector<int32_t>(4, i)));
+  EXPECT_EQ(UploadArray(*bob, std::vector<int32_t>(4, 9)).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 // Without authentication: one tenant, every caller an admin, ids work across clients.

@@ -87,6 +87,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--tls-client-ca=/etc/ca.pem",
       "--tokens-file=/etc/tokens",
       "--allow-insecure-remote",
+      "--quota-file=/etc/quotas",
   });
   ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
   const ServerOptions& o = parsed.options;
@@ -107,6 +108,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.tls_client_ca_file, "/etc/ca.pem");
   EXPECT_EQ(o.tokens_file, "/etc/tokens");
   EXPECT_TRUE(o.allow_insecure_remote);
+  EXPECT_EQ(o.quota_file, "/etc/quotas");
 }
 
 TEST_F(ServerFlagsTest, SpecialValues) {
@@ -192,7 +194,8 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
         "--pool-release-threshold=SIZE|keep", "--kernel-cache-dir=DIR", "--cuda-module=PATH",
         "--metrics-listen=HOST:PORT", "--flagfile=PATH", "(default 127.0.0.1:50051)",
         "--tls-cert=PATH", "--tls-key=PATH", "--tls-client-ca=PATH", "--tokens-file=PATH",
-        "--allow-insecure-remote=true|false", "SIGHUP re-reads --tokens-file"}) {
+        "--allow-insecure-remote=true|false", "SIGHUP re-reads --tokens-file",
+        "--quota-file=PATH"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
@@ -257,6 +260,14 @@ TEST_F(ServerFlagsTest, ProgramExitCodes) {
   Exit served = RunServer({"--flagfile=" + flags}, log, /*stop_once_listening=*/true);
   EXPECT_EQ(served.code, 0) << served.err;
   EXPECT_NE(served.err.find("cpu backend, listening on port"), std::string::npos) << served.err;
+  // A malformed quota file is a startup error (exit 1) that names its line.
+  const std::string quotas = WriteFile("quotas", "default buffers=many\n");
+  Exit bad_quotas = RunServer(
+      {"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=1", "--quota-file=" + quotas}, log);
+  EXPECT_EQ(bad_quotas.code, 1) << bad_quotas.err;
+  EXPECT_NE(bad_quotas.err.find("line 1: buffers needs a non-negative integer, not 'many'"),
+            std::string::npos)
+      << bad_quotas.err;
 }
 
 }  // namespace

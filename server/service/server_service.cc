@@ -78,6 +78,13 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_chain_steps(kMaxChainSteps);
   limits->set_max_upload_ranges(kMaxUploadRanges);
   limits->set_upload_idle_timeout_seconds(kDefaultUploadIdleTimeoutSeconds);
+  if (ctx_.quotas != nullptr) {
+    const TenantQuota& quota = ctx_.quotas->For(caller->tenant);
+    limits->set_tenant_max_device_bytes(quota.device_bytes);
+    limits->set_tenant_max_buffers(quota.buffers);
+    limits->set_tenant_max_streams(quota.streams);
+    limits->set_tenant_max_operations_in_flight(quota.operations);
+  }
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);

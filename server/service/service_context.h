@@ -22,6 +22,7 @@
 #include "server/buffer_registry.h"
 #include "server/executor.h"
 #include "server/host_staging_pool.h"
+#include "server/quotas.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
 
@@ -47,6 +48,8 @@ struct ServiceContext {
   // Checks callers' credentials; null when the server has no authentication configured
   // (one tenant, whose every client is an admin).
   const Authenticator* auth = nullptr;
+  // The tenants' quotas; null without --quota-file.
+  const QuotaTable* quotas = nullptr;
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
