@@ -4,14 +4,13 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/config_file.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -62,17 +61,9 @@ std::string DisplayScope(absl::string_view scope) {
 
 absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
   TokenTable table;
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
-      line = line.substr(0, hash);
-    }
-    std::vector<absl::string_view> fields =
-        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
-    if (fields.empty()) continue;
+  for (const auto& [line_number, fields] : SplitConfigLines(text)) {
     // Errors name the line, never the token on it.
-    auto bad = [&](absl::string_view why) {
+    auto bad = [&, line_number = line_number](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("line ", line_number, ": ", why));
     };
     if (fields.size() < 2 || fields.size() > 3) {
@@ -92,16 +83,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
 }
 
 absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the tokens file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<TokenTable> table = Parse(text.str());
-  if (!table.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokens file ", path, ", ", table.status().message()));
-  }
-  return table;
+  return LoadConfigFile("tokens file", path, &TokenTable::Parse);
 }
 
 const TokenTable::Entry* TokenTable::Find(absl::string_view token) const {

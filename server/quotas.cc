@@ -1,14 +1,13 @@
 #include "server/quotas.h"
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/auth.h"
+#include "server/config_file.h"
 #include "server/server.h"
 
 namespace gpucompute {
@@ -47,16 +46,8 @@ absl::StatusOr<QuotaTable> QuotaTable::Parse(absl::string_view text) {
   // Tenant lines take the defaults, wherever the default line is: they are applied last.
   std::vector<std::pair<std::string, std::vector<absl::string_view>>> overrides;
   std::optional<int> default_line;
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
-      line = line.substr(0, hash);
-    }
-    std::vector<absl::string_view> fields =
-        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
-    if (fields.empty()) continue;
-    auto bad = [&](absl::string_view why) {
+  for (const auto& [line_number, fields] : SplitConfigLines(text)) {
+    auto bad = [line_number = line_number](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("line ", line_number, ": ", why));
     };
     if (fields[0] == "default") {
@@ -88,16 +79,7 @@ absl::StatusOr<QuotaTable> QuotaTable::Parse(absl::string_view text) {
 }
 
 absl::StatusOr<QuotaTable> QuotaTable::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the quota file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<QuotaTable> table = Parse(text.str());
-  if (!table.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quota file ", path, ", ", table.status().message()));
-  }
-  return table;
+  return LoadConfigFile("quota file", path, &QuotaTable::Parse);
 }
 
 const TenantQuota& QuotaTable::For(absl::string_view tenant) const {
