@@ -153,6 +153,13 @@ struct GlobalOptions {
   bool json = false;
   std::string stream;
   std::optional<double> timeout_seconds;
+  // --token / --token-file / $GPUCOMPUTE_TOKEN, and TLS (see ClientOptions).
+  std::string token;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  bool tls = false;
 };
 
 // The connection the global flags describe.

@@ -23,6 +23,12 @@ ClientOptions ClientOptionsFor(const GlobalOptions& options) {
   ClientOptions client_options;
   client_options.target = options.server;
   client_options.client_name = options.client_name;
+  client_options.token = options.token;
+  client_options.tls = options.tls;
+  client_options.tls_ca_file = options.tls_ca_file;
+  client_options.tls_cert_file = options.tls_cert_file;
+  client_options.tls_key_file = options.tls_key_file;
+  client_options.tls_server_name = options.tls_server_name;
   if (options.timeout_seconds.has_value()) {
     client_options.timeout = absl::Seconds(*options.timeout_seconds);
   }

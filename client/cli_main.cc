@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
@@ -271,6 +275,15 @@ std::string MainHelp() {
       "                      default stream)\n"
       "  --timeout SECONDS   deadline of each call (uploads and downloads excepted);\n"
       "                      an operation still running then is printed, exit 14\n"
+      "  --token TOKEN       bearer token sent with every call (default\n"
+      "                      $GPUCOMPUTE_TOKEN); it names your tenant\n"
+      "  --token-file PATH   read the token from the first line of PATH\n"
+      "  --tls               connect with TLS, verifying the server with the system's CAs\n"
+      "  --tls-ca PATH       connect with TLS, verifying the server with this PEM CA\n"
+      "  --tls-cert PATH     client certificate (PEM) for mutual TLS, with --tls-key\n"
+      "  --tls-key PATH      the client certificate's PEM private key\n"
+      "  --tls-server-name NAME  name the server's certificate must carry (default:\n"
+      "                      the host of --server)\n"
       "\n"
       "Commands:\n";
   size_t width = 0;
@@ -341,11 +354,25 @@ std::string EnvOr(const char* name, std::string_view fallback) {
   return value != nullptr && *value != '\0' ? std::string(value) : std::string(fallback);
 }
 
+// The first line of `path`, without surrounding white space.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(absl::StrCat("--token-file: cannot read ", path));
+  }
+  const std::string token(absl::StripAsciiWhitespace(line));
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--token-file: ", path, " is empty"));
+  return token;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   GlobalOptions options;
   options.server = EnvOr("GPUCOMPUTE_SERVER", kDefaultServer);
   options.client_name = EnvOr("GPUCOMPUTE_CLIENT", "");
+  options.token = EnvOr("GPUCOMPUTE_TOKEN", "");
 
   // Global flags come before the command.
   size_t next = 0;
@@ -358,12 +385,26 @@ int Main(int argc, char** argv) {
     }
     ++next;
     if (flag == "--help" || flag == "-h") return Help({});
-    if (flag == "--json") {
-      if (inline_value.has_value()) return UsageError("--json takes no value", nullptr);
-      options.json = true;
+    if (flag == "--json" || flag == "--tls") {
+      if (inline_value.has_value()) return UsageError(flag + " takes no value", nullptr);
+      (flag == "--json" ? options.json : options.tls) = true;
       continue;
     }
-    if (flag != "--server" && flag != "--client" && flag != "--stream" && flag != "--timeout") {
+    // Flags whose value is taken as it is.
+    static constexpr std::pair<std::string_view, std::string GlobalOptions::*> kStringFlags[] = {
+        {"--client", &GlobalOptions::client_name},
+        {"--stream", &GlobalOptions::stream},
+        {"--token", &GlobalOptions::token},
+        {"--tls-ca", &GlobalOptions::tls_ca_file},
+        {"--tls-cert", &GlobalOptions::tls_cert_file},
+        {"--tls-key", &GlobalOptions::tls_key_file},
+        {"--tls-server-name", &GlobalOptions::tls_server_name},
+    };
+    const auto* string_flag =
+        std::find_if(std::begin(kStringFlags), std::end(kStringFlags),
+                     [&](const auto& known) { return known.first == flag; });
+    if (string_flag == std::end(kStringFlags) && flag != "--server" && flag != "--token-file" &&
+        flag != "--timeout") {
       return UsageError(absl::StrCat("unknown global flag ", flag), nullptr);
     }
     std::string value;
@@ -374,13 +415,15 @@ int Main(int argc, char** argv) {
     } else {
       return UsageError(absl::StrCat(flag, " needs a value"), nullptr);
     }
-    if (flag == "--server") {
+    if (string_flag != std::end(kStringFlags)) {
+      options.*(string_flag->second) = value;
+    } else if (flag == "--server") {
       if (value.empty()) return UsageError("--server needs HOST:PORT", nullptr);
       options.server = value;
-    } else if (flag == "--client") {
-      options.client_name = value;
-    } else if (flag == "--stream") {
-      options.stream = value;
+    } else if (flag == "--token-file") {
+      absl::StatusOr<std::string> token = ReadTokenFile(value);
+      if (!token.ok()) return UsageError(std::string(token.status().message()), nullptr);
+      options.token = *std::move(token);
     } else {
       double seconds;
       if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {

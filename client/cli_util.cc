@@ -78,7 +78,9 @@ absl::StatusOr<ParsedArgs> ParsedArgs::Parse(std::span<const std::string> args,
       return f.name == name || (!f.alias.empty() && f.alias == name);
     });
     if (spec == flags.end()) {
-      for (std::string_view global : {"--server", "--client", "--json", "--stream", "--timeout"}) {
+      for (std::string_view global :
+           {"--server", "--client", "--json", "--stream", "--timeout", "--token", "--token-file",
+            "--tls", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}) {
         if (name == global) {
           return absl::InvalidArgumentError(
               absl::StrCat("the global flag ", name, " goes before the command"));

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -42,6 +44,7 @@ constexpr size_t kMessageSlackBytes = size_t{1} << 20;
 // What a call needs to build its context; asynchronous calls keep a copy.
 struct CallSettings {
   std::string client_name;
+  std::string token;
   absl::Duration timeout;
 };
 
@@ -50,14 +53,16 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, b
   if (!settings.client_name.empty()) {
     context->AddMetadata(kClientMetadataKey, settings.client_name);
   }
+  if (!settings.token.empty()) context->AddMetadata("authorization", "Bearer " + settings.token);
   if (unary && settings.timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + settings.timeout));
   }
   return context;
 }
 
-grpc::ChannelArguments ChannelArgumentsFor() {
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
   grpc::ChannelArguments arguments;
+  if (!options.tls_server_name.empty()) arguments.SetSslTargetNameOverride(options.tls_server_name);
   arguments.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
   arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
   return arguments;
@@ -79,7 +84,7 @@ constexpr char kUploadMethod[] = "/gpucompute.v1.BufferService/Upload";
 constexpr char kDownloadMethod[] = "/gpucompute.v1.BufferService/Download";
 
 CallSettings SettingsOf(const ClientOptions& options) {
-  return CallSettings{options.client_name, options.timeout};
+  return CallSettings{options.client_name, options.token, options.timeout};
 }
 
 template <typename Stub, typename Request, typename Response>
@@ -306,6 +311,40 @@ bool IsValidClientName(std::string_view name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
 }
 
+absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(
+    const ClientOptions& options) {
+  const bool tls = options.tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+                   !options.tls_key_file.empty();
+  if (!tls) return grpc::InsecureChannelCredentials();
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a TLS client certificate and its key go together: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("the TLS CA", options.tls_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+  }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem("the TLS certificate", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem("the TLS key", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 }  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -327,8 +366,10 @@ bool OperationFuture::Wait(absl::Duration timeout) const {
          std::future_status::ready;
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+               std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
+      credentials_(std::move(credentials)),
       channel_(std::move(channel)),
       stubs_(std::make_unique<Stubs>(channel_)),
       async_calls_(std::make_shared<client_internal::AsyncCallRegistry>()) {}
@@ -346,12 +387,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the call timeout must be positive");
   }
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), ChannelArgumentsFor());
+  if (options.token.find_first_of("\r\n") != std::string::npos) {
+    return absl::InvalidArgumentError("the token must be one line");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = CredentialsFor(options);
+  if (!credentials.ok()) return credentials.status();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.target, *credentials, ChannelArgumentsFor(options));
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
   }
-  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+  return std::unique_ptr<Client>(new Client(options, *std::move(credentials), std::move(channel)));
 }
 
 size_t Client::ChunkBytes() const {
@@ -837,11 +883,10 @@ std::shared_ptr<grpc::Channel> Client::TransferChannel(int index) {
   if (channel == nullptr) {
     // A subchannel pool of its own and an argument no other channel has: gRPC would
     // otherwise share one connection among channels to the same target.
-    grpc::ChannelArguments arguments = ChannelArgumentsFor();
+    grpc::ChannelArguments arguments = ChannelArgumentsFor(options_);
     arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     arguments.SetInt("gpucompute.transfer_channel", index);
-    channel =
-        grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), arguments);
+    channel = grpc::CreateCustomChannel(options_.target, credentials_, arguments);
   }
   return channel;
 }

@@ -65,6 +65,18 @@ struct ClientOptions {
   // Send a CRC32C with every upload chunk and ask for one with every download chunk; a
   // mismatch fails the transfer with DATA_LOSS.
   bool checksums = false;
+  // Sent as the metadata "authorization: Bearer TOKEN" with every call when non-empty
+  // (a server with a tokens file requires one).
+  std::string token;
+  // TLS, used when `tls` is set or any tls_* file is given. PEM files: the CA that
+  // verifies the server (empty: the system's roots), and for mutual TLS the client's
+  // certificate chain and private key. tls_server_name, when set, is the name the
+  // server's certificate must carry instead of the target's host.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 inline constexpr int kAutoTransferStreams = 4;
@@ -204,7 +216,8 @@ class Client {
 
  private:
   struct Stubs;
-  explicit Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+         std::shared_ptr<grpc::Channel> channel);
 
   // Downloads, calling `on_info` with the buffer's info and the byte count before
   // the first chunk reaches `sink`.
@@ -236,6 +249,7 @@ class Client {
       const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks);
 
   ClientOptions options_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // for the transfer channels
   std::shared_ptr<grpc::Channel> channel_;
   absl::Mutex channels_mu_;
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_ ABSL_GUARDED_BY(channels_mu_);

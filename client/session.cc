@@ -11,6 +11,7 @@ namespace {
 
 void NameClient(const ClientOptions& options, grpc::ClientContext* context) {
   if (!options.client_name.empty()) context->AddMetadata(kClientMetadataKey, options.client_name);
+  if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
 }
 
 OperationFuture Resolved(absl::StatusOr<v1::Operation> value) {

@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/auth.h"
 #include "server/ids.h"
+#include "server/quotas.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -97,11 +99,11 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
                                                    " does not exist; the server has ",
                                                    backend_.devices().size(), " device(s)"));
   }
+  const uint64_t bytes = n * DTypeSize(dtype);
   {
     absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckCanAddLocked(client, name));
+    RETURN_IF_ERROR(CheckCanAddLocked(client, name, bytes));
   }
-  const uint64_t bytes = n * DTypeSize(dtype);
   ASSIGN_OR_RETURN(MemoryLimiter::Charge charge, limiter_.TryCharge(bytes));
   ASSIGN_OR_RETURN(DeviceMemory memory, exportable ? backend_.AllocateExportable(device, bytes)
                                                    : backend_.Allocate(device, bytes));
@@ -123,8 +125,23 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   return entry;
 }
 
-absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client,
-                                               absl::string_view name) const {
+absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::string_view name,
+                                               uint64_t bytes) const {
+  if (quotas_ != nullptr) {
+    const absl::string_view tenant = TenantOfScope(client);
+    const TenantQuota& quota = quotas_->For(tenant);
+    auto it = tenant_usage_.find(tenant);
+    const TenantUsage used = it == tenant_usage_.end() ? TenantUsage{} : it->second;
+    if (quota.buffers != 0 && used.buffers >= quota.buffers) {
+      return QuotaExceeded(tenant, "buffers", quota.buffers,
+                           absl::StrCat(used.buffers, " buffers held"));
+    }
+    if (quota.device_bytes != 0 &&
+        bytes > quota.device_bytes - std::min(used.bytes, quota.device_bytes)) {
+      return QuotaExceeded(tenant, "device_bytes", quota.device_bytes,
+                           absl::StrCat(used.bytes, " bytes held, ", bytes, " more asked for"));
+    }
+  }
   auto count = count_by_client_.find(client);
   if (count != count_by_client_.end() && count->second >= kMaxBuffersPerClient) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -145,13 +162,16 @@ absl::Status BufferRegistry::Register(const BufferHandle& entry) {
 
 absl::Status BufferRegistry::ReserveLocked(const BufferHandle& entry) {
   // Checked again: other requests may have taken the name or the room since Allocate.
-  RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
+  RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name, entry->size_bytes()));
   if (by_id_.contains(entry->id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("a buffer with id ", entry->id, " already exists"));
   }
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
   ++count_by_client_[entry->client];
+  TenantUsage& used = tenant_usage_[TenantOfScope(entry->client)];
+  used.bytes += entry->size_bytes();
+  ++used.buffers;
   return absl::OkStatus();
 }
 
@@ -174,6 +194,9 @@ void BufferRegistry::UnreserveLocked(const BufferEntry& entry) {
   if (!entry.name.empty()) id_by_name_.erase(NameKey(entry.client, entry.name));
   auto count = count_by_client_.find(entry.client);
   if (--count->second == 0) count_by_client_.erase(count);
+  auto used = tenant_usage_.find(TenantOfScope(entry.client));
+  used->second.bytes -= entry.size_bytes();
+  if (--used->second.buffers == 0) tenant_usage_.erase(used);
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view client,
@@ -183,7 +206,9 @@ absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view clie
   const int64_t now = SteadyNanos();
   if (ref.rfind("buf-", 0) == 0) {
     auto it = by_id_.find(ref);
-    if (it == by_id_.end() || it->second->lease.ExpiredAt(now)) {
+    // Another tenant's buffer is not found, exactly as an unknown id is.
+    if (it == by_id_.end() || !SameTenant(it->second->client, client) ||
+        it->second->lease.ExpiredAt(now)) {
       return absl::NotFoundError(absl::StrCat("buffer ", ref, " not found"));
     }
     return it->second;

@@ -18,6 +18,7 @@
 #include "gpucompute/v1/limits.h"
 #include "kernels/dtype.h"
 #include "server/backend.h"
+#include "server/quotas.h"
 
 namespace gpucompute {
 
@@ -153,7 +154,9 @@ class BufferRegistry {
   void Publish(const BufferHandle& entry);
   void Unreserve(const BufferHandle& entry);
   // Resolves a buffer id, or else one of the client's names, and renews its lease.
-  // NOT_FOUND says which; a buffer whose lease has expired is not found.
+  // NOT_FOUND says which; a buffer whose lease has expired is not found. `client` is the
+  // caller's scope (server/auth.h): another tenant's buffer id is NOT_FOUND with the
+  // message an unknown id gets.
   absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
   // Unregisters every buffer whose lease has expired (memory as Remove); returns how many.
   size_t ReclaimExpired();
@@ -169,12 +172,20 @@ class BufferRegistry {
   // Calls fn for every registered buffer, under the registry's lock (for metrics): fn
   // must be quick and must not call into the registry.
   void ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Enforces the tenants' buffers and device_bytes quotas from now on (null: none). Set
+  // before any buffer is allocated; `quotas` must outlive the registry.
+  void SetQuotas(const QuotaTable* quotas) { quotas_ = quotas; }
 
  private:
-  // RESOURCE_EXHAUSTED if the client holds the most buffers it may, ALREADY_EXISTS if
-  // it already uses `name`.
-  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  struct TenantUsage {
+    uint64_t bytes = 0;
+    uint64_t buffers = 0;
+  };
+
+  // RESOURCE_EXHAUSTED if the client holds the most buffers it may or its tenant would
+  // pass a quota with `bytes` more, ALREADY_EXISTS if it already uses `name`.
+  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name,
+                                 uint64_t bytes) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status ReserveLocked(const BufferHandle& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnreserveLocked(const BufferEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
@@ -188,6 +199,9 @@ class BufferRegistry {
   absl::flat_hash_map<std::string, std::string> id_by_name_ ABSL_GUARDED_BY(mu_);  // NameKey -> id
   absl::flat_hash_map<std::string, size_t> count_by_client_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> leases_expired_{0};
+  // Registered (and reserved) buffers by tenant, for the quotas.
+  absl::flat_hash_map<std::string, TenantUsage> tenant_usage_ ABSL_GUARDED_BY(mu_);
+  const QuotaTable* quotas_ = nullptr;
 };
 
 }  // namespace gpucompute

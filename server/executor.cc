@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/ids.h"
+#include "server/quotas.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -164,6 +166,16 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::NewStreamLocked(absl::str
     return absl::ResourceExhaustedError(absl::StrCat(
         "a client may have at most ", kMaxStreamsPerClient, " streams; delete one first"));
   }
+  if (quotas_ != nullptr) {
+    const absl::string_view tenant = TenantOfScope(client);
+    const uint64_t quota = quotas_->For(tenant).streams;
+    uint64_t tenant_streams = 0;
+    for (const auto& [id, s] : streams_) tenant_streams += TenantOfScope(s->client) == tenant;
+    if (quota != 0 && tenant_streams >= quota) {
+      return QuotaExceeded(tenant, "streams", quota,
+                           absl::StrCat(tenant_streams, " streams, default streams included"));
+    }
+  }
   RETURN_IF_ERROR(ReserveStreamLocked());
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend_.CreateStream(device));
   auto s = std::make_shared<StreamState>();
@@ -216,7 +228,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(
     return NewStreamLocked(client, device, true);
   }
   auto it = streams_.find(stream_id);
-  if (it == streams_.end())
+  if (it == streams_.end() || !SameTenant(it->second->client, client))
     return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   if (it->second->device != device) {
     return absl::InvalidArgumentError(
@@ -230,7 +242,7 @@ absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view 
                                     absl::AnyInvocable<void() &&> done) {
   Guard guard(*this);
   auto it = streams_.find(stream_id);
-  if (it == streams_.end())
+  if (it == streams_.end() || !SameTenant(it->second->client, client))
     return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   std::shared_ptr<StreamState> s = it->second;
   if (s->is_default) {
@@ -279,11 +291,11 @@ void Executor::RetireStreamLocked(std::shared_ptr<StreamState> s,
   }
 }
 
-absl::Status Executor::Synchronize(absl::string_view stream_id,
+absl::Status Executor::Synchronize(absl::string_view client, absl::string_view stream_id,
                                    absl::AnyInvocable<void() &&> done) {
   Guard guard(*this);
   auto it = streams_.find(stream_id);
-  if (it == streams_.end())
+  if (it == streams_.end() || !SameTenant(it->second->client, client))
     return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
   // Operations on one stream finish in order, so the newest being done means all are.
   std::shared_ptr<Operation> last = it->second->last.lock();
@@ -356,11 +368,22 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   std::string range_name = RangeName(spec.kind, spec.accesses);
   Guard guard(*this);
   RETURN_IF_ERROR(cancelled_);
+  const absl::string_view tenant = TenantOfScope(client);
+  if (quotas_ != nullptr) {
+    const uint64_t quota = quotas_->For(tenant).operations;
+    auto it = in_flight_by_tenant_.find(tenant);
+    const uint64_t in_flight = it == in_flight_by_tenant_.end() ? 0 : it->second;
+    if (quota != 0 && in_flight >= quota) {
+      return QuotaExceeded(tenant, "operations", quota,
+                           absl::StrCat(in_flight, " operations in flight"));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
 
   auto op = std::make_shared<Operation>();
   OperationStatus& st = op->status_;
   st.id = NewId("op-");
+  op->scope_ = std::string(client);
   st.kind = spec.kind;
   st.stream_id = s->id;
   st.device = device;
@@ -381,6 +404,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   s->last = op;
   ++s->unfinished;
   ++in_flight_;
+  ++in_flight_by_tenant_[tenant];
   operations_.emplace(st.id, op);
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
@@ -509,13 +533,15 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
   st.error = status;
   if (!status.ok()) st.result = OpResult{};
 
-  KindStats& k = stats_[static_cast<int>(st.kind)];
-  ++k.count;
-  k.failed += !status.ok();
-  k.device_seconds += device_seconds;
-  k.bytes_read += st.timing.bytes_read;
-  k.bytes_written += st.timing.bytes_written;
-  k.flops += st.timing.flops;
+  for (KindStats* k : {&stats_[static_cast<int>(st.kind)],
+                       &tenant_stats_[TenantOfScope(op->scope_)][static_cast<int>(st.kind)]}) {
+    ++k->count;
+    k->failed += !status.ok();
+    k->device_seconds += device_seconds;
+    k->bytes_read += st.timing.bytes_read;
+    k->bytes_written += st.timing.bytes_written;
+    k->flops += st.timing.flops;
+  }
   if (observer_ != nullptr) observer_->OnCompleted(st);
 
   op->phase_ = Work::Phase::kDone;
@@ -539,6 +565,8 @@ void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Sta
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
+  auto tenant_in_flight = in_flight_by_tenant_.find(TenantOfScope(op->scope_));
+  if (--tenant_in_flight->second == 0) in_flight_by_tenant_.erase(tenant_in_flight);
   --in_flight_;  // the destructor's LockWhen sees it reach zero
 }
 
@@ -548,10 +576,11 @@ void Executor::NotifyLocked(Work& work) {
   for (auto& l : listeners) l();
 }
 
-absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view id) {
+absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view client,
+                                                                   absl::string_view id) {
   Guard guard(*this);
   auto it = operations_.find(id);
-  if (it == operations_.end()) {
+  if (it == operations_.end() || !SameTenant(it->second->scope_, client)) {
     return absl::NotFoundError(absl::StrCat("operation ", id,
                                             " not found (the server keeps at most the last ",
                                             kRetainedOperations, " finished operations)"));
@@ -621,20 +650,24 @@ void Executor::Release(const std::shared_ptr<HostAccess>& access) {
 
 Stream& Executor::TransferStream(int device) { return *transfer_streams_.at(device); }
 
-void Executor::RecordTransfer(OperationKind kind, uint64_t bytes) {
+void Executor::RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes) {
   Guard guard(*this);
-  KindStats& k = stats_[static_cast<int>(kind)];
-  ++k.count;
-  if (kind == OperationKind::kUpload) {
-    k.bytes_written += bytes;
-  } else {
-    k.bytes_read += bytes;
+  for (KindStats* k : {&stats_[static_cast<int>(kind)],
+                       &tenant_stats_[TenantOfScope(scope)][static_cast<int>(kind)]}) {
+    ++k->count;
+    if (kind == OperationKind::kUpload) {
+      k->bytes_written += bytes;
+    } else {
+      k->bytes_read += bytes;
+    }
   }
 }
 
-std::array<KindStats, kNumOperationKinds> Executor::Stats() {
+std::array<KindStats, kNumOperationKinds> Executor::Stats(std::optional<absl::string_view> tenant) {
   Guard guard(*this);
-  return stats_;
+  if (!tenant.has_value()) return stats_;
+  auto it = tenant_stats_.find(*tenant);
+  return it == tenant_stats_.end() ? std::array<KindStats, kNumOperationKinds>{} : it->second;
 }
 
 }  // namespace gpucompute

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "absl/time/time.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
+#include "server/quotas.h"
 
 namespace gpucompute {
 
@@ -133,6 +135,7 @@ class Operation final : public Work {
   friend class Executor;
   using Clock = std::chrono::steady_clock;
   OperationStatus status_;
+  std::string scope_;  // of the client that submitted it (server/auth.h)
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
@@ -210,7 +213,9 @@ class Executor {
   // finishes. Returns how many queued operations it failed.
   size_t CancelQueued(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // --- Streams. Ids are global and unguessable; listings are per client.
+  // --- Streams. Ids are global and unguessable; listings are per client. `client` is
+  // the caller's scope (server/auth.h): a stream or operation of another tenant is
+  // NOT_FOUND, exactly as an unknown id is.
   absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
   // The client's default stream on `device`, created on first use.
   absl::StatusOr<StreamInfo> DefaultStream(absl::string_view client, int device);
@@ -218,7 +223,8 @@ class Executor {
   absl::Status DeleteStream(absl::string_view client, absl::string_view stream_id,
                             absl::AnyInvocable<void() &&> done);
   // `done` runs once every operation submitted to the stream so far has finished.
-  absl::Status Synchronize(absl::string_view stream_id, absl::AnyInvocable<void() &&> done);
+  absl::Status Synchronize(absl::string_view client, absl::string_view stream_id,
+                           absl::AnyInvocable<void() &&> done);
   std::vector<StreamInfo> ListStreams(absl::string_view client);
 
   // --- Operations.
@@ -247,7 +253,8 @@ class Executor {
   // device.
   absl::StatusOr<std::shared_ptr<Operation>> Submit(absl::string_view client,
                                                     absl::string_view stream_id, OpSpec spec);
-  absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view id);
+  absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view client,
+                                                           absl::string_view id);
   OperationStatus GetStatus(const Operation& op);
   // Runs fn once the operation is done: at once, on this thread, if it already is.
   void OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn);
@@ -262,10 +269,15 @@ class Executor {
 
   // Set before any work is submitted; the observer must outlive the executor.
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
+  // Enforces the tenants' streams and operations quotas (null: none). Set before any
+  // work is submitted; `quotas` must outlive the executor.
+  void SetQuotas(const QuotaTable* quotas) { quotas_ = quotas; }
 
-  std::array<KindStats, kNumOperationKinds> Stats();
-  // Counts a finished upload or download in the statistics.
-  void RecordTransfer(OperationKind kind, uint64_t bytes);
+  // The server's statistics, or with `tenant` set those of that tenant's operations.
+  std::array<KindStats, kNumOperationKinds> Stats(
+      std::optional<absl::string_view> tenant = std::nullopt);
+  // Counts a finished upload or download by the client of `scope` in the statistics.
+  void RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -323,6 +335,7 @@ class Executor {
   const std::vector<std::unique_ptr<Stream>> transfer_streams_;
   absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
+  absl::flat_hash_map<std::string, uint64_t> in_flight_by_tenant_ ABSL_GUARDED_BY(mu_);
   // Set by CancelQueued: what queued and later operations fail with.
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
@@ -341,8 +354,11 @@ class Executor {
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
+  absl::flat_hash_map<std::string, std::array<KindStats, kNumOperationKinds>> tenant_stats_
+      ABSL_GUARDED_BY(mu_);
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
+  const QuotaTable* quotas_ = nullptr;
   std::thread reaper_;  // last: it runs on the members above
 };
 

@@ -160,6 +160,21 @@ ABSL_FLAG(absl::Duration, snapshot_interval, absl::ZeroDuration(),
           "at shutdown");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
+ABSL_FLAG(std::string, tls_cert, "",
+          "serve TLS with this PEM certificate chain (with --tls-key); empty serves plaintext");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "require client certificates that this PEM CA verifies (mutual TLS); a "
+          "certificate's common name names its tenant when the call carries no token");
+ABSL_FLAG(std::string, tokens_file, "",
+          "bearer tokens, one 'TOKEN TENANT [admin]' a line, # comments; calls must send "
+          "'authorization: Bearer TOKEN'; re-read on SIGHUP");
+ABSL_FLAG(std::string, quota_file, "",
+          "per-tenant quotas: lines 'default KEY=VALUE...' and 'tenant NAME KEY=VALUE...' "
+          "with keys device_bytes, buffers, streams, operations; 0 or absent is none");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "listen on a non-loopback address without authentication (no --tokens-file, no "
+          "--tls-client-ca): anyone who reaches the port can use every buffer");
 
 namespace gpucompute {
 namespace {
@@ -189,6 +204,12 @@ constexpr FlagDoc kFlagDocs[] = {
     {"default_result_ttl", "SECONDS"},
     {"persist_dir", "DIR"},
     {"snapshot_interval", "DURATION"},
+    {"tls_cert", "PATH"},
+    {"tls_key", "PATH"},
+    {"tls_client_ca", "PATH"},
+    {"tokens_file", "PATH"},
+    {"allow_insecure_remote", "true|false"},
+    {"quota_file", "PATH"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -253,7 +274,8 @@ std::string Usage() {
                   "comments\n"
                   "  --help\n"
                   "      print this text\n\n"
-                  "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n");
+                  "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n"
+                  "SIGHUP re-reads --tokens-file (a malformed file keeps the tokens in use).\n");
   return usage;
 }
 
@@ -408,6 +430,12 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;
     parsed.error = "--snapshot-interval: must not be negative";
   }
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  o.quota_file = absl::GetFlag(FLAGS_quota_file);
   return parsed;
 }
 

@@ -15,7 +15,7 @@
 
 namespace {
 
-// Blocks SIGINT and SIGTERM in the calling thread and returns them. Called first thing in
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and returns them. Called first thing in
 // main, before any thread exists: every thread started later (gRPC's, the backend's, the
 // CUDA runtime's) inherits the mask, so none of them can take the signals' default action,
 // and a signal that comes before the watcher below runs stays pending until it does.
@@ -24,12 +24,15 @@ sigset_t BlockStopSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
 }
 
-// Takes the blocked stop signals with sigwait on a thread of its own, so that nothing runs
-// in a signal handler, and shuts the server down once it serves. A signal that comes while
+// Takes the blocked signals with sigwait on a thread of its own, so that nothing runs in a
+// signal handler: SIGINT and SIGTERM shut the server down once it serves, SIGHUP re-reads
+// its tokens file (one that comes while the server starts is dropped: Start reads the
+// file anyway). A signal that comes while
 // the server starts is remembered: main sees it when Server::Start returns and stops at
 // once. Start is not interrupted (nor the process ended under it): on CUDA it sets up the
 // devices and warms cuBLAS, seconds at most, and letting it finish means one way out, in
@@ -70,6 +73,11 @@ class StopSignalWatcher {
       if (sigwait(&signals_, &signal) != 0) continue;
       std::lock_guard lock(mu_);
       if (stopping_) return;
+      if (signal == SIGHUP) {
+        // Under mu_ as below. A bad file is logged by ReloadTokens and changes nothing.
+        if (server_ != nullptr) (void)server_->ReloadTokens();
+        continue;
+      }
       if (signalled_) continue;  // the first one is already stopping the server
       signalled_ = true;
       std::fprintf(stderr, "gpucompute-server: %s, stopping\n",

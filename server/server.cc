@@ -9,14 +9,20 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "server/auth.h"
 #include "server/backend_loader.h"
 #include "server/metrics/server_metrics.h"
 #include "server/persistence.h"
+#include "server/quotas.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -57,7 +63,60 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
       absl::StrCat("'", text, "' has an unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"));
 }
 
+bool IsLoopbackListenAddress(absl::string_view listen) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return true;
+  absl::string_view host = listen;
+  if (absl::ConsumePrefix(&host, "[")) {
+    host = host.substr(0, host.find(']'));
+  } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad.
+  int a = 0, b = 0, c = 0, d = 0;
+  char extra = 0;
+  const std::string h(host);
+  return std::sscanf(h.c_str(), "%d.%d.%d.%d%c", &a, &b, &c, &d, &extra) == 4 && a == 127 &&
+         b >= 0 && b < 256 && c >= 0 && c < 256 && d >= 0 && d < 256;
+}
+
 namespace {
+
+absl::StatusOr<std::string> ReadPemFile(absl::string_view what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not a PEM file"));
+  }
+  return text.str();
+}
+
+// The listening port's credentials: TLS (mutual with a client CA) or none.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (options.tls_cert_file.empty()) {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile("the TLS certificate", options.tls_cert_file));
+  ASSIGN_OR_RETURN(pair.private_key, ReadPemFile("the TLS key", options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadPemFile("the TLS client CA", options.tls_client_ca_file));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
 
 // Where the backend's failure listener reaches the health service: set while the gRPC
 // server lives. Shared with the listener, which may run on a backend thread at any time.
@@ -87,6 +146,8 @@ struct Server::Impl {
   std::unique_ptr<BufferRegistry> registry;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Timer> timer;
+  std::unique_ptr<Authenticator> auth;  // null without authentication
+  std::unique_ptr<QuotaTable> quotas;   // null without a quota file
   std::unique_ptr<ServiceContext> ctx;
   std::unique_ptr<BufferServiceImpl> buffers;
   std::unique_ptr<StreamServiceImpl> streams;
@@ -178,7 +239,26 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (absl::Status s = CheckDeviceIndex(*backend, options.default_device); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("default device: ", s.message()));
   }
+  const bool authenticated = !options.tokens_file.empty() || !options.tls_client_ca_file.empty();
+  if (!authenticated && !options.allow_insecure_remote &&
+      !IsLoopbackListenAddress(options.listen)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", options.listen,
+        " without authentication: anyone who reaches it could use and read every buffer; "
+        "configure --tokens-file or --tls-client-ca, listen on a loopback address, or pass "
+        "--allow-insecure-remote to serve without authentication anyway"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ListenCredentials(options));
   auto impl = std::make_unique<Impl>();
+  if (authenticated) {
+    ASSIGN_OR_RETURN(impl->auth, Authenticator::Create(options.tokens_file,
+                                                       !options.tls_client_ca_file.empty()));
+  }
+  if (!options.quota_file.empty()) {
+    ASSIGN_OR_RETURN(QuotaTable quotas, QuotaTable::Load(options.quota_file));
+    impl->quotas = std::make_unique<QuotaTable>(std::move(quotas));
+  }
   impl->backend = std::move(backend);
   impl->backend_name = std::string(impl->backend->name());
   impl->shutdown_grace = options.shutdown_grace;
@@ -211,6 +291,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->timer = std::make_unique<Timer>();
   impl->ctx = std::make_unique<ServiceContext>(ServiceContext{
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
+  impl->ctx->auth = impl->auth.get();
+  impl->ctx->quotas = impl->quotas.get();
+  impl->registry->SetQuotas(impl->quotas.get());
+  impl->executor->SetQuotas(impl->quotas.get());
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
   impl->ctx->default_result_ttl_nanos = *default_ttl;
   if (!options.persist_dir.empty()) {
@@ -258,7 +342,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   builder.RegisterService(impl->buffers.get());
@@ -289,6 +373,19 @@ int Server::metrics_port() const { return impl_->metrics == nullptr ? 0 : impl_-
 const std::string& Server::backend_name() const { return impl_->backend_name; }
 Backend& Server::backend() { return *impl_->backend; }
 void Server::Wait() { impl_->grpc_server->Wait(); }
+
+absl::Status Server::ReloadTokens() {
+  if (impl_->auth == nullptr) return absl::OkStatus();
+  absl::Status status = impl_->auth->Reload();
+  if (status.ok()) {
+    std::fprintf(stderr, "gpucompute-server: reloaded the tokens file: %zu tokens\n",
+                 impl_->auth->token_count());
+  } else {
+    std::fprintf(stderr, "gpucompute-server: kept the tokens in use: %s\n",
+                 std::string(status.message()).c_str());
+  }
+  return status;
+}
 
 void Server::Shutdown() {
   if (impl_->grpc_server == nullptr) return;

@@ -70,6 +70,21 @@ struct ServerOptions {
   std::string persist_dir;
   // With persist_dir: also write named buffers this often; zero only at shutdown.
   absl::Duration snapshot_interval = absl::ZeroDuration();
+
+  // TLS: PEM files of the server's certificate chain and private key; both or neither.
+  // With tls_client_ca_file (PEM) set as well, clients must present a certificate it
+  // verifies (mutual TLS), whose common name may name the caller's tenant.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Bearer tokens, one "TOKEN TENANT [admin]" a line (server/auth.h); re-read by
+  // Server::ReloadTokens (main calls it on SIGHUP).
+  std::string tokens_file;
+  // Without authentication (no tokens file, no client CA) the server refuses to listen on
+  // anything but a loopback address, unless this is set.
+  bool allow_insecure_remote = false;
+  // Per-tenant quotas (server/quotas.h gives the format); empty: none.
+  std::string quota_file;
 };
 
 class Server {
@@ -99,12 +114,19 @@ class Server {
   // With ServerOptions::persist_dir: writes the named buffers now, as the periodic
   // snapshot does; returns how many. FAILED_PRECONDITION without a persist_dir.
   absl::StatusOr<size_t> Snapshot();
+  // Reads ServerOptions::tokens_file again. On error (logged, and returned) the tokens in
+  // use stay; without a tokens file it does nothing.
+  absl::Status ReloadTokens();
 
  private:
   struct Impl;
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Whether `listen` (HOST:PORT, [V6]:PORT or unix:PATH) only takes connections from this
+// host: a loopback address, "localhost" or a Unix socket.
+bool IsLoopbackListenAddress(absl::string_view listen);
 
 // Parses "1073741824", "512MiB", "8GiB", "1.5GB" and the like into bytes.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);

@@ -1033,5 +1033,84 @@ TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
   ExpectStopsCleanly(shm.process(), SIGTERM);
 }
 
+// ---------------------------------------------------------------------------
+// Authentication: the program's flags, SIGHUP and the CLI's token.
+
+// Waits until `log` holds `text`, up to 10 s.
+bool LogSays(const ServerProcess& server, const std::string& text) {
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    std::ifstream in(server.log, std::ios::binary);
+    if (std::string(std::istreambuf_iterator<char>(in), {}).find(text) != std::string::npos)
+      return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST_F(CliTest, TokensFileIsReloadedOnSighup) {
+  const std::string tokens = Path("tokens");
+  std::ofstream(tokens, std::ios::trunc) << "first-token-41 alice\n";
+  ServerProcess server =
+      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=64MiB",
+                   "--cpu-threads=1", "--tokens-file=" + tokens},
+                  Path("auth-server.log"));
+  const int port = WaitForListening(server);
+  ASSERT_NE(port, 0) << ReadFile(server.log);
+  const std::string target = "127.0.0.1:" + std::to_string(port);
+
+  Result good = Run("--token first-token-41 --json info", target);
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_EQ(ParseJson<v1::ServerInfo>(good.out).tenant(), "alice");
+  Result none = Run("info", target);
+  EXPECT_EQ(none.exit_code, 10 + static_cast<int>(absl::StatusCode::kUnauthenticated)) << none.err;
+  EXPECT_NE(none.err.find("UNAUTHENTICATED"), std::string::npos) << none.err;
+
+  // The file changes; SIGHUP makes the server read it.
+  std::ofstream(tokens, std::ios::trunc) << "second-token-42 bob admin\n";
+  ASSERT_EQ(kill(server.pid, SIGHUP), 0);
+  ASSERT_TRUE(LogSays(server, "reloaded the tokens file: 1 tokens")) << ReadFile(server.log);
+  Result old_token = Run("--token first-token-41 info", target);
+  EXPECT_EQ(old_token.exit_code, 10 + static_cast<int>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(old_token.err.find("first-token-41"), std::string::npos) << old_token.err;
+  // $GPUCOMPUTE_TOKEN and --token-file carry a token too.
+  setenv("GPUCOMPUTE_TOKEN", "second-token-42", 1);
+  Result from_env = Run("--json info", target);
+  unsetenv("GPUCOMPUTE_TOKEN");
+  ASSERT_EQ(from_env.exit_code, 0) << from_env.err;
+  EXPECT_EQ(ParseJson<v1::ServerInfo>(from_env.out).tenant(), "bob");
+  std::ofstream(Path("token"), std::ios::trunc) << "second-token-42\n";
+  Result from_file = Run("--token-file " + ShellQuote(Path("token")) + " --json info", target);
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_TRUE(ParseJson<v1::ServerInfo>(from_file.out).admin());
+
+  // A malformed file keeps the tokens in use, and the log does not quote it.
+  std::ofstream(tokens, std::ios::trunc) << "third-token-43\n";
+  ASSERT_EQ(kill(server.pid, SIGHUP), 0);
+  ASSERT_TRUE(LogSays(server, "kept the tokens in use")) << ReadFile(server.log);
+  EXPECT_EQ(ReadFile(server.log).find("third-token-43"), std::string::npos);
+  EXPECT_EQ(ReadFile(server.log).find("second-token-42"), std::string::npos);
+  EXPECT_EQ(Run("--token second-token-42 info", target).exit_code, 0);
+  EXPECT_NE(Run("--token third-token-43 info", target).exit_code, 0);
+  ExpectStopsCleanly(server, SIGTERM);
+}
+
+TEST_F(CliTest, NonLoopbackListenNeedsAuthenticationOrTheFlag) {
+  ServerProcess refused =
+      SpawnServer({"--listen=0.0.0.0:0", "--backend=cpu"}, Path("insecure-server.log"));
+  int status = 0;
+  ASSERT_EQ(waitpid(refused.pid, &status, 0), refused.pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(ReadFile(refused.log).find("--allow-insecure-remote"), std::string::npos)
+      << ReadFile(refused.log);
+
+  ServerProcess allowed =
+      SpawnServer({"--listen=0.0.0.0:0", "--backend=cpu", "--memory-limit=64MiB", "--cpu-threads=1",
+                   "--allow-insecure-remote"},
+                  Path("allowed-server.log"));
+  ASSERT_NE(WaitForListening(allowed), 0) << ReadFile(allowed.log);
+  ExpectStopsCleanly(allowed, SIGTERM);
+}
+
 }  // namespace
 }  // namespace gpucompute

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/buffer_registry.h"
+#include "server/quotas.h"
 #include "server/status_macros.h"
 #include "tests/scripted_backend.h"
 #include "tests/test_util.h"
@@ -273,7 +275,7 @@ TEST_F(ExecutorTest, SynchronizeWaitsForEverythingSubmitted) {
   const std::string s = NewStream();
   for (int i = 1; i <= 5; ++i) Submit(s, Write(absl::StrCat("x = ", i), x, i));
   std::optional<int64_t> at_sync;
-  ASSERT_OK(executor_->Synchronize(s, [&] { at_sync = At(x, 0); }));
+  ASSERT_OK(executor_->Synchronize("", s, [&] { at_sync = At(x, 0); }));
   for (int i = 1; i <= 4; ++i) {
     backend_.Finish(absl::StrCat("x = ", i));
     EXPECT_FALSE(at_sync.has_value()) << "synchronized with only " << i << " of 5 done";
@@ -432,8 +434,8 @@ TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
   for (size_t i = 0; i < fit; ++i) last = with_values();
   backend_.RunUntilIdle();
   EXPECT_EQ(StateOf(last), State::kSucceeded);
-  EXPECT_EQ(executor_->FindOperation(first->id()).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_OK(executor_->FindOperation(last->id()));
+  EXPECT_EQ(executor_->FindOperation("", first->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_OK(executor_->FindOperation("", last->id()));
 }
 
 TEST_F(ExecutorTest, TimingIsRecorded) {
@@ -455,6 +457,54 @@ TEST_F(ExecutorTest, TimingIsRecorded) {
   EXPECT_EQ(st.timing.flops, 16u);
   EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].count, 1u);
   EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].device_seconds, 0.25);
+}
+
+// ---------------------------------------------------------------------------
+// Tenants' quotas.
+
+TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
+  absl::StatusOr<QuotaTable> quotas = QuotaTable::Parse("default operations=2\n");
+  ASSERT_OK(quotas);
+  executor_->SetQuotas(&*quotas);
+  BufferHandle x = NewBuffer(4);
+  BufferHandle y = NewBuffer(4);
+  const std::string alice = ScopeOf("alice", "c");
+  ASSERT_OK(executor_->Submit(alice, "", Write("x = 1", x, 1)));
+  ASSERT_OK(executor_->Submit(ScopeOf("alice", "other client"), "", Write("x = 2", x, 2)));
+  absl::StatusOr<std::shared_ptr<Operation>> third =
+      executor_->Submit(alice, "", Write("x = 3", x, 3));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("tenant 'alice' is at its quota 'operations' of 2"),
+            std::string::npos)
+      << third.status();
+  // Another tenant's operations are its own.
+  ASSERT_OK(executor_->Submit(ScopeOf("bob", "c"), "", Write("y = 5", y, 5)));
+  // Once one is done, alice may submit again; the refused one never ran.
+  backend_.Finish("x = 1");
+  ASSERT_OK(executor_->Submit(alice, "", Write("x = 4", x, 4)));
+  backend_.RunUntilIdle();
+  EXPECT_FALSE(backend_.Finished("x = 3"));
+  EXPECT_EQ(At(x, 0), 4);
+  EXPECT_EQ(At(y, 0), 5);
+}
+
+TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {
+  absl::StatusOr<QuotaTable> quotas = QuotaTable::Parse("default streams=2\ntenant bob streams=3");
+  ASSERT_OK(quotas);
+  executor_->SetQuotas(&*quotas);
+  const std::string alice = ScopeOf("alice", "c");
+  ASSERT_OK(executor_->DefaultStream(alice, 0));
+  ASSERT_OK(executor_->CreateStream(alice, 0));
+  absl::StatusOr<StreamInfo> third = executor_->CreateStream(ScopeOf("alice", "d"), 0);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("quota 'streams' of 2"), std::string::npos)
+      << third.status();
+  EXPECT_EQ(executor_->DefaultStream(ScopeOf("alice", "d"), 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(executor_->ListStreams(alice).size(), 2u);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(executor_->CreateStream(ScopeOf("bob", "c"), 0));
+  EXPECT_EQ(executor_->CreateStream(ScopeOf("bob", "c"), 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.default_result_ttl_seconds, defaults.default_result_ttl_seconds);
   EXPECT_EQ(parsed.options.persist_dir, defaults.persist_dir);
   EXPECT_EQ(parsed.options.snapshot_interval, defaults.snapshot_interval);
+  EXPECT_EQ(parsed.options.tls_cert_file, "");
+  EXPECT_EQ(parsed.options.tls_key_file, "");
+  EXPECT_EQ(parsed.options.tls_client_ca_file, "");
+  EXPECT_EQ(parsed.options.tokens_file, "");
+  EXPECT_FALSE(parsed.options.allow_insecure_remote);
 }
 
 TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
@@ -84,6 +89,13 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--persist_dir",
       "/var/lib/gpucompute",
       "--snapshot-interval=5m",
+      "--tls-cert=/etc/s.pem",
+      "--tls_key",
+      "/etc/s.key",
+      "--tls-client-ca=/etc/ca.pem",
+      "--tokens-file=/etc/tokens",
+      "--allow-insecure-remote",
+      "--quota-file=/etc/quotas",
   });
   ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
   const ServerOptions& o = parsed.options;
@@ -102,6 +114,12 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.default_result_ttl_seconds, 90.5);
   EXPECT_EQ(o.persist_dir, "/var/lib/gpucompute");
   EXPECT_EQ(o.snapshot_interval, absl::Minutes(5));
+  EXPECT_EQ(o.tls_cert_file, "/etc/s.pem");
+  EXPECT_EQ(o.tls_key_file, "/etc/s.key");
+  EXPECT_EQ(o.tls_client_ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o.tokens_file, "/etc/tokens");
+  EXPECT_TRUE(o.allow_insecure_remote);
+  EXPECT_EQ(o.quota_file, "/etc/quotas");
 }
 
 TEST_F(ServerFlagsTest, SpecialValues) {
@@ -190,7 +208,10 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
         "--max-streams=N", "--shutdown-grace=DURATION", "--default-device=N", "--pool-initial=SIZE",
         "--pool-release-threshold=SIZE|keep", "--kernel-cache-dir=DIR", "--cuda-module=PATH",
         "--metrics-listen=HOST:PORT", "--default-result-ttl=SECONDS", "--persist-dir=DIR",
-        "--snapshot-interval=DURATION", "--flagfile=PATH", "(default 127.0.0.1:50051)"}) {
+        "--snapshot-interval=DURATION", "--flagfile=PATH", "(default 127.0.0.1:50051)",
+        "--tls-cert=PATH", "--tls-key=PATH", "--tls-client-ca=PATH", "--tokens-file=PATH",
+        "--allow-insecure-remote=true|false", "SIGHUP re-reads --tokens-file",
+        "--quota-file=PATH"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
@@ -243,6 +264,14 @@ TEST_F(ServerFlagsTest, ProgramExitCodes) {
   Exit served = RunServer({"--flagfile=" + flags}, log, /*stop_once_listening=*/true);
   EXPECT_EQ(served.code, 0) << served.err;
   EXPECT_NE(served.err.find("cpu backend, listening on port"), std::string::npos) << served.err;
+  // A malformed quota file is a startup error (exit 1) that names its line.
+  const std::string quotas = WriteFile("quotas", "default buffers=many\n");
+  Exit bad_quotas = RunServer(
+      {"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=1", "--quota-file=" + quotas}, log);
+  EXPECT_EQ(bad_quotas.code, 1) << bad_quotas.err;
+  EXPECT_NE(bad_quotas.err.find("line 1: buffers needs a non-negative integer, not 'many'"),
+            std::string::npos)
+      << bad_quotas.err;
 }
 
 }  // namespace

@@ -111,6 +111,17 @@ class TestServer {
     return *std::move(client);
   }
 
+  // A client of the library with `configure` adjusting its options last (a token, TLS).
+  // Returns the error of Client::Connect, if any.
+  absl::StatusOr<std::unique_ptr<Client>> ConnectWith(
+      const std::function<void(ClientOptions&)>& configure) const {
+    ClientOptions options;
+    options.target = target();
+    options.timeout = absl::Seconds(120);
+    configure(options);
+    return Client::Connect(options);
+  }
+
   // A raw channel, for requests the client library would never send.
   std::shared_ptr<grpc::Channel> RawChannel() const {
     grpc::ChannelArguments arguments;

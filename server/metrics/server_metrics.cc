@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/metrics/process_metrics.h"
 
 namespace gpucompute::metrics {
@@ -174,10 +175,11 @@ void ServerMetrics::CollectBuffers(std::vector<Family>& out) {
   std::map<std::pair<std::string, int>, Usage> usage;  // (client, device)
   std::map<std::string, uint64_t> client_bytes;
   ctx_.registry.ForEach([&](const BufferMeta& b) {
-    Usage& u = usage[{b.client, b.device}];
+    const std::string client = DisplayScope(b.client);
+    Usage& u = usage[{client, b.device}];
     ++u.buffers;
     u.bytes += b.size_bytes();
-    client_bytes[b.client] += b.size_bytes();
+    client_bytes[client] += b.size_bytes();
   });
   if (client_bytes.size() > kMaxClientSeries) {
     // Keep the clients holding the most bytes; fold the rest into one series per device.

@@ -18,15 +18,16 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
                                                           const v1::CreateBufferRequest* request,
                                                           v1::CreateBufferResponse* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, *client, *request);
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, caller->scope, *request);
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   if (request->has_fill()) {
     absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->fill());
     if (!plan.ok()) return FinishNow(context, plan.status());
     plan->created = *buffer;
-    absl::StatusOr<std::shared_ptr<Operation>> op = SubmitPlan(ctx_, *client, "", *std::move(plan));
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        SubmitPlan(ctx_, caller->scope, "", *std::move(plan));
     if (!op.ok()) return FinishNow(context, op.status());
   } else if (absl::Status s = ctx_.registry.Register(*buffer); !s.ok()) {
     return FinishNow(context, s);
@@ -39,17 +40,17 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::Upload(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   using Refuse = Refusal<grpc::ServerReadReactor<grpc::ByteBuffer>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return new Refuse(client.status());
-  return NewUploadReactor(ctx_, uploads_, context, *std::move(client), response);
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return new Refuse(caller.status());
+  return NewUploadReactor(ctx_, uploads_, context, std::move(caller->scope), response);
 }
 
 grpc::ServerUnaryReactor* BufferServiceImpl::BeginUpload(grpc::CallbackServerContext* context,
                                                          const v1::BeginUploadRequest* request,
                                                          v1::BeginUploadResponse* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckTimeout(request->idle_timeout_seconds()); !s.ok()) {
     return FinishNow(context, s);
   }
@@ -59,7 +60,7 @@ grpc::ServerUnaryReactor* BufferServiceImpl::BeginUpload(grpc::CallbackServerCon
                                   "a multi-range upload needs size_bytes of at least 1"));
   }
   absl::StatusOr<std::shared_ptr<UploadTransfer>> transfer =
-      UploadTransfer::Start(ctx_, *client, request->header());
+      UploadTransfer::Start(ctx_, caller->scope, request->header());
   if (!transfer.ok()) return FinishNow(context, transfer.status());
   if ((*transfer)->size() == 0) {
     return FinishNow(context, absl::InvalidArgumentError(
@@ -81,12 +82,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   using Refuse = Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return new Refuse(client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return new Refuse(caller.status());
   v1::DownloadRequest parsed;
   if (absl::Status s = wire::Parse(*raw_request, &parsed); !s.ok()) return new Refuse(s);
   const v1::DownloadRequest* request = &parsed;
-  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(caller->scope, request->buffer());
   if (!buffer.ok()) return new Refuse(buffer.status());
   const uint64_t size = (*buffer)->size_bytes();
   const uint64_t offset = request->offset_bytes();
@@ -105,9 +106,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
 grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerContext* context,
                                                        const v1::GetBufferRequest* request,
                                                        v1::BufferInfo* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(caller->scope, request->buffer());
   if (buffer.ok()) ToProto(**buffer, response);
   return FinishNow(context, buffer.status());
 }
@@ -115,10 +116,10 @@ grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* BufferServiceImpl::ListBuffers(grpc::CallbackServerContext* context,
                                                          const v1::ListBuffersRequest* request,
                                                          v1::ListBuffersResponse* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   uint64_t total = 0;
-  for (const BufferHandle& b : ctx_.registry.List(*client)) {
+  for (const BufferHandle& b : ctx_.registry.List(caller->scope)) {
     ToProto(*b, response->add_buffers());
     total += b->size_bytes();
   }
@@ -129,9 +130,9 @@ grpc::ServerUnaryReactor* BufferServiceImpl::ListBuffers(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerContext* context,
                                                           const v1::DeleteBufferRequest* request,
                                                           v1::DeleteBufferResponse* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(*client, request->buffer());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(caller->scope, request->buffer());
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   // Answer once the work queued on the buffer is done; the memory goes with the last handle.
   auto* reactor = new DeferredReactor();
@@ -147,8 +148,8 @@ grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* BufferServiceImpl::RenewLease(grpc::CallbackServerContext* context,
                                                         const v1::RenewLeaseRequest* request,
                                                         v1::RenewLeaseResponse* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   // Checked first: a rejected request leaves the lease as it was.
   std::optional<int64_t> ttl;
   if (request->has_ttl_seconds()) {
@@ -157,7 +158,7 @@ grpc::ServerUnaryReactor* BufferServiceImpl::RenewLease(grpc::CallbackServerCont
     ttl = *nanos;
   }
   // The lookup renews the lease with the buffer's own ttl.
-  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(*client, request->buffer());
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(caller->scope, request->buffer());
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   if (ttl.has_value()) (*buffer)->lease.Set(*ttl, SteadyNanos());
   ToProto(**buffer, response->mutable_buffer());

@@ -157,9 +157,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
                                                        const v1::ChainRequest* request,
                                                        v1::ChainResponse* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx_, *client, *request);
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx_, caller->scope, *request);
   if (!steps.ok()) return FinishNow(context, steps.status());
   if (absl::Status s = ReserveAll(ctx_, *steps); !s.ok()) return FinishNow(context, s);
 
@@ -169,7 +169,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
   for (size_t i = 0; i < run->steps.size(); ++i) {
     ChainStepPlan& step = run->steps[i];
     absl::StatusOr<std::shared_ptr<Operation>> op =
-        SubmitReserved(ctx_, *client, step.stream_id, std::move(step.plan));
+        SubmitReserved(ctx_, caller->scope, step.stream_id, std::move(step.plan));
     if (!op.ok()) {
       // Only a stream that is missing, deleted meanwhile or on another device gets
       // here; the steps queued before this one run, and nothing after it does.

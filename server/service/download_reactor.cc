@@ -177,7 +177,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       if (last) {
         const uint64_t bytes = s->end - s->offset;
         SetTransferStats(bytes, s->start, &stats);
-        s->ctx.executor.RecordTransfer(OperationKind::kDownload, bytes);
+        s->ctx.executor.RecordTransfer(s->buffer->client, OperationKind::kDownload, bytes);
       }
       v1::BufferInfo info;
       if (w.first) ToProto(*s->buffer, &info);

@@ -34,14 +34,14 @@ grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerConte
                                                        const v1::SubmitRequest* request,
                                                        v1::Operation* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok())
     return FinishNow(context, s);
-  absl::StatusOr<Plan> plan = PlanOperation(ctx_, *client, *request);
+  absl::StatusOr<Plan> plan = PlanOperation(ctx_, caller->scope, *request);
   if (!plan.ok()) return FinishNow(context, plan.status());
   absl::StatusOr<std::shared_ptr<Operation>> op =
-      SubmitPlan(ctx_, *client, request->stream_id(), *std::move(plan));
+      SubmitPlan(ctx_, caller->scope, request->stream_id(), *std::move(plan));
   if (!op.ok()) return FinishNow(context, op.status());
   if (request->wait()) {
     if (AwaitBriefly(*op)) {
@@ -78,8 +78,10 @@ bool OperationServiceImpl::AwaitBriefly(const std::shared_ptr<Operation>& op) {
 grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServerContext* context,
                                                              const v1::GetOperationRequest* request,
                                                              v1::Operation* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   absl::StatusOr<std::shared_ptr<Operation>> op =
-      ctx_.executor.FindOperation(request->operation_id());
+      ctx_.executor.FindOperation(caller->scope, request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
   ToProto(ctx_.executor.GetStatus(**op), response);
   return FinishNow(context, absl::OkStatus());
@@ -90,8 +92,10 @@ grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(
     v1::Operation* response) {
   if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok())
     return FinishNow(context, s);
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   absl::StatusOr<std::shared_ptr<Operation>> op =
-      ctx_.executor.FindOperation(request->operation_id());
+      ctx_.executor.FindOperation(caller->scope, request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
   return ReplyWhenDone(*op, request->timeout_seconds(), response);
 }

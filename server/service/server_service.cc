@@ -11,6 +11,22 @@ void ToProto(int device, const PoolUsage& usage, v1::MemoryPoolUsage* out) {
   out->set_used_bytes(usage.used_bytes);
 }
 
+// The memory and buffers of one tenant's scopes.
+struct TenantUsage {
+  uint64_t bytes = 0;
+  uint64_t buffers = 0;
+};
+
+TenantUsage UsageOf(const BufferRegistry& registry, absl::string_view tenant) {
+  TenantUsage usage;
+  registry.ForEach([&](const BufferMeta& b) {
+    if (TenantOfScope(b.client) != tenant) return;
+    usage.bytes += b.size_bytes();
+    ++usage.buffers;
+  });
+  return usage;
+}
+
 // Empty while the backend is healthy, else its error.
 std::string BackendError(const Backend& backend) {
   const absl::Status health = backend.health();
@@ -22,6 +38,14 @@ std::string BackendError(const Backend& backend) {
 grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                            const v1::GetServerInfoRequest* request,
                                                            v1::ServerInfo* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  const TenantUsage own = UsageOf(ctx_.registry, caller->tenant);
+  response->set_tenant(caller->tenant);
+  response->set_admin(caller->admin);
+  response->set_authentication_enabled(ctx_.auth != nullptr);
+  response->set_tenant_memory_used_bytes(own.bytes);
+  response->set_tenant_buffer_count(own.buffers);
   response->set_version(kVersion);
   response->set_api(kApi);
   response->set_backend(std::string(ctx_.backend.name()));
@@ -32,14 +56,16 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
     info->set_total_memory_bytes(d.total_memory_bytes);
     info->set_peak_bandwidth_gbps(d.peak_bandwidth_gbps);
     info->set_compute_units(d.compute_units);
-    const PoolUsage pool = ctx_.backend.MemoryPoolUsage(d.index);
-    info->set_pool_reserved_bytes(pool.reserved_bytes);
-    info->set_pool_used_bytes(pool.used_bytes);
+    if (caller->admin) {  // the pools hold every tenant's memory
+      const PoolUsage pool = ctx_.backend.MemoryPoolUsage(d.index);
+      info->set_pool_reserved_bytes(pool.reserved_bytes);
+      info->set_pool_used_bytes(pool.used_bytes);
+    }
   }
   response->set_default_device(ctx_.executor.default_device());
   response->set_memory_limit_bytes(ctx_.limiter.limit());
-  response->set_memory_used_bytes(ctx_.limiter.used());
-  response->set_buffer_count(ctx_.registry.size());
+  response->set_memory_used_bytes(caller->admin ? ctx_.limiter.used() : own.bytes);
+  response->set_buffer_count(caller->admin ? ctx_.registry.size() : own.buffers);
   v1::Limits* limits = response->mutable_limits();
   limits->set_max_message_bytes(kMaxMessageBytes);
   limits->set_max_dimensions(kMaxDimensions);
@@ -57,6 +83,13 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
                                            1e9);
   response->set_leases_expired(ctx_.registry.leases_expired());
   response->set_persistence_enabled(ctx_.persistence_enabled);
+  if (ctx_.quotas != nullptr) {
+    const TenantQuota& quota = ctx_.quotas->For(caller->tenant);
+    limits->set_tenant_max_device_bytes(quota.device_bytes);
+    limits->set_tenant_max_buffers(quota.buffers);
+    limits->set_tenant_max_streams(quota.streams);
+    limits->set_tenant_max_operations_in_flight(quota.operations);
+  }
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);
@@ -72,7 +105,12 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContext* context,
                                                       const v1::GetStatsRequest* request,
                                                       v1::Stats* response) {
-  const std::array<KindStats, kNumOperationKinds> stats = ctx_.executor.Stats();
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  response->set_tenant(caller->tenant);
+  response->set_admin(caller->admin);
+  const std::array<KindStats, kNumOperationKinds> stats = ctx_.executor.Stats(
+      caller->admin ? std::nullopt : std::optional<absl::string_view>(caller->tenant));
   for (int k = 0; k < kNumOperationKinds; ++k) {
     const KindStats& s = stats[k];
     if (s.count == 0) continue;
@@ -85,10 +123,15 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
     out->set_bytes_written(s.bytes_written);
     out->set_flops(s.flops);
   }
-  response->set_memory_used_bytes(ctx_.limiter.used());
-  response->set_memory_peak_bytes(ctx_.limiter.peak());
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count());
+  if (!caller->admin) {
+    response->set_memory_used_bytes(UsageOf(ctx_.registry, caller->tenant).bytes);
+    response->set_backend_error(BackendError(ctx_.backend));
+    return FinishNow(context, absl::OkStatus());
+  }
+  response->set_memory_used_bytes(ctx_.limiter.used());
+  response->set_memory_peak_bytes(ctx_.limiter.peak());
   for (const DeviceDescription& d : ctx_.backend.devices()) {
     ToProto(d.index, ctx_.backend.MemoryPoolUsage(d.index), response->add_pools());
   }
@@ -99,6 +142,11 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(
     grpc::CallbackServerContext* context, const v1::TrimMemoryPoolRequest* request,
     v1::TrimMemoryPoolResponse* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = RequireAdmin(*caller, "TrimMemoryPool"); !s.ok()) {
+    return FinishNow(context, s);
+  }
   std::vector<int> devices;
   if (request->has_device()) {
     if (absl::Status s = CheckDeviceIndex(ctx_.backend, request->device()); !s.ok())
@@ -120,12 +168,19 @@ grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(
 grpc::ServerUnaryReactor* ServerServiceImpl::StartProfiler(grpc::CallbackServerContext* context,
                                                            const v1::StartProfilerRequest* request,
                                                            v1::StartProfilerResponse* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = RequireAdmin(*caller, "StartProfiler"); !s.ok())
+    return FinishNow(context, s);
   return FinishNow(context, ctx_.backend.StartProfiler());
 }
 
 grpc::ServerUnaryReactor* ServerServiceImpl::StopProfiler(grpc::CallbackServerContext* context,
                                                           const v1::StopProfilerRequest* request,
                                                           v1::StopProfilerResponse* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = RequireAdmin(*caller, "StopProfiler"); !s.ok()) return FinishNow(context, s);
   return FinishNow(context, ctx_.backend.StopProfiler());
 }
 

@@ -1,12 +1,15 @@
 #include "server/service/service_context.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/status_macros.h"
 
 namespace gpucompute {
 
@@ -18,16 +21,66 @@ absl::Status CheckBackendHealthy(const Backend& backend) {
                                              "); this server refuses work until it is restarted"));
 }
 
+namespace {
+
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientMetadataKey);
   if (it == metadata.end()) return std::string(kDefaultClient);
   std::string name(it->second.data(), it->second.size());
-  if (name.empty() || name.size() > kMaxClientNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metadata '", kClientMetadataKey, "' must be 1 to ", kMaxClientNameBytes, " characters"));
+  // Printable ASCII only: the scope separator, a control byte, must not occur in it.
+  const bool printable =
+      std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  if (name.empty() || name.size() > kMaxClientNameBytes || !printable) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata '", kClientMetadataKey,
+                                                   "' must be 1 to ", kMaxClientNameBytes,
+                                                   " printable ASCII characters"));
   }
   return name;
+}
+
+std::optional<absl::string_view> MetadataValue(const grpc::CallbackServerContext& context,
+                                               absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// The common name of the client certificate the TLS layer verified, if any.
+std::optional<std::string> CertificateCommonName(const grpc::CallbackServerContext& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return std::nullopt;
+  std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
+  if (names.empty()) return std::nullopt;
+  return std::string(names.front().data(), names.front().size());
+}
+
+}  // namespace
+
+absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
+                                      const grpc::CallbackServerContext& context) {
+  Caller caller;
+  if (ctx.auth == nullptr) {
+    caller.admin = true;  // one tenant: every caller has the whole server, as before
+  } else {
+    const std::optional<std::string> cn = CertificateCommonName(context);
+    ASSIGN_OR_RETURN(Identity identity,
+                     ctx.auth->Authenticate(
+                         MetadataValue(context, "authorization"),
+                         cn.has_value() ? std::optional<absl::string_view>(*cn) : std::nullopt));
+    caller.tenant = std::move(identity.tenant);
+    caller.admin = identity.admin;
+  }
+  ASSIGN_OR_RETURN(caller.client, ClientName(context));
+  caller.scope = ScopeOf(caller.tenant, caller.client);
+  return caller;
+}
+
+absl::Status RequireAdmin(const Caller& caller, absl::string_view what) {
+  if (caller.admin) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " needs an admin token; tenant '", caller.tenant, "' is not an admin"));
 }
 
 absl::Status CheckTimeout(double seconds) {

@@ -17,10 +17,12 @@
 #include "absl/status/statusor.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "gpucompute/v1/limits.h"
+#include "server/auth.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
 #include "server/host_staging_pool.h"
+#include "server/quotas.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
 
@@ -47,6 +49,11 @@ struct ServiceContext {
   int64_t default_result_ttl_nanos = 0;
   // Whether named buffers persist across restarts (--persist-dir).
   bool persistence_enabled = false;
+  // Checks callers' credentials; null when the server has no authentication configured
+  // (one tenant, whose every client is an admin).
+  const Authenticator* auth = nullptr;
+  // The tenants' quotas; null without --quota-file.
+  const QuotaTable* quotas = nullptr;
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
@@ -55,9 +62,16 @@ struct ServiceContext {
 // SynchronizeStream) checks this first; queries and deletes keep working.
 absl::Status CheckBackendHealthy(const Backend& backend);
 
-// The calling client's name (metadata "gpucompute-client"), or INVALID_ARGUMENT if it
-// is malformed. Clients that send none are "default".
-absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context);
+// The caller of a call: its tenant from a verified token or client certificate (never
+// from metadata the caller chooses freely), its client name (metadata
+// "gpucompute-client", "default" when absent) and the scope the registries key on.
+// UNAUTHENTICATED when authentication is configured and the call's credentials do not
+// identify a tenant; INVALID_ARGUMENT for a malformed client name.
+absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
+                                      const grpc::CallbackServerContext& context);
+
+// PERMISSION_DENIED unless `caller` is an admin; `what` says what was refused.
+absl::Status RequireAdmin(const Caller& caller, absl::string_view what);
 
 // INVALID_ARGUMENT unless `seconds` is a timeout a request may carry: >= 0 (0 meaning
 // none), not NaN.

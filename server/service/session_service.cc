@@ -360,9 +360,9 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionService
     grpc::CallbackServerContext* context) {
   using Refuse = Refusal<SessionStream>;
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return new Refuse(client.status());
-  return new SessionReactor(ctx_, *std::move(client));
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return new Refuse(caller.status());
+  return new SessionReactor(ctx_, std::move(caller->scope));
 }
 
 }  // namespace gpucompute

@@ -119,7 +119,7 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
       v1::Operation operation;
       ToProto(done, &operation);
       *response->mutable_timing() = operation.timing();
-      ctx.executor.RecordTransfer(copy.transfer, copy.bytes);
+      ctx.executor.RecordTransfer(copy.buffer->client, copy.transfer, copy.bytes);
       return grpc::Status::OK;
     });
     // The region, and a buffer never registered, go here, after the copy.
@@ -240,11 +240,11 @@ grpc::ServerUnaryReactor* ServeCopy(
     v1::CopyRegionResponse* response) {
   if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  absl::StatusOr<RegionCopy> copy = plan(ctx, *client, request);
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<RegionCopy> copy = plan(ctx, caller->scope, request);
   if (!copy.ok()) return FinishNow(context, copy.status());
-  return SubmitCopy(ctx, context, *client, request.stream_id(), *std::move(copy), response);
+  return SubmitCopy(ctx, context, caller->scope, request.stream_id(), *std::move(copy), response);
 }
 
 }  // namespace
@@ -266,9 +266,9 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
   }
   if (absl::Status s = CheckAllowed(ctx_, region->kind); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  region->client = *client;
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  region->client = caller->scope;
   if (region->kind == RegionKind::kSystem) {
     const v1::SystemSharedMemory& system = request->system();
     absl::StatusOr<std::unique_ptr<SharedMapping>> mapping =
@@ -304,19 +304,19 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse* response) {
   if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   // Copies in flight hold the region until they complete.
-  return FinishNow(context, ctx_.regions->Remove(*client, request->region_id()).status());
+  return FinishNow(context, ctx_.regions->Remove(caller->scope, request->region_id()).status());
 }
 
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ListRegions(
     grpc::CallbackServerContext* context, const v1::ListRegionsRequest* request,
     v1::ListRegionsResponse* response) {
   if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
-  for (const RegionHandle& region : ctx_.regions->List(*client)) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  for (const RegionHandle& region : ctx_.regions->List(caller->scope)) {
     ToProto(*region, response->add_regions());
   }
   return FinishNow(context, absl::OkStatus());
@@ -340,12 +340,12 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
   if (absl::Status s = CheckAllowed(ctx_, RegionKind::kExport); !s.ok())
     return FinishNow(context, s);
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   absl::StatusOr<BufferHandle> buffer;
   switch (request->target_case()) {
     case v1::ExportBufferRequest::kBuffer:
-      buffer = ctx_.registry.Lookup(*client, request->buffer());
+      buffer = ctx_.registry.Lookup(caller->scope, request->buffer());
       if (buffer.ok() && !(*buffer)->exportable) {
         return FinishNow(context, absl::FailedPreconditionError(absl::StrCat(
                                       "buffer ", (*buffer)->id,
@@ -355,7 +355,7 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
       }
       break;
     case v1::ExportBufferRequest::kCreate:
-      buffer = AllocateFromRequest(ctx_, *client, request->create(), /*exportable=*/true);
+      buffer = AllocateFromRequest(ctx_, caller->scope, request->create(), /*exportable=*/true);
       break;
     case v1::ExportBufferRequest::TARGET_NOT_SET:
       return FinishNow(context,
@@ -366,7 +366,7 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
   absl::StatusOr<std::string> handle = ctx_.backend.ExportIpcHandle((*buffer)->memory);
   if (!handle.ok()) return FinishNow(context, handle.status());
   auto region = std::make_unique<Region>();
-  region->client = *client;
+  region->client = caller->scope;
   region->kind = RegionKind::kExport;
   region->size = (*buffer)->size_bytes();
   region->device = (*buffer)->device;
@@ -379,7 +379,7 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
       absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->create().fill());
       if (!plan.ok()) return FinishNow(context, plan.status());
       plan->created = *buffer;
-      registered = SubmitPlan(ctx_, *client, "", *std::move(plan)).status();
+      registered = SubmitPlan(ctx_, caller->scope, "", *std::move(plan)).status();
     } else {
       registered = ctx_.registry.Register(*buffer);
     }
@@ -387,7 +387,7 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
   }
   absl::StatusOr<RegionHandle> added = ctx_.regions->Add(std::move(region));
   if (!added.ok()) {
-    if (request->has_create()) (void)ctx_.registry.Remove(*client, (*buffer)->id);
+    if (request->has_create()) (void)ctx_.registry.Remove(caller->scope, (*buffer)->id);
     return FinishNow(context, added.status());
   }
   ToProto(**buffer, response->mutable_buffer());

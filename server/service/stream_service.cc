@@ -18,10 +18,10 @@ grpc::ServerUnaryReactor* StreamServiceImpl::CreateStream(grpc::CallbackServerCo
                                                           const v1::CreateStreamRequest* request,
                                                           v1::StreamInfo* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   const int device = request->has_device() ? request->device() : ctx_.executor.default_device();
-  absl::StatusOr<StreamInfo> info = ctx_.executor.CreateStream(*client, device);
+  absl::StatusOr<StreamInfo> info = ctx_.executor.CreateStream(caller->scope, device);
   if (info.ok()) ToProto(*info, response);
   return FinishNow(context, info.status());
 }
@@ -29,11 +29,11 @@ grpc::ServerUnaryReactor* StreamServiceImpl::CreateStream(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerContext* context,
                                                           const v1::DeleteStreamRequest* request,
                                                           v1::DeleteStreamResponse* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   auto* reactor = new DeferredReactor();
   absl::Status s =
-      ctx_.executor.DeleteStream(*client, request->stream_id(), [state = reactor->state()] {
+      ctx_.executor.DeleteStream(caller->scope, request->stream_id(), [state = reactor->state()] {
         DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
       });
   if (!s.ok()) DeferredReactor::FinishOnce(reactor->state(), [&] { return ToGrpcStatus(s); });
@@ -44,14 +44,14 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
     grpc::CallbackServerContext* context, const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* response) {
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   const double timeout = request->timeout_seconds();
   if (absl::Status s = CheckTimeout(timeout); !s.ok()) return FinishNow(context, s);
   std::string stream_id = request->stream_id();
   if (stream_id.empty()) {
     absl::StatusOr<StreamInfo> info =
-        ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+        ctx_.executor.DefaultStream(caller->scope, ctx_.executor.default_device());
     if (!info.ok()) return FinishNow(context, info.status());
     stream_id = info->id;
   }
@@ -60,7 +60,7 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
   absl::Status s = FirstOfEventOrTimeout(
       ctx_, timeout,
       [&](absl::AnyInvocable<void() &&> on_idle) {
-        return ctx_.executor.Synchronize(stream_id, std::move(on_idle));
+        return ctx_.executor.Synchronize(caller->scope, stream_id, std::move(on_idle));
       },
       [state, response](bool timed_out) {
         DeferredReactor::FinishOnce(state, [&] {
@@ -75,13 +75,13 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
 grpc::ServerUnaryReactor* StreamServiceImpl::ListStreams(grpc::CallbackServerContext* context,
                                                          const v1::ListStreamsRequest* request,
                                                          v1::ListStreamsResponse* response) {
-  absl::StatusOr<std::string> client = ClientName(*context);
-  if (!client.ok()) return FinishNow(context, client.status());
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   // The default stream exists from the client's first call on.
   absl::StatusOr<StreamInfo> def =
-      ctx_.executor.DefaultStream(*client, ctx_.executor.default_device());
+      ctx_.executor.DefaultStream(caller->scope, ctx_.executor.default_device());
   if (!def.ok()) return FinishNow(context, def.status());
-  for (const StreamInfo& s : ctx_.executor.ListStreams(*client))
+  for (const StreamInfo& s : ctx_.executor.ListStreams(caller->scope))
     ToProto(s, response->add_streams());
   return FinishNow(context, absl::OkStatus());
 }

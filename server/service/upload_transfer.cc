@@ -196,7 +196,7 @@ void UploadTransfer::CommitLocked() {
   if (table_ != nullptr) table_->Remove(id_);
   if (created_ != nullptr) {
     absl::Status st = ctx_.registry.Register(created_);
-    if (st.ok()) ctx_.executor.RecordTransfer(OperationKind::kUpload, size_);
+    if (st.ok()) ctx_.executor.RecordTransfer(client_, OperationKind::kUpload, size_);
     return FinishLocked(std::move(st));
   }
   // Overwrite the range in stream order with everything else that touches the buffer.
@@ -220,7 +220,8 @@ void UploadTransfer::CommitLocked() {
   ctx_.executor.OnDone(*op, [self = shared_from_this(), op = *op] {
     absl::MutexLock lock(&self->mu_);
     const absl::Status error = self->ctx_.executor.GetStatus(*op).error;
-    if (error.ok()) self->ctx_.executor.RecordTransfer(OperationKind::kUpload, self->size_);
+    if (error.ok())
+      self->ctx_.executor.RecordTransfer(self->client_, OperationKind::kUpload, self->size_);
     self->FinishLocked(error);
   });
   mu_.Lock();
