@@ -23,6 +23,7 @@ absl::StatusOr<Client*> CliContext::client() {
     ClientOptions options;
     options.target = options_.server;
     options.client_name = options_.client_name;
+    options.request_id = options_.request_id;
     if (options_.timeout_seconds.has_value()) {
       options.timeout = absl::Seconds(*options_.timeout_seconds);
     }

@@ -233,6 +233,8 @@ std::string MainHelp() {
       "  --client NAME       client name sent with every call (default\n"
       "                      $GPUCOMPUTE_CLIENT); buffer names, the default stream and\n"
       "                      listings are per client\n"
+      "  --request-id ID     request id sent with every call (else the server makes\n"
+      "                      one per call); errors from the server show the call's id\n"
       "  --json              print one JSON object per command on stdout (the protobuf\n"
       "                      JSON mapping with proto field names; 64-bit integers are\n"
       "                      strings)\n"
@@ -332,7 +334,8 @@ int Main(int argc, char** argv) {
       options.json = true;
       continue;
     }
-    if (flag != "--server" && flag != "--client" && flag != "--stream" && flag != "--timeout") {
+    if (flag != "--server" && flag != "--client" && flag != "--stream" && flag != "--timeout" &&
+        flag != "--request-id") {
       return UsageError(absl::StrCat("unknown global flag ", flag), nullptr);
     }
     std::string value;
@@ -348,6 +351,8 @@ int Main(int argc, char** argv) {
       options.server = value;
     } else if (flag == "--client") {
       options.client_name = value;
+    } else if (flag == "--request-id") {
+      options.request_id = value;
     } else if (flag == "--stream") {
       options.stream = value;
     } else {

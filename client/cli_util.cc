@@ -33,8 +33,11 @@ Outcome Outcome::Local(std::string_view what, const absl::Status& status) {
 
 Outcome Outcome::Server(std::string_view what, const absl::Status& status) {
   const int code = static_cast<int>(status.code());
+  const std::string request_id = RequestIdOf(status);
   return Outcome{ServerExitCode(code),
-                 absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message()), false};
+                 absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message(),
+                              request_id.empty() ? "" : absl::StrCat(" (request id ", request_id, ")")),
+                 false};
 }
 
 Outcome Outcome::OperationFailed(std::string_view what, const v1::Operation& operation) {
@@ -77,7 +80,8 @@ absl::StatusOr<ParsedArgs> ParsedArgs::Parse(std::span<const std::string> args,
       return f.name == name || (!f.alias.empty() && f.alias == name);
     });
     if (spec == flags.end()) {
-      for (std::string_view global : {"--server", "--client", "--json", "--stream", "--timeout"}) {
+      for (std::string_view global :
+           {"--server", "--client", "--json", "--stream", "--timeout", "--request-id"}) {
         if (name == global) {
           return absl::InvalidArgumentError(
               absl::StrCat("the global flag ", name, " goes before the command"));

@@ -632,6 +632,15 @@ void Executor::RecordTransfer(OperationKind kind, uint64_t bytes) {
   }
 }
 
+void Executor::RecordFailedTransfer(OperationKind kind, const absl::Status& error) {
+  Guard guard(*this);
+  KindStats& k = stats_[static_cast<int>(kind)];
+  ++k.count;
+  ++k.failed;
+  if (error.code() == absl::StatusCode::kCancelled) ++k.cancelled;
+  if (error.code() == absl::StatusCode::kDeadlineExceeded) ++k.timed_out;
+}
+
 std::array<KindStats, kNumOperationKinds> Executor::Stats() {
   Guard guard(*this);
   return stats_;

@@ -108,6 +108,24 @@ std::string AbslUnparseFlag(const CacheDir& dir) {
 }
 
 }  // namespace
+
+// In the namespace of LogFormat, where the flag library looks for them.
+bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error) {
+  if (text == "json") {
+    *format = LogFormat::kJson;
+  } else if (text == "text") {
+    *format = LogFormat::kText;
+  } else {
+    *error = "needs json or text";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(LogFormat format) {
+  return format == LogFormat::kJson ? "json" : "text";
+}
+
 }  // namespace gpucompute
 
 ABSL_FLAG(std::string, backend, "auto", "compute backend; auto takes CUDA when a GPU is present");
@@ -147,6 +165,11 @@ ABSL_FLAG(std::string, cuda_module, "",
           "the CUDA backend module, opened only to run on CUDA; the default is "
           "$GPUCOMPUTE_CUDA_MODULE, else libgpucompute_cuda_backend.so beside this program, "
           "else the one of the build tree that built it");
+ABSL_FLAG(gpucompute::Seconds, upload_idle_timeout, {60},
+          "seconds an Upload may receive no chunk before it fails (DEADLINE_EXCEEDED) and its "
+          "memory is released; 0 waits forever");
+ABSL_FLAG(gpucompute::LogFormat, log_format, gpucompute::LogFormat::kJson,
+          "log lines on stderr: json (one object per line) or text");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
 
@@ -175,6 +198,8 @@ constexpr FlagDoc kFlagDocs[] = {
     {"allow_shared_memory", "true|false"},
     {"allow_cuda_ipc", "true|false"},
     {"region_idle_timeout", "SECONDS"},
+    {"upload_idle_timeout", "SECONDS"},
+    {"log_format", "json|text"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -382,6 +407,8 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   o.allow_cuda_ipc = absl::GetFlag(FLAGS_allow_cuda_ipc);
   o.region_idle_timeout_seconds = absl::GetFlag(FLAGS_region_idle_timeout).value;
+  o.upload_idle_timeout_seconds = absl::GetFlag(FLAGS_upload_idle_timeout).value;
+  o.log_format = absl::GetFlag(FLAGS_log_format);
   return parsed;
 }
 

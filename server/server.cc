@@ -7,14 +7,15 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/backend_loader.h"
+#include "server/log.h"
 #include "server/metrics/server_metrics.h"
+#include "server/request_id.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -172,10 +173,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // CheckBackendHealthy).
   impl->backend->SetFailureListener([sink = impl->health_sink,
                                      name = impl->backend_name](const absl::Status& status) {
-    std::fprintf(stderr,
-                 "gpucompute-server: the %s backend failed: %s; refusing work until the server is "
-                 "restarted\n",
-                 name.c_str(), status.ToString().c_str());
+    Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
+        {{"backend", name}, {"error", status.ToString()}});
     std::lock_guard lock(sink->mu);
     if (sink->health != nullptr) SetServing(*sink->health, false);
   });
@@ -194,6 +193,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     absl::StatusOr<Backend::CopyCeiling> ceiling =
         impl->backend->MeasureCopyCeiling(options.default_device, kCeilingProbeBytes, 2);
     if (ceiling.ok()) impl->ctx->copy_ceiling = *std::move(ceiling);
+  }
+  {
+    const double timeout = options.upload_idle_timeout_seconds;
+    if (!(timeout >= 0) || timeout > 1e9) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("upload idle timeout must be 0 to 1e9 seconds, got ", timeout));
+    }
+    impl->ctx->upload_idle_timeout = absl::Seconds(timeout);
   }
   impl->buffers = std::make_unique<BufferServiceImpl>(*impl->ctx);
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
@@ -228,6 +235,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &impl->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
+    factories.push_back(MakeRequestIdInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(factories));
+  }
   builder.RegisterService(impl->buffers.get());
   builder.RegisterService(impl->streams.get());
   builder.RegisterService(impl->operations.get());
@@ -267,10 +279,10 @@ void Server::Shutdown() {
     const size_t cancelled =
         impl_->executor->CancelQueued(absl::UnavailableError("the server is shutting down"));
     if (cancelled > 0) {
-      std::fprintf(stderr,
-                   "gpucompute-server: %zu queued operations did not start within the shutdown "
-                   "grace of %s; cancelled\n",
-                   cancelled, absl::FormatDuration(impl_->shutdown_grace).c_str());
+      Log(LogLevel::kWarning,
+          absl::StrCat(cancelled, " queued operations did not start within the shutdown grace; "
+                                  "cancelled"),
+          {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
     }
   }
 }

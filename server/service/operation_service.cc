@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "server/request_id.h"
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 
@@ -78,6 +79,7 @@ bool OperationServiceImpl::AwaitBriefly(const std::shared_ptr<Operation>& op) {
 grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServerContext* context,
                                                              const v1::GetOperationRequest* request,
                                                              v1::Operation* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::shared_ptr<Operation>> op =
       ctx_.executor.FindOperation(request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
@@ -88,6 +90,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServe
 grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(
     grpc::CallbackServerContext* context, const v1::WaitOperationRequest* request,
     v1::Operation* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok())
     return FinishNow(context, s);
   absl::StatusOr<std::shared_ptr<Operation>> op =

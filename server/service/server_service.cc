@@ -1,5 +1,6 @@
 // ServerService: GetServerInfo, GetStats, TrimMemoryPool, StartProfiler, StopProfiler.
 #include "gpucompute/v1/host_identity.h"
+#include "server/request_id.h"
 #include "server/service/services.h"
 
 namespace gpucompute {
@@ -22,6 +23,7 @@ std::string BackendError(const Backend& backend) {
 grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                            const v1::GetServerInfoRequest* request,
                                                            v1::ServerInfo* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   response->set_version(kVersion);
   response->set_api(kApi);
   response->set_backend(std::string(ctx_.backend.name()));
@@ -52,6 +54,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   limits->set_max_chain_steps(kMaxChainSteps);
   limits->set_max_upload_ranges(kMaxUploadRanges);
   limits->set_upload_idle_timeout_seconds(kDefaultUploadIdleTimeoutSeconds);
+  limits->set_stream_upload_idle_timeout_seconds(absl::ToDoubleSeconds(ctx_.upload_idle_timeout));
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);
@@ -67,6 +70,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContext* context,
                                                       const v1::GetStatsRequest* request,
                                                       v1::Stats* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   const std::array<KindStats, kNumOperationKinds> stats = ctx_.executor.Stats();
   for (int k = 0; k < kNumOperationKinds; ++k) {
     const KindStats& s = stats[k];
@@ -79,6 +83,8 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
     out->set_bytes_read(s.bytes_read);
     out->set_bytes_written(s.bytes_written);
     out->set_flops(s.flops);
+    out->set_cancelled(s.cancelled);
+    out->set_timed_out(s.timed_out);
   }
   response->set_memory_used_bytes(ctx_.limiter.used());
   response->set_memory_peak_bytes(ctx_.limiter.peak());
@@ -94,6 +100,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(
     grpc::CallbackServerContext* context, const v1::TrimMemoryPoolRequest* request,
     v1::TrimMemoryPoolResponse* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   std::vector<int> devices;
   if (request->has_device()) {
     if (absl::Status s = CheckDeviceIndex(ctx_.backend, request->device()); !s.ok())
@@ -115,12 +122,14 @@ grpc::ServerUnaryReactor* ServerServiceImpl::TrimMemoryPool(
 grpc::ServerUnaryReactor* ServerServiceImpl::StartProfiler(grpc::CallbackServerContext* context,
                                                            const v1::StartProfilerRequest* request,
                                                            v1::StartProfilerResponse* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   return FinishNow(context, ctx_.backend.StartProfiler());
 }
 
 grpc::ServerUnaryReactor* ServerServiceImpl::StopProfiler(grpc::CallbackServerContext* context,
                                                           const v1::StopProfilerRequest* request,
                                                           v1::StopProfilerResponse* response) {
+  if (absl::Status s = CheckCallMetadata(*context); !s.ok()) return FinishNow(context, s);
   return FinishNow(context, ctx_.backend.StopProfiler());
 }
 

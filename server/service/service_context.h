@@ -43,6 +43,8 @@ struct ServiceContext {
   std::unique_ptr<HostStagingPool> staging = nullptr;
   // The backend's copy ceiling on the default device, measured at start (GetServerInfo).
   Backend::CopyCeiling copy_ceiling = {};
+  // How long a single-stream Upload may receive nothing before it fails; zero: forever.
+  absl::Duration upload_idle_timeout = absl::ZeroDuration();
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
@@ -52,7 +54,8 @@ struct ServiceContext {
 absl::Status CheckBackendHealthy(const Backend& backend);
 
 // The calling client's name (metadata "gpucompute-client"), or INVALID_ARGUMENT if it
-// is malformed. Clients that send none are "default".
+// or the call's request id (CheckCallMetadata) is malformed. Clients that send none are
+// "default". Every RPC calls it (or CheckCallMetadata) first.
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context);
 
 // INVALID_ARGUMENT unless `seconds` is a timeout a request may carry: >= 0 (0 meaning

@@ -136,6 +136,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       transfer = *std::move(t);
       s->range_offset = 0;
       s->range_size = transfer->size();
+      transfer->WatchIdle(absl::ToChronoNanoseconds(s->ctx.upload_idle_timeout));
     } else {
       if (header.target_case() != v1::UploadHeader::TARGET_NOT_SET) {
         return absl::InvalidArgumentError(
