@@ -34,10 +34,11 @@ Outcome Outcome::Local(std::string_view what, const absl::Status& status) {
 Outcome Outcome::Server(std::string_view what, const absl::Status& status) {
   const int code = static_cast<int>(status.code());
   const std::string request_id = RequestIdOf(status);
-  return Outcome{ServerExitCode(code),
-                 absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message(),
-                              request_id.empty() ? "" : absl::StrCat(" (request id ", request_id, ")")),
-                 false};
+  return Outcome{
+      ServerExitCode(code),
+      absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message(),
+                   request_id.empty() ? "" : absl::StrCat(" (request id ", request_id, ")")),
+      false};
 }
 
 Outcome Outcome::OperationFailed(std::string_view what, const v1::Operation& operation) {

@@ -326,7 +326,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
   absl::Status result = FromGrpcStatus(status);
   const auto& metadata = context.GetServerInitialMetadata();
   if (auto it = metadata.find(kRequestIdMetadataKey); it != metadata.end() && !result.ok()) {
-    result.SetPayload(kRequestIdPayload, absl::Cord(std::string(it->second.data(), it->second.size())));
+    result.SetPayload(kRequestIdPayload,
+                      absl::Cord(std::string(it->second.data(), it->second.size())));
   }
   return result;
 }

@@ -120,9 +120,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& option
   if (!ProbeDriver().ok()) return MakeCpuBackend(options);
   absl::StatusOr<const BackendModule*> module = LoadCudaModule(options);
   if (!module.ok()) {
-    Log(LogLevel::kWarning,
-        absl::StrCat("the NVIDIA driver is installed but ", module.status().message(),
-                     "; serving on the CPU"));
+    Log(LogLevel::kWarning, absl::StrCat("the NVIDIA driver is installed but ",
+                                         module.status().message(), "; serving on the CPU"));
     return MakeCpuBackend(options);
   }
   if ((*module)->device_count() == 0) return MakeCpuBackend(options);

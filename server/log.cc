@@ -191,7 +191,8 @@ void Log(LogLevel level, absl::string_view message, absl::Span<const LogField> f
 RateLimitedLog::RateLimitedLog(double per_second, double burst, std::function<absl::Time()> now)
     : per_second_(per_second),
       burst_(std::max(burst, 1.0)),
-      now_(now != nullptr ? std::move(now) : std::function<absl::Time()>([] { return absl::Now(); })) {}
+      now_(now != nullptr ? std::move(now)
+                          : std::function<absl::Time()>([] { return absl::Now(); })) {}
 
 bool RateLimitedLog::Allow(absl::string_view key, uint64_t* suppressed) {
   const absl::Time now = now_();

@@ -115,9 +115,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!watcher.Serve(server->get())) return 0;  // stopped while it started
-  gpucompute::Log(gpucompute::LogLevel::kInfo,
-                  absl::StrCat((*server)->backend_name(), " backend, listening on port ",
-                               (*server)->port()));
+  gpucompute::Log(
+      gpucompute::LogLevel::kInfo,
+      absl::StrCat((*server)->backend_name(), " backend, listening on port ", (*server)->port()));
   if ((*server)->metrics_port() != 0) {
     gpucompute::Log(gpucompute::LogLevel::kInfo,
                     absl::StrCat("metrics on port ", (*server)->metrics_port(), ", path /metrics"));

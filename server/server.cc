@@ -171,13 +171,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // A failure after which the device cannot be trusted: logged once, and the health
   // service goes NOT_SERVING (the services refuse work themselves, through
   // CheckBackendHealthy).
-  impl->backend->SetFailureListener([sink = impl->health_sink,
-                                     name = impl->backend_name](const absl::Status& status) {
-    Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
-        {{"backend", name}, {"error", status.ToString()}});
-    std::lock_guard lock(sink->mu);
-    if (sink->health != nullptr) SetServing(*sink->health, false);
-  });
+  impl->backend->SetFailureListener(
+      [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
+        Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
+            {{"backend", name}, {"error", status.ToString()}});
+        std::lock_guard lock(sink->mu);
+        if (sink->health != nullptr) SetServing(*sink->health, false);
+      });
   const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
                                                          : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
@@ -280,8 +280,9 @@ void Server::Shutdown() {
         impl_->executor->CancelQueued(absl::UnavailableError("the server is shutting down"));
     if (cancelled > 0) {
       Log(LogLevel::kWarning,
-          absl::StrCat(cancelled, " queued operations did not start within the shutdown grace; "
-                                  "cancelled"),
+          absl::StrCat(cancelled,
+                       " queued operations did not start within the shutdown grace; "
+                       "cancelled"),
           {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
     }
   }

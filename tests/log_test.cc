@@ -25,7 +25,8 @@ TEST(JsonEscapeTest, EscapesQuotesBackslashesAndControlCharacters) {
 
 TEST(JsonEscapeTest, KeepsValidUtf8AndReplacesInvalidBytes) {
   // é (2 bytes), € (3 bytes), 😀 (4 bytes) pass unchanged.
-  EXPECT_EQ(JsonEscape("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"), "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
+  EXPECT_EQ(JsonEscape("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"),
+            "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80");
   const std::string kReplacement = "\xEF\xBF\xBD";
   EXPECT_EQ(JsonEscape("a\xFF"
                        "b"),
@@ -59,12 +60,11 @@ TEST(FormatLogLineTest, LongValuesAreCutOnACharacterBoundary) {
   const LogField fields[] = {{"name", value}};
   const std::string line =
       FormatLogLine(LogFormat::kJson, kNoon, LogLevel::kInfo, std::string(5000, 'm'), fields);
-  EXPECT_NE(line.find(absl::StrCat("\"message\":\"", std::string(kMaxLogValueBytes, 'm'),
-                                   "...\"")),
+  EXPECT_NE(line.find(absl::StrCat("\"message\":\"", std::string(kMaxLogValueBytes, 'm'), "...\"")),
             std::string::npos);
-  EXPECT_NE(line.find(absl::StrCat("\"name\":\"", std::string(kMaxLogValueBytes - 1, 'x'),
-                                   "...\"}")),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(absl::StrCat("\"name\":\"", std::string(kMaxLogValueBytes - 1, 'x'), "...\"}")),
+      std::string::npos)
       << line.substr(line.size() - 40);
   EXPECT_LT(line.size(), 2 * kMaxLogValueBytes + 200);
 }

@@ -326,10 +326,10 @@ TEST_F(ObserverTest, AbandonedTransfersAreCountedByReason) {
   EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"upload\",reason=\"cancelled\"}"), 1);
   EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"upload\",reason=\"timed_out\"}"), 1);
   EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"download\",outcome=\"failed\"}"), 1);
-  EXPECT_EQ(
-      s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"cancelled\"}"), 1);
-  EXPECT_EQ(
-      s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"timed_out\"}"), 0);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"cancelled\"}"),
+            1);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"timed_out\"}"),
+            0);
   ExpectWellFormed(s);
 }
 

@@ -39,6 +39,20 @@ v1::UploadHeader CreateFloat64(uint64_t elements) {
   return header;
 }
 
+using UploadWriter = std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>>;
+
+bool WriteHeader(UploadWriter& writer, const v1::UploadHeader& header) {
+  v1::UploadRequest request;
+  *request.mutable_header() = header;
+  return writer->Write(request);
+}
+
+bool WriteChunk(UploadWriter& writer, std::string bytes) {
+  v1::UploadRequest chunk;
+  chunk.set_chunk(std::move(bytes));
+  return writer->Write(chunk);
+}
+
 // The stats of `kind`; all zero if the server has none for it.
 v1::KindStats StatsOf(Client& client, v1::OperationKind kind) {
   absl::StatusOr<v1::Stats> stats = client.GetStats();
@@ -143,12 +157,8 @@ TEST_F(ServerObservabilityTest, EveryCallGetsARequestIdBack) {
     context.AddMetadata(kRequestIdMetadataKey, "stream-id");
     v1::UploadResponse response;
     auto writer = stub_->Upload(&context, &response);
-    v1::UploadRequest request;
-    *request.mutable_header() = CreateFloat64(4);
-    ASSERT_TRUE(writer->Write(request));
-    v1::UploadRequest chunk;
-    chunk.set_chunk(std::string(32, '\0'));
-    ASSERT_TRUE(writer->Write(chunk));
+    ASSERT_TRUE(WriteHeader(writer, CreateFloat64(4)));
+    ASSERT_TRUE(WriteChunk(writer, std::string(32, '\0')));
     writer->WritesDone();
     ASSERT_TRUE(writer->Finish().ok());
     auto it = context.GetServerInitialMetadata().find(kRequestIdMetadataKey);
@@ -194,9 +204,7 @@ TEST_F(ServerObservabilityTest, InvalidRequestIdIsRefusedAndChangesNothing) {
       context.AddMetadata(kRequestIdMetadataKey, bad);
       v1::UploadResponse response;
       auto writer = stub_->Upload(&context, &response);
-      v1::UploadRequest request;
-      *request.mutable_header() = CreateFloat64(4);
-      writer->Write(request);
+      WriteHeader(writer, CreateFloat64(4));
       writer->WritesDone();
       EXPECT_EQ(GrpcCode(writer->Finish()), Code::kInvalidArgument);
     }
@@ -216,8 +224,8 @@ TEST_F(ServerObservabilityTest, FailedCallIsLoggedWithItsRequestId) {
   // The interceptor logs as the status is sent, before the client hears it.
   const std::vector<std::string> lines =
       log.Find({"\"request_id\":\"trace \\\"me\\\"\"",
-                "\"method\":\"/gpucompute.v1.BufferService/DeleteBuffer\"",
-                "\"client\":\"alice\"", "\"code\":\"NOT_FOUND\"", "\"level\":\"warning\""});
+                "\"method\":\"/gpucompute.v1.BufferService/DeleteBuffer\"", "\"client\":\"alice\"",
+                "\"code\":\"NOT_FOUND\"", "\"level\":\"warning\""});
   EXPECT_EQ(lines.size(), 1u);
   // A successful call writes nothing.
   grpc::ClientContext ok_context;
@@ -242,14 +250,11 @@ TEST_F(ServerObservabilityTest, IdleUploadTimesOutAndReleasesItsMemory) {
   grpc::ClientContext context;
   v1::UploadResponse response;
   auto writer = stub_->Upload(&context, &response);
-  v1::UploadRequest request;
-  *request.mutable_header() = CreateFloat64(1 << 20);  // 8 MiB
-  ASSERT_TRUE(writer->Write(request));
-  v1::UploadRequest chunk;
-  chunk.set_chunk(std::string(4096, '\1'));
-  ASSERT_TRUE(writer->Write(chunk));
+  ASSERT_TRUE(WriteHeader(writer, CreateFloat64(1 << 20)));  // 8 MiB
+  ASSERT_TRUE(WriteChunk(writer, std::string(4096, '\1')));
   // Reserved while the client is silent...
-  EXPECT_TRUE(WaitFor([&] { return TakeSnapshot(*client_).memory_used_bytes > before.memory_used_bytes; }));
+  EXPECT_TRUE(
+      WaitFor([&] { return TakeSnapshot(*client_).memory_used_bytes > before.memory_used_bytes; }));
   const auto start = std::chrono::steady_clock::now();
   const grpc::Status status = writer->Finish();
   const double waited =
@@ -270,15 +275,11 @@ TEST_F(ServerObservabilityTest, UploadThatKeepsSendingIsNotTimedOut) {
   grpc::ClientContext context;
   v1::UploadResponse response;
   auto writer = stub_->Upload(&context, &response);
-  v1::UploadRequest request;
-  *request.mutable_header() = CreateFloat64(8 * 512);
-  ASSERT_TRUE(writer->Write(request));
+  ASSERT_TRUE(WriteHeader(writer, CreateFloat64(8 * 512)));
   // 8 chunks 0.1 s apart: 0.8 s in all, never 0.3 s without a chunk.
   for (int i = 0; i < 8; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    v1::UploadRequest chunk;
-    chunk.set_chunk(std::string(8 * 512, static_cast<char>(i)));
-    ASSERT_TRUE(writer->Write(chunk)) << i;
+    ASSERT_TRUE(WriteChunk(writer, std::string(8 * 512, static_cast<char>(i)))) << i;
   }
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
@@ -301,12 +302,8 @@ TEST_F(ServerObservabilityTest, KilledTransfersAreCounted) {
     grpc::ClientContext context;
     v1::UploadResponse response;
     auto writer = stub_->Upload(&context, &response);
-    v1::UploadRequest request;
-    *request.mutable_header() = CreateFloat64(elements);
-    ASSERT_TRUE(writer->Write(request));
-    v1::UploadRequest chunk;
-    chunk.set_chunk(std::string(1 << 20, '\2'));
-    ASSERT_TRUE(writer->Write(chunk));
+    ASSERT_TRUE(WriteHeader(writer, CreateFloat64(elements)));
+    ASSERT_TRUE(WriteChunk(writer, std::string(1 << 20, '\2')));
     context.TryCancel();
     EXPECT_EQ(GrpcCode(writer->Finish()), Code::kCancelled);
   }
@@ -323,8 +320,7 @@ TEST_F(ServerObservabilityTest, KilledTransfersAreCounted) {
   }
   EXPECT_TRUE(WaitFor([&] {
     return StatsOf(*client_, v1::OPERATION_KIND_UPLOAD).cancelled() == uploads.cancelled() + 1 &&
-           StatsOf(*client_, v1::OPERATION_KIND_DOWNLOAD).cancelled() ==
-               downloads.cancelled() + 1;
+           StatsOf(*client_, v1::OPERATION_KIND_DOWNLOAD).cancelled() == downloads.cancelled() + 1;
   }));
   const v1::KindStats up = StatsOf(*client_, v1::OPERATION_KIND_UPLOAD);
   const v1::KindStats down = StatsOf(*client_, v1::OPERATION_KIND_DOWNLOAD);
