@@ -109,7 +109,9 @@ class ServerObservabilityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server_ = TestServer::StartWith(nullptr, 256 * testing::kMiB, 2, [](ServerOptions& options) {
-      options.upload_idle_timeout_seconds = 0.3;
+      // Long enough that a slow machine (or a sanitizer) never idles an upload
+      // that is sending.
+      options.upload_idle_timeout_seconds = 1;
     });
     ASSERT_NE(server_, nullptr);
     client_ = server_->Connect();
@@ -238,7 +240,7 @@ TEST_F(ServerObservabilityTest, FailedCallIsLoggedWithItsRequestId) {
 TEST_F(ServerObservabilityTest, ReportsTheUploadIdleTimeout) {
   absl::StatusOr<v1::ServerInfo> info = client_->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_DOUBLE_EQ(info->limits().stream_upload_idle_timeout_seconds(), 0.3);
+  EXPECT_DOUBLE_EQ(info->limits().stream_upload_idle_timeout_seconds(), 1.0);
 }
 
 // A header that reserves memory, then silence: the upload fails with DEADLINE_EXCEEDED
@@ -260,7 +262,7 @@ TEST_F(ServerObservabilityTest, IdleUploadTimesOutAndReleasesItsMemory) {
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(GrpcCode(status), Code::kDeadlineExceeded) << status.error_message();
-  EXPECT_NE(status.error_message().find("received no data for 0.3 s"), std::string::npos)
+  EXPECT_NE(status.error_message().find("received no data for 1 s"), std::string::npos)
       << status.error_message();
   EXPECT_LT(waited, 5.0);
   // ...and free once it hears the outcome.
@@ -275,9 +277,9 @@ TEST_F(ServerObservabilityTest, UploadThatKeepsSendingIsNotTimedOut) {
   grpc::ClientContext context;
   v1::UploadResponse response;
   auto writer = stub_->Upload(&context, &response);
-  ASSERT_TRUE(WriteHeader(writer, CreateFloat64(8 * 512)));
-  // 8 chunks 0.1 s apart: 0.8 s in all, never 0.3 s without a chunk.
-  for (int i = 0; i < 8; ++i) {
+  ASSERT_TRUE(WriteHeader(writer, CreateFloat64(15 * 512)));
+  // 15 chunks 0.1 s apart: 1.5 s in all, never 1 s without a chunk.
+  for (int i = 0; i < 15; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ASSERT_TRUE(WriteChunk(writer, std::string(8 * 512, static_cast<char>(i)))) << i;
   }
