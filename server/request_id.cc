@@ -68,11 +68,12 @@ class RequestIdInterceptor final : public grpc::experimental::Interceptor {
     const std::string code = CodeName(status.error_code());
     const absl::string_view method = info_->method() == nullptr ? "" : info_->method();
     const std::string client = client_.empty() ? std::string(kDefaultClient) : client_;
+    const std::string error = status.error_message();  // a copy: fields only refer to it
     const LogField fields[] = {{"request_id", id_.empty() ? invalid_id_ : id_},
                                {"method", method},
                                {"client", client},
                                {"code", code},
-                               {"error", status.error_message()}};
+                               {"error", error}};
     if (IsServerSide(status.error_code())) {
       Log(LogLevel::kError, "call failed", fields);
     } else {

@@ -306,6 +306,10 @@ TEST_F(ServerObservabilityTest, KilledTransfersAreCounted) {
     auto writer = stub_->Upload(&context, &response);
     ASSERT_TRUE(WriteHeader(writer, CreateFloat64(elements)));
     ASSERT_TRUE(WriteChunk(writer, std::string(1 << 20, '\2')));
+    // Cancelled once the server has taken the header (and reserved the memory): a stream
+    // cancelled before that started no upload.
+    EXPECT_TRUE(WaitFor(
+        [&] { return TakeSnapshot(*client_).memory_used_bytes > before.memory_used_bytes; }));
     context.TryCancel();
     EXPECT_EQ(GrpcCode(writer->Finish()), Code::kCancelled);
   }
