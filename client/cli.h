@@ -150,6 +150,7 @@ class ProgressBar {
 struct GlobalOptions {
   std::string server;
   std::string client_name;
+  std::string request_id;
   bool json = false;
   std::string stream;
   std::optional<double> timeout_seconds;

@@ -29,6 +29,7 @@ ClientOptions ClientOptionsFor(const GlobalOptions& options) {
   client_options.tls_cert_file = options.tls_cert_file;
   client_options.tls_key_file = options.tls_key_file;
   client_options.tls_server_name = options.tls_server_name;
+  client_options.request_id = options.request_id;
   if (options.timeout_seconds.has_value()) {
     client_options.timeout = absl::Seconds(*options.timeout_seconds);
   }

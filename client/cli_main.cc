@@ -268,6 +268,8 @@ std::string MainHelp() {
       "  --client NAME       client name sent with every call (default\n"
       "                      $GPUCOMPUTE_CLIENT); buffer names, the default stream and\n"
       "                      listings are per client\n"
+      "  --request-id ID     request id sent with every call (else the server makes\n"
+      "                      one per call); errors from the server show the call's id\n"
       "  --json              print one JSON object per command on stdout (the protobuf\n"
       "                      JSON mapping with proto field names; 64-bit integers are\n"
       "                      strings)\n"
@@ -399,6 +401,7 @@ int Main(int argc, char** argv) {
         {"--tls-cert", &GlobalOptions::tls_cert_file},
         {"--tls-key", &GlobalOptions::tls_key_file},
         {"--tls-server-name", &GlobalOptions::tls_server_name},
+        {"--request-id", &GlobalOptions::request_id},
     };
     const auto* string_flag =
         std::find_if(std::begin(kStringFlags), std::end(kStringFlags),

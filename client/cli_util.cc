@@ -34,8 +34,12 @@ Outcome Outcome::Local(std::string_view what, const absl::Status& status) {
 
 Outcome Outcome::Server(std::string_view what, const absl::Status& status) {
   const int code = static_cast<int>(status.code());
-  return Outcome{ServerExitCode(code),
-                 absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message()), false};
+  const std::string request_id = RequestIdOf(status);
+  return Outcome{
+      ServerExitCode(code),
+      absl::StrCat(ToAbsl(what), ": ", CodeName(code), ": ", status.message(),
+                   request_id.empty() ? "" : absl::StrCat(" (request id ", request_id, ")")),
+      false};
 }
 
 Outcome Outcome::OperationFailed(std::string_view what, const v1::Operation& operation) {
@@ -80,7 +84,7 @@ absl::StatusOr<ParsedArgs> ParsedArgs::Parse(std::span<const std::string> args,
     if (spec == flags.end()) {
       for (std::string_view global :
            {"--server", "--client", "--json", "--stream", "--timeout", "--token", "--token-file",
-            "--tls", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}) {
+            "--tls", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--request-id"}) {
         if (name == global) {
           return absl::InvalidArgumentError(
               absl::StrCat("the global flag ", name, " goes before the command"));

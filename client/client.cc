@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/crc32c.h"
@@ -46,6 +47,7 @@ struct CallSettings {
   std::string client_name;
   std::string token;
   absl::Duration timeout;
+  std::string request_id;
 };
 
 std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, bool unary) {
@@ -54,6 +56,9 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, b
     context->AddMetadata(kClientMetadataKey, settings.client_name);
   }
   if (!settings.token.empty()) context->AddMetadata("authorization", "Bearer " + settings.token);
+  if (!settings.request_id.empty()) {
+    context->AddMetadata(kRequestIdMetadataKey, settings.request_id);
+  }
   if (unary && settings.timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + settings.timeout));
   }
@@ -84,7 +89,7 @@ constexpr char kUploadMethod[] = "/gpucompute.v1.BufferService/Upload";
 constexpr char kDownloadMethod[] = "/gpucompute.v1.BufferService/Download";
 
 CallSettings SettingsOf(const ClientOptions& options) {
-  return CallSettings{options.client_name, options.token, options.timeout};
+  return CallSettings{options.client_name, options.token, options.timeout, options.request_id};
 }
 
 template <typename Stub, typename Request, typename Response>
@@ -95,7 +100,7 @@ absl::StatusOr<Response> CallUnary(const CallSettings& settings, Stub* stub,
   std::unique_ptr<grpc::ClientContext> context = MakeContext(settings, /*unary=*/true);
   Response response;
   grpc::Status status = (stub->*method)(context.get(), request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   return response;
 }
 
@@ -306,9 +311,10 @@ void AsyncCallRegistry::CancelAllAndWait() {
 
 namespace {
 
-bool IsValidClientName(std::string_view name) {
-  if (name.size() > kMaxClientNameBytes) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+// Metadata values the server accepts: at most `max` printable ASCII characters.
+bool IsPrintableAscii(std::string_view value, size_t max) {
+  if (value.size() > max) return false;
+  return std::all_of(value.begin(), value.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
 }
 
 absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
@@ -352,6 +358,24 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+// The payload's type URL: any unique string will do.
+constexpr char kRequestIdPayload[] = "gpucompute/request-id";
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context) {
+  absl::Status result = FromGrpcStatus(status);
+  const auto& metadata = context.GetServerInitialMetadata();
+  if (auto it = metadata.find(kRequestIdMetadataKey); it != metadata.end() && !result.ok()) {
+    result.SetPayload(kRequestIdPayload,
+                      absl::Cord(std::string(it->second.data(), it->second.size())));
+  }
+  return result;
+}
+
+std::string RequestIdOf(const absl::Status& status) {
+  const auto id = status.GetPayload(kRequestIdPayload);
+  return id.has_value() ? std::string(*id) : std::string();
+}
+
 bool OperationFuture::Ready() const {
   return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
@@ -380,9 +404,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.target.empty()) {
     return absl::InvalidArgumentError("the server address is empty");
   }
-  if (!IsValidClientName(options.client_name)) {
+  if (!IsPrintableAscii(options.client_name, kMaxClientNameBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the client name must be at most ", kMaxClientNameBytes, " printable ASCII characters"));
+  }
+  if (!options.request_id.empty() && !IsPrintableAscii(options.request_id, kMaxRequestIdBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request id must be at most ", kMaxRequestIdBytes, " printable ASCII characters"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the call timeout must be positive");
@@ -541,7 +569,7 @@ absl::StatusOr<v1::UploadResponse> Client::UploadStream(
   }
   if (stream_ok) stream_ok = writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   if (!stream_ok || sent != size_bytes) {
     return absl::UnavailableError(
         absl::StrCat("the upload stream closed after ", sent, " of ", size_bytes, " bytes"));
@@ -754,7 +782,7 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
     return local_status;
   }
   grpc::Status status = reader->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcStatus(status, *context);
   if (first) return absl::InternalError("the download ended without a message");
   if (received != total) {
     return absl::InternalError(

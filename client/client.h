@@ -77,6 +77,11 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  // Sent as the metadata "x-request-id" with every call when non-empty (at most
+  // kMaxRequestIdBytes printable ASCII characters), so that the server's log lines about
+  // these calls carry it; else the server makes one up per call. Either way, a failed
+  // call's status carries the id the server used (RequestIdOf).
+  std::string request_id;
 };
 
 inline constexpr int kAutoTransferStreams = 4;
@@ -95,6 +100,11 @@ using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_vie
 
 // Converts a gRPC status to the absl::Status with the same code and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+// The same, with the request id the server returned for the call (if any) attached as
+// a payload, which RequestIdOf reads.
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
+// The server's request id of the failed call `status` came from; empty if unknown.
+std::string RequestIdOf(const absl::Status& status);
 
 // A reader that hands out `data` in order; `data` must outlive it.
 UploadReader SpanReader(std::span<const std::byte> data);

@@ -16,7 +16,7 @@ build=(
 )
 test=(
   libgtest-dev libgmock-dev
-  # The thread-safety preset builds with clang's -Wthread-safety; the fuzz preset links
+  # The sanitize, tsan and thread-safety presets build with clang; sanitize links
   # libFuzzer and the sanitizers from compiler-rt.
   clang libclang-rt-dev
   # The Python client and its pytest suite.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "server/backend_module.h"
 #include "server/cpu/cpu_backend.h"
+#include "server/log.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -119,9 +120,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ServerOptions& option
   if (!ProbeDriver().ok()) return MakeCpuBackend(options);
   absl::StatusOr<const BackendModule*> module = LoadCudaModule(options);
   if (!module.ok()) {
-    std::fprintf(stderr,
-                 "gpucompute-server: the NVIDIA driver is installed but %s; serving on the CPU\n",
-                 std::string(module.status().message()).c_str());
+    Log(LogLevel::kWarning, absl::StrCat("the NVIDIA driver is installed but ",
+                                         module.status().message(), "; serving on the CPU"));
     return MakeCpuBackend(options);
   }
   if ((*module)->device_count() == 0) return MakeCpuBackend(options);

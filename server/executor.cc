@@ -663,6 +663,18 @@ void Executor::RecordTransfer(absl::string_view scope, OperationKind kind, uint6
   }
 }
 
+void Executor::RecordFailedTransfer(absl::string_view scope, OperationKind kind,
+                                    const absl::Status& error) {
+  Guard guard(*this);
+  for (KindStats* k : {&stats_[static_cast<int>(kind)],
+                       &tenant_stats_[TenantOfScope(scope)][static_cast<int>(kind)]}) {
+    ++k->count;
+    ++k->failed;
+    if (error.code() == absl::StatusCode::kCancelled) ++k->cancelled;
+    if (error.code() == absl::StatusCode::kDeadlineExceeded) ++k->timed_out;
+  }
+}
+
 std::array<KindStats, kNumOperationKinds> Executor::Stats(std::optional<absl::string_view> tenant) {
   Guard guard(*this);
   if (!tenant.has_value()) return stats_;

@@ -178,6 +178,10 @@ struct KindStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t flops = 0;
+  // Transfers only, each also counted in `failed`: those the client cancelled or broke
+  // off, and those that timed out waiting for the client.
+  uint64_t cancelled = 0;
+  uint64_t timed_out = 0;
 };
 
 class Executor {
@@ -278,6 +282,10 @@ class Executor {
       std::optional<absl::string_view> tenant = std::nullopt);
   // Counts a finished upload or download by the client of `scope` in the statistics.
   void RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes);
+  // Counts an upload or download by the client of `scope` that ended without completing,
+  // failed with `error`: CANCELLED counts as cancelled, DEADLINE_EXCEEDED as timed out.
+  void RecordFailedTransfer(absl::string_view scope, OperationKind kind,
+                            const absl::Status& error);
 
  private:
   using Clock = std::chrono::steady_clock;

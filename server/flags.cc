@@ -109,6 +109,24 @@ std::string AbslUnparseFlag(const CacheDir& dir) {
 }
 
 }  // namespace
+
+// In the namespace of LogFormat, where the flag library looks for them.
+bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error) {
+  if (text == "json") {
+    *format = LogFormat::kJson;
+  } else if (text == "text") {
+    *format = LogFormat::kText;
+  } else {
+    *error = "needs json or text";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(LogFormat format) {
+  return format == LogFormat::kJson ? "json" : "text";
+}
+
 }  // namespace gpucompute
 
 ABSL_FLAG(std::string, backend, "auto", "compute backend; auto takes CUDA when a GPU is present");
@@ -158,6 +176,11 @@ ABSL_FLAG(std::string, persist_dir, "",
 ABSL_FLAG(absl::Duration, snapshot_interval, absl::ZeroDuration(),
           "with --persist-dir, also write the named buffers this often (e.g. 5m); 0 only "
           "at shutdown");
+ABSL_FLAG(gpucompute::Seconds, upload_idle_timeout, {60},
+          "seconds an Upload may receive no chunk before it fails (DEADLINE_EXCEEDED) and its "
+          "memory is released; 0 waits forever");
+ABSL_FLAG(gpucompute::LogFormat, log_format, gpucompute::LogFormat::kJson,
+          "log lines on stderr: json (one object per line) or text");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics on http://HOST:PORT/metrics; empty serves none");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -210,6 +233,8 @@ constexpr FlagDoc kFlagDocs[] = {
     {"tokens_file", "PATH"},
     {"allow_insecure_remote", "true|false"},
     {"quota_file", "PATH"},
+    {"upload_idle_timeout", "SECONDS"},
+    {"log_format", "json|text"},
 };
 
 // Command lines spell flags with dashes, Abseil names them with underscores; both are
@@ -436,6 +461,8 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   o.quota_file = absl::GetFlag(FLAGS_quota_file);
+  o.upload_idle_timeout_seconds = absl::GetFlag(FLAGS_upload_idle_timeout).value;
+  o.log_format = absl::GetFlag(FLAGS_log_format);
   return parsed;
 }
 

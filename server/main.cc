@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "gpucompute/v1/transfer_memory.h"
+#include "absl/strings/str_cat.h"
 #include "server/flags.h"
+#include "server/log.h"
 #include "server/server.h"
 
 namespace {
@@ -80,8 +82,8 @@ class StopSignalWatcher {
       }
       if (signalled_) continue;  // the first one is already stopping the server
       signalled_ = true;
-      std::fprintf(stderr, "gpucompute-server: %s, stopping\n",
-                   signal == SIGINT ? "SIGINT" : "SIGTERM");
+      gpucompute::Log(gpucompute::LogLevel::kInfo,
+                      signal == SIGINT ? "SIGINT, stopping" : "SIGTERM, stopping");
       // Under mu_, so that main cannot destroy the server meanwhile (it calls Stop first).
       if (server_ != nullptr) server_->Shutdown();
     }
@@ -114,19 +116,21 @@ int main(int argc, char** argv) {
       break;
   }
   const gpucompute::ServerOptions& options = command_line.options;
+  gpucompute::SetLogFormat(options.log_format);
 
   StopSignalWatcher watcher(stop_signals);
   absl::StatusOr<std::unique_ptr<gpucompute::Server>> server = gpucompute::Server::Start(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "gpucompute-server: %s\n", std::string(server.status().message()).c_str());
+    gpucompute::Log(gpucompute::LogLevel::kError, server.status().message());
     return 1;
   }
   if (!watcher.Serve(server->get())) return 0;  // stopped while it started
-  std::fprintf(stderr, "gpucompute-server: %s backend, listening on port %d\n",
-               (*server)->backend_name().c_str(), (*server)->port());
+  gpucompute::Log(
+      gpucompute::LogLevel::kInfo,
+      absl::StrCat((*server)->backend_name(), " backend, listening on port ", (*server)->port()));
   if ((*server)->metrics_port() != 0) {
-    std::fprintf(stderr, "gpucompute-server: metrics on port %d, path /metrics\n",
-                 (*server)->metrics_port());
+    gpucompute::Log(gpucompute::LogLevel::kInfo,
+                    absl::StrCat("metrics on port ", (*server)->metrics_port(), ", path /metrics"));
   }
   (*server)->Wait();
   watcher.Stop();

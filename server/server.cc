@@ -20,9 +20,11 @@
 #include "absl/strings/strip.h"
 #include "server/auth.h"
 #include "server/backend_loader.h"
+#include "server/log.h"
 #include "server/metrics/server_metrics.h"
 #include "server/persistence.h"
 #include "server/quotas.h"
+#include "server/request_id.h"
 #include "server/service/services.h"
 #include "server/status_macros.h"
 
@@ -273,15 +275,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // A failure after which the device cannot be trusted: logged once, and the health
   // service goes NOT_SERVING (the services refuse work themselves, through
   // CheckBackendHealthy).
-  impl->backend->SetFailureListener([sink = impl->health_sink,
-                                     name = impl->backend_name](const absl::Status& status) {
-    std::fprintf(stderr,
-                 "gpucompute-server: the %s backend failed: %s; refusing work until the server is "
-                 "restarted\n",
-                 name.c_str(), status.ToString().c_str());
-    std::lock_guard lock(sink->mu);
-    if (sink->health != nullptr) SetServing(*sink->health, false);
-  });
+  impl->backend->SetFailureListener(
+      [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
+        Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
+            {{"backend", name}, {"error", status.ToString()}});
+        std::lock_guard lock(sink->mu);
+        if (sink->health != nullptr) SetServing(*sink->health, false);
+      });
   const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
                                                          : DefaultMemoryLimit(*impl->backend);
   impl->limiter = std::make_unique<MemoryLimiter>(limit);
@@ -311,6 +311,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     absl::StatusOr<Backend::CopyCeiling> ceiling =
         impl->backend->MeasureCopyCeiling(options.default_device, kCeilingProbeBytes, 2);
     if (ceiling.ok()) impl->ctx->copy_ceiling = *std::move(ceiling);
+  }
+  {
+    const double timeout = options.upload_idle_timeout_seconds;
+    if (!(timeout >= 0) || timeout > 1e9) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("upload idle timeout must be 0 to 1e9 seconds, got ", timeout));
+    }
+    impl->ctx->upload_idle_timeout = absl::Seconds(timeout);
   }
   impl->buffers = std::make_unique<BufferServiceImpl>(*impl->ctx);
   impl->streams = std::make_unique<StreamServiceImpl>(*impl->ctx);
@@ -345,6 +353,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
+    factories.push_back(MakeRequestIdInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(factories));
+  }
   builder.RegisterService(impl->buffers.get());
   builder.RegisterService(impl->streams.get());
   builder.RegisterService(impl->operations.get());
@@ -401,10 +414,11 @@ void Server::Shutdown() {
     const size_t cancelled =
         impl_->executor->CancelQueued(absl::UnavailableError("the server is shutting down"));
     if (cancelled > 0) {
-      std::fprintf(stderr,
-                   "gpucompute-server: %zu queued operations did not start within the shutdown "
-                   "grace of %s; cancelled\n",
-                   cancelled, absl::FormatDuration(impl_->shutdown_grace).c_str());
+      Log(LogLevel::kWarning,
+          absl::StrCat(cancelled,
+                       " queued operations did not start within the shutdown grace; "
+                       "cancelled"),
+          {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
     }
   }
   if (impl_->persister != nullptr && !impl_->persisted.exchange(true)) {

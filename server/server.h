@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/log.h"
 
 namespace gpucompute {
 
@@ -57,6 +58,11 @@ struct ServerOptions {
   // Seconds a region may go unused before it is released; 0 keeps regions until they are
   // unregistered or the server stops.
   double region_idle_timeout_seconds = 600;
+  // Seconds a single-stream Upload may go without receiving a chunk before it fails with
+  // DEADLINE_EXCEEDED and its reservation is released; 0: no limit.
+  double upload_idle_timeout_seconds = 60;
+  // The form of the log lines (server/log.h); main applies it.
+  LogFormat log_format = LogFormat::kJson;
   // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
   // GetServerInfo reports; off, it reports 0.
   bool measure_copy_ceiling = true;

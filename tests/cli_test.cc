@@ -296,6 +296,20 @@ TEST_F(CliTest, PutAndGetRoundTripBothOrders) {
   }
 }
 
+// --request-id goes with every call: the error names it, and the server's log line about
+// the failed call carries it. The server logs one JSON object per line.
+TEST_F(CliTest, RequestIdIsShownAndLogged) {
+  Result get =
+      Run("--request-id cli-trace-42 get no_such_buffer_name -o " + ShellQuote(Path("never.npy")));
+  EXPECT_NE(get.exit_code, 0);
+  EXPECT_NE(get.err.find("NOT_FOUND"), std::string::npos) << get.err;
+  EXPECT_NE(get.err.find("(request id cli-trace-42)"), std::string::npos) << get.err;
+  const std::string log = ReadFile(server_.log);
+  EXPECT_NE(log.find("\"request_id\":\"cli-trace-42\""), std::string::npos) << log;
+  EXPECT_EQ(log.rfind("{\"time\":\"", 0), 0u) << log;
+  EXPECT_NE(log.find("\"message\":\"cpu backend, listening on port "), std::string::npos) << log;
+}
+
 TEST_F(CliTest, EvalReduceAndGemvGiveReferenceValues) {
   const size_t n = 1000;
   const std::vector<double> x = RandomValues(n, 2);

@@ -313,6 +313,26 @@ TEST_F(ObserverTest, QueuedRunningAndDone) {
   ExpectWellFormed(s);
 }
 
+// Transfers a client broke off or left idle: failed, and counted by reason.
+TEST_F(ObserverTest, AbandonedTransfersAreCountedByReason) {
+  executor_->RecordTransfer("c", OperationKind::kUpload, 100);
+  executor_->RecordFailedTransfer("c", OperationKind::kUpload, absl::CancelledError("gone"));
+  executor_->RecordFailedTransfer("c", OperationKind::kUpload, absl::DeadlineExceededError("idle"));
+  executor_->RecordFailedTransfer("c", OperationKind::kUpload, absl::InvalidArgumentError("short"));
+  executor_->RecordFailedTransfer("c", OperationKind::kDownload, absl::CancelledError("gone"));
+  const Scrape s = Read();
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"upload\",outcome=\"succeeded\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"upload\",outcome=\"failed\"}"), 3);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"upload\",reason=\"cancelled\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"upload\",reason=\"timed_out\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"download\",outcome=\"failed\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"cancelled\"}"),
+            1);
+  EXPECT_EQ(s.at("gpucompute_transfers_abandoned_total{kind=\"download\",reason=\"timed_out\"}"),
+            0);
+  ExpectWellFormed(s);
+}
+
 TEST_F(ObserverTest, FailedOperationsAreCountedNotTimed) {
   BufferHandle a = NewBuffer("c", 10);
   Executor::OpSpec spec;

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds gpucompute and runs every test: installs the build dependencies if needed,
-# then the CMake workflow presets: default (configure, build, ctest), thread-safety
-# (a clang build that fails on any lock-annotation warning) and fuzz (the fuzz targets,
-# fuzzed for a bounded time).
+# then the CMake workflow presets: default (configure, build, ctest) and sanitize (one
+# clang build: every unit and integration test under AddressSanitizer and
+# UndefinedBehaviorSanitizer, the build failing on any lock-annotation warning, and the
+# fuzz targets, each fuzzed for a bounded time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 cmake --workflow --preset default
-# The lock annotations, checked by clang's -Wthread-safety (a build, no tests).
-cmake --workflow --preset thread-safety
-# libFuzzer with ASan and UBSan: each fuzz target for GPUCOMPUTE_FUZZ_SECONDS (30 s).
-cmake --workflow --preset fuzz
+# clang, ASan+UBSan: the tests (less the `image` label) and the fuzz targets, each fuzzed
+# for GPUCOMPUTE_FUZZ_SECONDS (30 s); -Werror=thread-safety checks the lock annotations.
+cmake --workflow --preset sanitize

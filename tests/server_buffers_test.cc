@@ -1442,9 +1442,11 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
   // Two downloads: a whole buffer and a range.
   EXPECT_EQ(MustDownload(*client_, a.id()).size(), 1000u);
   EXPECT_EQ(MustDownload(*client_, b.id(), 7, 10).size(), 10u);
-  // Rejected transfers count for nothing.
+  // Transfers refused at their header count for nothing.
   EXPECT_FALSE(client_->Upload(RangeHeader(b.id(), 4090, 100), AsBytes(RandomBytes(100, 3))).ok());
   EXPECT_FALSE(DownloadBytes(*client_, b.id(), 4097, 0).ok());
+  // One that started and ended short counts as a failed upload (not cancelled, not timed
+  // out).
   EXPECT_EQ(
       GrpcCode(RawUpload(*server_, {HeaderMessage(RangeHeader(b.id(), 0, 8)), ChunkMessage("x")})),
       Code::kInvalidArgument);
@@ -1458,12 +1460,15 @@ TEST_F(ServerBuffersTest, GetStatsCountsTransfers) {
   const v1::KindStats* download = FindKind(*stats, v1::OPERATION_KIND_DOWNLOAD);
   ASSERT_NE(upload, nullptr) << stats->ShortDebugString();
   ASSERT_NE(download, nullptr) << stats->ShortDebugString();
-  EXPECT_EQ(upload->count(), 3u);
-  EXPECT_EQ(upload->failed(), 0u);
+  EXPECT_EQ(upload->count(), 4u);
+  EXPECT_EQ(upload->failed(), 1u);
+  EXPECT_EQ(upload->cancelled(), 0u);
+  EXPECT_EQ(upload->timed_out(), 0u);
   EXPECT_EQ(upload->bytes_written(), 1000u + 4096u + 100u);
   EXPECT_EQ(upload->bytes_read(), 0u);
   EXPECT_EQ(download->count(), 2u);
   EXPECT_EQ(download->failed(), 0u);
+  EXPECT_EQ(download->cancelled(), 0u);
   EXPECT_EQ(download->bytes_read(), 1000u + 10u);
   EXPECT_EQ(download->bytes_written(), 0u);
   for (const v1::KindStats& k : stats->kinds()) EXPECT_GT(k.count(), 0u) << k.ShortDebugString();

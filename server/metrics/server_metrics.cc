@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/auth.h"
+#include "server/log.h"
 #include "server/metrics/process_metrics.h"
 
 namespace gpucompute::metrics {
@@ -45,8 +46,7 @@ ServerMetrics::ServerMetrics(ServiceContext& ctx, Options options) : ctx_(ctx) {
   if (gpus_ && !options.nvml_library.empty()) {
     nvml_ = Nvml::Load(options.nvml_library, &nvml_error_);
     if (nvml_ == nullptr) {
-      std::fprintf(stderr, "gpucompute-server: metrics: no GPU utilization or power (%s)\n",
-                   nvml_error_.c_str());
+      Log(LogLevel::kWarning, "metrics: no GPU utilization or power", {{"error", nvml_error_}});
     }
   }
 }
@@ -100,6 +100,11 @@ void ServerMetrics::CollectOperations(std::vector<Family>& out) {
   Family total =
       Make("gpucompute_operations_total", "Operations and transfers finished, by kind and outcome.",
            MetricType::kCounter);
+  Family abandoned = Make("gpucompute_transfers_abandoned_total",
+                          "Uploads and downloads that failed because the client cancelled or broke "
+                          "them off (reason=cancelled) or sent nothing for the idle timeout "
+                          "(reason=timed_out); also counted as failed.",
+                          MetricType::kCounter);
   Family read = Make("gpucompute_operation_read_bytes_total",
                      "Bytes operations read from device memory, by kind.", MetricType::kCounter);
   Family written = Make("gpucompute_operation_written_bytes_total",
@@ -119,7 +124,13 @@ void ServerMetrics::CollectOperations(std::vector<Family>& out) {
         {{{"kind", kind}, {"outcome", "succeeded"}}, static_cast<double>(s.count - s.failed)});
     total.samples.push_back(
         {{{"kind", kind}, {"outcome", "failed"}}, static_cast<double>(s.failed)});
-    if (IsTransfer(static_cast<OperationKind>(k))) continue;
+    if (IsTransfer(static_cast<OperationKind>(k))) {
+      abandoned.samples.push_back(
+          {{{"kind", kind}, {"reason", "cancelled"}}, static_cast<double>(s.cancelled)});
+      abandoned.samples.push_back(
+          {{{"kind", kind}, {"reason", "timed_out"}}, static_cast<double>(s.timed_out)});
+      continue;
+    }
     read.samples.push_back({{{"kind", kind}}, static_cast<double>(s.bytes_read)});
     written.samples.push_back({{{"kind", kind}}, static_cast<double>(s.bytes_written)});
     flops.samples.push_back({{{"kind", kind}}, static_cast<double>(s.flops)});
@@ -127,6 +138,7 @@ void ServerMetrics::CollectOperations(std::vector<Family>& out) {
     latency.histograms.push_back({{{"kind", kind}}, latency_seconds_[k]->Read()});
   }
   out.push_back(std::move(total));
+  out.push_back(std::move(abandoned));
   out.push_back(std::move(device));
   out.push_back(std::move(latency));
   out.push_back(std::move(read));

@@ -119,6 +119,12 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
+    if (!status.ok()) {
+      // grpc::StatusCode and absl::StatusCode share their values.
+      s->ctx.executor.RecordFailedTransfer(
+          s->buffer != nullptr ? s->buffer->client : std::string(), OperationKind::kDownload,
+          absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+    }
     s->reactor->Finish(std::move(status));
   }
 

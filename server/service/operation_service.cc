@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "server/request_id.h"
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 

@@ -1,5 +1,6 @@
 // ServerService: GetServerInfo, GetStats, TrimMemoryPool, StartProfiler, StopProfiler.
 #include "gpucompute/v1/host_identity.h"
+#include "server/request_id.h"
 #include "server/service/services.h"
 
 namespace gpucompute {
@@ -90,6 +91,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
     limits->set_tenant_max_streams(quota.streams);
     limits->set_tenant_max_operations_in_flight(quota.operations);
   }
+  limits->set_stream_upload_idle_timeout_seconds(absl::ToDoubleSeconds(ctx_.upload_idle_timeout));
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);
@@ -122,6 +124,8 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
     out->set_bytes_read(s.bytes_read);
     out->set_bytes_written(s.bytes_written);
     out->set_flops(s.flops);
+    out->set_cancelled(s.cancelled);
+    out->set_timed_out(s.timed_out);
   }
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count());

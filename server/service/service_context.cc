@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/request_id.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -24,6 +25,7 @@ absl::Status CheckBackendHealthy(const Backend& backend) {
 namespace {
 
 absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context) {
+  RETURN_IF_ERROR(CheckCallMetadata(context));
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientMetadataKey);
   if (it == metadata.end()) return std::string(kDefaultClient);

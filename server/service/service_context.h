@@ -54,6 +54,8 @@ struct ServiceContext {
   const Authenticator* auth = nullptr;
   // The tenants' quotas; null without --quota-file.
   const QuotaTable* quotas = nullptr;
+  // How long a single-stream Upload may receive nothing before it fails; zero: forever.
+  absl::Duration upload_idle_timeout = absl::ZeroDuration();
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

@@ -37,6 +37,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override {
     absl::MutexLock lock(&state_->mu);
     state_->reading = false;
+    // Answered already (cancelled, or failed): a message that arrived meanwhile must not
+    // start an upload that no stream would ever finish.
+    if (state_->finished) return;
     if (!ok) {
       state_->closed = true;
       if (state_->context->IsCancelled()) return FailLocked(state_, CancelledError());
@@ -136,6 +139,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       transfer = *std::move(t);
       s->range_offset = 0;
       s->range_size = transfer->size();
+      transfer->WatchIdle(absl::ToChronoNanoseconds(s->ctx.upload_idle_timeout));
     } else {
       if (header.target_case() != v1::UploadHeader::TARGET_NOT_SET) {
         return absl::InvalidArgumentError(

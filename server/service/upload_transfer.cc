@@ -66,8 +66,16 @@ void UploadTransfer::Publish(std::shared_ptr<UploadTransferTable> table,
                              std::chrono::nanoseconds idle_timeout) {
   id_ = NewId("upl-");
   table->Add(shared_from_this());
+  {
+    absl::MutexLock lock(&mu_);
+    table_ = std::move(table);
+  }
+  WatchIdle(idle_timeout);
+}
+
+void UploadTransfer::WatchIdle(std::chrono::nanoseconds idle_timeout) {
+  if (idle_timeout <= std::chrono::nanoseconds::zero()) return;
   absl::MutexLock lock(&mu_);
-  table_ = std::move(table);
   idle_timeout_ = idle_timeout;
   ScheduleIdleCheckLocked();
 }
@@ -83,8 +91,9 @@ void UploadTransfer::ScheduleIdleCheckLocked() {
       return self->ScheduleIdleCheckLocked();
     }
     self->error_ = absl::DeadlineExceededError(absl::StrCat(
-        "upload ", self->id_, " received no data for ",
-        std::chrono::duration<double>(self->idle_timeout_).count(), " s; nothing was changed"));
+        "upload ", self->id_.empty() ? "" : absl::StrCat(self->id_, " "), "received no data for ",
+        std::chrono::duration<double>(self->idle_timeout_).count(),
+        " s (the server's idle timeout); its memory was released and nothing was changed"));
     self->MaybeFinishLocked();
   });
 }
@@ -230,6 +239,7 @@ void UploadTransfer::CommitLocked() {
 void UploadTransfer::FinishLocked(absl::Status status) {
   if (finished_) return;
   finished_ = true;
+  if (!status.ok()) ctx_.executor.RecordFailedTransfer(client_, OperationKind::kUpload, status);
   if (table_ != nullptr) table_->Remove(id_);
   table_.reset();
   v1::UploadResponse response;

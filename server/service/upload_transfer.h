@@ -52,6 +52,9 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // Keeps the upload in `table` until it finishes, and fails it after `idle_timeout`
   // without data.
   void Publish(std::shared_ptr<UploadTransferTable> table, std::chrono::nanoseconds idle_timeout);
+  // Fails the upload with DEADLINE_EXCEEDED once it has received nothing (no range, no
+  // chunk) for `idle_timeout`; zero: never. Call once, before data arrives.
+  void WatchIdle(std::chrono::nanoseconds idle_timeout);
 
   // Claims bytes [offset, offset + size) of the upload for a stream. NOT_FOUND if the
   // upload is over (failed or committing); `listener` is then dropped and the stream

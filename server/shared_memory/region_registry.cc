@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
+#include "server/log.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -113,8 +114,8 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
   if (pinned.ok()) {
     mapping->pinned_ = true;
   } else {
-    std::fprintf(stderr, "gpucompute-server: not pinning shared-memory object '%s': %s\n",
-                 path.c_str(), pinned.ToString().c_str());
+    Log(LogLevel::kWarning, "not pinning a shared-memory object",
+        {{"path", path}, {"error", pinned.ToString()}});
   }
   return mapping;
 }

@@ -13,6 +13,11 @@ namespace gpucompute {
 inline constexpr char kClientMetadataKey[] = "gpucompute-client";
 inline constexpr char kDefaultClient[] = "default";
 inline constexpr uint64_t kMaxClientNameBytes = 128;
+// The metadata key of a call's request id: the client may set one (1 to
+// kMaxRequestIdBytes printable ASCII characters), else the server makes one up; either
+// way the server returns it in the call's initial metadata and logs it with the call.
+inline constexpr char kRequestIdMetadataKey[] = "x-request-id";
+inline constexpr uint64_t kMaxRequestIdBytes = 128;
 
 // gRPC messages are capped here, both ways.
 inline constexpr uint64_t kMaxMessageBytes = uint64_t{64} << 20;
