@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gpucompute/v1/crc32c.h"
+#include "server/log.h"
 #include "server/persist_format.h"
 #include "server/status_macros.h"
 
@@ -117,13 +118,12 @@ absl::StatusOr<size_t> BufferPersister::Restore() {
     if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (absl::EndsWith(name, kPersistTempSuffix)) {
       // A write the last server did not finish; the file it would have replaced is intact.
-      std::fprintf(stderr, "gpucompute-server: %s: removing an unfinished write\n", path.c_str());
+      Log(LogLevel::kWarning, absl::StrCat(path, ": removing an unfinished write"));
       unlink(path.c_str());
       continue;
     }
     if (absl::Status s = RestoreFile(path); !s.ok()) {
-      std::fprintf(stderr, "gpucompute-server: %s: not restored: %s\n", path.c_str(),
-                   std::string(s.message()).c_str());
+      Log(LogLevel::kWarning, absl::StrCat(path, ": not restored: ", s.message()));
       continue;
     }
     known_files_.insert(name);
@@ -267,8 +267,8 @@ absl::StatusOr<size_t> BufferPersister::Snapshot() {
     const std::string name = absl::StrCat(buffer->id, kPersistSuffix);
     current.insert(name);
     if (absl::Status s = WriteBuffer(buffer); !s.ok()) {
-      std::fprintf(stderr, "gpucompute-server: buffer %s not persisted (its last file stays): %s\n",
-                   buffer->id.c_str(), std::string(s.message()).c_str());
+      Log(LogLevel::kError, absl::StrCat("buffer ", buffer->id,
+                                         " not persisted (its last file stays): ", s.message()));
       continue;
     }
     known_files_.insert(name);
@@ -283,8 +283,7 @@ absl::StatusOr<size_t> BufferPersister::Snapshot() {
   for (const std::string& name : stale) {
     const std::string path = Join(dir_, name);
     if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-      std::fprintf(stderr, "gpucompute-server: cannot remove %s: %s\n", path.c_str(),
-                   std::strerror(errno));
+      Log(LogLevel::kError, absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
       continue;
     }
     known_files_.erase(name);
@@ -298,8 +297,8 @@ void BufferPersister::StartPeriodic(absl::Duration interval) {
     while (!stop_.WaitForNotificationWithTimeout(interval)) {
       absl::StatusOr<size_t> written = Snapshot();
       if (!written.ok()) {
-        std::fprintf(stderr, "gpucompute-server: snapshot to %s failed: %s\n", dir_.c_str(),
-                     std::string(written.status().message()).c_str());
+        Log(LogLevel::kError,
+            absl::StrCat("snapshot to ", dir_, " failed: ", written.status().message()));
       }
     }
   });

@@ -302,8 +302,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->persister = std::make_unique<BufferPersister>(*impl->backend, *impl->executor,
                                                         *impl->registry, options.persist_dir);
     ASSIGN_OR_RETURN(const size_t restored, impl->persister->Restore());
-    std::fprintf(stderr, "gpucompute-server: restored %zu buffers from %s\n", restored,
-                 options.persist_dir.c_str());
+    Log(LogLevel::kInfo,
+        absl::StrCat("restored ", restored, " buffers from ", options.persist_dir));
     impl->ctx->persistence_enabled = true;
   }
   if (options.measure_copy_ceiling) {
@@ -391,11 +391,10 @@ absl::Status Server::ReloadTokens() {
   if (impl_->auth == nullptr) return absl::OkStatus();
   absl::Status status = impl_->auth->Reload();
   if (status.ok()) {
-    std::fprintf(stderr, "gpucompute-server: reloaded the tokens file: %zu tokens\n",
-                 impl_->auth->token_count());
+    Log(LogLevel::kInfo,
+        absl::StrCat("reloaded the tokens file: ", impl_->auth->token_count(), " tokens"));
   } else {
-    std::fprintf(stderr, "gpucompute-server: kept the tokens in use: %s\n",
-                 std::string(status.message()).c_str());
+    Log(LogLevel::kError, absl::StrCat("kept the tokens in use: ", status.message()));
   }
   return status;
 }
@@ -425,12 +424,11 @@ void Server::Shutdown() {
     impl_->persister->StopPeriodic();
     absl::StatusOr<size_t> written = impl_->persister->Snapshot();
     if (written.ok()) {
-      std::fprintf(stderr, "gpucompute-server: wrote %zu named buffers to %s\n", *written,
-                   impl_->persister->dir().c_str());
+      Log(LogLevel::kInfo,
+          absl::StrCat("wrote ", *written, " named buffers to ", impl_->persister->dir()));
     } else {
-      std::fprintf(stderr, "gpucompute-server: writing the named buffers to %s failed: %s\n",
-                   impl_->persister->dir().c_str(),
-                   std::string(written.status().message()).c_str());
+      Log(LogLevel::kError, absl::StrCat("writing the named buffers to ", impl_->persister->dir(),
+                                         " failed: ", written.status().message()));
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -500,7 +501,11 @@ struct Program {
 };
 
 Program Spawn(const std::vector<std::string>& flags, const fs::path& log) {
-  Program p{SpawnProgram(GPUCOMPUTE_SERVER_BIN, flags, log.string()), log};
+  // $GPUCOMPUTE_SERVER_BIN runs another build of the program (e.g. on a GPU host).
+  const char* bin = std::getenv("GPUCOMPUTE_SERVER_BIN");
+  Program p{SpawnProgram(bin != nullptr && *bin != '\0' ? bin : GPUCOMPUTE_SERVER_BIN, flags,
+                         log.string()),
+            log};
   EXPECT_GT(p.pid, 0);
   return p;
 }

@@ -269,8 +269,8 @@ class LoadClient {
   // Client (its channel and calls) is destroyed, and a new one takes its place. The buffer
   // it created lives only until its lease ends.
   void KillMidOperation() {
-    v1::SubmitRequest request = Random(v1::DISTRIBUTION_NORMAL, {1 + rng_() % (256 << 10)},
-                                       v1::DTYPE_FLOAT64, rng_());
+    v1::SubmitRequest request =
+        Random(v1::DISTRIBUTION_NORMAL, {1 + rng_() % (256 << 10)}, v1::DTYPE_FLOAT64, rng_());
     request.mutable_random()->mutable_output()->set_ttl_seconds(kResultLease);
     OperationFuture future = client_->SubmitAsync(request);
     client_.reset();  // cancels the call in flight
