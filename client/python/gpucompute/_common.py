@@ -39,7 +39,7 @@ REDUCE_KINDS = ("sum", "prod", "min", "max", "mean", "norm2", "argmin", "argmax"
 
 _SERVICE_METHODS = {
     "BufferService": ("CreateBuffer", "Upload", "BeginUpload", "Download", "GetBuffer",
-                      "ListBuffers", "DeleteBuffer"),
+                      "ListBuffers", "DeleteBuffer", "RenewLease"),
     "StreamService": ("CreateStream", "DeleteStream", "SynchronizeStream", "ListStreams"),
     "OperationService": ("Submit", "GetOperation", "WaitOperation"),
     "ServerService": ("GetServerInfo", "GetStats", "TrimMemoryPool", "StartProfiler",
@@ -50,6 +50,15 @@ _SERVICE_METHODS = {
     # SessionRequest/SessionResponse); the Client has no wrapper for them yet.
     "SessionService": ("Session", "RunChain"),
 }
+
+
+def renew_request(buffer, ttl):
+    """A RenewLeaseRequest: `ttl` None keeps the buffer's own time-to-live, 0 ends the
+    lease, else the lease's new time-to-live in seconds."""
+    request = v1.RenewLeaseRequest(buffer=buffer_ref(buffer))
+    if ttl is not None:
+        request.ttl_seconds = float(ttl)
+    return request
 
 
 class Options:

@@ -133,6 +133,10 @@ class Client(_common.Operations):
         response = await self._call("ListBuffers", v1.ListBuffersRequest())
         return [RemoteArray(self, info) for info in response.buffers]
 
+    async def renew(self, buffer, ttl=None):
+        response = await self._call("RenewLease", _common.renew_request(buffer, ttl))
+        return RemoteArray(self, response.buffer)
+
     async def delete(self, buffer):
         await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))
 

@@ -171,6 +171,13 @@ class Client(_common.Operations):
         response = self._call("ListBuffers", v1.ListBuffersRequest())
         return [RemoteArray(self, info) for info in response.buffers]
 
+    def renew(self, buffer, ttl=None):
+        """Renews a buffer's lease now (see BufferService.RenewLease): `ttl` None keeps its
+        time-to-live, 0 ends the lease, else sets a new one in seconds. Returns a fresh
+        handle, whose info has the lease's ttl_seconds and expire time."""
+        response = self._call("RenewLease", _common.renew_request(buffer, ttl))
+        return RemoteArray(self, response.buffer)
+
     def delete(self, buffer):
         """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
         its memory is freed when queued work using it is done."""

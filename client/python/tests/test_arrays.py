@@ -1,7 +1,10 @@
 """Uploads, downloads and handles: what goes up comes back, bit for bit."""
 
+import time
+
 import gpucompute
 import grpc
+
 import numpy as np
 import pytest
 
@@ -102,6 +105,25 @@ def test_buffers_lookup_and_delete(client):
     assert error.value.code == grpc.StatusCode.NOT_FOUND
     with pytest.raises(gpucompute.NotFoundError):
         x.get()
+
+
+def test_renew_sets_and_ends_a_lease(client):
+    x = client.put(np.arange(3.0), name="leased")
+    assert x.info.ttl_seconds == 0 and x.info.lease_expire_time_unix_nanos == 0
+    before = time.time_ns()
+    leased = client.renew("leased", ttl=120)
+    assert leased.id == x.id
+    assert leased.info.ttl_seconds == 120
+    expires = leased.info.lease_expire_time_unix_nanos
+    assert before + 119e9 <= expires <= time.time_ns() + 121e9
+    assert client.renew(x).info.ttl_seconds == 120  # renewed with its own ttl
+    ended = client.renew(x, ttl=0)
+    assert ended.info.ttl_seconds == 0 and ended.info.lease_expire_time_unix_nanos == 0
+    with pytest.raises(gpucompute.InvalidArgumentError):
+        client.renew(x, ttl=-1)
+    with pytest.raises(gpucompute.NotFoundError):
+        client.renew("no-such-buffer", ttl=10)
+    np.testing.assert_array_equal(client.buffer(x.id).get(), [0.0, 1.0, 2.0])
 
 
 def test_context_manager_deletes(client):
