@@ -86,6 +86,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch, bool crc)
         : ctx(c),
           buffer(std::move(b)),
+          scope(buffer->client),
           offset(off),
           end(off + sz),
           chunk(ch),
@@ -94,6 +95,9 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
           next(off) {}
     ServiceContext& ctx;
     BufferHandle buffer;
+    // The buffer's owner, whose tenant the transfer is counted for (the buffer itself is
+    // let go before the last answer).
+    const std::string scope;
     const uint64_t offset;
     const uint64_t end;
     const uint64_t chunk;
@@ -122,7 +126,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     if (!status.ok()) {
       // grpc::StatusCode and absl::StatusCode share their values.
       s->ctx.executor.RecordFailedTransfer(
-          s->buffer != nullptr ? s->buffer->client : std::string(), OperationKind::kDownload,
+          s->scope, OperationKind::kDownload,
           absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
     }
     s->reactor->Finish(std::move(status));
@@ -157,8 +161,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       absl::Status st;
       {
         ScopedRange range(s->ctx.backend, s->range_name);
-        st = s->ctx.backend.CopyToStaging(stream, s->buffer->memory, f.offset,
-                                          f.staging->data(), n);
+        st =
+            s->ctx.backend.CopyToStaging(stream, s->buffer->memory, f.offset, f.staging->data(), n);
       }
       Slot* slot = &f;
       if (st.ok()) {
@@ -183,7 +187,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       if (last) {
         const uint64_t bytes = s->end - s->offset;
         SetTransferStats(bytes, s->start, &stats);
-        s->ctx.executor.RecordTransfer(s->buffer->client, OperationKind::kDownload, bytes);
+        s->ctx.executor.RecordTransfer(s->scope, OperationKind::kDownload, bytes);
       }
       v1::BufferInfo info;
       if (w.first) ToProto(*s->buffer, &info);
@@ -212,9 +216,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     std::optional<uint32_t> crc;
     if (slot.bytes != 0) {
       auto* owner = new HostStagingPool::Block(std::move(slot.staging));
-      data = grpc::Slice(
-          (*owner)->data(), static_cast<size_t>(slot.bytes),
-          [](void* p) { delete static_cast<HostStagingPool::Block*>(p); }, owner);
+      data = grpc::Slice((*owner)->data(), static_cast<size_t>(slot.bytes),
+                         [](void* p) { delete static_cast<HostStagingPool::Block*>(p); }, owner);
       if (checksums) crc = ExtendCrc32c(0, (*owner)->data(), static_cast<size_t>(slot.bytes));
     } else if (checksums) {
       crc = 0;
@@ -228,9 +231,9 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(ServiceContext& ctx,
-                                                               BufferHandle buffer,
-                                                               uint64_t offset, uint64_t size,
-                                                               uint64_t chunk, bool checksums) {
+                                                               BufferHandle buffer, uint64_t offset,
+                                                               uint64_t size, uint64_t chunk,
+                                                               bool checksums) {
   return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk, checksums);
 }
 
