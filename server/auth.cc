@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -118,6 +120,34 @@ absl::Status Authenticator::Reload() {
 size_t Authenticator::token_count() const {
   absl::MutexLock lock(&mu_);
   return table_ == nullptr ? 0 : table_->size();
+}
+
+namespace {
+
+std::optional<absl::string_view> MetadataValue(const grpc::ServerContextBase& context,
+                                               absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// The common name of the client certificate the TLS layer verified, if any.
+std::optional<std::string> CertificateCommonName(const grpc::ServerContextBase& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return std::nullopt;
+  std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
+  if (names.empty()) return std::nullopt;
+  return std::string(names.front().data(), names.front().size());
+}
+
+}  // namespace
+
+absl::StatusOr<Identity> Authenticator::AuthenticateCall(
+    const grpc::ServerContextBase& context) const {
+  const std::optional<std::string> cn = CertificateCommonName(context);
+  return Authenticate(MetadataValue(context, "authorization"),
+                      cn.has_value() ? std::optional<absl::string_view>(*cn) : std::nullopt);
 }
 
 absl::StatusOr<Identity> Authenticator::Authenticate(

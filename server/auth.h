@@ -23,6 +23,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
+namespace grpc {
+class ServerContextBase;
+}
+
 namespace gpucompute {
 
 inline constexpr char kScopeSeparator = '\x1f';
@@ -34,6 +38,10 @@ struct Caller {
   std::string client;  // metadata "gpucompute-client", "default" when absent
   bool admin = false;  // may see server-wide figures and manage the server
   std::string scope;   // ScopeOf(tenant, client)
+  // The call's place among its tenant's calls in flight (TenantAdmission in
+  // server/admission.h), given back when the last holder lets go: whatever serves the
+  // call past its handler (a reactor) keeps it.
+  std::shared_ptr<const void> admission;
 };
 
 // INVALID_ARGUMENT unless `tenant` is 1 to kMaxTenantNameBytes of [A-Za-z0-9._-].
@@ -96,6 +104,11 @@ class Authenticator {
   // UNAUTHENTICATED, without echoing the token, when neither identifies the caller.
   absl::StatusOr<Identity> Authenticate(std::optional<absl::string_view> authorization,
                                         std::optional<absl::string_view> certificate_cn) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Authenticate with the credentials `context` carries: its "authorization" metadata
+  // and the common name of the client certificate its TLS layer verified.
+  absl::StatusOr<Identity> AuthenticateCall(const grpc::ServerContextBase& context) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t token_count() const ABSL_LOCKS_EXCLUDED(mu_);

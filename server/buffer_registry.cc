@@ -13,19 +13,53 @@
 
 namespace gpucompute {
 
-absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes) {
-  uint64_t used = used_.load();
-  do {
-    if (bytes > limit_ - std::min(used, limit_)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "allocating ", bytes, " bytes would exceed the server's memory limit: ", used, " of ",
-          limit_, " bytes are in use"));
-    }
-  } while (!used_.compare_exchange_weak(used, used + bytes));
-  uint64_t peak = peak_.load();
-  while (used + bytes > peak && !peak_.compare_exchange_weak(peak, used + bytes)) {
+absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
+                                                               absl::string_view tenant,
+                                                               uint64_t tenant_quota) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > limit_ - std::min(used_, limit_)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocating ", bytes, " bytes would exceed the server's memory limit: ", used_,
+                     " of ", limit_, " bytes are in use"));
   }
-  return Charge(this, bytes);
+  auto it = tenant_used_.find(tenant);
+  const uint64_t held = it == tenant_used_.end() ? 0 : it->second;
+  if (tenant_quota != 0 && bytes > tenant_quota - std::min(held, tenant_quota)) {
+    return QuotaExceeded(tenant, "device_bytes", tenant_quota,
+                         absl::StrCat(held, " bytes held, ", bytes, " more asked for"));
+  }
+  used_ += bytes;
+  peak_ = std::max(peak_, used_);
+  if (it == tenant_used_.end()) {
+    tenant_used_.emplace(tenant, bytes);
+  } else {
+    it->second += bytes;
+  }
+  return Charge(this, bytes, std::string(tenant));
+}
+
+void MemoryLimiter::Return(absl::string_view tenant, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  used_ -= bytes;
+  auto it = tenant_used_.find(tenant);
+  it->second -= bytes;
+  if (it->second == 0) tenant_used_.erase(it);
+}
+
+uint64_t MemoryLimiter::used() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+uint64_t MemoryLimiter::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+uint64_t MemoryLimiter::TenantUsed(absl::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tenant_used_.find(tenant);
+  return it == tenant_used_.end() ? 0 : it->second;
 }
 
 int64_t SteadyNanos() {
@@ -36,9 +70,9 @@ int64_t SteadyNanos() {
 
 absl::StatusOr<int64_t> TtlNanos(double seconds) {
   if (!(seconds >= 0) || !(seconds <= kMaxTtlSeconds)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ttl_seconds must be a finite number from 0 to ",
-                     static_cast<int64_t>(kMaxTtlSeconds), " (30 days); got ", seconds));
+    return absl::InvalidArgumentError(absl::StrCat("ttl_seconds must be a finite number from 0 to ",
+                                                   static_cast<int64_t>(kMaxTtlSeconds),
+                                                   " (30 days); got ", seconds));
   }
   return static_cast<int64_t>(seconds * 1e9);
 }
@@ -102,9 +136,9 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   const uint64_t bytes = n * DTypeSize(dtype);
   {
     absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckCanAddLocked(client, name, bytes));
+    RETURN_IF_ERROR(CheckCanAddLocked(client, name));
   }
-  ASSIGN_OR_RETURN(MemoryLimiter::Charge charge, limiter_.TryCharge(bytes));
+  ASSIGN_OR_RETURN(MemoryLimiter::Charge charge, ChargeFor(client, bytes));
   ASSIGN_OR_RETURN(DeviceMemory memory, exportable ? backend_.AllocateExportable(device, bytes)
                                                    : backend_.Allocate(device, bytes));
 
@@ -125,21 +159,22 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   return entry;
 }
 
-absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client, absl::string_view name,
-                                               uint64_t bytes) const {
+absl::StatusOr<MemoryLimiter::Charge> BufferRegistry::ChargeFor(absl::string_view scope,
+                                                                uint64_t bytes) const {
+  const absl::string_view tenant = TenantOfScope(scope);
+  return limiter_.TryCharge(bytes, tenant,
+                            quotas_ != nullptr ? quotas_->For(tenant).device_bytes : 0);
+}
+
+absl::Status BufferRegistry::CheckCanAddLocked(absl::string_view client,
+                                               absl::string_view name) const {
   if (quotas_ != nullptr) {
     const absl::string_view tenant = TenantOfScope(client);
-    const TenantQuota& quota = quotas_->For(tenant);
-    auto it = tenant_usage_.find(tenant);
-    const TenantUsage used = it == tenant_usage_.end() ? TenantUsage{} : it->second;
-    if (quota.buffers != 0 && used.buffers >= quota.buffers) {
-      return QuotaExceeded(tenant, "buffers", quota.buffers,
-                           absl::StrCat(used.buffers, " buffers held"));
-    }
-    if (quota.device_bytes != 0 &&
-        bytes > quota.device_bytes - std::min(used.bytes, quota.device_bytes)) {
-      return QuotaExceeded(tenant, "device_bytes", quota.device_bytes,
-                           absl::StrCat(used.bytes, " bytes held, ", bytes, " more asked for"));
+    const uint64_t quota = quotas_->For(tenant).buffers;
+    auto it = tenant_buffers_.find(tenant);
+    const uint64_t held = it == tenant_buffers_.end() ? 0 : it->second;
+    if (quota != 0 && held >= quota) {
+      return QuotaExceeded(tenant, "buffers", quota, absl::StrCat(held, " buffers held"));
     }
   }
   auto count = count_by_client_.find(client);
@@ -162,16 +197,14 @@ absl::Status BufferRegistry::Register(const BufferHandle& entry) {
 
 absl::Status BufferRegistry::ReserveLocked(const BufferHandle& entry) {
   // Checked again: other requests may have taken the name or the room since Allocate.
-  RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name, entry->size_bytes()));
+  RETURN_IF_ERROR(CheckCanAddLocked(entry->client, entry->name));
   if (by_id_.contains(entry->id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("a buffer with id ", entry->id, " already exists"));
   }
   if (!entry->name.empty()) id_by_name_.emplace(NameKey(entry->client, entry->name), entry->id);
   ++count_by_client_[entry->client];
-  TenantUsage& used = tenant_usage_[TenantOfScope(entry->client)];
-  used.bytes += entry->size_bytes();
-  ++used.buffers;
+  ++tenant_buffers_[TenantOfScope(entry->client)];
   return absl::OkStatus();
 }
 
@@ -194,9 +227,8 @@ void BufferRegistry::UnreserveLocked(const BufferEntry& entry) {
   if (!entry.name.empty()) id_by_name_.erase(NameKey(entry.client, entry.name));
   auto count = count_by_client_.find(entry.client);
   if (--count->second == 0) count_by_client_.erase(count);
-  auto used = tenant_usage_.find(TenantOfScope(entry.client));
-  used->second.bytes -= entry.size_bytes();
-  if (--used->second.buffers == 0) tenant_usage_.erase(used);
+  auto held = tenant_buffers_.find(TenantOfScope(entry.client));
+  if (--held->second == 0) tenant_buffers_.erase(held);
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::LookupLocked(absl::string_view client,

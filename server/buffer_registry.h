@@ -30,45 +30,65 @@ inline constexpr size_t kMaxDimensions = 8;
 inline constexpr size_t kMaxBuffersPerClient = 1 << 16;
 inline constexpr size_t kMaxNameBytes = 256;
 
-// Bytes charged against the server's memory limit; returned on destruction.
+// Bytes charged against the server's memory limit and against the tenant that holds
+// them; returned on destruction. Every device allocation a request makes is charged from
+// the moment it is made (a buffer being uploaded, staging for an overwrite, an output an
+// operation has yet to write) until the memory is freed, so a tenant's quota of bytes
+// covers what it holds in fact, not only its registered buffers.
 class MemoryLimiter {
  public:
   class Charge {
    public:
     Charge() = default;
-    Charge(MemoryLimiter* limiter, uint64_t bytes) : limiter_(limiter), bytes_(bytes) {}
-    Charge(Charge&& o) noexcept : limiter_(std::exchange(o.limiter_, nullptr)), bytes_(o.bytes_) {}
+    Charge(Charge&& o) noexcept
+        : limiter_(std::exchange(o.limiter_, nullptr)),
+          bytes_(o.bytes_),
+          tenant_(std::move(o.tenant_)) {}
     Charge& operator=(Charge&& o) noexcept {
       if (this != &o) {
         Release();
         limiter_ = std::exchange(o.limiter_, nullptr);
         bytes_ = o.bytes_;
+        tenant_ = std::move(o.tenant_);
       }
       return *this;
     }
     ~Charge() { Release(); }
 
    private:
+    friend class MemoryLimiter;
+    Charge(MemoryLimiter* limiter, uint64_t bytes, std::string tenant)
+        : limiter_(limiter), bytes_(bytes), tenant_(std::move(tenant)) {}
     void Release() {
-      if (limiter_ != nullptr) limiter_->used_.fetch_sub(bytes_);
+      if (limiter_ != nullptr) limiter_->Return(tenant_, bytes_);
       limiter_ = nullptr;
     }
     MemoryLimiter* limiter_ = nullptr;
     uint64_t bytes_ = 0;
+    std::string tenant_;
   };
 
   explicit MemoryLimiter(uint64_t limit_bytes) : limit_(limit_bytes) {}
 
-  // RESOURCE_EXHAUSTED, saying how much is in use, when `bytes` does not fit.
-  absl::StatusOr<Charge> TryCharge(uint64_t bytes);
+  // Charges `bytes` to the server and to `tenant`. RESOURCE_EXHAUSTED, saying how much is
+  // in use, when they pass the server's limit or the tenant's `tenant_quota` bytes
+  // (0: none; the message names the quota 'device_bytes').
+  absl::StatusOr<Charge> TryCharge(uint64_t bytes, absl::string_view tenant = "",
+                                   uint64_t tenant_quota = 0) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t limit() const { return limit_; }
-  uint64_t used() const { return used_.load(); }
-  uint64_t peak() const { return peak_.load(); }
+  uint64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t peak() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What `tenant` holds now.
+  uint64_t TenantUsed(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  void Return(absl::string_view tenant, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
   const uint64_t limit_;
-  std::atomic<uint64_t> used_{0};
-  std::atomic<uint64_t> peak_{0};
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, uint64_t> tenant_used_ ABSL_GUARDED_BY(mu_);
 };
 
 // What a buffer is, without its memory: cheap to copy into results.
@@ -174,18 +194,17 @@ class BufferRegistry {
   void ForEach(absl::FunctionRef<void(const BufferMeta&)> fn) const ABSL_LOCKS_EXCLUDED(mu_);
   // Enforces the tenants' buffers and device_bytes quotas from now on (null: none). Set
   // before any buffer is allocated; `quotas` must outlive the registry.
-  void SetQuotas(const QuotaTable* quotas) { quotas_ = quotas; }
+  void SetQuotas(const Quotas* quotas) { quotas_ = quotas; }
+  // Charges `bytes` of device memory to the server's limit and to the tenant of `scope`,
+  // within the tenant's device_bytes quota: every allocation a request makes on a
+  // tenant's behalf goes through here.
+  absl::StatusOr<MemoryLimiter::Charge> ChargeFor(absl::string_view scope, uint64_t bytes) const;
 
  private:
-  struct TenantUsage {
-    uint64_t bytes = 0;
-    uint64_t buffers = 0;
-  };
-
-  // RESOURCE_EXHAUSTED if the client holds the most buffers it may or its tenant would
-  // pass a quota with `bytes` more, ALREADY_EXISTS if it already uses `name`.
-  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name,
-                                 uint64_t bytes) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED if the client holds the most buffers it may or its tenant its
+  // quota of buffers, ALREADY_EXISTS if it already uses `name`.
+  absl::Status CheckCanAddLocked(absl::string_view client, absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status ReserveLocked(const BufferHandle& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnreserveLocked(const BufferEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
@@ -200,8 +219,8 @@ class BufferRegistry {
   absl::flat_hash_map<std::string, size_t> count_by_client_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> leases_expired_{0};
   // Registered (and reserved) buffers by tenant, for the quotas.
-  absl::flat_hash_map<std::string, TenantUsage> tenant_usage_ ABSL_GUARDED_BY(mu_);
-  const QuotaTable* quotas_ = nullptr;
+  absl::flat_hash_map<std::string, uint64_t> tenant_buffers_ ABSL_GUARDED_BY(mu_);
+  const Quotas* quotas_ = nullptr;
 };
 
 }  // namespace gpucompute

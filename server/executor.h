@@ -275,7 +275,7 @@ class Executor {
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
   // Enforces the tenants' streams and operations quotas (null: none). Set before any
   // work is submitted; `quotas` must outlive the executor.
-  void SetQuotas(const QuotaTable* quotas) { quotas_ = quotas; }
+  void SetQuotas(const Quotas* quotas) { quotas_ = quotas; }
 
   // The server's statistics, or with `tenant` set those of that tenant's operations.
   std::array<KindStats, kNumOperationKinds> Stats(
@@ -284,8 +284,7 @@ class Executor {
   void RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes);
   // Counts an upload or download by the client of `scope` that ended without completing,
   // failed with `error`: CANCELLED counts as cancelled, DEADLINE_EXCEEDED as timed out.
-  void RecordFailedTransfer(absl::string_view scope, OperationKind kind,
-                            const absl::Status& error);
+  void RecordFailedTransfer(absl::string_view scope, OperationKind kind, const absl::Status& error);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -366,7 +365,7 @@ class Executor {
       ABSL_GUARDED_BY(mu_);
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
-  const QuotaTable* quotas_ = nullptr;
+  const Quotas* quotas_ = nullptr;
   std::thread reaper_;  // last: it runs on the members above
 };
 

@@ -179,6 +179,12 @@ ABSL_FLAG(absl::Duration, snapshot_interval, absl::ZeroDuration(),
 ABSL_FLAG(gpucompute::Seconds, upload_idle_timeout, {60},
           "seconds an Upload may receive no chunk before it fails (DEADLINE_EXCEEDED) and its "
           "memory is released; 0 waits forever");
+ABSL_FLAG(gpucompute::NonNegative, max_calls_per_tenant, {1024},
+          "calls one tenant may have in flight (streams and calls that wait included); "
+          "without authentication the server is one tenant; 0 is no bound");
+ABSL_FLAG(gpucompute::NonNegative, max_uploads_per_tenant, {64},
+          "uploads one tenant may have under way, each holding memory reserved from its "
+          "header on; 0 is no bound");
 ABSL_FLAG(gpucompute::LogFormat, log_format, gpucompute::LogFormat::kJson,
           "log lines on stderr: json (one object per line) or text");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -194,7 +200,8 @@ ABSL_FLAG(std::string, tokens_file, "",
           "'authorization: Bearer TOKEN'; re-read on SIGHUP");
 ABSL_FLAG(std::string, quota_file, "",
           "per-tenant quotas: lines 'default KEY=VALUE...' and 'tenant NAME KEY=VALUE...' "
-          "with keys device_bytes, buffers, streams, operations; 0 or absent is none");
+          "with keys device_bytes, buffers, streams, operations; 0 or absent is none; "
+          "re-read on SIGHUP");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "listen on a non-loopback address without authentication (no --tokens-file, no "
           "--tls-client-ca): anyone who reaches the port can use every buffer");
@@ -234,6 +241,8 @@ constexpr FlagDoc kFlagDocs[] = {
     {"allow_insecure_remote", "true|false"},
     {"quota_file", "PATH"},
     {"upload_idle_timeout", "SECONDS"},
+    {"max_calls_per_tenant", "N"},
+    {"max_uploads_per_tenant", "N"},
     {"log_format", "json|text"},
 };
 
@@ -300,7 +309,8 @@ std::string Usage() {
                   "  --help\n"
                   "      print this text\n\n"
                   "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n"
-                  "SIGHUP re-reads --tokens-file (a malformed file keeps the tokens in use).\n");
+                  "SIGHUP re-reads --tokens-file and --quota-file (a malformed file keeps what it\n"
+                  "configured in use).\n");
   return usage;
 }
 
@@ -462,6 +472,8 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   o.quota_file = absl::GetFlag(FLAGS_quota_file);
   o.upload_idle_timeout_seconds = absl::GetFlag(FLAGS_upload_idle_timeout).value;
+  o.max_calls_per_tenant = absl::GetFlag(FLAGS_max_calls_per_tenant).value;
+  o.max_uploads_per_tenant = absl::GetFlag(FLAGS_max_uploads_per_tenant).value;
   o.log_format = absl::GetFlag(FLAGS_log_format);
   return parsed;
 }

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "gpucompute/v1/transfer_memory.h"
 #include "absl/strings/str_cat.h"
+#include "gpucompute/v1/transfer_memory.h"
 #include "server/flags.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -33,8 +33,8 @@ sigset_t BlockStopSignals() {
 
 // Takes the blocked signals with sigwait on a thread of its own, so that nothing runs in a
 // signal handler: SIGINT and SIGTERM shut the server down once it serves, SIGHUP re-reads
-// its tokens file (one that comes while the server starts is dropped: Start reads the
-// file anyway). A signal that comes while
+// its tokens and quota files (one that comes while the server starts is dropped: Start
+// reads the files anyway). A signal that comes while
 // the server starts is remembered: main sees it when Server::Start returns and stops at
 // once. Start is not interrupted (nor the process ended under it): on CUDA it sets up the
 // devices and warms cuBLAS, seconds at most, and letting it finish means one way out, in
@@ -76,8 +76,8 @@ class StopSignalWatcher {
       std::lock_guard lock(mu_);
       if (stopping_) return;
       if (signal == SIGHUP) {
-        // Under mu_ as below. A bad file is logged by ReloadTokens and changes nothing.
-        if (server_ != nullptr) (void)server_->ReloadTokens();
+        // Under mu_ as below. A bad file is logged by Reload and changes nothing.
+        if (server_ != nullptr) (void)server_->Reload();
         continue;
       }
       if (signalled_) continue;  // the first one is already stopping the server

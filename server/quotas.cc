@@ -87,11 +87,21 @@ const TenantQuota& QuotaTable::For(absl::string_view tenant) const {
   return it == tenants_.end() ? defaults_ : it->second;
 }
 
+TenantQuota Quotas::For(absl::string_view tenant) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return table_.For(tenant);
+}
+
+void Quotas::Replace(QuotaTable table) {
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(table);
+}
+
 absl::Status QuotaExceeded(absl::string_view tenant, absl::string_view key, uint64_t quota,
                            absl::string_view what) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("tenant '", tenant, "' is at its quota '", key, "' of ", quota, " (",
-                   what, "); free some first or ask for a larger quota"));
+  return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' is at its quota '", key,
+                                                   "' of ", quota, " (", what,
+                                                   "); free some first or ask for a larger quota"));
 }
 
 }  // namespace gpucompute

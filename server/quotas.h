@@ -8,16 +8,21 @@
 // authentication included); a "tenant" line overrides the keys it names for that tenant
 // and takes the defaults for the rest. A key left out everywhere, or set to 0, is no
 // quota. Sizes take the units of --memory-limit (KiB, MiB, GiB, ...).
+//
+// SIGHUP re-reads the file (Quotas::Replace). New quotas apply to requests from then on:
+// a tenant already above a lowered quota keeps what it holds, and is refused more.
 #ifndef GPUCOMPUTE_SERVER_QUOTAS_H_
 #define GPUCOMPUTE_SERVER_QUOTAS_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute {
 
@@ -40,6 +45,19 @@ class QuotaTable {
  private:
   TenantQuota defaults_;
   absl::flat_hash_map<std::string, TenantQuota> tenants_;
+};
+
+// The quotas in force, read by every request and replaced whole by a reload.
+class Quotas {
+ public:
+  explicit Quotas(QuotaTable table) : table_(std::move(table)) {}
+
+  TenantQuota For(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+  void Replace(QuotaTable table) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  QuotaTable table_ ABSL_GUARDED_BY(mu_);
 };
 
 // RESOURCE_EXHAUSTED naming the quota `key` of `tenant`, which allows `quota`.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpucompute/v1/limits.h"
+#include "server/auth.h"
 #include "server/ids.h"
 #include "server/log.h"
 
@@ -29,7 +30,8 @@ std::string CodeName(grpc::StatusCode code) {
 
 class RequestIdInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit RequestIdInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {}
+  RequestIdInterceptor(grpc::experimental::ServerRpcInfo* info, const Authenticator* auth)
+      : info_(info), auth_(auth) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
@@ -69,8 +71,10 @@ class RequestIdInterceptor final : public grpc::experimental::Interceptor {
     const absl::string_view method = info_->method() == nullptr ? "" : info_->method();
     const std::string client = client_.empty() ? std::string(kDefaultClient) : client_;
     const std::string error = status.error_message();  // a copy: fields only refer to it
+    const std::string tenant = Tenant();
     const LogField fields[] = {{"request_id", id_.empty() ? invalid_id_ : id_},
                                {"method", method},
+                               {"tenant", tenant},
                                {"client", client},
                                {"code", code},
                                {"error", error}};
@@ -82,19 +86,34 @@ class RequestIdInterceptor final : public grpc::experimental::Interceptor {
     }
   }
 
+  // The caller's tenant as its credentials name it, for the log line of a failed call
+  // (authenticated again here: the success path pays nothing for it).
+  std::string Tenant() const {
+    if (auth_ == nullptr) return "";
+    const grpc::ServerContextBase* context = info_->server_context();
+    if (context == nullptr) return "";
+    absl::StatusOr<Identity> identity = auth_->AuthenticateCall(*context);
+    return identity.ok() ? identity->tenant : "(unauthenticated)";
+  }
+
   grpc::experimental::ServerRpcInfo* const info_;
-  std::string id_;          // the call's id; empty if the client's was invalid
-  std::string invalid_id_;  // the client's invalid id
+  const Authenticator* const auth_;  // null without authentication
+  std::string id_;                   // the call's id; empty if the client's was invalid
+  std::string invalid_id_;           // the client's invalid id
   std::string client_;
 };
 
 class RequestIdInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  explicit RequestIdInterceptorFactory(const Authenticator* auth) : auth_(auth) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new RequestIdInterceptor(info);
+    return new RequestIdInterceptor(info, auth_);
   }
+
+ private:
+  const Authenticator* const auth_;
 };
 
 }  // namespace
@@ -125,8 +144,8 @@ absl::Status CheckCallMetadata(const grpc::ServerContextBase& context) {
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-MakeRequestIdInterceptorFactory() {
-  return std::make_unique<RequestIdInterceptorFactory>();
+MakeRequestIdInterceptorFactory(const Authenticator* auth) {
+  return std::make_unique<RequestIdInterceptorFactory>(auth);
 }
 
 }  // namespace gpucompute

@@ -9,7 +9,8 @@
 // refuses an invalid id with INVALID_ARGUMENT (CheckCallMetadata, which ClientName
 // calls), and such a call gets no id back.
 //
-// When a call ends with an error, the interceptor logs it, with its id, method, client
+// When a call ends with an error, the interceptor logs it, with its id, method, tenant
+// (as the call's credentials name it, "(unauthenticated)" when they name none), client
 // and code: server-side failures (INTERNAL, UNKNOWN, DATA_LOSS, UNAVAILABLE) at error
 // level, every time; errors a client caused at warning level, rate-limited per method
 // and code (ServerRateLimitedLog).
@@ -24,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "server/auth.h"
 
 namespace gpucompute {
 
@@ -36,8 +38,10 @@ std::string RequestId(const grpc::ServerContextBase& context);
 // INVALID_ARGUMENT if the client's request id is invalid.
 absl::Status CheckCallMetadata(const grpc::ServerContextBase& context);
 
+// `auth` (null without authentication) names the tenant in log lines; it must outlive
+// the server.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-MakeRequestIdInterceptorFactory();
+MakeRequestIdInterceptorFactory(const Authenticator* auth);
 
 }  // namespace gpucompute
 

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/admission.h"
 #include "server/auth.h"
 #include "server/backend_loader.h"
 #include "server/log.h"
@@ -145,11 +146,14 @@ struct Server::Impl {
   std::shared_ptr<HealthSink> health_sink = std::make_shared<HealthSink>();
   std::unique_ptr<Backend> backend;
   std::unique_ptr<MemoryLimiter> limiter;
+  // Before the timer and the services: what they hold gives places back to it.
+  std::unique_ptr<TenantAdmission> admission;
   std::unique_ptr<BufferRegistry> registry;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Timer> timer;
   std::unique_ptr<Authenticator> auth;  // null without authentication
-  std::unique_ptr<QuotaTable> quotas;   // null without a quota file
+  std::unique_ptr<Quotas> quotas;       // null without a quota file
+  std::string quota_file;
   std::unique_ptr<ServiceContext> ctx;
   std::unique_ptr<BufferServiceImpl> buffers;
   std::unique_ptr<StreamServiceImpl> streams;
@@ -259,7 +263,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (!options.quota_file.empty()) {
     ASSIGN_OR_RETURN(QuotaTable quotas, QuotaTable::Load(options.quota_file));
-    impl->quotas = std::make_unique<QuotaTable>(std::move(quotas));
+    impl->quotas = std::make_unique<Quotas>(std::move(quotas));
+    impl->quota_file = options.quota_file;
   }
   impl->backend = std::move(backend);
   impl->backend_name = std::string(impl->backend->name());
@@ -293,6 +298,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->ctx->auth = impl->auth.get();
   impl->ctx->quotas = impl->quotas.get();
+  impl->admission = std::make_unique<TenantAdmission>(
+      TenantAdmission::Limits{options.max_calls_per_tenant, options.max_uploads_per_tenant});
+  impl->ctx->admission = impl->admission.get();
   impl->registry->SetQuotas(impl->quotas.get());
   impl->executor->SetQuotas(impl->quotas.get());
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
@@ -355,7 +363,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
   {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
-    factories.push_back(MakeRequestIdInterceptorFactory());
+    factories.push_back(MakeRequestIdInterceptorFactory(impl->auth.get()));
     builder.experimental().SetInterceptorCreators(std::move(factories));
   }
   builder.RegisterService(impl->buffers.get());
@@ -387,16 +395,29 @@ const std::string& Server::backend_name() const { return impl_->backend_name; }
 Backend& Server::backend() { return *impl_->backend; }
 void Server::Wait() { impl_->grpc_server->Wait(); }
 
-absl::Status Server::ReloadTokens() {
-  if (impl_->auth == nullptr) return absl::OkStatus();
-  absl::Status status = impl_->auth->Reload();
-  if (status.ok()) {
-    Log(LogLevel::kInfo,
-        absl::StrCat("reloaded the tokens file: ", impl_->auth->token_count(), " tokens"));
-  } else {
-    Log(LogLevel::kError, absl::StrCat("kept the tokens in use: ", status.message()));
+absl::Status Server::Reload() {
+  absl::Status result;
+  if (impl_->auth != nullptr) {
+    absl::Status status = impl_->auth->Reload();
+    if (status.ok()) {
+      Log(LogLevel::kInfo,
+          absl::StrCat("reloaded the tokens file: ", impl_->auth->token_count(), " tokens"));
+    } else {
+      Log(LogLevel::kError, absl::StrCat("kept the tokens in use: ", status.message()));
+    }
+    result.Update(status);
   }
-  return status;
+  if (impl_->quotas != nullptr) {
+    absl::StatusOr<QuotaTable> table = QuotaTable::Load(impl_->quota_file);
+    if (table.ok()) {
+      impl_->quotas->Replace(*std::move(table));
+      Log(LogLevel::kInfo, "reloaded the quota file", {{"path", impl_->quota_file}});
+    } else {
+      Log(LogLevel::kError, absl::StrCat("kept the quotas in use: ", table.status().message()));
+    }
+    result.Update(table.status());
+  }
+  return result;
 }
 
 void Server::Shutdown() {

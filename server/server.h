@@ -39,6 +39,9 @@ struct ServerOptions {
   // Streams of all clients together, default streams included (idle default streams are
   // reclaimed to make room). On the CPU backend each stream is a thread.
   size_t max_streams = 1024;
+  // Calls in flight and uploads under way per tenant (server/admission.h); 0: no bound.
+  uint64_t max_calls_per_tenant = 1024;
+  uint64_t max_uploads_per_tenant = 64;
   // On Shutdown, how long calls in flight and queued operations get to finish before
   // the calls are cancelled and the operations not yet on the device fail.
   absl::Duration shutdown_grace = absl::Seconds(10);
@@ -84,12 +87,13 @@ struct ServerOptions {
   std::string tls_key_file;
   std::string tls_client_ca_file;
   // Bearer tokens, one "TOKEN TENANT [admin]" a line (server/auth.h); re-read by
-  // Server::ReloadTokens (main calls it on SIGHUP).
+  // Server::Reload (main calls it on SIGHUP).
   std::string tokens_file;
   // Without authentication (no tokens file, no client CA) the server refuses to listen on
   // anything but a loopback address, unless this is set.
   bool allow_insecure_remote = false;
-  // Per-tenant quotas (server/quotas.h gives the format); empty: none.
+  // Per-tenant quotas (server/quotas.h gives the format); empty: none. Re-read by
+  // Server::Reload.
   std::string quota_file;
 };
 
@@ -120,9 +124,10 @@ class Server {
   // With ServerOptions::persist_dir: writes the named buffers now, as the periodic
   // snapshot does; returns how many. FAILED_PRECONDITION without a persist_dir.
   absl::StatusOr<size_t> Snapshot();
-  // Reads ServerOptions::tokens_file again. On error (logged, and returned) the tokens in
-  // use stay; without a tokens file it does nothing.
-  absl::Status ReloadTokens();
+  // Reads ServerOptions::tokens_file and quota_file again, each that is set. A file with
+  // an error (logged, and returned) leaves what it configures as it was; the other file
+  // is still read.
+  absl::Status Reload();
 
  private:
   struct Impl;

@@ -463,9 +463,10 @@ TEST_F(ExecutorTest, TimingIsRecorded) {
 // Tenants' quotas.
 
 TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
-  absl::StatusOr<QuotaTable> quotas = QuotaTable::Parse("default operations=2\n");
-  ASSERT_OK(quotas);
-  executor_->SetQuotas(&*quotas);
+  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default operations=2\n");
+  ASSERT_OK(table);
+  const Quotas quotas(*std::move(table));
+  executor_->SetQuotas(&quotas);
   BufferHandle x = NewBuffer(4);
   BufferHandle y = NewBuffer(4);
   const std::string alice = ScopeOf("alice", "c");
@@ -489,9 +490,10 @@ TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
 }
 
 TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {
-  absl::StatusOr<QuotaTable> quotas = QuotaTable::Parse("default streams=2\ntenant bob streams=3");
-  ASSERT_OK(quotas);
-  executor_->SetQuotas(&*quotas);
+  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default streams=2\ntenant bob streams=3");
+  ASSERT_OK(table);
+  const Quotas quotas(*std::move(table));
+  executor_->SetQuotas(&quotas);
   const std::string alice = ScopeOf("alice", "c");
   ASSERT_OK(executor_->DefaultStream(alice, 0));
   ASSERT_OK(executor_->CreateStream(alice, 0));

@@ -15,9 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/session.h"
 #include "client/shared_memory.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "server/admission.h"
 #include "server/auth.h"
 #include "server/quotas.h"
 #include "server/server.h"
@@ -403,7 +406,7 @@ TEST_F(TokenTest, MissingMalformedAndWrongTokensAreUnauthenticated) {
 TEST_F(TokenTest, ReloadTakesTheNewFileAndKeepsTheOldOneOnError) {
   // alice loses her token, carol gets one.
   dir_.Write("tokens", "carol-token-1 carol\nbob-token-77d2e0 bob\n");
-  ASSERT_OK(server_->server().ReloadTokens());
+  ASSERT_OK(server_->server().Reload());
   std::unique_ptr<Client> carol = As("carol-token-1");
   absl::StatusOr<v1::ServerInfo> info = carol->GetServerInfo();
   ASSERT_OK(info);
@@ -413,7 +416,7 @@ TEST_F(TokenTest, ReloadTakesTheNewFileAndKeepsTheOldOneOnError) {
 
   // A malformed file: the error names the line, not the token, and nothing changes.
   dir_.Write("tokens", "carol-token-2\n");
-  absl::Status reload = server_->server().ReloadTokens();
+  absl::Status reload = server_->server().Reload();
   EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(reload.message().find("line 1"), std::string::npos) << reload;
   EXPECT_EQ(reload.message().find("carol-token-2"), std::string::npos) << reload;
@@ -422,7 +425,7 @@ TEST_F(TokenTest, ReloadTakesTheNewFileAndKeepsTheOldOneOnError) {
             absl::StatusCode::kUnauthenticated);
   // A file that went away: the same.
   std::filesystem::remove(tokens_);
-  EXPECT_FALSE(server_->server().ReloadTokens().ok());
+  EXPECT_FALSE(server_->server().Reload().ok());
   EXPECT_OK(carol->GetServerInfo());
 }
 
@@ -769,6 +772,286 @@ TEST(QuotaTest, BuffersAndDeviceBytesPerTenantNameTheQuota) {
   for (int i = 0; i < 3; ++i) ASSERT_OK(UploadArray(*bob, std::vector<int32_t>(4, i)));
   EXPECT_EQ(UploadArray(*bob, std::vector<int32_t>(4, 9)).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// ---------------------------------------------------------------------------
+// Quota reloads, uploads under way, and calls in flight per tenant.
+
+// Polls `done` until it holds, for up to 10 s.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+// Polls GetServerInfo of `client` until `done` holds of it.
+bool InfoBecomes(Client& client, const std::function<bool(const v1::ServerInfo&)>& done) {
+  return Eventually([&] {
+    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+    return info.ok() && done(*info);
+  });
+}
+
+// A Session stream of a raw stub that sends nothing until destroyed.
+class HeldSession {
+ public:
+  HeldSession(const std::shared_ptr<grpc::Channel>& channel, const std::string& token)
+      : stub_(v1::SessionService::NewStub(channel)) {
+    context_.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    stream_ = stub_->Session(&context_);
+  }
+  ~HeldSession() {
+    context_.TryCancel();
+    (void)stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::SessionService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+};
+
+// An Upload stream of a raw stub that sends its header and then holds the upload open,
+// sending nothing, until Cancel or destruction.
+class HeldUpload {
+ public:
+  HeldUpload(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
+             uint64_t elements)
+      : stub_(v1::BufferService::NewStub(channel)) {
+    context_.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    writer_ = stub_->Upload(&context_, &response_);
+    v1::UploadRequest request;
+    v1::UploadHeader* header = request.mutable_header();
+    header->mutable_create()->set_dtype(v1::DTYPE_INT32);
+    header->mutable_create()->add_shape(elements);
+    header->set_size_bytes(elements * 4);
+    ok_ = writer_->Write(request);
+  }
+  ~HeldUpload() { Cancel(); }
+  bool ok() const { return ok_; }
+  // Ends the stream; returns the status the server answered it with.
+  grpc::Status Cancel() {
+    if (writer_ == nullptr) return status_;
+    context_.TryCancel();
+    status_ = writer_->Finish();
+    writer_.reset();
+    return status_;
+  }
+
+ private:
+  std::unique_ptr<v1::BufferService::Stub> stub_;
+  grpc::ClientContext context_;
+  v1::UploadResponse response_;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer_;
+  grpc::Status status_;
+  bool ok_ = false;
+};
+
+// A server of kTokens' tenants whose quota file (in `dir`, named "quotas") says `quotas`.
+std::unique_ptr<TestServer> StartWithQuotas(const TempDir& dir, const std::string& quotas) {
+  const std::string tokens = dir.Write("tokens", kTokens);
+  const std::string quota_file = dir.Write("quotas", quotas);
+  return TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
+    o.tokens_file = tokens;
+    o.quota_file = quota_file;
+  });
+}
+
+std::unique_ptr<Client> ConnectAs(const TestServer& server, const std::string& token) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      server.ConnectWith([&](ClientOptions& o) { o.token = token; });
+  EXPECT_OK(client);
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+TEST(QuotaTest, ReloadAppliesNewQuotasAndKeepsTheOldOnesOnError) {
+  TempDir dir;
+  std::unique_ptr<TestServer> server = StartWithQuotas(dir, "default buffers=1\n");
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>{1}));
+  EXPECT_EQ(UploadArray(*alice, std::vector<int32_t>{2}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  dir.Write("quotas", "default buffers=1\ntenant alice buffers=3\n");
+  ASSERT_OK(server->server().Reload());
+  absl::StatusOr<v1::ServerInfo> info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().tenant_max_buffers(), 3u);
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>{2}));
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>{3}));
+  EXPECT_EQ(UploadArray(*alice, std::vector<int32_t>{4}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  // A malformed file changes nothing; the error names its line.
+  dir.Write("quotas", "default buffers=1\ntenant alice buffers=lots\n");
+  const absl::Status bad = server->server().Reload();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("line 2"), std::string::npos) << bad;
+  info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().tenant_max_buffers(), 3u);
+
+  // A lowered quota keeps what is held and refuses more.
+  dir.Write("quotas", "default buffers=1\n");
+  ASSERT_OK(server->server().Reload());
+  info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_buffer_count(), 3u);
+  EXPECT_EQ(UploadArray(*alice, std::vector<int32_t>{5}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(QuotaTest, AnUploadUnderWayCountsAgainstDeviceBytes) {
+  TempDir dir;
+  std::unique_ptr<TestServer> server = StartWithQuotas(dir, "default device_bytes=1KiB\n");
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  std::unique_ptr<Client> bob = ConnectAs(*server, kBobToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+
+  // 768 bytes declared, none sent: reserved, and charged to alice, from the header on.
+  auto held = std::make_unique<HeldUpload>(server->RawChannel(), kAliceToken, 192);
+  ASSERT_TRUE(held->ok());
+  ASSERT_TRUE(InfoBecomes(
+      *alice, [](const v1::ServerInfo& info) { return info.tenant_uploads_in_flight() == 1; }));
+  absl::StatusOr<v1::ServerInfo> info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_memory_used_bytes(), 768u);
+  EXPECT_EQ(info->tenant_buffer_count(), 0u);
+
+  const absl::Status refused = UploadArray(*alice, std::vector<int32_t>(128, 1)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("quota 'device_bytes' of 1024 (768 bytes held, 512 more"),
+            std::string::npos)
+      << refused;
+  // bob's bytes are his own.
+  ASSERT_OK(UploadArray(*bob, std::vector<int32_t>(128, 2)));
+
+  // Given up, the upload gives its bytes back, and the same request fits.
+  EXPECT_EQ(held->Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 0 && info.tenant_memory_used_bytes() == 0;
+  }));
+  absl::StatusOr<v1::BufferInfo> fits = UploadArray(*alice, std::vector<int32_t>(128, 1));
+  ASSERT_OK(fits);
+  ExpectValue(DownloadArray<int32_t>(*alice, fits->id()), std::vector<int32_t>(128, 1));
+}
+
+TEST(TenantAdmissionTest, PlacesAreBoundedPerTenantAndKindAndGivenBack) {
+  TenantAdmission admission({.calls = 2, .uploads = 1});
+  using Kind = TenantAdmission::Kind;
+  absl::StatusOr<TenantAdmission::Ticket> a1 = admission.Admit(Kind::kCall, "alice");
+  absl::StatusOr<TenantAdmission::Ticket> a2 = admission.Admit(Kind::kCall, "alice");
+  ASSERT_OK(a1);
+  ASSERT_OK(a2);
+  const absl::StatusOr<TenantAdmission::Ticket> a3 = admission.Admit(Kind::kCall, "alice");
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(a3.status().message(),
+            "tenant 'alice' has 2 calls in flight, the most --max-calls-per-tenant allows; "
+            "wait for some to finish");
+  // Another tenant, and another kind, have places of their own.
+  ASSERT_OK(admission.Admit(Kind::kCall, "bob"));
+  absl::StatusOr<TenantAdmission::Ticket> upload = admission.Admit(Kind::kUpload, "alice");
+  ASSERT_OK(upload);
+  const absl::Status second = admission.Admit(Kind::kUpload, "").status();
+  ASSERT_OK(second);  // "" is a tenant of its own too
+  EXPECT_EQ(admission.Admit(Kind::kUpload, "alice").status().message(),
+            "tenant 'alice' has 1 uploads under way, the most --max-uploads-per-tenant "
+            "allows; wait for some to finish");
+  EXPECT_EQ(admission.InUse(Kind::kCall, "alice"), 2u);
+  EXPECT_EQ(admission.InUse(Kind::kUpload, "alice"), 1u);
+
+  // A copy of a ticket holds the same place; the last one to go gives it back.
+  TenantAdmission::Ticket copy = *a1;
+  a1->reset();
+  EXPECT_EQ(admission.InUse(Kind::kCall, "alice"), 2u);
+  copy.reset();
+  EXPECT_EQ(admission.InUse(Kind::kCall, "alice"), 1u);
+  ASSERT_OK(admission.Admit(Kind::kCall, "alice"));  // taken and given back at once
+  EXPECT_EQ(admission.InUse(Kind::kCall, "alice"), 1u);
+
+  TenantAdmission unbounded({});
+  std::vector<TenantAdmission::Ticket> many;
+  for (int i = 0; i < 1000; ++i) many.push_back(*unbounded.Admit(Kind::kCall, "alice"));
+  EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 1000u);
+  many.clear();
+  EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 0u);
+}
+
+TEST(TenantAdmissionTest, CallsAndUploadsInFlightAreBoundedPerTenantEndToEnd) {
+  TempDir dir;
+  const std::string tokens = dir.Write("tokens", kTokens);
+  std::unique_ptr<TestServer> server =
+      TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
+        o.tokens_file = tokens;
+        o.max_calls_per_tenant = 3;
+        o.max_uploads_per_tenant = 1;
+      });
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  std::unique_ptr<Client> bob = ConnectAs(*server, kBobToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+  absl::StatusOr<v1::BufferInfo> kept = UploadArray(*alice, std::vector<int32_t>{4, 5, 6});
+  ASSERT_OK(kept);
+  absl::StatusOr<v1::ServerInfo> info = alice->GetServerInfo();
+  ASSERT_OK(info);
+  EXPECT_EQ(info->limits().tenant_max_calls_in_flight(), 3u);
+  EXPECT_EQ(info->limits().tenant_max_uploads_in_flight(), 1u);
+  // The upload's call ends just after its answer; then the GetServerInfo is the only one.
+  EXPECT_TRUE(
+      InfoBecomes(*alice, [](const v1::ServerInfo& i) { return i.tenant_calls_in_flight() == 1; }));
+
+  const Snapshot at_rest = TakeSnapshot(*alice);
+  // One upload held open is one upload and one call; a second upload is refused.
+  auto held = std::make_unique<HeldUpload>(server->RawChannel(), kAliceToken, 4);
+  ASSERT_TRUE(held->ok());
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& i) {
+    return i.tenant_uploads_in_flight() == 1 && i.tenant_calls_in_flight() == 2;
+  }));
+  const Snapshot before = TakeSnapshot(*alice);
+  const absl::Status second = UploadArray(*alice, std::vector<int32_t>{7}).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_NE(second.message().find("tenant 'alice' has 1 uploads under way, the most "
+                                  "--max-uploads-per-tenant allows"),
+            std::string::npos)
+      << second;
+  EXPECT_EQ(TakeSnapshot(*alice), before);
+
+  // Two sessions held open fill alice's three places: her next call is refused, bob's not.
+  auto session = std::make_unique<HeldSession>(server->RawChannel(), kAliceToken);
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& i) {
+    return i.tenant_calls_in_flight() == 3;  // the upload, the session and this call
+  }));
+  auto session_too = std::make_unique<HeldSession>(server->RawChannel(), kAliceToken);
+  ASSERT_TRUE(Eventually([&] {
+    return alice->GetServerInfo().status().code() == absl::StatusCode::kResourceExhausted;
+  }));
+  const absl::Status full = alice->GetBuffer(kept->id()).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("tenant 'alice' has 3 calls in flight, the most "
+                                "--max-calls-per-tenant allows"),
+            std::string::npos)
+      << full;
+  ASSERT_OK(bob->GetServerInfo());
+  ASSERT_OK(UploadArray(*bob, std::vector<int32_t>{8}));
+
+  // The places come back as the calls end, and nothing of alice's changed meanwhile.
+  session_too.reset();
+  session.reset();
+  held.reset();
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& i) {
+    return i.tenant_calls_in_flight() == 1 && i.tenant_uploads_in_flight() == 0;
+  }));
+  EXPECT_EQ(TakeSnapshot(*alice), at_rest);
+  ExpectValue(DownloadArray<int32_t>(*alice, kept->id()), std::vector<int32_t>{4, 5, 6});
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>{9}));
 }
 
 // Without authentication: one tenant, every caller an admin, ids work across clients.

@@ -17,9 +17,9 @@ namespace gpucompute {
 grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerContext* context,
                                                           const v1::CreateBufferRequest* request,
                                                           v1::CreateBufferResponse* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, caller->scope, *request);
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   if (request->has_fill()) {
@@ -39,25 +39,25 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
 grpc::ServerReadReactor<grpc::ByteBuffer>* BufferServiceImpl::Upload(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   using Refuse = Refusal<grpc::ServerReadReactor<grpc::ByteBuffer>>;
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
-  return NewUploadReactor(ctx_, uploads_, context, std::move(caller->scope), response);
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
+  return NewUploadReactor(ctx_, uploads_, context, *std::move(caller), response);
 }
 
 grpc::ServerUnaryReactor* BufferServiceImpl::BeginUpload(grpc::CallbackServerContext* context,
                                                          const v1::BeginUploadRequest* request,
                                                          v1::BeginUploadResponse* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckTimeout(request->idle_timeout_seconds()); !s.ok()) {
     return FinishNow(context, s);
   }
   if (request->header().size_bytes() == 0 &&
       request->header().target_case() != v1::UploadHeader::kCreate) {
-    return FinishNow(context, absl::InvalidArgumentError(
-                                  "a multi-range upload needs size_bytes of at least 1"));
+    return FinishNow(
+        context, absl::InvalidArgumentError("a multi-range upload needs size_bytes of at least 1"));
   }
   absl::StatusOr<std::shared_ptr<UploadTransfer>> transfer =
       UploadTransfer::Start(ctx_, caller->scope, request->header());
@@ -81,9 +81,9 @@ grpc::ServerUnaryReactor* BufferServiceImpl::BeginUpload(grpc::CallbackServerCon
 grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   using Refuse = Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>;
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   v1::DownloadRequest parsed;
   if (absl::Status s = wire::Parse(*raw_request, &parsed); !s.ok()) return new Refuse(s);
   const v1::DownloadRequest* request = &parsed;
@@ -100,7 +100,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
   const uint64_t chunk = request->chunk_bytes() == 0
                              ? kDefaultChunkBytes
                              : std::clamp<uint64_t>(request->chunk_bytes(), 4096, kMaxChunkBytes);
-  return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk, request->crc32c());
+  return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk, request->crc32c(),
+                            std::move(caller->admission));
 }
 
 grpc::ServerUnaryReactor* BufferServiceImpl::GetBuffer(grpc::CallbackServerContext* context,
@@ -135,7 +136,7 @@ grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerCo
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(caller->scope, request->buffer());
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   // Answer once the work queued on the buffer is done; the memory goes with the last handle.
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(caller->admission);
   ctx_.executor.AcquireHostAccess(
       {{*buffer, true}},
       [this, state = reactor->state()](const std::shared_ptr<HostAccess>& access) {

@@ -76,7 +76,8 @@ absl::StatusOr<std::vector<ChainStepPlan>> PlanChain(ServiceContext& ctx, absl::
   absl::flat_hash_set<std::string> keep;
   for (const std::string& tag : request.keep()) {
     if (!index.contains(tag)) {
-      return absl::InvalidArgumentError(absl::StrCat("keep names tag '", tag, "', which no step has"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("keep names tag '", tag, "', which no step has"));
     }
     keep.insert(tag);
   }
@@ -136,11 +137,10 @@ struct ChainRun {
         errors[i] = OperationError(*op);
         if (step.temporary) {
           auto* outputs = op->mutable_outputs();
-          outputs->erase(std::remove_if(outputs->begin(), outputs->end(),
-                                        [&](const v1::BufferInfo& b) {
-                                          return b.id() == step.written->id;
-                                        }),
-                         outputs->end());
+          outputs->erase(
+              std::remove_if(outputs->begin(), outputs->end(),
+                             [&](const v1::BufferInfo& b) { return b.id() == step.written->id; }),
+              outputs->end());
         }
       }
       // The temporaries go with the last handles: the plans' and the operations'.
@@ -156,14 +156,14 @@ struct ChainRun {
 grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerContext* context,
                                                        const v1::ChainRequest* request,
                                                        v1::ChainResponse* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx_, caller->scope, *request);
   if (!steps.ok()) return FinishNow(context, steps.status());
   if (absl::Status s = ReserveAll(ctx_, *steps); !s.ok()) return FinishNow(context, s);
 
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(caller->admission);
   auto run = std::make_shared<ChainRun>(ctx_, response, reactor->state());
   run->steps = *std::move(steps);
   for (size_t i = 0; i < run->steps.size(); ++i) {
@@ -176,9 +176,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
       for (size_t j = i + 1; j < run->steps.size(); ++j) {
         if (run->steps[j].kept != nullptr) ctx_.registry.Unreserve(run->steps[j].kept);
       }
-      DeferredReactor::FinishOnce(run->reactor, [&] {
-        return ToGrpcStatus(StepError(i, step.tag, op.status()));
-      });
+      DeferredReactor::FinishOnce(
+          run->reactor, [&] { return ToGrpcStatus(StepError(i, step.tag, op.status())); });
       return reactor;
     }
     run->ops.push_back(*std::move(op));

@@ -25,8 +25,9 @@ using Clock = std::chrono::steady_clock;
 class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size,
-                  uint64_t chunk, bool checksums)
-      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk, checksums)) {
+                  uint64_t chunk, bool checksums, std::shared_ptr<const void> admission)
+      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk, checksums)),
+        admission_(std::move(admission)) {
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
@@ -226,15 +227,16 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   }
 
   StatePtr state_;
+  std::shared_ptr<const void> admission_;  // the call's, until OnDone
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(ServiceContext& ctx,
-                                                               BufferHandle buffer, uint64_t offset,
-                                                               uint64_t size, uint64_t chunk,
-                                                               bool checksums) {
-  return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk, checksums);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(
+    ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk,
+    bool checksums, std::shared_ptr<const void> admission) {
+  return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk, checksums,
+                             std::move(admission));
 }
 
 }  // namespace gpucompute

@@ -12,8 +12,9 @@ namespace gpucompute {
 
 grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_ptr<Operation>& op,
                                                               double timeout_seconds,
+                                                              std::shared_ptr<const void> admission,
                                                               v1::Operation* response) {
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(std::move(admission));
   absl::Status armed = FirstOfEventOrTimeout(
       ctx_, timeout_seconds,
       [&](absl::AnyInvocable<void() &&> on_done) {
@@ -34,9 +35,9 @@ grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_
 grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerContext* context,
                                                        const v1::SubmitRequest* request,
                                                        v1::Operation* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok())
     return FinishNow(context, s);
   absl::StatusOr<Plan> plan = PlanOperation(ctx_, caller->scope, *request);
@@ -49,7 +50,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerConte
       ToProto(ctx_.executor.GetStatus(**op), response);
       return FinishNow(context, absl::OkStatus());
     }
-    return ReplyWhenDone(*op, request->wait_timeout_seconds(), response);
+    return ReplyWhenDone(*op, request->wait_timeout_seconds(), caller->admission, response);
   }
   ToProto(ctx_.executor.GetStatus(**op), response);
   return FinishNow(context, absl::OkStatus());
@@ -98,7 +99,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(
   absl::StatusOr<std::shared_ptr<Operation>> op =
       ctx_.executor.FindOperation(caller->scope, request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());
-  return ReplyWhenDone(*op, request->timeout_seconds(), response);
+  return ReplyWhenDone(*op, request->timeout_seconds(), caller->admission, response);
 }
 
 }  // namespace gpucompute

@@ -12,19 +12,18 @@ void ToProto(int device, const PoolUsage& usage, v1::MemoryPoolUsage* out) {
   out->set_used_bytes(usage.used_bytes);
 }
 
-// The memory and buffers of one tenant's scopes.
+// The memory and buffers of one tenant's scopes. Its memory is all it holds: buffers,
+// uploads under way and outputs of queued operations (MemoryLimiter).
 struct TenantUsage {
   uint64_t bytes = 0;
   uint64_t buffers = 0;
 };
 
-TenantUsage UsageOf(const BufferRegistry& registry, absl::string_view tenant) {
+TenantUsage UsageOf(const ServiceContext& ctx, absl::string_view tenant) {
   TenantUsage usage;
-  registry.ForEach([&](const BufferMeta& b) {
-    if (TenantOfScope(b.client) != tenant) return;
-    usage.bytes += b.size_bytes();
-    ++usage.buffers;
-  });
+  usage.bytes = ctx.limiter.TenantUsed(tenant);
+  ctx.registry.ForEach(
+      [&](const BufferMeta& b) { usage.buffers += TenantOfScope(b.client) == tenant; });
   return usage;
 }
 
@@ -41,7 +40,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
                                                            v1::ServerInfo* response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
-  const TenantUsage own = UsageOf(ctx_.registry, caller->tenant);
+  const TenantUsage own = UsageOf(ctx_, caller->tenant);
   response->set_tenant(caller->tenant);
   response->set_admin(caller->admin);
   response->set_authentication_enabled(ctx_.auth != nullptr);
@@ -85,13 +84,20 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   response->set_leases_expired(ctx_.registry.leases_expired());
   response->set_persistence_enabled(ctx_.persistence_enabled);
   if (ctx_.quotas != nullptr) {
-    const TenantQuota& quota = ctx_.quotas->For(caller->tenant);
+    const TenantQuota quota = ctx_.quotas->For(caller->tenant);
     limits->set_tenant_max_device_bytes(quota.device_bytes);
     limits->set_tenant_max_buffers(quota.buffers);
     limits->set_tenant_max_streams(quota.streams);
     limits->set_tenant_max_operations_in_flight(quota.operations);
   }
   limits->set_stream_upload_idle_timeout_seconds(absl::ToDoubleSeconds(ctx_.upload_idle_timeout));
+  if (ctx_.admission != nullptr) {
+    using Kind = TenantAdmission::Kind;
+    limits->set_tenant_max_calls_in_flight(ctx_.admission->limits().calls);
+    limits->set_tenant_max_uploads_in_flight(ctx_.admission->limits().uploads);
+    response->set_tenant_calls_in_flight(ctx_.admission->InUse(Kind::kCall, caller->tenant));
+    response->set_tenant_uploads_in_flight(ctx_.admission->InUse(Kind::kUpload, caller->tenant));
+  }
   response->set_host_to_device_gbps(ctx_.copy_ceiling.host_to_device_gbps);
   response->set_device_to_host_gbps(ctx_.copy_ceiling.device_to_host_gbps);
   response->set_copy_ceiling(ctx_.copy_ceiling.description);
@@ -130,7 +136,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count());
   if (!caller->admin) {
-    response->set_memory_used_bytes(UsageOf(ctx_.registry, caller->tenant).bytes);
+    response->set_memory_used_bytes(UsageOf(ctx_, caller->tenant).bytes);
     response->set_backend_error(BackendError(ctx_.backend));
     return FinishNow(context, absl::OkStatus());
   }

@@ -41,23 +41,6 @@ absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& contex
   return name;
 }
 
-std::optional<absl::string_view> MetadataValue(const grpc::CallbackServerContext& context,
-                                               absl::string_view key) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
-  if (it == metadata.end()) return std::nullopt;
-  return absl::string_view(it->second.data(), it->second.size());
-}
-
-// The common name of the client certificate the TLS layer verified, if any.
-std::optional<std::string> CertificateCommonName(const grpc::CallbackServerContext& context) {
-  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return std::nullopt;
-  std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
-  if (names.empty()) return std::nullopt;
-  return std::string(names.front().data(), names.front().size());
-}
-
 }  // namespace
 
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
@@ -66,16 +49,16 @@ absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
   if (ctx.auth == nullptr) {
     caller.admin = true;  // one tenant: every caller has the whole server, as before
   } else {
-    const std::optional<std::string> cn = CertificateCommonName(context);
-    ASSIGN_OR_RETURN(Identity identity,
-                     ctx.auth->Authenticate(
-                         MetadataValue(context, "authorization"),
-                         cn.has_value() ? std::optional<absl::string_view>(*cn) : std::nullopt));
+    ASSIGN_OR_RETURN(Identity identity, ctx.auth->AuthenticateCall(context));
     caller.tenant = std::move(identity.tenant);
     caller.admin = identity.admin;
   }
   ASSIGN_OR_RETURN(caller.client, ClientName(context));
   caller.scope = ScopeOf(caller.tenant, caller.client);
+  if (ctx.admission != nullptr) {
+    ASSIGN_OR_RETURN(caller.admission,
+                     ctx.admission->Admit(TenantAdmission::Kind::kCall, caller.tenant));
+  }
   return caller;
 }
 

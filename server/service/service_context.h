@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "gpucompute/v1/limits.h"
+#include "server/admission.h"
 #include "server/auth.h"
 #include "server/backend.h"
 #include "server/buffer_registry.h"
@@ -53,7 +54,9 @@ struct ServiceContext {
   // (one tenant, whose every client is an admin).
   const Authenticator* auth = nullptr;
   // The tenants' quotas; null without --quota-file.
-  const QuotaTable* quotas = nullptr;
+  const Quotas* quotas = nullptr;
+  // The tenants' places among calls in flight and uploads under way; null: no bounds.
+  TenantAdmission* admission = nullptr;
   // How long a single-stream Upload may receive nothing before it fails; zero: forever.
   absl::Duration upload_idle_timeout = absl::ZeroDuration();
 };
@@ -61,14 +64,16 @@ struct ServiceContext {
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
 // failed (INTERNAL: ...); this server refuses work until it is restarted"). Every RPC
 // that would touch the device (CreateBuffer, Upload, Download, Submit, CreateStream,
-// SynchronizeStream) checks this first; queries and deletes keep working.
+// SynchronizeStream) checks this once it knows its caller (an unauthenticated call learns
+// nothing of the server's health); queries and deletes keep working.
 absl::Status CheckBackendHealthy(const Backend& backend);
 
 // The caller of a call: its tenant from a verified token or client certificate (never
 // from metadata the caller chooses freely), its client name (metadata
 // "gpucompute-client", "default" when absent) and the scope the registries key on.
 // UNAUTHENTICATED when authentication is configured and the call's credentials do not
-// identify a tenant; INVALID_ARGUMENT for a malformed client name.
+// identify a tenant; INVALID_ARGUMENT for a malformed client name; RESOURCE_EXHAUSTED
+// when the tenant has all the calls in flight it may (Caller::admission).
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
                                       const grpc::CallbackServerContext& context);
 

@@ -28,7 +28,11 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
     DeferredReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // valid until finished
   };
 
-  DeferredReactor() : state_(std::make_shared<State>()) { state_->reactor = this; }
+  // `admission` (Caller::admission) is held until the call is done.
+  explicit DeferredReactor(std::shared_ptr<const void> admission)
+      : state_(std::make_shared<State>()), admission_(std::move(admission)) {
+    state_->reactor = this;
+  }
   const std::shared_ptr<State>& state() const { return state_; }
 
   // `produce` writes the response and returns the call's status; it runs only if the
@@ -41,6 +45,7 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
 
  private:
   std::shared_ptr<State> state_;
+  std::shared_ptr<const void> admission_;
 };
 
 // A reactor finished at once with `status`.
@@ -133,9 +138,12 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
                                           v1::Operation* response) override;
 
  private:
-  // Answers with `op` once it is done or `timeout_seconds` passes.
+  // Answers with `op` once it is done or `timeout_seconds` passes, holding the call's
+  // `admission` (Caller::admission) meanwhile.
   grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op,
-                                          double timeout_seconds, v1::Operation* response);
+                                          double timeout_seconds,
+                                          std::shared_ptr<const void> admission,
+                                          v1::Operation* response);
   // Whether a small `op` finishes within a brief spin on this thread (see the .cc).
   bool AwaitBriefly(const std::shared_ptr<Operation>& op);
 

@@ -44,8 +44,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     bool executed = false;
     v1::Operation result;  // once executed, until decided
     bool decided = false;
-    absl::Status error;          // once decided
-    std::vector<Tag*> waiters;   // undecided operations that depend on this one
+    absl::Status error;         // once decided
+    std::vector<Tag*> waiters;  // undecided operations that depend on this one
   };
   // What to do on the reactor once the mutex is released.
   struct Actions {
@@ -141,9 +141,9 @@ void SessionCore::Accept(const v1::SessionRequest& request) {
   BufferHandle written;
   std::string temporary;
   if (rejected.ok()) {
-    absl::StatusOr<Plan> plan =
-        PlanTagged(ctx_, client_, request.op(), [this](absl::string_view t) { return FindTag(t); },
-                   &dep_names);
+    absl::StatusOr<Plan> plan = PlanTagged(
+        ctx_, client_, request.op(), [this](absl::string_view t) { return FindTag(t); },
+        &dep_names);
     if (plan.ok()) {
       written = WrittenBuffer(*plan);
       if (plan->created != nullptr && plan->created->name.empty()) temporary = plan->created->id;
@@ -186,9 +186,8 @@ void SessionCore::Accept(const v1::SessionRequest& request) {
   }
   // Outside the lock: OnDone runs the callback at once if the operation is done.
   if (queued != nullptr) {
-    ctx_.executor.OnDone(op, [self = shared_from_this(), queued, op] {
-      self->OnExecuted(queued, op);
-    });
+    ctx_.executor.OnDone(op,
+                         [self = shared_from_this(), queued, op] { self->OnExecuted(queued, op); });
   }
   Run(std::move(actions));
 }
@@ -227,8 +226,8 @@ void SessionCore::DecideLocked(Tag* first) {
     Tag* tag = work.back();
     work.pop_back();
     if (tag->decided || !tag->executed) continue;
-    auto undecided = std::find_if(tag->deps.begin(), tag->deps.end(),
-                                  [](const Tag* d) { return !d->decided; });
+    auto undecided =
+        std::find_if(tag->deps.begin(), tag->deps.end(), [](const Tag* d) { return !d->decided; });
     if (undecided != tag->deps.end()) {
       (*undecided)->waiters.push_back(tag);
       continue;
@@ -337,8 +336,9 @@ void SessionCore::Run(Actions actions) {
 
 class SessionReactor final : public SessionStream {
  public:
-  SessionReactor(ServiceContext& ctx, std::string client)
-      : core_(std::make_shared<SessionCore>(ctx, std::move(client), this)) {
+  SessionReactor(ServiceContext& ctx, Caller caller)
+      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope), this)),
+        admission_(std::move(caller.admission)) {
     core_->Start();
   }
 
@@ -352,6 +352,7 @@ class SessionReactor final : public SessionStream {
 
  private:
   std::shared_ptr<SessionCore> core_;
+  std::shared_ptr<const void> admission_;  // the call's, until OnDone
 };
 
 }  // namespace
@@ -359,10 +360,10 @@ class SessionReactor final : public SessionStream {
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   using Refuse = Refusal<SessionStream>;
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
-  return new SessionReactor(ctx_, std::move(caller->scope));
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
+  return new SessionReactor(ctx_, *std::move(caller));
 }
 
 }  // namespace gpucompute

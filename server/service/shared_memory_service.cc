@@ -26,7 +26,8 @@ absl::Status Disabled(absl::string_view what, absl::string_view flag) {
 
 absl::Status CheckAllowed(const ServiceContext& ctx, RegionKind kind) {
   if (kind == RegionKind::kSystem) {
-    if (!ctx.shared_memory.allow_system) return Disabled("system shared memory", kAllowSharedMemoryFlag);
+    if (!ctx.shared_memory.allow_system)
+      return Disabled("system shared memory", kAllowSharedMemoryFlag);
   } else if (!ctx.shared_memory.allow_cuda_ipc) {
     return Disabled("CUDA IPC", kAllowCudaIpcFlag);
   }
@@ -68,9 +69,9 @@ absl::StatusOr<RegionHandle> LookupCopyRegion(ServiceContext& ctx, absl::string_
                                               absl::string_view id, bool write) {
   ASSIGN_OR_RETURN(RegionHandle region, ctx.regions->Lookup(client, id));
   if (region->kind == RegionKind::kExport) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("region ", id, " is an export of buffer ", region->exported->id,
-                     "; use the buffer itself"));
+    return absl::InvalidArgumentError(absl::StrCat("region ", id, " is an export of buffer ",
+                                                   region->exported->id,
+                                                   "; use the buffer itself"));
   }
   if (write && region->read_only) {
     return absl::InvalidArgumentError(
@@ -94,7 +95,7 @@ struct RegionCopy {
 // Queues the copy and answers once it is done. A new buffer becomes visible only then,
 // and not at all if the call ended before (a client that went away leaves nothing).
 grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerContext* context,
-                                     const std::string& client, absl::string_view stream_id,
+                                     const Caller& caller, absl::string_view stream_id,
                                      RegionCopy copy, v1::CopyRegionResponse* response) {
   const Clock::time_point start = Clock::now();
   copy.spec.kind = OperationKind::kCopy;
@@ -103,9 +104,9 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
   copy.spec.outputs.clear();
   if (copy.transfer == OperationKind::kUpload) copy.spec.outputs.push_back(*copy.buffer);
   absl::StatusOr<std::shared_ptr<Operation>> op =
-      ctx.executor.Submit(client, stream_id, std::move(copy.spec));
+      ctx.executor.Submit(caller.scope, stream_id, std::move(copy.spec));
   if (!op.ok()) return FinishNow(context, op.status());
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(caller.admission);
   ctx.executor.OnDone(*op, [&ctx, op = *op, copy = std::move(copy), start, response,
                             state = reactor->state()]() mutable {
     const OperationStatus done = ctx.executor.GetStatus(*op);
@@ -130,8 +131,8 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
 // OK when `size` bytes from `region_offset` lie in the copy's region, and a CUDA IPC
 // region is on the buffer's device.
 absl::Status CheckRegionSide(const RegionCopy& copy, uint64_t region_offset, uint64_t size) {
-  RETURN_IF_ERROR(
-      CheckByteRange(region_offset, size, copy.region->size, absl::StrCat("region ", copy.region->id)));
+  RETURN_IF_ERROR(CheckByteRange(region_offset, size, copy.region->size,
+                                 absl::StrCat("region ", copy.region->id)));
   if (copy.region->kind == RegionKind::kCudaIpc && copy.region->device != copy.buffer->device) {
     return absl::InvalidArgumentError(
         absl::StrCat("region ", copy.region->id, " is on device ", copy.region->device,
@@ -159,9 +160,9 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
       copy.buffer = copy.created;
       const uint64_t buffer_size = copy.buffer->size_bytes();
       if (size != 0 && size != buffer_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "size_bytes is ", size, " but a ", DTypeName(copy.buffer->dtype),
-            " buffer of that shape holds ", buffer_size, " bytes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("size_bytes is ", size, " but a ", DTypeName(copy.buffer->dtype),
+                         " buffer of that shape holds ", buffer_size, " bytes"));
       }
       size = buffer_size;
       break;
@@ -183,8 +184,9 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
   copy.spec.accesses = {{copy.buffer, true}};
   const char* src = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
   copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
-                      buffer = copy.buffer.get(), src, region_offset = request.region_offset_bytes(),
-                      offset, size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+                      buffer = copy.buffer.get(), src,
+                      region_offset = request.region_offset_bytes(), offset,
+                      size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     // Raw pointers: SubmitCopy holds the region and the buffer until the copy is done.
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
@@ -216,8 +218,9 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
   copy.spec.accesses = {{copy.buffer, false}};
   char* dst = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
   copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
-                      buffer = copy.buffer.get(), dst, region_offset = request.region_offset_bytes(),
-                      offset, size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+                      buffer = copy.buffer.get(), dst,
+                      region_offset = request.region_offset_bytes(), offset,
+                      size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
       s = backend.Copy(stream, buffer->memory, offset, region->ipc_memory, region_offset, size);
@@ -239,12 +242,12 @@ grpc::ServerUnaryReactor* ServeCopy(
     absl::StatusOr<RegionCopy> (*plan)(ServiceContext&, const std::string&, const Request&),
     v1::CopyRegionResponse* response) {
   if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<RegionCopy> copy = plan(ctx, caller->scope, request);
   if (!copy.ok()) return FinishNow(context, copy.status());
-  return SubmitCopy(ctx, context, caller->scope, request.stream_id(), *std::move(copy), response);
+  return SubmitCopy(ctx, context, *caller, request.stream_id(), *std::move(copy), response);
 }
 
 }  // namespace
@@ -265,15 +268,15 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
                                     "the request names no memory: set 'system' or 'cuda_ipc'"));
   }
   if (absl::Status s = CheckAllowed(ctx_, region->kind); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   region->client = caller->scope;
   if (region->kind == RegionKind::kSystem) {
     const v1::SystemSharedMemory& system = request->system();
     absl::StatusOr<std::unique_ptr<SharedMapping>> mapping =
-        SharedMapping::Open(ctx_.backend, system.name(), system.offset_bytes(),
-                            system.size_bytes(), system.read_only());
+        SharedMapping::Open(ctx_.backend, system.name(), system.offset_bytes(), system.size_bytes(),
+                            system.read_only());
     if (!mapping.ok()) return FinishNow(context, mapping.status());
     region->shm_name = system.name();
     region->shm_offset = system.offset_bytes();
@@ -339,9 +342,9 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
     v1::ExportBufferResponse* response) {
   if (absl::Status s = CheckAllowed(ctx_, RegionKind::kExport); !s.ok())
     return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<BufferHandle> buffer;
   switch (request->target_case()) {
     case v1::ExportBufferRequest::kBuffer:

@@ -17,9 +17,9 @@ void ToProto(const StreamInfo& s, v1::StreamInfo* out) {
 grpc::ServerUnaryReactor* StreamServiceImpl::CreateStream(grpc::CallbackServerContext* context,
                                                           const v1::CreateStreamRequest* request,
                                                           v1::StreamInfo* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   const int device = request->has_device() ? request->device() : ctx_.executor.default_device();
   absl::StatusOr<StreamInfo> info = ctx_.executor.CreateStream(caller->scope, device);
   if (info.ok()) ToProto(*info, response);
@@ -31,7 +31,7 @@ grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerCo
                                                           v1::DeleteStreamResponse* response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(caller->admission);
   absl::Status s =
       ctx_.executor.DeleteStream(caller->scope, request->stream_id(), [state = reactor->state()] {
         DeferredReactor::FinishOnce(state, [] { return grpc::Status::OK; });
@@ -43,9 +43,9 @@ grpc::ServerUnaryReactor* StreamServiceImpl::DeleteStream(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
     grpc::CallbackServerContext* context, const v1::SynchronizeStreamRequest* request,
     v1::SynchronizeStreamResponse* response) {
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   const double timeout = request->timeout_seconds();
   if (absl::Status s = CheckTimeout(timeout); !s.ok()) return FinishNow(context, s);
   std::string stream_id = request->stream_id();
@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* StreamServiceImpl::SynchronizeStream(
     if (!info.ok()) return FinishNow(context, info.status());
     stream_id = info->id;
   }
-  auto* reactor = new DeferredReactor();
+  auto* reactor = new DeferredReactor(caller->admission);
   std::shared_ptr<DeferredReactor::State> state = reactor->state();
   absl::Status s = FirstOfEventOrTimeout(
       ctx_, timeout,

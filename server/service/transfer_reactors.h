@@ -25,15 +25,14 @@ namespace gpucompute {
 // multi-range upload in `table`); answers with the upload's outcome (an UploadResponse).
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadReactor(
     ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
-    grpc::CallbackServerContext* context, std::string client, grpc::ByteBuffer* response);
+    grpc::CallbackServerContext* context, Caller caller, grpc::ByteBuffer* response);
 
 // Streams bytes [offset, offset + size) of `buffer` in DownloadResponse messages of
 // `chunk` bytes, with a CRC32C of each when `checksums`. The range must already be
 // checked against the buffer's size.
-grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(ServiceContext& ctx,
-                                                               BufferHandle buffer,
-                                                               uint64_t offset, uint64_t size,
-                                                               uint64_t chunk, bool checksums);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(
+    ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk,
+    bool checksums, std::shared_ptr<const void> admission);
 
 // Fills a transfer's statistics: `bytes` moved since `start`.
 void SetTransferStats(uint64_t bytes, std::chrono::steady_clock::time_point start,

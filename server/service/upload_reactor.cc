@@ -24,10 +24,10 @@ using Clock = std::chrono::steady_clock;
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
-                grpc::CallbackServerContext* context, std::string client,
-                grpc::ByteBuffer* response)
-      : state_(std::make_shared<State>(ctx, std::move(table), context, std::move(client),
-                                       response)) {
+                grpc::CallbackServerContext* context, Caller caller, grpc::ByteBuffer* response)
+      : state_(std::make_shared<State>(ctx, std::move(table), context, std::move(caller.scope),
+                                       response)),
+        admission_(std::move(caller.admission)) {
     absl::MutexLock lock(&state_->mu);
     state_->reactor = this;
     StartRead(&state_->slots[0].message);
@@ -179,13 +179,13 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     const uint64_t n = msg.chunk.size;
     if (n > s->range_size - s->received) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the upload stream sent more than the ", s->range_size, " bytes it declared"));
+      return absl::InvalidArgumentError(absl::StrCat("the upload stream sent more than the ",
+                                                     s->range_size, " bytes it declared"));
     }
     if (msg.chunk_crc32c.has_value() && *msg.chunk_crc32c != msg.chunk.Crc32c()) {
-      return absl::DataLossError(absl::StrCat(
-          "the chunk at byte ", s->range_offset + s->received,
-          " of the upload does not match its CRC32C; nothing was changed"));
+      return absl::DataLossError(
+          absl::StrCat("the chunk at byte ", s->range_offset + s->received,
+                       " of the upload does not match its CRC32C; nothing was changed"));
     }
     if (n == 0) return absl::OkStatus();
     if (slot.staging == nullptr || slot.staging->size() < n) {
@@ -246,14 +246,15 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   StatePtr state_;
+  std::shared_ptr<const void> admission_;  // the call's, until OnDone
 };
 
 }  // namespace
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadReactor(
     ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
-    grpc::CallbackServerContext* context, std::string client, grpc::ByteBuffer* response) {
-  return new UploadReactor(ctx, std::move(table), context, std::move(client), response);
+    grpc::CallbackServerContext* context, Caller caller, grpc::ByteBuffer* response) {
+  return new UploadReactor(ctx, std::move(table), context, std::move(caller), response);
 }
 
 void SetTransferStats(uint64_t bytes, Clock::time_point start, v1::TransferStats* stats) {

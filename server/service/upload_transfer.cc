@@ -19,6 +19,10 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
     return absl::InvalidArgumentError("a new upload's header may not name a transfer_id");
   }
   std::shared_ptr<UploadTransfer> t(new UploadTransfer(ctx, std::move(client)));
+  if (ctx.admission != nullptr) {
+    ASSIGN_OR_RETURN(
+        t->place_, ctx.admission->Admit(TenantAdmission::Kind::kUpload, TenantOfScope(t->client_)));
+  }
   switch (header.target_case()) {
     case v1::UploadHeader::kCreate: {
       if (header.offset_bytes() != 0) {
@@ -30,10 +34,9 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
       ASSIGN_OR_RETURN(BufferHandle b, AllocateFromRequest(ctx, t->client_, header.create()));
       const uint64_t size = b->size_bytes();
       if (header.size_bytes() != 0 && header.size_bytes() != size) {
-        return absl::InvalidArgumentError(absl::StrCat("size_bytes is ", header.size_bytes(),
-                                                       " but a ", DTypeName(b->dtype),
-                                                       " buffer of that shape holds ", size,
-                                                       " bytes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("size_bytes is ", header.size_bytes(), " but a ", DTypeName(b->dtype),
+                         " buffer of that shape holds ", size, " bytes"));
       }
       t->created_ = std::move(b);
       t->size_ = size;
@@ -48,7 +51,7 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
                                                        header.size_bytes(), ") are outside buffer ",
                                                        b->id, " of ", size, " bytes"));
       }
-      ASSIGN_OR_RETURN(t->staging_charge_, ctx.limiter.TryCharge(header.size_bytes()));
+      ASSIGN_OR_RETURN(t->staging_charge_, ctx.registry.ChargeFor(t->client_, header.size_bytes()));
       ASSIGN_OR_RETURN(t->device_staging_, ctx.backend.Allocate(b->device, header.size_bytes()));
       t->target_ = std::move(b);
       t->target_offset_ = header.offset_bytes();
@@ -215,13 +218,14 @@ void UploadTransfer::CommitLocked() {
   spec.bytes_read = size_;
   spec.bytes_written = size_;
   spec.outputs.push_back(*target_);
-  spec.launch = [self = shared_from_this()](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
-    RETURN_IF_ERROR(self->ctx_.backend.Copy(stream, self->device_staging_, 0,
-                                            self->target_->memory, self->target_offset_,
-                                            self->size_));
+  spec.launch = [self = shared_from_this()](Stream& stream,
+                                            OpResult&) -> absl::StatusOr<LaunchInfo> {
+    RETURN_IF_ERROR(self->ctx_.backend.Copy(stream, self->device_staging_, 0, self->target_->memory,
+                                            self->target_offset_, self->size_));
     return LaunchInfo{};
   };
-  absl::StatusOr<std::shared_ptr<Operation>> op = ctx_.executor.Submit(client_, "", std::move(spec));
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      ctx_.executor.Submit(client_, "", std::move(spec));
   if (!op.ok()) return FinishLocked(op.status());
   // OnDone runs the callback at once if the copy is already done. Nothing else changes
   // the upload while it commits.
@@ -254,6 +258,7 @@ void UploadTransfer::FinishLocked(absl::Status status) {
   target_.reset();
   device_staging_ = DeviceMemory();
   staging_charge_ = MemoryLimiter::Charge();
+  place_.reset();
   std::vector<Listener> listeners = std::move(listeners_);
   listeners_.clear();
   ctx_.timer.Post([listeners = std::move(listeners), status = std::move(status),

@@ -39,8 +39,10 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // Called once per stream, on the timer thread, with the upload's outcome.
   using Listener = absl::AnyInvocable<void(const absl::Status&, const v1::UploadResponse&) &&>;
 
-  // Checks `header` (an Upload header or BeginUpload's: a target, no transfer id) and
-  // reserves the memory the upload writes into.
+  // Checks `header` (an Upload header or BeginUpload's: a target, no transfer id), takes
+  // a place among the tenant's uploads under way (RESOURCE_EXHAUSTED at
+  // --max-uploads-per-tenant) and reserves the memory the upload writes into, charged
+  // to the tenant from now on.
   static absl::StatusOr<std::shared_ptr<UploadTransfer>> Start(ServiceContext& ctx,
                                                                std::string client,
                                                                const v1::UploadHeader& header);
@@ -96,6 +98,8 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   DeviceMemory device_staging_;
   MemoryLimiter::Charge staging_charge_;
   DeviceMemory* destination_ = nullptr;
+  // The upload's place among its tenant's uploads (TenantAdmission), until it finishes.
+  std::shared_ptr<const void> place_;
 
   absl::Mutex mu_;
   std::shared_ptr<UploadTransferTable> table_ ABSL_GUARDED_BY(mu_);
