@@ -16,12 +16,10 @@ from ._proto import v1
 from .errors import NotFoundError, from_rpc_error
 
 
-def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
-            progress=None, channel_options=()):
+def connect(target, *, channel_options=(), **options):
     """Returns an asyncio Client of the server at `target`; the options are those of
     gpucompute.connect."""
-    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
-                  progress=progress, channel_options=channel_options)
+    return Client(target, channel_options=channel_options, **options)
 
 
 class RemoteArray(_common.RemoteArrayInfo):
@@ -63,11 +61,9 @@ class Client(_common.Operations):
     operation, so awaiting one submission after another keeps them in order while the
     server runs them asynchronously. Run several at once with asyncio.gather."""
 
-    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
-                 timeout=None, progress=None, channel_options=()):
-        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
-        self._channel = grpc.aio.insecure_channel(
-            target, options=_common.Options.channel_arguments() + list(channel_options))
+    def __init__(self, target, *, channel_options=(), **options):
+        self.options = _common.Options(target, **options)
+        self._channel = self.options.open_channel(grpc.aio, channel_options)
         self._rpc = _common.Methods(self._channel)
 
     async def close(self):

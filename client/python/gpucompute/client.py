@@ -11,16 +11,16 @@ from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
 
-def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
-            progress=None, channel_options=()):
+def connect(target, *, channel_options=(), **options):
     """Returns a Client of the server at `target` ("host:port").
 
     No RPC is made, so an unreachable server shows up as UnavailableError on the
-    first call. See _common.Options for the options; `channel_options` are extra gRPC
-    channel arguments, e.g. [("grpc.keepalive_time_ms", 10000)].
+    first call. The options are those of _common.Options: client_name, chunk_bytes,
+    timeout, progress; token (default $GPUCOMPUTE_TOKEN) or token_file; tls, tls_ca,
+    tls_cert, tls_key, tls_server_name. `channel_options` are extra gRPC channel
+    arguments, e.g. [("grpc.keepalive_time_ms", 10000)].
     """
-    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
-                  progress=progress, channel_options=channel_options)
+    return Client(target, channel_options=channel_options, **options)
 
 
 class RemoteArray(_common.RemoteArrayInfo):
@@ -74,11 +74,9 @@ class Client(_common.Operations):
     until earlier submissions have reached the server.
     """
 
-    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
-                 timeout=None, progress=None, channel_options=()):
-        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
-        self._channel = grpc.insecure_channel(
-            target, options=_common.Options.channel_arguments() + list(channel_options))
+    def __init__(self, target, *, channel_options=(), **options):
+        self.options = _common.Options(target, **options)
+        self._channel = self.options.open_channel(grpc, channel_options)
         self._rpc = _common.Methods(self._channel)
         self._submissions = _Submissions(self)
 
