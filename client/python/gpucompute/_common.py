@@ -24,6 +24,7 @@ CHUNK_OVERHEAD_BYTES = 64 << 10
 MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - CHUNK_OVERHEAD_BYTES
 DEFAULT_CHUNK_BYTES = 4 << 20
 TOKEN_ENVIRONMENT = "GPUCOMPUTE_TOKEN"
+TRANSPORTS = ("auto", "grpc", "shm")
 # Messages the channel accepts beyond the server's limit: a download chunk of the full
 # limit plus its framing and the buffer info.
 _MESSAGE_SLACK_BYTES = 1 << 20
@@ -85,11 +86,16 @@ class Options:
       for mutual TLS (both or neither). Files are read once, here.
     tls_server_name: the name the server's certificate must carry, instead of the
       host of `target`.
+    transport: the default for put() and get(): "auto" (shared memory when the server
+      allows it and runs on this host, else gRPC), "grpc" or "shm" (see _shm).
+    shm_max_bytes: the most the shared-memory segment may grow to; 0 lets it grow to
+      the largest transfer. Larger transfers move through it in pieces.
     """
 
     def __init__(self, target, *, client_name=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  timeout=None, progress=None, token=None, token_file=None, tls=None,
-                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None):
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
+                 transport="auto", shm_max_bytes=0):
         if not target:
             raise ValueError("the server address is empty")
         client_name = client_name or ""
@@ -100,11 +106,15 @@ class Options:
             raise ValueError("the call timeout must be positive (or None for no limit)")
         if not isinstance(chunk_bytes, numbers.Integral) or chunk_bytes < 0:
             raise ValueError("chunk_bytes must be a non-negative integer")
+        if not isinstance(shm_max_bytes, numbers.Integral) or shm_max_bytes < 0:
+            raise ValueError("shm_max_bytes must be a non-negative integer")
         self.target = target
         self.client_name = client_name
         self.chunk_bytes = min(int(chunk_bytes) or DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES)
         self.timeout = timeout
         self.progress = progress
+        self.transport = transport_name(transport)
+        self.shm_max_bytes = int(shm_max_bytes)
         self.tls_server_name = tls_server_name or None
         self.credentials = _channel_credentials(tls, tls_ca, tls_cert, tls_key,
                                                 self.tls_server_name)
@@ -125,7 +135,16 @@ class Options:
     def __repr__(self):
         # Never the token.
         return (f"<Options target={self.target!r} client_name={self.client_name!r} "
-                f"tls={self.tls} token={'set' if self.has_token else 'none'}>")
+                f"tls={self.tls} token={'set' if self.has_token else 'none'} "
+                f"transport={self.transport!r}>")
+
+    def progress_for(self, progress):
+        """A transfer's progress setting: its own, or the client's default."""
+        return self.progress if progress is None else progress
+
+    def transport_for(self, transport):
+        """A call's transport: its own, or the client's default."""
+        return self.transport if transport is None else transport_name(transport)
 
     def channel_arguments(self):
         limit = MAX_MESSAGE_BYTES + _MESSAGE_SLACK_BYTES
@@ -210,6 +229,12 @@ def _channel_credentials(tls, ca, cert, key, server_name):
     return grpc.ssl_channel_credentials(root_certificates=_pem("the TLS CA", ca),
                                         private_key=_pem("the TLS key", key),
                                         certificate_chain=_pem("the TLS certificate", cert))
+
+
+def transport_name(transport):
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport is 'auto', 'grpc' or 'shm', not {transport!r}")
+    return transport
 
 
 class Methods:
