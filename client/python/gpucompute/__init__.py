@@ -17,12 +17,14 @@ from ._proto import v1
 from .client import Client, RemoteArray, connect
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                     ResourceExhaustedError, UnavailableError)
+                     PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
+                     UnavailableError)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
-    "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "RemoteArray",
-    "ResourceExhaustedError", "UnavailableError", "connect", "v1",
+    "FailedPreconditionError", "InvalidArgumentError", "NotFoundError",
+    "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "UnauthenticatedError",
+    "UnavailableError", "connect", "v1",
 ]

@@ -8,20 +8,20 @@
 Create the client inside the event loop that uses it.
 """
 
+import asyncio
+
 import grpc
 import grpc.aio
 
-from . import _common
+from . import _common, _shm
 from ._proto import v1
-from .errors import NotFoundError, from_rpc_error
+from .errors import Error, NotFoundError, from_rpc_error
 
 
-def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
-            progress=None, channel_options=()):
+def connect(target, *, channel_options=(), **options):
     """Returns an asyncio Client of the server at `target`; the options are those of
     gpucompute.connect."""
-    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
-                  progress=progress, channel_options=channel_options)
+    return Client(target, channel_options=channel_options, **options)
 
 
 class RemoteArray(_common.RemoteArrayInfo):
@@ -29,8 +29,8 @@ class RemoteArray(_common.RemoteArrayInfo):
     `async with`. A handle from an operation submitted with wait=False describes its
     output at once; `await wait()` waits for the operation and fills in its timing."""
 
-    async def get(self, *, progress=None):
-        array, self.transfer = await self._client._download(self, progress)
+    async def get(self, *, progress=None, transport=None):
+        array, self.transfer = await self._client._download(self, progress, transport)
         return array
 
     async def delete(self):
@@ -63,14 +63,22 @@ class Client(_common.Operations):
     operation, so awaiting one submission after another keeps them in order while the
     server runs them asynchronously. Run several at once with asyncio.gather."""
 
-    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
-                 timeout=None, progress=None, channel_options=()):
-        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
-        self._channel = grpc.aio.insecure_channel(
-            target, options=_common.Options.channel_arguments() + list(channel_options))
+    def __init__(self, target, *, channel_options=(), **options):
+        self.options = _common.Options(target, **options)
+        self._channel = self.options.open_channel(grpc.aio, channel_options)
         self._rpc = _common.Methods(self._channel)
+        self._shm = _shm.Transport(self.options.shm_max_bytes)
+        # One transfer at a time goes through the shared-memory segment.
+        self._shm_lock = asyncio.Lock()
 
     async def close(self):
+        """As Client.close."""
+        if not self._shm_lock.locked():
+            async with self._shm_lock:
+                try:
+                    await self._run_shm(self._shm.release())
+                except Error:
+                    pass  # the server is gone, and the region with it
         await self._channel.close()
 
     async def __aenter__(self):
@@ -79,12 +87,17 @@ class Client(_common.Operations):
     async def __aexit__(self, *exc_info):
         await self.close()
 
-    async def _call(self, method, request):
+    async def _call(self, method, request, timeout=True):
         try:
-            return await getattr(self._rpc, method)(request, metadata=self.options.metadata,
-                                                    timeout=self.options.timeout)
+            return await getattr(self._rpc, method)(
+                request, metadata=self.options.metadata,
+                timeout=self.options.timeout if timeout else None)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+
+    async def _run_shm(self, steps):
+        return await _shm.run_async(
+            steps, lambda call: self._call(call.method, call.request, call.unary))
 
     async def info(self):
         return await self._call("GetServerInfo", v1.GetServerInfoRequest())
@@ -93,9 +106,16 @@ class Client(_common.Operations):
         return await self._call("GetStats", v1.GetStatsRequest())
 
     async def put(self, array, *, name=None, device=None, into=None, offset_bytes=0,
-                  progress=None):
+                  progress=None, transport=None):
         """As Client.put."""
         header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        transport = self.options.transport_for(transport)
+        if transport != "grpc":
+            setting = self.options.progress_for(progress)
+            async with self._shm_lock:
+                result = await self._run_shm(self._shm.upload(transport, header, data, setting))
+            if result is not None:
+                return RemoteArray(self, result[0], transfer=result[1])
         reporter = _common.upload_progress(self.options, progress, data.nbytes)
         failure = []
         call = self._rpc.Upload(
@@ -105,11 +125,19 @@ class Client(_common.Operations):
             response = await call
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
-    async def download(self, buffer, *, progress=None):
+    async def download(self, buffer, *, progress=None, transport=None):
         """As Client.download."""
-        return (await self._download(buffer, progress))[0]
+        return (await self._download(buffer, progress, transport))[0]
 
-    async def _download(self, buffer, progress):
+    async def _download(self, buffer, progress, transport):
+        transport = self.options.transport_for(transport)
+        if transport != "grpc":
+            setting = self.options.progress_for(progress)
+            async with self._shm_lock:
+                result = await self._run_shm(
+                    self._shm.download(transport, _common.buffer_ref(buffer), setting))
+            if result is not None:
+                return result
         request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
                                      chunk_bytes=self.options.chunk_bytes)
         assembler = _common.DownloadAssembler(self.options, progress)
@@ -136,6 +164,10 @@ class Client(_common.Operations):
     async def renew(self, buffer, ttl=None):
         response = await self._call("RenewLease", _common.renew_request(buffer, ttl))
         return RemoteArray(self, response.buffer)
+
+    async def regions(self):
+        """As Client.regions."""
+        return list((await self._call("ListRegions", v1.ListRegionsRequest())).regions)
 
     async def delete(self, buffer):
         await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))

@@ -6,21 +6,22 @@ import threading
 
 import grpc
 
-from . import _common
+from . import _common, _shm
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
 
-def connect(target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES, timeout=None,
-            progress=None, channel_options=()):
+def connect(target, *, channel_options=(), **options):
     """Returns a Client of the server at `target` ("host:port").
 
     No RPC is made, so an unreachable server shows up as UnavailableError on the
-    first call. See _common.Options for the options; `channel_options` are extra gRPC
-    channel arguments, e.g. [("grpc.keepalive_time_ms", 10000)].
+    first call. The options are those of _common.Options: client_name, chunk_bytes,
+    timeout, progress; token (default $GPUCOMPUTE_TOKEN) or token_file; tls, tls_ca,
+    tls_cert, tls_key, tls_server_name; transport ("auto", "grpc" or "shm") and
+    shm_max_bytes. `channel_options` are extra gRPC channel arguments, e.g.
+    [("grpc.keepalive_time_ms", 10000)].
     """
-    return Client(target, client_name=client_name, chunk_bytes=chunk_bytes, timeout=timeout,
-                  progress=progress, channel_options=channel_options)
+    return Client(target, channel_options=channel_options, **options)
 
 
 class RemoteArray(_common.RemoteArrayInfo):
@@ -31,9 +32,10 @@ class RemoteArray(_common.RemoteArrayInfo):
     on the server until deleted (other handles, ids and names may refer to it).
     """
 
-    def get(self, *, progress=None):
-        """Downloads the array (shape, dtype and memory order as on the server)."""
-        array, self.transfer = self._client._download(self, progress)
+    def get(self, *, progress=None, transport=None):
+        """Downloads the array (shape, dtype and memory order as on the server);
+        `transport` as for Client.put."""
+        array, self.transfer = self._client._download(self, progress, transport)
         return array
 
     def delete(self):
@@ -74,16 +76,26 @@ class Client(_common.Operations):
     until earlier submissions have reached the server.
     """
 
-    def __init__(self, target, *, client_name=None, chunk_bytes=_common.DEFAULT_CHUNK_BYTES,
-                 timeout=None, progress=None, channel_options=()):
-        self.options = _common.Options(target, client_name, chunk_bytes, timeout, progress)
-        self._channel = grpc.insecure_channel(
-            target, options=_common.Options.channel_arguments() + list(channel_options))
+    def __init__(self, target, *, channel_options=(), **options):
+        self.options = _common.Options(target, **options)
+        self._channel = self.options.open_channel(grpc, channel_options)
         self._rpc = _common.Methods(self._channel)
         self._submissions = _Submissions(self)
+        self._shm = _shm.Transport(self.options.shm_max_bytes)
+        # One transfer at a time goes through the shared-memory segment.
+        self._shm_lock = threading.Lock()
 
     def close(self):
-        """Closes the channel; calls and futures still in flight fail with CANCELLED."""
+        """Unregisters the shared-memory region, if any, and closes the channel; calls
+        and futures still in flight fail with CANCELLED."""
+        # A transfer still using the segment keeps it: its region then idles out.
+        if self._shm_lock.acquire(blocking=False):
+            try:
+                self._run_shm(self._shm.release())
+            except Error:
+                pass  # the server is gone, and the region with it
+            finally:
+                self._shm_lock.release()
         self._channel.close()
 
     def __enter__(self):
@@ -99,6 +111,9 @@ class Client(_common.Operations):
                 timeout=self.options.timeout if timeout else None)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+
+    def _run_shm(self, steps):
+        return _shm.run(steps, lambda call: self._call(call.method, call.request, call.unary))
 
     # Server ---------------------------------------------------------------
 
@@ -118,17 +133,31 @@ class Client(_common.Operations):
 
     # Buffers --------------------------------------------------------------
 
-    def put(self, array, *, name=None, device=None, into=None, offset_bytes=0, progress=None):
+    def put(self, array, *, name=None, device=None, into=None, offset_bytes=0, progress=None,
+            transport=None):
         """Uploads a NumPy array (or anything np.asarray takes) and returns its handle.
 
         A new buffer, optionally named, gets the array's dtype, shape and memory order
         (Fortran-ordered arrays stay so). With `into`, the bytes overwrite
         [offset_bytes, offset_bytes + array.nbytes) of that existing buffer instead.
         Nothing changes unless every byte arrives. `progress`: see make_progress.
+
+        `transport` (default: the client's): "grpc" streams the bytes; "shm" copies them
+        through shared memory (FailedPreconditionError where the server does not allow
+        it or runs on another host); "auto" takes shared memory where it can, else gRPC.
+        Through shared memory a transfer larger than shm_max_bytes changes a buffer
+        piece by piece.
         """
         header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        transport = self.options.transport_for(transport)
         if into is not None:
             self._submissions.wait_idle()
+        if transport != "grpc":
+            setting = self.options.progress_for(progress)
+            with self._shm_lock:
+                result = self._run_shm(self._shm.upload(transport, header, data, setting))
+            if result is not None:
+                return RemoteArray(self, result[0], transfer=result[1])
         reporter = _common.upload_progress(self.options, progress, data.nbytes)
         failure = []
         call = self._rpc.Upload.future(
@@ -138,13 +167,22 @@ class Client(_common.Operations):
             response = call.result()
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
-    def download(self, buffer, *, progress=None):
-        """Downloads a buffer (handle, id or name) into a new NumPy array."""
-        return self._download(buffer, progress)[0]
+    def download(self, buffer, *, progress=None, transport=None):
+        """Downloads a buffer (handle, id or name) into a new NumPy array; `transport` as
+        for put."""
+        return self._download(buffer, progress, transport)[0]
 
-    def _download(self, buffer, progress):
+    def _download(self, buffer, progress, transport):
         """The array and the download's TransferStats."""
+        transport = self.options.transport_for(transport)
         self._submissions.wait_idle()
+        if transport != "grpc":
+            setting = self.options.progress_for(progress)
+            with self._shm_lock:
+                result = self._run_shm(
+                    self._shm.download(transport, _common.buffer_ref(buffer), setting))
+            if result is not None:
+                return result
         request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
                                      chunk_bytes=self.options.chunk_bytes)
         assembler = _common.DownloadAssembler(self.options, progress)
@@ -177,6 +215,10 @@ class Client(_common.Operations):
         handle, whose info has the lease's ttl_seconds and expire time."""
         response = self._call("RenewLease", _common.renew_request(buffer, ttl))
         return RemoteArray(self, response.buffer)
+
+    def regions(self):
+        """This client's shared-memory regions (RegionInfo messages), oldest first."""
+        return list(self._call("ListRegions", v1.ListRegionsRequest()).regions)
 
     def delete(self, buffer):
         """Deletes a buffer (handle, id or name): its id and name stop resolving at once;

@@ -49,6 +49,16 @@ class DeadlineExceededError(Error, TimeoutError):
     """The call's timeout passed."""
 
 
+class UnauthenticatedError(Error):
+    """The server requires a token (or a client certificate) and the call had none, or
+    one it does not know. The message never repeats the token."""
+
+
+class PermissionDeniedError(Error):
+    """The caller's tenant may not do this, e.g. trim memory pools without an admin
+    token."""
+
+
 _CLASSES = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -57,6 +67,8 @@ _CLASSES = {
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

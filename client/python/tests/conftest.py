@@ -1,6 +1,8 @@
 """Starts one real gpucompute-server (CPU backend) on a free loopback port for the
-session, and gives each test a client of its own name, so that names never collide."""
+session, and gives each test a client of its own name, so that names never collide.
+start_server runs more, with flags of their own (tokens, TLS, shared memory)."""
 
+import contextlib
 import os
 import re
 import signal
@@ -31,11 +33,13 @@ def _server_binary():
     return path
 
 
-@pytest.fixture(scope="session")
-def server_address():
+@contextlib.contextmanager
+def start_server(*flags, memory_limit=MEMORY_LIMIT_BYTES, cpu_threads=2):
+    """Runs a gpucompute-server (CPU backend) with `flags` on a free loopback port and
+    yields its address, "127.0.0.1:PORT"; stops it (SIGTERM) at the end."""
     process = subprocess.Popen(
         [_server_binary(), "--backend=cpu", "--listen=127.0.0.1:0",
-         f"--memory-limit={MEMORY_LIMIT_BYTES}", "--cpu-threads=2"],
+         f"--memory-limit={memory_limit}", f"--cpu-threads={cpu_threads}", *flags],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines = []
     port = []
@@ -57,13 +61,21 @@ def server_address():
         process.kill()
         pytest.exit("gpucompute-server did not start:\n" + b"".join(lines).decode(errors="replace"),
                     returncode=2)
-    yield f"127.0.0.1:{port[0]}"
-    process.send_signal(signal.SIGTERM)
     try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        yield f"127.0.0.1:{port[0]}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def server_address():
+    with start_server() as address:
+        yield address
 
 
 def client_name_for(request):
