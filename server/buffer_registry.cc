@@ -30,7 +30,9 @@ absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
   }
   used_ += bytes;
   peak_ = std::max(peak_, used_);
-  if (it == tenant_used_.end()) {
+  if (bytes == 0) {
+    // Nothing to give back: a tenant's entry exists only while it holds bytes.
+  } else if (it == tenant_used_.end()) {
     tenant_used_.emplace(tenant, bytes);
   } else {
     it->second += bytes;
@@ -39,6 +41,7 @@ absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
 }
 
 void MemoryLimiter::Return(absl::string_view tenant, uint64_t bytes) {
+  if (bytes == 0) return;
   absl::MutexLock lock(&mu_);
   used_ -= bytes;
   auto it = tenant_used_.find(tenant);

@@ -40,6 +40,44 @@ TEST_F(BufferRegistryTest, MemoryLimitIsExactAndReturnedOnRelease) {
   EXPECT_EQ(limiter_.peak(), 1u << 20);
 }
 
+TEST(MemoryLimiterTest, ChargesTenantsWithinTheirQuotaAndTheServersLimit) {
+  MemoryLimiter limiter(1000);
+  absl::StatusOr<MemoryLimiter::Charge> a = limiter.TryCharge(300, "alice", 500);
+  ASSERT_OK(a);
+  // Empty charges come and go in any order, also between others of the same tenant.
+  absl::StatusOr<MemoryLimiter::Charge> empty = limiter.TryCharge(0, "alice", 500);
+  ASSERT_OK(empty);
+  absl::StatusOr<MemoryLimiter::Charge> b = limiter.TryCharge(200, "alice", 500);
+  ASSERT_OK(b);
+  *empty = MemoryLimiter::Charge();
+  EXPECT_EQ(limiter.TenantUsed("alice"), 500u);
+  const absl::Status over = limiter.TryCharge(1, "alice", 500).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.message(),
+            "tenant 'alice' is at its quota 'device_bytes' of 500 (500 bytes held, 1 more asked "
+            "for); free some first or ask for a larger quota");
+  // bob is held to the server's limit, which alice's bytes count against.
+  absl::StatusOr<MemoryLimiter::Charge> c = limiter.TryCharge(500, "bob");
+  ASSERT_OK(c);
+  const absl::Status full = limiter.TryCharge(1, "bob").status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("server's memory limit: 1000 of 1000"), std::string::npos)
+      << full;
+  EXPECT_EQ(limiter.used(), 1000u);
+  // A moved charge is returned once, by its last owner.
+  MemoryLimiter::Charge moved = *std::move(a);
+  *a = MemoryLimiter::Charge();
+  EXPECT_EQ(limiter.TenantUsed("alice"), 500u);
+  moved = MemoryLimiter::Charge();
+  EXPECT_EQ(limiter.TenantUsed("alice"), 200u);
+  *b = MemoryLimiter::Charge();
+  *c = MemoryLimiter::Charge();
+  EXPECT_EQ(limiter.TenantUsed("alice"), 0u);
+  EXPECT_EQ(limiter.TenantUsed("bob"), 0u);
+  EXPECT_EQ(limiter.used(), 0u);
+  EXPECT_EQ(limiter.peak(), 1000u);
+}
+
 TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
   absl::StatusOr<BufferHandle> a = Add("c", "x", 4);
   ASSERT_OK(a);
