@@ -92,10 +92,10 @@ grpc::ServerUnaryReactor* OperationServiceImpl::GetOperation(grpc::CallbackServe
 grpc::ServerUnaryReactor* OperationServiceImpl::WaitOperation(
     grpc::CallbackServerContext* context, const v1::WaitOperationRequest* request,
     v1::Operation* response) {
-  if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok())
-    return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckTimeout(request->timeout_seconds()); !s.ok())
+    return FinishNow(context, s);
   absl::StatusOr<std::shared_ptr<Operation>> op =
       ctx_.executor.FindOperation(caller->scope, request->operation_id());
   if (!op.ok()) return FinishNow(context, op.status());

@@ -263,9 +263,15 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
     case v1::RegisterRegionRequest::kCudaIpc:
       region->kind = RegionKind::kCudaIpc;
       break;
-    case v1::RegisterRegionRequest::SOURCE_NOT_SET:
+    case v1::RegisterRegionRequest::SOURCE_NOT_SET: {
+      // Checked once the caller is identified, as every request's content is: a caller
+      // without valid credentials hears of nothing else.
+      if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
+      absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+      if (!caller.ok()) return FinishNow(context, caller.status());
       return FinishNow(context, absl::InvalidArgumentError(
                                     "the request names no memory: set 'system' or 'cuda_ipc'"));
+    }
   }
   if (absl::Status s = CheckAllowed(ctx_, region->kind); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
