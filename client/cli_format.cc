@@ -53,7 +53,9 @@ std::string FormatMilliseconds(double seconds) { return absl::StrFormat("%.3f ms
 std::string FormatRate(double value) {
   if (value >= 100) return absl::StrFormat("%.0f", value);
   if (value >= 10) return absl::StrFormat("%.1f", value);
-  return absl::StrFormat("%.2f", value);
+  if (value >= 1) return absl::StrFormat("%.2f", value);
+  // Three significant digits, so that a slow transfer never reads as 0.00.
+  return absl::StrFormat("%.3g", value);
 }
 
 std::string FormatDType(v1::DType dtype) {

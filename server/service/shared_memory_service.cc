@@ -241,9 +241,9 @@ grpc::ServerUnaryReactor* ServeCopy(
     ServiceContext& ctx, grpc::CallbackServerContext* context, const Request& request,
     absl::StatusOr<RegionCopy> (*plan)(ServiceContext&, const std::string&, const Request&),
     v1::CopyRegionResponse* response) {
-  if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<RegionCopy> copy = plan(ctx, caller->scope, request);
   if (!copy.ok()) return FinishNow(context, copy.status());
@@ -255,6 +255,10 @@ grpc::ServerUnaryReactor* ServeCopy(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
     grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
     v1::RegionInfo* response) {
+  // The caller first, as on every RPC: a caller without valid credentials hears of
+  // nothing else, not even what the server allows.
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
   auto region = std::make_unique<Region>();
   switch (request->source_case()) {
     case v1::RegisterRegionRequest::kSystem:
@@ -263,19 +267,12 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
     case v1::RegisterRegionRequest::kCudaIpc:
       region->kind = RegionKind::kCudaIpc;
       break;
-    case v1::RegisterRegionRequest::SOURCE_NOT_SET: {
-      // Checked once the caller is identified, as every request's content is: a caller
-      // without valid credentials hears of nothing else.
+    case v1::RegisterRegionRequest::SOURCE_NOT_SET:
       if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
-      absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
-      if (!caller.ok()) return FinishNow(context, caller.status());
       return FinishNow(context, absl::InvalidArgumentError(
                                     "the request names no memory: set 'system' or 'cuda_ipc'"));
-    }
   }
   if (absl::Status s = CheckAllowed(ctx_, region->kind); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
-  if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   region->client = caller->scope;
   if (region->kind == RegionKind::kSystem) {
@@ -312,9 +309,9 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::RegisterRegion(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse* response) {
-  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
   // Copies in flight hold the region until they complete.
   return FinishNow(context, ctx_.regions->Remove(caller->scope, request->region_id()).status());
 }
@@ -322,9 +319,9 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::UnregisterRegion(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ListRegions(
     grpc::CallbackServerContext* context, const v1::ListRegionsRequest* request,
     v1::ListRegionsResponse* response) {
-  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckAnyAllowed(ctx_); !s.ok()) return FinishNow(context, s);
   for (const RegionHandle& region : ctx_.regions->List(caller->scope)) {
     ToProto(*region, response->add_regions());
   }
@@ -346,10 +343,10 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyToRegion(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
     grpc::CallbackServerContext* context, const v1::ExportBufferRequest* request,
     v1::ExportBufferResponse* response) {
-  if (absl::Status s = CheckAllowed(ctx_, RegionKind::kExport); !s.ok())
-    return FinishNow(context, s);
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  if (absl::Status s = CheckAllowed(ctx_, RegionKind::kExport); !s.ok())
+    return FinishNow(context, s);
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<BufferHandle> buffer;
   switch (request->target_case()) {
