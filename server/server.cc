@@ -174,10 +174,12 @@ struct Server::Impl {
   std::atomic<bool> persisted{false};  // the shutdown's write is done (or under way)
 
   // Reclaims expired leases now and then, on the timer thread, until the timer is gone.
-  void ScheduleLeaseSweep() {
-    timer->Schedule(Timer::Clock::now() + absl::ToChronoNanoseconds(lease_sweep_interval), [this] {
+  // A sweep schedules the next one through the Timer it runs on, never through `timer`:
+  // ~Server clears that pointer while the timer thread may still be in a sweep.
+  void ScheduleLeaseSweep(Timer& on) {
+    on.Schedule(Timer::Clock::now() + absl::ToChronoNanoseconds(lease_sweep_interval), [this, &on] {
       registry->ReclaimExpired();
-      ScheduleLeaseSweep();
+      ScheduleLeaseSweep(on);
     });
   }
 };
@@ -385,7 +387,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->persister != nullptr && options.snapshot_interval > absl::ZeroDuration()) {
     impl->persister->StartPeriodic(options.snapshot_interval);
   }
-  impl->ScheduleLeaseSweep();
+  impl->ScheduleLeaseSweep(*impl->timer);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

@@ -92,12 +92,12 @@ class ScriptedBackend final : public Backend {
 
   // Takes every stream as far as it goes without finishing a running kernel.
   void RunReady() {
-    std::lock_guard lock(streams_mu_);
+    std::unique_lock lock(streams_mu_);
     bool progress = true;
     while (progress) {
       progress = false;
       // By index: a callback may create streams.
-      for (size_t i = 0; i < streams_.size(); ++i) progress |= Advance(*streams_[i]);
+      for (size_t i = 0; i < streams_.size(); ++i) progress |= Advance(*streams_[i], lock);
     }
   }
 
@@ -274,8 +274,11 @@ class ScriptedBackend final : public Backend {
 
   // Runs the head of `stream` while it can; returns whether anything happened. A callback
   // or a kernel body may enqueue on any stream, so each is taken off the queue before it
-  // runs, and the caller starts over after it.
-  bool Advance(ScriptedStream& stream) {
+  // runs, and the caller starts over after it. They run without `lock` (on streams_mu_):
+  // they reach the executor, which takes its own lock and then, creating a stream, ours;
+  // holding ours across them would take the two in both orders. Meanwhile the executor
+  // may destroy `stream`, so it is not used after.
+  bool Advance(ScriptedStream& stream, std::unique_lock<std::mutex>& lock) {
     bool progress = false;
     while (!stream.queue_.empty()) {
       Entry& head = stream.queue_.front();
@@ -301,14 +304,20 @@ class ScriptedBackend final : public Backend {
           if (!state.finish) return progress;
           Entry kernel = std::move(head);
           stream.queue_.pop_front();
+          lock.unlock();
           if (kernel.body) std::move(kernel.body)();
           kernels_.at(kernel.name).finished = true;
+          kernel = Entry();  // what the body held goes without the lock too
+          lock.lock();
           return true;
         }
         case Entry::Kind::kCallback: {
           Entry callback = std::move(head);
           stream.queue_.pop_front();
+          lock.unlock();
           std::move(callback.callback)(absl::OkStatus());
+          callback = Entry();
+          lock.lock();
           return true;
         }
       }
@@ -320,7 +329,7 @@ class ScriptedBackend final : public Backend {
   // The executor destroys retired streams on a thread of its own; everything else runs
   // on the test's thread, within RunReady when it reaches the executor.
   int dispatch_window_ = 64;
-  std::recursive_mutex streams_mu_;
+  std::mutex streams_mu_;
   std::vector<ScriptedStream*> streams_;  // under streams_mu_
   absl::flat_hash_map<std::string, KernelState> kernels_;
   std::vector<std::string> started_order_;

@@ -32,6 +32,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -1218,7 +1219,10 @@ TEST(ServerBuffersLargeTest, ArrayOver2GiBUploadReduceAndRangeDownload) {
   std::cout << "[ timing   ] 2 GiB + 4 KiB: upload " << upload_seconds << " s ("
             << static_cast<double>(size) / upload_seconds / 1e9 << " GB/s), reduce "
             << reduce_seconds << " s, total " << total << " s\n";
+  // ThreadSanitizer makes every memory access several times slower: no bound there.
+#ifndef ABSL_HAVE_THREAD_SANITIZER
   EXPECT_LT(total, 120.0);
+#endif
 }
 
 // ---------------------------------------------------------------------------

@@ -228,6 +228,24 @@ TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
   EXPECT_TRUE(client->GetBuffer("x").ok());
 }
 
+// A server goes away while its timer thread is inside a lease sweep: with sweeps back to
+// back, it nearly always is. ~Server once cleared the timer's pointer while the sweep read
+// it to schedule the next one; ThreadSanitizer reports such a race, and a sweep that read
+// the cleared pointer crashed.
+TEST(LeaseTest, ServerStopsWhileASweepRuns) {
+  for (int i = 0; i < 20; ++i) {
+    std::unique_ptr<TestServer> server =
+        TestServer::StartWith(nullptr, 64 * kMiB, 1, [](ServerOptions& o) {
+          o.lease_sweep_interval = absl::Nanoseconds(1);
+          o.measure_copy_ceiling = false;
+        });
+    ASSERT_NE(server, nullptr);
+    auto client = server->Connect();
+    ASSERT_TRUE(CreateLeased(*client, 1, "x", 8).ok());
+    server.reset();
+  }
+}
+
 // A fresh directory under the test's temporary directory, removed afterwards.
 class PersistTest : public ::testing::Test {
  protected:
