@@ -16,6 +16,9 @@ namespace gpucompute {
 absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
                                                                absl::string_view tenant,
                                                                uint64_t tenant_quota) {
+  // Nothing to count (an empty buffer): a tenant's entry goes once its bytes are back,
+  // so a charge of nothing must not give anything back to it later.
+  if (bytes == 0) return Charge();
   absl::MutexLock lock(&mu_);
   if (bytes > limit_ - std::min(used_, limit_)) {
     return absl::ResourceExhaustedError(

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/auth.h"
 #include "server/cpu/cpu_backend.h"
 #include "tests/test_util.h"
 
@@ -38,6 +39,26 @@ TEST_F(BufferRegistryTest, MemoryLimitIsExactAndReturnedOnRelease) {
   a->reset();
   EXPECT_EQ(limiter_.used(), 0u);
   EXPECT_EQ(limiter_.peak(), 1u << 20);
+}
+
+TEST_F(BufferRegistryTest, EmptyBuffersOutliveTheirTenantsBytes) {
+  // Either order of release: the empty buffer's charge of nothing must not touch the
+  // tenant's count, which is gone once the other buffer's bytes are back.
+  for (const bool empty_first : {false, true}) {
+    SCOPED_TRACE(empty_first);
+    absl::StatusOr<BufferHandle> full = Add("c", "", 4);
+    absl::StatusOr<BufferHandle> empty = Add("c", "", 0);
+    ASSERT_OK(full);
+    ASSERT_OK(empty);
+    EXPECT_EQ(limiter_.TenantUsed(TenantOfScope("c")), 16u);
+    for (absl::StatusOr<BufferHandle>* b : empty_first ? std::vector{&empty, &full}
+                                                       : std::vector{&full, &empty}) {
+      ASSERT_OK(registry_.Remove("c", (**b)->id));
+      b->value().reset();
+    }
+    EXPECT_EQ(limiter_.used(), 0u);
+    EXPECT_EQ(limiter_.TenantUsed(TenantOfScope("c")), 0u);
+  }
 }
 
 TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {
