@@ -133,6 +133,14 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
 
   absl::StatusOr<v1::ServerInfo> info = (*single)->GetServerInfo();
   if (!info.ok()) return Outcome::Server("bench", info.status());
+  // A server with a smaller --max-message-bytes refuses larger upload chunks; say so now
+  // rather than fail the first transfer. (A server that reports 0 predates the field.)
+  if (const uint64_t server_max = info->limits().max_chunk_bytes();
+      server_max != 0 && settings->chunk_bytes > server_max) {
+    return Outcome::Usage(absl::StrCat("--chunk-bytes ", settings->chunk_bytes,
+                                       " is larger than the server's max_chunk_bytes of ",
+                                       server_max));
+  }
   const uint64_t largest = *std::max_element(settings->sizes.begin(), settings->sizes.end());
   // Shared memory: when asked for, it must work; by default, when it can.
   std::unique_ptr<SharedMemoryTransport> shm;

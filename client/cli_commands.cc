@@ -283,10 +283,12 @@ Outcome RunInfo(CliContext& context, const ParsedArgs& args) {
   const v1::Limits& limits = info->limits();
   rows.push_back(
       {"limits",
-       absl::StrCat("messages ", FormatBytes(limits.max_message_bytes()), ", ",
-                    limits.max_dimensions(), " dimensions, ", limits.max_streams_per_client(),
-                    " streams per client, expressions ", limits.max_expression_bytes(), " bytes, ",
-                    limits.max_inline_values(), " inline values")});
+       absl::StrCat("messages ", FormatBytes(limits.max_message_bytes()), " (chunks ",
+                    FormatBytes(limits.max_chunk_bytes()), "), ", limits.max_dimensions(),
+                    " dimensions, ", limits.max_elements(), " elements, ",
+                    limits.max_streams_per_client(), " streams per client, expressions ",
+                    limits.max_expression_bytes(), " bytes and ", limits.max_expression_depth(),
+                    " levels, ", limits.max_inline_values(), " inline values")});
   context.Print(FormatTable(rows));
   return Outcome::Ok();
 }

@@ -53,7 +53,9 @@ struct ClientOptions {
   // Sent as the metadata "gpucompute-client" when non-empty.
   std::string client_name;
   // Upload chunk size; 0 means the default, and sizes are clamped to kMaxChunkBytes
-  // (gpucompute/v1/limits.h).
+  // (gpucompute/v1/limits.h). A server run with a smaller --max-message-bytes reports
+  // its own bound in GetServerInfo (Limits.max_chunk_bytes) and refuses larger chunks;
+  // the default always fits it.
   size_t chunk_bytes = kDefaultChunkBytes;
   // Deadline of each unary call. Uploads and downloads have none: they take as long
   // as the data takes.

@@ -16,6 +16,9 @@ namespace gpucompute {
 absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
                                                                absl::string_view tenant,
                                                                uint64_t tenant_quota) {
+  // Nothing to count (an empty buffer): a tenant's entry goes once its bytes are back,
+  // so a charge of nothing must not give anything back to it later.
+  if (bytes == 0) return Charge();
   absl::MutexLock lock(&mu_);
   if (bytes > limit_ - std::min(used_, limit_)) {
     return absl::ResourceExhaustedError(
@@ -30,9 +33,7 @@ absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
   }
   used_ += bytes;
   peak_ = std::max(peak_, used_);
-  if (bytes == 0) {
-    // Nothing to give back: a tenant's entry exists only while it holds bytes.
-  } else if (it == tenant_used_.end()) {
+  if (it == tenant_used_.end()) {
     tenant_used_.emplace(tenant, bytes);
   } else {
     it->second += bytes;
@@ -41,7 +42,6 @@ absl::StatusOr<MemoryLimiter::Charge> MemoryLimiter::TryCharge(uint64_t bytes,
 }
 
 void MemoryLimiter::Return(absl::string_view tenant, uint64_t bytes) {
-  if (bytes == 0) return;
   absl::MutexLock lock(&mu_);
   used_ -= bytes;
   auto it = tenant_used_.find(tenant);

@@ -19,12 +19,12 @@
 #include "kernels/dtype.h"
 #include "server/backend.h"
 #include "server/quotas.h"
+#include "server/request_limits.h"
 
 namespace gpucompute {
 
 enum class Layout : uint8_t { kC, kF };
 
-inline constexpr size_t kMaxDimensions = 8;
 // Buffers one client may hold: empty buffers cost no memory, so the memory limit alone
 // would not bound them.
 inline constexpr size_t kMaxBuffersPerClient = 1 << 16;
@@ -145,8 +145,10 @@ struct BufferEntry : BufferMeta {
 
 using BufferHandle = std::shared_ptr<BufferEntry>;
 
-// Returns the element count of `shape`, or INVALID_ARGUMENT if it has too many
-// dimensions or its byte size (at `itemsize` bytes an element) overflows 63 bits.
+// Returns the element count of `shape`, or INVALID_ARGUMENT if it has more than
+// kMaxDimensions dimensions or its byte size (at `itemsize` bytes an element) overflows 63
+// bits. These are the ceilings of every buffer, restored ones included; the shapes
+// requests ask for are held to the server's RequestLimits first (CheckShape).
 absl::StatusOr<uint64_t> CheckedElementCount(const std::vector<uint64_t>& shape, size_t itemsize);
 
 // Validates a client-chosen buffer name (empty is allowed: no name).

@@ -88,6 +88,21 @@ bool AbslParseFlag(absl::string_view text, NonNegative* n, std::string* error) {
 
 std::string AbslUnparseFlag(NonNegative n) { return absl::StrCat(n.value); }
 
+// A count that may exceed an int.
+struct Count {
+  uint64_t value = 0;
+};
+
+bool AbslParseFlag(absl::string_view text, Count* n, std::string* error) {
+  if (!absl::SimpleAtoi(text, &n->value)) {
+    *error = "needs a non-negative integer";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(Count n) { return absl::StrCat(n.value); }
+
 // A directory that may be left to the backend's default ("default"), or disabled ("" or
 // "none").
 struct CacheDir {
@@ -185,6 +200,20 @@ ABSL_FLAG(gpucompute::NonNegative, max_calls_per_tenant, {1024},
 ABSL_FLAG(gpucompute::NonNegative, max_uploads_per_tenant, {64},
           "uploads one tenant may have under way, each holding memory reserved from its "
           "header on; 0 is no bound");
+ABSL_FLAG(gpucompute::ByteSize, max_message_bytes, {gpucompute::kMaxMessageBytes},
+          "largest gRPC message either way, from 4160KiB (the clients' default 4MiB chunks and "
+          "their framing) to 64MiB; upload and download chunks stay 64KiB below it "
+          "(Limits.max_chunk_bytes), and clients that choose larger chunks must stay there");
+ABSL_FLAG(gpucompute::NonNegative, max_dimensions, {gpucompute::kMaxDimensions},
+          "dimensions of a buffer a request creates, 1 to 8");
+ABSL_FLAG(gpucompute::Count, max_elements, {gpucompute::kDefaultMaxElements},
+          "elements of a buffer a request creates (an empty array: of its non-empty "
+          "dimensions), 1 to 2^48; the default 2^40 is more than any device holds");
+ABSL_FLAG(gpucompute::ByteSize, max_expression_bytes, {gpucompute::kMaxExpressionBytes},
+          "bytes of an elementwise expression, 1 to 64KiB");
+ABSL_FLAG(gpucompute::NonNegative, max_expression_depth, {gpucompute::expr::kMaxNestingDepth},
+          "nesting levels of an elementwise expression (each parenthesis, call, unary "
+          "operator and ** exponent is one), 1 to 256");
 ABSL_FLAG(gpucompute::LogFormat, log_format, gpucompute::LogFormat::kJson,
           "log lines on stderr: json (one object per line) or text");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -243,6 +272,11 @@ constexpr FlagDoc kFlagDocs[] = {
     {"upload_idle_timeout", "SECONDS"},
     {"max_calls_per_tenant", "N"},
     {"max_uploads_per_tenant", "N"},
+    {"max_message_bytes", "SIZE"},
+    {"max_dimensions", "N"},
+    {"max_elements", "N"},
+    {"max_expression_bytes", "SIZE"},
+    {"max_expression_depth", "N"},
     {"log_format", "json|text"},
 };
 
@@ -475,6 +509,17 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.max_calls_per_tenant = absl::GetFlag(FLAGS_max_calls_per_tenant).value;
   o.max_uploads_per_tenant = absl::GetFlag(FLAGS_max_uploads_per_tenant).value;
   o.log_format = absl::GetFlag(FLAGS_log_format);
+  RequestLimits& limits = o.limits;
+  limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
+  limits.max_dimensions = absl::GetFlag(FLAGS_max_dimensions).value;
+  limits.max_elements = absl::GetFlag(FLAGS_max_elements).value;
+  limits.max_expression_bytes = absl::GetFlag(FLAGS_max_expression_bytes).bytes;
+  limits.max_expression_depth = absl::GetFlag(FLAGS_max_expression_depth).value;
+  // Its messages name the flags.
+  if (absl::Status status = ValidateRequestLimits(limits); !status.ok()) {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = std::string(status.message());
+  }
   return parsed;
 }
 

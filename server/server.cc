@@ -241,6 +241,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       std::unique_ptr<Backend> backend) {
+  RETURN_IF_ERROR(ValidateRequestLimits(options.limits));
   if (backend == nullptr || backend->devices().empty()) {
     return absl::FailedPreconditionError("the backend has no devices");
   }
@@ -307,6 +308,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->executor->SetQuotas(impl->quotas.get());
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
   impl->ctx->default_result_ttl_nanos = *default_ttl;
+  impl->ctx->limits = options.limits;
   if (!options.persist_dir.empty()) {
     // Restored before the server serves: clients that come back find their buffers.
     impl->persister = std::make_unique<BufferPersister>(*impl->backend, *impl->executor,
@@ -361,8 +363,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &impl->port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));
   {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
     factories.push_back(MakeRequestIdInterceptorFactory(impl->auth.get()));

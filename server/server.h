@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/log.h"
+#include "server/request_limits.h"
 
 namespace gpucompute {
 
@@ -42,6 +43,9 @@ struct ServerOptions {
   // Calls in flight and uploads under way per tenant (server/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;
+  // What one request may ask for: message size, dimensions, elements, expression length
+  // and depth (server/request_limits.h). Start refuses bounds outside their ranges.
+  RequestLimits limits;
   // On Shutdown, how long calls in flight and queued operations get to finish before
   // the calls are cancelled and the operations not yet on the device fail.
   absl::Duration shutdown_grace = absl::Seconds(10);

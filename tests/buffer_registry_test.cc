@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/auth.h"
 #include "server/cpu/cpu_backend.h"
 #include "tests/test_util.h"
 
@@ -61,8 +62,7 @@ TEST(MemoryLimiterTest, ChargesTenantsWithinTheirQuotaAndTheServersLimit) {
   ASSERT_OK(c);
   const absl::Status full = limiter.TryCharge(1, "bob").status();
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(full.message().find("server's memory limit: 1000 of 1000"), std::string::npos)
-      << full;
+  EXPECT_NE(full.message().find("server's memory limit: 1000 of 1000"), std::string::npos) << full;
   EXPECT_EQ(limiter.used(), 1000u);
   // A moved charge is returned once, by its last owner.
   MemoryLimiter::Charge moved = *std::move(a);
@@ -76,6 +76,26 @@ TEST(MemoryLimiterTest, ChargesTenantsWithinTheirQuotaAndTheServersLimit) {
   EXPECT_EQ(limiter.TenantUsed("bob"), 0u);
   EXPECT_EQ(limiter.used(), 0u);
   EXPECT_EQ(limiter.peak(), 1000u);
+}
+
+TEST_F(BufferRegistryTest, EmptyBuffersOutliveTheirTenantsBytes) {
+  // Either order of release: the empty buffer's charge of nothing must not touch the
+  // tenant's count, which is gone once the other buffer's bytes are back.
+  for (const bool empty_first : {false, true}) {
+    SCOPED_TRACE(empty_first);
+    absl::StatusOr<BufferHandle> full = Add("c", "", 4);
+    absl::StatusOr<BufferHandle> empty = Add("c", "", 0);
+    ASSERT_OK(full);
+    ASSERT_OK(empty);
+    EXPECT_EQ(limiter_.TenantUsed(TenantOfScope("c")), 16u);
+    for (absl::StatusOr<BufferHandle>* b :
+         empty_first ? std::vector{&empty, &full} : std::vector{&full, &empty}) {
+      ASSERT_OK(registry_.Remove("c", (**b)->id));
+      b->value().reset();
+    }
+    EXPECT_EQ(limiter_.used(), 0u);
+    EXPECT_EQ(limiter_.TenantUsed(TenantOfScope("c")), 0u);
+  }
 }
 
 TEST_F(BufferRegistryTest, NamesArePerClientAndResolveBeforeIds) {

@@ -240,8 +240,9 @@ TEST(ExpressionErrors, TooLong) {
 
 TEST(ExpressionErrors, HostileNestingIsRejectedWithoutRecursingDeeply) {
   const std::string kDepthMessage =
-      ": the expression is nested more than 256 levels deep (parentheses, calls, unary "
-      "operators and ** exponents each add a level)";
+      ": the expression is nested more than 256 levels deep, the most "
+      "--max-expression-depth allows (parentheses, calls, unary operators and ** exponents "
+      "each add a level)";
   struct Case {
     std::string text;
     std::string message;
@@ -275,6 +276,24 @@ TEST(ExpressionErrors, NestingUpToTheLimitIsAccepted) {
   EXPECT_OK(CompileChecked(std::string(256, '(') + "x" + std::string(256, ')'), inputs));
   EXPECT_FALSE(CompileChecked(std::string(257, '(') + "x" + std::string(257, ')'), inputs).ok());
   EXPECT_OK(CompileChecked(std::string(256, '-') + "x", inputs));
+}
+
+TEST(ExpressionErrors, ALowerDepthBoundIsHonouredAndAHigherOneIsCapped) {
+  const InputMap inputs = {{"x", ArrayInput{DType::kFloat64}}};
+  EXPECT_OK(Compile("-(sin(x))", inputs, 3));
+  const absl::StatusOr<Program> deep = Compile("-(sin(-x))", inputs, 3);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(deep.status().message(),
+            "at position 6: the expression is nested more than 3 levels deep, the most "
+            "--max-expression-depth allows (parentheses, calls, unary operators and ** "
+            "exponents each add a level)");
+  // The parser's recursion stays bounded whatever the caller asks for.
+  const absl::StatusOr<Program> capped =
+      Compile(std::string(257, '(') + "x" + std::string(257, ')'), inputs, 100000);
+  ASSERT_FALSE(capped.ok());
+  EXPECT_NE(capped.status().message().find("nested more than 256 levels"), std::string::npos)
+      << capped.status();
 }
 
 TEST(ExpressionErrors, LongFlatExpressionsCompile) {

@@ -680,14 +680,15 @@ void BadInputMatrixTest::AddBufferCases() {
         "ttl_seconds must be a finite number from 0 to 2592000");
   Unary(create, kOversized, "9 dimensions", kAlice,
         "dtype: DTYPE_FLOAT32 shape: [1, 1, 1, 1, 1, 1, 1, 1, 1]", StatusCode::INVALID_ARGUMENT,
-        "shape has 9 dimensions; at most 8 are supported");
+        "has 9 dimensions; the server allows at most 8 (--max-dimensions)");
   Unary(create, kOversized, "100000 dimensions", kAlice,
         absl::StrCat("dtype: DTYPE_FLOAT32 shape: [",
                      absl::StrJoin(std::vector<int>(100000, 1), ","), "]"),
-        StatusCode::INVALID_ARGUMENT, "shape has 100000 dimensions; at most 8");
+        StatusCode::INVALID_ARGUMENT,
+        "shape [1, 1, 1, 1, 1, 1, 1, 1, ...] has 100000 dimensions; the server allows at most 8");
   Unary(create, kOversized, "a shape whose size overflows", kAlice,
         "dtype: DTYPE_FLOAT64 shape: [4294967296, 4294967296]", StatusCode::INVALID_ARGUMENT,
-        "is too large: its size overflows");
+        "elements; the server allows at most 1099511627776 (--max-elements)");
   Unary(create, kOversized, "2 MiB, over alice's device_bytes quota", kAlice,
         "dtype: DTYPE_FLOAT64 shape: 262144", StatusCode::RESOURCE_EXHAUSTED,
         "tenant 'alice' is at its quota 'device_bytes' of 1048576");
@@ -994,17 +995,18 @@ void BadInputMatrixTest::AddOperationCases() {
      StatusCode::INVALID_ARGUMENT, "output.ttl_seconds applies to a new buffer");
   op(kOversized, "a 70000-byte expression", kAlice,
      ElementwiseText(std::string(70000 - 1, ' ') + "x", "a"), StatusCode::INVALID_ARGUMENT,
-     "expression is 70000 bytes; at most 65536 are allowed");
+     "expression is 70000 bytes; the server allows at most 65536 (--max-expression-bytes)");
   op(kOversized, "a new buffer over alice's quota", kAlice, random_new + " shape: 262144 }",
      StatusCode::RESOURCE_EXHAUSTED, "tenant 'alice' is at its quota 'device_bytes'");
   op(kOversized, "a new buffer over the server's memory limit", kBob,
      random_new + " shape: 16777216 }", StatusCode::RESOURCE_EXHAUSTED,
      "would exceed the server's memory limit");
   op(kOversized, "9 dimensions", kAlice, random_new + " shape: [1, 1, 1, 1, 1, 1, 1, 1, 1] }",
-     StatusCode::INVALID_ARGUMENT, "shape has 9 dimensions; at most 8 are supported");
+     StatusCode::INVALID_ARGUMENT,
+     "has 9 dimensions; the server allows at most 8 (--max-dimensions)");
   op(kOversized, "a shape whose size overflows", kAlice,
      random_new + " shape: [4294967296, 4294967296] }", StatusCode::INVALID_ARGUMENT,
-     "is too large: its size overflows");
+     "elements; the server allows at most 1099511627776 (--max-elements)");
   op(kWrongType, "gemv of an int32 matrix", kAlice, "gemv { a: \"im\" x: \"v\" }",
      StatusCode::INVALID_ARGUMENT, "gemv matrix 'im' (int32[2, 3]) must be float32 or float64");
   op(kWrongType, "gemv with a vector of the wrong length", kAlice, "gemv { a: \"m\" x: \"m\" }",
@@ -1297,7 +1299,8 @@ void BadInputMatrixTest::AddSessionCases() {
   SessionCase(
       kOversized, "a 70000-byte expression", kAlice,
       {absl::StrCat("tag: \"t\" op { ", ElementwiseText(std::string(69999, ' ') + "x", "v"), " }")},
-      StatusCode::INVALID_ARGUMENT, "expression is 70000 bytes; at most 65536 are allowed");
+      StatusCode::INVALID_ARGUMENT,
+      "expression is 70000 bytes; the server allows at most 65536 (--max-expression-bytes)");
   SessionCase(kOversized, "a new buffer over alice's quota", kAlice,
               {"tag: \"t\" op { random { output { dtype: DTYPE_FLOAT64 } "
                "distribution: DISTRIBUTION_UNIFORM shape: 262144 } }"},

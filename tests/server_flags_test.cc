@@ -67,6 +67,15 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.tls_client_ca_file, "");
   EXPECT_EQ(parsed.options.tokens_file, "");
   EXPECT_FALSE(parsed.options.allow_insecure_remote);
+  // The request limits: their ceilings, but 2^40 elements.
+  const RequestLimits& limits = parsed.options.limits;
+  EXPECT_EQ(limits.max_message_bytes, defaults.limits.max_message_bytes);
+  EXPECT_EQ(limits.max_message_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(limits.max_dimensions, 8u);
+  EXPECT_EQ(limits.max_elements, defaults.limits.max_elements);
+  EXPECT_EQ(limits.max_elements, uint64_t{1} << 40);
+  EXPECT_EQ(limits.max_expression_bytes, 65536u);
+  EXPECT_EQ(limits.max_expression_depth, 256u);
 }
 
 TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
@@ -96,6 +105,12 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--tokens-file=/etc/tokens",
       "--allow-insecure-remote",
       "--quota-file=/etc/quotas",
+      "--max-message-bytes=8MiB",
+      "--max_dimensions=4",
+      "--max-elements",
+      "1000",
+      "--max-expression-bytes=1KiB",
+      "--max-expression-depth=16",
   });
   ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
   const ServerOptions& o = parsed.options;
@@ -120,6 +135,26 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.tokens_file, "/etc/tokens");
   EXPECT_TRUE(o.allow_insecure_remote);
   EXPECT_EQ(o.quota_file, "/etc/quotas");
+  EXPECT_EQ(o.limits.max_message_bytes, 8ull << 20);
+  EXPECT_EQ(o.limits.max_chunk_bytes(), (8ull << 20) - (64ull << 10));
+  EXPECT_EQ(o.limits.max_dimensions, 4u);
+  EXPECT_EQ(o.limits.max_elements, 1000u);
+  EXPECT_EQ(o.limits.max_expression_bytes, 1024u);
+  EXPECT_EQ(o.limits.max_expression_depth, 16u);
+}
+
+TEST_F(ServerFlagsTest, RequestLimitsAcceptTheEndsOfTheirRanges) {
+  ParsedCommandLine parsed = ParseServerCommandLine(
+      {"--max-message-bytes=4160KiB", "--max-dimensions=1", "--max-elements=1",
+       "--max-expression-bytes=1", "--max-expression-depth=1"});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  EXPECT_EQ(parsed.options.limits.max_message_bytes, 4259840u);
+  EXPECT_EQ(parsed.options.limits.max_chunk_bytes(), 4194304u);
+  parsed = ParseServerCommandLine({"--max-message-bytes=64MiB", "--max-dimensions=8",
+                                   "--max-elements=281474976710656", "--max-expression-bytes=64KiB",
+                                   "--max-expression-depth=256"});
+  ASSERT_EQ(parsed.outcome, Outcome::kRun) << parsed.error;
+  EXPECT_EQ(parsed.options.limits.max_elements, uint64_t{1} << 48);
 }
 
 TEST_F(ServerFlagsTest, SpecialValues) {
@@ -159,6 +194,21 @@ TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
       {{"--default-result-ttl=2592001"}, "--default-result-ttl: at most 2592000 seconds"},
       {{"--default-result-ttl=inf"}, "--default-result-ttl: at most"},
       {{"--snapshot-interval=-1s"}, "--snapshot-interval: must not be negative"},
+      {{"--max-message-bytes=1MiB"},
+       "--max-message-bytes: must be from 4259840 to 67108864, not 1048576"},
+      {{"--max-message-bytes=65MiB"}, "--max-message-bytes: must be from 4259840 to 67108864, "},
+      {{"--max-message-bytes=big"}, "--max-message-bytes: 'big' is not a byte size"},
+      {{"--max-dimensions=0"}, "--max-dimensions: must be from 1 to 8, not 0"},
+      {{"--max-dimensions=9"}, "--max-dimensions: must be from 1 to 8, not 9"},
+      {{"--max-dimensions=-1"}, "--max-dimensions: needs a non-negative integer"},
+      {{"--max-elements=0"}, "--max-elements: must be from 1 to 281474976710656, not 0"},
+      {{"--max-elements=281474976710657"}, "--max-elements: must be from 1 to 281474976710656"},
+      {{"--max-elements=-5"}, "--max-elements: needs a non-negative integer"},
+      {{"--max-elements=1e6"}, "--max-elements: needs a non-negative integer"},
+      {{"--max-expression-bytes=0"}, "--max-expression-bytes: must be from 1 to 65536, not 0"},
+      {{"--max-expression-bytes=65537"}, "--max-expression-bytes: must be from 1 to 65536"},
+      {{"--max-expression-depth=0"}, "--max-expression-depth: must be from 1 to 256, not 0"},
+      {{"--max-expression-depth=257"}, "--max-expression-depth: must be from 1 to 256, not 257"},
       {{"--no-such-flag=1"}, "unknown flag --no-such-flag"},
       {{"--listen"}, "--listen needs a value"},
       {{"listen=1"}, "unexpected argument 'listen=1'"},
@@ -211,7 +261,8 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
         "--snapshot-interval=DURATION", "--flagfile=PATH", "(default 127.0.0.1:50051)",
         "--tls-cert=PATH", "--tls-key=PATH", "--tls-client-ca=PATH", "--tokens-file=PATH",
         "--allow-insecure-remote=true|false", "SIGHUP re-reads --tokens-file",
-        "--quota-file=PATH"}) {
+        "--quota-file=PATH", "--max-message-bytes=SIZE", "--max-dimensions=N",
+        "--max-elements=N", "--max-expression-bytes=SIZE", "--max-expression-depth=N"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
@@ -257,6 +308,11 @@ TEST_F(ServerFlagsTest, ProgramExitCodes) {
   EXPECT_NE(bad.err.find("usage: gpucompute-server"), std::string::npos) << bad.err;
 
   EXPECT_EQ(RunServer({"--bogus"}, log).code, 2);
+  Exit bad_limit = RunServer({"--max-dimensions=9"}, log);
+  EXPECT_EQ(bad_limit.code, 2);
+  EXPECT_NE(bad_limit.err.find("gpucompute-server: --max-dimensions: must be from 1 to 8, not 9"),
+            std::string::npos)
+      << bad_limit.err;
   EXPECT_EQ(RunServer({"--help"}, log).code, 0);
 
   const std::string flags = WriteFile(

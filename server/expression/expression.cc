@@ -316,11 +316,12 @@ struct Compiled {
 // ---------------------------------------------------------------------------------------
 // The compiler: a recursive-descent parser that type-checks, folds and emits IR nodes as it
 // goes, so nothing ever recurses over the (possibly very deep) result. Its own recursion
-// is bounded by kMaxNestingDepth.
+// is bounded by its max_depth, at most kMaxNestingDepth.
 
 class Compiler {
  public:
-  Compiler(std::string_view text, const InputMap& inputs) : text_(text), inputs_(inputs) {}
+  Compiler(std::string_view text, const InputMap& inputs, int max_depth)
+      : text_(text), inputs_(inputs), max_depth_(std::min(max_depth, kMaxNestingDepth)) {}
 
   absl::StatusOr<Compiled> Run();
 
@@ -370,6 +371,7 @@ class Compiler {
 
   std::string_view text_;
   const InputMap& inputs_;
+  const int max_depth_;
   std::vector<std::string> names_;  // inputs_'s keys, in order
   std::vector<InputType> types_;
   std::vector<bool> used_;
@@ -566,10 +568,11 @@ absl::Status Compiler::LexNumber(size_t pos) {
 }
 
 absl::Status Compiler::EnterLevel(int32_t pos) {
-  if (++depth_ > kMaxNestingDepth) {
-    return ErrorAt(pos, Cat("the expression is nested more than ", kMaxNestingDepth,
-                            " levels deep (parentheses, calls, unary operators and "
-                            "** exponents each add a level)"));
+  if (++depth_ > max_depth_) {
+    return ErrorAt(pos, Cat("the expression is nested more than ", max_depth_,
+                            " levels deep, the most --max-expression-depth allows "
+                            "(parentheses, calls, unary operators and ** exponents each add "
+                            "a level)"));
   }
   return absl::OkStatus();
 }
@@ -1040,8 +1043,8 @@ absl::StatusOr<Compiled> Compiler::Run() {
 
 }  // namespace
 
-absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs) {
-  ASSIGN_OR_RETURN(Compiled compiled, Compiler(text, inputs).Run());
+absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs, int max_depth) {
+  ASSIGN_OR_RETURN(Compiled compiled, Compiler(text, inputs, max_depth).Run());
   auto state = std::make_shared<Program::State>();
   state->ir = std::move(compiled.ir);
   state->inputs = std::move(compiled.inputs);

@@ -15,9 +15,9 @@
 // ceil (one argument), atan2(y, x), pow(a, b), min(a, b), max(a, b), where(c, a, b).
 // A name followed by '(' is a function; any other name is an input, so an input may be
 // called `sin`. Limits, because the text comes from the network: at most
-// kMaxExpressionLength bytes and kMaxNestingDepth levels of nesting (each parenthesis,
-// function call, unary operator and ** exponent is a level); the parser's recursion is
-// bounded by the latter.
+// kMaxExpressionLength bytes and max_depth (at most kMaxNestingDepth) levels of nesting
+// (each parenthesis, function call, unary operator and ** exponent is a level); the
+// parser's recursion is bounded by the latter.
 //
 // Types follow NumPy 2 (NEP 50) over bool < int32 < int64 < float32 < float64:
 //  - array op array: np.result_type (int32+float32 and int64+float32 give float64).
@@ -113,15 +113,19 @@ class Program {
  private:
   struct State;
   explicit Program(std::shared_ptr<const State> state) : state_(std::move(state)) {}
-  friend absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs);
+  friend absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs,
+                                         int max_depth);
 
   std::shared_ptr<const State> state_;
 };
 
-// Parses and type-checks `text` with the given input bindings. Errors: INVALID_ARGUMENT for
-// malformed text, unknown functions or names, wrong argument counts, type errors, limits,
-// inputs that are bound but never used, and input names that are not identifiers.
-absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs);
+// Parses and type-checks `text` with the given input bindings, nested at most `max_depth`
+// levels (kMaxNestingDepth where it is larger; the server's --max-expression-depth).
+// Errors: INVALID_ARGUMENT for malformed text, unknown functions or names, wrong argument
+// counts, type errors, limits, inputs that are bound but never used, and input names that
+// are not identifiers.
+absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs,
+                                int max_depth = kMaxNestingDepth);
 
 // NumPy's casting="same_kind": whether a value of `from` may be stored into a buffer of
 // `to`. bool goes anywhere; an integer to any integer or float; a float to any float.

@@ -99,7 +99,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
   const uint64_t length = request->size_bytes() == 0 ? size - offset : request->size_bytes();
   const uint64_t chunk = request->chunk_bytes() == 0
                              ? kDefaultChunkBytes
-                             : std::clamp<uint64_t>(request->chunk_bytes(), 4096, kMaxChunkBytes);
+                             : std::clamp<uint64_t>(request->chunk_bytes(), 4096,
+                                                   ctx_.limits.max_chunk_bytes());
   return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk, request->crc32c(),
                             std::move(caller->admission));
 }

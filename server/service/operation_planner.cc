@@ -74,6 +74,9 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   }
   const DType dtype = requested.value_or(natural);
   RETURN_IF_ERROR(check_cast(dtype));
+  // The shape comes from the inputs, which a restart may have restored from disk under
+  // other limits: the new buffer is held to today's.
+  RETURN_IF_ERROR(CheckShape(ctx.limits, shape));
   *created = true;
   ASSIGN_OR_RETURN(BufferHandle out,
                    ctx.registry.Allocate(client, output.name(), dtype, shape, layout, device));
@@ -91,10 +94,10 @@ absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view wh
 
 absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
                                      BufferResolver resolve, const v1::ElementwiseOp& op) {
-  if (op.expression().size() > kMaxExpressionBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("expression is ", op.expression().size(),
-                                                   " bytes; at most ", kMaxExpressionBytes,
-                                                   " are allowed"));
+  if (op.expression().size() > ctx.limits.max_expression_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expression is ", op.expression().size(), " bytes; the server allows at most ",
+        ctx.limits.max_expression_bytes, " (--max-expression-bytes)"));
   }
   std::map<std::string, expr::InputType, std::less<>> types;
   std::map<std::string, BufferHandle, std::less<>> arrays;
@@ -148,7 +151,9 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
         return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
     }
   }
-  ASSIGN_OR_RETURN(expr::Program program, expr::Compile(op.expression(), types));
+  ASSIGN_OR_RETURN(expr::Program program,
+                   expr::Compile(op.expression(), types,
+                                 static_cast<int>(ctx.limits.max_expression_depth)));
 
   const std::vector<uint64_t> shape = first != nullptr ? first->shape : std::vector<uint64_t>{};
   const Layout layout = first != nullptr ? first->layout : Layout::kC;
@@ -394,6 +399,8 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
     layout = b->layout;
     dtype = b->dtype;
   } else {
+    // Checked before the counters the fill would use are counted.
+    RETURN_IF_ERROR(CheckShape(ctx.limits, shape));
     ASSIGN_OR_RETURN(Layout l, FromProto(op.layout()));
     layout = l;
     if (op.output().dtype() == v1::DTYPE_UNSPECIFIED) {
@@ -492,11 +499,11 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
   ASSIGN_OR_RETURN(Layout layout, FromProto(request.layout()));
   ASSIGN_OR_RETURN(int64_t ttl, TtlNanos(request.ttl_seconds()));
   const int device = request.has_device() ? request.device() : ctx.executor.default_device();
-  ASSIGN_OR_RETURN(
-      BufferHandle buffer,
-      ctx.registry.Allocate(client, request.name(), dtype,
-                            std::vector<uint64_t>(request.shape().begin(), request.shape().end()),
-                            layout, device, exportable));
+  std::vector<uint64_t> shape(request.shape().begin(), request.shape().end());
+  RETURN_IF_ERROR(CheckShape(ctx.limits, shape));
+  ASSIGN_OR_RETURN(BufferHandle buffer, ctx.registry.Allocate(client, request.name(), dtype,
+                                                              std::move(shape), layout, device,
+                                                              exportable));
   buffer->lease.Set(ttl, SteadyNanos());
   return buffer;
 }

@@ -67,11 +67,14 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetServerInfo(grpc::CallbackServerC
   response->set_memory_used_bytes(caller->admin ? ctx_.limiter.used() : own.bytes);
   response->set_buffer_count(caller->admin ? ctx_.registry.size() : own.buffers);
   v1::Limits* limits = response->mutable_limits();
-  limits->set_max_message_bytes(kMaxMessageBytes);
-  limits->set_max_dimensions(kMaxDimensions);
+  limits->set_max_message_bytes(ctx_.limits.max_message_bytes);
+  limits->set_max_chunk_bytes(ctx_.limits.max_chunk_bytes());
+  limits->set_max_dimensions(ctx_.limits.max_dimensions);
+  limits->set_max_elements(ctx_.limits.max_elements);
   limits->set_max_streams_per_client(Executor::kMaxStreamsPerClient);
   limits->set_max_streams(ctx_.executor.max_streams());
-  limits->set_max_expression_bytes(kMaxExpressionBytes);
+  limits->set_max_expression_bytes(ctx_.limits.max_expression_bytes);
+  limits->set_max_expression_depth(ctx_.limits.max_expression_depth);
   limits->set_max_inline_values(kMaxInlineValues);
   limits->set_max_regions_per_client(kMaxRegionsPerClient);
   limits->set_max_session_in_flight(kMaxSessionInFlight);

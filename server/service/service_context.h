@@ -24,6 +24,7 @@
 #include "server/executor.h"
 #include "server/host_staging_pool.h"
 #include "server/quotas.h"
+#include "server/request_limits.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
 
@@ -59,6 +60,8 @@ struct ServiceContext {
   TenantAdmission* admission = nullptr;
   // How long a single-stream Upload may receive nothing before it fails; zero: forever.
   absl::Duration upload_idle_timeout = absl::ZeroDuration();
+  // What one request may ask for (--max-message-bytes and the like).
+  RequestLimits limits = {};
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

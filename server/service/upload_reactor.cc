@@ -178,6 +178,14 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError("only chunks may follow the upload header");
     }
     const uint64_t n = msg.chunk.size;
+    // gRPC refuses a message over the limit; a chunk that fits one only because its
+    // framing is small is refused here, so that the reported chunk limit is the one kept.
+    if (n > s->ctx.limits.max_chunk_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an upload chunk of ", n, " bytes is larger than the server's max_chunk_bytes of ",
+          s->ctx.limits.max_chunk_bytes(), " (--max-message-bytes less ", kChunkOverheadBytes,
+          " bytes of framing); send smaller chunks"));
+    }
     if (n > s->range_size - s->received) {
       return absl::InvalidArgumentError(absl::StrCat("the upload stream sent more than the ",
                                                      s->range_size, " bytes it declared"));

@@ -69,7 +69,9 @@ class Options:
 
     client_name: sent as the "gpucompute-client" metadata when not empty (the server
       calls a client without it "default"); buffer names and listings are per client.
-    chunk_bytes: upload chunk size, clamped to what the server accepts.
+    chunk_bytes: upload chunk size, clamped to MAX_CHUNK_BYTES. A server run with a
+      smaller --max-message-bytes refuses larger chunks and reports its bound in
+      info().limits.max_chunk_bytes; the default always fits it.
     timeout: seconds each unary call may take (None: no limit). Uploads and downloads
       have none: they take as long as the data takes.
     progress: the default for transfers' `progress` argument (see make_progress).
