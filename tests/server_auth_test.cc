@@ -704,25 +704,30 @@ TEST(QuotaTableTest, DefaultsAndOverrides) {
   }
 }
 
+// A server of kTokens' tenants whose quota file (in `dir`, named "quotas") says `quotas`.
+std::unique_ptr<TestServer> StartWithQuotas(const TempDir& dir, const std::string& quotas) {
+  const std::string tokens = dir.Write("tokens", kTokens);
+  const std::string quota_file = dir.Write("quotas", quotas);
+  return TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
+    o.tokens_file = tokens;
+    o.quota_file = quota_file;
+  });
+}
+
+std::unique_ptr<Client> ConnectAs(const TestServer& server, const std::string& token) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      server.ConnectWith([&](ClientOptions& o) { o.token = token; });
+  EXPECT_OK(client);
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
 TEST(QuotaTest, BuffersAndDeviceBytesPerTenantNameTheQuota) {
   TempDir dir;
-  const std::string tokens = dir.Write("tokens", kTokens);
-  const std::string quotas =
-      dir.Write("quotas", "default device_bytes=1KiB buffers=2\ntenant bob buffers=3\n");
   std::unique_ptr<TestServer> server =
-      TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
-        o.tokens_file = tokens;
-        o.quota_file = quotas;
-      });
+      StartWithQuotas(dir, "default device_bytes=1KiB buffers=2\ntenant bob buffers=3\n");
   ASSERT_NE(server, nullptr);
-  const auto as = [&](const char* token) {
-    absl::StatusOr<std::unique_ptr<Client>> c =
-        server->ConnectWith([&](ClientOptions& o) { o.token = token; });
-    EXPECT_OK(c);
-    return c.ok() ? *std::move(c) : nullptr;
-  };
-  std::unique_ptr<Client> alice = as(kAliceToken);
-  std::unique_ptr<Client> bob = as(kBobToken);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  std::unique_ptr<Client> bob = ConnectAs(*server, kBobToken);
   ASSERT_NE(alice, nullptr);
   ASSERT_NE(bob, nullptr);
 
@@ -849,23 +854,6 @@ class HeldUpload {
   grpc::Status status_;
   bool ok_ = false;
 };
-
-// A server of kTokens' tenants whose quota file (in `dir`, named "quotas") says `quotas`.
-std::unique_ptr<TestServer> StartWithQuotas(const TempDir& dir, const std::string& quotas) {
-  const std::string tokens = dir.Write("tokens", kTokens);
-  const std::string quota_file = dir.Write("quotas", quotas);
-  return TestServer::StartWith(nullptr, 64 * kMiB, 1, [&](ServerOptions& o) {
-    o.tokens_file = tokens;
-    o.quota_file = quota_file;
-  });
-}
-
-std::unique_ptr<Client> ConnectAs(const TestServer& server, const std::string& token) {
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      server.ConnectWith([&](ClientOptions& o) { o.token = token; });
-  EXPECT_OK(client);
-  return client.ok() ? *std::move(client) : nullptr;
-}
 
 TEST(QuotaTest, ReloadAppliesNewQuotasAndKeepsTheOldOnesOnError) {
   TempDir dir;
