@@ -139,7 +139,7 @@ grpc::ServerUnaryReactor* ServerServiceImpl::GetStats(grpc::CallbackServerContex
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count());
   if (!caller->admin) {
-    response->set_memory_used_bytes(UsageOf(ctx_, caller->tenant).bytes);
+    response->set_memory_used_bytes(ctx_.limiter.TenantUsed(caller->tenant));
     response->set_backend_error(BackendError(ctx_.backend));
     return FinishNow(context, absl::OkStatus());
   }
