@@ -42,41 +42,86 @@ Session::~Session() {
 }
 
 Session::Submitted Session::Submit(v1::SubmitRequest request, std::string tag) {
-  absl::MutexLock write_lock(&write_mu_);
-  ++submitted_;
-  if (tag.empty()) tag = absl::StrCat("#", submitted_);
-  if (writes_done_) {
-    return {tag, Resolved(absl::FailedPreconditionError("the session is closed"))};
-  }
+  v1::ChainStep step;
+  *step.mutable_op() = std::move(request);
+  // The tag's few bytes are left out: the bound is approximate by design.
+  const size_t bytes = step.ByteSizeLong();
   std::shared_future<absl::StatusOr<v1::Operation>> future;
   {
-    absl::MutexLock lock(&mu_);
-    if (ended_) return {tag, Resolved(end_status_)};
-    auto [it, inserted] = pending_.try_emplace(tag);
-    if (!inserted) {
-      return {tag, Resolved(absl::InvalidArgumentError(
-                       absl::StrCat("tag '", tag, "' is already in flight in this session")))};
+    absl::MutexLock lock(&queue_mu_);
+    // Waits for room before the tag is numbered, so that numbers follow queue order.
+    auto room = [this, bytes]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return queued_.ops().empty() || writes_done_ || write_failed_ ||
+             (queued_.ops_size() < kMaxBatchOps && queued_bytes_ + bytes <= kMaxBatchBytes);
+    };
+    queue_mu_.Await(absl::Condition(&room));
+    ++submitted_;
+    if (tag.empty()) tag = absl::StrCat("#", submitted_);
+    if (writes_done_) {
+      return {tag, Resolved(absl::FailedPreconditionError("the session is closed"))};
     }
-    future = it->second.get_future().share();
+    {
+      absl::MutexLock pending_lock(&mu_);
+      if (ended_) return {tag, Resolved(end_status_)};
+      auto [it, inserted] = pending_.try_emplace(tag);
+      if (!inserted) {
+        return {tag, Resolved(absl::InvalidArgumentError(
+                         absl::StrCat("tag '", tag, "' is already in flight in this session")))};
+      }
+      future = it->second.get_future().share();
+    }
+    // After a failed write the reader resolves the future with the call's status.
+    if (!write_failed_) {
+      step.set_tag(tag);
+      *queued_.add_ops() = std::move(step);
+      queued_bytes_ += bytes;
+    }
+    if (writing_) return {std::move(tag), OperationFuture(std::move(future))};
+    writing_ = true;
   }
-  v1::SessionRequest message;
-  message.set_tag(tag);
-  *message.mutable_op() = std::move(request);
-  // A failed write means the call is over; the reader then resolves the future with
-  // the call's status.
-  (void)stream_->Write(message);
+  WriteQueued();
   return {std::move(tag), OperationFuture(std::move(future))};
 }
 
+void Session::WriteQueued() {
+  v1::SessionRequest message;
+  absl::MutexLock lock(&queue_mu_);
+  while (!queued_.ops().empty() && !write_failed_) {
+    message.Swap(&queued_);
+    queued_bytes_ = 0;
+    queue_mu_.Unlock();
+    // A failed write means the call is over; the reader then resolves the futures with
+    // the call's status.
+    const bool written = stream_->Write(message);
+    message.Clear();
+    queue_mu_.Lock();
+    if (!written) write_failed_ = true;
+  }
+  queued_.Clear();
+  queued_bytes_ = 0;
+  writing_ = false;
+}
+
+void Session::AwaitWrittenLocked() {
+  queue_mu_.Await(absl::Condition(
+      +[](bool* writing) { return !*writing; }, &writing_));
+}
+
 void Session::ReadAnswers() {
-  v1::SessionResponse answer;
-  while (stream_->Read(&answer)) {
-    if (on_answer_) on_answer_(answer.tag(), answer.operation());
+  v1::SessionResponse message;
+  while (stream_->Read(&message)) {
+    if (on_answer_) {
+      for (const v1::ChainStepResult& answer : message.answers()) {
+        on_answer_(answer.tag(), answer.operation());
+      }
+    }
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(answer.tag());
-    if (it == pending_.end()) continue;  // not ours: ignore
-    it->second.set_value(std::move(*answer.mutable_operation()));
-    pending_.erase(it);
+    for (v1::ChainStepResult& answer : *message.mutable_answers()) {
+      auto it = pending_.find(answer.tag());
+      if (it == pending_.end()) continue;  // not ours: ignore
+      it->second.set_value(std::move(*answer.mutable_operation()));
+      pending_.erase(it);
+    }
   }
   absl::Status status = FromGrpcStatus(stream_->Finish());
   FailPending(status.ok() ? absl::UnavailableError("the session ended before answering") : status);
@@ -99,10 +144,11 @@ absl::Status Session::Join() {
 
 absl::Status Session::Close() {
   {
-    absl::MutexLock write_lock(&write_mu_);
+    absl::MutexLock lock(&queue_mu_);
     if (!writes_done_) {
       writes_done_ = true;
-      (void)stream_->WritesDone();
+      AwaitWrittenLocked();  // the operations already queued go first
+      if (!write_failed_) (void)stream_->WritesDone();
     }
   }
   return Join();
@@ -110,10 +156,15 @@ absl::Status Session::Close() {
 
 absl::Status Session::Cancel() {
   {
-    absl::MutexLock write_lock(&write_mu_);
+    absl::MutexLock lock(&queue_mu_);
     writes_done_ = true;
   }
   context_.TryCancel();
+  {
+    // A write in flight fails once the call is cancelled.
+    absl::MutexLock lock(&queue_mu_);
+    AwaitWrittenLocked();
+  }
   return Join();
 }
 

@@ -3,8 +3,10 @@
 //
 // A Session is one bidirectional stream. Submit sends an operation and returns at once
 // with its tag and a future; the server answers each operation as it completes, and a
-// reader thread resolves the futures. Later operations can use an earlier one's output
-// before it exists, through TagRef(tag) in any buffer reference. A Chain is a list of
+// reader thread resolves the futures. Operations submitted while a message is being
+// written go together in the next one, and answers come packed the same way, so a busy
+// session costs a message per batch rather than per operation. Later operations can use an earlier
+// one's output before it exists, through TagRef(tag) in any buffer reference. A Chain is a list of
 // such operations sent in one request and answered once.
 //
 //   auto session = Session::Open(client);
@@ -47,6 +49,12 @@ class Session {
   // Opens a session on `client`'s channel, with its client name. The call has no
   // deadline: it lasts until Close or Cancel.
   static absl::StatusOr<std::unique_ptr<Session>> Open(Client& client, AnswerFn on_answer = {});
+
+  // The most operations, and serialized bytes (one operation may exceed it alone), in
+  // one message. The operation bound is the server's (Limits.max_session_in_flight); the
+  // byte bound keeps a message far below the smallest message limit a server takes.
+  static constexpr int kMaxBatchOps = 1024;
+  static constexpr size_t kMaxBatchBytes = size_t{1} << 20;
   // Cancels the session unless it was closed.
   ~Session();
   Session(const Session&) = delete;
@@ -61,9 +69,12 @@ class Session {
   };
 
   // Sends `request` (wait is ignored) tagged `tag`, or "#<n>" when empty, n counting
-  // this session's submissions from 1. Tags must be unique within the session. Blocks
-  // only while the server holds the session back (Limits.max_session_in_flight).
+  // this session's submissions from 1. Tags must be unique within the session.
   // Safe to call from many threads; the operations reach the server in call order.
+  // A call that finds no message being written writes one, with every operation queued
+  // until the stream takes it; other calls queue theirs and return. A call blocks only
+  // while a full message waits (kMaxBatchOps or kMaxBatchBytes) or the server holds the
+  // session back (Limits.max_session_in_flight).
   Submitted Submit(v1::SubmitRequest request, std::string tag = {});
 
   // Ends the submissions, waits for every answer, and returns the session's status.
@@ -85,10 +96,21 @@ class Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   std::thread reader_;
 
-  // Serializes writes: a stream takes one at a time.
-  absl::Mutex write_mu_;
-  uint64_t submitted_ ABSL_GUARDED_BY(write_mu_) = 0;
-  bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
+  // Writes the queued operations, message by message, until none are left. Called by
+  // the Submit that became the writer.
+  void WriteQueued() ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // Waits until no thread is writing.
+  void AwaitWrittenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+
+  // The operations not yet written. One thread at a time writes (writing_): the stream
+  // takes one write at a time.
+  absl::Mutex queue_mu_;
+  v1::SessionRequest queued_ ABSL_GUARDED_BY(queue_mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(queue_mu_) = false;
+  uint64_t submitted_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  bool writes_done_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(queue_mu_) = false;
 
   absl::Mutex mu_;
   std::map<std::string, std::promise<absl::StatusOr<v1::Operation>>, std::less<>> pending_

@@ -440,7 +440,7 @@ TEST_F(CliTest, RunSendsAFileThroughOneSession) {
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   std::map<std::string, v1::Operation> answers;
   for (absl::string_view line : absl::StrSplit(ok.out, '\n', absl::SkipEmpty())) {
-    const v1::SessionResponse answer = ParseJson<v1::SessionResponse>(std::string(line));
+    const auto answer = ParseJson<v1::ChainStepResult>(std::string(line));
     answers[answer.tag()] = answer.operation();
   }
   ASSERT_EQ(answers.size(), 4u) << ok.out;

@@ -247,17 +247,21 @@ std::string ChunkMessage(size_t bytes, std::optional<uint32_t> crc32c = std::nul
 // answer carries (a rejected operation is answered FAILED with its code and message).
 grpc::Status SessionStatus(const RawResult& result, size_t sent) {
   if (!result.status.ok()) return result.status;
-  if (result.responses.size() != sent) {
-    return grpc::Status(StatusCode::INTERNAL, absl::StrCat("the test got ", result.responses.size(),
-                                                           " answers to ", sent, " requests"));
+  std::vector<v1::ChainStepResult> answers;
+  for (const std::string& bytes : result.responses) {
+    v1::SessionResponse message;
+    if (!message.ParseFromString(bytes)) {
+      return grpc::Status(StatusCode::INTERNAL, "the test could not parse the answer");
+    }
+    answers.insert(answers.end(), message.answers().begin(), message.answers().end());
   }
-  v1::SessionResponse last;
-  if (!last.ParseFromString(result.responses.back())) {
-    return grpc::Status(StatusCode::INTERNAL, "the test could not parse the answer");
+  if (answers.size() != sent) {
+    return grpc::Status(StatusCode::INTERNAL, absl::StrCat("the test got ", answers.size(),
+                                                           " answers to ", sent, " operations"));
   }
-  if (last.operation().state() != v1::Operation::STATE_FAILED) return grpc::Status::OK;
-  return grpc::Status(static_cast<StatusCode>(last.operation().error_code()),
-                      last.operation().error_message());
+  const v1::Operation& last = answers.back().operation();
+  if (last.state() != v1::Operation::STATE_FAILED) return grpc::Status::OK;
+  return grpc::Status(static_cast<StatusCode>(last.error_code()), last.error_message());
 }
 
 // ---------------------------------------------------------------------------
@@ -578,7 +582,8 @@ class BadInputMatrixTest : public ::testing::Test {
         says);
   }
 
-  // A Session by `who` sending `requests` (SessionRequest text), answered for the last.
+  // A Session by `who` sending `requests` (ChainStep text, one per message), answered
+  // for the last.
   void SessionCase(Category category, const std::string& what, const std::string& who,
                    std::vector<std::string> requests, StatusCode code, const std::string& says) {
     Add(
@@ -588,7 +593,9 @@ class BadInputMatrixTest : public ::testing::Test {
 
   grpc::Status SendSession(const std::string& who, const std::vector<std::string>& requests) {
     std::vector<std::string> messages;
-    for (const std::string& r : requests) messages.push_back(Request("SessionService.Session", r));
+    for (const std::string& r : requests) {
+      messages.push_back(Request("SessionService.Session", absl::StrCat("ops { ", r, " }")));
+    }
     return SessionStatus(RawCall(channel_, "SessionService.Session", who, messages),
                          messages.size());
   }
@@ -1454,7 +1461,8 @@ void BadInputMatrixTest::AddAuthenticationCases() {
       {"SharedMemoryService.ExportBuffer",
        {Request("SharedMemoryService.ExportBuffer", "buffer: " + a)}},
       {"SessionService.Session",
-       {Request("SessionService.Session", absl::StrCat("tag: \"t\" op { ", add_into_a, " }"))}},
+       {Request("SessionService.Session",
+                absl::StrCat("ops { tag: \"t\" op { ", add_into_a, " } }"))}},
       {"SessionService.RunChain",
        {Request("SessionService.RunChain",
                 absl::StrCat("steps { tag: \"t\" op { ", add_into_a, " } }"))}},
@@ -1484,7 +1492,7 @@ void BadInputMatrixTest::AddAuthenticationCases() {
       {"SharedMemoryService.CopyFromRegion", {""}},
       {"SharedMemoryService.CopyToRegion", {""}},
       {"SharedMemoryService.ExportBuffer", {""}},
-      {"SessionService.Session", {Request("SessionService.Session", "op {}")}},
+      {"SessionService.Session", {Request("SessionService.Session", "ops { op {} }")}},
       {"SessionService.RunChain", {""}},
   };
   for (const auto& [rpc, messages] : bad) {

@@ -2,9 +2,11 @@
 // failures passed on to dependents, cancellation, chains checked whole, many sessions at
 // once.
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "client/session.h"
+#include "gpucompute/v1/limits.h"
 #include "tests/server_ops_fixture.h"
 
 namespace gpucompute::testing {
@@ -47,7 +49,8 @@ TEST_F(SessionTest, TagsFeedLaterOperationsBeforeTheyRun) {
   EXPECT_EQ(d.tag, "#4");
   for (const auto* op : {&a, &s, &cc, &d}) {
     ASSIGN_OR_FAIL(v1::Operation done, Result(*op));
-    EXPECT_EQ(done.state(), v1::Operation::STATE_SUCCEEDED) << op->tag << ": " << done.error_message();
+    EXPECT_EQ(done.state(), v1::Operation::STATE_SUCCEEDED)
+        << op->tag << ": " << done.error_message();
     EXPECT_TRUE(done.done());
   }
   double sum = 0;
@@ -74,8 +77,8 @@ TEST_F(SessionTest, AFailureFailsItsDependentsAndNothingElse) {
   auto bad = session->Submit(Elementwise("x +", {{"x", BufferOperand("x")}}), "bad");
   auto dep = session->Submit(Elementwise("b * 2", {{"b", Tagged("bad")}}), "dep");
   auto dep2 = session->Submit(Reduce(v1::REDUCE_KIND_SUM, TagRef("dep")), "dep2");
-  auto fine = session->Submit(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("y")),
-                              "fine");
+  auto fine =
+      session->Submit(Elementwise("x + 1", {{"x", BufferOperand("x")}}, NewOutput("y")), "fine");
   auto unknown = session->Submit(Reduce(v1::REDUCE_KIND_SUM, TagRef("nope")), "unknown");
   auto again = session->Submit(Reduce(v1::REDUCE_KIND_SUM, "x"), "fine");
   auto after = session->Submit(Reduce(v1::REDUCE_KIND_MAX, fine.Ref()), "after");
@@ -160,9 +163,8 @@ TEST_F(SessionTest, ManyConcurrentSessionsGiveReferenceValues) {
       std::string last = absl::StrCat("x", s);
       for (int k = 1; k < kOps; ++k) {
         v1::Output out = k == kOps - 1 ? NewOutput(absl::StrCat("y", s)) : v1::Output();
-        ops.push_back((*session)->Submit(
-            Elementwise("y * 0.5 + k", {{"y", BufferOperand(last)}, {"k", ScalarOperand(k)}},
-                        out)));
+        ops.push_back((*session)->Submit(Elementwise(
+            "y * 0.5 + k", {{"y", BufferOperand(last)}, {"k", ScalarOperand(k)}}, out)));
         last = ops.back().Ref();
       }
       ops.push_back((*session)->Submit(Reduce(v1::REDUCE_KIND_SUM, last), "sum"));
@@ -194,6 +196,141 @@ TEST_F(SessionTest, ManyConcurrentSessionsGiveReferenceValues) {
   EXPECT_EQ(failures.load(), 0);
   // Only the named results stay.
   ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + kSessions * kN * sizeof(double));
+}
+
+// A Session stream of a raw stub, as the client's name; for what the Session class never
+// sends.
+class RawSession {
+ public:
+  explicit RawSession(Client& client) : stub_(v1::SessionService::NewStub(client.channel())) {
+    context_.AddMetadata(kClientMetadataKey, client.options().client_name);
+    stream_ = stub_->Session(&context_);
+  }
+  bool Write(const v1::SessionRequest& request) { return stream_->Write(request); }
+  // Reads until `count` answers have come or the stream ends; the messages they came in
+  // are counted in `messages`.
+  std::map<std::string, v1::Operation> Read(size_t count, int* messages = nullptr) {
+    std::map<std::string, v1::Operation> answers;
+    v1::SessionResponse response;
+    while (answers.size() < count && stream_->Read(&response)) {
+      if (messages != nullptr) ++*messages;
+      for (const v1::ChainStepResult& a : response.answers()) answers[a.tag()] = a.operation();
+    }
+    return answers;
+  }
+  grpc::Status Finish() {
+    (void)stream_->WritesDone();
+    v1::SessionResponse ignored;
+    while (stream_->Read(&ignored)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::unique_ptr<v1::SessionService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+};
+
+void AddOp(v1::SessionRequest* request, std::string_view tag, v1::SubmitRequest op) {
+  v1::ChainStep* step = request->add_ops();
+  step->set_tag(std::string(tag));
+  *step->mutable_op() = std::move(op);
+}
+
+TEST_F(SessionTest, OneRequestCarriesManyOperationsThatFeedEachOther) {
+  const std::vector<double> x = RandomDoubles(300, -1, 1, 3);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  RawSession raw(c());
+  v1::SessionRequest request;
+  AddOp(&request, "a", Elementwise("x * 2", {{"x", BufferOperand("x")}}));
+  AddOp(&request, "s", Reduce(v1::REDUCE_KIND_SUM, TagRef("a")));
+  AddOp(&request, "b", Elementwise("a + 1", {{"a", Tagged("a")}}, NewOutput("b")));
+  AddOp(&request, "bad", Reduce(v1::REDUCE_KIND_SUM, TagRef("nope")));
+  ASSERT_TRUE(raw.Write(request));
+  std::map<std::string, v1::Operation> answers = raw.Read(4);
+  ASSERT_EQ(answers.size(), 4u);
+  for (const char* tag : {"a", "s", "b"}) {
+    EXPECT_EQ(answers[tag].state(), v1::Operation::STATE_SUCCEEDED)
+        << tag << ": " << answers[tag].error_message();
+  }
+  EXPECT_EQ(answers["bad"].error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ExpectContains(answers["bad"].error_message(), "tag 'nope'");
+  double sum = 0;
+  std::vector<double> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum += 2 * x[i];
+    want[i] = 2 * x[i] + 1;
+  }
+  ASSERT_EQ(answers["s"].values_size(), 1);
+  EXPECT_NEAR(answers["s"].values(0).float_value(), sum, 1e-12 * x.size());
+  EXPECT_OK(FromGrpcStatus(raw.Finish()));
+  ASSIGN_OR_FAIL(std::vector<double> b, DownloadArray<double>(c(), "b"));
+  ExpectClose(b, want, 1e-15, 1e-300, "b = 2x + 1");
+  // The temporary a went with the session.
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  EXPECT_EQ(list.buffers_size(), 2);
+}
+
+TEST_F(SessionTest, ARequestOverTheInFlightBoundEndsTheSessionAndRunsNoneOfIt) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  RawSession raw(c());
+  v1::SessionRequest first;
+  AddOp(&first, "t", Elementwise("x + 1", {{"x", BufferOperand("x")}}));
+  ASSERT_TRUE(raw.Write(first));
+  ASSERT_EQ(raw.Read(1).size(), 1u);
+  v1::SessionRequest over;
+  for (uint32_t i = 0; i <= kMaxSessionInFlight; ++i) {
+    AddOp(&over, absl::StrCat("n", i),
+          Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput(absl::StrCat("n", i))));
+  }
+  (void)raw.Write(over);
+  const grpc::Status status = raw.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectContains(status.error_message(), "carried 1025 operations; at most 1024");
+  // None of the operations ran, and the temporary t is gone: only x is left.
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes());
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  ASSERT_EQ(list.buffers_size(), 1);
+  EXPECT_EQ(list.buffers(0).name(), "x");
+  ASSIGN_OR_FAIL(std::vector<double> x, DownloadArray<double>(c(), "x"));
+  EXPECT_EQ(x, (std::vector<double>{1, 2, 3}));
+}
+
+TEST_F(SessionTest, ThreadsSubmittingFarAheadOnOneSessionGetEveryAnswer) {
+  // More operations than one message takes, from several threads at once: the queued
+  // ones go in batches.
+  constexpr int kThreads = 4;
+  constexpr int kOps = 1500;
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_OK(
+        UploadArray(c(), std::vector<double>{double(t)}, {}, v1::LAYOUT_C, absl::StrCat("y", t)));
+  }
+  ASSIGN_OR_FAIL(std::unique_ptr<Session> session, Session::Open(c()));
+  std::vector<std::vector<Session::Submitted>> ops(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string y = absl::StrCat("y", t);
+      for (int k = 0; k < kOps; ++k) {
+        // One lost or repeated operation changes the count.
+        ops[t].push_back(
+            session->Submit(Elementwise("y + 1", {{"y", BufferOperand(y)}}, ExistingOutput(y))));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_OK(session->Close());
+  for (int t = 0; t < kThreads; ++t) {
+    for (const Session::Submitted& op : ops[t]) {
+      ASSIGN_OR_FAIL(v1::Operation done, Result(op));
+      ASSERT_EQ(done.state(), v1::Operation::STATE_SUCCEEDED)
+          << op.tag << ": " << done.error_message();
+    }
+    ASSIGN_OR_FAIL(std::vector<double> y, DownloadArray<double>(c(), absl::StrCat("y", t)));
+    EXPECT_EQ(y, (std::vector<double>{double(t + kOps)}));
+  }
 }
 
 TEST_F(SessionTest, ChainRunsInOneCallAndFreesItsTemporaries) {

@@ -517,7 +517,9 @@ TEST_F(ServerTransfersTest, PlainProtobufClientStillWorks) {
   bool first = true;
   uint64_t transfer_bytes = 0;
   while (reader->Read(&message)) {
-    if (first) EXPECT_EQ(message.buffer().id(), response.buffer().id());
+    if (first) {
+      EXPECT_EQ(message.buffer().id(), response.buffer().id());
+    }
     first = false;
     EXPECT_EQ(message.offset_bytes(), back.size());
     back += message.data();

@@ -1,5 +1,9 @@
 // SessionService.Session: a bidirectional stream of tagged operations, each planned and
 // queued as it arrives and answered as it completes (the contract is in the proto).
+//
+// A message costs far more than an operation: gRPC hands each read and each write to a
+// thread of its own. So a request carries many operations, and while one answer message
+// is on the wire the answers that complete meanwhile gather into the next.
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -14,6 +18,10 @@
 
 namespace gpucompute {
 namespace {
+
+// Answers per message: enough that a busy session writes few messages, few enough that
+// a message stays far below any client's receive limit.
+constexpr size_t kMaxAnswersPerMessage = 256;
 
 using SessionStream = grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>;
 
@@ -49,22 +57,24 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   };
   // What to do on the reactor once the mutex is released.
   struct Actions {
-    v1::SessionResponse* write = nullptr;
+    const v1::SessionResponse* write = nullptr;
     bool read = false;
     bool finish = false;
-    bool cancelled = false;
+    grpc::Status status;
     std::vector<std::string> temporaries;
   };
 
-  // Plans and queues one request (reads come one at a time, so never concurrently).
-  void Accept(const v1::SessionRequest& request);
+  // Plans and queues one operation (reads come one at a time, so never concurrently).
+  void Accept(const v1::ChainStep& step);
   absl::StatusOr<BufferHandle> FindTag(absl::string_view tag);
   void OnExecuted(Tag* tag, const std::shared_ptr<Operation>& op);
   // Answers every operation that can be answered now, starting from `tag`: those done
   // whose dependencies are answered.
   void DecideLocked(Tag* tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerLocked(absl::string_view tag, v1::Operation op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool StoppedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ || broken_; }
+  bool StoppedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return cancelled_ || broken_ || !refused_.ok();
+  }
   void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Actions NextActionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Actions actions) ABSL_LOCKS_EXCLUDED(mu_);
@@ -78,9 +88,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tag>> tags_ ABSL_GUARDED_BY(mu_);
-  // Answers not yet written; the front is being written while writing_. A deque keeps
-  // the front in place while others are added.
-  std::deque<v1::SessionResponse> answers_ ABSL_GUARDED_BY(mu_);
+  // Answers not yet written, in completion order.
+  std::deque<v1::ChainStepResult> answers_ ABSL_GUARDED_BY(mu_);
+  // The message being written while writing_, and how many answers it holds.
+  v1::SessionResponse out_ ABSL_GUARDED_BY(mu_);
   // Requests accepted and not yet answered on the wire: bounds what the session holds.
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Operations queued and not yet done. The call ends only once they are, cancelled or
@@ -92,7 +103,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: the client is gone
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;   // a write failed: the client is gone
+  absl::Status refused_ ABSL_GUARDED_BY(mu_);  // the client broke the protocol
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -105,12 +117,24 @@ void SessionCore::Start() {
 }
 
 void SessionCore::OnReadDone(bool ok) {
-  if (ok) Accept(request_);
+  // The bound on what a session holds is checked between messages, so one message may
+  // not carry more than it.
+  const int ops = ok ? request_.ops_size() : 0;
+  const bool too_many = ops > static_cast<int>(kMaxSessionInFlight);
+  if (ok && !too_many) {
+    for (const v1::ChainStep& step : request_.ops()) Accept(step);
+  }
+  request_.Clear();
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
     reading_ = false;
-    if (ok) {
+    if (too_many) {
+      refused_ = absl::InvalidArgumentError(
+          absl::StrCat("a session request carried ", ops, " operations; at most ",
+                       kMaxSessionInFlight, " (Limits.max_session_in_flight) fit in one"));
+      DropQueuedLocked();
+    } else if (ok) {
       want_read_ = true;
     } else {
       read_closed_ = true;
@@ -120,7 +144,7 @@ void SessionCore::OnReadDone(bool ok) {
   Run(std::move(actions));
 }
 
-void SessionCore::Accept(const v1::SessionRequest& request) {
+void SessionCore::Accept(const v1::ChainStep& request) {
   const std::string& name = request.tag();
   absl::Status rejected = CheckBackendHealthy(ctx_.backend);
   if (rejected.ok()) rejected = CheckTag(name);
@@ -158,7 +182,6 @@ void SessionCore::Accept(const v1::SessionRequest& request) {
       rejected = plan.status();
     }
   }
-  Actions actions;
   Tag* queued = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -173,7 +196,6 @@ void SessionCore::Accept(const v1::SessionRequest& request) {
         tag->error = rejected;
         tags_.emplace(name, std::move(tag));
       }
-      actions = NextActionsLocked();
     } else {
       tag->output = written;
       tag->op = op;
@@ -189,7 +211,6 @@ void SessionCore::Accept(const v1::SessionRequest& request) {
     ctx_.executor.OnDone(op,
                          [self = shared_from_this(), queued, op] { self->OnExecuted(queued, op); });
   }
-  Run(std::move(actions));
 }
 
 absl::StatusOr<BufferHandle> SessionCore::FindTag(absl::string_view name) {
@@ -253,7 +274,7 @@ void SessionCore::AnswerLocked(absl::string_view tag, v1::Operation op) {
     --in_flight_;  // nobody will read it
     return;
   }
-  v1::SessionResponse& answer = answers_.emplace_back();
+  v1::ChainStepResult& answer = answers_.emplace_back();
   answer.set_tag(std::string(tag));
   *answer.mutable_operation() = std::move(op);
 }
@@ -262,9 +283,9 @@ void SessionCore::OnWriteDone(bool ok) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    answers_.pop_front();
+    in_flight_ -= out_.answers_size();
+    out_.Clear();
     writing_ = false;
-    --in_flight_;
     if (!ok) {
       broken_ = true;
       DropQueuedLocked();
@@ -286,11 +307,9 @@ void SessionCore::OnCancel() {
 }
 
 void SessionCore::DropQueuedLocked() {
-  // The answer being written stays until its OnWriteDone.
-  while (answers_.size() > (writing_ ? 1u : 0u)) {
-    answers_.pop_back();
-    --in_flight_;
-  }
+  // The message being written stays until its OnWriteDone.
+  in_flight_ -= answers_.size();
+  answers_.clear();
 }
 
 void SessionCore::Detach() {
@@ -303,7 +322,11 @@ SessionCore::Actions SessionCore::NextActionsLocked() {
   if (finished_) return actions;
   if (!writing_ && !StoppedLocked() && !answers_.empty()) {
     writing_ = true;
-    actions.write = &answers_.front();
+    const size_t n = std::min(answers_.size(), kMaxAnswersPerMessage);
+    out_.mutable_answers()->Reserve(static_cast<int>(n));
+    for (size_t i = 0; i < n; ++i) *out_.add_answers() = std::move(answers_[i]);
+    answers_.erase(answers_.begin(), answers_.begin() + static_cast<ptrdiff_t>(n));
+    actions.write = &out_;
   }
   if (want_read_ && !reading_ && !read_closed_ && !StoppedLocked() &&
       in_flight_ < kMaxSessionInFlight) {
@@ -315,7 +338,9 @@ SessionCore::Actions SessionCore::NextActionsLocked() {
       (StoppedLocked() || (read_closed_ && in_flight_ == 0))) {
     finished_ = true;
     actions.finish = true;
-    actions.cancelled = StoppedLocked();
+    actions.status = cancelled_ || broken_
+                         ? grpc::Status(grpc::StatusCode::CANCELLED, "the session was cancelled")
+                         : ToGrpcStatus(refused_);
     actions.temporaries = std::move(temporaries_);
   }
   return actions;
@@ -328,9 +353,7 @@ void SessionCore::Run(Actions actions) {
     // The temporaries go before the call ends, so a client sees them gone once it has
     // its status; queued work still using one keeps its memory until it completes.
     for (const std::string& id : actions.temporaries) (void)ctx_.registry.Remove(client_, id);
-    reactor_->Finish(actions.cancelled
-                         ? grpc::Status(grpc::StatusCode::CANCELLED, "the session was cancelled")
-                         : grpc::Status::OK);
+    reactor_->Finish(std::move(actions.status));
   }
 }
 
