@@ -109,6 +109,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -1262,6 +1263,8 @@ absl::Status Run(const Options& options) {
 
 int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
+  // As the server does (server/main.cc).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
   if (!options.ok()) {
     const bool help = absl::IsCancelled(options.status());

@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cli.h"
 #include "gpucompute/v1/transfer_memory.h"
 
@@ -473,5 +474,7 @@ const Command* FindCommand(std::string_view name) {
 
 int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
+  // As the server does (server/main.cc): the client library's locks are absl::Mutex too.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return gpucompute::cli::Main(argc, argv);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/transfer_memory.h"
 #include "server/flags.h"
 #include "server/log.h"
@@ -101,6 +102,11 @@ class StopSignalWatcher {
 
 int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
+  // Abseil's lock-order checking, on where Abseil was built without NDEBUG (as Debian's
+  // is), takes a process-wide spin lock and a graph lookup on every absl::Mutex
+  // acquisition: it serializes the server's threads. The tests keep it on, and so still
+  // catch a lock-order cycle.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const sigset_t stop_signals = BlockStopSignals();
   const gpucompute::ParsedCommandLine command_line =
       gpucompute::ParseServerCommandLine(std::vector<std::string>(argv + 1, argv + argc));
