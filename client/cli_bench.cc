@@ -34,7 +34,7 @@ struct Settings {
   std::vector<uint64_t> sizes;
   int repeat = kDefaultRepeat;
   std::vector<std::string> transports;  // as given; empty: all that can run
-  int streams = kAutoTransferStreams;
+  int streams = kAutoUploadStreams;
   uint64_t chunk_bytes = kDefaultChunkBytes;
 };
 

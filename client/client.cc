@@ -479,7 +479,7 @@ absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header
                                                    header.size_bytes(), " bytes but ", data.size(),
                                                    " are given"));
   }
-  const int streams = TransferStreams(data.size());
+  const int streams = TransferStreams(data.size(), /*upload=*/true);
   if (streams > 1) return ParallelUpload(header, data, streams, progress);
   return UploadStream(*channel_, header, data.size(), MemoryChunks(data, ChunkBytes()), progress);
 }
@@ -839,7 +839,7 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
   // The range's size decides the split; a request without one needs the buffer's.
   // The split needs the range's size; a range the buffer does not hold is left to one
   // stream, for the server to refuse.
-  if (request.size_bytes() != 0 && TransferStreams(request.size_bytes()) <= 1) {
+  if (request.size_bytes() != 0 && TransferStreams(request.size_bytes(), /*upload=*/false) <= 1) {
     return absl::UnimplementedError("one stream");
   }
   absl::StatusOr<v1::BufferInfo> info = GetBuffer(request.buffer());
@@ -850,7 +850,7 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
     return absl::UnimplementedError("one stream");
   }
   const uint64_t total = request.size_bytes() == 0 ? size - offset : request.size_bytes();
-  const int streams = TransferStreams(total);
+  const int streams = TransferStreams(total, /*upload=*/false);
   if (streams <= 1) return absl::UnimplementedError("one stream");
   // Resizing writes only bytes the string did not have (a reused string keeps its own).
   if (absl::Status s = Reserve(data, total, /*resize=*/true); !s.ok()) {
@@ -893,9 +893,11 @@ absl::StatusOr<v1::DownloadResponse> Client::Download(const v1::DownloadRequest&
   return DownloadImpl(request, {}, sink, progress);
 }
 
-int Client::TransferStreams(uint64_t bytes) const {
+int Client::TransferStreams(uint64_t bytes, bool upload) const {
   int n = options_.transfer_streams;
-  if (n <= 0) n = bytes >= kParallelTransferBytes ? kAutoTransferStreams : 1;
+  if (n <= 0) {
+    n = bytes < kParallelTransferBytes ? 1 : upload ? kAutoUploadStreams : kAutoDownloadStreams;
+  }
   n = std::min(n, kMaxTransferStreams);
   if (bytes < static_cast<uint64_t>(n)) n = static_cast<int>(std::max<uint64_t>(bytes, 1));
   return n;

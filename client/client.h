@@ -33,9 +33,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
@@ -61,8 +61,9 @@ struct ClientOptions {
   // as the data takes.
   absl::Duration timeout = absl::InfiniteDuration();
   // Concurrent streams, each on its own connection, that an upload from memory or a
-  // download into memory is split over. 0: automatic (kAutoTransferStreams for transfers
-  // of at least kParallelTransferBytes, else one); 1: always one stream.
+  // download into memory is split over. 0: automatic (kAutoUploadStreams or
+  // kAutoDownloadStreams for transfers of at least kParallelTransferBytes, else one); 1:
+  // always one stream.
   int transfer_streams = 0;
   // Send a CRC32C with every upload chunk and ask for one with every download chunk; a
   // mismatch fails the transfer with DATA_LOSS.
@@ -86,7 +87,11 @@ struct ClientOptions {
   std::string request_id;
 };
 
-inline constexpr int kAutoTransferStreams = 4;
+// Measured on an H100 host over loopback, 512 MiB, CUDA server (GB/s by streams, 2 / 4 /
+// 8 / 16): uploads 5.9 / 8.8 / 11.5 / 10.6, downloads 4.9 / 4.2 / 3.9 / 3.7. Downloads
+// lose with more streams (each stream's receiving thread competes with the others).
+inline constexpr int kAutoUploadStreams = 8;
+inline constexpr int kAutoDownloadStreams = 2;
 inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
 // Streams one transfer is split over at most.
 inline constexpr int kMaxTransferStreams = 64;
@@ -239,7 +244,7 @@ class Client {
       const DownloadSink& sink, const ProgressFn& progress);
   size_t ChunkBytes() const;
   // Streams the transfer of `bytes` is split into.
-  int TransferStreams(uint64_t bytes) const;
+  int TransferStreams(uint64_t bytes, bool upload) const;
   // Channel `index` of the transfer streams: 0 is the client's channel, each other one
   // its own connection.
   std::shared_ptr<grpc::Channel> TransferChannel(int index);
