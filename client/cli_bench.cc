@@ -26,7 +26,7 @@ constexpr uint64_t kMinChunkBytes = 4096;  // the server's smallest download chu
 
 // One row of the table: a transport with its settings.
 struct Transport {
-  std::string name;  // grpc, grpc-parallel, shm
+  std::string name;  // grpc, grpc-parallel, shm, shm-inplace
   int streams = 1;
 };
 
@@ -82,9 +82,10 @@ absl::StatusOr<Settings> ParseSettings(const ParsedArgs& args) {
   const std::string transports = args.Value("--transport").value_or("all");
   if (transports != "all") {
     for (absl::string_view t : absl::StrSplit(transports, ',')) {
-      if (t != "grpc" && t != "grpc-parallel" && t != "shm") {
+      if (t != "grpc" && t != "grpc-parallel" && t != "shm" && t != "shm-inplace") {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--transport takes all, or a list of grpc, grpc-parallel and shm, not '", t, "'"));
+            "--transport takes all, or a list of grpc, grpc-parallel, shm and shm-inplace, not '",
+            t, "'"));
       }
       if (std::find(settings.transports.begin(), settings.transports.end(), t) ==
           settings.transports.end()) {
@@ -142,17 +143,24 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
                                        server_max));
   }
   const uint64_t largest = *std::max_element(settings->sizes.begin(), settings->sizes.end());
-  // Shared memory: when asked for, it must work; by default, when it can.
-  std::unique_ptr<SharedMemoryTransport> shm;
-  if (Wants(*settings, "shm")) {
+  // Shared memory: when asked for, it must work; by default, when it can. shm-inplace
+  // has a segment of its own, holding its array and what it downloads at once.
+  const bool wants_shm = Wants(*settings, "shm") || Wants(*settings, "shm-inplace");
+  std::unique_ptr<SharedMemoryTransport> shm, shm_inplace;
+  if (wants_shm) {
     absl::Status usable = CheckSharedMemoryUsable(*info);
-    if (usable.ok()) {
+    if (usable.ok() && Wants(*settings, "shm")) {
       shm = std::make_unique<SharedMemoryTransport>(**single);
       usable = shm->Reserve(largest);
+    }
+    if (usable.ok() && Wants(*settings, "shm-inplace")) {
+      shm_inplace = std::make_unique<SharedMemoryTransport>(**single);
+      usable = shm_inplace->Reserve(2 * largest);
     }
     if (!usable.ok()) {
       if (!settings->transports.empty()) return Outcome::Server("bench: shm", usable);
       shm.reset();
+      shm_inplace.reset();
     }
   }
   std::vector<std::pair<Transport, std::unique_ptr<TransferPath>>> paths;
@@ -162,6 +170,9 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
     paths.emplace_back(Transport{"grpc-parallel", settings->streams}, GrpcTransferPath(**parallel));
   }
   if (shm != nullptr) paths.emplace_back(Transport{"shm", 0}, SharedMemoryTransferPath(*shm));
+  if (shm_inplace != nullptr) {
+    paths.emplace_back(Transport{"shm-inplace", 0}, SharedMemoryInPlacePath(*shm_inplace));
+  }
 
   std::vector<Result> results;
   for (const uint64_t size : settings->sizes) {
@@ -224,10 +235,11 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
       "server ", context.options().server, ", ", info->backend(),
       " backend; ceiling: ", info->copy_ceiling().empty() ? "not measured" : info->copy_ceiling(),
       ", h2d ", FormatRate(h2d), " GB/s, d2h ", FormatRate(d2h), " GB/s"));
-  context.Print(absl::StrCat(
-      "median of ", settings->repeat, " after one warm-up; chunks of ",
-      FormatBytes(settings->chunk_bytes),
-      Wants(*settings, "shm") && shm == nullptr ? "; shm: not usable with this server" : ""));
+  context.Print(absl::StrCat("median of ", settings->repeat, " after one warm-up; chunks of ",
+                             FormatBytes(settings->chunk_bytes),
+                             wants_shm && shm == nullptr && shm_inplace == nullptr
+                                 ? "; shm: not usable with this server"
+                                 : ""));
   context.Print(FormatTable(table));
   return Outcome::Ok();
 }

@@ -221,9 +221,11 @@ const std::vector<Command>& Commands() {
        "                      default 1MiB,64MiB,256MiB)\n"
        "  --repeat N          timed calls of each (default 3)\n"
        "  --transport LIST    all (default), or some of grpc (one stream), grpc-parallel\n"
-       "                      (--streams connections) and shm (shared memory; all takes\n"
-       "                      it when the server allows it and is on this host)\n"
-       "  --streams N         streams of grpc-parallel (default 4)\n"
+       "                      (--streams connections), shm (shared memory: the client\n"
+       "                      copies the array into its segment and out) and\n"
+       "                      shm-inplace (the array already in the segment); all takes\n"
+       "                      the shm ones when the server allows it and is on this host\n"
+       "  --streams N         streams of grpc-parallel (default 8)\n"
        "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n",
        {ValueFlag("--sizes"), ValueFlag("--repeat"), ValueFlag("--transport"),
         ValueFlag("--streams"), ValueFlag("--chunk-bytes")},

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -199,8 +200,17 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
   if (absl::Status s = Reserve(size_bytes); !s.ok()) return s;
   if (size_bytes > size_) return UploadInPieces(header, size_bytes, reader, progress);
   if (absl::Status s = Fill(reader, size_bytes); !s.ok()) return s;
+  absl::StatusOr<v1::CopyRegionResponse> response = CopyIn(header, size_bytes, 0);
+  if (response.ok() && progress) progress(size_bytes, size_bytes);
+  return response;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyIn(const v1::UploadHeader& header,
+                                                                     uint64_t size_bytes,
+                                                                     uint64_t offset) {
   v1::CopyFromRegionRequest request;
   request.set_region_id(region_id_);
+  request.set_region_offset_bytes(offset);
   request.set_size_bytes(size_bytes);
   if (header.has_create()) {
     *request.mutable_create() = header.create();
@@ -216,9 +226,57 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
       return response;
     }
   }
-  absl::StatusOr<v1::CopyRegionResponse> response = CopyFromRegion(request);
-  if (response.ok() && progress) progress(size_bytes, size_bytes);
-  return response;
+  return CopyFromRegion(request);
+}
+
+absl::Status SharedMemoryTransport::CheckWithinSegment(uint64_t offset, uint64_t bytes) const {
+  if (offset <= size_ && bytes <= size_ - offset) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", bytes,
+                                            ") are outside the shared-memory segment of ", size_,
+                                            " bytes"));
+}
+
+absl::StatusOr<std::span<std::byte>> SharedMemoryTransport::Staging(uint64_t offset,
+                                                                    uint64_t bytes) {
+  if (offset > std::numeric_limits<uint64_t>::max() - bytes) {
+    return absl::OutOfRangeError("the staging range overflows");
+  }
+  if (absl::Status s = Reserve(offset + bytes); !s.ok()) return s;
+  if (absl::Status s = CheckWithinSegment(offset, bytes); !s.ok()) return s;
+  return std::span<std::byte>(data_ + offset, static_cast<size_t>(bytes));
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadStaged(
+    const v1::UploadHeader& header, uint64_t size_bytes, uint64_t offset) {
+  if (header.size_bytes() != 0 && header.size_bytes() != size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the upload header declares ",
+                                                   header.size_bytes(), " bytes but ", size_bytes,
+                                                   " are staged"));
+  }
+  if (data_ == nullptr) return absl::FailedPreconditionError("nothing is staged: call Staging");
+  if (absl::Status s = CheckWithinSegment(offset, size_bytes); !s.ok()) return s;
+  return CopyIn(header, size_bytes, offset);
+}
+
+absl::StatusOr<std::span<const std::byte>> SharedMemoryTransport::DownloadStaged(
+    const v1::DownloadRequest& request, uint64_t offset, v1::CopyRegionResponse* response) {
+  if (data_ == nullptr) return absl::FailedPreconditionError("no segment yet: call Staging");
+  v1::CopyToRegionRequest copy;
+  copy.set_buffer(request.buffer());
+  copy.set_offset_bytes(request.offset_bytes());
+  copy.set_size_bytes(request.size_bytes());
+  copy.set_region_id(region_id_);
+  copy.set_region_offset_bytes(offset);
+  if (request.size_bytes() != 0) {
+    if (absl::Status s = CheckWithinSegment(offset, request.size_bytes()); !s.ok()) return s;
+  }
+  // A range to the end of the buffer is checked by the server against the region.
+  absl::StatusOr<v1::CopyRegionResponse> copied = CopyToRegion(copy);
+  if (!copied.ok()) return copied.status();
+  const uint64_t bytes = copied->transfer().bytes();
+  if (absl::Status s = CheckWithinSegment(offset, bytes); !s.ok()) return s;
+  if (response != nullptr) *response = *std::move(copied);
+  return std::span<const std::byte>(data_ + offset, static_cast<size_t>(bytes));
 }
 
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(

@@ -75,6 +75,26 @@ class SharedMemoryTransport {
   absl::StatusOr<v1::CopyRegionResponse> Download(const v1::DownloadRequest& request,
                                                   std::string* data);
 
+  // In place: the caller puts the data in the segment itself, so the client copies
+  // nothing and a transfer is the server's one copy (one DMA on a CUDA server).
+  //
+  // Staging returns the segment's bytes [offset, offset + bytes), growing the segment to
+  // hold them (OUT_OF_RANGE past Options::max_region_bytes). A span stays valid until a
+  // call that grows the segment: a later Staging, Reserve, Upload or Download that needs
+  // more than it has. Growing it loses its contents.
+  absl::StatusOr<std::span<std::byte>> Staging(uint64_t offset, uint64_t bytes);
+  // Uploads the segment's bytes [offset, offset + size_bytes) as Upload does, all or
+  // nothing; they must be within the segment (OUT_OF_RANGE otherwise).
+  absl::StatusOr<v1::CopyRegionResponse> UploadStaged(const v1::UploadHeader& header,
+                                                      uint64_t size_bytes, uint64_t offset = 0);
+  // Downloads as Download does into the segment at `offset`, and returns the bytes
+  // there (valid as a Staging span is). The range must fit the segment as it is
+  // (Staging grows it): OUT_OF_RANGE otherwise, or, for a range to the end of the
+  // buffer (size_bytes 0), the server's INVALID_ARGUMENT.
+  absl::StatusOr<std::span<const std::byte>> DownloadStaged(
+      const v1::DownloadRequest& request, uint64_t offset = 0,
+      v1::CopyRegionResponse* response = nullptr);
+
   // The registered region, for tests: empty before the first transfer.
   const std::string& region_id() const { return region_id_; }
   uint64_t region_bytes() const { return size_; }
@@ -88,6 +108,11 @@ class SharedMemoryTransport {
       grpc::Status (v1::SharedMemoryService::Stub::*method)(grpc::ClientContext*, const Request&,
                                                             v1::CopyRegionResponse*),
       const Request& request);
+  // Copies the segment's bytes [offset, offset + size_bytes) into the upload's target.
+  absl::StatusOr<v1::CopyRegionResponse> CopyIn(const v1::UploadHeader& header, uint64_t size_bytes,
+                                                uint64_t offset);
+  // OUT_OF_RANGE unless [offset, offset + bytes) lies within the segment.
+  absl::Status CheckWithinSegment(uint64_t offset, uint64_t bytes) const;
   // Fills the segment's first `bytes` from `reader`.
   absl::Status Fill(const UploadReader& reader, uint64_t bytes);
   absl::StatusOr<v1::CopyRegionResponse> UploadInPieces(const v1::UploadHeader& header,

@@ -41,6 +41,9 @@ std::unique_ptr<TransferPath> GrpcTransferPath(Client& client);
 // Through `shm`'s segment, which must outlive the path; the client copies out of the
 // segment with ParallelCopy.
 std::unique_ptr<TransferPath> SharedMemoryTransferPath(SharedMemoryTransport& shm);
+// Through `shm`'s segment with the data already there (Staging, UploadStaged,
+// DownloadStaged): the client copies nothing while timed.
+std::unique_ptr<TransferPath> SharedMemoryInPlacePath(SharedMemoryTransport& shm);
 
 struct TransferTiming {
   uint64_t bytes = 0;

@@ -983,7 +983,7 @@ TEST_F(CliTest, BenchPrintsEachTransportAndSizeBesideTheServersCeiling) {
     SCOPED_TRACE(json.out);
     EXPECT_EQ(Text(r, "transport"), order[i].first);
     EXPECT_EQ(Number(r, "size_bytes"), order[i].second);
-    EXPECT_EQ(Number(r, "streams"), order[i].first == "grpc" ? 1 : 4);
+    EXPECT_EQ(Number(r, "streams"), order[i].first == "grpc" ? 1 : kAutoUploadStreams);
     for (const char* way : {"upload", "download"}) {
       const double seconds = Number(r, absl::StrCat(way, "_seconds"));
       const double gbps = Number(r, absl::StrCat(way, "_gbps"));
@@ -1034,11 +1034,14 @@ TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
   ASSERT_EQ(json.exit_code, 0) << json.err;
   google::protobuf::Struct document;
   const std::vector<google::protobuf::Struct> results = BenchResults(json.out, &document);
-  ASSERT_EQ(results.size(), 3u) << json.out;
+  ASSERT_EQ(results.size(), 4u) << json.out;
   EXPECT_EQ(Text(results[2], "transport"), "shm");
-  for (const char* key : {"upload_vs_ceiling", "download_vs_ceiling"}) {
-    const double ratio = Number(results[2], key);
-    EXPECT_TRUE(std::isfinite(ratio) && ratio > 0) << key << ": " << json.out;
+  EXPECT_EQ(Text(results[3], "transport"), "shm-inplace");
+  for (const auto& result : {results[2], results[3]}) {
+    for (const char* key : {"upload_vs_ceiling", "download_vs_ceiling"}) {
+      const double ratio = Number(result, key);
+      EXPECT_TRUE(std::isfinite(ratio) && ratio > 0) << key << ": " << json.out;
+    }
   }
   EXPECT_EQ(shm.Regions(), 0) << "bench left its region registered";
   absl::StatusOr<v1::ServerInfo> info = shm.client().GetServerInfo();

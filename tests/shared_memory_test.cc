@@ -234,6 +234,64 @@ TEST_F(SharedMemoryTest, UploadComputeAndDownloadThroughSharedMemory) {
   EXPECT_EQ(AsDoubles(bytes), std::vector<double>(y.begin() + 1001, y.begin() + 6001));
 }
 
+TEST_F(SharedMemoryTest, DataStagedInTheSegmentMovesWithoutClientCopies) {
+  const size_t n = 5003;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 4);
+  SharedMemoryTransport shm(*client_);
+  // Staged at an offset that is not a page boundary.
+  const uint64_t at = 8 * 129;
+  ASSIGN_OR_FAIL(std::span<std::byte> staged, shm.Staging(at, n * 8));
+  ASSERT_EQ(staged.size(), n * 8);
+  std::memcpy(staged.data(), x.data(), n * 8);
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse up,
+                 shm.UploadStaged(CreateFloat64(n, "staged"), n * 8, at));
+  EXPECT_EQ(up.transfer().bytes(), n * 8);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "staged"));
+  EXPECT_EQ(back, x);
+
+  // Into another part of the segment, which holds something else first.
+  ASSIGN_OR_FAIL(std::span<std::byte> target, shm.Staging(at + n * 8, n * 8));
+  std::memset(target.data(), 0x5a, target.size());
+  v1::DownloadRequest request;
+  request.set_buffer("staged");
+  ASSIGN_OR_FAIL(std::span<const std::byte> down, shm.DownloadStaged(request, at + n * 8));
+  ASSERT_EQ(down.size(), n * 8);
+  EXPECT_EQ(down.data(), target.data());
+  std::vector<double> got(n);
+  std::memcpy(got.data(), down.data(), n * 8);
+  EXPECT_EQ(got, x);
+  // A range of it: doubles [10, 20) at the segment's start.
+  request.set_offset_bytes(80);
+  request.set_size_bytes(80);
+  ASSIGN_OR_FAIL(down, shm.DownloadStaged(request));
+  std::vector<double> part(10);
+  std::memcpy(part.data(), down.data(), 80);
+  EXPECT_EQ(part, std::vector<double>(x.begin() + 10, x.begin() + 20));
+
+  // Ranges outside the segment are refused before anything is sent, and change nothing.
+  ASSIGN_OR_FAIL(v1::ServerInfo before, client_->GetServerInfo());
+  EXPECT_EQ(
+      shm.UploadStaged(CreateFloat64(n, "over"), n * 8, shm.region_bytes() - 8).status().code(),
+      absl::StatusCode::kOutOfRange);
+  request.set_offset_bytes(0);
+  request.set_size_bytes(16);
+  EXPECT_EQ(shm.DownloadStaged(request, shm.region_bytes() - 8).status().code(),
+            absl::StatusCode::kOutOfRange);
+  // To the end of the buffer: the size is the server's to know, and it refuses.
+  request.set_size_bytes(0);
+  EXPECT_EQ(shm.DownloadStaged(request, shm.region_bytes() - 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shm.UploadStaged(CreateFloat64(4, "short"), 8, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shm.Staging(std::numeric_limits<uint64_t>::max() - 4, 8).status().code(),
+            absl::StatusCode::kOutOfRange);
+  ASSIGN_OR_FAIL(v1::ServerInfo after, client_->GetServerInfo());
+  EXPECT_EQ(after.buffer_count(), before.buffer_count());
+  EXPECT_EQ(after.memory_used_bytes(), before.memory_used_bytes());
+  ASSIGN_OR_FAIL(back, DownloadArray<double>(*client_, "staged"));
+  EXPECT_EQ(back, x);
+}
+
 TEST_F(SharedMemoryTest, TransfersLargerThanTheRegionMoveInPieces) {
   // 10000 doubles through a region of 3 pages: pieces of 12288 bytes, the last uneven.
   const size_t n = 10000;
