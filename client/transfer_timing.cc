@@ -47,18 +47,22 @@ class GrpcPath final : public TransferPath {
   std::string data_;
 };
 
+// A shared-memory upload's answer as an Upload's.
+absl::StatusOr<v1::UploadResponse> AsUploadResponse(absl::StatusOr<v1::CopyRegionResponse> copied) {
+  if (!copied.ok()) return copied.status();
+  v1::UploadResponse response;
+  *response.mutable_buffer() = copied->buffer();
+  *response.mutable_transfer() = copied->transfer();
+  return response;
+}
+
 class ShmPath final : public TransferPath {
  public:
   explicit ShmPath(SharedMemoryTransport& shm) : shm_(shm) {}
 
   absl::StatusOr<v1::UploadResponse> Upload(const v1::UploadHeader& header,
                                             std::span<const std::byte> data) override {
-    absl::StatusOr<v1::CopyRegionResponse> copied = shm_.Upload(header, data);
-    if (!copied.ok()) return copied.status();
-    v1::UploadResponse response;
-    *response.mutable_buffer() = copied->buffer();
-    *response.mutable_transfer() = copied->transfer();
-    return response;
+    return AsUploadResponse(shm_.Upload(header, data));
   }
 
   absl::StatusOr<v1::TransferStats> Download(const std::string& buffer) override {
@@ -105,12 +109,7 @@ class ShmInPlacePath final : public TransferPath {
       ParallelCopy(both->data(), data.data(), data.size());
       staged_ = data;
     }
-    absl::StatusOr<v1::CopyRegionResponse> copied = shm_.UploadStaged(header, data.size());
-    if (!copied.ok()) return copied.status();
-    v1::UploadResponse response;
-    *response.mutable_buffer() = copied->buffer();
-    *response.mutable_transfer() = copied->transfer();
-    return response;
+    return AsUploadResponse(shm_.UploadStaged(header, data.size()));
   }
 
   absl::StatusOr<v1::TransferStats> Download(const std::string& buffer) override {
