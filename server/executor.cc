@@ -10,6 +10,7 @@
 #include "server/ids.h"
 #include "server/quotas.h"
 #include "server/status_macros.h"
+#include "server/thread_name.h"
 
 namespace gpucompute {
 
@@ -120,7 +121,10 @@ Executor::Executor(Backend& backend, int default_device, size_t max_streams,
       max_streams_(max_streams),
       dispatch_window_(std::max(1, backend.DispatchWindow())),
       transfer_streams_(std::move(transfer_streams)),
-      reaper_([this] { ReapRetiredStreams(); }) {}
+      reaper_([this] {
+        NameThisThread("executor-reap");
+        ReapRetiredStreams();
+      }) {}
 
 void Executor::ReapRetiredStreams() {
   for (;;) {

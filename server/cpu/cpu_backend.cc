@@ -17,6 +17,7 @@
 #include "server/cgroup_limits.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/kernels.h"
+#include "server/thread_name.h"
 
 namespace gpucompute::cpu {
 namespace {
@@ -53,7 +54,11 @@ class CpuEvent final : public Event {
 // A thread draining a FIFO of tasks: the CPU image of a CUDA stream.
 class CpuStream final : public Stream {
  public:
-  explicit CpuStream(int device) : device_(device), thread_([this] { Run(); }) {}
+  explicit CpuStream(int device)
+      : device_(device), thread_([this] {
+          NameThisThread("cpu-stream");
+          Run();
+        }) {}
   ~CpuStream() override {
     {
       std::lock_guard lock(mu_);

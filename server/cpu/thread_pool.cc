@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "server/thread_name.h"
+
 namespace gpucompute::cpu {
 
 namespace {
@@ -70,7 +72,10 @@ struct ThreadPool::Impl {
 ThreadPool::ThreadPool(size_t threads) : impl_(std::make_unique<Impl>()) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   for (size_t i = 1; i < threads; ++i) {
-    impl_->workers.emplace_back([this] { impl_->WorkerLoop(); });
+    impl_->workers.emplace_back([this] {
+      NameThisThread("cpu-pool");
+      impl_->WorkerLoop();
+    });
   }
 }
 

@@ -23,6 +23,7 @@
 #include "server/cuda/elementwise_kernels.h"
 #include "server/cuda/pinned_staging.h"
 #include "server/status_macros.h"
+#include "server/thread_name.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -336,7 +337,10 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     devices_.push_back(std::move(device));
   }
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
-  completion_thread_ = std::thread([this] { PollCompletions(); });
+  completion_thread_ = std::thread([this] {
+    NameThisThread("cuda-complete");
+    PollCompletions();
+  });
   for (const auto& device : devices_) {
     RETURN_IF_ERROR(WarmUp(device->index));
   }
