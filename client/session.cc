@@ -24,6 +24,37 @@ OperationFuture Resolved(absl::StatusOr<v1::Operation> value) {
 
 std::string TagRef(std::string_view tag) { return kTagPrefix + std::string(tag); }
 
+// The call's reactor: passes each reaction to the Session, and reads answers until the
+// server ends the call.
+class Session::Stream final
+    : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  explicit Stream(Session& session) : session_(session) {}
+
+  void Start() {
+    // Writes start from Submit, outside any reaction: the hold keeps the call open for
+    // them until the session ends its writes.
+    AddHold();
+    StartRead(&answers_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      session_.OnReadsEnded();
+      return;
+    }
+    session_.OnAnswers(answers_);
+    answers_.Clear();
+    StartRead(&answers_);
+  }
+  void OnWriteDone(bool ok) override { session_.OnWriteDone(ok); }
+  void OnDone(const grpc::Status& status) override { session_.OnDone(status); }
+
+ private:
+  Session& session_;
+  v1::SessionResponse answers_;
+};
+
 Session::Session(Client& client, AnswerFn on_answer)
     : stub_(v1::SessionService::NewStub(client.channel())), on_answer_(std::move(on_answer)) {
   NameClient(client.options(), &context_);
@@ -31,14 +62,19 @@ Session::Session(Client& client, AnswerFn on_answer)
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(Client& client, AnswerFn on_answer) {
   std::unique_ptr<Session> session(new Session(client, std::move(on_answer)));
-  session->stream_ = session->stub_->Session(&session->context_);
-  if (session->stream_ == nullptr) return absl::UnavailableError("cannot start a session");
-  session->reader_ = std::thread([s = session.get()] { s->ReadAnswers(); });
+  session->stream_ = std::make_unique<Stream>(*session);
+  session->stub_->async()->Session(&session->context_, session->stream_.get());
+  session->stream_->Start();
   return session;
 }
 
 Session::~Session() {
-  if (reader_.joinable()) (void)Cancel();
+  bool ended;
+  {
+    absl::MutexLock lock(&mu_);
+    ended = ended_;
+  }
+  if (!ended) (void)Cancel();
 }
 
 Session::Submitted Session::Submit(v1::SubmitRequest request, std::string tag) {
@@ -47,19 +83,18 @@ Session::Submitted Session::Submit(v1::SubmitRequest request, std::string tag) {
   // The tag's few bytes are left out: the bound is approximate by design.
   const size_t bytes = step.ByteSizeLong();
   std::shared_future<absl::StatusOr<v1::Operation>> future;
+  const v1::SessionRequest* write = nullptr;
   {
     absl::MutexLock lock(&queue_mu_);
     // Waits for room before the tag is numbered, so that numbers follow queue order.
     auto room = [this, bytes]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return queued_.ops().empty() || writes_done_ || write_failed_ ||
+      return queued_.ops().empty() || closing_ || writes_ended_ ||
              (queued_.ops_size() < kMaxBatchOps && queued_bytes_ + bytes <= kMaxBatchBytes);
     };
     queue_mu_.Await(absl::Condition(&room));
     ++submitted_;
     if (tag.empty()) tag = absl::StrCat("#", submitted_);
-    if (writes_done_) {
-      return {tag, Resolved(absl::FailedPreconditionError("the session is closed"))};
-    }
+    if (closing_) return {tag, Resolved(absl::FailedPreconditionError("the session is closed"))};
     {
       absl::MutexLock pending_lock(&mu_);
       if (ended_) return {tag, Resolved(end_status_)};
@@ -70,101 +105,132 @@ Session::Submitted Session::Submit(v1::SubmitRequest request, std::string tag) {
       }
       future = it->second.get_future().share();
     }
-    // After a failed write the reader resolves the future with the call's status.
-    if (!write_failed_) {
+    // Once the writes have ended (a write failed, or the server ended the call), the
+    // call's status resolves the future.
+    if (!writes_ended_) {
       step.set_tag(tag);
       *queued_.add_ops() = std::move(step);
       queued_bytes_ += bytes;
+      write = TakeQueuedLocked();
     }
-    if (writing_) return {std::move(tag), OperationFuture(std::move(future))};
-    writing_ = true;
   }
-  WriteQueued();
+  if (write != nullptr) stream_->StartWrite(write);
   return {std::move(tag), OperationFuture(std::move(future))};
 }
 
-void Session::WriteQueued() {
-  v1::SessionRequest message;
-  absl::MutexLock lock(&queue_mu_);
-  while (!queued_.ops().empty() && !write_failed_) {
-    message.Swap(&queued_);
-    queued_bytes_ = 0;
-    queue_mu_.Unlock();
-    // A failed write means the call is over; the reader then resolves the futures with
-    // the call's status.
-    const bool written = stream_->Write(message);
-    message.Clear();
-    queue_mu_.Lock();
-    if (!written) write_failed_ = true;
-  }
+const v1::SessionRequest* Session::TakeQueuedLocked() {
+  if (writing_ || writes_ended_ || queued_.ops().empty()) return nullptr;
+  writing_message_.Swap(&queued_);
   queued_.Clear();
   queued_bytes_ = 0;
-  writing_ = false;
+  writing_ = true;
+  return &writing_message_;
 }
 
-void Session::AwaitWrittenLocked() {
-  queue_mu_.Await(absl::Condition(
-      +[](bool* writing) { return !*writing; }, &writing_));
+bool Session::EndWritesLocked() {
+  if (writing_ || writes_ended_ || !(closing_ || write_failed_ || reads_ended_)) return false;
+  writes_ended_ = true;
+  queued_.Clear();
+  queued_bytes_ = 0;
+  return true;
 }
 
-void Session::ReadAnswers() {
-  v1::SessionResponse message;
-  while (stream_->Read(&message)) {
-    if (on_answer_) {
-      for (const v1::ChainStepResult& answer : message.answers()) {
-        on_answer_(answer.tag(), answer.operation());
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    for (v1::ChainStepResult& answer : *message.mutable_answers()) {
-      auto it = pending_.find(answer.tag());
-      if (it == pending_.end()) continue;  // not ours: ignore
-      it->second.set_value(std::move(*answer.mutable_operation()));
-      pending_.erase(it);
+void Session::EndWrites(bool send_writes_done) {
+  if (send_writes_done) stream_->StartWritesDone();
+  stream_->RemoveHold();
+}
+
+void Session::OnWriteDone(bool ok) {
+  const v1::SessionRequest* next = nullptr;
+  bool end = false;
+  bool clean = false;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    writing_message_.Clear();
+    writing_ = false;
+    // A failed write means the call is over: OnDone resolves the futures with its status.
+    if (!ok) write_failed_ = true;
+    next = write_failed_ || reads_ended_ ? nullptr : TakeQueuedLocked();
+    if (next == nullptr) {
+      end = EndWritesLocked();
+      clean = !write_failed_ && !reads_ended_;
     }
   }
-  absl::Status status = FromGrpcStatus(stream_->Finish());
-  FailPending(status.ok() ? absl::UnavailableError("the session ended before answering") : status);
-  absl::MutexLock lock(&mu_);
-  end_status_ = status;
+  if (next != nullptr) stream_->StartWrite(next);
+  if (end) EndWrites(clean);
 }
 
-void Session::FailPending(const absl::Status& status) {
+void Session::OnReadsEnded() {
+  bool end;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    reads_ended_ = true;
+    end = EndWritesLocked();
+  }
+  // No answer can come any more: nothing more is written, and the call can end.
+  if (end) EndWrites(false);
+}
+
+void Session::OnAnswers(v1::SessionResponse& message) {
+  if (on_answer_) {
+    for (const v1::ChainStepResult& answer : message.answers()) {
+      on_answer_(answer.tag(), answer.operation());
+    }
+  }
   absl::MutexLock lock(&mu_);
-  ended_ = true;
-  for (auto& [tag, promise] : pending_) promise.set_value(status);
+  for (v1::ChainStepResult& answer : *message.mutable_answers()) {
+    auto it = pending_.find(answer.tag());
+    if (it == pending_.end()) continue;  // not ours: ignore
+    it->second.set_value(std::move(*answer.mutable_operation()));
+    pending_.erase(it);
+  }
+}
+
+void Session::OnDone(const grpc::Status& grpc_status) {
+  const absl::Status status = FromGrpcStatus(grpc_status);
+  absl::MutexLock lock(&mu_);
+  const absl::Status unanswered =
+      status.ok() ? absl::UnavailableError("the session ended before answering") : status;
+  for (auto& [tag, promise] : pending_) promise.set_value(unanswered);
   pending_.clear();
+  end_status_ = status;
+  ended_ = true;
 }
 
 absl::Status Session::Join() {
-  if (reader_.joinable()) reader_.join();
   absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&ended_));
   return end_status_;
 }
 
 absl::Status Session::Close() {
+  bool end;
+  bool clean;
   {
     absl::MutexLock lock(&queue_mu_);
-    if (!writes_done_) {
-      writes_done_ = true;
-      AwaitWrittenLocked();  // the operations already queued go first
-      if (!write_failed_) (void)stream_->WritesDone();
-    }
+    closing_ = true;
+    // The operations already queued go first: OnWriteDone ends the writes after them.
+    end = EndWritesLocked();
+    clean = !write_failed_ && !reads_ended_;
   }
+  if (end) EndWrites(clean);
   return Join();
 }
 
 absl::Status Session::Cancel() {
   {
     absl::MutexLock lock(&queue_mu_);
-    writes_done_ = true;
+    closing_ = true;
   }
   context_.TryCancel();
+  bool end;
   {
-    // A write in flight fails once the call is cancelled.
+    // A write in flight fails once the call is cancelled, and its OnWriteDone ends the
+    // writes; otherwise they end here.
     absl::MutexLock lock(&queue_mu_);
-    AwaitWrittenLocked();
+    end = EndWritesLocked();
   }
+  if (end) EndWrites(false);
   return Join();
 }
 

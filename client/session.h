@@ -1,13 +1,15 @@
 // Sessions and chains (SessionService): many small operations without a round trip
 // each.
 //
-// A Session is one bidirectional stream. Submit sends an operation and returns at once
-// with its tag and a future; the server answers each operation as it completes, and a
-// reader thread resolves the futures. Operations submitted while a message is being
-// written go together in the next one, and answers come packed the same way, so a busy
-// session costs a message per batch rather than per operation. Later operations can use an earlier
-// one's output before it exists, through TagRef(tag) in any buffer reference. A Chain is a list of
-// such operations sent in one request and answered once.
+// A Session is one bidirectional stream. Submit queues an operation and returns at once
+// with its tag and a future; the server answers each operation as it completes, and the
+// futures resolve as the answers arrive. Writes never block the caller: the first
+// operation goes out at once, and those submitted while a message is on its way go
+// together in the next one, so a busy session costs a message per batch rather than per
+// operation, even with one thread submitting. Answers come packed the same way. Later
+// operations can use an earlier one's output before it exists, through TagRef(tag) in any
+// buffer reference. A Chain is a list of such operations sent in one request and answered
+// once.
 //
 //   auto session = Session::Open(client);
 //   auto sum = (*session)->Submit(Reduce(v1::REDUCE_KIND_SUM, "x"));
@@ -26,7 +28,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -42,8 +43,8 @@ std::string TagRef(std::string_view tag);
 
 class Session {
  public:
-  // Called with each answer as it arrives, on the session's reader thread, before the
-  // operation's future resolves.
+  // Called with each answer as it arrives, before the operation's future resolves, on a
+  // gRPC thread: it must not block.
   using AnswerFn = std::function<void(const std::string& tag, const v1::Operation& operation)>;
 
   // Opens a session on `client`'s channel, with its client name. The call has no
@@ -71,10 +72,11 @@ class Session {
   // Sends `request` (wait is ignored) tagged `tag`, or "#<n>" when empty, n counting
   // this session's submissions from 1. Tags must be unique within the session.
   // Safe to call from many threads; the operations reach the server in call order.
-  // A call that finds no message being written writes one, with every operation queued
-  // until the stream takes it; other calls queue theirs and return. A call blocks only
-  // while a full message waits (kMaxBatchOps or kMaxBatchBytes) or the server holds the
-  // session back (Limits.max_session_in_flight).
+  // A call that finds no message being written starts writing its operation; the
+  // operations queued meanwhile go in one message when that write is done. A call
+  // blocks only while a full message waits (kMaxBatchOps or kMaxBatchBytes) behind the
+  // write in flight, which flow control holds back while the server holds the session
+  // back (Limits.max_session_in_flight).
   Submitted Submit(v1::SubmitRequest request, std::string tag = {});
 
   // Ends the submissions, waits for every answer, and returns the session's status.
@@ -84,38 +86,47 @@ class Session {
   absl::Status Cancel();
 
  private:
+  class Stream;  // the call's reactor
+
   Session(Client& client, AnswerFn on_answer);
-  void ReadAnswers();
-  // Resolves every unanswered future with `status`.
-  void FailPending(const absl::Status& status);
-  absl::Status Join();
+  // The queued operations as the next message to write, if none is being written; the
+  // caller then starts its write outside the lock.
+  const v1::SessionRequest* TakeQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  // Whether the writes end now: nothing is being written, and the session is closing, a
+  // write failed or the server ended the call. The caller then calls EndWrites.
+  bool EndWritesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  // Sends WritesDone if asked, and releases the hold that kept the call open for writes.
+  void EndWrites(bool send_writes_done) ABSL_LOCKS_EXCLUDED(queue_mu_);
+  // Reactions of the stream.
+  void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(queue_mu_);
+  void OnReadsEnded() ABSL_LOCKS_EXCLUDED(queue_mu_);
+  void OnAnswers(v1::SessionResponse& message) ABSL_LOCKS_EXCLUDED(mu_);
+  // Resolves every unanswered future with the call's status.
+  void OnDone(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for the call to end and returns its status.
+  absl::Status Join() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<v1::SessionService::Stub> stub_;
   const AnswerFn on_answer_;
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
-  std::thread reader_;
+  std::unique_ptr<Stream> stream_;
 
-  // Writes the queued operations, message by message, until none are left. Called by
-  // the Submit that became the writer.
-  void WriteQueued() ABSL_LOCKS_EXCLUDED(queue_mu_);
-  // Waits until no thread is writing.
-  void AwaitWrittenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
-
-  // The operations not yet written. One thread at a time writes (writing_): the stream
-  // takes one write at a time.
+  // The operations not yet written, and the message being written (one at a time).
   absl::Mutex queue_mu_;
   v1::SessionRequest queued_ ABSL_GUARDED_BY(queue_mu_);
   size_t queued_bytes_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  v1::SessionRequest writing_message_ ABSL_GUARDED_BY(queue_mu_);
   bool writing_ ABSL_GUARDED_BY(queue_mu_) = false;
   uint64_t submitted_ ABSL_GUARDED_BY(queue_mu_) = 0;
-  bool writes_done_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(queue_mu_) = false;  // Close or Cancel was called
   bool write_failed_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool reads_ended_ ABSL_GUARDED_BY(queue_mu_) = false;   // the server ended the call
+  bool writes_ended_ ABSL_GUARDED_BY(queue_mu_) = false;  // nothing more is written
 
   absl::Mutex mu_;
   std::map<std::string, std::promise<absl::StatusOr<v1::Operation>>, std::less<>> pending_
       ABSL_GUARDED_BY(mu_);
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
 };
 
