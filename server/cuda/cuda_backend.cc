@@ -7,14 +7,17 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -88,12 +91,146 @@ class CudaEvent final : public Event {
   EventPool& pool_;
 };
 
+// Runs the callbacks of a set of streams once the work before them is done, polling
+// their events from a thread of its own: a CUDA host callback would hop through the
+// driver's callback thread first, adding tens of microseconds to every operation's
+// completion. The thread spins while callbacks are pending and sleeps on the condition
+// variable otherwise. The backend has a few, each serving the streams given to it, so
+// that completions of different streams do not queue behind each other.
+class CompletionPoller {
+ public:
+  // A callback waiting for the work before `event` on its stream.
+  struct Callback {
+    cudaEvent_t event;
+    int device;
+    absl::AnyInvocable<void(absl::Status) &&> fn;
+  };
+  // Runs a callback whose event completed, with the event's query result.
+  using FinishFn = std::function<void(Callback, cudaError_t)>;
+
+  CompletionPoller(FinishFn finish, const char* thread_name)
+      : finish_(std::move(finish)), thread_([this, thread_name] {
+          NameThisThread(thread_name);
+          Run();
+        }) {}
+  // Finishes the callbacks still pending, then stops.
+  ~CompletionPoller() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Add(cudaStream_t stream, Callback callback) {
+    {
+      std::lock_guard lock(mu_);
+      pending_[stream].push_back(std::move(callback));
+      ++pending_count_;
+    }
+    cv_.notify_one();
+  }
+
+  // Removes every pending callback, for the caller to fail.
+  std::vector<Callback> TakeAll() {
+    std::vector<Callback> taken;
+    std::lock_guard lock(mu_);
+    for (auto& [stream, queue] : pending_) {
+      for (Callback& c : queue) taken.push_back(std::move(c));
+    }
+    pending_.clear();
+    pending_count_ = 0;
+    return taken;
+  }
+
+ private:
+  void Run();
+
+  const FinishFn finish_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Per stream, oldest first: an event completes only after its stream's earlier ones.
+  absl::flat_hash_map<cudaStream_t, std::deque<Callback>> pending_;
+  size_t pending_count_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it runs on the members above
+};
+
+void CompletionPoller::Run() {
+  using Clock = std::chrono::steady_clock;
+  // Spin this long after the last completion, work pending or not, before backing off
+  // to short sleeps (or, with nothing pending, to the condition variable): a chain of
+  // operations completes one after another, and each waits for the poll.
+  constexpr auto kSpin = std::chrono::microseconds(500);
+  constexpr auto kSweepInterval = std::chrono::microseconds(4);
+  Clock::time_point last_progress = Clock::now();
+  std::unique_lock lock(mu_);
+  // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's lock,
+  // and back-to-back queries would hold up the threads launching work.
+  auto pause = [&] {
+    lock.unlock();
+    const Clock::time_point until = Clock::now() + kSweepInterval;
+    while (Clock::now() < until) std::this_thread::yield();
+    lock.lock();
+  };
+  for (;;) {
+    if (pending_count_ == 0 && !stopping_ && Clock::now() - last_progress < kSpin) {
+      // Idle, but busy a moment ago: stay awake for the next operation. A client that
+      // submits and waits, one operation at a time, would otherwise wait for this
+      // thread's wake-up from the condition variable (tens of microseconds) every time.
+      pause();
+      continue;
+    }
+    if (pending_count_ == 0) {
+      cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
+      if (pending_count_ == 0) return;  // stopping, and nothing left to finish
+      // New work: spin for it rather than sleep, since a sleep overshoots by tens of
+      // microseconds, which a short operation's caller would wait on.
+      last_progress = Clock::now();
+    }
+    struct Done {
+      Callback callback;
+      cudaError_t error;
+    };
+    std::vector<Done> done;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      std::deque<Callback>& queue = it->second;
+      while (!queue.empty()) {
+        Callback& head = queue.front();
+        const cudaError_t error = cudaEventQuery(head.event);
+        if (error == cudaErrorNotReady) break;
+        done.push_back(Done{std::move(head), error});
+        queue.pop_front();
+        --pending_count_;
+      }
+      if (queue.empty()) {
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    if (done.empty() && Clock::now() - last_progress < kSpin) {
+      pause();
+      continue;
+    }
+    lock.unlock();
+    for (Done& d : done) finish_(std::move(d.callback), d.error);
+    if (!done.empty()) {
+      last_progress = Clock::now();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    lock.lock();
+  }
+}
+
 class CudaBackend;
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(CudaBackend& backend, int device, cudaStream_t stream)
-      : backend_(backend), device_(device), stream_(stream) {}
+  CudaStream(CudaBackend& backend, int device, cudaStream_t stream, CompletionPoller& poller)
+      : backend_(backend), device_(device), stream_(stream), poller_(poller) {}
   ~CudaStream() override;
 
   int device() const override { return device_; }
@@ -102,11 +239,13 @@ class CudaStream final : public Stream {
   absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override;
 
   cudaStream_t get() const { return stream_; }
+  CompletionPoller& poller() const { return poller_; }
 
  private:
   CudaBackend& backend_;
   const int device_;
   const cudaStream_t stream_;
+  CompletionPoller& poller_;
 };
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
@@ -188,9 +327,8 @@ class CudaBackend final : public Backend {
 
   // Checks a CUDA call's result; a sticky error also marks the backend failed.
   absl::Status Check(cudaError_t error, const char* call, const char* file, int line);
-  // Runs `fn` on the completion thread once the work enqueued on `stream` is done.
-  absl::Status EnqueueCallback(cudaStream_t stream, int device,
-                               absl::AnyInvocable<void(absl::Status) &&> fn);
+  // Runs `fn` on the stream's completion poller once the work enqueued on it is done.
+  absl::Status EnqueueCallback(CudaStream& stream, absl::AnyInvocable<void(absl::Status) &&> fn);
   EventPool& TimingEvents(int device) { return devices_[device]->timing_events; }
   absl::Status SetDevice(int device) {
     return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__);
@@ -199,19 +337,11 @@ class CudaBackend final : public Backend {
   absl::Status InjectIllegalAddress(int device);
 
  private:
-  // A callback waiting for the work before `event` on its stream.
-  struct PendingCallback {
-    cudaEvent_t event;
-    int device;
-    absl::AnyInvocable<void(absl::Status) &&> fn;
-  };
-
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
   absl::Status WarmUp(int device);
-  // The completion thread: polls the oldest pending event of each stream and runs the
-  // callbacks of those that completed, in each stream's order.
-  void PollCompletions();
+  // Runs a callback whose event completed (a completion poller's FinishFn).
+  void FinishCallback(CompletionPoller::Callback callback, cudaError_t error);
   // Fails every pending callback with `status` (the device is unusable).
   void FailPendingCallbacks(const absl::Status& status);
   absl::Status CheckDevice(int device) const;
@@ -223,18 +353,9 @@ class CudaBackend final : public Backend {
   std::vector<DeviceDescription> descriptions_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::unique_ptr<ElementwiseKernels> elementwise_;
-
-  // Completion callbacks. Polling events from a thread of our own answers within
-  // microseconds; a CUDA host callback would hop through the driver's callback thread
-  // first, adding tens of microseconds to every operation's completion. The thread spins
-  // while callbacks are pending and sleeps on the condition variable otherwise.
-  std::mutex callbacks_mu_;
-  std::condition_variable callbacks_cv_;
-  // Per stream, oldest first: an event completes only after its stream's earlier ones.
-  absl::flat_hash_map<cudaStream_t, std::deque<PendingCallback>> pending_;
-  size_t pending_count_ = 0;
-  bool stopping_ = false;
-  std::thread completion_thread_;
+  // Streams are given to the pollers in turn as they are made.
+  std::vector<std::unique_ptr<CompletionPoller>> pollers_;
+  std::atomic<size_t> next_poller_{0};
 };
 
 CudaStream::~CudaStream() {
@@ -265,7 +386,7 @@ absl::StatusOr<std::shared_ptr<Event>> CudaStream::Record() {
 }
 
 absl::Status CudaStream::OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) {
-  return backend_.EnqueueCallback(stream_, device_, std::move(fn));
+  return backend_.EnqueueCallback(*this, std::move(fn));
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -337,10 +458,14 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     devices_.push_back(std::move(device));
   }
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
-  completion_thread_ = std::thread([this] {
-    NameThisThread("cuda-complete");
-    PollCompletions();
-  });
+  // A poller per four cores, at most four: enough that sessions on many streams are
+  // not answered one at a time, few enough that their spinning costs little.
+  const size_t pollers = std::clamp<size_t>(std::thread::hardware_concurrency() / 4, 1, 4);
+  for (size_t i = 0; i < pollers; ++i) {
+    pollers_.push_back(std::make_unique<CompletionPoller>(
+        [this](CompletionPoller::Callback c, cudaError_t e) { FinishCallback(std::move(c), e); },
+        "cuda-complete"));
+  }
   for (const auto& device : devices_) {
     RETURN_IF_ERROR(WarmUp(device->index));
   }
@@ -384,14 +509,7 @@ CudaBackend::~CudaBackend() {
     // After a sticky error every call fails; there is nothing left to wait for or log.
     if (health().ok()) LogIfFailed(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
-  if (completion_thread_.joinable()) {
-    {
-      std::lock_guard lock(callbacks_mu_);
-      stopping_ = true;
-    }
-    callbacks_cv_.notify_all();
-    completion_thread_.join();
-  }
+  pollers_.clear();  // each finishes its pending callbacks first
   elementwise_.reset();
   for (auto& device : devices_) {
     cudaSetDevice(device->index);
@@ -429,115 +547,39 @@ absl::Status CudaBackend::CheckDevice(int device) const {
 
 // ---- completion callbacks
 
-absl::Status CudaBackend::EnqueueCallback(cudaStream_t stream, int device,
+absl::Status CudaBackend::EnqueueCallback(CudaStream& stream,
                                           absl::AnyInvocable<void(absl::Status) &&> fn) {
   RETURN_IF_ERROR(CheckHealthy());
-  RETURN_IF_ERROR(SetDevice(device));
+  RETURN_IF_ERROR(SetDevice(stream.device()));
   cudaEvent_t event = nullptr;
-  EventPool& pool = devices_[device]->sync_events;
+  EventPool& pool = devices_[stream.device()]->sync_events;
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, pool.Acquire(&event));
-  if (absl::Status s = Check(cudaEventRecord(event, stream), "cudaEventRecord", __FILE__, __LINE__);
+  if (absl::Status s =
+          Check(cudaEventRecord(event, stream.get()), "cudaEventRecord", __FILE__, __LINE__);
       !s.ok()) {
     pool.Release(event);
     return s;
   }
-  {
-    std::lock_guard lock(callbacks_mu_);
-    pending_[stream].push_back(PendingCallback{event, device, std::move(fn)});
-    ++pending_count_;
-  }
-  callbacks_cv_.notify_one();
+  stream.poller().Add(stream.get(),
+                      CompletionPoller::Callback{event, stream.device(), std::move(fn)});
   return absl::OkStatus();
 }
 
-void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
-  std::vector<PendingCallback> failed;
-  {
-    std::lock_guard lock(callbacks_mu_);
-    for (auto& [stream, queue] : pending_) {
-      for (PendingCallback& p : queue) failed.push_back(std::move(p));
-    }
-    pending_.clear();
-    pending_count_ = 0;
-  }
-  for (PendingCallback& p : failed) {
-    devices_[p.device]->sync_events.Release(p.event);
-    std::move(p.fn)(status);
-  }
+void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_t error) {
+  devices_[callback.device]->sync_events.Release(callback.event);
+  // A sticky error also marks the backend failed.
+  absl::Status status = error == cudaSuccess
+                            ? absl::OkStatus()
+                            : Check(error, "work enqueued on the stream", __FILE__, __LINE__);
+  std::move(callback.fn)(std::move(status));
 }
 
-void CudaBackend::PollCompletions() {
-  using Clock = std::chrono::steady_clock;
-  // Spin this long after the last completion, work pending or not, before backing off
-  // to short sleeps (or, with nothing pending, to the condition variable): a chain of
-  // operations completes one after another, and each waits for the poll.
-  constexpr auto kSpin = std::chrono::microseconds(500);
-  constexpr auto kSweepInterval = std::chrono::microseconds(4);
-  Clock::time_point last_progress = Clock::now();
-  std::unique_lock lock(callbacks_mu_);
-  // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's lock,
-  // and back-to-back queries would hold up the threads launching work.
-  auto pause = [&] {
-    lock.unlock();
-    const Clock::time_point until = Clock::now() + kSweepInterval;
-    while (Clock::now() < until) std::this_thread::yield();
-    lock.lock();
-  };
-  for (;;) {
-    if (pending_count_ == 0 && !stopping_ && Clock::now() - last_progress < kSpin) {
-      // Idle, but busy a moment ago: stay awake for the next operation. A client that
-      // submits and waits, one operation at a time, would otherwise wait for this
-      // thread's wake-up from the condition variable (tens of microseconds) every time.
-      pause();
-      continue;
+void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
+  for (const auto& poller : pollers_) {
+    for (CompletionPoller::Callback& c : poller->TakeAll()) {
+      devices_[c.device]->sync_events.Release(c.event);
+      std::move(c.fn)(status);
     }
-    if (pending_count_ == 0) {
-      callbacks_cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
-      if (pending_count_ == 0) return;  // stopping, and nothing left to finish
-      // New work: spin for it rather than sleep, since a sleep overshoots by tens of
-      // microseconds, which a short operation's caller would wait on.
-      last_progress = Clock::now();
-    }
-    struct Done {
-      PendingCallback callback;
-      cudaError_t error;
-    };
-    std::vector<Done> done;
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      std::deque<PendingCallback>& queue = it->second;
-      while (!queue.empty()) {
-        PendingCallback& head = queue.front();
-        const cudaError_t error = cudaEventQuery(head.event);
-        if (error == cudaErrorNotReady) break;
-        done.push_back(Done{std::move(head), error});
-        queue.pop_front();
-        --pending_count_;
-      }
-      if (queue.empty()) {
-        pending_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    if (done.empty() && Clock::now() - last_progress < kSpin) {
-      pause();
-      continue;
-    }
-    lock.unlock();
-    for (Done& d : done) {
-      devices_[d.callback.device]->sync_events.Release(d.callback.event);
-      // A sticky error also marks the backend failed.
-      absl::Status status = d.error == cudaSuccess
-                                ? absl::OkStatus()
-                                : Check(d.error, "work enqueued on the stream", __FILE__, __LINE__);
-      std::move(d.callback.fn)(std::move(status));
-    }
-    if (!done.empty()) {
-      last_progress = Clock::now();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    lock.lock();
   }
 }
 
@@ -578,7 +620,8 @@ absl::StatusOr<std::unique_ptr<Stream>> CudaBackend::CreateStream(int device) {
   // Non-blocking: independent of the legacy default stream that libraries may use.
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
                                       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::make_unique<CudaStream>(*this, device, stream);
+  CompletionPoller& poller = *pollers_[next_poller_.fetch_add(1) % pollers_.size()];
+  return std::make_unique<CudaStream>(*this, device, stream, poller);
 }
 
 absl::StatusOr<double> CudaBackend::ElapsedSeconds(const Event& start, const Event& end) {
