@@ -14,6 +14,17 @@
 
 namespace gpucompute {
 
+// An operation on its way to the device, and what its launch produced.
+struct QueuedLaunch {
+  std::shared_ptr<Operation> op;
+  std::vector<std::shared_ptr<Event>> waits;  // on other streams' work
+  absl::Status status;                        // of the launch
+  std::shared_ptr<Event> start;
+  std::shared_ptr<Event> end;
+  double compile_seconds = 0;
+  OpResult result;
+};
+
 struct StreamState {
   std::string id;
   std::string client;
@@ -26,9 +37,13 @@ struct StreamState {
   // an operation no longer retained is long done.
   std::weak_ptr<Operation> last;
   uint64_t unfinished = 0;
-  // Dispatched to the backend stream and not yet complete; at most the backend's
-  // DispatchWindow.
+  // Launching or dispatched to the backend stream, and not yet complete; at most the
+  // backend's DispatchWindow.
   int dispatched = 0;
+  // Taken off `pending`, to be launched in this order by the thread that launches
+  // this stream's work (launching).
+  std::vector<QueuedLaunch> launch_queue;
+  bool launching = false;
   // PumpLocked re-entrancy: a pump asked for while one runs is folded into it.
   bool pumping = false;
   bool repump = false;
@@ -143,7 +158,9 @@ void Executor::ReapRetiredStreams() {
 
 Executor::~Executor() {
   mu_.LockWhen(absl::Condition(
-      +[](uint64_t* in_flight) { return *in_flight == 0; }, &in_flight_));
+      +[](Executor* e)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->in_flight_ == 0 && e->launchers_ == 0; },
+      this));
   stopping_ = true;
   mu_.Unlock();
   reaper_.join();
@@ -465,59 +482,97 @@ void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
       }
       s->blocked_on = nullptr;
       s->pending.pop_front();
-      DispatchLocked(op, std::move(waits));
+      op->deps_.clear();
+      op->phase_ = Work::Phase::kLaunching;
+      ++s->dispatched;
+      QueuedLaunch& launch = s->launch_queue.emplace_back();
+      launch.op = op;
+      launch.waits = std::move(waits);
     }
   } while (s->repump);
   s->pumping = false;
+  if (!s->launch_queue.empty() && !s->launching) {
+    s->launching = true;
+    ++launchers_;
+    deferred_.push_back([this, s] { LaunchQueued(s); });
+  }
 }
 
-void Executor::DispatchLocked(const std::shared_ptr<Operation>& op,
-                              std::vector<std::shared_ptr<Event>> waits) {
-  Stream& stream = *op->stream_state_->stream;
-  // The range covers all this operation enqueues: its waits, events and kernels.
-  std::optional<ScopedRange> range;
-  range.emplace(backend_, op->range_name_);
-  absl::Status status = cancelled_;
-  for (auto& w : waits) {
-    if (status.ok()) status = stream.Wait(std::move(w));
-  }
-  absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
-  if (start.ok()) {
-    op->start_event_ = *start;
-    absl::StatusOr<LaunchInfo> info = std::move(op->launch_)(stream, op->status_.result);
-    if (info.ok()) {
-      op->status_.timing.compile_seconds += info->compile_seconds;
-    } else {
-      status = info.status();
+void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
+  // The backend stream outlives this: it is retired only once its last operation is
+  // done, which is after this thread has enqueued its completion.
+  Stream& stream = *s->stream;
+  for (;;) {
+    std::vector<QueuedLaunch> batch;
+    absl::Status cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      batch.swap(s->launch_queue);
+      if (batch.empty()) {
+        s->launching = false;
+        --launchers_;  // the destructor may go on once this is released
+        return;
+      }
+      cancelled = cancelled_;
     }
-  } else {
-    status = start.status();
-  }
-  op->launch_ = nullptr;  // drop what the launch captured
-  if (status.ok()) {
-    absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
-    if (end.ok()) {
-      op->end_event_ = *end;
-    } else {
-      status = end.status();
+    for (QueuedLaunch& l : batch) {
+      // The range covers all this operation enqueues: its waits, events and kernels.
+      ScopedRange range(backend_, l.op->range_name_);
+      absl::Status status = cancelled;
+      for (auto& w : l.waits) {
+        if (status.ok()) status = stream.Wait(std::move(w));
+      }
+      l.waits.clear();
+      absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
+      if (start.ok()) {
+        l.start = *std::move(start);
+        absl::StatusOr<LaunchInfo> info = std::move(l.op->launch_)(stream, l.result);
+        if (info.ok()) {
+          l.compile_seconds = info->compile_seconds;
+        } else {
+          status = info.status();
+        }
+      } else {
+        status = start.status();
+      }
+      l.op->launch_ = nullptr;  // drop what the launch captured
+      if (status.ok()) {
+        absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
+        if (end.ok()) {
+          l.end = *std::move(end);
+        } else {
+          status = end.status();
+        }
+      }
+      l.status = std::move(status);
+    }
+    {
+      Guard guard(*this);
+      for (QueuedLaunch& l : batch) {
+        Operation& op = *l.op;
+        op.start_event_ = std::move(l.start);
+        op.end_event_ = std::move(l.end);
+        op.status_.timing.compile_seconds += l.compile_seconds;
+        // The device may still write inline values into the vector's memory, which
+        // the move keeps.
+        op.status_.result = std::move(l.result);
+        op.status_.state = OperationStatus::State::kRunning;
+        op.phase_ = Work::Phase::kDispatched;
+        if (observer_ != nullptr) observer_->OnDispatched(op.status_);
+        NotifyLocked(op);
+      }
+    }
+    // In the stream's order, after the mutex: a completion may come at once. Even a
+    // failed launch completes through the stream, so that it stays in order with the
+    // work before it.
+    for (QueuedLaunch& l : batch) {
+      absl::Status enqueued =
+          stream.OnComplete([this, op = l.op, status = l.status](absl::Status device_status) {
+            CompleteOperation(op, status.ok() ? device_status : status);
+          });
+      if (!enqueued.ok()) CompleteOperation(l.op, std::move(enqueued));  // unusable stream
     }
   }
-  range.reset();
-  op->deps_.clear();
-  op->status_.state = OperationStatus::State::kRunning;
-  op->phase_ = Work::Phase::kDispatched;
-  ++op->stream_state_->dispatched;
-  if (observer_ != nullptr) observer_->OnDispatched(op->status_);
-  // Even a failed launch completes through the stream, so that it stays in order with
-  // the work before it.
-  absl::Status enqueued = stream.OnComplete([this, op, status](absl::Status device_status) {
-    CompleteOperation(op, status.ok() ? device_status : status);
-  });
-  if (!enqueued.ok()) {
-    // The stream is unusable; finish the operation from another thread.
-    deferred_.push_back([this, op, enqueued] { CompleteOperation(op, enqueued); });
-  }
-  NotifyLocked(*op);
 }
 
 void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) {

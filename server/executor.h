@@ -103,7 +103,8 @@ class Work {
 
  private:
   friend class Executor;
-  enum class Phase : uint8_t { kPending, kDispatched, kDone };
+  // kLaunching: taken off its stream's queue, its launch not yet enqueued on the device.
+  enum class Phase : uint8_t { kPending, kLaunching, kDispatched, kDone };
   Phase phase_ = Phase::kPending;
   StreamState* stream_ = nullptr;  // null for host accesses
   std::shared_ptr<Event> end_event_;
@@ -248,7 +249,8 @@ class Executor {
     // Seconds spent compiling for it before submission (Backend::PrepareElementwise),
     // added to what the launch reports.
     double compile_seconds = 0;
-    // Enqueues the operation's work on the stream. Runs under the executor's mutex:
+    // Enqueues the operation's work on the stream. Runs outside the executor's mutex, on
+    // the one thread at a time that launches the stream's work, in the stream's order:
     // it must only enqueue, never wait.
     absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;
   };
@@ -315,9 +317,14 @@ class Executor {
   // Drops the hazard entries of `buffers` whose work is all done.
   void ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the stream's operations that may start (their dependencies on other streams
+  // enqueued, room in the dispatch window) to its launch queue, and has a thread launch
+  // them once the mutex is released, unless one already does.
   void PumpLocked(const std::shared_ptr<StreamState>& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DispatchLocked(const std::shared_ptr<Operation>& op,
-                      std::vector<std::shared_ptr<Event>> waits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Launches the stream's queued operations until none are left. CUDA calls take
+  // microseconds each, so they run outside the mutex; one thread at a time per stream
+  // keeps them in the stream's order.
+  void LaunchQueued(const std::shared_ptr<StreamState>& stream) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status)
@@ -342,6 +349,7 @@ class Executor {
   const std::vector<std::unique_ptr<Stream>> transfer_streams_;
   absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
+  int launchers_ ABSL_GUARDED_BY(mu_) = 0;       // threads in LaunchQueued
   absl::flat_hash_map<std::string, uint64_t> in_flight_by_tenant_ ABSL_GUARDED_BY(mu_);
   // Set by CancelQueued: what queued and later operations fail with.
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
