@@ -91,6 +91,13 @@ class Stream {
   // Runs `fn` on a backend-owned host thread once all work enqueued before it has
   // completed, with the stream's error state. `fn` may enqueue work on any stream.
   virtual absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) = 0;
+  // As OnComplete, but `fn` waits only for `event`, which the caller recorded on this
+  // stream, rather than for all enqueued so far; a backend may poll it rather than
+  // record an event of its own. Callbacks of one stream still run in the order given.
+  virtual absl::Status OnEvent(std::shared_ptr<Event> event,
+                               absl::AnyInvocable<void(absl::Status) &&> fn) {
+    return OnComplete(std::move(fn));
+  }
 };
 
 struct DeviceDescription {

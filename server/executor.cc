@@ -551,7 +551,7 @@ void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
       for (QueuedLaunch& l : batch) {
         Operation& op = *l.op;
         op.start_event_ = std::move(l.start);
-        op.end_event_ = std::move(l.end);
+        op.end_event_ = l.end;
         op.status_.timing.compile_seconds += l.compile_seconds;
         // The device may still write inline values into the vector's memory, which
         // the move keeps.
@@ -566,10 +566,13 @@ void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
     // failed launch completes through the stream, so that it stays in order with the
     // work before it.
     for (QueuedLaunch& l : batch) {
-      absl::Status enqueued =
-          stream.OnComplete([this, op = l.op, status = l.status](absl::Status device_status) {
-            CompleteOperation(op, status.ok() ? device_status : status);
-          });
+      auto complete = [this, op = l.op, status = l.status](absl::Status device_status) {
+        CompleteOperation(op, status.ok() ? device_status : status);
+      };
+      // The end event follows all the operation enqueued; a failed launch has none.
+      absl::Status enqueued = l.end != nullptr
+                                  ? stream.OnEvent(std::move(l.end), std::move(complete))
+                                  : stream.OnComplete(std::move(complete));
       if (!enqueued.ok()) CompleteOperation(l.op, std::move(enqueued));  // unusable stream
     }
   }

@@ -37,6 +37,17 @@ constexpr uint64_t kLargeBlockBytes = 8 << 20;
 constexpr uint64_t kSmallBlockBytes = 64 << 10;
 constexpr size_t kSmallBlocks = 64;
 
+// cudaSetDevice, skipped when the calling thread's current device already is `device`:
+// the call takes a driver lock, and submitting one operation would make it several
+// times. Every device switch of this backend goes through here, so the cache stays true.
+cudaError_t SwitchDevice(int device) {
+  thread_local int current = -1;
+  if (current == device) return cudaSuccess;
+  const cudaError_t error = cudaSetDevice(device);
+  current = error == cudaSuccess ? device : -1;
+  return error;
+}
+
 // Reuses CUDA events: every operation records three (start, end, completion), and
 // creating and destroying each would cost driver calls on the submission path. Handing a
 // pending event back is safe: a later record replaces what queries see, and a stream that
@@ -104,6 +115,9 @@ class CompletionPoller {
     cudaEvent_t event;
     int device;
     absl::AnyInvocable<void(absl::Status) &&> fn;
+    // The event's owner when the caller recorded it (OnEvent); null when the event is
+    // the backend's own, from the device's sync_events.
+    std::shared_ptr<Event> owner;
   };
   // Runs a callback whose event completed, with the event's query result.
   using FinishFn = std::function<void(Callback, cudaError_t)>;
@@ -237,6 +251,8 @@ class CudaStream final : public Stream {
   absl::Status Wait(std::shared_ptr<Event> event) override;
   absl::StatusOr<std::shared_ptr<Event>> Record() override;
   absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override;
+  absl::Status OnEvent(std::shared_ptr<Event> event,
+                       absl::AnyInvocable<void(absl::Status) &&> fn) override;
 
   cudaStream_t get() const { return stream_; }
   CompletionPoller& poller() const { return poller_; }
@@ -331,7 +347,7 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueCallback(CudaStream& stream, absl::AnyInvocable<void(absl::Status) &&> fn);
   EventPool& TimingEvents(int device) { return devices_[device]->timing_events; }
   absl::Status SetDevice(int device) {
-    return Check(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__);
+    return Check(SwitchDevice(device), "cudaSetDevice", __FILE__, __LINE__);
   }
   // Raises a sticky error on `device` and waits for it to surface (tests only).
   absl::Status InjectIllegalAddress(int device);
@@ -389,6 +405,18 @@ absl::Status CudaStream::OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn
   return backend_.EnqueueCallback(*this, std::move(fn));
 }
 
+absl::Status CudaStream::OnEvent(std::shared_ptr<Event> event,
+                                 absl::AnyInvocable<void(absl::Status) &&> fn) {
+  const auto* e = dynamic_cast<const CudaEvent*>(event.get());
+  if (e == nullptr || e->device() != device_) {
+    return absl::InvalidArgumentError("the event is not from this stream's device");
+  }
+  RETURN_IF_ERROR(backend_.health());
+  poller_.Add(stream_,
+              CompletionPoller::Callback{e->get(), device_, std::move(fn), std::move(event)});
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const CudaBackendOptions& options) {
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
@@ -406,7 +434,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
         error == cudaSuccess ? "none found" : cudaGetErrorName(error), "); use --backend=cpu"));
   }
   for (int d = 0; d < count; ++d) {
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaSetDevice(d));
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, SwitchDevice(d));
     cudaDeviceProp prop{};
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaGetDeviceProperties(&prop, d));
     int memory_clock_khz = 0;
@@ -505,14 +533,14 @@ absl::Status CudaBackend::WarmUp(int device) {
 
 CudaBackend::~CudaBackend() {
   for (auto& device : devices_) {
-    cudaSetDevice(device->index);
+    SwitchDevice(device->index);
     // After a sticky error every call fails; there is nothing left to wait for or log.
     if (health().ok()) LogIfFailed(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   pollers_.clear();  // each finishes its pending callbacks first
   elementwise_.reset();
   for (auto& device : devices_) {
-    cudaSetDevice(device->index);
+    SwitchDevice(device->index);
     if (device->cublas != nullptr) {
       const cublasStatus_t destroyed = cublasDestroy(device->cublas);
       if (health().ok()) LogIfFailed(destroyed, "cublasDestroy");
@@ -566,7 +594,7 @@ absl::Status CudaBackend::EnqueueCallback(CudaStream& stream,
 }
 
 void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_t error) {
-  devices_[callback.device]->sync_events.Release(callback.event);
+  if (callback.owner == nullptr) devices_[callback.device]->sync_events.Release(callback.event);
   // A sticky error also marks the backend failed.
   absl::Status status = error == cudaSuccess
                             ? absl::OkStatus()
@@ -577,7 +605,7 @@ void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_
 void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
   for (const auto& poller : pollers_) {
     for (CompletionPoller::Callback& c : poller->TakeAll()) {
-      devices_[c.device]->sync_events.Release(c.event);
+      if (c.owner == nullptr) devices_[c.device]->sync_events.Release(c.event);
       std::move(c.fn)(status);
     }
   }
@@ -606,7 +634,7 @@ absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
   return DeviceMemory(p, bytes, device, [this, &d](void* ptr, uint64_t) {
     // Runs once every use has completed (the executor keeps buffers alive until then),
     // so freeing in the allocation stream's order is safe.
-    cudaSetDevice(d.index);
+    SwitchDevice(d.index);
     const cudaError_t freed = cudaFreeAsync(ptr, d.alloc_stream);
     if (health().ok()) LogIfFailed(freed, "cudaFreeAsync");
   });
@@ -812,7 +840,7 @@ absl::StatusOr<DeviceMemory> CudaBackend::AllocateExportable(int device, uint64_
   RETURN_IF_ERROR(Check(error, "cudaMalloc", __FILE__, __LINE__));
   return DeviceMemory(p, bytes, device, [this, device](void* ptr, uint64_t) {
     // cudaFree waits for the device: every use has been enqueued and is done or will be.
-    cudaSetDevice(device);
+    SwitchDevice(device);
     const cudaError_t freed = cudaFree(ptr);
     if (health().ok()) LogIfFailed(freed, "cudaFree");
   });
@@ -876,7 +904,7 @@ absl::StatusOr<DeviceMemory> CudaBackend::OpenIpcHandle(int device, absl::string
         absl::StrCat("cannot open the CUDA IPC handle on device ", device, ": ", s.message()));
   }
   DeviceMemory memory(p, bytes, device, [this, device](void* ptr, uint64_t) {
-    cudaSetDevice(device);
+    SwitchDevice(device);
     const cudaError_t closed = cudaIpcCloseMemHandle(ptr);
     if (health().ok()) LogIfFailed(closed, "cudaIpcCloseMemHandle");
   });
