@@ -122,7 +122,11 @@ void SessionCore::OnReadDone(bool ok) {
   const int ops = ok ? request_.ops_size() : 0;
   const bool too_many = ops > static_cast<int>(kMaxSessionInFlight);
   if (ok && !too_many) {
-    for (const v1::ChainStep& step : request_.ops()) Accept(step);
+    for (const v1::ChainStep& step : request_.ops()) {
+      // A cancelled session plans and queues nothing more.
+      if (absl::MutexLock lock(&mu_); StoppedLocked()) break;
+      Accept(step);
+    }
   }
   request_.Clear();
   Actions actions;
