@@ -340,6 +340,12 @@ std::vector<StreamInfo> Executor::ListStreams(absl::string_view client) {
   return out;
 }
 
+void Executor::PopDoneReaders(Hazards& h) {
+  while (!h.readers.empty() && h.readers.front()->phase_ == Work::Phase::kDone) {
+    h.readers.pop_front();
+  }
+}
+
 void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
                                   const std::vector<Access>& accesses) {
   // One entry per buffer; a buffer both read and written counts as written.
@@ -362,8 +368,7 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
   for (const Access& a : merged) {
     Hazards& b = hazards_[a.buffer->id];
     add_dep(b.last_writer);
-    std::erase_if(b.readers,
-                  [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    PopDoneReaders(b);
     if (a.write) {
       for (const auto& r : b.readers) add_dep(r);
       b.readers.clear();
@@ -437,8 +442,7 @@ void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buff
     auto it = hazards_.find(buffer->id);
     if (it == hazards_.end()) continue;
     Hazards& h = it->second;
-    std::erase_if(h.readers,
-                  [](const std::shared_ptr<Work>& r) { return r->phase_ == Work::Phase::kDone; });
+    PopDoneReaders(h);
     if (h.last_writer != nullptr && h.last_writer->phase_ == Work::Phase::kDone)
       h.last_writer.reset();
     if (h.last_writer == nullptr && h.readers.empty()) hazards_.erase(it);

@@ -297,8 +297,13 @@ class Executor {
   // entry goes once all of its work is done.
   struct Hazards {
     std::shared_ptr<Work> last_writer;
-    std::vector<std::shared_ptr<Work>> readers;
+    // Oldest first. Done readers leave from the front (PopDoneReaders): work finishes
+    // mostly in submission order, so that costs O(1) an access where a scan cost one
+    // step per reader in flight, a thousand for a busy session's input. One done behind
+    // one still running stays until the one before it is done; add_dep skips it.
+    std::deque<std::shared_ptr<Work>> readers;
   };
+  static void PopDoneReaders(Hazards& h);
 
   Executor(Backend& backend, int default_device, size_t max_streams,
            std::vector<std::unique_ptr<Stream>> transfer_streams);
