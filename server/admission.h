@@ -35,7 +35,10 @@ class TenantAdmission {
   using Ticket = std::shared_ptr<const void>;
 
   explicit TenantAdmission(Limits limits) : limits_(limits) {}
-  // The last ticket must be gone before the admission is destroyed.
+  // The last ticket must be gone before the admission is destroyed. It may have gone on
+  // another thread (a reactor's OnDone) just before: the destructor takes the mutex that
+  // its release held, so that the map is read after that release in every sense.
+  ~TenantAdmission() { absl::MutexLock lock(&mu_); }
   TenantAdmission(const TenantAdmission&) = delete;
   TenantAdmission& operator=(const TenantAdmission&) = delete;
 
