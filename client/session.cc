@@ -119,7 +119,9 @@ Session::Submitted Session::Submit(v1::SubmitRequest request, std::string tag) {
 }
 
 const v1::SessionRequest* Session::TakeQueuedLocked() {
-  if (writing_ || writes_ended_ || queued_.ops().empty()) return nullptr;
+  if (writing_ || writes_ended_ || write_failed_ || reads_ended_ || queued_.ops().empty()) {
+    return nullptr;
+  }
   writing_message_.Swap(&queued_);
   queued_.Clear();
   queued_bytes_ = 0;
@@ -150,7 +152,7 @@ void Session::OnWriteDone(bool ok) {
     writing_ = false;
     // A failed write means the call is over: OnDone resolves the futures with its status.
     if (!ok) write_failed_ = true;
-    next = write_failed_ || reads_ended_ ? nullptr : TakeQueuedLocked();
+    next = TakeQueuedLocked();
     if (next == nullptr) {
       end = EndWritesLocked();
       clean = !write_failed_ && !reads_ended_;

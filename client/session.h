@@ -89,8 +89,8 @@ class Session {
   class Stream;  // the call's reactor
 
   Session(Client& client, AnswerFn on_answer);
-  // The queued operations as the next message to write, if none is being written; the
-  // caller then starts its write outside the lock.
+  // The queued operations as the next message to write, if none is being written and
+  // the writes may go on; the caller then starts its write outside the lock.
   const v1::SessionRequest* TakeQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
   // Whether the writes end now: nothing is being written, and the session is closing, a
   // write failed or the server ended the call. The caller then calls EndWrites.
