@@ -48,10 +48,11 @@ cudaError_t SwitchDevice(int device) {
   return error;
 }
 
-// Reuses CUDA events: every operation records three (start, end, completion), and
-// creating and destroying each would cost driver calls on the submission path. Handing a
-// pending event back is safe: a later record replaces what queries see, and a stream that
-// waits on it waits for the record made before its wait call.
+// Reuses CUDA events: every operation records two (start and end, and its completion
+// waits for the end), every other completion callback one, and creating and destroying
+// each would cost driver calls on the submission path. Handing a pending event back is
+// safe: a later record replaces what queries see, and a stream that waits on it waits for
+// the record made before its wait call.
 class EventPool {
  public:
   explicit EventPool(unsigned flags) : flags_(flags) {}
@@ -122,9 +123,9 @@ class CompletionPoller {
   // Runs a callback whose event completed, with the event's query result.
   using FinishFn = std::function<void(Callback, cudaError_t)>;
 
-  CompletionPoller(FinishFn finish, const char* thread_name)
-      : finish_(std::move(finish)), thread_([this, thread_name] {
-          NameThisThread(thread_name);
+  explicit CompletionPoller(FinishFn finish)
+      : finish_(std::move(finish)), thread_([this] {
+          NameThisThread("cuda-complete");
           Run();
         }) {}
   // Finishes the callbacks still pending, then stops.
@@ -356,6 +357,8 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
   absl::Status WarmUp(int device);
+  // Hands a callback's event back to sync_events, unless the caller owns it (OnEvent).
+  void ReleaseSyncEvent(const CompletionPoller::Callback& callback);
   // Runs a callback whose event completed (a completion poller's FinishFn).
   void FinishCallback(CompletionPoller::Callback callback, cudaError_t error);
   // Fails every pending callback with `status` (the device is unusable).
@@ -491,8 +494,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   const size_t pollers = std::clamp<size_t>(std::thread::hardware_concurrency() / 4, 1, 4);
   for (size_t i = 0; i < pollers; ++i) {
     pollers_.push_back(std::make_unique<CompletionPoller>(
-        [this](CompletionPoller::Callback c, cudaError_t e) { FinishCallback(std::move(c), e); },
-        "cuda-complete"));
+        [this](CompletionPoller::Callback c, cudaError_t e) { FinishCallback(std::move(c), e); }));
   }
   for (const auto& device : devices_) {
     RETURN_IF_ERROR(WarmUp(device->index));
@@ -589,12 +591,16 @@ absl::Status CudaBackend::EnqueueCallback(CudaStream& stream,
     return s;
   }
   stream.poller().Add(stream.get(),
-                      CompletionPoller::Callback{event, stream.device(), std::move(fn)});
+                      CompletionPoller::Callback{event, stream.device(), std::move(fn), nullptr});
   return absl::OkStatus();
 }
 
-void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_t error) {
+void CudaBackend::ReleaseSyncEvent(const CompletionPoller::Callback& callback) {
   if (callback.owner == nullptr) devices_[callback.device]->sync_events.Release(callback.event);
+}
+
+void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_t error) {
+  ReleaseSyncEvent(callback);
   // A sticky error also marks the backend failed.
   absl::Status status = error == cudaSuccess
                             ? absl::OkStatus()
@@ -605,7 +611,7 @@ void CudaBackend::FinishCallback(CompletionPoller::Callback callback, cudaError_
 void CudaBackend::FailPendingCallbacks(const absl::Status& status) {
   for (const auto& poller : pollers_) {
     for (CompletionPoller::Callback& c : poller->TakeAll()) {
-      if (c.owner == nullptr) devices_[c.device]->sync_events.Release(c.event);
+      ReleaseSyncEvent(c);
       std::move(c.fn)(status);
     }
   }
