@@ -454,6 +454,36 @@ TEST_F(CudaVsCpu, PoolReportsUsageAndTrims) {
   EXPECT_EQ(gpu_->TrimMemoryPool(99, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CudaVsCpu, SmallBlocksAreReusedUncountedAndTrimmed) {
+  ASSIGN_OR_FAIL(PoolUsage start, gpu_->TrimMemoryPool(0, 0));
+  void* first = nullptr;
+  {
+    ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(0, 3000));
+    first = mem.data();
+    EXPECT_GE(gpu_->MemoryPoolUsage(0).used_bytes, start.used_bytes + 3000);
+  }
+  // Freed, the block is kept for reuse, not counted as used...
+  EXPECT_EQ(gpu_->MemoryPoolUsage(0).used_bytes, start.used_bytes);
+  {
+    // ...and serves the next allocation of its size class (3000 and 4096 bytes share one),
+    // which works as any other memory.
+    ASSIGN_OR_FAIL(DeviceMemory again, gpu_->Allocate(0, 4096));
+    EXPECT_EQ(again.data(), first);
+    const std::vector<int32_t> data = RandomValues<int32_t>(1024, 5);
+    ASSERT_OK(gpu_->CopyFromHost(*gpu_stream_, data.data(), again, 0, 4096));
+    ASSIGN_OR_FAIL(std::vector<int32_t> back, Download<int32_t>(*gpu_, *gpu_stream_, again, 1024));
+    EXPECT_EQ(back, data);
+    // A larger class does not take it.
+    ASSIGN_OR_FAIL(DeviceMemory other, gpu_->Allocate(0, 8192));
+    EXPECT_NE(other.data(), first);
+  }
+  ASSERT_OK(Synchronize(*gpu_stream_));
+  // Trimming gives the kept blocks back to the device with the rest.
+  ASSIGN_OR_FAIL(PoolUsage trimmed, gpu_->TrimMemoryPool(0, 0));
+  EXPECT_EQ(trimmed.used_bytes, start.used_bytes);
+  EXPECT_LE(trimmed.reserved_bytes, start.reserved_bytes);
+}
+
 TEST_F(CudaVsCpu, OutOfMemoryIsResourceExhaustedAndLeavesTheBackendHealthy) {
   const uint64_t too_much = gpu_->devices()[0].total_memory_bytes * 2;
   absl::StatusOr<DeviceMemory> mem = gpu_->Allocate(0, too_much);

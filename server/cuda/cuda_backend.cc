@@ -25,6 +25,7 @@
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/elementwise_kernels.h"
 #include "server/cuda/pinned_staging.h"
+#include "server/cuda/small_block_cache.h"
 #include "server/status_macros.h"
 #include "server/thread_name.h"
 
@@ -281,6 +282,8 @@ struct Device {
   cublasHandle_t cublas = nullptr;
   std::unique_ptr<PinnedStaging> large_staging;
   std::unique_ptr<PinnedStaging> small_staging;
+  // Freed blocks of up to 1 MiB, kept for the next allocations of their size.
+  std::unique_ptr<SmallBlockCache> small_blocks;
   EventPool timing_events{cudaEventDefault};
   EventPool sync_events{cudaEventDisableTiming};
 };
@@ -365,6 +368,8 @@ class CudaBackend final : public Backend {
   void FailPendingCallbacks(const absl::Status& status);
   absl::Status CheckDevice(int device) const;
   absl::Status CheckHealthy() const { return health(); }
+  // Frees the device's kept small blocks (on its allocation stream; the device is current).
+  void FreeSmallBlocks(Device& d);
   // Copies between host and device through staging blocks, one block at a time.
   absl::Status StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes,
                           bool to_device);
@@ -477,6 +482,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
         kLargeBlockBytes, static_cast<size_t>(std::max<uint64_t>(
                               options.pinned_staging_bytes / kLargeBlockBytes, 2)));
     device->small_staging = std::make_unique<PinnedStaging>(kSmallBlockBytes, kSmallBlocks);
+    device->small_blocks = std::make_unique<SmallBlockCache>(options.small_block_cache_bytes);
 
     DeviceDescription description;
     description.index = d;
@@ -550,6 +556,7 @@ CudaBackend::~CudaBackend() {
     device->large_staging.reset();
     device->small_staging.reset();
     if (!health().ok()) continue;
+    FreeSmallBlocks(*device);
     if (device->alloc_stream != nullptr)
       LogIfFailed(cudaStreamDestroy(device->alloc_stream), "cudaStreamDestroy");
     if (device->pool != nullptr)
@@ -623,10 +630,33 @@ absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
   RETURN_IF_ERROR(CheckDevice(device));
   RETURN_IF_ERROR(CheckHealthy());
   Device& d = *devices_[device];
+  // A small allocation takes a whole block of its size class, so that the block can
+  // serve any allocation of that class once freed.
+  const uint64_t block_bytes = SmallBlockCache::BlockBytes(bytes);
+  // Runs once every use has completed (the executor keeps buffers alive until then), so
+  // the block may go to any stream's next allocation, and freeing it in the allocation
+  // stream's order is safe.
+  auto release = [this, &d, block_bytes](void* ptr, uint64_t) {
+    if (block_bytes != 0 && health().ok() && d.small_blocks->Keep(ptr, block_bytes)) return;
+    SwitchDevice(d.index);
+    const cudaError_t freed = cudaFreeAsync(ptr, d.alloc_stream);
+    if (health().ok()) LogIfFailed(freed, "cudaFreeAsync");
+  };
+  if (block_bytes != 0) {
+    if (void* p = d.small_blocks->Take(block_bytes)) {
+      return DeviceMemory(p, bytes, device, std::move(release));
+    }
+  }
   RETURN_IF_ERROR(SetDevice(device));
   void* p = nullptr;
-  const cudaError_t error =
-      cudaMallocFromPoolAsync(&p, std::max<uint64_t>(bytes, 1), d.pool, d.alloc_stream);
+  const uint64_t pool_bytes = block_bytes != 0 ? block_bytes : std::max<uint64_t>(bytes, 1);
+  cudaError_t error = cudaMallocFromPoolAsync(&p, pool_bytes, d.pool, d.alloc_stream);
+  if (error == cudaErrorMemoryAllocation && d.small_blocks->kept_bytes() > 0) {
+    // The kept blocks may be what is missing: give them back to the pool and try again.
+    cudaGetLastError();
+    FreeSmallBlocks(d);
+    error = cudaMallocFromPoolAsync(&p, pool_bytes, d.pool, d.alloc_stream);
+  }
   if (error == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
@@ -637,13 +667,13 @@ absl::StatusOr<DeviceMemory> CudaBackend::Allocate(int device, uint64_t bytes) {
   // Waiting here orders the allocation before any use on any stream.
   RETURN_IF_ERROR(
       Check(cudaStreamSynchronize(d.alloc_stream), "cudaStreamSynchronize", __FILE__, __LINE__));
-  return DeviceMemory(p, bytes, device, [this, &d](void* ptr, uint64_t) {
-    // Runs once every use has completed (the executor keeps buffers alive until then),
-    // so freeing in the allocation stream's order is safe.
-    SwitchDevice(d.index);
-    const cudaError_t freed = cudaFreeAsync(ptr, d.alloc_stream);
-    if (health().ok()) LogIfFailed(freed, "cudaFreeAsync");
-  });
+  return DeviceMemory(p, bytes, device, std::move(release));
+}
+
+void CudaBackend::FreeSmallBlocks(Device& d) {
+  for (const auto& [block, block_bytes] : d.small_blocks->TakeAll()) {
+    LogIfFailed(cudaFreeAsync(block, d.alloc_stream), "cudaFreeAsync");
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> CudaBackend::CreateStream(int device) {
@@ -674,6 +704,8 @@ PoolUsage CudaBackend::MemoryPoolUsage(int device) const {
   cudaMemPool_t pool = devices_[device]->pool;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &usage.reserved_bytes);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &usage.used_bytes);
+  // Kept small blocks are free to reuse, not in use.
+  usage.used_bytes -= std::min(usage.used_bytes, devices_[device]->small_blocks->kept_bytes());
   return usage;
 }
 
@@ -681,6 +713,7 @@ absl::StatusOr<PoolUsage> CudaBackend::TrimMemoryPool(int device, uint64_t keep_
   RETURN_IF_ERROR(CheckDevice(device));
   RETURN_IF_ERROR(SetDevice(device));
   Device& d = *devices_[device];
+  FreeSmallBlocks(d);
   // Frees still pending in the allocation stream's order would not be released.
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(d.alloc_stream));
   // Nothing to do when the pool holds no more than keep_bytes; the driver would round a

@@ -25,6 +25,9 @@ struct CudaBackendOptions {
   std::string kernel_cache_dir;
   // Bytes of pinned host memory kept for staging transfers, per device.
   uint64_t pinned_staging_bytes = 64ull << 20;
+  // Bytes of freed small blocks (up to 1 MiB each) each device keeps for reuse, so that
+  // small allocations skip the pool's driver call and wait.
+  uint64_t small_block_cache_bytes = 64ull << 20;
 };
 
 // The number of CUDA devices usable here: 0 without a driver or a GPU.
