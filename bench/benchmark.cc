@@ -5,7 +5,7 @@
 // Run (defaults shown; the defaults fit a small CPU machine in about a minute):
 //   gpucompute-bench --backend=cpu --log2n=24 --dtype=both --repeat=5
 //       --sections=kernels,transfers,e2e --threads=0 --gemv=2048,4096
-//       --transfer-mib=0 --samples=200 --session-ops=20000
+//       --transfer-mib=0 --samples=200 --session-ops=20000 --graph-min-ops=4
 // The GPU run: --backend=cuda --log2n=28 --gemv=16384,32768.
 //   --log2n         arrays have N = 2^log2n elements (kernels, transfers, e2e load)
 //   --dtype         float64, float32 or both (kernels section)
@@ -15,6 +15,7 @@
 //   --transfer-mib  transfer size in MiB; 0 = N float64 elements
 //   --samples       RPCs timed for each e2e latency row (and each sessions latency row)
 //   --session-ops   operations each sessions throughput row sends in all
+//   --graph-min-ops the server's --graph-min-ops (0: nothing is launched as a CUDA graph)
 //
 // Columns.
 //  kernels (Backend API only, device-resident buffers, one stream; device time between
@@ -78,7 +79,8 @@
 //              GetServerInfo (the no-op); vs no-op is the ratio of the p50s
 //    chain     RunChain of 100 steps, each the last one's output + 1 (temporaries): the
 //              median wall time against the sum of the steps' device times plus one
-//              no-op p50 (the round trip)
+//              no-op p50 (the round trip); once as the server launches it (on CUDA,
+//              runs of steps as CUDA graphs), once with every step launched on its own
 //  memory (while the load's 8 buffers exist; CUDA only for the device columns): the whole
 //  device's memory in use (cudaMemGetInfo; the benchmark process is the server) against
 //  the bytes the buffers hold, and the target: overhead under 5% of the device + 256 MiB
@@ -163,6 +165,7 @@ struct Options {
   uint64_t transfer_mib = 0;  // 0: 2^log2n float64 elements
   int samples = 200;
   int session_ops = 20000;
+  int graph_min_ops = 4;
 
   int64_t n() const { return int64_t{1} << log2n; }
   uint64_t transfer_bytes() const {
@@ -173,7 +176,8 @@ struct Options {
 constexpr const char* kUsage =
     "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
     "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
-    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n";
+    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n"
+    "         [--graph-min-ops=4]\n";
 
 absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
                       int64_t* out) {
@@ -249,6 +253,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     } else if (name == "session-ops") {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
       o.session_ops = static_cast<int>(v);
+    } else if (name == "graph-min-ops") {
+      RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
+      o.graph_min_ops = static_cast<int>(v);
     } else if (name == "samples") {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
       o.samples = static_cast<int>(v);
@@ -1202,8 +1209,10 @@ struct ChainTimes {
 
 // A chain of kChainSteps: kChainSteps - 1 increments, each of the last one's output,
 // then the max of the last, checked.
-absl::StatusOr<ChainTimes> MeasureChain(const Options& options, Client& client) {
+absl::StatusOr<ChainTimes> MeasureChain(const Options& options, Client& client,
+                                        bool separate_launches) {
   Chain chain;
+  chain.SeparateLaunches(separate_launches);
   std::string last = chain.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}));
   for (int k = 1; k < kChainSteps - 1; ++k) {
     last = chain.Add(Elementwise("s + 1", {{"s", BufferOperand(TagRef(last))}}));
@@ -1255,13 +1264,15 @@ absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-session-latency"));
   RETURN_IF_ERROR(PrepareSmall(*client));
   ASSIGN_OR_RETURN(SmallLatencies l, MeasureSmallLatencies(options, *client));
-  ASSIGN_OR_RETURN(ChainTimes chain, MeasureChain(options, *client));
+  ASSIGN_OR_RETURN(ChainTimes chain, MeasureChain(options, *client, false));
+  ASSIGN_OR_RETURN(ChainTimes separate, MeasureChain(options, *client, true));
   RETURN_IF_ERROR(DeleteSmall(*client));
 
   const double noop50 = Percentile(l.noop, 50);
   const double submit_ratio = Percentile(l.submit, 50) / noop50;
   const double session_ratio = Percentile(l.session, 50) / noop50;
   const double chain_bound = 2 * chain.device + noop50;
+  const double separate_bound = 2 * separate.device + noop50;
   Table table({"measure", "value", "p99 ms", "vs", "target", "met"}, 1);
   auto met = [](bool ok) { return std::string(ok ? "yes" : "NO"); };
   table.AddRow({"backend alone, 1 stream (ops/s)", Fixed(ceilings.one, 0), "", "ceiling", "", ""});
@@ -1294,6 +1305,11 @@ absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings
                              Fixed(noop50 * 1e3, 3), " ms"),
                 absl::StrCat("<= 2x device + no-op = ", Fixed(chain_bound * 1e3, 3)),
                 met(chain.wall <= chain_bound)});
+  table.AddRow({"same chain, each step launched alone, ms", Fixed(separate.wall * 1e3, 3), "",
+                absl::StrCat("device sum ", Fixed(separate.device * 1e3, 3), " ms; ",
+                             Fixed(separate.wall / chain.wall, 2), "x the chain above"),
+                absl::StrCat("<= 2x device + no-op = ", Fixed(separate_bound * 1e3, 3)),
+                met(separate.wall <= separate_bound)});
   table.Print(absl::StrCat("sessions: x + 1 on ", kSmallN, " float32 values; ", total,
                            " operations per throughput row, ", options.samples,
                            " alternating samples per latency row"));
@@ -1340,6 +1356,7 @@ absl::Status Run(const Options& options) {
   server_options.backend = options.backend;
   server_options.cpu_threads = options.threads;
   server_options.allow_shared_memory = true;  // the shm rows; client and server share a host
+  server_options.graph_min_ops = static_cast<size_t>(options.graph_min_ops);
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {

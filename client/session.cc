@@ -254,6 +254,11 @@ Chain& Chain::OnStream(std::string_view stream_id) {
   return *this;
 }
 
+Chain& Chain::SeparateLaunches(bool separate) {
+  request_.set_separate_launches(separate);
+  return *this;
+}
+
 absl::StatusOr<v1::ChainResponse> Chain::Run(Client& client) const {
   std::unique_ptr<v1::SessionService::Stub> stub = v1::SessionService::NewStub(client.channel());
   grpc::ClientContext context;

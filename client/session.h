@@ -142,6 +142,9 @@ class Chain {
   Chain& Keep(std::string_view tag);
   // The stream the steps run on (default: the client's default stream).
   Chain& OnStream(std::string_view stream_id);
+  // Launches every step on its own, never as one CUDA graph (ChainRequest's
+  // separate_launches), e.g. to compare the two.
+  Chain& SeparateLaunches(bool separate = true);
 
   const v1::ChainRequest& request() const { return request_; }
   // Runs the chain: the result of every step in order, or the error of the call (an

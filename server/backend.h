@@ -98,6 +98,20 @@ class Stream {
                                absl::AnyInvocable<void(absl::Status) &&> fn) {
     return OnComplete(std::move(fn));
   }
+
+  // --- Optional: recording work and launching it as one unit (a CUDA graph), so that a
+  // run of small operations costs one launch instead of one per kernel. The executor
+  // records only launches that enqueue kernels and device copies: no events, waits,
+  // callbacks, host work or allocations.
+  virtual bool CanCapture() const { return false; }
+  // From now until EndCaptureAndLaunch, the work this thread enqueues on the stream is
+  // recorded rather than run.
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError("this backend's streams cannot record work");
+  }
+  // Ends the recording and launches it. On failure the capture has ended all the same
+  // and nothing recorded runs.
+  virtual absl::Status EndCaptureAndLaunch() { return BeginCapture(); }
 };
 
 struct DeviceDescription {

@@ -21,6 +21,7 @@ struct QueuedLaunch {
   absl::Status status;                        // of the launch
   std::shared_ptr<Event> start;
   std::shared_ptr<Event> end;
+  size_t recorded_run = 0;  // on the first of a recorded run: the run's length
   double compile_seconds = 0;
   OpResult result;
 };
@@ -51,6 +52,9 @@ struct StreamState {
 };
 
 namespace {
+
+// The innermost LaunchBatch alive on this thread.
+thread_local Executor::LaunchBatch* current_launch_batch = nullptr;
 
 std::string DefaultStreamKey(absl::string_view client, int device) {
   return absl::StrCat(client, absl::string_view("\0", 1), device);
@@ -421,6 +425,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   op->stream_ = s.get();
   op->stream_state_ = s;
   op->launch_ = std::move(spec.launch);
+  op->capturable_ = spec.capturable;
   op->range_name_ = std::move(range_name);
   op->submit_time_ = Clock::now();
   for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
@@ -498,7 +503,12 @@ void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
   if (!s->launch_queue.empty() && !s->launching) {
     s->launching = true;
     ++launchers_;
-    deferred_.push_back([this, s] { LaunchQueued(s); });
+    // Held back by a batch only where the launches may be recorded together; elsewhere
+    // the device starts on the first while the rest are submitted.
+    LaunchBatch* batch =
+        capture_min_ops_ > 0 && s->stream->CanCapture() ? current_launch_batch : nullptr;
+    while (batch != nullptr && &batch->executor_ != this) batch = batch->outer_;
+    (batch != nullptr ? batch->launches_ : deferred_).push_back([this, s] { LaunchQueued(s); });
   }
 }
 
@@ -519,37 +529,25 @@ void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
       }
       cancelled = cancelled_;
     }
-    for (QueuedLaunch& l : batch) {
-      // The range covers all this operation enqueues: its waits, events and kernels.
-      ScopedRange range(backend_, l.op->range_name_);
-      absl::Status status = cancelled;
-      for (auto& w : l.waits) {
-        if (status.ok()) status = stream.Wait(std::move(w));
+    // Maximal runs of capturable operations with nothing to wait for are recorded and
+    // launched as one unit when long enough; everything else launches one by one.
+    const bool may_capture = capture_min_ops_ > 0 && cancelled.ok() && stream.CanCapture();
+    for (size_t i = 0; i < batch.size();) {
+      size_t end = i;
+      while (may_capture && end < batch.size() && batch[end].op->capturable_ &&
+             batch[end].waits.empty()) {
+        ++end;
       }
-      l.waits.clear();
-      absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
-      if (start.ok()) {
-        l.start = *std::move(start);
-        absl::StatusOr<LaunchInfo> info = std::move(l.op->launch_)(stream, l.result);
-        if (info.ok()) {
-          l.compile_seconds = info->compile_seconds;
-        } else {
-          status = info.status();
-        }
-      } else {
-        status = start.status();
+      if (may_capture && end - i >= capture_min_ops_ &&
+          LaunchRecorded(stream, std::span<QueuedLaunch>(batch).subspan(i, end - i))) {
+        batch[i].recorded_run = end - i;
+        i = end;
+        continue;
       }
-      l.op->launch_ = nullptr;  // drop what the launch captured
-      if (status.ok()) {
-        absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
-        if (end.ok()) {
-          l.end = *std::move(end);
-        } else {
-          status = end.status();
-        }
-      }
-      l.status = std::move(status);
+      end = std::max(end, i + 1);
+      for (; i < end; ++i) LaunchOne(stream, batch[i], cancelled);
     }
+    for (QueuedLaunch& l : batch) l.op->launch_ = nullptr;  // drop what the launch captured
     {
       Guard guard(*this);
       for (QueuedLaunch& l : batch) {
@@ -568,30 +566,142 @@ void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
     }
     // In the stream's order, after the mutex: a completion may come at once. Even a
     // failed launch completes through the stream, so that it stays in order with the
-    // work before it.
-    for (QueuedLaunch& l : batch) {
-      auto complete = [this, op = l.op, status = l.status](absl::Status device_status) {
-        CompleteOperation(op, status.ok() ? device_status : status);
-      };
-      // The end event follows all the operation enqueued; a failed launch has none.
-      absl::Status enqueued = l.end != nullptr
-                                  ? stream.OnEvent(std::move(l.end), std::move(complete))
-                                  : stream.OnComplete(std::move(complete));
-      if (!enqueued.ok()) CompleteOperation(l.op, std::move(enqueued));  // unusable stream
+    // work before it. A recorded run completes as one.
+    for (size_t i = 0; i < batch.size();) {
+      QueuedLaunch& l = batch[i];
+      const size_t run_size = std::max<size_t>(l.recorded_run, 1);
+      absl::AnyInvocable<void(absl::Status) &&> complete;
+      if (l.recorded_run > 0) {
+        std::vector<RunMember> run;
+        for (size_t j = i; j < i + run_size; ++j) run.emplace_back(batch[j].op, batch[j].status);
+        complete = [this, run = std::move(run)](absl::Status device_status) {
+          CompleteRecordedRun(run, device_status);
+        };
+      } else {
+        complete = [this, op = l.op, status = l.status](absl::Status device_status) {
+          CompleteOperation(op, status.ok() ? device_status : status);
+        };
+      }
+      // The end event follows all the operation (or run) enqueued; a failed launch has
+      // none.
+      absl::Status enqueued = l.end != nullptr ? stream.OnEvent(l.end, std::move(complete))
+                                               : stream.OnComplete(std::move(complete));
+      if (!enqueued.ok()) {  // unusable stream
+        for (size_t j = i; j < i + run_size; ++j) CompleteOperation(batch[j].op, enqueued);
+      }
+      i += run_size;
     }
   }
 }
 
-void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) {
-  double device_seconds = 0;
-  if (status.ok() && op->start_event_ != nullptr && op->end_event_ != nullptr) {
-    absl::StatusOr<double> elapsed = backend_.ElapsedSeconds(*op->start_event_, *op->end_event_);
-    if (elapsed.ok()) device_seconds = *elapsed;
+Executor::LaunchBatch::LaunchBatch(Executor& executor)
+    : executor_(executor), outer_(current_launch_batch) {
+  current_launch_batch = this;
+}
+
+Executor::LaunchBatch::~LaunchBatch() {
+  current_launch_batch = outer_;
+  for (auto& launch : launches_) std::move(launch)();
+}
+
+void Executor::LaunchOne(Stream& stream, QueuedLaunch& l, const absl::Status& cancelled) {
+  // The range covers all this operation enqueues: its waits, events and kernels.
+  ScopedRange range(backend_, l.op->range_name_);
+  absl::Status status = cancelled;
+  for (auto& w : l.waits) {
+    if (status.ok()) status = stream.Wait(std::move(w));
   }
+  l.waits.clear();
+  absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
+  if (start.ok()) {
+    l.start = *std::move(start);
+    absl::StatusOr<LaunchInfo> info = l.op->launch_(stream, l.result);
+    if (info.ok()) {
+      l.compile_seconds = info->compile_seconds;
+    } else {
+      status = info.status();
+    }
+  } else {
+    status = start.status();
+  }
+  if (status.ok()) {
+    absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
+    if (end.ok()) {
+      l.end = *std::move(end);
+    } else {
+      status = end.status();
+    }
+  }
+  l.status = std::move(status);
+}
+
+bool Executor::LaunchRecorded(Stream& stream, std::span<QueuedLaunch> run) {
+  // The run is timed by events around its launch: events recorded inside it would cost
+  // the launch more than the kernels do.
+  absl::StatusOr<std::shared_ptr<Event>> start = stream.Record();
+  if (!start.ok() || !stream.BeginCapture().ok()) return false;
+  absl::Status status;
+  for (QueuedLaunch& l : run) {
+    ScopedRange range(backend_, l.op->range_name_);
+    absl::StatusOr<LaunchInfo> info = l.op->launch_(stream, l.result);
+    if (!info.ok()) {
+      status = info.status();
+      break;
+    }
+    l.compile_seconds = info->compile_seconds;
+  }
+  // The capture ends either way; when recording failed, nothing recorded runs.
+  const absl::Status launched = stream.EndCaptureAndLaunch();
+  if (!status.ok() || !launched.ok()) {
+    for (QueuedLaunch& l : run) {
+      l.compile_seconds = 0;
+      l.result = OpResult{};
+    }
+    return false;
+  }
+  // The whole run is one unit on the device: its operations are done, and may be waited
+  // for, together.
+  absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
+  for (QueuedLaunch& l : run) {
+    l.start = *start;
+    if (end.ok()) {
+      l.end = *end;
+    } else {
+      l.status = end.status();  // completes through the stream, behind the run
+    }
+  }
+  return true;
+}
+
+double Executor::DeviceSeconds(const Operation& op, const absl::Status& status) {
+  if (!status.ok() || op.start_event_ == nullptr || op.end_event_ == nullptr) return 0;
+  absl::StatusOr<double> elapsed = backend_.ElapsedSeconds(*op.start_event_, *op.end_event_);
+  return elapsed.ok() ? *elapsed : 0;
+}
+
+void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) {
+  const double device_seconds = DeviceSeconds(*op, status);
+  Guard guard(*this);
+  CompleteLocked(op, std::move(status), device_seconds);
+}
+
+void Executor::CompleteRecordedRun(const std::vector<RunMember>& run,
+                                   const absl::Status& device_status) {
+  // They share their start and end events: the run is timed as a whole.
+  const double share = DeviceSeconds(*run.front().first, device_status) / run.size();
+  // Under one lock: the operations that wait for room in the dispatch window move to the
+  // launch queue together, and may be recorded together in turn.
+  Guard guard(*this);
+  for (const auto& [op, launched] : run) {
+    op->status_.timing.graph_operations = static_cast<uint32_t>(run.size());
+    CompleteLocked(op, launched.ok() ? device_status : launched, launched.ok() ? share : 0);
+  }
+}
+
+void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status status,
+                              double device_seconds) {
   const double since_submit =
       std::chrono::duration<double>(Clock::now() - op->submit_time_).count();
-
-  Guard guard(*this);
   OperationStatus& st = op->status_;
   st.timing.device_seconds = device_seconds;
   st.timing.queued_seconds = std::max(0.0, since_submit - device_seconds);

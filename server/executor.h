@@ -21,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,6 +82,10 @@ struct OpTiming {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t flops = 0;
+  // Operations launched together as one recorded unit (a CUDA graph), this one
+  // included; 0 when launched on its own. The unit is timed as a whole, so
+  // device_seconds is then an even share of its time.
+  uint32_t graph_operations = 0;
 };
 
 // Results an operation's launch can leave for its caller, besides its output buffers.
@@ -93,6 +98,7 @@ struct OpResult {
 };
 
 struct StreamState;
+struct QueuedLaunch;
 
 // A node in the dependency graph: an operation or a host access. Its fields belong to
 // the Executor and are read and written only under the executor's mutex (which the
@@ -140,6 +146,7 @@ class Operation final : public Work {
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
+  bool capturable_ = false;  // OpSpec::capturable
   // The profiler range of its launch: "elementwise buf-a buf-b -> buf-c".
   std::string range_name_;
   Clock::time_point submit_time_;
@@ -253,6 +260,11 @@ class Executor {
     // the one thread at a time that launches the stream's work, in the stream's order:
     // it must only enqueue, never wait.
     absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;
+    // The launch enqueues device work alone (kernels and device copies: no host work,
+    // allocation or inline results), and enqueues the same again if called again, so
+    // that it may be recorded with its neighbours and launched as one unit
+    // (Stream::BeginCapture), or, should the recording fail, launched on its own.
+    bool capturable = false;
   };
   // Queues an operation on `stream_id` (empty: the client's default stream on the
   // device of the buffers it touches). All accessed buffers must be on the stream's
@@ -273,6 +285,28 @@ class Executor {
   // A stream for staging transfers to and from `device`, outside any client's order.
   Stream& TransferStream(int device);
 
+  // While one lives on a thread, the launches that this thread's submissions to this
+  // executor start on streams that can record work wait for it to end: operations
+  // submitted together (a chain, a session's message) are then launched together, and
+  // a run of them may be recorded as one unit. Nests.
+  class LaunchBatch {
+   public:
+    explicit LaunchBatch(Executor& executor);
+    ~LaunchBatch();  // launches what waited
+    LaunchBatch(const LaunchBatch&) = delete;
+    LaunchBatch& operator=(const LaunchBatch&) = delete;
+
+   private:
+    friend class Executor;
+    Executor& executor_;
+    LaunchBatch* const outer_;
+    std::vector<absl::AnyInvocable<void() &&>> launches_;
+  };
+
+  // Runs of at least `min_ops` capturable operations that are launched together on a
+  // stream are recorded and launched as one unit where the backend can (0: never). Set
+  // before any work is submitted.
+  void SetCaptureMinOps(size_t min_ops) { capture_min_ops_ = min_ops; }
   // Set before any work is submitted; the observer must outlive the executor.
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
   // Enforces the tenants' streams and operations quotas (null: none). Set before any
@@ -330,10 +364,28 @@ class Executor {
   // microseconds each, so they run outside the mutex; one thread at a time per stream
   // keeps them in the stream's order.
   void LaunchQueued(const std::shared_ptr<StreamState>& stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Enqueues one operation of a batch LaunchQueued took: its waits, its start event, its
+  // launch and its end event, each only if all before succeeded.
+  void LaunchOne(Stream& stream, QueuedLaunch& l, const absl::Status& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records a run of capturable operations and launches it as one unit; false when the
+  // recording failed before anything ran (the caller then launches them one by one).
+  bool LaunchRecorded(Stream& stream, std::span<QueuedLaunch> run) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // An operation of a recorded run, with the status of its launch.
+  using RunMember = std::pair<std::shared_ptr<Operation>, absl::Status>;
+  // Completes the operations of a recorded run, which finished together, in order, each
+  // with an even share of the run's device time.
+  void CompleteRecordedRun(const std::vector<RunMember>& run, const absl::Status& device_status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status status,
+                      double device_seconds) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device time between the operation's start and end events; 0 without them.
+  double DeviceSeconds(const Operation& op, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Completes an operation with its device time.
   // Marks work done or dispatched and wakes whatever waits on it.
   void NotifyLocked(Work& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StreamInfo InfoLocked(const StreamState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -379,6 +431,7 @@ class Executor {
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
   const Quotas* quotas_ = nullptr;
+  size_t capture_min_ops_ = 0;
   std::thread reaper_;  // last: it runs on the members above
 };
 

@@ -163,6 +163,10 @@ ABSL_FLAG(gpucompute::Seconds, region_idle_timeout, {600},
 ABSL_FLAG(gpucompute::NonNegative, max_streams, {1024},
           "streams of all clients together, default streams included; idle default streams "
           "are reclaimed to make room (on the CPU backend each stream is a thread)");
+ABSL_FLAG(gpucompute::NonNegative, graph_min_ops, {4},
+          "CUDA: record a run of at least this many kernel-only operations launched "
+          "together on a stream (a chain's steps, a session message's operations) and "
+          "launch it as one CUDA graph; 0 never does");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "on SIGTERM, how long calls in flight and queued operations get to finish (e.g. "
           "10s, 500ms); then calls are cancelled and operations not yet started fail");
@@ -250,6 +254,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"memory_limit", "SIZE"},
     {"cpu_threads", "N"},
     {"max_streams", "N"},
+    {"graph_min_ops", "N"},
     {"shutdown_grace", "DURATION"},
     {"default_device", "N"},
     {"pool_initial", "SIZE"},
@@ -474,6 +479,7 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads).value;
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
   o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
+  o.graph_min_ops = absl::GetFlag(FLAGS_graph_min_ops).value;
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (o.shutdown_grace < absl::ZeroDuration()) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;

@@ -306,6 +306,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->ctx->admission = impl->admission.get();
   impl->registry->SetQuotas(impl->quotas.get());
   impl->executor->SetQuotas(impl->quotas.get());
+  impl->executor->SetCaptureMinOps(options.graph_min_ops);
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
   impl->ctx->default_result_ttl_nanos = *default_ttl;
   impl->ctx->limits = options.limits;

@@ -40,6 +40,10 @@ struct ServerOptions {
   // Streams of all clients together, default streams included (idle default streams are
   // reclaimed to make room). On the CPU backend each stream is a thread.
   size_t max_streams = 1024;
+  // Runs of at least this many kernel-only operations launched together on a stream (a
+  // chain's steps, a session message's operations) are recorded and launched as one CUDA
+  // graph; 0 never records. No effect on the CPU backend.
+  size_t graph_min_ops = 4;
   // Calls in flight and uploads under way per tenant (server/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;

@@ -460,6 +460,144 @@ TEST_F(ExecutorTest, TimingIsRecorded) {
 }
 
 // ---------------------------------------------------------------------------
+// Recorded runs: operations launched together, recorded and launched as one unit.
+
+class RecordedRunTest : public ExecutorTest {
+ protected:
+  RecordedRunTest() {
+    backend_.set_can_capture(true);
+    executor_->SetCaptureMinOps(3);
+  }
+
+  Executor::OpSpec Capturable(Executor::OpSpec spec) {
+    spec.capturable = true;
+    return spec;
+  }
+};
+
+TEST_F(RecordedRunTest, OperationsLaunchedTogetherRunAndAreTimedAsOneUnit) {
+  BufferHandle x = NewBuffer(1);
+  BufferHandle y = NewBuffer(1);
+  const std::string other = NewStream();
+  std::vector<std::shared_ptr<Operation>> ops;
+  std::shared_ptr<Operation> reader;
+  {
+    Executor::LaunchBatch batch(*executor_);
+    for (int i = 1; i <= 4; ++i) {
+      ops.push_back(Submit("", Capturable(Write(absl::StrCat("w", i), x, i))));
+    }
+    // Reads x on another stream: waits for the last write, hence for the whole unit.
+    reader = Submit(other, CopyOp("y = x", x, y));
+    backend_.RunReady();
+    EXPECT_FALSE(backend_.Launched("w1"));  // held until the batch ends
+  }
+  EXPECT_EQ(backend_.graph_launches(), 1);
+  backend_.RunReady();
+  EXPECT_EQ(backend_.started_order(), std::vector<std::string>{"w1"});
+  for (int i = 1; i <= 4; ++i) {
+    backend_.AdvanceClock(0.125 * i);
+    backend_.Finish(absl::StrCat("w", i));
+    // The unit completes as one, after its last kernel.
+    EXPECT_EQ(StateOf(ops[0]), i < 4 ? State::kRunning : State::kSucceeded) << i;
+    EXPECT_EQ(backend_.Started("y = x"), i == 4) << i;
+  }
+  // Timed as a whole (0.125 + 0.25 + 0.375 + 0.5 s), each with an even share.
+  for (const auto& op : ops) {
+    const OperationStatus st = executor_->GetStatus(*op);
+    EXPECT_EQ(st.state, State::kSucceeded);
+    EXPECT_EQ(st.timing.device_seconds, 1.25 / 4);
+    EXPECT_EQ(st.timing.graph_operations, 4u);
+  }
+  backend_.Finish("y = x");
+  EXPECT_EQ(StateOf(reader), State::kSucceeded);
+  EXPECT_EQ(At(y, 0), 4);
+}
+
+TEST_F(RecordedRunTest, ShortRunsAndOtherOperationsLaunchOneByOne) {
+  BufferHandle x = NewBuffer(1);
+  std::vector<std::shared_ptr<Operation>> ops;
+  {
+    Executor::LaunchBatch batch(*executor_);
+    ops.push_back(Submit("", Capturable(Write("a1", x, 1))));
+    ops.push_back(Submit("", Capturable(Write("a2", x, 2))));  // a run of two: too short
+    ops.push_back(Submit("", Write("plain", x, 3)));           // not capturable
+    for (int i = 1; i <= 3; ++i) {
+      ops.push_back(Submit("", Capturable(Write(absl::StrCat("b", i), x, 3 + i))));
+    }
+  }
+  EXPECT_EQ(backend_.graph_launches(), 1);  // b1..b3
+  backend_.RunUntilIdle();
+  EXPECT_EQ(backend_.started_order(),
+            (std::vector<std::string>{"a1", "a2", "plain", "b1", "b2", "b3"}));
+  for (const auto& op : ops) EXPECT_EQ(StateOf(op), State::kSucceeded);
+  EXPECT_EQ(executor_->GetStatus(*ops[0]).timing.graph_operations, 0u);
+  EXPECT_EQ(executor_->GetStatus(*ops[3]).timing.graph_operations, 3u);
+  EXPECT_EQ(At(x, 0), 6);
+}
+
+TEST_F(RecordedRunTest, AFailedRecordingLaunchesEachOperationOnItsOwn) {
+  BufferHandle x = NewBuffer(1);
+  backend_.FailNextCapture();
+  std::vector<std::shared_ptr<Operation>> ops;
+  {
+    Executor::LaunchBatch batch(*executor_);
+    for (int i = 1; i <= 4; ++i) {
+      ops.push_back(Submit("", Capturable(Write(absl::StrCat("w", i), x, i))));
+    }
+  }
+  EXPECT_EQ(backend_.graph_launches(), 0);
+  backend_.RunUntilIdle();
+  EXPECT_EQ(backend_.started_order(), (std::vector<std::string>{"w1", "w2", "w3", "w4"}));
+  for (const auto& op : ops) EXPECT_EQ(StateOf(op), State::kSucceeded);
+  EXPECT_EQ(At(x, 0), 4);
+}
+
+TEST_F(RecordedRunTest, OperationsSubmittedOutsideABatchLaunchAsTheyCome) {
+  BufferHandle x = NewBuffer(1);
+  for (int i = 1; i <= 4; ++i) Submit("", Capturable(Write(absl::StrCat("w", i), x, i)));
+  EXPECT_EQ(backend_.graph_launches(), 0);
+  backend_.RunUntilIdle();
+  EXPECT_EQ(At(x, 0), 4);
+}
+
+TEST_F(RecordedRunTest, OperationsWaitingForTheWindowAreLaunchedTogetherWhenItOpens) {
+  // A window of 4: a batch of 10 launches 4, and the next 4 once those complete, as one.
+  ScriptedBackend backend;
+  backend.set_dispatch_window(4);
+  backend.set_can_capture(true);
+  MemoryLimiter limiter(1 << 20);
+  BufferRegistry registry(backend, limiter);
+  ASSIGN_OR_FAIL(std::unique_ptr<Executor> executor, Executor::Create(backend));
+  executor->SetCaptureMinOps(3);
+  ASSIGN_OR_FAIL(BufferHandle x, registry.Allocate("c", "", DType::kInt64, {1}, Layout::kC, 0));
+  std::vector<std::shared_ptr<Operation>> ops;
+  {
+    Executor::LaunchBatch batch(*executor);
+    for (int i = 1; i <= 10; ++i) {
+      Executor::OpSpec spec;
+      spec.kind = OperationKind::kFill;
+      spec.accesses = {{x, true}};
+      spec.capturable = true;
+      spec.launch = [&backend, name = absl::StrCat("w", i)](
+                        Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
+        RETURN_IF_ERROR(backend.Launch(s, name));
+        return LaunchInfo{};
+      };
+      ASSIGN_OR_FAIL(std::shared_ptr<Operation> op, executor->Submit("c", "", std::move(spec)));
+      ops.push_back(op);
+    }
+  }
+  EXPECT_EQ(backend.graph_launches(), 1);
+  for (int i = 1; i <= 4; ++i) backend.Finish(absl::StrCat("w", i));
+  EXPECT_EQ(backend.graph_launches(), 2);  // w5..w8
+  for (int i = 5; i <= 8; ++i) backend.Finish(absl::StrCat("w", i));
+  EXPECT_EQ(backend.graph_launches(), 2);  // w9 and w10: too few
+  backend.RunUntilIdle();
+  for (const auto& op : ops) EXPECT_EQ(executor->GetStatus(*op).state, State::kSucceeded);
+  EXPECT_EQ(backend.started_order().size(), 10u);
+}
+
+// ---------------------------------------------------------------------------
 // Tenants' quotas.
 
 TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {

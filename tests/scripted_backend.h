@@ -135,6 +135,13 @@ class ScriptedBackend final : public Backend {
   // The device clock that event records read.
   void AdvanceClock(double seconds) { now_seconds_ += seconds; }
 
+  // Recording (Stream::BeginCapture): off until a test turns it on. A recording enqueues
+  // what it holds when launched, as one unit; a failed one (FailNextCapture) enqueues
+  // nothing and forgets its kernels, so that they may be launched again.
+  void set_can_capture(bool can) { can_capture_ = can; }
+  void FailNextCapture() { fail_next_capture_ = true; }
+  int graph_launches() const { return graph_launches_; }
+
   // --- Backend.
 
   absl::string_view name() const override { return "scripted"; }
@@ -234,7 +241,7 @@ class ScriptedBackend final : public Backend {
       Entry entry;
       entry.kind = Entry::Kind::kWait;
       entry.event = std::move(scripted);
-      queue_.push_back(std::move(entry));
+      Push(std::move(entry));
       return absl::OkStatus();
     }
     absl::StatusOr<std::shared_ptr<Event>> Record() override {
@@ -242,22 +249,48 @@ class ScriptedBackend final : public Backend {
       entry.kind = Entry::Kind::kRecord;
       entry.event = std::make_shared<ScriptedEvent>();
       std::shared_ptr<Event> event = entry.event;
-      queue_.push_back(std::move(entry));
+      Push(std::move(entry));
       return event;
     }
     absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override {
       Entry entry;
       entry.kind = Entry::Kind::kCallback;
       entry.callback = std::move(fn);
-      queue_.push_back(std::move(entry));
+      Push(std::move(entry));
+      return absl::OkStatus();
+    }
+    bool CanCapture() const override { return backend_.can_capture_; }
+    absl::Status BeginCapture() override {
+      if (!backend_.can_capture_ || capturing_) return absl::FailedPreconditionError("no capture");
+      capturing_ = true;
+      return absl::OkStatus();
+    }
+    absl::Status EndCaptureAndLaunch() override {
+      if (!capturing_) return absl::FailedPreconditionError("not capturing");
+      capturing_ = false;
+      std::deque<Entry> recorded = std::move(recorded_);
+      recorded_.clear();
+      if (backend_.fail_next_capture_) {
+        backend_.fail_next_capture_ = false;
+        for (const Entry& e : recorded) {
+          if (e.kind == Entry::Kind::kKernel) backend_.kernels_.erase(e.name);
+        }
+        return absl::InternalError("the recording failed (scripted)");
+      }
+      for (Entry& e : recorded) queue_.push_back(std::move(e));
+      ++backend_.graph_launches_;
       return absl::OkStatus();
     }
 
    private:
     friend class ScriptedBackend;
+    void Push(Entry entry) { (capturing_ ? recorded_ : queue_).push_back(std::move(entry)); }
+
     ScriptedBackend& backend_;
     const int device_;
     std::deque<Entry> queue_;
+    bool capturing_ = false;
+    std::deque<Entry> recorded_;  // while capturing_
   };
 
   static absl::Status Unscripted(absl::string_view call) {
@@ -268,7 +301,7 @@ class ScriptedBackend final : public Backend {
   absl::Status Enqueue(Stream& stream, Entry entry) {
     auto* scripted = dynamic_cast<ScriptedStream*>(&stream);
     if (scripted == nullptr) return absl::InvalidArgumentError("not this backend's stream");
-    scripted->queue_.push_back(std::move(entry));
+    scripted->Push(std::move(entry));
     return absl::OkStatus();
   }
 
@@ -334,6 +367,9 @@ class ScriptedBackend final : public Backend {
   absl::flat_hash_map<std::string, KernelState> kernels_;
   std::vector<std::string> started_order_;
   double now_seconds_ = 0;
+  bool can_capture_ = false;
+  bool fail_next_capture_ = false;
+  int graph_launches_ = 0;
 };
 
 }  // namespace gpucompute::testing

@@ -52,6 +52,7 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.memory_limit_bytes, defaults.memory_limit_bytes);
   EXPECT_EQ(parsed.options.cpu_threads, defaults.cpu_threads);
   EXPECT_EQ(parsed.options.max_streams, defaults.max_streams);
+  EXPECT_EQ(parsed.options.graph_min_ops, defaults.graph_min_ops);
   EXPECT_EQ(parsed.options.shutdown_grace, defaults.shutdown_grace);
   EXPECT_EQ(parsed.options.default_device, defaults.default_device);
   EXPECT_EQ(parsed.options.pool_initial_bytes, defaults.pool_initial_bytes);
@@ -86,6 +87,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--memory-limit=512MiB",
       "--cpu_threads=3",
       "--max-streams=99",
+      "--graph_min_ops=16",
       "--shutdown-grace=1.5s",
       "--default-device",
       "1",
@@ -119,6 +121,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.memory_limit_bytes, 512ull << 20);
   EXPECT_EQ(o.cpu_threads, 3);
   EXPECT_EQ(o.max_streams, 99u);
+  EXPECT_EQ(o.graph_min_ops, 16u);
   EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(o.default_device, 1);
   EXPECT_EQ(o.pool_initial_bytes, 1ull << 30);
@@ -265,6 +268,7 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
         "--max-elements=N", "--max-expression-bytes=SIZE", "--max-expression-depth=N"}) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
+  EXPECT_NE(parsed.usage.find("--graph-min-ops=N"), std::string::npos);
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
     EXPECT_LE(line.size(), 80u) << line;
   }

@@ -255,6 +255,9 @@ class CudaStream final : public Stream {
   absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override;
   absl::Status OnEvent(std::shared_ptr<Event> event,
                        absl::AnyInvocable<void(absl::Status) &&> fn) override;
+  bool CanCapture() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::Status EndCaptureAndLaunch() override;
 
   cudaStream_t get() const { return stream_; }
   CompletionPoller& poller() const { return poller_; }
@@ -264,6 +267,12 @@ class CudaStream final : public Stream {
   const int device_;
   const cudaStream_t stream_;
   CompletionPoller& poller_;
+  // Instantiated recordings by their number of nodes. A run of the same operations has
+  // the same graph with other pointers and events, and updating an instance in place
+  // costs a fraction of instantiating one.
+  // Only the thread launching the stream's work touches it.
+  static constexpr size_t kMaxGraphs = 16;
+  absl::flat_hash_map<size_t, cudaGraphExec_t> graphs_;
 };
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
@@ -386,6 +395,58 @@ CudaStream::~CudaStream() {
   // Work still queued finishes first: destroying a stream does not cancel it.
   const cudaError_t error = cudaStreamDestroy(stream_);
   if (backend_.health().ok()) LogIfFailed(error, "cudaStreamDestroy");  // else every call fails
+  // A graph still running is freed once it completes.
+  for (const auto& [nodes, graph] : graphs_) cudaGraphExecDestroy(graph);
+}
+
+absl::Status CudaStream::BeginCapture() {
+  RETURN_IF_ERROR(backend_.health());
+  RETURN_IF_ERROR(backend_.SetDevice(device_));
+  // Thread-local: other threads' CUDA calls (completion polls, allocations) go on as usual.
+  RETURN_IF_ERROR(backend_.Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                 "cudaStreamBeginCapture", __FILE__, __LINE__));
+  return absl::OkStatus();
+}
+
+absl::Status CudaStream::EndCaptureAndLaunch() {
+  cudaGraph_t graph = nullptr;
+  cudaError_t error = cudaStreamEndCapture(stream_, &graph);
+  // A recording that went wrong is not the device's failure: clear it, report it.
+  auto failed = [&](const char* call) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    absl::Status status = backend_.Check(error, call, __FILE__, __LINE__);
+    if (!IsStickyError(error)) cudaGetLastError();
+    return status;
+  };
+  if (error != cudaSuccess) return failed("cudaStreamEndCapture");
+  size_t nodes = 0;
+  error = cudaGraphGetNodes(graph, nullptr, &nodes);
+  if (error != cudaSuccess) return failed("cudaGraphGetNodes");
+  auto it = graphs_.find(nodes);
+  if (it != graphs_.end()) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(it->second, graph, &info) != cudaSuccess) {
+      cudaGetLastError();  // not the same shape after all: instantiate it anew
+      cudaGraphExecDestroy(it->second);
+      graphs_.erase(it);
+      it = graphs_.end();
+    }
+  }
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {
+      for (const auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
+      graphs_.clear();
+    }
+    cudaGraphExec_t exec = nullptr;
+    error = cudaGraphInstantiate(&exec, graph, 0);
+    if (error != cudaSuccess) return failed("cudaGraphInstantiate");
+    it = graphs_.emplace(nodes, exec).first;
+  }
+  cudaGraphDestroy(graph);
+  graph = nullptr;
+  error = cudaGraphLaunch(it->second, stream_);
+  if (error != cudaSuccess) return failed("cudaGraphLaunch");
+  return absl::OkStatus();
 }
 
 absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {

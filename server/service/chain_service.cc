@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,8 +167,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
   auto* reactor = new DeferredReactor(caller->admission);
   auto run = std::make_shared<ChainRun>(ctx_, response, reactor->state());
   run->steps = *std::move(steps);
+  // The steps are launched together once all are queued (up to the dispatch window).
+  std::optional<Executor::LaunchBatch> batch(ctx_.executor);
   for (size_t i = 0; i < run->steps.size(); ++i) {
     ChainStepPlan& step = run->steps[i];
+    if (request->separate_launches()) step.plan.spec.capturable = false;
     absl::StatusOr<std::shared_ptr<Operation>> op =
         SubmitReserved(ctx_, caller->scope, step.stream_id, std::move(step.plan));
     if (!op.ok()) {
@@ -182,6 +186,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
     }
     run->ops.push_back(*std::move(op));
   }
+  batch.reset();
   run->remaining = run->ops.size();
   // Copied first: a callback may answer (and clear ops) while this loop runs.
   const std::vector<std::shared_ptr<Operation>> ops = run->ops;

@@ -192,6 +192,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   spec.bytes_written = out->size_bytes();
   spec.flops = static_cast<uint64_t>(program.ops_per_element()) * n;
   spec.outputs.push_back(*out);
+  spec.capturable = true;  // one kernel
   spec.launch = [&backend = ctx.backend, program = std::move(program), inputs = std::move(inputs),
                  out = out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     std::vector<const DeviceMemory*> memories;
@@ -455,6 +456,7 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
   spec.bytes_written = out->size_bytes();
   spec.outputs.push_back(*out);
   const uint64_t next_offset = params.offset + counters;
+  spec.capturable = true;  // one kernel
   spec.launch = [&backend = ctx.backend, out = out, params, next_offset](
                     Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
     result.next_offset = next_offset;
@@ -519,6 +521,7 @@ absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
   spec.accesses = {{buffer, true}};
   spec.bytes_written = buffer->size_bytes();
   spec.outputs.push_back(*buffer);
+  spec.capturable = true;  // one kernel or memset
   spec.launch = [&backend = ctx.backend, buffer, bits = *bits](
                     Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Fill(stream, buffer->memory, buffer->dtype, bits,

@@ -189,6 +189,7 @@ void ToProto(const OperationStatus& status, v1::Operation* op) {
   const OpTiming& ti = status.timing;
   t->set_queued_seconds(ti.queued_seconds);
   t->set_device_seconds(ti.device_seconds);
+  t->set_graph_operations(ti.graph_operations);
   t->set_compile_seconds(ti.compile_seconds);
   t->set_bytes_read(ti.bytes_read);
   t->set_bytes_written(ti.bytes_written);

@@ -122,6 +122,8 @@ void SessionCore::OnReadDone(bool ok) {
   const int ops = ok ? request_.ops_size() : 0;
   const bool too_many = ops > static_cast<int>(kMaxSessionInFlight);
   if (ok && !too_many) {
+    // A message's operations are launched together once all are queued.
+    Executor::LaunchBatch batch(ctx_.executor);
     for (const v1::ChainStep& step : request_.ops()) {
       // A cancelled session plans and queues nothing more.
       if (absl::MutexLock lock(&mu_); StoppedLocked()) break;
