@@ -7,7 +7,8 @@
 
 namespace gpucompute {
 
-// `prefix` followed by 32 hex digits from the kernel's CSPRNG (128 bits).
+// `prefix` followed by 32 hex digits from the kernel's CSPRNG (128 bits, fetched in
+// blocks per thread).
 std::string NewId(absl::string_view prefix);
 
 }  // namespace gpucompute

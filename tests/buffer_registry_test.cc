@@ -3,8 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "server/auth.h"
 #include "server/cpu/cpu_backend.h"
+#include "server/ids.h"
 #include "tests/test_util.h"
 
 namespace gpucompute {
@@ -139,6 +145,31 @@ TEST_F(BufferRegistryTest, BuffersPerClientAreBounded) {
   ASSERT_EQ(mine.size(), kMaxBuffersPerClient);
   ASSERT_OK(registry_.Remove("c", mine.front()->id));
   EXPECT_OK(Add("c", "", 0));
+}
+
+TEST(NewIdTest, IdsAreThePrefixAnd32HexDigitsAndNeverRepeat) {
+  // More ids than one block of randomness serves, on two threads.
+  std::vector<std::string> a, b;
+  std::thread other([&] {
+    for (int i = 0; i < 3000; ++i) b.push_back(NewId("buf-"));
+  });
+  for (int i = 0; i < 3000; ++i) a.push_back(NewId("buf-"));
+  other.join();
+  std::set<std::string> seen;
+  for (const auto* ids : {&a, &b}) {
+    for (const std::string& id : *ids) {
+      ASSERT_EQ(id.size(), 4u + 32u) << id;
+      EXPECT_EQ(id.substr(0, 4), "buf-");
+      EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 4), std::string::npos) << id;
+      EXPECT_TRUE(seen.insert(id).second) << "repeated: " << id;
+    }
+  }
+  // Every hex digit shows up in each position over so many ids (not a constant tail).
+  for (size_t pos = 4; pos < 36; ++pos) {
+    std::set<char> digits;
+    for (const std::string& id : a) digits.insert(id[pos]);
+    EXPECT_EQ(digits.size(), 16u) << "position " << pos;
+  }
 }
 
 }  // namespace
