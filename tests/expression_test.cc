@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "server/expression/ir.h"
+#include "server/expression/program_cache.h"
 #include "tests/test_util.h"
 
 namespace gpucompute::expr {
@@ -590,6 +591,48 @@ TEST(CanCastSameKind, Table) {
           << DTypeName(kAll[f]) << " -> " << DTypeName(kAll[t]);
     }
   }
+}
+
+TEST(ProgramCacheTest, ReusesOnlyWhatCompilesToTheSameProgram) {
+  ProgramCache cache(10);
+  const InputMap f32 = {{"x", ArrayInput{DType::kFloat32}}};
+  ASSIGN_OR_FAIL(Program a, cache.Compile("x + 1", f32, kMaxNestingDepth));
+  ASSIGN_OR_FAIL(Program again, cache.Compile("x + 1", f32, kMaxNestingDepth));
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(&again.ir(), &a.ir()) << "the second compile should come from the cache";
+  // Another dtype, another text, another depth, another input name: other programs.
+  ASSIGN_OR_FAIL(Program f64, cache.Compile("x + 1", {{"x", ArrayInput{DType::kFloat64}}},
+                                            kMaxNestingDepth));
+  EXPECT_EQ(f64.result_dtype(), DType::kFloat64);
+  ASSERT_OK(cache.Compile("x + 2", f32, kMaxNestingDepth).status());
+  ASSERT_OK(cache.Compile("x + 1", f32, 16).status());
+  ASSERT_OK(cache.Compile("y + 1", {{"y", ArrayInput{DType::kFloat32}}}, kMaxNestingDepth));
+  EXPECT_EQ(cache.size(), 5u);
+  // Scalars are baked in: another value is another program.
+  ScalarInput two{DType::kFloat64, 2.0, 0};
+  ScalarInput three{DType::kFloat64, 3.0, 0};
+  ASSIGN_OR_FAIL(Program p2, cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}},
+                                                     {"a", two}}, kMaxNestingDepth));
+  ASSIGN_OR_FAIL(Program p3, cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}},
+                                                     {"a", three}}, kMaxNestingDepth));
+  EXPECT_NE(&p2.ir(), &p3.ir());
+  EXPECT_EQ(cache.size(), 7u);
+  // A depth that the text exceeds fails, though the same text compiled at a larger one.
+  ASSERT_OK(cache.Compile("((x + 1))", f32, kMaxNestingDepth).status());
+  EXPECT_EQ(cache.Compile("((x + 1))", f32, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Errors are not kept, and come back the same each time.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(cache.Compile("x +", f32, kMaxNestingDepth).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(cache.size(), 8u);
+  // Full: it starts over.
+  ASSERT_OK(cache.Compile("x + 3", f32, kMaxNestingDepth).status());
+  ASSERT_OK(cache.Compile("x + 4", f32, kMaxNestingDepth).status());
+  EXPECT_EQ(cache.size(), 10u);
+  ASSERT_OK(cache.Compile("x + 5", f32, kMaxNestingDepth).status());
+  EXPECT_EQ(cache.size(), 1u);
 }
 
 }  // namespace

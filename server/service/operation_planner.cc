@@ -152,8 +152,8 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
     }
   }
   ASSIGN_OR_RETURN(expr::Program program,
-                   expr::Compile(op.expression(), types,
-                                 static_cast<int>(ctx.limits.max_expression_depth)));
+                   ctx.programs->Compile(op.expression(), types,
+                                         static_cast<int>(ctx.limits.max_expression_depth)));
 
   const std::vector<uint64_t> shape = first != nullptr ? first->shape : std::vector<uint64_t>{};
   const Layout layout = first != nullptr ? first->layout : Layout::kC;

@@ -20,6 +20,7 @@
 #include "server/admission.h"
 #include "server/auth.h"
 #include "server/backend.h"
+#include "server/expression/program_cache.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
 #include "server/host_staging_pool.h"
@@ -62,6 +63,8 @@ struct ServiceContext {
   absl::Duration upload_idle_timeout = absl::ZeroDuration();
   // What one request may ask for (--max-message-bytes and the like).
   RequestLimits limits = {};
+  // Elementwise expressions compiled before, for the planner.
+  std::shared_ptr<expr::ProgramCache> programs = std::make_shared<expr::ProgramCache>();
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend
