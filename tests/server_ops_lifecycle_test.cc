@@ -56,15 +56,23 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   ASSERT_EQ(queued.outputs_size(), 1);  // the new output is known at once
   const std::string out_id = queued.outputs(0).id();
 
-  // A short wait returns the operation not done.
+  // A short wait returns the operation not done, while the chain it waits behind runs.
+  // (A loaded machine may finish the chain before a reply: then done is right, and only
+  // the chain's last link, still running after the reply, proves the reply early.)
+  const auto still_running = [&] {
+    absl::StatusOr<v1::Operation> last_link = c().GetOperation(chain.back());
+    return last_link.ok() && !last_link->done();
+  };
   const auto wait_start = std::chrono::steady_clock::now();
   ASSIGN_OR_FAIL(auto waited, c().WaitOperation(queued.id(), 0.01));
   const double wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
-  EXPECT_FALSE(waited.done());
-  EXPECT_TRUE(waited.state() == v1::Operation::STATE_QUEUED ||
-              waited.state() == v1::Operation::STATE_RUNNING)
-      << v1::Operation::State_Name(waited.state());
+  if (still_running()) {
+    EXPECT_FALSE(waited.done());
+    EXPECT_TRUE(waited.state() == v1::Operation::STATE_QUEUED ||
+                waited.state() == v1::Operation::STATE_RUNNING)
+        << v1::Operation::State_Name(waited.state());
+  }
   EXPECT_EQ(waited.id(), queued.id());
   EXPECT_GE(wait_seconds, 0.009);
   EXPECT_LT(wait_seconds, 5.0);
@@ -73,7 +81,9 @@ TEST_F(ServerOpsTest, OperationLifecycleTimingAndErrors) {
   short_wait.set_wait(true);
   short_wait.set_wait_timeout_seconds(0.01);
   ASSIGN_OR_FAIL(auto short_op, c().Submit(short_wait));
-  EXPECT_FALSE(short_op.done());
+  if (still_running()) {
+    EXPECT_FALSE(short_op.done());
+  }
 
   ASSIGN_OR_FAIL(auto done, c().WaitOperation(queued.id()));
   ASSERT_TRUE(done.done());
