@@ -16,6 +16,7 @@
 //   --samples       RPCs timed for each e2e latency row (and each sessions latency row)
 //   --session-ops   operations each sessions throughput row sends in all
 //   --graph-min-ops the server's --graph-min-ops (0: nothing is launched as a CUDA graph)
+//   --session-handler the server's --session-handler: callback or sync
 //
 // Columns.
 //  kernels (Backend API only, device-resident buffers, one stream; device time between
@@ -166,6 +167,7 @@ struct Options {
   int samples = 200;
   int session_ops = 20000;
   int graph_min_ops = 4;
+  std::string session_handler = "callback";
 
   int64_t n() const { return int64_t{1} << log2n; }
   uint64_t transfer_bytes() const {
@@ -177,7 +179,7 @@ constexpr const char* kUsage =
     "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
     "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
     "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n"
-    "         [--graph-min-ops=4]\n";
+    "         [--graph-min-ops=4] [--session-handler=callback|sync]\n";
 
 absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
                       int64_t* out) {
@@ -253,6 +255,11 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     } else if (name == "session-ops") {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
       o.session_ops = static_cast<int>(v);
+    } else if (name == "session-handler") {
+      if (value != "callback" && value != "sync") {
+        return absl::InvalidArgumentError("--session-handler: callback or sync");
+      }
+      o.session_handler = value;
     } else if (name == "graph-min-ops") {
       RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
       o.graph_min_ops = static_cast<int>(v);
@@ -1357,6 +1364,7 @@ absl::Status Run(const Options& options) {
   server_options.cpu_threads = options.threads;
   server_options.allow_shared_memory = true;  // the shm rows; client and server share a host
   server_options.graph_min_ops = static_cast<size_t>(options.graph_min_ops);
+  server_options.session_handler = options.session_handler;
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {

@@ -167,6 +167,9 @@ ABSL_FLAG(gpucompute::NonNegative, graph_min_ops, {4},
           "CUDA: record a run of at least this many kernel-only operations launched "
           "together on a stream (a chain's steps, a session message's operations) and "
           "launch it as one CUDA graph; 0 never does");
+ABSL_FLAG(std::string, session_handler, "callback",
+          "serve SessionService.Session on gRPC's callback API (callback) or its synchronous "
+          "API (sync), for comparison");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "on SIGTERM, how long calls in flight and queued operations get to finish (e.g. "
           "10s, 500ms); then calls are cancelled and operations not yet started fail");
@@ -255,6 +258,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"cpu_threads", "N"},
     {"max_streams", "N"},
     {"graph_min_ops", "N"},
+    {"session_handler", "callback|sync"},
     {"shutdown_grace", "DURATION"},
     {"default_device", "N"},
     {"pool_initial", "SIZE"},
@@ -480,6 +484,12 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
   o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
   o.graph_min_ops = absl::GetFlag(FLAGS_graph_min_ops).value;
+  o.session_handler = absl::GetFlag(FLAGS_session_handler);
+  if (o.session_handler != "callback" && o.session_handler != "sync") {
+    parsed.outcome = ParsedCommandLine::Outcome::kError;
+    parsed.error = "--session-handler: use callback or sync";
+    return parsed;
+  }
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (o.shutdown_grace < absl::ZeroDuration()) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;

@@ -162,7 +162,7 @@ struct Server::Impl {
   // Only while SharedMemoryService allows something; the service itself always answers.
   std::unique_ptr<RegionRegistry> regions;
   std::unique_ptr<SharedMemoryServiceImpl> shared_memory;
-  std::unique_ptr<SessionServiceImpl> sessions;
+  std::unique_ptr<grpc::Service> sessions;  // SessionServiceImpl or SyncSessionServiceImpl
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -242,6 +242,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       std::unique_ptr<Backend> backend) {
   RETURN_IF_ERROR(ValidateRequestLimits(options.limits));
+  if (options.session_handler != "callback" && options.session_handler != "sync") {
+    return absl::InvalidArgumentError(absl::StrCat("session handler '", options.session_handler,
+                                                   "': use callback or sync"));
+  }
   if (backend == nullptr || backend->devices().empty()) {
     return absl::FailedPreconditionError("the backend has no devices");
   }
@@ -353,7 +357,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->shared_memory = std::make_unique<SharedMemoryServiceImpl>(*impl->ctx);
   }
-  impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
+  if (options.session_handler == "sync") {
+    impl->sessions = std::make_unique<SyncSessionServiceImpl>(*impl->ctx);
+  } else {
+    impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
+  }
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));

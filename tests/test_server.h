@@ -73,6 +73,11 @@ class TestServer {
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
     options.backend = TestBackendName();
+    // GPUCOMPUTE_TEST_SESSION_HANDLER=sync serves sessions through the synchronous API.
+    if (const char* handler = std::getenv("GPUCOMPUTE_TEST_SESSION_HANDLER");
+        handler != nullptr && *handler != '\0') {
+      options.session_handler = handler;
+    }
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;

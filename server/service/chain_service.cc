@@ -154,31 +154,31 @@ struct ChainRun {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerContext* context,
-                                                       const v1::ChainRequest* request,
-                                                       v1::ChainResponse* response) {
-  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
+grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
+                                       const v1::ChainRequest* request,
+                                       v1::ChainResponse* response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx_, caller->scope, *request);
+  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
+  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, *request);
   if (!steps.ok()) return FinishNow(context, steps.status());
-  if (absl::Status s = ReserveAll(ctx_, *steps); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = ReserveAll(ctx, *steps); !s.ok()) return FinishNow(context, s);
 
   auto* reactor = new DeferredReactor(caller->admission);
-  auto run = std::make_shared<ChainRun>(ctx_, response, reactor->state());
+  auto run = std::make_shared<ChainRun>(ctx, response, reactor->state());
   run->steps = *std::move(steps);
   // The steps are launched together once all are queued (up to the dispatch window).
-  std::optional<Executor::LaunchBatch> batch(ctx_.executor);
+  std::optional<Executor::LaunchBatch> batch(ctx.executor);
   for (size_t i = 0; i < run->steps.size(); ++i) {
     ChainStepPlan& step = run->steps[i];
     if (request->separate_launches()) step.plan.spec.capturable = false;
     absl::StatusOr<std::shared_ptr<Operation>> op =
-        SubmitReserved(ctx_, caller->scope, step.stream_id, std::move(step.plan));
+        SubmitReserved(ctx, caller->scope, step.stream_id, std::move(step.plan));
     if (!op.ok()) {
       // Only a stream that is missing, deleted meanwhile or on another device gets
       // here; the steps queued before this one run, and nothing after it does.
       for (size_t j = i + 1; j < run->steps.size(); ++j) {
-        if (run->steps[j].kept != nullptr) ctx_.registry.Unreserve(run->steps[j].kept);
+        if (run->steps[j].kept != nullptr) ctx.registry.Unreserve(run->steps[j].kept);
       }
       DeferredReactor::FinishOnce(
           run->reactor, [&] { return ToGrpcStatus(StepError(i, step.tag, op.status())); });
@@ -191,7 +191,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::RunChain(grpc::CallbackServerConte
   // Copied first: a callback may answer (and clear ops) while this loop runs.
   const std::vector<std::shared_ptr<Operation>> ops = run->ops;
   for (const std::shared_ptr<Operation>& op : ops) {
-    ctx_.executor.OnDone(op, [run] {
+    ctx.executor.OnDone(op, [run] {
       if (run->remaining.fetch_sub(1) == 1) run->Answer();
     });
   }

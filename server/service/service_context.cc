@@ -24,7 +24,7 @@ absl::Status CheckBackendHealthy(const Backend& backend) {
 
 namespace {
 
-absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& context) {
+absl::StatusOr<std::string> ClientName(const grpc::ServerContextBase& context) {
   RETURN_IF_ERROR(CheckCallMetadata(context));
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientMetadataKey);
@@ -44,7 +44,7 @@ absl::StatusOr<std::string> ClientName(const grpc::CallbackServerContext& contex
 }  // namespace
 
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
-                                      const grpc::CallbackServerContext& context) {
+                                      const grpc::ServerContextBase& context) {
   Caller caller;
   if (ctx.auth == nullptr) {
     caller.admin = true;  // one tenant: every caller has the whole server, as before

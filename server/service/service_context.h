@@ -81,7 +81,7 @@ absl::Status CheckBackendHealthy(const Backend& backend);
 // identify a tenant; INVALID_ARGUMENT for a malformed client name; RESOURCE_EXHAUSTED
 // when the tenant has all the calls in flight it may (Caller::admission).
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
-                                      const grpc::CallbackServerContext& context);
+                                      const grpc::ServerContextBase& context);
 
 // PERMISSION_DENIED unless `caller` is an admin; `what` says what was refused.
 absl::Status RequireAdmin(const Caller& caller, absl::string_view what);

@@ -205,6 +205,13 @@ class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackSe
 
 // Sessions (session_service.cc) and chains (chain_service.cc): tagged operations that
 // feed each other without a round trip between them.
+// SessionService.RunChain, for both implementations of the service (chain_service.cc).
+grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
+                                       const v1::ChainRequest* request,
+                                       v1::ChainResponse* response);
+
+// SessionService with Session on gRPC's callback API (--session-handler=callback, the
+// default; session_service.cc).
 class SessionServiceImpl final : public v1::SessionService::CallbackService {
  public:
   explicit SessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
@@ -213,7 +220,30 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
                                      const v1::ChainRequest* request,
-                                     v1::ChainResponse* response) override;
+                                     v1::ChainResponse* response) override {
+    return RunChainCall(ctx_, context, request, response);
+  }
+
+ private:
+  ServiceContext& ctx_;
+};
+
+// SessionService with Session on gRPC's synchronous API (--session-handler=sync;
+// session_sync.cc): each session holds a thread of the server's synchronous pool, which
+// reads, and one more, which writes. RunChain stays on the callback API.
+class SyncSessionServiceImpl final
+    : public v1::SessionService::WithCallbackMethod_RunChain<v1::SessionService::Service> {
+ public:
+  explicit SyncSessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+
+  grpc::Status Session(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream) override;
+  grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
+                                     const v1::ChainRequest* request,
+                                     v1::ChainResponse* response) override {
+    return RunChainCall(ctx_, context, request, response);
+  }
 
  private:
   ServiceContext& ctx_;

@@ -1,0 +1,274 @@
+#include "server/service/session_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/service/services.h"
+#include "server/service/tagged_ops.h"
+
+namespace gpucompute {
+namespace {
+
+// Answers per message: enough that a busy session writes few messages, few enough that
+// a message stays far below any client's receive limit.
+constexpr size_t kMaxAnswersPerMessage = 256;
+
+}  // namespace
+
+void SessionCore::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
+  }
+  io_->Read(&request_);
+}
+
+void SessionCore::OnReadDone(bool ok) {
+  // The bound on what a session holds is checked between messages, so one message may
+  // not carry more than it.
+  const int ops = ok ? request_.ops_size() : 0;
+  const bool too_many = ops > static_cast<int>(kMaxSessionInFlight);
+  if (ok && !too_many) {
+    // A message's operations are launched together once all are queued.
+    Executor::LaunchBatch batch(ctx_.executor);
+    for (const v1::ChainStep& step : request_.ops()) {
+      // A cancelled session plans and queues nothing more.
+      if (absl::MutexLock lock(&mu_); StoppedLocked()) break;
+      Accept(step);
+    }
+  }
+  request_.Clear();
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (too_many) {
+      refused_ = absl::InvalidArgumentError(
+          absl::StrCat("a session request carried ", ops, " operations; at most ",
+                       kMaxSessionInFlight, " (Limits.max_session_in_flight) fit in one"));
+      DropQueuedLocked();
+    } else if (ok) {
+      want_read_ = true;
+    } else {
+      read_closed_ = true;
+    }
+    actions = NextActionsLocked();
+  }
+  Run(std::move(actions));
+}
+
+void SessionCore::Accept(const v1::ChainStep& request) {
+  const std::string& name = request.tag();
+  absl::Status rejected = CheckBackendHealthy(ctx_.backend);
+  if (rejected.ok()) rejected = CheckTag(name);
+  bool duplicate = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+    if (rejected.ok() && tags_.contains(name)) {
+      duplicate = true;
+      rejected = absl::InvalidArgumentError(
+          absl::StrCat("tag '", name, "' is already used in this session"));
+    }
+  }
+  auto tag = std::make_unique<Tag>();
+  tag->name = name;
+  std::vector<std::string> dep_names;
+  std::shared_ptr<Operation> op;
+  BufferHandle written;
+  std::string temporary;
+  if (rejected.ok()) {
+    absl::StatusOr<Plan> plan = PlanTagged(
+        ctx_, client_, request.op(), [this](absl::string_view t) { return FindTag(t); },
+        &dep_names);
+    if (plan.ok()) {
+      written = WrittenBuffer(*plan);
+      if (plan->created != nullptr && plan->created->name.empty()) temporary = plan->created->id;
+      absl::StatusOr<std::shared_ptr<Operation>> queued =
+          SubmitPlan(ctx_, client_, request.op().stream_id(), *std::move(plan));
+      if (queued.ok()) {
+        op = *std::move(queued);
+      } else {
+        rejected = queued.status();
+      }
+    } else {
+      rejected = plan.status();
+    }
+  }
+  Tag* queued = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!rejected.ok()) {
+      v1::Operation answer;
+      answer.set_kind(RequestKind(request.op()));
+      MarkFailed(rejected, &answer);
+      AnswerLocked(name, std::move(answer));
+      // A rejected tag stays known, so that its dependents fail naming it.
+      if (!duplicate && !name.empty()) {
+        tag->decided = true;
+        tag->error = rejected;
+        tags_.emplace(name, std::move(tag));
+      }
+    } else {
+      tag->output = written;
+      tag->op = op;
+      for (const std::string& d : dep_names) tag->deps.push_back(tags_.at(d).get());
+      if (!temporary.empty()) temporaries_.push_back(std::move(temporary));
+      queued = tag.get();
+      tags_.emplace(name, std::move(tag));
+      ++executing_;
+    }
+  }
+  // Outside the lock: OnDone runs the callback at once if the operation is done.
+  if (queued != nullptr) {
+    ctx_.executor.OnDone(op,
+                         [self = shared_from_this(), queued, op] { self->OnExecuted(queued, op); });
+  }
+}
+
+absl::StatusOr<BufferHandle> SessionCore::FindTag(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  auto it = tags_.find(name);
+  if (it == tags_.end()) return UnknownTagError(name);
+  const Tag& tag = *it->second;
+  if (tag.decided && !tag.error.ok()) return FailedDependencyError(name, tag.error);
+  BufferHandle output = tag.output.lock();
+  if (output == nullptr) {
+    return absl::NotFoundError(absl::StrCat("the buffer tag '", name, "' wrote was deleted"));
+  }
+  return output;
+}
+
+void SessionCore::OnExecuted(Tag* tag, const std::shared_ptr<Operation>& op) {
+  v1::Operation result;
+  ToProto(ctx_.executor.GetStatus(*op), &result);
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    tag->executed = true;
+    --executing_;
+    tag->result = std::move(result);
+    DecideLocked(tag);
+    actions = NextActionsLocked();
+  }
+  Run(std::move(actions));
+}
+
+void SessionCore::DecideLocked(Tag* first) {
+  std::vector<Tag*> work = {first};
+  while (!work.empty()) {
+    Tag* tag = work.back();
+    work.pop_back();
+    if (tag->decided || !tag->executed) continue;
+    auto undecided =
+        std::find_if(tag->deps.begin(), tag->deps.end(), [](const Tag* d) { return !d->decided; });
+    if (undecided != tag->deps.end()) {
+      (*undecided)->waiters.push_back(tag);
+      continue;
+    }
+    auto failed = std::find_if(tag->deps.begin(), tag->deps.end(),
+                               [](const Tag* d) { return !d->error.ok(); });
+    if (failed != tag->deps.end()) {
+      MarkFailed(FailedDependencyError((*failed)->name, (*failed)->error), &tag->result);
+    }
+    tag->error = OperationError(tag->result);
+    tag->decided = true;
+    tag->op.reset();
+    tag->deps.clear();
+    AnswerLocked(tag->name, std::move(tag->result));
+    tag->result.Clear();
+    work.insert(work.end(), tag->waiters.begin(), tag->waiters.end());
+    tag->waiters.clear();
+  }
+}
+
+void SessionCore::AnswerLocked(absl::string_view tag, v1::Operation op) {
+  if (StoppedLocked()) {
+    --in_flight_;  // nobody will read it
+    return;
+  }
+  v1::ChainStepResult& answer = answers_.emplace_back();
+  answer.set_tag(std::string(tag));
+  *answer.mutable_operation() = std::move(op);
+}
+
+void SessionCore::OnWriteDone(bool ok) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_ -= out_.answers_size();
+    out_.Clear();
+    writing_ = false;
+    if (!ok) {
+      broken_ = true;
+      DropQueuedLocked();
+    }
+    actions = NextActionsLocked();
+  }
+  Run(std::move(actions));
+}
+
+void SessionCore::OnCancel() {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    DropQueuedLocked();
+    actions = NextActionsLocked();
+  }
+  Run(std::move(actions));
+}
+
+void SessionCore::DropQueuedLocked() {
+  // The message being written stays until its OnWriteDone.
+  in_flight_ -= answers_.size();
+  answers_.clear();
+}
+
+void SessionCore::Detach() {
+  absl::MutexLock lock(&mu_);
+  io_ = nullptr;
+}
+
+SessionCore::Actions SessionCore::NextActionsLocked() {
+  Actions actions;
+  if (finished_) return actions;
+  if (!writing_ && !StoppedLocked() && !answers_.empty()) {
+    writing_ = true;
+    const size_t n = std::min(answers_.size(), kMaxAnswersPerMessage);
+    out_.mutable_answers()->Reserve(static_cast<int>(n));
+    for (size_t i = 0; i < n; ++i) *out_.add_answers() = std::move(answers_[i]);
+    answers_.erase(answers_.begin(), answers_.begin() + static_cast<ptrdiff_t>(n));
+    actions.write = &out_;
+  }
+  if (want_read_ && !reading_ && !read_closed_ && !StoppedLocked() &&
+      in_flight_ < kMaxSessionInFlight) {
+    want_read_ = false;
+    reading_ = true;
+    actions.read = true;
+  }
+  if (!writing_ && !reading_ && executing_ == 0 &&
+      (StoppedLocked() || (read_closed_ && in_flight_ == 0))) {
+    finished_ = true;
+    actions.finish = true;
+    actions.status = cancelled_ || broken_
+                         ? grpc::Status(grpc::StatusCode::CANCELLED, "the session was cancelled")
+                         : ToGrpcStatus(refused_);
+    actions.temporaries = std::move(temporaries_);
+  }
+  return actions;
+}
+
+void SessionCore::Run(Actions actions) {
+  if (actions.write != nullptr) io_->Write(actions.write);
+  if (actions.read) io_->Read(&request_);
+  if (actions.finish) {
+    // The temporaries go before the call ends, so a client sees them gone once it has
+    // its status; queued work still using one keeps its memory until it completes.
+    for (const std::string& id : actions.temporaries) (void)ctx_.registry.Remove(client_, id);
+    io_->End(std::move(actions.status));
+  }
+}
+
+}  // namespace gpucompute
