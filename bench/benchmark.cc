@@ -100,6 +100,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -167,7 +168,7 @@ struct Options {
   int samples = 200;
   int session_ops = 20000;
   int graph_min_ops = 4;
-  std::string session_handler = "callback";
+  SessionHandler session_handler = SessionHandler::kCallback;
 
   int64_t n() const { return int64_t{1} << log2n; }
   uint64_t transfer_bytes() const {
@@ -256,10 +257,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
       o.session_ops = static_cast<int>(v);
     } else if (name == "session-handler") {
-      if (value != "callback" && value != "sync") {
-        return absl::InvalidArgumentError("--session-handler: callback or sync");
-      }
-      o.session_handler = value;
+      std::optional<SessionHandler> handler = ParseSessionHandler(value);
+      if (!handler) return absl::InvalidArgumentError("--session-handler: callback or sync");
+      o.session_handler = *handler;
     } else if (name == "graph-min-ops") {
       RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
       o.graph_min_ops = static_cast<int>(v);

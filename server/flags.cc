@@ -484,8 +484,10 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
   o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
   o.graph_min_ops = absl::GetFlag(FLAGS_graph_min_ops).value;
-  o.session_handler = absl::GetFlag(FLAGS_session_handler);
-  if (o.session_handler != "callback" && o.session_handler != "sync") {
+  if (std::optional<SessionHandler> handler =
+          ParseSessionHandler(absl::GetFlag(FLAGS_session_handler))) {
+    o.session_handler = *handler;
+  } else {
     parsed.outcome = ParsedCommandLine::Outcome::kError;
     parsed.error = "--session-handler: use callback or sync";
     return parsed;

@@ -239,13 +239,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return Start(options, std::move(backend));
 }
 
+std::optional<SessionHandler> ParseSessionHandler(absl::string_view name) {
+  if (name == "callback") return SessionHandler::kCallback;
+  if (name == "sync") return SessionHandler::kSync;
+  return std::nullopt;
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       std::unique_ptr<Backend> backend) {
   RETURN_IF_ERROR(ValidateRequestLimits(options.limits));
-  if (options.session_handler != "callback" && options.session_handler != "sync") {
-    return absl::InvalidArgumentError(absl::StrCat("session handler '", options.session_handler,
-                                                   "': use callback or sync"));
-  }
   if (backend == nullptr || backend->devices().empty()) {
     return absl::FailedPreconditionError("the backend has no devices");
   }
@@ -357,7 +359,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->shared_memory = std::make_unique<SharedMemoryServiceImpl>(*impl->ctx);
   }
-  if (options.session_handler == "sync") {
+  if (options.session_handler == SessionHandler::kSync) {
     impl->sessions = std::make_unique<SyncSessionServiceImpl>(*impl->ctx);
   } else {
     impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);

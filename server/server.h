@@ -18,6 +18,12 @@ namespace gpucompute {
 
 class Backend;
 
+// How SessionService.Session is served: on gRPC's callback API, or on its synchronous API
+// (a thread per session reading and one writing), for comparison.
+enum class SessionHandler { kCallback, kSync };
+// "callback" or "sync"; nullopt for anything else.
+std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
+
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::port).
   std::string listen = "127.0.0.1:50051";
@@ -44,9 +50,7 @@ struct ServerOptions {
   // chain's steps, a session message's operations) are recorded and launched as one CUDA
   // graph; 0 never records. No effect on the CPU backend.
   size_t graph_min_ops = 4;
-  // How SessionService.Session is served: "callback" (gRPC's callback API) or "sync" (its
-  // synchronous API, a thread per session reading and one writing), for comparison.
-  std::string session_handler = "callback";
+  SessionHandler session_handler = SessionHandler::kCallback;
   // Calls in flight and uploads under way per tenant (server/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;

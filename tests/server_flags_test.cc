@@ -124,7 +124,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.cpu_threads, 3);
   EXPECT_EQ(o.max_streams, 99u);
   EXPECT_EQ(o.graph_min_ops, 16u);
-  EXPECT_EQ(o.session_handler, "sync");
+  EXPECT_EQ(o.session_handler, SessionHandler::kSync);
   EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(o.default_device, 1);
   EXPECT_EQ(o.pool_initial_bytes, 1ull << 30);
