@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,8 +166,8 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   auto* reactor = new DeferredReactor(caller->admission);
   auto run = std::make_shared<ChainRun>(ctx, response, reactor->state());
   run->steps = *std::move(steps);
-  // The steps are launched together once all are queued (up to the dispatch window).
-  std::optional<Executor::LaunchBatch> batch(ctx.executor);
+  // The steps are launched together, when this returns (up to the dispatch window).
+  Executor::LaunchBatch batch(ctx.executor);
   for (size_t i = 0; i < run->steps.size(); ++i) {
     ChainStepPlan& step = run->steps[i];
     if (request->separate_launches()) step.plan.spec.capturable = false;
@@ -186,7 +185,6 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     }
     run->ops.push_back(*std::move(op));
   }
-  batch.reset();
   run->remaining = run->ops.size();
   // Copied first: a callback may answer (and clear ops) while this loop runs.
   const std::vector<std::shared_ptr<Operation>> ops = run->ops;
