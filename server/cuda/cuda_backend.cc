@@ -268,9 +268,8 @@ class CudaStream final : public Stream {
   const cudaStream_t stream_;
   CompletionPoller& poller_;
   // Instantiated recordings by their number of nodes. A run of the same operations has
-  // the same graph with other pointers and events, and updating an instance in place
-  // costs a fraction of instantiating one.
-  // Only the thread launching the stream's work touches it.
+  // the same graph with other pointers, and updating an instance in place costs a
+  // fraction of instantiating one. Only the thread launching the stream's work touches it.
   static constexpr size_t kMaxGraphs = 16;
   absl::flat_hash_map<size_t, cudaGraphExec_t> graphs_;
 };
