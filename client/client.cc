@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/crc32c.h"
+#include "gpucompute/v1/grpc_tuning.h"
 #include "gpucompute/v1/wire_format.h"
 
 namespace gpucompute {
@@ -65,8 +66,28 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, b
   return context;
 }
 
-grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
+// Receive window of a transfer channel's streams, with gRPC's window estimate (BDP
+// probing) off. Measured on an H100 host over loopback, 512 MiB in 8 streams, two runs:
+// downloads 5.2 / 5.4 GB/s with gRPC's defaults, 15.8 / 16.2 with this window (4 streams:
+// 4.6 / 6.7 against 10.3 / 10.7). One stream on the main channel keeps the defaults,
+// which did better there: 3.8 / 3.9 GB/s against 2.8 / 2.9.
+constexpr int kTransferWindowBytes = 64 << 20;
+
+// A channel's arguments: for a transfer channel (`transfer_index` > 0) a connection of
+// its own and the window above, then those of the environment
+// (gpucompute/v1/grpc_tuning.h), then the client's options.
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options,
+                                           const GrpcIntArgs& environment, int transfer_index) {
   grpc::ChannelArguments arguments;
+  if (transfer_index > 0) {
+    // A subchannel pool of its own and an argument no other channel has: gRPC would
+    // otherwise share one connection among channels to the same target.
+    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    arguments.SetInt("gpucompute.transfer_channel", transfer_index);
+    arguments.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kTransferWindowBytes);
+    arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
+  for (const auto& [name, value] : environment) arguments.SetInt(name, value);
   if (!options.tls_server_name.empty()) arguments.SetSslTargetNameOverride(options.tls_server_name);
   arguments.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
   arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
@@ -391,9 +412,10 @@ bool OperationFuture::Wait(absl::Duration timeout) const {
 }
 
 Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-               std::shared_ptr<grpc::Channel> channel)
+               GrpcIntArgs grpc_args, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       credentials_(std::move(credentials)),
+      grpc_args_(std::move(grpc_args)),
       channel_(std::move(channel)),
       stubs_(std::make_unique<Stubs>(channel_)),
       async_calls_(std::make_shared<client_internal::AsyncCallRegistry>()) {}
@@ -420,12 +442,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = CredentialsFor(options);
   if (!credentials.ok()) return credentials.status();
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.target, *credentials, ChannelArgumentsFor(options));
+  absl::StatusOr<GrpcIntArgs> grpc_args = GrpcArgsFromEnvironment();
+  if (!grpc_args.ok()) return grpc_args.status();
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      options.target, *credentials, ChannelArgumentsFor(options, *grpc_args, 0));
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
   }
-  return std::unique_ptr<Client>(new Client(options, *std::move(credentials), std::move(channel)));
+  return std::unique_ptr<Client>(new Client(options, *std::move(credentials),
+                                            *std::move(grpc_args), std::move(channel)));
 }
 
 size_t Client::ChunkBytes() const {
@@ -683,8 +708,8 @@ absl::StatusOr<v1::UploadResponse> Client::ParallelUpload(const v1::UploadHeader
   absl::StatusOr<std::vector<v1::UploadResponse>> responses = RunRanges<v1::UploadResponse>(
       ranges.size(), data.size(), progress, [&](size_t i, const ProgressFn& range_progress) {
         return UploadRange(started->transfer_id(), ranges[i].first,
-                           data.subspan(ranges[i].first, ranges[i].second), static_cast<int>(i),
-                           range_progress);
+                           data.subspan(ranges[i].first, ranges[i].second),
+                           static_cast<int>(i) + 1, range_progress);
       });
   if (!responses.ok()) return responses.status();
   return responses->front();
@@ -865,7 +890,7 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
         range.set_offset_bytes(request.offset_bytes() + ranges[i].first);
         range.set_size_bytes(ranges[i].second);
         return DownloadOn(
-            *TransferChannel(static_cast<int>(i)), range, {},
+            *TransferChannel(static_cast<int>(i) + 1), range, {},
             [out](uint64_t offset, std::string_view piece) {
               std::memcpy(out + offset, piece.data(), piece.size());
               return absl::OkStatus();
@@ -911,12 +936,8 @@ std::shared_ptr<grpc::Channel> Client::TransferChannel(int index) {
   }
   std::shared_ptr<grpc::Channel>& channel = transfer_channels_[index - 1];
   if (channel == nullptr) {
-    // A subchannel pool of its own and an argument no other channel has: gRPC would
-    // otherwise share one connection among channels to the same target.
-    grpc::ChannelArguments arguments = ChannelArgumentsFor(options_);
-    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    arguments.SetInt("gpucompute.transfer_channel", index);
-    channel = grpc::CreateCustomChannel(options_.target, credentials_, arguments);
+    channel = grpc::CreateCustomChannel(options_.target, credentials_,
+                                        ChannelArgumentsFor(options_, grpc_args_, index));
   }
   return channel;
 }

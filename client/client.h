@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "gpucompute/v1/grpc_tuning.h"
 #include "gpucompute/v1/limits.h"
 
 namespace gpucompute {
@@ -87,11 +88,12 @@ struct ClientOptions {
   std::string request_id;
 };
 
-// Measured on an H100 host over loopback, 512 MiB, CUDA server (GB/s by streams, 2 / 4 /
-// 8 / 16): uploads 5.9 / 8.8 / 11.5 / 10.6, downloads 4.9 / 4.2 / 3.9 / 3.7. Downloads
-// lose with more streams (each stream's receiving thread competes with the others).
+// The ranges of a parallel transfer go on transfer connections, one each, with a large
+// receive window (client.cc). Measured on an H100 host over loopback, 512 MiB, CUDA
+// server, GB/s with 4 / 8 streams: uploads 13.5-13.9 / 14.2-14.3, downloads 10.3-10.7 /
+// 15.8-16.2.
 inline constexpr int kAutoUploadStreams = 8;
-inline constexpr int kAutoDownloadStreams = 2;
+inline constexpr int kAutoDownloadStreams = 8;
 inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
 // Streams one transfer is split over at most.
 inline constexpr int kMaxTransferStreams = 64;
@@ -194,7 +196,8 @@ class Client {
   // The parts of a multi-range upload, for callers that split and schedule the ranges
   // themselves (Upload does both for an upload from memory): BeginUpload reserves the
   // upload, then each range goes in its own UploadRange call, concurrently or not,
-  // `channel` choosing which of the client's connections carries it. Every UploadRange of
+  // `channel` choosing which of the client's connections carries it (0: the main one;
+  // 1 and up: transfer connections, opened as needed). Every UploadRange of
   // the upload returns once the whole upload has committed or failed, with its outcome.
   absl::StatusOr<v1::BeginUploadResponse> BeginUpload(const v1::BeginUploadRequest& request);
   absl::StatusOr<v1::UploadResponse> UploadRange(std::string_view transfer_id,
@@ -234,7 +237,7 @@ class Client {
  private:
   struct Stubs;
   Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-         std::shared_ptr<grpc::Channel> channel);
+         GrpcIntArgs grpc_args, std::shared_ptr<grpc::Channel> channel);
 
   // Downloads, calling `on_info` with the buffer's info and the byte count before
   // the first chunk reaches `sink`.
@@ -266,7 +269,9 @@ class Client {
       const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks);
 
   ClientOptions options_;
-  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // for the transfer channels
+  // For the transfer channels: the credentials and the environment's channel arguments.
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  GrpcIntArgs grpc_args_;
   std::shared_ptr<grpc::Channel> channel_;
   absl::Mutex channels_mu_;
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_ ABSL_GUARDED_BY(channels_mu_);

@@ -12,12 +12,14 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "gpucompute/v1/grpc_tuning.h"
 #include "server/admission.h"
 #include "server/auth.h"
 #include "server/backend_loader.h"
@@ -373,6 +375,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  ASSIGN_OR_RETURN(const GrpcIntArgs grpc_args, GrpcArgsFromEnvironment());
+  for (const auto& [name, value] : grpc_args) builder.AddChannelArgument(name, value);
   builder.AddListeningPort(options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));

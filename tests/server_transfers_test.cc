@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -21,6 +22,7 @@
 #include "client/client.h"
 #include "gpucompute/v1/crc32c.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "gpucompute/v1/grpc_tuning.h"
 #include "tests/test_server.h"
 
 namespace gpucompute {
@@ -244,6 +246,67 @@ TEST_F(ServerTransfersTest, ClientSplitsUploadsAndDownloads) {
       ASSERT_OK((*client)->DeleteBuffer(up->buffer().id()));
     }
   }
+}
+
+// The environment's gRPC channel arguments: parsed strictly, applied by the server and by
+// every channel of the client (transfers in one and in several streams still move the
+// bytes exactly), and a malformed value stops both with the entry named.
+TEST(GrpcArgsTest, EnvironmentArgumentsApplyToBothSidesAndBadOnesAreRefused) {
+  ASSIGN_OR_FAIL(const GrpcIntArgs parsed,
+                       ParseGrpcArgs(" grpc.http2.max_frame_size=16777215, a.b=-2,,"));
+  EXPECT_EQ(parsed, (GrpcIntArgs{{"grpc.http2.max_frame_size", 16777215}, {"a.b", -2}}));
+  EXPECT_TRUE(ParseGrpcArgs("").ok());
+  for (const char* bad : {"a", "=1", "a=", "a=x", "a=1.5", "a=99999999999"}) {
+    absl::StatusOr<GrpcIntArgs> refused = ParseGrpcArgs(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(refused.status().message(),
+              absl::StrCat("'", bad, "' is not NAME=INTEGER (a gRPC channel argument)"));
+  }
+
+  struct Unset {
+    ~Unset() { unsetenv(kGrpcArgsEnvironmentVariable); }
+  } unset;
+  ASSERT_EQ(setenv(kGrpcArgsEnvironmentVariable,
+                   "grpc.http2.max_frame_size=16777215,grpc.http2.lookahead_bytes=1048576,"
+                   "grpc.experimental.tcp_read_chunk_size=65536",
+                   1),
+            0);
+  std::unique_ptr<TestServer> server = TestServer::Start();
+  ASSERT_NE(server, nullptr);
+  const std::string data = RandomBytes(8 * 30011, 5);
+  for (int streams : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(streams, " streams"));
+    ASSIGN_OR_FAIL(std::unique_ptr<Client> client,
+                         server->ConnectWith([&](ClientOptions& options) {
+                           options.chunk_bytes = 4096;
+                           options.transfer_streams = streams;
+                         }));
+    ASSIGN_OR_FAIL(const v1::UploadResponse up,
+                         client->Upload(CreateFloat64(30011), AsBytes(data)));
+    v1::DownloadRequest request;
+    request.set_buffer(up.buffer().id());
+    std::string back;
+    ASSERT_OK(client->Download(request, &back));
+    EXPECT_TRUE(back == data);
+    ASSERT_OK(client->DeleteBuffer(up.buffer().id()));
+  }
+
+  ASSERT_EQ(setenv(kGrpcArgsEnvironmentVariable, "grpc.http2.max_frame_size=16777215,window", 1),
+            0);
+  const std::string message =
+      "GPUCOMPUTE_GRPC_ARGS: 'window' is not NAME=INTEGER (a gRPC channel argument)";
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      server->ConnectWith([](ClientOptions&) {});
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.status().message(), message);
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend = "cpu";
+  options.cpu_threads = 1;
+  options.measure_copy_ceiling = false;
+  absl::StatusOr<std::unique_ptr<Server>> refused = Server::Start(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), message);
 }
 
 // A chunk whose CRC32C does not match fails with DATA_LOSS and changes nothing, on a plain
