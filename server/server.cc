@@ -316,6 +316,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->executor->SetQuotas(impl->quotas.get());
   impl->executor->SetCaptureMinOps(options.graph_min_ops);
   impl->ctx->staging = std::make_unique<HostStagingPool>(*impl->backend, kStagingCacheBytes);
+  // Half the cores, 2 to 8: enough for 8 concurrent upload streams, each copying at most
+  // two chunks at a time at several GB/s.
+  impl->ctx->chunk_copiers = std::make_unique<WorkerThreads>(
+      std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 2, 8), "chunk-copy");
   impl->ctx->default_result_ttl_nanos = *default_ttl;
   impl->ctx->limits = options.limits;
   if (!options.persist_dir.empty()) {

@@ -28,6 +28,7 @@
 #include "server/request_limits.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
+#include "server/worker_threads.h"
 
 namespace gpucompute {
 
@@ -65,6 +66,9 @@ struct ServiceContext {
   RequestLimits limits = {};
   // Elementwise expressions compiled before, for the planner.
   std::shared_ptr<expr::ProgramCache> programs = std::make_shared<expr::ProgramCache>();
+  // Copies received upload chunks into staging memory (set by the server at start).
+  // Last, so that it is destroyed first: its remaining jobs use the members above.
+  std::unique_ptr<WorkerThreads> chunk_copiers = nullptr;
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

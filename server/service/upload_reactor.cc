@@ -17,9 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Receives one stream of an upload: the header, then chunks, each read straight from
-// the slices gRPC received it in into a host staging block, and copied from there to the
-// upload's destination while the next chunk is read. The upload (UploadTransfer) decides
+// Receives one stream of an upload: the header, then chunks, each copied by a copier
+// thread straight from the slices gRPC received it in into a host staging block, and
+// from there to the upload's destination, while this stream reads the next chunk. The upload (UploadTransfer) decides
 // when the bytes become visible, and answers this stream with the outcome.
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
@@ -201,24 +201,28 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (!block.ok()) return block.status();
       slot.staging = *std::move(block);
     }
-    msg.chunk.CopyTo(slot.staging->data());
-    slot.parsed.slices.clear();
     slot.busy = true;
     const int index = s->read_slot;
     const uint64_t offset = s->range_offset + s->received;
     s->received += n;
-    // The copy's completion takes this lock, and the transfer calls it outside its own:
-    // hand the write over without holding ours.
-    std::shared_ptr<UploadTransfer> transfer = s->transfer;
-    const void* staging = slot.staging->data();
-    s->mu.Unlock();
-    transfer->Write(offset, staging, n, [s, index](absl::Status) {
-      absl::MutexLock lock(&s->mu);
-      s->slots[index].busy = false;
-      if (!s->reading && !s->closed) ReadNextLocked(s);
-      MaybeRangeDoneLocked(s);
+    // The chunk goes to staging memory on a copier thread, and from there to the upload,
+    // while this thread reads the next chunk into the other slot. The job owns the
+    // received slices; the slot stays busy, keeping its staging block, until the write
+    // is done. The write's completion takes this stream's lock, so the job holds none.
+    s->ctx.chunk_copiers->Run([s, index, offset, n, transfer = s->transfer,
+                               staging = slot.staging->data(), chunk = std::move(slot.parsed.chunk),
+                               slices = std::move(slot.parsed.slices)]() mutable {
+      chunk.CopyTo(staging);
+      chunk = {};
+      slices.clear();
+      transfer->Write(offset, staging, n, [s, index](absl::Status) {
+        absl::MutexLock lock(&s->mu);
+        s->slots[index].busy = false;
+        if (!s->reading && !s->closed) ReadNextLocked(s);
+        MaybeRangeDoneLocked(s);
+      });
     });
-    s->mu.Lock();
+    slot.parsed.slices.clear();
     return absl::OkStatus();
   }
 
