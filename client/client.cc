@@ -719,13 +719,93 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadImpl(
     const v1::DownloadRequest& request,
     const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
     const DownloadSink& sink, const ProgressFn& progress) {
-  return DownloadOn(*channel_, request, on_info, sink, progress, /*whole_chunks=*/true);
+  return DownloadOn(*channel_, request, on_info, sink, progress, /*whole_chunks=*/true,
+                    /*sink_behind=*/false);
 }
+
+namespace {
+
+// Runs a download's sink on a thread of its own, behind the thread that reads: that
+// thread, which also receives the bytes from the socket, hands each message over and
+// reads the next one while the sink copies the last one out. At most one message waits
+// while another is being copied; the message's slices travel with it.
+class SinkBehind {
+ public:
+  explicit SinkBehind(const DownloadSink& sink) : sink_(sink), thread_([this] { Loop(); }) {}
+  ~SinkBehind() { Finish().IgnoreError(); }
+  SinkBehind(const SinkBehind&) = delete;
+  SinkBehind& operator=(const SinkBehind&) = delete;
+
+  // Waits until no message waits, then hands `message` over; the first sink error so
+  // far, in which case `message` is dropped.
+  absl::Status Push(wire::DownloadMessage message) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &SinkBehind::CanPush));
+    if (!status_.ok()) return status_;
+    pending_.emplace(std::move(message));
+    return absl::OkStatus();
+  }
+
+  // Waits for every message handed over and stops the thread; the first sink error.
+  absl::Status Finish() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  bool CanPush() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !pending_.has_value() || !status_.ok();
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_.has_value() || closing_;
+  }
+
+  void Loop() {
+    for (;;) {
+      wire::DownloadMessage message;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &SinkBehind::HasWork));
+        if (!pending_.has_value()) return;  // closing, and nothing is left
+        message = *std::move(pending_);
+        pending_.reset();
+      }
+      absl::Status status;
+      uint64_t offset = message.offset_bytes;
+      for (std::string_view piece : message.data.views) {
+        status = sink_(offset, piece);
+        if (!status.ok()) break;
+        offset += piece.size();
+      }
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (status_.ok()) status_ = std::move(status);
+      }
+    }
+  }
+
+  const DownloadSink& sink_;
+  absl::Mutex mu_;
+  std::optional<wire::DownloadMessage> pending_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+// Downloads from this size on run their sink behind the reading thread (SinkBehind).
+constexpr uint64_t kSinkBehindBytes = uint64_t{16} << 20;
+
+}  // namespace
 
 absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
     grpc::Channel& channel, const v1::DownloadRequest& request,
     const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
-    const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks) {
+    const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks, bool sink_behind) {
   std::unique_ptr<grpc::ClientContext> context = MakeContext(SettingsOf(options_), /*unary=*/false);
   v1::DownloadRequest sent_request = request;
   if (options_.checksums) sent_request.set_crc32c(true);
@@ -744,6 +824,8 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
   uint64_t total = 0;
   uint64_t received = 0;
   absl::Status local_status;
+  // Made once the size is known: only large downloads pay for its thread.
+  std::optional<SinkBehind> behind;
   while (reader->Read(&raw)) {
     local_status = wire::ParseDownloadResponse(raw, &message);
     raw.Clear();
@@ -762,6 +844,7 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
         local_status = on_info(result.buffer(), total);
         if (!local_status.ok()) break;
       }
+      if (sink_behind && total >= kSinkBehindBytes) behind.emplace(sink);
     }
     if (options_.checksums && message.data.size != 0 &&
         (!message.data_crc32c.has_value() || *message.data_crc32c != message.data.Crc32c())) {
@@ -779,7 +862,12 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
             " where ", total - received, " bytes at offset ", expected_offset, " remained"));
         break;
       }
-      if (message.data.views.size() == 1 || !whole_chunks) {
+      if (message.has_transfer) *result.mutable_transfer() = message.transfer;
+      received += message.data.size;
+      if (behind.has_value()) {
+        local_status = behind->Push(std::move(message));
+        message = wire::DownloadMessage();
+      } else if (message.data.views.size() == 1 || !whole_chunks) {
         uint64_t offset = message.offset_bytes;
         for (std::string_view piece : message.data.views) {
           local_status = sink(offset, piece);
@@ -793,11 +881,11 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
         local_status = sink(message.offset_bytes, joined);
       }
       if (!local_status.ok()) break;
-      received += message.data.size;
       if (progress) progress(received, total);
     }
     if (message.has_transfer) *result.mutable_transfer() = message.transfer;
   }
+  if (behind.has_value() && local_status.ok()) local_status = behind->Finish();
 
   if (!local_status.ok()) {
     context->TryCancel();
@@ -854,7 +942,8 @@ absl::StatusOr<v1::DownloadResponse> Client::Download(const v1::DownloadRequest&
     data->append(chunk);
     return absl::OkStatus();
   };
-  return DownloadOn(*channel_, request, reserve, append, progress, /*whole_chunks=*/false);
+  return DownloadOn(*channel_, request, reserve, append, progress, /*whole_chunks=*/false,
+                    /*sink_behind=*/true);
 }
 
 absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::DownloadRequest& request,
@@ -895,7 +984,7 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
               std::memcpy(out + offset, piece.data(), piece.size());
               return absl::OkStatus();
             },
-            range_progress, /*whole_chunks=*/false);
+            range_progress, /*whole_chunks=*/false, /*sink_behind=*/false);
       });
   if (!responses.ok()) {
     data->clear();

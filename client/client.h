@@ -263,10 +263,13 @@ class Client {
   absl::StatusOr<v1::DownloadResponse> ParallelDownload(const v1::DownloadRequest& request,
                                                         std::string* data,
                                                         const ProgressFn& progress);
+  // Downloads on `channel`. `whole_chunks`: one sink call per chunk, however gRPC split
+  // it. `sink_behind`: a large download's sink runs on a thread of its own, one message
+  // behind this one (client.cc's SinkBehind).
   absl::StatusOr<v1::DownloadResponse> DownloadOn(
       grpc::Channel& channel, const v1::DownloadRequest& request,
       const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
-      const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks);
+      const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks, bool sink_behind);
 
   ClientOptions options_;
   // For the transfer channels: the credentials and the environment's channel arguments.

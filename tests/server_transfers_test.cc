@@ -309,6 +309,40 @@ TEST(GrpcArgsTest, EnvironmentArgumentsApplyToBothSidesAndBadOnesAreRefused) {
   EXPECT_EQ(refused.status().message(), message);
 }
 
+// A single-stream download large enough that the client copies each chunk out on a
+// thread behind the one receiving the next: every byte lands in place, whole and in a
+// range that starts and ends mid-chunk, with and without checksums.
+TEST_F(ServerTransfersTest, LargeSingleStreamDownloadsCopyBehindTheReader) {
+  const uint64_t elements = (uint64_t{24} << 20) / 8 + 3;
+  const std::string data = RandomBytes(8 * elements, 11);
+  for (bool checksums : {false, true}) {
+    SCOPED_TRACE(absl::StrCat("checksums ", checksums));
+    ASSIGN_OR_FAIL(std::unique_ptr<Client> client,
+                   server_->ConnectWith([&](ClientOptions& options) {
+                     options.chunk_bytes = 1 << 20;
+                     options.transfer_streams = 1;
+                     options.checksums = checksums;
+                   }));
+    ASSIGN_OR_FAIL(const v1::UploadResponse up,
+                   client->Upload(CreateFloat64(elements), AsBytes(data)));
+    for (auto [offset, size] :
+         {std::pair<uint64_t, uint64_t>{0, 0}, {5, (uint64_t{20} << 20) + 3}}) {
+      v1::DownloadRequest request;
+      request.set_buffer(up.buffer().id());
+      request.set_offset_bytes(offset);
+      request.set_size_bytes(size);
+      request.set_chunk_bytes(1 << 20);
+      std::string back = "stale";
+      ASSIGN_OR_FAIL(const v1::DownloadResponse down, client->Download(request, &back));
+      const uint64_t length = size == 0 ? data.size() - offset : size;
+      EXPECT_EQ(back.size(), length);
+      EXPECT_TRUE(back == data.substr(offset, length)) << "offset " << offset;
+      EXPECT_EQ(down.transfer().bytes(), length);
+    }
+    ASSERT_OK(client->DeleteBuffer(up.buffer().id()));
+  }
+}
+
 // A chunk whose CRC32C does not match fails with DATA_LOSS and changes nothing, on a plain
 // upload into a new or an existing buffer and on one range of a multi-range upload (whose
 // other range hears the same). A matching CRC is accepted.
