@@ -128,8 +128,11 @@ TEST_F(MetricsServerTest, SeriesAfterAKnownWorkload) {
   EXPECT_EQ(s.at("gpucompute_buffer_bytes{device=\"0\",client=\"we\\\"ird\\\\name\"}"), 20);
   EXPECT_EQ(s.at("gpucompute_memory_limit_bytes"), kLimit);
   EXPECT_EQ(s.at("gpucompute_memory_used_bytes"), 4 * 8 * n + 8 + 20);
-  EXPECT_EQ(s.at("gpucompute_pool_used_bytes{device=\"0\"}"),
-            s.at("gpucompute_pool_reserved_bytes{device=\"0\"}"));
+  // Reserved adds the freed blocks the backend keeps for reuse (the CPU backend keeps
+  // those of 1 MiB and more, such as the copy ceiling's measurement at start).
+  EXPECT_EQ(s.at("gpucompute_pool_used_bytes{device=\"0\"}"), 4 * 8 * n + 8 + 20);
+  EXPECT_GE(s.at("gpucompute_pool_reserved_bytes{device=\"0\"}"),
+            s.at("gpucompute_pool_used_bytes{device=\"0\"}"));
   EXPECT_EQ(s.at("gpucompute_operations_queued{device=\"0\"}"), 0);
   EXPECT_EQ(s.at("gpucompute_operations_running{device=\"0\"}"), 0);
   EXPECT_EQ(s.at("gpucompute_backend_healthy"), 1);

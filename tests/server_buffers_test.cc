@@ -1355,8 +1355,9 @@ std::pair<uint64_t, uint64_t> Pool0(Client& client) {
   return {info->devices(0).pool_reserved_bytes(), info->devices(0).pool_used_bytes()};
 }
 
-// Used bytes follow the buffers exactly. The CPU backend reserves what it uses; a CUDA
-// pool reserves in large granules and keeps freed memory, so it only holds at least that.
+// Used bytes follow the buffers exactly. The CPU backend reserves what it uses plus the
+// freed blocks of 1 MiB and more it keeps (none of these small buffers); a CUDA pool
+// reserves in large granules and keeps freed memory, so it only holds at least that.
 void ExpectPool(Client& client, uint64_t used, uint64_t cpu_reserved) {
   const auto [reserved, got_used] = Pool0(client);
   EXPECT_EQ(got_used, used);
@@ -1369,9 +1370,7 @@ void ExpectPool(Client& client, uint64_t used, uint64_t cpu_reserved) {
 
 TEST_F(ServerBuffersTest, PoolUsageFollowsBuffers) {
   const auto [reserved0, used0] = Pool0(*client_);
-  if (TestBackendName() == "cpu") {
-    EXPECT_EQ(reserved0, used0) << "the CPU backend reserves what it uses";
-  }
+  EXPECT_GE(reserved0, used0);
 
   v1::BufferInfo a = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1000}));
   ExpectPool(*client_, used0 + 8000, reserved0 + 8000);
@@ -1391,15 +1390,26 @@ TEST_F(ServerBuffersTest, PoolUsageFollowsBuffers) {
   ExpectPool(*client_, used0, reserved0);
 }
 
+// Trimming returns the memory kept beyond the live buffers and never what they use. On
+// the CPU backend a freed 2 MiB buffer is kept until then.
 TEST_F(ServerBuffersTest, TrimMemoryPoolReportsEachDevice) {
   MustCreate(*client_, CreateRequest(v1::DTYPE_INT64, {64}));
+  const v1::BufferInfo freed = MustCreate(*client_, CreateRequest(v1::DTYPE_FLOAT64, {1 << 18}));
+  ASSERT_OK(client_->DeleteBuffer(freed.id()));
   const auto [reserved, used] = Pool0(*client_);
+  if (TestBackendName() == "cpu") {
+    EXPECT_GE(reserved, used + (2 << 20));
+  }
   for (std::optional<int> device : {std::optional<int>(), std::optional<int>(0)}) {
     absl::StatusOr<v1::TrimMemoryPoolResponse> trimmed = client_->TrimMemoryPool(device, 0);
     ASSERT_OK(trimmed);
     ASSERT_EQ(trimmed->pools_size(), 1) << trimmed->ShortDebugString();
     EXPECT_EQ(trimmed->pools(0).device(), 0);
-    EXPECT_EQ(trimmed->pools(0).reserved_bytes(), reserved);
+    EXPECT_LE(trimmed->pools(0).reserved_bytes(), reserved);
+    EXPECT_GE(trimmed->pools(0).reserved_bytes(), used);
+    if (TestBackendName() == "cpu") {
+      EXPECT_EQ(trimmed->pools(0).reserved_bytes(), used);
+    }
     EXPECT_EQ(trimmed->pools(0).used_bytes(), used);
     EXPECT_GE(trimmed->pools(0).used_bytes(), 512u);
   }

@@ -2,6 +2,7 @@
 
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -24,6 +25,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAlignment = 256;
+constexpr uint64_t kMaxCachedBytes = uint64_t{1} << 30;
 constexpr int64_t kCopyGrain = 1 << 22;  // bytes per parallel copy chunk
 
 class CpuEvent final : public Event {
@@ -156,6 +158,10 @@ CpuBackend::CpuBackend(size_t threads)
   d.total_memory_bytes = PhysicalMemoryBytes();
   d.compute_units = static_cast<int>(pool_->size());
   devices_.push_back(d);
+  // A sixteenth of the memory, at most 1 GiB: room for the arrays of a few shapes
+  // without holding much that nothing asks for again (`trim` returns it).
+  blocks_ =
+      std::make_shared<BlockCache>(std::min<uint64_t>(d.total_memory_bytes / 16, kMaxCachedBytes));
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -166,22 +172,34 @@ absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
   const uint64_t rounded =
       bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded < bytes) return absl::ResourceExhaustedError("allocation size overflows");
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  void* p = blocks_->Take(rounded);
+  if (p == nullptr) p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr && blocks_->Trim(0) == 0) p = std::aligned_alloc(kAlignment, rounded);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("out of host memory allocating ", bytes, " bytes"));
   }
   allocated_bytes_->fetch_add(bytes, std::memory_order_relaxed);
-  return DeviceMemory(p, bytes, device, [allocated = allocated_bytes_](void* ptr, uint64_t size) {
-    std::free(ptr);
-    allocated->fetch_sub(size, std::memory_order_relaxed);
-  });
+  return DeviceMemory(p, bytes, device,
+                      [allocated = allocated_bytes_, blocks = blocks_, rounded](void* ptr,
+                                                                                uint64_t size) {
+                        blocks->Give(ptr, rounded);
+                        allocated->fetch_sub(size, std::memory_order_relaxed);
+                      });
 }
 
 PoolUsage CpuBackend::MemoryPoolUsage(int device) const {
   if (device != 0) return {};
   const uint64_t bytes = allocated_bytes_->load(std::memory_order_relaxed);
-  return PoolUsage{bytes, bytes};
+  return PoolUsage{bytes + blocks_->cached_bytes(), bytes};
+}
+
+absl::StatusOr<PoolUsage> CpuBackend::TrimMemoryPool(int device, uint64_t keep_bytes) {
+  if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  const uint64_t used = allocated_bytes_->load(std::memory_order_relaxed);
+  // Like the CUDA pool: what live allocations use is never returned.
+  blocks_->Trim(keep_bytes > used ? keep_bytes - used : 0);
+  return MemoryPoolUsage(device);
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {

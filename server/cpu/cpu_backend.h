@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "server/backend.h"
+#include "server/cpu/block_cache.h"
 #include "server/cpu/thread_pool.h"
 
 namespace gpucompute::cpu {
@@ -45,8 +46,10 @@ class CpuBackend final : public Backend {
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                       int64_t n) override;
 
-  // There is no pool: reserved and used are both the bytes live allocations asked for.
+  // Used: the bytes live allocations asked for; reserved adds the freed blocks kept for
+  // reuse (BlockCache), which TrimMemoryPool frees.
   PoolUsage MemoryPoolUsage(int device) const override;
+  absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) override;
   // A stream's thread runs one operation at a time; one more ready behind it is all it
   // takes to never wait for the executor.
   int DispatchWindow() const override { return 2; }
@@ -65,6 +68,8 @@ class CpuBackend final : public Backend {
   // the backend.
   std::shared_ptr<std::atomic<uint64_t>> allocated_bytes_ =
       std::make_shared<std::atomic<uint64_t>>(0);
+  // Freed large blocks; shared with the deleters as well.
+  std::shared_ptr<BlockCache> blocks_;
 };
 
 }  // namespace gpucompute::cpu
