@@ -212,12 +212,13 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     std::shared_ptr<UploadTransfer> transfer = s->transfer;
     const void* staging = slot.staging->data();
     s->mu.Unlock();
-    transfer->Write(offset, staging, n, [s, index](absl::Status) {
-      absl::MutexLock lock(&s->mu);
-      s->slots[index].busy = false;
-      if (!s->reading && !s->closed) ReadNextLocked(s);
-      MaybeRangeDoneLocked(s);
-    });
+    transfer->Write(offset, staging, UploadTransfer::HostMemory::kStaging, n,
+                    [s, index](absl::Status) {
+                      absl::MutexLock lock(&s->mu);
+                      s->slots[index].busy = false;
+                      if (!s->reading && !s->closed) ReadNextLocked(s);
+                      MaybeRangeDoneLocked(s);
+                    });
     s->mu.Lock();
     return absl::OkStatus();
   }
