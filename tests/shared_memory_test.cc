@@ -13,10 +13,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/shared_memory.h"
 #include "gpucompute/v1/host_identity.h"
@@ -148,6 +150,21 @@ v1::CopyToRegionRequest CopyOut(const std::string& buffer, uint64_t offset, uint
   request.set_region_id(region);
   request.set_region_offset_bytes(region_offset);
   return request;
+}
+
+// A range of the multi-range upload `transfer`, copied from the region.
+v1::CopyFromRegionRequest IntoUpload(const std::string& region, uint64_t region_offset,
+                                     const std::string& transfer, uint64_t offset, uint64_t size) {
+  v1::CopyFromRegionRequest request = CopyInto(region, region_offset, "", offset, size);
+  request.set_transfer_id(transfer);  // the target instead of `buffer`
+  return request;
+}
+
+v1::UploadHeader IntoBuffer(const std::string& buffer, uint64_t offset) {
+  v1::UploadHeader header;
+  header.set_buffer(buffer);
+  header.set_offset_bytes(offset);
+  return header;
 }
 
 v1::UploadHeader CreateFloat64(uint64_t n, const std::string& name = "") {
@@ -318,6 +335,136 @@ TEST_F(SharedMemoryTest, TransfersLargerThanTheRegionMoveInPieces) {
   EXPECT_EQ(AsDoubles(bytes), expected);
 }
 
+// CopyFromRegion into an upload: each refusal, with its exact code, fails the whole upload
+// (a range already waiting hears the same), gives back its memory and changes nothing;
+// the upload is forgotten.
+TEST_F(SharedMemoryTest, RefusedCopiesIntoAnUploadFailItAndChangeNothing) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4 * 4096);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, segment.size()));
+  const std::vector<double> values = RandomDoubles(2048, -1e3, 1e3, 15);
+  std::memcpy(segment.data(), values.data(), segment.size());
+  const std::vector<double> original = RandomDoubles(1000, -1e3, 1e3, 16);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, original, {}, v1::LAYOUT_C, "b"));
+  const Snapshot before = TakeSnapshot(*client_);
+  const std::string unknown_region = "shm-0123456789abcdef0123456789abcdef";
+  struct Case {
+    std::string name;
+    uint64_t region_offset;
+    uint64_t offset;
+    uint64_t size;
+    absl::StatusCode code;
+    std::string region_id = "";  // empty: the test's region
+    std::string stream_id = "";
+  };
+  // The upload has 8000 bytes; the waiting range claims [0, 1000).
+  const std::vector<Case> cases = {
+      {"overlaps the waiting range", 0, 999, 10, absl::StatusCode::kInvalidArgument},
+      {"ends past the upload", 0, 7999, 2, absl::StatusCode::kInvalidArgument},
+      {"starts near 2^64", 0, kMax, 2, absl::StatusCode::kInvalidArgument},
+      {"empty", 0, 2000, 0, absl::StatusCode::kInvalidArgument},
+      {"ends past the region", 4 * 4096 - 8, 2000, 16, absl::StatusCode::kInvalidArgument},
+      {"region end overflows", kMax - 7, 2000, 16, absl::StatusCode::kInvalidArgument},
+      {"unknown region", 0, 2000, 16, absl::StatusCode::kNotFound, unknown_region},
+      {"names a stream", 0, 2000, 16, absl::StatusCode::kInvalidArgument, "", "stream"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const bool into_existing = i % 2 == 1;
+    SCOPED_TRACE(absl::StrCat(c.name, into_existing ? ", into the existing buffer" : ""));
+    v1::BeginUploadRequest begin;
+    *begin.mutable_header() = into_existing ? IntoBuffer(buffer.id(), 0) : CreateFloat64(1000);
+    begin.mutable_header()->set_size_bytes(8000);
+    ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+    EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + 8000) << "reserved";
+    const std::string& id = started.transfer_id();
+    absl::StatusOr<v1::CopyRegionResponse> waiting;
+    std::thread first([&] { waiting = raw.CopyFrom(IntoUpload(region.id(), 0, id, 0, 1000)); });
+    absl::SleepFor(absl::Milliseconds(100));
+    v1::CopyFromRegionRequest bad = IntoUpload(c.region_id.empty() ? region.id() : c.region_id,
+                                               c.region_offset, id, c.offset, c.size);
+    bad.set_stream_id(c.stream_id);
+    const absl::Status refused = raw.CopyFrom(bad).status();
+    first.join();
+    EXPECT_EQ(refused.code(), c.code) << refused;
+    EXPECT_EQ(waiting.status().code(), c.code) << waiting.status();
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+    EXPECT_EQ(TakeSnapshot(*client_), before);
+    ASSIGN_OR_FAIL(std::vector<double> after, DownloadArray<double>(*client_, buffer.id()));
+    EXPECT_EQ(after, original);
+    const absl::Status late = raw.CopyFrom(IntoUpload(region.id(), 1000, id, 1000, 7000)).status();
+    EXPECT_EQ(late.code(), absl::StatusCode::kNotFound) << late;
+  }
+  EXPECT_EQ(std::memcmp(segment.data(), values.data(), segment.size()), 0)
+      << "a copy into an upload changed its region";
+
+  // Unknown transfer ids, and another client's, are NOT_FOUND and disturb nothing.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "whole");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  const std::string unknown_upload = "upl-0123456789abcdef0123456789abcdef";
+  RawShm other(*server_, "other");
+  ASSIGN_OR_FAIL(v1::RegionInfo theirs, other.Register(segment.name(), 0, segment.size()));
+  for (const std::string& id : {unknown_upload, started.transfer_id()}) {
+    const absl::Status status = other.CopyFrom(IntoUpload(theirs.id(), 0, id, 0, 8000)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << id << ": " << status;
+  }
+  const absl::Status status =
+      raw.CopyFrom(IntoUpload(region.id(), 0, unknown_upload, 0, 8000)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  // The owner's upload goes on: two ranges complete it, and both hear the one outcome.
+  absl::StatusOr<v1::CopyRegionResponse> head;
+  std::thread first(
+      [&] { head = raw.CopyFrom(IntoUpload(region.id(), 0, started.transfer_id(), 0, 3000)); });
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse tail,
+                 raw.CopyFrom(IntoUpload(region.id(), 3000, started.transfer_id(), 3000, 5000)));
+  first.join();
+  ASSERT_OK(head);
+  EXPECT_EQ(head->buffer().id(), tail.buffer().id());
+  EXPECT_EQ(tail.buffer().name(), "whole");
+  EXPECT_EQ(head->transfer().bytes(), 8000u);
+  EXPECT_EQ(tail.transfer().bytes(), 8000u);
+  ASSIGN_OR_FAIL(std::vector<double> whole, DownloadArray<double>(*client_, "whole"));
+  EXPECT_EQ(whole, std::vector<double>(values.begin(), values.begin() + 1000));
+}
+
+// A client that goes away mid-upload (its call cancelled) leaves no buffer, and the memory
+// the upload reserved goes back then, not at the upload's idle timeout (a minute).
+TEST_F(SharedMemoryTest, CancelledCopyIntoAnUploadFailsIt) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(8000);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, segment.size()));
+  const Snapshot before = TakeSnapshot(*client_);
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "abandoned");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  std::unique_ptr<v1::SharedMemoryService::Stub> stub =
+      v1::SharedMemoryService::NewStub(server_->RawChannel());
+  grpc::ClientContext context;
+  context.AddMetadata(kClientMetadataKey, "shm-test");
+  const v1::CopyFromRegionRequest request =
+      IntoUpload(region.id(), 0, started.transfer_id(), 0, 4000);
+  v1::CopyRegionResponse response;
+  grpc::Status status;
+  absl::Notification answered;
+  stub->async()->CopyFromRegion(&context, &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    answered.Notify();
+  });
+  // The range is in; the call waits for the rest of the upload.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(answered.HasBeenNotified());
+  EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + 8000);
+  context.TryCancel();
+  answered.WaitForNotification();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  const absl::Status late =
+      raw.CopyFrom(IntoUpload(region.id(), 4000, started.transfer_id(), 4000, 4000)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kNotFound) << late;
+}
+
 TEST_F(SharedMemoryTest, RegistrationChecksNameRangeAndExistence) {
   RawShm raw(*server_, "shm-test");
   Segment segment(3 * 4096);
@@ -475,6 +622,10 @@ TEST_F(SharedMemoryTest, DisabledServiceNamesTheFlag) {
   Start(/*allow=*/false, 600);
   RawShm raw(*server_, "shm-test");
   Segment segment(4096);
+  // An upload under way, which a copy cannot name either.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(8);
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
   const Snapshot before = TakeSnapshot(*client_);
   auto expect_flag = [](const absl::Status& status, const std::string& flag) {
     EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
@@ -494,6 +645,10 @@ TEST_F(SharedMemoryTest, DisabledServiceNamesTheFlag) {
   v1::CopyFromRegionRequest create;
   *create.mutable_create() = CreateFloat64(8).create();
   expect_flag(raw.CopyFrom(create).status(), "--allow-shared-memory");
+  expect_flag(raw.CopyFrom(IntoUpload("shm-0123456789abcdef0123456789abcdef", 0,
+                                      started.transfer_id(), 0, 64))
+                  .status(),
+              "--allow-shared-memory");
   SharedMemoryTransport shm(*client_);
   expect_flag(shm.Upload(CreateFloat64(8), Bytes(RandomDoubles(8, -1e3, 1e3, 7))).status(),
               "--allow-shared-memory");

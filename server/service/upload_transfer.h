@@ -1,7 +1,9 @@
 // The destination and the all-or-nothing commit of one upload, shared by the Upload
 // streams that carry its bytes: one stream for a plain Upload, several concurrent range
 // streams for a multi-range upload (BufferService.BeginUpload, whose transfers live in
-// an UploadTransferTable until they finish).
+// an UploadTransferTable until they finish). A range of a multi-range upload may also
+// come from shared memory, as a SharedMemoryService.CopyFromRegion call, which takes the
+// part of a range stream.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_UPLOAD_TRANSFER_H_
 #define GPUCOMPUTE_SERVER_SERVICE_UPLOAD_TRANSFER_H_
 
