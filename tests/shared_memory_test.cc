@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -165,6 +166,11 @@ v1::UploadHeader IntoBuffer(const std::string& buffer, uint64_t offset) {
   header.set_buffer(buffer);
   header.set_offset_bytes(offset);
   return header;
+}
+
+// The bytes of `v` from `offset`, `size` of them.
+std::string BytesOf(const std::vector<double>& v, uint64_t offset, uint64_t size) {
+  return std::string(reinterpret_cast<const char*>(v.data()) + offset, size);
 }
 
 v1::UploadHeader CreateFloat64(uint64_t n, const std::string& name = "") {
@@ -333,6 +339,82 @@ TEST_F(SharedMemoryTest, TransfersLargerThanTheRegionMoveInPieces) {
   request.set_buffer("pieces");
   ASSERT_OK(shm.Download(request, &bytes));
   EXPECT_EQ(AsDoubles(bytes), expected);
+}
+
+// Progress as a pipelined transfer of `total` bytes in pieces of `piece` reports it: at
+// the end of every piece.
+std::vector<uint64_t> PieceEnds(uint64_t piece, uint64_t total) {
+  std::vector<uint64_t> ends;
+  for (uint64_t at = piece; at < total; at += piece) ends.push_back(at);
+  ends.push_back(total);
+  return ends;
+}
+
+// A download of several pieces asks for the next ones while the sink takes the last: the
+// sink gets every piece in order. Pieces of 4100 bytes end mid-element, and the array is
+// no whole number of them.
+TEST_F(SharedMemoryTest, PipelinedDownloadsMovePieceByPiece) {
+  constexpr uint64_t kPiece = 4100;
+  const size_t n = 10007;
+  const uint64_t bytes = n * 8;  // 19 pieces and 2156 bytes
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 10);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, x, {}, v1::LAYOUT_C, "piped"));
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  v1::DownloadRequest request;
+  request.set_buffer("piped");
+  std::string joined;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> reported;
+  auto sink = [&](uint64_t offset, std::string_view piece) {
+    offsets.push_back(offset);
+    EXPECT_EQ(piece.size(), std::min(kPiece, bytes - offset)) << "at " << offset;
+    joined.append(piece);
+    return absl::OkStatus();
+  };
+  auto record = [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, bytes);
+    reported.push_back(done);
+  };
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse down, shm.Download(request, sink, record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, bytes));
+  std::vector<uint64_t> starts = PieceEnds(kPiece, bytes);
+  starts.pop_back();
+  starts.insert(starts.begin(), 0);
+  EXPECT_EQ(offsets, starts);
+  EXPECT_TRUE(joined == BytesOf(x, 0, bytes)) << "the downloaded bytes differ";
+  EXPECT_EQ(down.buffer().id(), buffer.id());
+  EXPECT_EQ(down.transfer().bytes(), bytes);
+  EXPECT_GT(down.transfer().seconds(), 0);
+
+  // A byte range from the middle of an element, 13 pieces and 2700 bytes.
+  request.set_offset_bytes(8 * 1001 + 4);
+  request.set_size_bytes(56000);
+  ASSIGN_OR_FAIL(down, shm.Download(request, &joined));
+  EXPECT_EQ(down.transfer().bytes(), 56000u);
+  EXPECT_TRUE(joined == BytesOf(x, 8 * 1001 + 4, 56000)) << "the range differs";
+
+  // Through a segment of two pieces, whose parts the download reuses in turn.
+  SharedMemoryTransport small(*client_, {.max_region_bytes = 2 * kPiece, .piece_bytes = kPiece});
+  request.set_offset_bytes(0);
+  request.set_size_bytes(0);
+  ASSIGN_OR_FAIL(down, small.Download(request, &joined));
+  EXPECT_EQ(small.region_bytes(), 2 * kPiece);
+  EXPECT_EQ(down.transfer().bytes(), bytes);
+  EXPECT_TRUE(joined == BytesOf(x, 0, bytes)) << "the ring's bytes differ";
+
+  // A sink that fails: its error, once the pieces asked for are in; the next transfer
+  // through the segment is whole.
+  int pieces = 0;
+  auto fails_third = [&](uint64_t, std::string_view) {
+    return ++pieces == 3 ? absl::ResourceExhaustedError("full") : absl::OkStatus();
+  };
+  const absl::Status failed = small.Download(request, fails_third).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_EQ(pieces, 3);
+  const std::vector<double> y = RandomDoubles(n, -1e3, 1e3, 11);
+  ASSERT_OK(small.Upload(IntoBuffer(buffer.id(), 0), Bytes(y)));
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, y);
 }
 
 // CopyFromRegion into an upload: each refusal, with its exact code, fails the whole upload
