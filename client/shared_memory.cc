@@ -122,6 +122,33 @@ class AsyncCopies {
     return std::move(call.response);
   }
 
+  // Waits for every call. The first call's answer if all succeeded; otherwise the first
+  // failure in the order started, preferring one that is not a cancellation (the cause
+  // rather than what it led to).
+  absl::StatusOr<v1::CopyRegionResponse> WaitAll() {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](State* state) { return state->in_flight == 0; }, state_.get()));
+    absl::Status failure;
+    for (const std::unique_ptr<Call>& call : state_->calls) {
+      if (call->status.ok()) continue;
+      if (failure.ok() || (absl::IsCancelled(failure) && !absl::IsCancelled(call->status))) {
+        failure = call->status;
+      }
+    }
+    if (!failure.ok()) return failure;
+    if (state_->calls.empty()) return v1::CopyRegionResponse();
+    return std::move(state_->calls.front()->response);
+  }
+
+  // Cancels the calls not answered yet (each then answers CANCELLED).
+  void Cancel() {
+    absl::MutexLock lock(&state_->mu);
+    for (const std::unique_ptr<Call>& call : state_->calls) {
+      if (!call->done) call->context->TryCancel();
+    }
+  }
+
  private:
   struct Call {
     std::unique_ptr<grpc::ClientContext> context;
@@ -275,10 +302,11 @@ void ParallelCopy(void* dst, const void* src, size_t bytes) {
   for (std::thread& w : workers) w.join();
 }
 
-absl::Status SharedMemoryTransport::Fill(const UploadReader& reader, uint64_t bytes) {
+absl::Status SharedMemoryTransport::Fill(const UploadReader& reader, uint64_t offset,
+                                         uint64_t bytes) {
   for (uint64_t done = 0; done < bytes;) {
     const size_t wanted = static_cast<size_t>(bytes - done);
-    absl::StatusOr<size_t> got = reader(std::span<std::byte>(data_ + done, wanted));
+    absl::StatusOr<size_t> got = reader(std::span<std::byte>(data_ + offset + done, wanted));
     if (!got.ok()) return got.status();
     if (*got == 0 || *got > wanted) {
       return absl::InternalError(absl::StrCat("the upload reader returned ", *got, " bytes when ",
@@ -300,7 +328,13 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
   }
   if (absl::Status s = Reserve(size_bytes); !s.ok()) return s;
   if (size_bytes > size_) return UploadInPieces(header, size_bytes, reader, progress);
-  if (absl::Status s = Fill(reader, size_bytes); !s.ok()) return s;
+  // Larger pieces for a larger upload, up to kMaxUploadPieces of them.
+  const uint64_t piece =
+      std::max(PieceBytes(), (size_bytes + kMaxUploadPieces - 1) / kMaxUploadPieces);
+  if (PlanPipeline(size_, size_bytes, piece).slots > 1) {
+    return UploadPipelined(header, size_bytes, reader, progress, piece);
+  }
+  if (absl::Status s = Fill(reader, 0, size_bytes); !s.ok()) return s;
   absl::StatusOr<v1::CopyRegionResponse> response = CopyIn(header, size_bytes, 0);
   if (response.ok() && progress) progress(size_bytes, size_bytes);
   return response;
@@ -400,7 +434,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
   v1::CopyRegionResponse total;
   for (uint64_t done = 0; done < size_bytes;) {
     const uint64_t piece = std::min(size_, size_bytes - done);
-    absl::Status status = Fill(reader, piece);
+    absl::Status status = Fill(reader, 0, piece);
     v1::CopyRegionResponse response;
     if (status.ok()) {
       v1::CopyFromRegionRequest request;
@@ -422,6 +456,48 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
     if (progress) progress(done, size_bytes);
   }
   return total;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadPipelined(
+    const v1::UploadHeader& header, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress, uint64_t piece) {
+  // Piece k is bytes [k * piece, +piece) of the upload and of the segment. The first is
+  // in the segment before the upload begins: a reader that fails at once leaves nothing
+  // on the server.
+  if (absl::Status s = Fill(reader, 0, std::min(piece, size_bytes)); !s.ok()) return s;
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = header;
+  begin.mutable_header()->set_size_bytes(size_bytes);
+  absl::StatusOr<v1::BeginUploadResponse> started = client_.BeginUpload(begin);
+  if (!started.ok()) return started.status();
+  // Every call answers once the whole upload has committed or failed: a call that
+  // failed fails them all, so none is waited for before the last has started.
+  AsyncCopies<v1::CopyFromRegionRequest> calls(
+      client_, *stub_, &v1::SharedMemoryService::StubInterface::async_interface::CopyFromRegion);
+  for (uint64_t done = 0; done < size_bytes;) {
+    const uint64_t bytes = std::min(piece, size_bytes - done);
+    if (done != 0) {
+      if (absl::Status s = Fill(reader, done, bytes); !s.ok()) {
+        // A cancelled call fails the upload on the server (and if none of them has
+        // reached it yet, the upload's idle timeout does), so nothing is committed.
+        calls.Cancel();
+        return s;
+      }
+    }
+    v1::CopyFromRegionRequest request;
+    request.set_region_id(region_id_);
+    request.set_region_offset_bytes(done);
+    request.set_transfer_id(started->transfer_id());
+    request.set_offset_bytes(done);
+    request.set_size_bytes(bytes);
+    calls.Start(std::move(request));
+    done += bytes;
+    // All of it only once it is in.
+    if (progress && done < size_bytes) progress(done, size_bytes);
+  }
+  absl::StatusOr<v1::CopyRegionResponse> response = calls.WaitAll();
+  if (response.ok() && progress) progress(size_bytes, size_bytes);
+  return response;
 }
 
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(

@@ -417,6 +417,99 @@ TEST_F(SharedMemoryTest, PipelinedDownloadsMovePieceByPiece) {
   EXPECT_EQ(back, y);
 }
 
+// An upload of several pieces is one multi-range upload whose ranges are the pieces: the
+// client copies the next piece into the segment while the server copies the last one out.
+TEST_F(SharedMemoryTest, PipelinedUploadsMovePieceByPiece) {
+  constexpr uint64_t kPiece = 4100;
+  const size_t n = 10007;
+  const uint64_t bytes = n * 8;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 12);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  // Every piece as it is handed over, and the whole once it is in.
+  std::vector<uint64_t> reported;
+  auto record = [&](uint64_t done, uint64_t) { reported.push_back(done); };
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse up,
+                 shm.Upload(CreateFloat64(n, "piped"), bytes, SpanReader(Bytes(x)), record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, bytes));
+  EXPECT_EQ(up.buffer().name(), "piped");
+  EXPECT_EQ(up.buffer().size_bytes(), bytes);
+  EXPECT_EQ(up.transfer().bytes(), bytes);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, x);
+
+  // Into a range of the existing buffer: 6001 doubles from element 777, 11 pieces and
+  // 3908 bytes.
+  const std::vector<double> patch = RandomDoubles(6001, -1e3, 1e3, 13);
+  reported.clear();
+  ASSIGN_OR_FAIL(up, shm.Upload(IntoBuffer(up.buffer().id(), 8 * 777), patch.size() * 8,
+                                SpanReader(Bytes(patch)), record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, patch.size() * 8));
+  EXPECT_EQ(up.buffer().name(), "piped");
+  EXPECT_EQ(up.transfer().bytes(), patch.size() * 8);
+  std::vector<double> expected = x;
+  std::copy(patch.begin(), patch.end(), expected.begin() + 777);
+  ASSIGN_OR_FAIL(back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, expected);
+}
+
+// An upload of more pieces than kMaxUploadPieces moves in larger ones.
+TEST_F(SharedMemoryTest, PipelinedUploadsHaveBoundedPieces) {
+  const size_t n = 10007;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 12);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = 8});
+  const uint64_t piece = (n * 8 + kMaxUploadPieces - 1) / kMaxUploadPieces;
+  std::vector<uint64_t> reported;
+  ASSERT_OK(shm.Upload(CreateFloat64(n, "bounded"), n * 8, SpanReader(Bytes(x)),
+                       [&](uint64_t done, uint64_t) { reported.push_back(done); }));
+  ASSERT_EQ(reported.size(), kMaxUploadPieces);
+  for (size_t i = 0; i + 1 < reported.size(); ++i) EXPECT_EQ(reported[i], (i + 1) * piece);
+  EXPECT_EQ(reported.back(), n * 8);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "bounded"));
+  EXPECT_EQ(back, x);
+}
+
+// A reader that fails mid-upload: the calls already made are cancelled, which fails the
+// upload on the server, so neither a new buffer nor a changed range is ever visible, and
+// the memory the upload reserved goes back.
+TEST_F(SharedMemoryTest, PipelinedUploadThatFailsMidwayChangesNothing) {
+  constexpr uint64_t kPiece = 4096;
+  const size_t n = 8192;  // 16 pieces
+  const std::vector<double> original = RandomDoubles(n, -1e3, 1e3, 13);
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 14);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse kept,
+                 shm.Upload(CreateFloat64(n, "kept"), Bytes(original)));
+  const Snapshot before = TakeSnapshot(*client_);
+  for (bool into_existing : {false, true}) {
+    SCOPED_TRACE(into_existing ? "existing buffer" : "new buffer");
+    uint64_t position = 0;
+    uint64_t reserved = 0;
+    UploadReader failing = [&](std::span<std::byte> out) -> absl::StatusOr<size_t> {
+      if (position == 5 * kPiece) {
+        reserved = MemoryUsed(*client_);
+        // Time for the first pieces' calls to reach the server (a call cancelled before
+        // it arrives leaves the upload to its idle timeout).
+        absl::SleepFor(absl::Milliseconds(200));
+        return absl::DataLossError("the source went away");
+      }
+      const size_t k = std::min<size_t>(out.size(), n * 8 - position);
+      std::memcpy(out.data(), reinterpret_cast<const char*>(x.data()) + position, k);
+      position += k;
+      return k;
+    };
+    const absl::Status status =
+        shm.Upload(into_existing ? IntoBuffer(kept.buffer().id(), 0) : CreateFloat64(n, "never"),
+                   n * 8, failing)
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_EQ(reserved, before.memory_used_bytes + n * 8) << "the upload had not begun";
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+    EXPECT_EQ(TakeSnapshot(*client_), before);
+    ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "kept"));
+    EXPECT_EQ(back, original);
+  }
+}
+
 // CopyFromRegion into an upload: each refusal, with its exact code, fails the whole upload
 // (a range already waiting hears the same), gives back its memory and changes nothing;
 // the upload is forgotten.
