@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -15,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/host_identity.h"
 
 namespace gpucompute {
@@ -24,6 +27,10 @@ namespace {
 
 // The smallest segment: one page, so that empty transfers have a region too.
 constexpr uint64_t kMinRegionBytes = 4096;
+
+// Pieces of a download the server may be copying into the segment while the client
+// copies an earlier one out: two keep both sides busy, a few more absorb a late answer.
+constexpr uint64_t kDownloadPiecesInFlight = 4;
 
 absl::Status ErrnoError(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -42,6 +49,125 @@ void AddTransfer(const v1::TransferStats& piece, v1::TransferStats* total) {
   total->set_seconds(total->seconds() + piece.seconds());
   total->set_gbps(total->seconds() > 0 ? total->bytes() / total->seconds() / 1e9 : 0);
 }
+
+// How a transfer moves through the segment: in pieces of `piece` bytes (the last one
+// shorter), piece k at segment offset (k % slots) * piece, with at most `in_flight`
+// pieces' copies under way on the server at once.
+struct Pipeline {
+  uint64_t piece;
+  uint64_t slots;
+  uint64_t in_flight;
+};
+
+// The pipeline for `length` bytes through a segment of `segment` bytes, in pieces of
+// `piece`: pieces of the segment's size, one at a time, where fewer than two pieces fit
+// the transfer or the segment.
+Pipeline PlanPipeline(uint64_t segment, uint64_t length, uint64_t piece) {
+  if (length / 2 < piece || segment / 2 < piece) return {segment, 1, 1};
+  const uint64_t slots = segment / piece;
+  return {piece, slots, std::min(slots, kDownloadPiecesInFlight)};
+}
+
+// Copy calls started without waiting for their answers, which come on gRPC's threads, so
+// that the server copies one piece while the client copies another. Each call's context,
+// request and response live here until it has ended. The destructor waits for the calls
+// still in flight, so that none outlives the memory it refers to; it does not cancel
+// them: a copy into the segment goes on after its call is cancelled, and would land in
+// whatever the segment holds next.
+template <typename Request>
+class AsyncCopies {
+ public:
+  using Method = void (v1::SharedMemoryService::StubInterface::async_interface::*)(
+      grpc::ClientContext*, const Request*, v1::CopyRegionResponse*,
+      std::function<void(grpc::Status)>);
+
+  AsyncCopies(const Client& client, v1::SharedMemoryService::Stub& stub, Method method)
+      : client_(client), stub_(stub), method_(method) {}
+  ~AsyncCopies() {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](State* state) { return state->in_flight == 0; }, state_.get()));
+  }
+  AsyncCopies(const AsyncCopies&) = delete;
+  AsyncCopies& operator=(const AsyncCopies&) = delete;
+
+  // Starts a call; calls are numbered from 0 in the order they start.
+  void Start(Request request) {
+    auto call = std::make_unique<Call>();
+    call->context = client_.NewContext(/*unary=*/false);
+    call->request = std::move(request);
+    Call* c = call.get();
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->calls.push_back(std::move(call));
+      ++state_->in_flight;
+    }
+    // The state, not this object, for the answer: the destructor may return as soon as
+    // the last answer is in, before its callback has let go of the lock.
+    (stub_.async()->*method_)(c->context.get(), &c->request, &c->response,
+                              [state = state_, c](grpc::Status status) {
+                                absl::MutexLock lock(&state->mu);
+                                c->status = FromGrpcStatus(status, *c->context);
+                                c->done = true;
+                                --state->in_flight;
+                              });
+  }
+
+  // Waits for call `index` and returns its answer.
+  absl::StatusOr<v1::CopyRegionResponse> Wait(size_t index) {
+    absl::MutexLock lock(&state_->mu);
+    Call& call = *state_->calls[index];
+    state_->mu.Await(absl::Condition(&call.done));
+    if (!call.status.ok()) return call.status;
+    return std::move(call.response);
+  }
+
+  // Waits for every call. The first call's answer if all succeeded; otherwise the first
+  // failure in the order started, preferring one that is not a cancellation (the cause
+  // rather than what it led to).
+  absl::StatusOr<v1::CopyRegionResponse> WaitAll() {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](State* state) { return state->in_flight == 0; }, state_.get()));
+    absl::Status failure;
+    for (const std::unique_ptr<Call>& call : state_->calls) {
+      if (call->status.ok()) continue;
+      if (failure.ok() || (absl::IsCancelled(failure) && !absl::IsCancelled(call->status))) {
+        failure = call->status;
+      }
+    }
+    if (!failure.ok()) return failure;
+    if (state_->calls.empty()) return v1::CopyRegionResponse();
+    return std::move(state_->calls.front()->response);
+  }
+
+  // Cancels the calls not answered yet (each then answers CANCELLED).
+  void Cancel() {
+    absl::MutexLock lock(&state_->mu);
+    for (const std::unique_ptr<Call>& call : state_->calls) {
+      if (!call->done) call->context->TryCancel();
+    }
+  }
+
+ private:
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> context;
+    Request request;
+    v1::CopyRegionResponse response;
+    absl::Status status;
+    bool done = false;
+  };
+  struct State {
+    absl::Mutex mu;
+    std::vector<std::unique_ptr<Call>> calls ABSL_GUARDED_BY(mu);
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  const Client& client_;
+  v1::SharedMemoryService::Stub& stub_;
+  const Method method_;
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
+};
 
 }  // namespace
 
@@ -153,14 +279,16 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Copy(
 }
 
 void ParallelCopy(void* dst, const void* src, size_t bytes) {
-  // Below a few pieces' worth, starting threads costs more than it saves.
-  constexpr size_t kPiece = size_t{16} << 20;
-  const size_t threads = std::min<size_t>({bytes / kPiece, 8, std::thread::hardware_concurrency()});
+  // Below a few shares' worth, starting threads costs more than it saves. A share takes
+  // about a millisecond, starting its thread some microseconds; and a pipelined piece
+  // (kPipelinePieceBytes) is copied by 8 threads.
+  constexpr size_t kShare = size_t{4} << 20;
+  const size_t threads = std::min<size_t>({bytes / kShare, 8, std::thread::hardware_concurrency()});
   if (threads <= 1) {
     std::memcpy(dst, src, bytes);
     return;
   }
-  // Pieces end on 4 KiB boundaries, so no two threads write one page.
+  // Shares end on 4 KiB boundaries, so no two threads write one page.
   const size_t per = (bytes / threads + 4095) / 4096 * 4096;
   std::vector<std::thread> workers;
   for (size_t t = 1; t < threads && t * per < bytes; ++t) {
@@ -174,10 +302,11 @@ void ParallelCopy(void* dst, const void* src, size_t bytes) {
   for (std::thread& w : workers) w.join();
 }
 
-absl::Status SharedMemoryTransport::Fill(const UploadReader& reader, uint64_t bytes) {
+absl::Status SharedMemoryTransport::Fill(const UploadReader& reader, uint64_t offset,
+                                         uint64_t bytes) {
   for (uint64_t done = 0; done < bytes;) {
     const size_t wanted = static_cast<size_t>(bytes - done);
-    absl::StatusOr<size_t> got = reader(std::span<std::byte>(data_ + done, wanted));
+    absl::StatusOr<size_t> got = reader(std::span<std::byte>(data_ + offset + done, wanted));
     if (!got.ok()) return got.status();
     if (*got == 0 || *got > wanted) {
       return absl::InternalError(absl::StrCat("the upload reader returned ", *got, " bytes when ",
@@ -199,7 +328,13 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
   }
   if (absl::Status s = Reserve(size_bytes); !s.ok()) return s;
   if (size_bytes > size_) return UploadInPieces(header, size_bytes, reader, progress);
-  if (absl::Status s = Fill(reader, size_bytes); !s.ok()) return s;
+  // Larger pieces for a larger upload, up to kMaxUploadPieces of them.
+  const uint64_t piece =
+      std::max(PieceBytes(), (size_bytes + kMaxUploadPieces - 1) / kMaxUploadPieces);
+  if (PlanPipeline(size_, size_bytes, piece).slots > 1) {
+    return UploadPipelined(header, size_bytes, reader, progress, piece);
+  }
+  if (absl::Status s = Fill(reader, 0, size_bytes); !s.ok()) return s;
   absl::StatusOr<v1::CopyRegionResponse> response = CopyIn(header, size_bytes, 0);
   if (response.ok() && progress) progress(size_bytes, size_bytes);
   return response;
@@ -299,7 +434,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
   v1::CopyRegionResponse total;
   for (uint64_t done = 0; done < size_bytes;) {
     const uint64_t piece = std::min(size_, size_bytes - done);
-    absl::Status status = Fill(reader, piece);
+    absl::Status status = Fill(reader, 0, piece);
     v1::CopyRegionResponse response;
     if (status.ok()) {
       v1::CopyFromRegionRequest request;
@@ -323,6 +458,48 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
   return total;
 }
 
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadPipelined(
+    const v1::UploadHeader& header, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress, uint64_t piece) {
+  // Piece k is bytes [k * piece, +piece) of the upload and of the segment. The first is
+  // in the segment before the upload begins: a reader that fails at once leaves nothing
+  // on the server.
+  if (absl::Status s = Fill(reader, 0, std::min(piece, size_bytes)); !s.ok()) return s;
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = header;
+  begin.mutable_header()->set_size_bytes(size_bytes);
+  absl::StatusOr<v1::BeginUploadResponse> started = client_.BeginUpload(begin);
+  if (!started.ok()) return started.status();
+  // Every call answers once the whole upload has committed or failed: a call that
+  // failed fails them all, so none is waited for before the last has started.
+  AsyncCopies<v1::CopyFromRegionRequest> calls(
+      client_, *stub_, &v1::SharedMemoryService::StubInterface::async_interface::CopyFromRegion);
+  for (uint64_t done = 0; done < size_bytes;) {
+    const uint64_t bytes = std::min(piece, size_bytes - done);
+    if (done != 0) {
+      if (absl::Status s = Fill(reader, done, bytes); !s.ok()) {
+        // A cancelled call fails the upload on the server (and if none of them has
+        // reached it yet, the upload's idle timeout does), so nothing is committed.
+        calls.Cancel();
+        return s;
+      }
+    }
+    v1::CopyFromRegionRequest request;
+    request.set_region_id(region_id_);
+    request.set_region_offset_bytes(done);
+    request.set_transfer_id(started->transfer_id());
+    request.set_offset_bytes(done);
+    request.set_size_bytes(bytes);
+    calls.Start(std::move(request));
+    done += bytes;
+    // All of it only once it is in.
+    if (progress && done < size_bytes) progress(done, size_bytes);
+  }
+  absl::StatusOr<v1::CopyRegionResponse> response = calls.WaitAll();
+  if (response.ok() && progress) progress(size_bytes, size_bytes);
+  return response;
+}
+
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(
     const v1::UploadHeader& header, std::span<const std::byte> data) {
   return Upload(
@@ -337,6 +514,12 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(
 
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
     const v1::DownloadRequest& request, const DownloadSink& sink, const ProgressFn& progress) {
+  return DownloadPieces(request, {}, sink, progress);
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::DownloadPieces(
+    const v1::DownloadRequest& request, const std::function<void(uint64_t)>& on_length,
+    const DownloadSink& sink, const ProgressFn& progress) {
   absl::StatusOr<v1::BufferInfo> info = client_.GetBuffer(request.buffer());
   if (!info.ok()) return info.status();
   const uint64_t size = info->size_bytes();
@@ -348,27 +531,49 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
   }
   const uint64_t length = request.size_bytes() == 0 ? size - offset : request.size_bytes();
   if (absl::Status s = Reserve(length); !s.ok()) return s;
+  if (on_length) on_length(length);
+  const Pipeline pipeline = PlanPipeline(size_, length, PieceBytes());
+  const uint64_t pieces = (length + pipeline.piece - 1) / pipeline.piece;
+  AsyncCopies<v1::CopyToRegionRequest> calls(
+      client_, *stub_, &v1::SharedMemoryService::StubInterface::async_interface::CopyToRegion);
   v1::CopyRegionResponse total;
   *total.mutable_buffer() = *info;
-  for (uint64_t done = 0; done < length;) {
-    const uint64_t piece = std::min(size_, length - done);
-    v1::CopyToRegionRequest copy;
-    // By id: the name could be rebound between the pieces.
-    copy.set_buffer(info->id());
-    copy.set_offset_bytes(offset + done);
-    copy.set_size_bytes(piece);
-    copy.set_region_id(region_id_);
-    absl::StatusOr<v1::CopyRegionResponse> response = CopyToRegion(copy);
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_answer = start;
+  // Piece k goes to slot k % slots; it is asked for only once piece k - in_flight, and so
+  // every earlier piece in its slot, has been handed to the sink.
+  uint64_t asked = 0;
+  for (uint64_t k = 0; k < pieces; ++k) {
+    for (; asked < pieces && asked < k + pipeline.in_flight; ++asked) {
+      v1::CopyToRegionRequest copy;
+      // By id: the name could be rebound between the pieces.
+      copy.set_buffer(info->id());
+      copy.set_offset_bytes(offset + asked * pipeline.piece);
+      copy.set_size_bytes(std::min(pipeline.piece, length - asked * pipeline.piece));
+      copy.set_region_id(region_id_);
+      copy.set_region_offset_bytes(asked % pipeline.slots * pipeline.piece);
+      calls.Start(std::move(copy));
+    }
+    absl::StatusOr<v1::CopyRegionResponse> response = calls.Wait(k);
     if (!response.ok()) return response.status();
-    if (absl::Status s = sink(offset + done, std::string_view(reinterpret_cast<const char*>(data_),
-                                                              static_cast<size_t>(piece)));
+    last_answer = std::chrono::steady_clock::now();
+    const uint64_t done = k * pipeline.piece;
+    const uint64_t bytes = std::min(pipeline.piece, length - done);
+    const char* piece = reinterpret_cast<const char*>(data_) + k % pipeline.slots * pipeline.piece;
+    if (absl::Status s = sink(offset + done, std::string_view(piece, static_cast<size_t>(bytes)));
         !s.ok()) {
       return s;
     }
     *total.mutable_buffer() = response->buffer();
     AddTransfer(response->transfer(), total.mutable_transfer());
-    done += piece;
-    if (progress) progress(done, length);
+    if (progress) progress(done + bytes, length);
+  }
+  if (pipeline.in_flight > 1) {
+    // The pieces' copies overlap, each one's seconds counting its wait behind the others:
+    // the whole, as the client saw it from the first call to the last answer.
+    v1::TransferStats* stats = total.mutable_transfer();
+    stats->set_seconds(std::chrono::duration<double>(last_answer - start).count());
+    stats->set_gbps(stats->seconds() > 0 ? stats->bytes() / stats->seconds() / 1e9 : 0);
   }
   return total;
 }
@@ -376,12 +581,18 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
     const v1::DownloadRequest& request, std::string* data) {
   data->clear();
-  return Download(request, [data](uint64_t, std::string_view chunk) {
-    const size_t at = data->size();
-    data->resize(at + chunk.size());
-    ParallelCopy(data->data() + at, chunk.data(), chunk.size());
-    return absl::OkStatus();
-  });
+  // Sized once, rather than grown piece by piece (each growth would copy what is in).
+  return DownloadPieces(
+      request, [data](uint64_t length) { data->resize(static_cast<size_t>(length)); },
+      [data, start = request.offset_bytes()](uint64_t offset, std::string_view piece) {
+        ParallelCopy(data->data() + (offset - start), piece.data(), piece.size());
+        return absl::OkStatus();
+      },
+      {});
+}
+
+uint64_t SharedMemoryTransport::PieceBytes() const {
+  return options_.piece_bytes != 0 ? options_.piece_bytes : kPipelinePieceBytes;
 }
 
 }  // namespace gpucompute

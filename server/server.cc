@@ -363,7 +363,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       impl->regions = std::make_unique<RegionRegistry>(policy.idle_timeout);
       impl->ctx->regions = impl->regions.get();
     }
-    impl->shared_memory = std::make_unique<SharedMemoryServiceImpl>(*impl->ctx);
+    impl->shared_memory =
+        std::make_unique<SharedMemoryServiceImpl>(*impl->ctx, impl->buffers->uploads());
   }
   if (options.session_handler == SessionHandler::kSync) {
     impl->sessions = std::make_unique<SyncSessionServiceImpl>(*impl->ctx);

@@ -1192,7 +1192,13 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
   const std::string r = absl::StrCat("region_id: ", Quoted(region_), " ");
   const std::string into_a = absl::StrCat("buffer: ", Quoted(a_), " ");
   Unary(from, kMalformed, "no target", kAlice, r + "size_bytes: 16", StatusCode::INVALID_ARGUMENT,
-        "the copy names no target: set 'create' or 'buffer'");
+        "the copy names no target: set 'create', 'buffer' or 'transfer_id'");
+  Unary(from, kMalformed, "an unknown upload", kAlice,
+        r + "transfer_id: \"upl-0123\" size_bytes: 16", StatusCode::NOT_FOUND,
+        "no upload in progress has transfer id 'upl-0123'");
+  Unary(from, kWrongType, "a buffer id as the upload", kAlice,
+        absl::StrCat(r, "transfer_id: ", Quoted(a_), " size_bytes: 16"), StatusCode::NOT_FOUND,
+        absl::StrCat("no upload in progress has transfer id '", a_, "'"));
   Unary(from, kMalformed, "a new buffer with a fill", kAlice,
         r + "create { dtype: DTYPE_INT32 shape: 4 fill { int_value: 0 } }",
         StatusCode::INVALID_ARGUMENT, "a copy provides the contents; 'fill' is not allowed");

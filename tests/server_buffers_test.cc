@@ -48,10 +48,12 @@ using ::google::protobuf::util::MessageDifferencer;
 using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::kGiB;
 using ::gpucompute::testing::kMiB;
+using ::gpucompute::testing::MemoryUsed;
 using ::gpucompute::testing::Snapshot;
 using ::gpucompute::testing::TakeSnapshot;
 using ::gpucompute::testing::TestBackendName;
 using ::gpucompute::testing::TestServer;
+using ::gpucompute::testing::WaitForMemoryUsed;
 using Code = absl::StatusCode;
 
 // The code the server gives for a byte range outside a buffer (Upload and Download).
@@ -184,29 +186,10 @@ int64_t NowUnixNanos() {
       .count();
 }
 
-uint64_t MemoryUsed(Client& client) {
-  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_OK(info);
-  return info.ok() ? info->memory_used_bytes() : ~uint64_t{0};
-}
-
 std::string MustDownloadFrom(Client& client, std::string_view buffer) {
   absl::StatusOr<std::string> data = DownloadBytes(client, buffer);
   EXPECT_OK(data) << " downloading " << buffer;
   return data.ok() ? *data : std::string();
-}
-
-// Polls until the server's memory_used_bytes equals `expected` or `timeout` passes;
-// returns the last value seen.
-uint64_t WaitForMemoryUsed(Client& client, uint64_t expected,
-                           std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  uint64_t used = MemoryUsed(client);
-  while (used != expected && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    used = MemoryUsed(client);
-  }
-  return used;
 }
 
 std::unique_ptr<grpc::ClientContext> RawContext(const std::string& client_name = "") {

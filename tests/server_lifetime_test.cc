@@ -43,12 +43,6 @@ std::unique_ptr<TestServer> StartPersisting(const fs::path& dir, uint64_t limit 
                                [&](ServerOptions& o) { o.persist_dir = dir.string(); });
 }
 
-uint64_t MemoryUsed(Client& client) {
-  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->memory_used_bytes() : 0;
-}
-
 absl::StatusOr<v1::BufferInfo> CreateLeased(Client& client, double ttl,
                                             const std::string& name = "",
                                             uint64_t elements = 1024) {

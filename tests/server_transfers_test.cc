@@ -29,9 +29,11 @@ namespace gpucompute {
 namespace {
 
 using ::gpucompute::testing::DownloadBytes;
+using ::gpucompute::testing::MemoryUsed;
 using ::gpucompute::testing::Snapshot;
 using ::gpucompute::testing::TakeSnapshot;
 using ::gpucompute::testing::TestServer;
+using ::gpucompute::testing::WaitForMemoryUsed;
 using Code = absl::StatusCode;
 
 std::string RandomBytes(uint64_t n, uint64_t seed) {
@@ -43,22 +45,6 @@ std::string RandomBytes(uint64_t n, uint64_t seed) {
 
 std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
-
-uint64_t MemoryUsed(Client& client) {
-  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-  EXPECT_OK(info);
-  return info.ok() ? info->memory_used_bytes() : 0;
-}
-
-// Waits up to 10 s for the server's memory in use to reach `expected`.
-uint64_t WaitForMemoryUsed(Client& client, uint64_t expected) {
-  uint64_t used = MemoryUsed(client);
-  for (int i = 0; i < 1000 && used != expected; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    used = MemoryUsed(client);
-  }
-  return used;
 }
 
 v1::UploadHeader CreateFloat64(uint64_t elements) {

@@ -13,10 +13,13 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/shared_memory.h"
 #include "gpucompute/v1/host_identity.h"
@@ -148,6 +151,26 @@ v1::CopyToRegionRequest CopyOut(const std::string& buffer, uint64_t offset, uint
   request.set_region_id(region);
   request.set_region_offset_bytes(region_offset);
   return request;
+}
+
+// A range of the multi-range upload `transfer`, copied from the region.
+v1::CopyFromRegionRequest IntoUpload(const std::string& region, uint64_t region_offset,
+                                     const std::string& transfer, uint64_t offset, uint64_t size) {
+  v1::CopyFromRegionRequest request = CopyInto(region, region_offset, "", offset, size);
+  request.set_transfer_id(transfer);  // the target instead of `buffer`
+  return request;
+}
+
+v1::UploadHeader IntoBuffer(const std::string& buffer, uint64_t offset) {
+  v1::UploadHeader header;
+  header.set_buffer(buffer);
+  header.set_offset_bytes(offset);
+  return header;
+}
+
+// The bytes of `v` from `offset`, `size` of them.
+std::string BytesOf(const std::vector<double>& v, uint64_t offset, uint64_t size) {
+  return std::string(reinterpret_cast<const char*>(v.data()) + offset, size);
 }
 
 v1::UploadHeader CreateFloat64(uint64_t n, const std::string& name = "") {
@@ -318,6 +341,305 @@ TEST_F(SharedMemoryTest, TransfersLargerThanTheRegionMoveInPieces) {
   EXPECT_EQ(AsDoubles(bytes), expected);
 }
 
+// Progress as a pipelined transfer of `total` bytes in pieces of `piece` reports it: at
+// the end of every piece.
+std::vector<uint64_t> PieceEnds(uint64_t piece, uint64_t total) {
+  std::vector<uint64_t> ends;
+  for (uint64_t at = piece; at < total; at += piece) ends.push_back(at);
+  ends.push_back(total);
+  return ends;
+}
+
+// A download of several pieces asks for the next ones while the sink takes the last: the
+// sink gets every piece in order. Pieces of 4100 bytes end mid-element, and the array is
+// no whole number of them.
+TEST_F(SharedMemoryTest, PipelinedDownloadsMovePieceByPiece) {
+  constexpr uint64_t kPiece = 4100;
+  const size_t n = 10007;
+  const uint64_t bytes = n * 8;  // 19 pieces and 2156 bytes
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 10);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, x, {}, v1::LAYOUT_C, "piped"));
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  v1::DownloadRequest request;
+  request.set_buffer("piped");
+  std::string joined;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> reported;
+  auto sink = [&](uint64_t offset, std::string_view piece) {
+    offsets.push_back(offset);
+    EXPECT_EQ(piece.size(), std::min(kPiece, bytes - offset)) << "at " << offset;
+    joined.append(piece);
+    return absl::OkStatus();
+  };
+  auto record = [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, bytes);
+    reported.push_back(done);
+  };
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse down, shm.Download(request, sink, record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, bytes));
+  std::vector<uint64_t> starts = PieceEnds(kPiece, bytes);
+  starts.pop_back();
+  starts.insert(starts.begin(), 0);
+  EXPECT_EQ(offsets, starts);
+  EXPECT_TRUE(joined == BytesOf(x, 0, bytes)) << "the downloaded bytes differ";
+  EXPECT_EQ(down.buffer().id(), buffer.id());
+  EXPECT_EQ(down.transfer().bytes(), bytes);
+  EXPECT_GT(down.transfer().seconds(), 0);
+
+  // A byte range from the middle of an element, 13 pieces and 2700 bytes.
+  request.set_offset_bytes(8 * 1001 + 4);
+  request.set_size_bytes(56000);
+  ASSIGN_OR_FAIL(down, shm.Download(request, &joined));
+  EXPECT_EQ(down.transfer().bytes(), 56000u);
+  EXPECT_TRUE(joined == BytesOf(x, 8 * 1001 + 4, 56000)) << "the range differs";
+
+  // Through a segment of two pieces, whose parts the download reuses in turn.
+  SharedMemoryTransport small(*client_, {.max_region_bytes = 2 * kPiece, .piece_bytes = kPiece});
+  request.set_offset_bytes(0);
+  request.set_size_bytes(0);
+  ASSIGN_OR_FAIL(down, small.Download(request, &joined));
+  EXPECT_EQ(small.region_bytes(), 2 * kPiece);
+  EXPECT_EQ(down.transfer().bytes(), bytes);
+  EXPECT_TRUE(joined == BytesOf(x, 0, bytes)) << "the ring's bytes differ";
+
+  // A sink that fails: its error, once the pieces asked for are in; the next transfer
+  // through the segment is whole.
+  int pieces = 0;
+  auto fails_third = [&](uint64_t, std::string_view) {
+    return ++pieces == 3 ? absl::ResourceExhaustedError("full") : absl::OkStatus();
+  };
+  const absl::Status failed = small.Download(request, fails_third).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_EQ(pieces, 3);
+  const std::vector<double> y = RandomDoubles(n, -1e3, 1e3, 11);
+  ASSERT_OK(small.Upload(IntoBuffer(buffer.id(), 0), Bytes(y)));
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, y);
+}
+
+// An upload of several pieces is one multi-range upload whose ranges are the pieces: the
+// client copies the next piece into the segment while the server copies the last one out.
+TEST_F(SharedMemoryTest, PipelinedUploadsMovePieceByPiece) {
+  constexpr uint64_t kPiece = 4100;
+  const size_t n = 10007;
+  const uint64_t bytes = n * 8;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 12);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  // Every piece as it is handed over, and the whole once it is in.
+  std::vector<uint64_t> reported;
+  auto record = [&](uint64_t done, uint64_t) { reported.push_back(done); };
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse up,
+                 shm.Upload(CreateFloat64(n, "piped"), bytes, SpanReader(Bytes(x)), record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, bytes));
+  EXPECT_EQ(up.buffer().name(), "piped");
+  EXPECT_EQ(up.buffer().size_bytes(), bytes);
+  EXPECT_EQ(up.transfer().bytes(), bytes);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, x);
+
+  // Into a range of the existing buffer: 6001 doubles from element 777, 11 pieces and
+  // 3908 bytes.
+  const std::vector<double> patch = RandomDoubles(6001, -1e3, 1e3, 13);
+  reported.clear();
+  ASSIGN_OR_FAIL(up, shm.Upload(IntoBuffer(up.buffer().id(), 8 * 777), patch.size() * 8,
+                                SpanReader(Bytes(patch)), record));
+  EXPECT_EQ(reported, PieceEnds(kPiece, patch.size() * 8));
+  EXPECT_EQ(up.buffer().name(), "piped");
+  EXPECT_EQ(up.transfer().bytes(), patch.size() * 8);
+  std::vector<double> expected = x;
+  std::copy(patch.begin(), patch.end(), expected.begin() + 777);
+  ASSIGN_OR_FAIL(back, DownloadArray<double>(*client_, "piped"));
+  EXPECT_EQ(back, expected);
+}
+
+// An upload of more pieces than kMaxUploadPieces moves in larger ones.
+TEST_F(SharedMemoryTest, PipelinedUploadsHaveBoundedPieces) {
+  const size_t n = 10007;
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 12);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = 8});
+  const uint64_t piece = (n * 8 + kMaxUploadPieces - 1) / kMaxUploadPieces;
+  std::vector<uint64_t> reported;
+  ASSERT_OK(shm.Upload(CreateFloat64(n, "bounded"), n * 8, SpanReader(Bytes(x)),
+                       [&](uint64_t done, uint64_t) { reported.push_back(done); }));
+  ASSERT_EQ(reported.size(), kMaxUploadPieces);
+  for (size_t i = 0; i + 1 < reported.size(); ++i) EXPECT_EQ(reported[i], (i + 1) * piece);
+  EXPECT_EQ(reported.back(), n * 8);
+  ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "bounded"));
+  EXPECT_EQ(back, x);
+}
+
+// A reader that fails mid-upload: the calls already made are cancelled, which fails the
+// upload on the server, so neither a new buffer nor a changed range is ever visible, and
+// the memory the upload reserved goes back.
+TEST_F(SharedMemoryTest, PipelinedUploadThatFailsMidwayChangesNothing) {
+  constexpr uint64_t kPiece = 4096;
+  const size_t n = 8192;  // 16 pieces
+  const std::vector<double> original = RandomDoubles(n, -1e3, 1e3, 13);
+  const std::vector<double> x = RandomDoubles(n, -1e3, 1e3, 14);
+  SharedMemoryTransport shm(*client_, {.piece_bytes = kPiece});
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse kept,
+                 shm.Upload(CreateFloat64(n, "kept"), Bytes(original)));
+  const Snapshot before = TakeSnapshot(*client_);
+  for (bool into_existing : {false, true}) {
+    SCOPED_TRACE(into_existing ? "existing buffer" : "new buffer");
+    uint64_t position = 0;
+    uint64_t reserved = 0;
+    UploadReader failing = [&](std::span<std::byte> out) -> absl::StatusOr<size_t> {
+      if (position == 5 * kPiece) {
+        reserved = MemoryUsed(*client_);
+        // Time for the first pieces' calls to reach the server (a call cancelled before
+        // it arrives leaves the upload to its idle timeout).
+        absl::SleepFor(absl::Milliseconds(200));
+        return absl::DataLossError("the source went away");
+      }
+      const size_t k = std::min<size_t>(out.size(), n * 8 - position);
+      std::memcpy(out.data(), reinterpret_cast<const char*>(x.data()) + position, k);
+      position += k;
+      return k;
+    };
+    const absl::Status status =
+        shm.Upload(into_existing ? IntoBuffer(kept.buffer().id(), 0) : CreateFloat64(n, "never"),
+                   n * 8, failing)
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_EQ(reserved, before.memory_used_bytes + n * 8) << "the upload had not begun";
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+    EXPECT_EQ(TakeSnapshot(*client_), before);
+    ASSIGN_OR_FAIL(std::vector<double> back, DownloadArray<double>(*client_, "kept"));
+    EXPECT_EQ(back, original);
+  }
+}
+
+// CopyFromRegion into an upload: each refusal, with its exact code, fails the whole upload
+// (a range already waiting hears the same), gives back its memory and changes nothing;
+// the upload is forgotten.
+TEST_F(SharedMemoryTest, RefusedCopiesIntoAnUploadFailItAndChangeNothing) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(4 * 4096);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, segment.size()));
+  const std::vector<double> values = RandomDoubles(2048, -1e3, 1e3, 15);
+  std::memcpy(segment.data(), values.data(), segment.size());
+  const std::vector<double> original = RandomDoubles(1000, -1e3, 1e3, 16);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, original, {}, v1::LAYOUT_C, "b"));
+  const Snapshot before = TakeSnapshot(*client_);
+  const std::string unknown_region = "shm-0123456789abcdef0123456789abcdef";
+  struct Case {
+    std::string name;
+    uint64_t region_offset;
+    uint64_t offset;
+    uint64_t size;
+    absl::StatusCode code;
+    std::string region_id = "";  // empty: the test's region
+    std::string stream_id = "";
+  };
+  // The upload has 8000 bytes; the waiting range claims [0, 1000).
+  const std::vector<Case> cases = {
+      {"overlaps the waiting range", 0, 999, 10, absl::StatusCode::kInvalidArgument},
+      {"ends past the upload", 0, 7999, 2, absl::StatusCode::kInvalidArgument},
+      {"starts near 2^64", 0, kMax, 2, absl::StatusCode::kInvalidArgument},
+      {"empty", 0, 2000, 0, absl::StatusCode::kInvalidArgument},
+      {"ends past the region", 4 * 4096 - 8, 2000, 16, absl::StatusCode::kInvalidArgument},
+      {"region end overflows", kMax - 7, 2000, 16, absl::StatusCode::kInvalidArgument},
+      {"unknown region", 0, 2000, 16, absl::StatusCode::kNotFound, unknown_region},
+      {"names a stream", 0, 2000, 16, absl::StatusCode::kInvalidArgument, "", "stream"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const bool into_existing = i % 2 == 1;
+    SCOPED_TRACE(absl::StrCat(c.name, into_existing ? ", into the existing buffer" : ""));
+    v1::BeginUploadRequest begin;
+    *begin.mutable_header() = into_existing ? IntoBuffer(buffer.id(), 0) : CreateFloat64(1000);
+    begin.mutable_header()->set_size_bytes(8000);
+    ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+    EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + 8000) << "reserved";
+    const std::string& id = started.transfer_id();
+    absl::StatusOr<v1::CopyRegionResponse> waiting;
+    std::thread first([&] { waiting = raw.CopyFrom(IntoUpload(region.id(), 0, id, 0, 1000)); });
+    absl::SleepFor(absl::Milliseconds(100));
+    v1::CopyFromRegionRequest bad = IntoUpload(c.region_id.empty() ? region.id() : c.region_id,
+                                               c.region_offset, id, c.offset, c.size);
+    bad.set_stream_id(c.stream_id);
+    const absl::Status refused = raw.CopyFrom(bad).status();
+    first.join();
+    EXPECT_EQ(refused.code(), c.code) << refused;
+    EXPECT_EQ(waiting.status().code(), c.code) << waiting.status();
+    EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+    EXPECT_EQ(TakeSnapshot(*client_), before);
+    ASSIGN_OR_FAIL(std::vector<double> after, DownloadArray<double>(*client_, buffer.id()));
+    EXPECT_EQ(after, original);
+    const absl::Status late = raw.CopyFrom(IntoUpload(region.id(), 1000, id, 1000, 7000)).status();
+    EXPECT_EQ(late.code(), absl::StatusCode::kNotFound) << late;
+  }
+  EXPECT_EQ(std::memcmp(segment.data(), values.data(), segment.size()), 0)
+      << "a copy into an upload changed its region";
+
+  // Unknown transfer ids, and another client's, are NOT_FOUND and disturb nothing.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "whole");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  const std::string unknown_upload = "upl-0123456789abcdef0123456789abcdef";
+  RawShm other(*server_, "other");
+  ASSIGN_OR_FAIL(v1::RegionInfo theirs, other.Register(segment.name(), 0, segment.size()));
+  for (const std::string& id : {unknown_upload, started.transfer_id()}) {
+    const absl::Status status = other.CopyFrom(IntoUpload(theirs.id(), 0, id, 0, 8000)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << id << ": " << status;
+  }
+  const absl::Status status =
+      raw.CopyFrom(IntoUpload(region.id(), 0, unknown_upload, 0, 8000)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  // The owner's upload goes on: two ranges complete it, and both hear the one outcome.
+  absl::StatusOr<v1::CopyRegionResponse> head;
+  std::thread first(
+      [&] { head = raw.CopyFrom(IntoUpload(region.id(), 0, started.transfer_id(), 0, 3000)); });
+  ASSIGN_OR_FAIL(v1::CopyRegionResponse tail,
+                 raw.CopyFrom(IntoUpload(region.id(), 3000, started.transfer_id(), 3000, 5000)));
+  first.join();
+  ASSERT_OK(head);
+  EXPECT_EQ(head->buffer().id(), tail.buffer().id());
+  EXPECT_EQ(tail.buffer().name(), "whole");
+  EXPECT_EQ(head->transfer().bytes(), 8000u);
+  EXPECT_EQ(tail.transfer().bytes(), 8000u);
+  ASSIGN_OR_FAIL(std::vector<double> whole, DownloadArray<double>(*client_, "whole"));
+  EXPECT_EQ(whole, std::vector<double>(values.begin(), values.begin() + 1000));
+}
+
+// A client that goes away mid-upload (its call cancelled) leaves no buffer, and the memory
+// the upload reserved goes back then, not at the upload's idle timeout (a minute).
+TEST_F(SharedMemoryTest, CancelledCopyIntoAnUploadFailsIt) {
+  RawShm raw(*server_, "shm-test");
+  Segment segment(8000);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, segment.size()));
+  const Snapshot before = TakeSnapshot(*client_);
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "abandoned");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  std::unique_ptr<v1::SharedMemoryService::Stub> stub =
+      v1::SharedMemoryService::NewStub(server_->RawChannel());
+  grpc::ClientContext context;
+  context.AddMetadata(kClientMetadataKey, "shm-test");
+  const v1::CopyFromRegionRequest request =
+      IntoUpload(region.id(), 0, started.transfer_id(), 0, 4000);
+  v1::CopyRegionResponse response;
+  grpc::Status status;
+  absl::Notification answered;
+  stub->async()->CopyFromRegion(&context, &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    answered.Notify();
+  });
+  // The range is in; the call waits for the rest of the upload.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(answered.HasBeenNotified());
+  EXPECT_EQ(MemoryUsed(*client_), before.memory_used_bytes + 8000);
+  context.TryCancel();
+  answered.WaitForNotification();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  const absl::Status late =
+      raw.CopyFrom(IntoUpload(region.id(), 4000, started.transfer_id(), 4000, 4000)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kNotFound) << late;
+}
+
 TEST_F(SharedMemoryTest, RegistrationChecksNameRangeAndExistence) {
   RawShm raw(*server_, "shm-test");
   Segment segment(3 * 4096);
@@ -475,6 +797,10 @@ TEST_F(SharedMemoryTest, DisabledServiceNamesTheFlag) {
   Start(/*allow=*/false, 600);
   RawShm raw(*server_, "shm-test");
   Segment segment(4096);
+  // An upload under way, which a copy cannot name either.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(8);
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
   const Snapshot before = TakeSnapshot(*client_);
   auto expect_flag = [](const absl::Status& status, const std::string& flag) {
     EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
@@ -494,6 +820,10 @@ TEST_F(SharedMemoryTest, DisabledServiceNamesTheFlag) {
   v1::CopyFromRegionRequest create;
   *create.mutable_create() = CreateFloat64(8).create();
   expect_flag(raw.CopyFrom(create).status(), "--allow-shared-memory");
+  expect_flag(raw.CopyFrom(IntoUpload("shm-0123456789abcdef0123456789abcdef", 0,
+                                      started.transfer_id(), 0, 64))
+                  .status(),
+              "--allow-shared-memory");
   SharedMemoryTransport shm(*client_);
   expect_flag(shm.Upload(CreateFloat64(8), Bytes(RandomDoubles(8, -1e3, 1e3, 7))).status(),
               "--allow-shared-memory");

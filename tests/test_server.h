@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "server/backend.h"
@@ -213,6 +214,26 @@ absl::StatusOr<std::vector<T>> DownloadArray(Client& client, std::string_view bu
   std::vector<T> out(bytes->size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), bytes->data(), bytes->size());
   return out;
+}
+
+// The server's memory in use (ServerInfo.memory_used_bytes); all ones if it cannot be read.
+inline uint64_t MemoryUsed(Client& client) {
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  EXPECT_OK(info);
+  return info.ok() ? info->memory_used_bytes() : ~uint64_t{0};
+}
+
+// Polls until the server's memory in use equals `expected` or `timeout` passes (memory a
+// failed transfer held goes back once its last copy is done); returns the last value seen.
+inline uint64_t WaitForMemoryUsed(Client& client, uint64_t expected,
+                                  absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t used = MemoryUsed(client);
+  while (used != expected && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    used = MemoryUsed(client);
+  }
+  return used;
 }
 
 // What a rejected request must leave as it was: the calling client's buffers (id, name and

@@ -13,6 +13,7 @@ void DeferredReactor::FinishOnce(const std::shared_ptr<State>& state,
 
 void DeferredReactor::OnCancel() {
   FinishOnce(state_, [] { return ToGrpcStatus(absl::CancelledError("the call was cancelled")); });
+  if (on_cancel_) std::move(on_cancel_)();
 }
 
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
@@ -34,6 +35,9 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
     state_->reactor = this;
   }
   const std::shared_ptr<State>& state() const { return state_; }
+  // Runs `on_cancel` too if the call is cancelled, e.g. to give up the work it stood
+  // for. Set it before the handler returns the reactor.
+  void CallOnCancel(absl::AnyInvocable<void() &&> on_cancel) { on_cancel_ = std::move(on_cancel); }
 
   // `produce` writes the response and returns the call's status; it runs only if the
   // call is not finished yet.
@@ -46,6 +50,7 @@ class DeferredReactor final : public grpc::ServerUnaryReactor {
  private:
   std::shared_ptr<State> state_;
   std::shared_ptr<const void> admission_;
+  absl::AnyInvocable<void() &&> on_cancel_;
 };
 
 // A reactor finished at once with `status`.
@@ -70,6 +75,10 @@ class BufferServiceImpl final
  public:
   explicit BufferServiceImpl(ServiceContext& ctx)
       : ctx_(ctx), uploads_(std::make_shared<UploadTransferTable>()) {}
+
+  // The multi-range uploads in progress, whose ranges SharedMemoryService's copies may
+  // carry too.
+  const std::shared_ptr<UploadTransferTable>& uploads() const { return uploads_; }
 
   grpc::ServerUnaryReactor* CreateBuffer(grpc::CallbackServerContext* context,
                                          const v1::CreateBufferRequest* request,
@@ -178,7 +187,9 @@ class ServerServiceImpl final : public v1::ServerService::CallbackService {
 // buffers (shared_memory_service.cc).
 class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackService {
  public:
-  explicit SharedMemoryServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+  // `uploads`: BufferService's multi-range uploads, whose ranges CopyFromRegion may carry.
+  SharedMemoryServiceImpl(ServiceContext& ctx, std::shared_ptr<UploadTransferTable> uploads)
+      : ctx_(ctx), uploads_(std::move(uploads)) {}
 
   grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
                                            const v1::RegisterRegionRequest* request,
@@ -201,6 +212,7 @@ class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackSe
 
  private:
   ServiceContext& ctx_;
+  const std::shared_ptr<UploadTransferTable> uploads_;
 };
 
 // Sessions (session_service.cc) and chains (chain_service.cc): tagged operations that

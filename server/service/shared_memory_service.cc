@@ -1,7 +1,8 @@
 // SharedMemoryService: RegisterRegion, UnregisterRegion, ListRegions, CopyFromRegion,
 // CopyToRegion, ExportBuffer. The regions themselves live in
 // server/shared_memory/region_registry.h; copies are executor operations, ordered with
-// everything else that touches their buffer.
+// everything else that touches their buffer, except a copy into a multi-range upload,
+// which is one of the upload's writes (server/service/upload_transfer.h).
 #include <chrono>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
+#include "server/service/upload_transfer.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -175,8 +177,12 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
       if (size == 0) size = buffer_size - offset;
       break;
     }
+    case v1::CopyFromRegionRequest::kTransferId:
+      // Not a copy of its own: ServeCopyIntoUpload serves it.
+      return absl::InternalError("a copy into an upload was planned as a copy");
     case v1::CopyFromRegionRequest::TARGET_NOT_SET:
-      return absl::InvalidArgumentError("the copy names no target: set 'create' or 'buffer'");
+      return absl::InvalidArgumentError(
+          "the copy names no target: set 'create', 'buffer' or 'transfer_id'");
   }
   RETURN_IF_ERROR(CheckRegionSide(copy, request.region_offset_bytes(), size));
   copy.bytes = size;
@@ -235,19 +241,107 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
   return copy;
 }
 
+// The checks every copy call makes before it reads its request.
+absl::StatusOr<Caller> IdentifyCopyCaller(ServiceContext& ctx,
+                                          const grpc::CallbackServerContext& context) {
+  ASSIGN_OR_RETURN(Caller caller, IdentifyCaller(ctx, context));
+  RETURN_IF_ERROR(CheckAnyAllowed(ctx));
+  RETURN_IF_ERROR(CheckBackendHealthy(ctx.backend));
+  return caller;
+}
+
 // Both copy RPCs: the checks every call makes, the plan, and the copy.
 template <typename Request>
 grpc::ServerUnaryReactor* ServeCopy(
     ServiceContext& ctx, grpc::CallbackServerContext* context, const Request& request,
     absl::StatusOr<RegionCopy> (*plan)(ServiceContext&, const std::string&, const Request&),
     v1::CopyRegionResponse* response) {
-  absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
+  absl::StatusOr<Caller> caller = IdentifyCopyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
-  if (absl::Status s = CheckAnyAllowed(ctx); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<RegionCopy> copy = plan(ctx, caller->scope, request);
   if (!copy.ok()) return FinishNow(context, copy.status());
   return SubmitCopy(ctx, context, *caller, request.stream_id(), *std::move(copy), response);
+}
+
+// The region a range of an upload is copied from, and the checks of the request's region
+// side: a system region of the client, holding the range.
+absl::StatusOr<RegionHandle> LookupUploadSource(ServiceContext& ctx, const std::string& client,
+                                                const v1::CopyFromRegionRequest& request) {
+  if (!request.stream_id().empty()) {
+    return absl::InvalidArgumentError(
+        "a copy into an upload runs on the upload's own stream; stream_id must be empty");
+  }
+  ASSIGN_OR_RETURN(RegionHandle region,
+                   LookupCopyRegion(ctx, client, request.region_id(), /*write=*/false));
+  if (region->kind != RegionKind::kSystem) {
+    // The upload copies from host memory; a device allocation would need a device copy.
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", region->id,
+                     " is CUDA IPC memory; an upload's range is copied from system shared "
+                     "memory (copy from the region into a buffer instead)"));
+  }
+  RETURN_IF_ERROR(CheckByteRange(request.region_offset_bytes(), request.size_bytes(), region->size,
+                                 absl::StrCat("region ", region->id)));
+  return region;
+}
+
+// CopyFromRegion with `transfer_id`: bytes [offset_bytes, +size_bytes) of that upload
+// copied from the region, as an Upload range stream would carry them. The call answers
+// with the upload's outcome; every refusal after the upload is found, and a cancelled
+// call, fails the whole upload, so that nothing of it becomes visible.
+grpc::ServerUnaryReactor* ServeCopyIntoUpload(ServiceContext& ctx, UploadTransferTable& uploads,
+                                              grpc::CallbackServerContext* context,
+                                              const v1::CopyFromRegionRequest& request,
+                                              v1::CopyRegionResponse* response) {
+  absl::StatusOr<Caller> caller = IdentifyCopyCaller(ctx, *context);
+  if (!caller.ok()) return FinishNow(context, caller.status());
+  absl::StatusOr<std::shared_ptr<UploadTransfer>> found =
+      uploads.Lookup(caller->scope, request.transfer_id());
+  if (!found.ok()) return FinishNow(context, found.status());
+  std::shared_ptr<UploadTransfer> transfer = *std::move(found);
+  auto* reactor = new DeferredReactor(caller->admission);
+  const uint64_t offset = request.offset_bytes();
+  const uint64_t size = request.size_bytes();
+  // The upload's outcome is the call's answer.
+  UploadTransfer::Listener listener = [state = reactor->state(), response](
+                                          const absl::Status& status,
+                                          const v1::UploadResponse& outcome) {
+    DeferredReactor::FinishOnce(state, [&]() -> grpc::Status {
+      if (!status.ok()) return ToGrpcStatus(status);
+      *response->mutable_buffer() = outcome.buffer();
+      *response->mutable_transfer() = outcome.transfer();
+      return grpc::Status::OK;
+    });
+  };
+  absl::Status added = transfer->AddRange(offset, size, std::move(listener));
+  if (absl::IsNotFound(added)) {
+    // The upload was over already and never took the listener.
+    DeferredReactor::FinishOnce(reactor->state(), [&] { return ToGrpcStatus(added); });
+    return reactor;
+  }
+  // Otherwise the upload answers, also when the range was bad (it failed the upload).
+  if (!added.ok()) return reactor;
+  // A client that gives up on any range gives up on the upload, as with Upload streams.
+  reactor->CallOnCancel([transfer] {
+    transfer->Fail(
+        absl::CancelledError("a copy into the upload was cancelled; nothing was changed"));
+  });
+  absl::StatusOr<RegionHandle> region = LookupUploadSource(ctx, caller->scope, request);
+  if (!region.ok()) {
+    transfer->Fail(absl::Status(region.status().code(),
+                                absl::StrCat(region.status().message(), "; nothing was changed")));
+    return reactor;
+  }
+  const Region& source = **region;
+  transfer->Write(offset, source.mapping->data() + request.region_offset_bytes(),
+                  source.mapping->pinned() ? UploadTransfer::HostMemory::kPinned
+                                           : UploadTransfer::HostMemory::kPageable,
+                  size, [transfer, region = *std::move(region)](absl::Status) {
+                    // Copied (or failed, which fails the upload): the range is done, and
+                    // the region may go.
+                    transfer->RangeDone();
+                  });
+  return reactor;
 }
 
 }  // namespace
@@ -331,6 +425,9 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ListRegions(
 grpc::ServerUnaryReactor* SharedMemoryServiceImpl::CopyFromRegion(
     grpc::CallbackServerContext* context, const v1::CopyFromRegionRequest* request,
     v1::CopyRegionResponse* response) {
+  if (request->target_case() == v1::CopyFromRegionRequest::kTransferId) {
+    return ServeCopyIntoUpload(ctx_, *uploads_, context, *request, response);
+  }
   return ServeCopy(ctx_, context, *request, PlanCopyFromRegion, response);
 }
 

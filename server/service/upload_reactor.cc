@@ -215,12 +215,13 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       chunk.CopyTo(staging);
       chunk = {};
       slices.clear();
-      transfer->Write(offset, staging, n, [s, index](absl::Status) {
-        absl::MutexLock lock(&s->mu);
-        s->slots[index].busy = false;
-        if (!s->reading && !s->closed) ReadNextLocked(s);
-        MaybeRangeDoneLocked(s);
-      });
+      transfer->Write(offset, staging, UploadTransfer::HostMemory::kStaging, n,
+                      [s, index](absl::Status) {
+                        absl::MutexLock lock(&s->mu);
+                        s->slots[index].busy = false;
+                        if (!s->reading && !s->closed) ReadNextLocked(s);
+                        MaybeRangeDoneLocked(s);
+                      });
     });
     slot.parsed.slices.clear();
     return absl::OkStatus();

@@ -138,7 +138,7 @@ absl::Status UploadTransfer::AddRange(uint64_t offset, uint64_t size, Listener l
   return absl::OkStatus();
 }
 
-void UploadTransfer::Write(uint64_t offset, const void* staging, uint64_t bytes,
+void UploadTransfer::Write(uint64_t offset, const void* src, HostMemory memory, uint64_t bytes,
                            absl::AnyInvocable<void(absl::Status) &&> done) {
   absl::Status st;
   {
@@ -156,7 +156,18 @@ void UploadTransfer::Write(uint64_t offset, const void* staging, uint64_t bytes,
     // Named after the buffer the bytes are for, as the executor names operations.
     ScopedRange range(ctx_.backend,
                       absl::StrCat("upload ", (created_ != nullptr ? created_ : target_)->id));
-    st = ctx_.backend.CopyFromStaging(stream, staging, *destination_, offset, bytes);
+    switch (memory) {
+      case HostMemory::kStaging:
+        st = ctx_.backend.CopyFromStaging(stream, src, *destination_, offset, bytes);
+        break;
+      case HostMemory::kPinned:
+        st = ctx_.backend.CopyFromPinnedHost(stream, src, *destination_, offset, bytes);
+        break;
+      case HostMemory::kPageable:
+        // Through the backend's own staging on CUDA: one DMA needs pinned memory.
+        st = ctx_.backend.CopyFromHost(stream, src, *destination_, offset, bytes);
+        break;
+    }
   }
   if (st.ok()) {
     st = stream.OnComplete(

@@ -1,7 +1,9 @@
 // The destination and the all-or-nothing commit of one upload, shared by the Upload
 // streams that carry its bytes: one stream for a plain Upload, several concurrent range
 // streams for a multi-range upload (BufferService.BeginUpload, whose transfers live in
-// an UploadTransferTable until they finish).
+// an UploadTransferTable until they finish). A range of a multi-range upload may also
+// come from shared memory, as a SharedMemoryService.CopyFromRegion call, which takes the
+// part of a range stream.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_UPLOAD_TRANSFER_H_
 #define GPUCOMPUTE_SERVER_SERVICE_UPLOAD_TRANSFER_H_
 
@@ -38,6 +40,10 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
  public:
   // Called once per stream, on the timer thread, with the upload's outcome.
   using Listener = absl::AnyInvocable<void(const absl::Status&, const v1::UploadResponse&) &&>;
+  // The host memory a Write copies from, which decides the backend's copy: host staging
+  // memory (Backend::AllocateHostStaging, an Upload stream's chunks), host memory pinned
+  // with Backend::PinHostMemory (a pinned shared-memory region), or any other.
+  enum class HostMemory { kStaging, kPinned, kPageable };
 
   // Checks `header` (an Upload header or BeginUpload's: a target, no transfer id), takes
   // a place among the tenant's uploads under way (RESOURCE_EXHAUSTED at
@@ -63,10 +69,10 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // answers by itself. Otherwise `listener` will hear the outcome; a bad range fails the
   // whole upload, and this returns why.
   absl::Status AddRange(uint64_t offset, uint64_t size, Listener listener);
-  // Enqueues the copy of `bytes` from host staging memory to upload offset `offset`;
-  // `done` runs when it has completed (or could not be enqueued), outside this upload's
-  // lock. The caller keeps `staging` alive until then.
-  void Write(uint64_t offset, const void* staging, uint64_t bytes,
+  // Enqueues the copy of `bytes` from host memory `src` of kind `memory` to upload
+  // offset `offset`; `done` runs when it has completed (or could not be enqueued),
+  // outside this upload's lock. The caller keeps `src` alive until then.
+  void Write(uint64_t offset, const void* src, HostMemory memory, uint64_t bytes,
              absl::AnyInvocable<void(absl::Status) &&> done);
   // A stream's range has been copied and the stream half-closed.
   void RangeDone();
