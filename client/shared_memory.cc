@@ -85,8 +85,7 @@ class AsyncCopies {
       : client_(client), stub_(stub), method_(method) {}
   ~AsyncCopies() {
     absl::MutexLock lock(&state_->mu);
-    state_->mu.Await(absl::Condition(
-        +[](State* state) { return state->in_flight == 0; }, state_.get()));
+    state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
   }
   AsyncCopies(const AsyncCopies&) = delete;
   AsyncCopies& operator=(const AsyncCopies&) = delete;
@@ -127,8 +126,7 @@ class AsyncCopies {
   // rather than what it led to).
   absl::StatusOr<v1::CopyRegionResponse> WaitAll() {
     absl::MutexLock lock(&state_->mu);
-    state_->mu.Await(absl::Condition(
-        +[](State* state) { return state->in_flight == 0; }, state_.get()));
+    state_->mu.Await(absl::Condition(state_.get(), &State::Idle));
     absl::Status failure;
     for (const std::unique_ptr<Call>& call : state_->calls) {
       if (call->status.ok()) continue;
@@ -158,6 +156,8 @@ class AsyncCopies {
     bool done = false;
   };
   struct State {
+    bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return in_flight == 0; }
+
     absl::Mutex mu;
     std::vector<std::unique_ptr<Call>> calls ABSL_GUARDED_BY(mu);
     int in_flight ABSL_GUARDED_BY(mu) = 0;
