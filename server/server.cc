@@ -453,6 +453,8 @@ void Server::Shutdown() {
   const absl::Time deadline = absl::Now() + impl_->shutdown_grace;
   // New calls are refused from here on; those in flight have until the deadline.
   impl_->grpc_server->Shutdown(absl::ToChronoTime(deadline));
+  // Multi-range uploads that no call carries any more free their memory now.
+  impl_->buffers->uploads()->FailAll(absl::UnavailableError("the server is shutting down"));
   // Operations submitted without a call waiting on them get the same time.
   if (!impl_->executor->WaitIdle(deadline)) {
     const size_t cancelled =

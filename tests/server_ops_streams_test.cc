@@ -74,8 +74,11 @@ TEST_F(ServerOpsTest, StreamsCreateListSynchronizeDelete) {
       EXPECT_TRUE(op.done()) << id;
     }
   }
-  ASSIGN_OR_FAIL(auto idle_b, c().SynchronizeStream(b.id(), 0.001));
-  EXPECT_TRUE(idle_b);  // nothing on B
+  // Nothing on B: idle without waiting for A's chain, which takes a few hundred ms on
+  // the CPU backend. 100 ms, not 1: on a loaded machine the answer for an idle stream
+  // can take more than a millisecond to win against the timeout.
+  ASSIGN_OR_FAIL(auto idle_b, c().SynchronizeStream(b.id(), 0.1));
+  EXPECT_TRUE(idle_b);
   ASSIGN_OR_FAIL(auto idle, c().SynchronizeStream(a.id()));
   EXPECT_TRUE(idle);
   for (const std::string& id : chain) {

@@ -293,6 +293,16 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransferTable::Lookup(
   return it->second;
 }
 
+void UploadTransferTable::FailAll(const absl::Status& status) {
+  std::map<std::string, std::shared_ptr<UploadTransfer>> transfers;
+  {
+    absl::MutexLock lock(&mu_);
+    transfers.swap(transfers_);
+  }
+  // Outside the table's lock: a failing upload leaves the table itself.
+  for (auto& [id, transfer] : transfers) transfer->Fail(status);
+}
+
 void UploadTransferTable::Remove(const std::string& id) {
   absl::MutexLock lock(&mu_);
   transfers_.erase(id);

@@ -130,6 +130,10 @@ class UploadTransferTable {
   absl::StatusOr<std::shared_ptr<UploadTransfer>> Lookup(const std::string& client,
                                                          const std::string& id);
   void Remove(const std::string& id);
+  // Fails every upload still in progress with `status` (at shutdown: an upload and its
+  // table hold each other, and an upload no stream carries any more would otherwise
+  // wait for its idle timeout).
+  void FailAll(const absl::Status& status);
   size_t size();
 
  private:
