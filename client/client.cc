@@ -854,6 +854,8 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
                                                        : " came without a CRC32C"));
       break;
     }
+    // Before the message may move to the sink's thread.
+    if (message.has_transfer) *result.mutable_transfer() = message.transfer;
     if (message.data.size != 0) {
       const uint64_t expected_offset = request.offset_bytes() + received;
       if (message.offset_bytes != expected_offset || message.data.size > total - received) {
@@ -862,7 +864,6 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
             " where ", total - received, " bytes at offset ", expected_offset, " remained"));
         break;
       }
-      if (message.has_transfer) *result.mutable_transfer() = message.transfer;
       received += message.data.size;
       if (behind.has_value()) {
         local_status = behind->Push(std::move(message));
@@ -883,7 +884,6 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
       if (!local_status.ok()) break;
       if (progress) progress(received, total);
     }
-    if (message.has_transfer) *result.mutable_transfer() = message.transfer;
   }
   if (behind.has_value() && local_status.ok()) local_status = behind->Finish();
 

@@ -44,10 +44,15 @@ std::string NewSegmentName() {
   return absl::StrFormat("/gpucompute-%d-%d-%016x", getpid(), counter.fetch_add(1), bits);
 }
 
+// Sets `stats`' seconds, and its GB/s from them and its bytes.
+void SetSeconds(double seconds, v1::TransferStats* stats) {
+  stats->set_seconds(seconds);
+  stats->set_gbps(seconds > 0 ? stats->bytes() / seconds / 1e9 : 0);
+}
+
 void AddTransfer(const v1::TransferStats& piece, v1::TransferStats* total) {
   total->set_bytes(total->bytes() + piece.bytes());
-  total->set_seconds(total->seconds() + piece.seconds());
-  total->set_gbps(total->seconds() > 0 ? total->bytes() / total->seconds() / 1e9 : 0);
+  SetSeconds(total->seconds() + piece.seconds(), total);
 }
 
 // How a transfer moves through the segment: in pieces of `piece` bytes (the last one
@@ -571,9 +576,8 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::DownloadPieces(
   if (pipeline.in_flight > 1) {
     // The pieces' copies overlap, each one's seconds counting its wait behind the others:
     // the whole, as the client saw it from the first call to the last answer.
-    v1::TransferStats* stats = total.mutable_transfer();
-    stats->set_seconds(std::chrono::duration<double>(last_answer - start).count());
-    stats->set_gbps(stats->seconds() > 0 ? stats->bytes() / stats->seconds() / 1e9 : 0);
+    SetSeconds(std::chrono::duration<double>(last_answer - start).count(),
+               total.mutable_transfer());
   }
   return total;
 }

@@ -174,7 +174,11 @@ absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
   if (rounded < bytes) return absl::ResourceExhaustedError("allocation size overflows");
   void* p = blocks_->Take(rounded);
   if (p == nullptr) p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr && blocks_->Trim(0) == 0) p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr && blocks_->cached_bytes() > 0) {
+    // Out of memory: the blocks kept for reuse go back, and the allocation is tried again.
+    blocks_->Trim(0);
+    p = std::aligned_alloc(kAlignment, rounded);
+  }
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("out of host memory allocating ", bytes, " bytes"));
