@@ -79,10 +79,12 @@ constexpr int kTransferWindowBytes = 64 << 20;
 grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options,
                                            const GrpcIntArgs& environment, int transfer_index) {
   grpc::ChannelArguments arguments;
+  // Every channel has a subchannel pool of its own, so that each Client, and each of its
+  // transfer channels, has a connection of its own: gRPC would otherwise share one among
+  // all channels of the process to the same target, and every call of every Client
+  // would go through that connection's one transport.
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (transfer_index > 0) {
-    // A subchannel pool of its own and an argument no other channel has: gRPC would
-    // otherwise share one connection among channels to the same target.
-    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     arguments.SetInt("gpucompute.transfer_channel", transfer_index);
     arguments.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kTransferWindowBytes);
     arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);

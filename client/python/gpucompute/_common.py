@@ -150,8 +150,11 @@ class Options:
 
     def channel_arguments(self):
         limit = MAX_MESSAGE_BYTES + _MESSAGE_SLACK_BYTES
+        # A subchannel pool of the channel's own: each Client then has a connection of
+        # its own, where gRPC would share one among the process's channels to a target.
         arguments = [("grpc.max_send_message_length", limit),
-                     ("grpc.max_receive_message_length", limit)]
+                     ("grpc.max_receive_message_length", limit),
+                     ("grpc.use_local_subchannel_pool", 1)]
         if self.tls_server_name:
             arguments.append(("grpc.ssl_target_name_override", self.tls_server_name))
         return arguments
