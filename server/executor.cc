@@ -104,15 +104,27 @@ absl::Status CheckDeviceIndex(const Backend& backend, int device) {
                                                  backend.devices().size(), " device(s)"));
 }
 
-// Holds the executor's mutex; on destruction releases it and then runs the callbacks
-// queued meanwhile, so that callers' callbacks never run under the lock.
+// Holds the executor's mutex; on destruction releases it, then tells the observer of
+// the operations completed meanwhile, runs the callbacks queued meanwhile and drops the
+// references let go meanwhile: callers' callbacks never run under the lock, and memory
+// is never freed under it.
 class ABSL_SCOPED_LOCKABLE Executor::Guard {
  public:
   explicit Guard(Executor& e) ABSL_EXCLUSIVE_LOCK_FUNCTION(e.mu_) : e_(e) { e_.mu_.Lock(); }
   ~Guard() ABSL_UNLOCK_FUNCTION() {
-    std::vector<absl::AnyInvocable<void()&&>> run = std::move(e_.deferred_);
-    e_.deferred_.clear();
+    std::vector<absl::AnyInvocable<void()&&>> run;
+    std::vector<std::shared_ptr<Operation>> completed;
+    std::vector<std::shared_ptr<const void>> dropped;
+    run.swap(e_.deferred_);
+    completed.swap(e_.completed_);
+    dropped.swap(e_.dropped_);
+    // The executor may be gone once the mutex is released; the observer outlives it.
+    OperationObserver* const observer = e_.observer_;
     e_.mu_.Unlock();
+    // Final statuses, which nothing changes any more.
+    if (observer != nullptr) {
+      for (const auto& op : completed) observer->OnCompleted(op->status_);
+    }
     for (auto& fn : run) std::move(fn)();
   }
 
@@ -395,10 +407,27 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
                        "); an operation runs on one device"));
     }
   }
-  std::string range_name = RangeName(spec.kind, spec.accesses);
+  // Everything that does not depend on the executor's state is made before its lock.
+  auto op = std::make_shared<Operation>();
+  OperationStatus& st = op->status_;
+  st.id = NewId("op-");
+  op->scope_ = std::string(client);
+  st.kind = spec.kind;
+  st.device = device;
+  st.timing.bytes_read = spec.bytes_read;
+  st.timing.bytes_written = spec.bytes_written;
+  st.timing.flops = spec.flops;
+  st.timing.compile_seconds = spec.compile_seconds;
+  st.outputs = std::move(spec.outputs);
+  op->launch_ = std::move(spec.launch);
+  op->capturable_ = spec.capturable;
+  op->range_name_ = RangeName(spec.kind, spec.accesses);
+  op->buffers_.reserve(spec.accesses.size());
+  for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
+
   Guard guard(*this);
   RETURN_IF_ERROR(cancelled_);
-  const absl::string_view tenant = TenantOfScope(client);
+  const absl::string_view tenant = TenantOfScope(op->scope_);
   if (quotas_ != nullptr) {
     const uint64_t quota = quotas_->For(tenant).operations;
     auto it = in_flight_by_tenant_.find(tenant);
@@ -409,26 +438,10 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
     }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
-
-  auto op = std::make_shared<Operation>();
-  OperationStatus& st = op->status_;
-  st.id = NewId("op-");
-  op->scope_ = std::string(client);
-  st.kind = spec.kind;
   st.stream_id = s->id;
-  st.device = device;
-  st.timing.bytes_read = spec.bytes_read;
-  st.timing.bytes_written = spec.bytes_written;
-  st.timing.flops = spec.flops;
-  st.timing.compile_seconds = spec.compile_seconds;
-  st.outputs = std::move(spec.outputs);
   op->stream_ = s.get();
   op->stream_state_ = s;
-  op->launch_ = std::move(spec.launch);
-  op->capturable_ = spec.capturable;
-  op->range_name_ = std::move(range_name);
   op->submit_time_ = Clock::now();
-  for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
   TrackHazardsLocked(op, spec.accesses);
 
   s->pending.push_back(op);
@@ -718,18 +731,21 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
     k->bytes_written += st.timing.bytes_written;
     k->flops += st.timing.flops;
   }
-  if (observer_ != nullptr) observer_->OnCompleted(st);
+  // The status is final: GetStatus may read it without the lock from here on.
+  op->final_.store(true, std::memory_order_release);
+  if (observer_ != nullptr) completed_.push_back(op);
 
   op->phase_ = Work::Phase::kDone;
   ForgetFinishedHazardsLocked(op->buffers_);
+  for (BufferHandle& buffer : op->buffers_) dropped_.push_back(std::move(buffer));
   op->buffers_.clear();
-  op->start_event_.reset();
+  if (op->start_event_ != nullptr) dropped_.push_back(std::move(op->start_event_));
   --op->stream_state_->unfinished;
   --op->stream_state_->dispatched;
   for (auto& fn : op->on_done_) deferred_.push_back(std::move(fn));
   op->on_done_.clear();
   NotifyLocked(*op);
-  op->end_event_.reset();
+  if (op->end_event_ != nullptr) dropped_.push_back(std::move(op->end_event_));
   if (!op->stream_state_->pending.empty()) PumpLocked(op->stream_state_);
 
   finished_order_.push_back(st.id);
@@ -738,6 +754,7 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
          retained_value_bytes_ > kRetainedValueBytes) {
     auto oldest = operations_.find(finished_order_.front());
     retained_value_bytes_ -= oldest->second->status_.result.values.size();
+    dropped_.push_back(std::move(oldest->second));
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
@@ -765,6 +782,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_
 }
 
 OperationStatus Executor::GetStatus(const Operation& op) {
+  if (op.final_.load(std::memory_order_acquire)) return op.status_;
   Guard guard(*this);
   if (op.status_.done()) return op.status_;
   // The device may still be writing the inline results; copy everything else.

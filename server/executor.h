@@ -16,6 +16,7 @@
 #define GPUCOMPUTE_SERVER_EXECUTOR_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -142,6 +143,9 @@ class Operation final : public Work {
   friend class Executor;
   using Clock = std::chrono::steady_clock;
   OperationStatus status_;
+  // Set once the operation is done, after which status_ never changes again: readers
+  // that see it set read status_ without the executor's mutex.
+  std::atomic<bool> final_{false};
   std::string scope_;  // of the client that submitted it (server/auth.h)
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
@@ -169,8 +173,9 @@ struct StreamInfo {
 };
 
 // Told of each operation as it is submitted, handed to the backend, and completed (for
-// metrics). Called under the executor's mutex: it must be quick, and must not call into
-// the executor.
+// metrics). It must be quick, and must not call into the executor. OnSubmitted and
+// OnDispatched are called under the executor's mutex; OnCompleted just after it is
+// released, with the final status, always after the operation's OnDispatched.
 class OperationObserver {
  public:
   virtual ~OperationObserver() = default;
@@ -425,6 +430,11 @@ class Executor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
+  // Operations completed meanwhile, for the observer, and references dropped meanwhile
+  // (operations no longer retained, their buffers and events): both are dealt with once
+  // the mutex is released (see Guard), since a last reference may free memory.
+  std::vector<std::shared_ptr<Operation>> completed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const void>> dropped_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
   absl::flat_hash_map<std::string, std::array<KindStats, kNumOperationKinds>> tenant_stats_
       ABSL_GUARDED_BY(mu_);
