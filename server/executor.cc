@@ -152,6 +152,9 @@ Executor::Executor(Backend& backend, int default_device, size_t max_streams,
       max_streams_(max_streams),
       dispatch_window_(std::max(1, backend.DispatchWindow())),
       transfer_streams_(std::move(transfer_streams)),
+      // Reserved whole, so that the table of retained operations is never rehashed to
+      // grow under the mutex while submissions wait for it.
+      operations_(kRetainedOperations),
       reaper_([this] {
         NameThisThread("executor-reap");
         ReapRetiredStreams();

@@ -138,6 +138,8 @@ struct OperationStatus {
 class Operation final : public Work {
  public:
   const std::string& id() const { return status_.id; }
+  // Set when it is submitted, then never changed.
+  const std::string& stream_id() const { return status_.stream_id; }
 
  private:
   friend class Executor;
