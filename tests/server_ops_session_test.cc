@@ -387,6 +387,38 @@ TEST_F(SessionTest, ChainRunsInOneCallAndFreesItsTemporaries) {
   ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + 2 * x.size() * sizeof(double));
 }
 
+TEST_F(SessionTest, AChainOnTwoStreamsAnswersOnceBothAreDone) {
+  // A long step and its reduction on stream A, then a short step on stream B, which
+  // finishes first: the answer must still wait for A.
+  const std::vector<double> x = RandomDoubles(size_t{1} << 21, -2, 2, 11);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>{5}, {}, v1::LAYOUT_C, "small"));
+  ASSIGN_OR_FAIL(v1::StreamInfo a, c().CreateStream());
+  ASSIGN_OR_FAIL(v1::StreamInfo b, c().CreateStream());
+  auto on = [](v1::SubmitRequest request, const std::string& stream) {
+    request.set_stream_id(stream);
+    return request;
+  };
+  Chain chain;
+  chain.Add(on(Elementwise("sin(x) * exp(x) + sqrt(abs(x))", {{"x", BufferOperand("x")}}),
+               a.id()),
+            "long");
+  chain.Add(on(Reduce(v1::REDUCE_KIND_SUM, TagRef("long")), a.id()), "sum");
+  chain.Add(on(Elementwise("s + 1", {{"s", BufferOperand("small")}}), b.id()), "short");
+  ASSIGN_OR_FAIL(v1::ChainResponse response, chain.Run(c()));
+  ASSERT_EQ(response.steps_size(), 3);
+  for (const v1::ChainStepResult& step : response.steps()) {
+    ASSERT_EQ(step.operation().state(), v1::Operation::STATE_SUCCEEDED)
+        << step.tag() << ": " << step.operation().error_message();
+  }
+  EXPECT_EQ(response.steps(0).operation().stream_id(), a.id());
+  EXPECT_EQ(response.steps(2).operation().stream_id(), b.id());
+  double sum = 0;
+  for (double v : x) sum += std::sin(v) * std::exp(v) + std::sqrt(std::abs(v));
+  ASSERT_EQ(response.steps(1).operation().values_size(), 1);
+  EXPECT_NEAR(response.steps(1).operation().values(0).float_value(), sum, 1e-9 * std::abs(sum));
+}
+
 TEST_F(SessionTest, AnInvalidChainStepRejectsTheWholeChain) {
   ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
   ASSERT_OK(UploadArray(c(), std::vector<double>{9}, {}, v1::LAYOUT_C, "taken"));

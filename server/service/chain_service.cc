@@ -185,10 +185,20 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     }
     run->ops.push_back(*std::move(op));
   }
-  run->remaining = run->ops.size();
-  // Copied first: a callback may answer (and clear ops) while this loop runs.
-  const std::vector<std::shared_ptr<Operation>> ops = run->ops;
-  for (const std::shared_ptr<Operation>& op : ops) {
+  // Operations on one stream finish in order, so the chain is done once the last
+  // operation on each of its streams is. Picked first: a callback may answer (and clear
+  // ops) while the second loop runs.
+  std::vector<std::shared_ptr<Operation>> lasts;
+  for (size_t i = run->ops.size(); i-- > 0;) {
+    const std::string& stream = run->ops[i]->stream_id();
+    if (std::none_of(lasts.begin(), lasts.end(), [&](const std::shared_ptr<Operation>& op) {
+          return op->stream_id() == stream;
+        })) {
+      lasts.push_back(run->ops[i]);
+    }
+  }
+  run->remaining = lasts.size();
+  for (const std::shared_ptr<Operation>& op : lasts) {
     ctx.executor.OnDone(op, [run] {
       if (run->remaining.fetch_sub(1) == 1) run->Answer();
     });
