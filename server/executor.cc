@@ -453,6 +453,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   ++in_flight_;
   ++in_flight_by_tenant_[tenant];
   operations_.emplace(st.id, op);
+  if (spec.on_done != nullptr) {
+    // The operation holds itself through this until it is done: on_done_ is emptied then.
+    op->on_done_.push_back(
+        [op, fn = std::move(spec.on_done)]() mutable { std::move(fn)(op); });
+  }
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
   return op;

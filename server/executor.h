@@ -272,6 +272,9 @@ class Executor {
     // that it may be recorded with its neighbours and launched as one unit
     // (Stream::BeginCapture), or, should the recording fail, launched on its own.
     bool capturable = false;
+    // Runs once the operation is done, with it, as OnDone's callbacks do; registered
+    // with the submission, under the same lock, only if it is accepted.
+    absl::AnyInvocable<void(const std::shared_ptr<Operation>&) &&> on_done;
   };
   // Queues an operation on `stream_id` (empty: the client's default stream on the
   // device of the buffers it touches). All accessed buffers must be on the stream's

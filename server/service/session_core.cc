@@ -72,59 +72,64 @@ void SessionCore::Accept(const v1::ChainStep& request) {
           absl::StrCat("tag '", name, "' is already used in this session"));
     }
   }
-  auto tag = std::make_unique<Tag>();
+  auto owned = std::make_unique<Tag>();
+  Tag* const tag = owned.get();
   tag->name = name;
-  std::vector<std::string> dep_names;
-  std::shared_ptr<Operation> op;
-  BufferHandle written;
-  std::string temporary;
   if (rejected.ok()) {
+    std::vector<std::string> dep_names;
     absl::StatusOr<Plan> plan = PlanTagged(
         ctx_, client_, request.op(), [this](absl::string_view t) { return FindTag(t); },
         &dep_names);
     if (plan.ok()) {
-      written = WrittenBuffer(*plan);
+      // The tag is known, with its dependencies, before its operation is queued: the
+      // operation may be done, and OnExecuted called, before SubmitPlan returns.
+      {
+        absl::MutexLock lock(&mu_);
+        tag->output = WrittenBuffer(*plan);
+        for (const std::string& d : dep_names) tag->deps.push_back(tags_.at(d).get());
+        tags_.emplace(name, std::move(owned));
+        ++executing_;
+      }
+      std::string temporary;
       if (plan->created != nullptr && plan->created->name.empty()) temporary = plan->created->id;
+      plan->spec.on_done = [self = shared_from_this(), tag](const std::shared_ptr<Operation>& op) {
+        self->OnExecuted(tag, op);
+      };
       absl::StatusOr<std::shared_ptr<Operation>> queued =
           SubmitPlan(ctx_, client_, request.op().stream_id(), *std::move(plan));
+      absl::MutexLock lock(&mu_);
       if (queued.ok()) {
-        op = *std::move(queued);
-      } else {
-        rejected = queued.status();
+        if (!temporary.empty()) temporaries_.push_back(std::move(temporary));
+        return;
       }
-    } else {
-      rejected = plan.status();
+      // Nothing ran, and nothing depends on it yet: it becomes a rejected tag.
+      --executing_;
+      tag->deps.clear();
+      RejectLocked(tag, RequestKind(request.op()), queued.status());
+      return;
     }
+    rejected = plan.status();
   }
-  Tag* queued = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!rejected.ok()) {
-      v1::Operation answer;
-      answer.set_kind(RequestKind(request.op()));
-      MarkFailed(rejected, &answer);
-      AnswerLocked(name, std::move(answer));
-      // A rejected tag stays known, so that its dependents fail naming it.
-      if (!duplicate && !name.empty()) {
-        tag->decided = true;
-        tag->error = rejected;
-        tags_.emplace(name, std::move(tag));
-      }
-    } else {
-      tag->output = written;
-      tag->op = op;
-      for (const std::string& d : dep_names) tag->deps.push_back(tags_.at(d).get());
-      if (!temporary.empty()) temporaries_.push_back(std::move(temporary));
-      queued = tag.get();
-      tags_.emplace(name, std::move(tag));
-      ++executing_;
-    }
+  absl::MutexLock lock(&mu_);
+  if (duplicate || name.empty()) {
+    v1::Operation answer;
+    answer.set_kind(RequestKind(request.op()));
+    MarkFailed(rejected, &answer);
+    AnswerLocked(name, std::move(answer));
+    return;
   }
-  // Outside the lock: OnDone runs the callback at once if the operation is done.
-  if (queued != nullptr) {
-    ctx_.executor.OnDone(op,
-                         [self = shared_from_this(), queued, op] { self->OnExecuted(queued, op); });
-  }
+  // A rejected tag stays known, so that its dependents fail naming it.
+  tags_.emplace(name, std::move(owned));
+  RejectLocked(tag, RequestKind(request.op()), rejected);
+}
+
+void SessionCore::RejectLocked(Tag* tag, v1::OperationKind kind, const absl::Status& error) {
+  v1::Operation answer;
+  answer.set_kind(kind);
+  MarkFailed(error, &answer);
+  AnswerLocked(tag->name, std::move(answer));
+  tag->decided = true;
+  tag->error = error;
 }
 
 absl::StatusOr<BufferHandle> SessionCore::FindTag(absl::string_view name) {
@@ -174,7 +179,6 @@ void SessionCore::DecideLocked(Tag* first) {
     }
     tag->error = OperationError(tag->result);
     tag->decided = true;
-    tag->op.reset();
     tag->deps.clear();
     AnswerLocked(tag->name, std::move(tag->result));
     tag->result.Clear();

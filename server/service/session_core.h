@@ -54,8 +54,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     // The buffer the tag's operation writes. Weak: the registry (named buffers and the
     // session's temporaries) or queued work keeps it alive, not the tag.
     std::weak_ptr<BufferEntry> output;
-    std::shared_ptr<Operation> op;  // until decided
-    std::vector<Tag*> deps;         // until decided
+    std::vector<Tag*> deps;  // until decided
     bool executed = false;
     v1::Operation result;  // once executed, until decided
     bool decided = false;
@@ -75,6 +74,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void Accept(const v1::ChainStep& step);
   absl::StatusOr<BufferHandle> FindTag(absl::string_view tag);
   void OnExecuted(Tag* tag, const std::shared_ptr<Operation>& op);
+  // Answers a known tag whose operation was refused; its dependents fail naming it.
+  void RejectLocked(Tag* tag, v1::OperationKind kind, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers every operation that can be answered now, starting from `tag`: those done
   // whose dependencies are answered.
   void DecideLocked(Tag* tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
