@@ -385,7 +385,7 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
     }
   };
   for (const Access& a : merged) {
-    Hazards& b = hazards_[a.buffer->id];
+    Hazards& b = hazards_[a.buffer.get()];
     add_dep(b.last_writer);
     PopDoneReaders(b);
     if (a.write) {
@@ -430,11 +430,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
 
   Guard guard(*this);
   RETURN_IF_ERROR(cancelled_);
-  const absl::string_view tenant = TenantOfScope(op->scope_);
+  TenantTally& tenant_tally = TenantLocked(op->scope_);
   if (quotas_ != nullptr) {
+    const absl::string_view tenant = TenantOfScope(op->scope_);
     const uint64_t quota = quotas_->For(tenant).operations;
-    auto it = in_flight_by_tenant_.find(tenant);
-    const uint64_t in_flight = it == in_flight_by_tenant_.end() ? 0 : it->second;
+    const uint64_t in_flight = tenant_tally.in_flight;
     if (quota != 0 && in_flight >= quota) {
       return QuotaExceeded(tenant, "operations", quota,
                            absl::StrCat(in_flight, " operations in flight"));
@@ -451,7 +451,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   s->last = op;
   ++s->unfinished;
   ++in_flight_;
-  ++in_flight_by_tenant_[tenant];
+  ++tenant_tally.in_flight;
+  op->tenant_ = &tenant_tally;
   operations_.emplace(st.id, op);
   if (spec.on_done != nullptr) {
     // The operation holds itself through this until it is done: on_done_ is emptied then.
@@ -465,7 +466,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
 
 void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers) {
   for (const BufferHandle& buffer : buffers) {
-    auto it = hazards_.find(buffer->id);
+    auto it = hazards_.find(buffer.get());
     if (it == hazards_.end()) continue;
     Hazards& h = it->second;
     PopDoneReaders(h);
@@ -731,7 +732,7 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   if (!status.ok()) st.result = OpResult{};
 
   for (KindStats* k : {&stats_[static_cast<int>(st.kind)],
-                       &tenant_stats_[TenantOfScope(op->scope_)][static_cast<int>(st.kind)]}) {
+                       &op->tenant_->stats[static_cast<int>(st.kind)]}) {
     ++k->count;
     k->failed += !status.ok();
     k->device_seconds += device_seconds;
@@ -756,18 +757,17 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   if (op->end_event_ != nullptr) dropped_.push_back(std::move(op->end_event_));
   if (!op->stream_state_->pending.empty()) PumpLocked(op->stream_state_);
 
-  finished_order_.push_back(st.id);
+  finished_order_.push_back(op.get());
   retained_value_bytes_ += st.result.values.size();
   while (finished_order_.size() > kRetainedOperations ||
          retained_value_bytes_ > kRetainedValueBytes) {
-    auto oldest = operations_.find(finished_order_.front());
+    auto oldest = operations_.find(finished_order_.front()->id());
     retained_value_bytes_ -= oldest->second->status_.result.values.size();
     dropped_.push_back(std::move(oldest->second));
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
-  auto tenant_in_flight = in_flight_by_tenant_.find(TenantOfScope(op->scope_));
-  if (--tenant_in_flight->second == 0) in_flight_by_tenant_.erase(tenant_in_flight);
+  --op->tenant_->in_flight;
   --in_flight_;  // the destructor's LockWhen sees it reach zero
 }
 
@@ -850,12 +850,19 @@ void Executor::Release(const std::shared_ptr<HostAccess>& access) {
   NotifyLocked(*access);
 }
 
+TenantTally& Executor::TenantLocked(absl::string_view scope) {
+  const absl::string_view tenant = TenantOfScope(scope);
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) it = tenants_.emplace(std::string(tenant), TenantTally{}).first;
+  return it->second;
+}
+
 Stream& Executor::TransferStream(int device) { return *transfer_streams_.at(device); }
 
 void Executor::RecordTransfer(absl::string_view scope, OperationKind kind, uint64_t bytes) {
   Guard guard(*this);
   for (KindStats* k : {&stats_[static_cast<int>(kind)],
-                       &tenant_stats_[TenantOfScope(scope)][static_cast<int>(kind)]}) {
+                       &TenantLocked(scope).stats[static_cast<int>(kind)]}) {
     ++k->count;
     if (kind == OperationKind::kUpload) {
       k->bytes_written += bytes;
@@ -869,7 +876,7 @@ void Executor::RecordFailedTransfer(absl::string_view scope, OperationKind kind,
                                     const absl::Status& error) {
   Guard guard(*this);
   for (KindStats* k : {&stats_[static_cast<int>(kind)],
-                       &tenant_stats_[TenantOfScope(scope)][static_cast<int>(kind)]}) {
+                       &TenantLocked(scope).stats[static_cast<int>(kind)]}) {
     ++k->count;
     ++k->failed;
     if (error.code() == absl::StatusCode::kCancelled) ++k->cancelled;
@@ -880,8 +887,8 @@ void Executor::RecordFailedTransfer(absl::string_view scope, OperationKind kind,
 std::array<KindStats, kNumOperationKinds> Executor::Stats(std::optional<absl::string_view> tenant) {
   Guard guard(*this);
   if (!tenant.has_value()) return stats_;
-  auto it = tenant_stats_.find(*tenant);
-  return it == tenant_stats_.end() ? std::array<KindStats, kNumOperationKinds>{} : it->second;
+  auto it = tenants_.find(*tenant);
+  return it == tenants_.end() ? std::array<KindStats, kNumOperationKinds>{} : it->second.stats;
 }
 
 }  // namespace gpucompute

@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -100,6 +101,7 @@ struct OpResult {
 
 struct StreamState;
 struct QueuedLaunch;
+struct TenantTally;
 
 // A node in the dependency graph: an operation or a host access. Its fields belong to
 // the Executor and are read and written only under the executor's mutex (which the
@@ -149,6 +151,7 @@ class Operation final : public Work {
   // that see it set read status_ without the executor's mutex.
   std::atomic<bool> final_{false};
   std::string scope_;  // of the client that submitted it (server/auth.h)
+  TenantTally* tenant_ = nullptr;  // set at submission
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
@@ -197,6 +200,12 @@ struct KindStats {
   // off, and those that timed out waiting for the client.
   uint64_t cancelled = 0;
   uint64_t timed_out = 0;
+};
+
+// A tenant's operations in flight (for its quota) and its statistics: the Executor's.
+struct TenantTally {
+  uint64_t in_flight = 0;
+  std::array<KindStats, kNumOperationKinds> stats{};
 };
 
 class Executor {
@@ -339,6 +348,9 @@ class Executor {
   // The hazard state of one buffer: the last work that writes it, and the work
   // reading it since. Kept here, under the executor's mutex, keyed by buffer id; an
   // entry goes once all of its work is done.
+  // Under the mutex: the tenant of `scope`, made on first use.
+  TenantTally& TenantLocked(absl::string_view scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Hazards {
     std::shared_ptr<Work> last_writer;
     // Oldest first. Done readers leave from the front (PopDoneReaders): work finishes
@@ -417,17 +429,19 @@ class Executor {
   absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // operations submitted and not done
   int launchers_ ABSL_GUARDED_BY(mu_) = 0;       // threads in LaunchQueued
-  absl::flat_hash_map<std::string, uint64_t> in_flight_by_tenant_ ABSL_GUARDED_BY(mu_);
   // Set by CancelQueued: what queued and later operations fail with.
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   // (client, device) -> default stream id.
   absl::flat_hash_map<std::string, std::string> default_streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);  // for retention
+  // For retention, oldest first; each is in operations_, which keeps it alive.
+  std::deque<const Operation*> finished_order_ ABSL_GUARDED_BY(mu_);
   size_t retained_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Buffer id -> its hazard state, for buffers with work not yet done.
-  absl::flat_hash_map<std::string, Hazards> hazards_ ABSL_GUARDED_BY(mu_);
+  // Keyed by the buffer itself: an entry lives only while work of its own, which holds
+  // the buffer, is not done, so no other buffer can have its address meanwhile.
+  absl::flat_hash_map<const BufferEntry*, Hazards> hazards_ ABSL_GUARDED_BY(mu_);
   // Backend streams of forgotten StreamStates, whose work is done. The reaper destroys
   // them: never on their own thread (a CPU stream joins its thread), never in a CUDA
   // callback, and soon, since each may hold a thread.
@@ -441,8 +455,8 @@ class Executor {
   std::vector<std::shared_ptr<Operation>> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> dropped_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
-  absl::flat_hash_map<std::string, std::array<KindStats, kNumOperationKinds>> tenant_stats_
-      ABSL_GUARDED_BY(mu_);
+  // Per tenant, never erased; nodes, so that an operation may keep a pointer to its own.
+  absl::node_hash_map<std::string, TenantTally> tenants_ ABSL_GUARDED_BY(mu_);
   // Set before any work is submitted, then only read.
   OperationObserver* observer_ = nullptr;
   const Quotas* quotas_ = nullptr;
