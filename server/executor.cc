@@ -1,6 +1,7 @@
 #include "server/executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -121,6 +122,9 @@ class ABSL_SCOPED_LOCKABLE Executor::Guard {
     // The executor may be gone once the mutex is released; the observer outlives it.
     OperationObserver* const observer = e_.observer_;
     e_.mu_.Unlock();
+    // First, so that a caller told of a completion finds the memory of the buffers only
+    // that work still held already released.
+    dropped.clear();
     // Final statuses, which nothing changes any more.
     if (observer != nullptr) {
       for (const auto& op : completed) observer->OnCompleted(op->status_);
@@ -800,6 +804,13 @@ OperationStatus Executor::GetStatus(const Operation& op) {
   if (op.start_event_ == nullptr || !op.start_event_->IsComplete())
     copy.state = OperationStatus::State::kQueued;
   return copy;
+}
+
+const OperationStatus& Executor::FinalStatus(const Operation& op) {
+  // Acquire: pairs with CompleteLocked's release, for callers that learned of the
+  // completion other than through the mutex.
+  if (!op.final_.load(std::memory_order_acquire)) std::abort();  // a caller's bug
+  return op.status_;
 }
 
 void Executor::OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn) {

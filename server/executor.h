@@ -293,6 +293,9 @@ class Executor {
   absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view client,
                                                            absl::string_view id);
   OperationStatus GetStatus(const Operation& op);
+  // The status of an operation known to be done (in a callback of OnDone or of
+  // OpSpec::on_done), read in place: it never changes again. Aborts if it is not done.
+  static const OperationStatus& FinalStatus(const Operation& op);
   // Runs fn once the operation is done: at once, on this thread, if it already is.
   void OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<void() &&> fn);
 

@@ -128,7 +128,7 @@ struct ChainRun {
         v1::ChainStepResult* result = response->add_steps();
         result->set_tag(step.tag);
         v1::Operation* op = result->mutable_operation();
-        ToProto(ctx.executor.GetStatus(*ops[i]), op);
+        ToProto(Executor::FinalStatus(*ops[i]), op);
         for (size_t d : step.deps) {
           if (errors[d].ok()) continue;
           MarkFailed(FailedDependencyError(steps[d].tag, errors[d]), op);

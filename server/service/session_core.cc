@@ -147,7 +147,7 @@ absl::StatusOr<BufferHandle> SessionCore::FindTag(absl::string_view name) {
 
 void SessionCore::OnExecuted(Tag* tag, const std::shared_ptr<Operation>& op) {
   v1::Operation result;
-  ToProto(ctx_.executor.GetStatus(*op), &result);
+  ToProto(Executor::FinalStatus(*op), &result);
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
