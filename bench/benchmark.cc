@@ -78,6 +78,9 @@
 //              server starts: the same operation between two events, completed on its
 //              end event, 64 in flight on each of as many streams as clients, with no
 //              executor, RPC or client
+//    CPU       after the table, per throughput row: the CPU seconds its threads used,
+//              by thread name (from /proc); a name whose threads each used near a whole
+//              core is where that row waited
 //    p50 ms    Submit(wait) and a session's submit-and-wait, each timed alternately with
 //              GetServerInfo (the no-op); vs no-op is the ratio of the p50s
 //    chain     RunChain of 100 steps, each the last one's output + 1 (temporaries): the
@@ -96,7 +99,10 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <future>
 #include <latch>
 #include <limits>
@@ -110,6 +116,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -1124,10 +1132,80 @@ absl::StatusOr<double> BackendOpsPerSecond(Backend& backend, int streams, int ea
   return streams * each / wall;
 }
 
+// CPU seconds of this process's threads, for a breakdown of where a row's time went:
+// per thread id, its name and utime + stime (/proc/self/task); and the whole process's.
+struct ThreadCpu {
+  std::map<int, std::pair<std::string, double>> threads;
+  double process = 0;
+};
+
+double TicksToSeconds(const std::string& stat, int first_field) {
+  // Fields after the name, which is in parentheses and may hold blanks.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+  // utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
+  const size_t at = static_cast<size_t>(first_field - 3);
+  double utime = 0, stime = 0;
+  if (fields.size() <= at + 1 || !absl::SimpleAtod(fields[at], &utime) ||
+      !absl::SimpleAtod(fields[at + 1], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+ThreadCpu SampleThreadCpu() {
+  ThreadCpu cpu;
+  cpu.process = TicksToSeconds(ReadSmallFile("/proc/self/stat"), 14);
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    int tid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
+    const std::string dir = entry.path().string();
+    cpu.threads[tid] = {ReadSmallFile(dir + "/comm"), TicksToSeconds(ReadSmallFile(dir + "/stat"), 14)};
+  }
+  return cpu;
+}
+
+// "name xN: S s (F of a core each)" for each thread name alive at the end, busiest
+// first, then the rest of the process (threads that ended meanwhile: a row's clients).
+std::string ThreadCpuSummary(const ThreadCpu& before, const ThreadCpu& after, double wall) {
+  std::map<std::string, std::pair<int, double>> by_name;
+  double named = 0;
+  for (const auto& [tid, thread] : after.threads) {
+    auto it = before.threads.find(tid);
+    const double used = thread.second - (it == before.threads.end() ? 0 : it->second.second);
+    auto& [count, seconds] = by_name[thread.first];
+    ++count;
+    seconds += used;
+    named += used;
+  }
+  std::vector<std::pair<std::string, std::pair<int, double>>> sorted(by_name.begin(), by_name.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::vector<std::string> parts;
+  for (const auto& [name, usage] : sorted) {
+    if (usage.second < 0.01 * wall) continue;
+    parts.push_back(absl::StrFormat("%s x%d %.2f s (%.2f each)", name, usage.first, usage.second,
+                                    usage.second / usage.first / wall));
+  }
+  parts.push_back(absl::StrFormat("threads that ended %.2f s",
+                                  std::max(0.0, after.process - before.process - named)));
+  return absl::StrCat("wall ", absl::StrFormat("%.2f", wall), " s; CPU: ", absl::StrJoin(parts, ", "));
+}
+
 // Operations per second through one session per client, `clients` clients on threads of
 // their own sending `total` operations in all, from the first submission to the last
 // answer.
-absl::StatusOr<double> SessionOpsPerSecond(const Server& server, int clients, int total) {
+absl::StatusOr<double> SessionOpsPerSecond(const Server& server, int clients, int total,
+                                           std::string* thread_cpu) {
   std::vector<std::unique_ptr<Client>> connected;
   for (int i = 0; i < clients; ++i) {
     ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
@@ -1156,10 +1234,12 @@ absl::StatusOr<double> SessionOpsPerSecond(const Server& server, int clients, in
       }
     });
   }
+  const ThreadCpu cpu_before = SampleThreadCpu();
   const Clock::time_point start = Clock::now();
   go.count_down();
   for (std::thread& t : threads) t.join();
   const double wall = SecondsSince(start);
+  *thread_cpu = ThreadCpuSummary(cpu_before, SampleThreadCpu(), wall);
   for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
   for (const auto& client : connected) RETURN_IF_ERROR(DeleteSmall(*client));
   return clients * each / wall;
@@ -1279,8 +1359,10 @@ absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings
                          const Server& server) {
   const int total = options.session_ops;
   std::vector<double> throughput;
+  std::vector<std::string> thread_cpu;
   for (int clients : options.session_clients) {
-    ASSIGN_OR_RETURN(double ops, SessionOpsPerSecond(server, clients, total));
+    ASSIGN_OR_RETURN(double ops, SessionOpsPerSecond(server, clients, total,
+                                                     &thread_cpu.emplace_back()));
     throughput.push_back(ops);
   }
   ASSIGN_OR_RETURN(double async, AsyncOpsPerSecond(server, std::min(total, 5000)));
@@ -1349,6 +1431,11 @@ absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings
   table.Print(absl::StrCat("sessions: x + 1 on ", kSmallN, " float32 values; ", total,
                            " operations per throughput row, ", options.samples,
                            " alternating samples per latency row"));
+  // Where each throughput row's CPU went, by thread name: a thread class near one core
+  // each is the row's bottleneck.
+  for (size_t i = 0; i < options.session_clients.size(); ++i) {
+    std::printf("%d client(s): %s\n", options.session_clients[i], thread_cpu[i].c_str());
+  }
   return absl::OkStatus();
 }
 
