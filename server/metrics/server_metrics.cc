@@ -41,7 +41,8 @@ ServerMetrics::ServerMetrics(ServiceContext& ctx, Options options) : ctx_(ctx) {
     device_seconds_[k] = std::make_unique<Histogram>(DecadeBounds(-5, 2));
     latency_seconds_[k] = std::make_unique<Histogram>(DecadeBounds(-4, 2));
   }
-  load_.resize(ctx_.backend.devices().size());
+  devices_ = ctx_.backend.devices().size();
+  load_ = std::make_unique<DeviceLoad[]>(devices_);
   gpus_ = ctx_.backend.name() == "cuda" || options.nvml_on_any_backend;
   if (gpus_ && !options.nvml_library.empty()) {
     nvml_ = Nvml::Load(options.nvml_library, &nvml_error_);
@@ -62,22 +63,21 @@ absl::Status ServerMetrics::Serve(const std::string& listen) {
 void ServerMetrics::StopServing() { http_.reset(); }
 
 void ServerMetrics::OnSubmitted(const OperationStatus& op) {
-  std::lock_guard lock(mu_);
-  if (op.device >= 0 && op.device < static_cast<int>(load_.size())) ++load_[op.device].queued;
+  if (op.device >= 0 && static_cast<size_t>(op.device) < devices_) {
+    load_[op.device].queued.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void ServerMetrics::OnDispatched(const OperationStatus& op) {
-  std::lock_guard lock(mu_);
-  if (op.device >= 0 && op.device < static_cast<int>(load_.size())) {
-    --load_[op.device].queued;
-    ++load_[op.device].running;
+  if (op.device >= 0 && static_cast<size_t>(op.device) < devices_) {
+    load_[op.device].queued.fetch_sub(1, std::memory_order_relaxed);
+    load_[op.device].running.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 void ServerMetrics::OnCompleted(const OperationStatus& op) {
-  {
-    std::lock_guard lock(mu_);
-    if (op.device >= 0 && op.device < static_cast<int>(load_.size())) --load_[op.device].running;
+  if (op.device >= 0 && static_cast<size_t>(op.device) < devices_) {
+    load_[op.device].running.fetch_sub(1, std::memory_order_relaxed);
   }
   if (op.state != OperationStatus::State::kSucceeded) return;
   const int k = static_cast<int>(op.kind);
@@ -166,14 +166,11 @@ void ServerMetrics::CollectOperations(std::vector<Family>& out) {
            "Operations handed to the device and not finished (on a busy device, some wait "
            "there behind others).",
            MetricType::kGauge);
-  {
-    std::lock_guard lock(mu_);
-    for (size_t d = 0; d < load_.size(); ++d) {
-      queued.samples.push_back(
-          {{{"device", absl::StrCat(d)}}, static_cast<double>(load_[d].queued)});
-      running.samples.push_back(
-          {{{"device", absl::StrCat(d)}}, static_cast<double>(load_[d].running)});
-    }
+  for (size_t d = 0; d < devices_; ++d) {
+    queued.samples.push_back(
+        {{{"device", absl::StrCat(d)}}, static_cast<double>(load_[d].queued.load())});
+    running.samples.push_back(
+        {{{"device", absl::StrCat(d)}}, static_cast<double>(load_[d].running.load())});
   }
   out.push_back(std::move(queued));
   out.push_back(std::move(running));

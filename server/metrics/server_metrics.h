@@ -27,8 +27,8 @@
 #define GPUCOMPUTE_SERVER_METRICS_SERVER_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -72,9 +72,11 @@ class ServerMetrics final : public OperationObserver {
   void OnCompleted(const OperationStatus& op) override;
 
  private:
+  // Counted from the executor's threads as operations move, with no lock: OnSubmitted
+  // and OnDispatched are called under the executor's mutex, which must not wait here.
   struct DeviceLoad {
-    int64_t queued = 0;
-    int64_t running = 0;
+    std::atomic<int64_t> queued{0};
+    std::atomic<int64_t> running{0};
   };
 
   void CollectOperations(std::vector<Family>& out);
@@ -85,8 +87,8 @@ class ServerMetrics final : public OperationObserver {
   ServiceContext& ctx_;
   std::array<std::unique_ptr<Histogram>, kNumOperationKinds> device_seconds_;
   std::array<std::unique_ptr<Histogram>, kNumOperationKinds> latency_seconds_;
-  std::mutex mu_;
-  std::vector<DeviceLoad> load_;  // by device; guarded by mu_
+  std::unique_ptr<DeviceLoad[]> load_;  // by device
+  size_t devices_ = 0;
   bool gpus_ = false;             // whether the gpucompute_nvml_up and gpu series are exported
   std::unique_ptr<Nvml> nvml_;
   std::string nvml_error_;
