@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "server/auth.h"
 #include "server/ids.h"
@@ -431,6 +432,25 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   op->range_name_ = RangeName(spec.kind, spec.accesses);
   op->buffers_.reserve(spec.accesses.size());
   for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
+  // Its own completion callback holds it until it is done, when on_done_ is emptied;
+  // made here, and registered only if the submission is accepted.
+  absl::AnyInvocable<void() &&> on_done;
+  if (spec.on_done != nullptr) {
+    on_done = [op, fn = std::move(spec.on_done)]() mutable { std::move(fn)(op); };
+    op->on_done_.reserve(1);
+  }
+  // Listed before the mutex is taken, and unlisted after it is released should the
+  // submission be refused: the table of operations has a lock of its own.
+  {
+    absl::MutexLock lock(&ops_mu_);
+    operations_.emplace(st.id, op);
+  }
+  bool accepted = false;
+  absl::Cleanup unlist = [&] {
+    if (accepted) return;
+    absl::MutexLock lock(&ops_mu_);
+    operations_.erase(st.id);
+  };
 
   Guard guard(*this);
   RETURN_IF_ERROR(cancelled_);
@@ -457,12 +477,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   ++in_flight_;
   ++tenant_tally.in_flight;
   op->tenant_ = &tenant_tally;
-  operations_.emplace(st.id, op);
-  if (spec.on_done != nullptr) {
-    // The operation holds itself through this until it is done: on_done_ is emptied then.
-    op->on_done_.push_back(
-        [op, fn = std::move(spec.on_done)]() mutable { std::move(fn)(op); });
-  }
+  if (on_done != nullptr) op->on_done_.push_back(std::move(on_done));
+  accepted = true;
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
   return op;
@@ -761,6 +777,7 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   if (op->end_event_ != nullptr) dropped_.push_back(std::move(op->end_event_));
   if (!op->stream_state_->pending.empty()) PumpLocked(op->stream_state_);
 
+  absl::MutexLock ops_lock(&ops_mu_);  // inside mu_, never the other way round
   finished_order_.push_back(op.get());
   retained_value_bytes_ += st.result.values.size();
   while (finished_order_.size() > kRetainedOperations ||
@@ -783,7 +800,7 @@ void Executor::NotifyLocked(Work& work) {
 
 absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view client,
                                                                    absl::string_view id) {
-  Guard guard(*this);
+  absl::MutexLock lock(&ops_mu_);
   auto it = operations_.find(id);
   if (it == operations_.end() || !SameTenant(it->second->scope_, client)) {
     return absl::NotFoundError(absl::StrCat("operation ", id,

@@ -437,10 +437,15 @@ class Executor {
   absl::flat_hash_map<std::string, std::shared_ptr<StreamState>> streams_ ABSL_GUARDED_BY(mu_);
   // (client, device) -> default stream id.
   absl::flat_hash_map<std::string, std::string> default_streams_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_ ABSL_GUARDED_BY(mu_);
+  // The operations that can be found by id: those in flight and the last finished ones.
+  // A lock of their own, so that listing a submission and finding an operation do not
+  // wait for the executor's mutex; taken inside mu_ where both are needed.
+  absl::Mutex ops_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Operation>> operations_
+      ABSL_GUARDED_BY(ops_mu_);
   // For retention, oldest first; each is in operations_, which keeps it alive.
-  std::deque<const Operation*> finished_order_ ABSL_GUARDED_BY(mu_);
-  size_t retained_value_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<const Operation*> finished_order_ ABSL_GUARDED_BY(ops_mu_);
+  size_t retained_value_bytes_ ABSL_GUARDED_BY(ops_mu_) = 0;
   // Buffer id -> its hazard state, for buffers with work not yet done.
   // Keyed by the buffer itself: an entry lives only while work of its own, which holds
   // the buffer, is not done, so no other buffer can have its address meanwhile.
