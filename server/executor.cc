@@ -130,6 +130,9 @@ class ABSL_SCOPED_LOCKABLE Executor::Guard {
     if (observer != nullptr) {
       for (const auto& op : completed) observer->OnCompleted(op->status_);
     }
+    for (const auto& op : completed) {
+      if (op->own_done_ != nullptr) std::move(op->own_done_)(op);
+    }
     for (auto& fn : run) std::move(fn)();
   }
 
@@ -406,54 +409,78 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
 absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view client,
                                                             absl::string_view stream_id,
                                                             OpSpec spec) {
-  int device = spec.accesses.empty() ? default_device_ : spec.accesses.front().buffer->device;
-  for (const Access& a : spec.accesses) {
-    if (a.buffer->device != device) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ", a.buffer->id,
-                       " are on different devices (", device, " and ", a.buffer->device,
-                       "); an operation runs on one device"));
+  SubmitItem item{stream_id, &spec};
+  Submitted result = SubmitAll(client, std::span<SubmitItem>(&item, 1));
+  if (!result.refused.ok()) return result.refused;
+  return std::move(result.operations.front());
+}
+
+Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<SubmitItem> items) {
+  Submitted result;
+  // Everything that does not depend on the executor's state is made before its lock:
+  // the operations of the items up to the first whose buffers are on two devices.
+  std::vector<std::shared_ptr<Operation>> ops;
+  ops.reserve(items.size());
+  for (const SubmitItem& item : items) {
+    const OpSpec& spec = *item.spec;
+    const int device =
+        spec.accesses.empty() ? default_device_ : spec.accesses.front().buffer->device;
+    for (const Access& a : spec.accesses) {
+      if (a.buffer->device != device) {
+        result.refused = absl::InvalidArgumentError(
+            absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ", a.buffer->id,
+                         " are on different devices (", device, " and ", a.buffer->device,
+                         "); an operation runs on one device"));
+        break;
+      }
     }
+    if (!result.refused.ok()) break;
+    auto op = std::make_shared<Operation>();
+    OperationStatus& st = op->status_;
+    st.id = NewId("op-");
+    op->scope_ = std::string(client);
+    st.kind = spec.kind;
+    st.device = device;
+    st.timing.bytes_read = spec.bytes_read;
+    st.timing.bytes_written = spec.bytes_written;
+    st.timing.flops = spec.flops;
+    st.timing.compile_seconds = spec.compile_seconds;
+    op->capturable_ = spec.capturable;
+    op->range_name_ = RangeName(spec.kind, spec.accesses);
+    op->buffers_.reserve(spec.accesses.size());
+    for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
+    ops.push_back(std::move(op));
   }
-  // Everything that does not depend on the executor's state is made before its lock.
-  auto op = std::make_shared<Operation>();
-  OperationStatus& st = op->status_;
-  st.id = NewId("op-");
-  op->scope_ = std::string(client);
-  st.kind = spec.kind;
-  st.device = device;
-  st.timing.bytes_read = spec.bytes_read;
-  st.timing.bytes_written = spec.bytes_written;
-  st.timing.flops = spec.flops;
-  st.timing.compile_seconds = spec.compile_seconds;
-  st.outputs = std::move(spec.outputs);
-  op->launch_ = std::move(spec.launch);
-  op->capturable_ = spec.capturable;
-  op->range_name_ = RangeName(spec.kind, spec.accesses);
-  op->buffers_.reserve(spec.accesses.size());
-  for (const Access& a : spec.accesses) op->buffers_.push_back(a.buffer);
-  // Its own completion callback holds it until it is done, when on_done_ is emptied;
-  // made here, and registered only if the submission is accepted.
-  absl::AnyInvocable<void() &&> on_done;
-  if (spec.on_done != nullptr) {
-    on_done = [op, fn = std::move(spec.on_done)]() mutable { std::move(fn)(op); };
-    op->on_done_.reserve(1);
-  }
-  // Listed before the mutex is taken, and unlisted after it is released should the
-  // submission be refused: the table of operations has a lock of its own.
+  // Listed before the mutex is taken, and those not submitted unlisted after it is
+  // released: the table of operations has a lock of its own.
   {
     absl::MutexLock lock(&ops_mu_);
-    operations_.emplace(st.id, op);
+    for (const auto& op : ops) operations_.emplace(op->status_.id, op);
   }
-  bool accepted = false;
   absl::Cleanup unlist = [&] {
-    if (accepted) return;
+    if (result.operations.size() == ops.size()) return;
     absl::MutexLock lock(&ops_mu_);
-    operations_.erase(st.id);
+    for (size_t i = result.operations.size(); i < ops.size(); ++i) {
+      operations_.erase(ops[i]->status_.id);
+    }
   };
 
   Guard guard(*this);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    absl::Status refused = SubmitLocked(client, items[i], ops[i]);
+    if (!refused.ok()) {
+      result.refused = std::move(refused);
+      break;
+    }
+    result.operations.push_back(ops[i]);
+  }
+  return result;
+}
+
+absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& item,
+                                    const std::shared_ptr<Operation>& op) {
   RETURN_IF_ERROR(cancelled_);
+  OperationStatus& st = op->status_;
   TenantTally& tenant_tally = TenantLocked(op->scope_);
   if (quotas_ != nullptr) {
     const absl::string_view tenant = TenantOfScope(op->scope_);
@@ -464,7 +491,13 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
                            absl::StrCat(in_flight, " operations in flight"));
     }
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s, ResolveStreamLocked(client, stream_id, device));
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s,
+                   ResolveStreamLocked(client, item.stream_id, st.device));
+  // Accepted: the spec is taken.
+  OpSpec& spec = *item.spec;
+  st.outputs = std::move(spec.outputs);
+  op->launch_ = std::move(spec.launch);
+  op->own_done_ = std::move(spec.on_done);
   st.stream_id = s->id;
   op->stream_ = s.get();
   op->stream_state_ = s;
@@ -477,11 +510,9 @@ absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view cl
   ++in_flight_;
   ++tenant_tally.in_flight;
   op->tenant_ = &tenant_tally;
-  if (on_done != nullptr) op->on_done_.push_back(std::move(on_done));
-  accepted = true;
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
-  return op;
+  return absl::OkStatus();
 }
 
 void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buffers) {
@@ -762,7 +793,7 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   }
   // The status is final: GetStatus may read it without the lock from here on.
   op->final_.store(true, std::memory_order_release);
-  if (observer_ != nullptr) completed_.push_back(op);
+  if (observer_ != nullptr || op->own_done_ != nullptr) completed_.push_back(op);
 
   op->phase_ = Work::Phase::kDone;
   ForgetFinishedHazardsLocked(op->buffers_);

@@ -161,6 +161,8 @@ class Operation final : public Work {
   Clock::time_point submit_time_;
   std::shared_ptr<Event> start_event_;
   std::vector<absl::AnyInvocable<void() &&>> on_done_;
+  // OpSpec::on_done, run once it is done, after the mutex is released (see Guard).
+  absl::AnyInvocable<void(const std::shared_ptr<Operation>&) &&> own_done_;
 };
 
 class HostAccess final : public Work {
@@ -290,6 +292,20 @@ class Executor {
   // device.
   absl::StatusOr<std::shared_ptr<Operation>> Submit(absl::string_view client,
                                                     absl::string_view stream_id, OpSpec spec);
+  // Several submissions of one client under one hold of the mutex, in order, as
+  // Submit one after another would queue them; they stop at the first refused. A spec is
+  // taken only if its submission is accepted.
+  struct SubmitItem {
+    absl::string_view stream_id;
+    OpSpec* spec = nullptr;
+  };
+  struct Submitted {
+    std::vector<std::shared_ptr<Operation>> operations;  // of the first items, in order
+    // Why item operations.size() was refused, if one was; the items after it are
+    // untouched.
+    absl::Status refused;
+  };
+  Submitted SubmitAll(absl::string_view client, std::span<SubmitItem> items);
   absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view client,
                                                            absl::string_view id);
   OperationStatus GetStatus(const Operation& op);
@@ -373,6 +389,10 @@ class Executor {
   absl::StatusOr<std::shared_ptr<StreamState>> ResolveStreamLocked(absl::string_view client,
                                                                    absl::string_view stream_id,
                                                                    int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `op`, made for `item` and listed, or says why it may not be.
+  absl::Status SubmitLocked(absl::string_view client, const SubmitItem& item,
+                            const std::shared_ptr<Operation>& op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the hazards of `accesses` to work's dependencies and records work as the
   // buffers' newest reader or writer.

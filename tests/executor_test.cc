@@ -125,6 +125,47 @@ TEST_F(ExecutorTest, OneStreamRunsInOrder) {
   EXPECT_EQ(At(b, 999), 20);
 }
 
+TEST_F(ExecutorTest, SubmitAllQueuesInOrderAndStopsAtTheFirstRefused) {
+  BufferHandle x = NewBuffer(8);
+  BufferHandle y = NewBuffer(8);
+  const std::string s = NewStream();
+  // A copy of x into y, then a write of y, then one on a stream that does not exist,
+  // then one that is never looked at.
+  std::vector<Executor::OpSpec> specs;
+  specs.push_back(Write("x1", x, 1));
+  specs.push_back(CopyOp("copy", x, y));
+  specs.push_back(Write("y2", y, 2));
+  specs.push_back(Write("never", x, 9));
+  int done = 0;
+  for (Executor::OpSpec& spec : specs) {
+    spec.on_done = [&done](const std::shared_ptr<Operation>& op) {
+      EXPECT_TRUE(Executor::FinalStatus(*op).done());
+      ++done;
+    };
+  }
+  std::vector<Executor::SubmitItem> items = {
+      {s, &specs[0]}, {s, &specs[1]}, {"str-missing", &specs[2]}, {s, &specs[3]}};
+  Executor::Submitted submitted = executor_->SubmitAll("c", items);
+  ASSERT_EQ(submitted.operations.size(), 2u);
+  EXPECT_EQ(submitted.refused.code(), absl::StatusCode::kNotFound) << submitted.refused;
+  // The refused and the later items keep their specs; the accepted ones gave theirs.
+  EXPECT_NE(specs[2].launch, nullptr);
+  EXPECT_NE(specs[2].on_done, nullptr);
+  EXPECT_NE(specs[3].launch, nullptr);
+  EXPECT_EQ(specs[0].launch, nullptr);
+  EXPECT_EQ(specs[1].on_done, nullptr);
+  // Neither the refused item nor the one after it can be found; the queued ones can.
+  for (const auto& op : submitted.operations) {
+    EXPECT_OK(executor_->FindOperation("c", op->id()));
+    EXPECT_EQ(op->stream_id(), s);
+  }
+  backend_.RunUntilIdle();
+  EXPECT_EQ(backend_.started_order(), (std::vector<std::string>{"x1", "copy"}));
+  EXPECT_EQ(At(y, 7), 1);
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(executor_->ListStreams("c").front().pending_operations, 0u);
+}
+
 TEST_F(ExecutorTest, ReadAfterWriteAcrossStreams) {
   BufferHandle x = NewBuffer(1 << 16);
   BufferHandle y = NewBuffer(1 << 16);
