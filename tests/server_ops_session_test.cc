@@ -278,6 +278,45 @@ TEST_F(SessionTest, OneRequestCarriesManyOperationsThatFeedEachOther) {
   EXPECT_EQ(list.buffers_size(), 2);
 }
 
+TEST_F(SessionTest, AnOperationRefusedAtQueueingFailsItsDependentsInTheSameRequest) {
+  // One request: a's operation is queued with the ones after it; bad's names a stream
+  // that does not exist, so it is refused when queued; dep depends on it; m creates a
+  // named buffer, which "after" finds by name in the same request.
+  ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3, 4}, {}, v1::LAYOUT_C, "x"));
+  RawSession raw(c());
+  v1::SessionRequest request;
+  AddOp(&request, "a", Elementwise("x * 2", {{"x", BufferOperand("x")}}));
+  v1::SubmitRequest bad = Elementwise("x + 1", {{"x", BufferOperand("x")}});
+  bad.set_stream_id("str-missing");
+  AddOp(&request, "bad", std::move(bad));
+  AddOp(&request, "dep", Elementwise("b * 2", {{"b", Tagged("bad")}}));
+  AddOp(&request, "m", Elementwise("a + x", {{"a", Tagged("a")}, {"x", BufferOperand("x")}},
+                                   NewOutput("m")));
+  AddOp(&request, "after", Reduce(v1::REDUCE_KIND_SUM, "m"));
+  AddOp(&request, "sum", Reduce(v1::REDUCE_KIND_SUM, TagRef("a")));
+  ASSERT_TRUE(raw.Write(request));
+  std::map<std::string, v1::Operation> answers = raw.Read(6);
+  ASSERT_EQ(answers.size(), 6u);
+  EXPECT_EQ(answers["bad"].error_code(), static_cast<int>(absl::StatusCode::kNotFound));
+  ExpectContains(answers["bad"].error_message(), "str-missing");
+  EXPECT_EQ(answers["dep"].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  ExpectContains(answers["dep"].error_message(), "tag 'bad'");
+  for (const char* tag : {"a", "m", "after", "sum"}) {
+    EXPECT_EQ(answers[tag].state(), v1::Operation::STATE_SUCCEEDED)
+        << tag << ": " << answers[tag].error_message();
+  }
+  ASSERT_EQ(answers["after"].values_size(), 1);
+  EXPECT_EQ(answers["after"].values(0).float_value(), 30.0);  // 3 * (1 + 2 + 3 + 4)
+  ASSERT_EQ(answers["sum"].values_size(), 1);
+  EXPECT_EQ(answers["sum"].values(0).float_value(), 20.0);
+  EXPECT_OK(FromGrpcStatus(raw.Finish()));
+  // Of the new buffers only the named one stays.
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  ASSERT_EQ(list.buffers_size(), 2);
+  ASSIGN_OR_FAIL(std::vector<double> m, DownloadArray<double>(c(), "m"));
+  EXPECT_EQ(m, (std::vector<double>{3, 6, 9, 12}));
+}
+
 TEST_F(SessionTest, ARequestOverTheInFlightBoundEndsTheSessionAndRunsNoneOfIt) {
   ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
   ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());

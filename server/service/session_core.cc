@@ -37,6 +37,7 @@ void SessionCore::OnReadDone(bool ok) {
       if (absl::MutexLock lock(&mu_); StoppedLocked()) break;
       Accept(step);
     }
+    SubmitAccepted();
   }
   request_.Clear();
   Actions actions;
@@ -90,22 +91,22 @@ void SessionCore::Accept(const v1::ChainStep& request) {
         tags_.emplace(name, std::move(owned));
         ++executing_;
       }
-      std::string temporary;
-      if (plan->created != nullptr && plan->created->name.empty()) temporary = plan->created->id;
       plan->spec.on_done = [self = shared_from_this(), tag](const std::shared_ptr<Operation>& op) {
         self->OnExecuted(tag, op);
       };
-      absl::StatusOr<std::shared_ptr<Operation>> queued =
-          SubmitPlan(ctx_, client_, request.op().stream_id(), *std::move(plan));
-      absl::MutexLock lock(&mu_);
-      if (queued.ok()) {
-        if (!temporary.empty()) temporaries_.push_back(std::move(temporary));
+      Accepted& accepted = accepted_.emplace_back(Accepted{
+          tag, RequestKind(request.op()), request.op().stream_id(), *std::move(plan)});
+      // A new buffer's name is taken now, as it would be if it were queued now.
+      if (absl::Status taken = ReserveCreated(ctx_, accepted.plan); !taken.ok()) {
+        accepted_.pop_back();
+        Refuse(tag, RequestKind(request.op()), taken);
         return;
       }
-      // Nothing ran, and nothing depends on it yet: it becomes a rejected tag.
-      --executing_;
-      tag->deps.clear();
-      RejectLocked(tag, RequestKind(request.op()), queued.status());
+      // A new named buffer is queued at once, so that the operations after it in the
+      // message find it by its name, as they would if each were queued in turn.
+      if (accepted.plan.created != nullptr && !accepted.plan.created->name.empty()) {
+        SubmitAccepted();
+      }
       return;
     }
     rejected = plan.status();
@@ -121,6 +122,73 @@ void SessionCore::Accept(const v1::ChainStep& request) {
   // A rejected tag stays known, so that its dependents fail naming it.
   tags_.emplace(name, std::move(owned));
   RejectLocked(tag, RequestKind(request.op()), rejected);
+}
+
+void SessionCore::SubmitAccepted() {
+  if (accepted_.empty()) return;
+  std::vector<Executor::SubmitItem> items;
+  items.reserve(accepted_.size());
+  for (Accepted& a : accepted_) items.push_back({a.stream_id, &a.plan.spec});
+  Executor::Submitted submitted = ctx_.executor.SubmitAll(client_, items);
+  const size_t queued = submitted.operations.size();
+  for (size_t i = 0; i < queued; ++i) Published(accepted_[i]);
+  if (queued < accepted_.size()) {
+    if (accepted_[queued].plan.created != nullptr) {
+      ctx_.registry.Unreserve(accepted_[queued].plan.created);
+    }
+    Refuse(accepted_[queued].tag, accepted_[queued].kind, submitted.refused);
+    // The rest were planned before that refusal, which fails those that depend on it;
+    // the others are queued one by one.
+    for (size_t i = queued + 1; i < accepted_.size(); ++i) {
+      Accepted& a = accepted_[i];
+      absl::Status failed_dependency;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const Tag* dep : a.tag->deps) {
+          if (dep->decided && !dep->error.ok()) {
+            failed_dependency = FailedDependencyError(dep->name, dep->error);
+            break;
+          }
+        }
+      }
+      if (!failed_dependency.ok()) {
+        if (a.plan.created != nullptr) ctx_.registry.Unreserve(a.plan.created);
+        Refuse(a.tag, a.kind, failed_dependency);
+        continue;
+      }
+      const BufferHandle created = a.plan.created;
+      absl::StatusOr<std::shared_ptr<Operation>> op =
+          SubmitReserved(ctx_, client_, a.stream_id, std::move(a.plan));
+      if (op.ok()) {
+        a.plan.created = created;
+        RecordTemporary(a);
+      } else {
+        Refuse(a.tag, a.kind, op.status());
+      }
+    }
+  }
+  accepted_.clear();
+}
+
+void SessionCore::Published(Accepted& accepted) {
+  if (accepted.plan.created == nullptr) return;
+  // Published only once its writer is queued (SubmitReserved says why).
+  ctx_.registry.Publish(accepted.plan.created);
+  RecordTemporary(accepted);
+}
+
+void SessionCore::RecordTemporary(const Accepted& accepted) {
+  if (accepted.plan.created == nullptr || !accepted.plan.created->name.empty()) return;
+  absl::MutexLock lock(&mu_);
+  temporaries_.push_back(accepted.plan.created->id);
+}
+
+void SessionCore::Refuse(Tag* tag, v1::OperationKind kind, const absl::Status& error) {
+  // Nothing ran, and whatever depends on it is refused in turn: it becomes a rejected tag.
+  absl::MutexLock lock(&mu_);
+  --executing_;
+  tag->deps.clear();
+  RejectLocked(tag, kind, error);
 }
 
 void SessionCore::RejectLocked(Tag* tag, v1::OperationKind kind, const absl::Status& error) {

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "server/service/operation_planner.h"
 #include "server/service/service_context.h"
 
 namespace gpucompute {
@@ -70,8 +71,24 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::vector<std::string> temporaries;
   };
 
-  // Plans and queues one operation (reads come one at a time, so never concurrently).
+  // An operation planned, its tag known, waiting to be queued with the others of its
+  // message.
+  struct Accepted {
+    Tag* tag;
+    v1::OperationKind kind;
+    std::string stream_id;
+    Plan plan;
+  };
+  // Plans one operation and adds it to accepted_ (reads come one at a time, so never
+  // concurrently).
   void Accept(const v1::ChainStep& step);
+  // Queues accepted_ in order, under one hold of the executor's mutex (SubmitAll); those
+  // after a refused one are queued one by one, or refused if they depend on it.
+  void SubmitAccepted();
+  void Published(Accepted& accepted);
+  void RecordTemporary(const Accepted& accepted);
+  // A tag whose operation was planned and then refused: answered as failed.
+  void Refuse(Tag* tag, v1::OperationKind kind, const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<BufferHandle> FindTag(absl::string_view tag);
   void OnExecuted(Tag* tag, const std::shared_ptr<Operation>& op);
   // Answers a known tag whose operation was refused; its dependents fail naming it.
@@ -94,6 +111,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   SessionIo* io_;
   // Filled by the read in flight; read only by OnReadDone.
   v1::SessionRequest request_;
+  // Touched only by the thread handling a read (OnReadDone), one at a time.
+  std::vector<Accepted> accepted_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Tag>> tags_ ABSL_GUARDED_BY(mu_);
