@@ -166,25 +166,33 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   auto* reactor = new DeferredReactor(caller->admission);
   auto run = std::make_shared<ChainRun>(ctx, response, reactor->state());
   run->steps = *std::move(steps);
-  // The steps are launched together, when this returns (up to the dispatch window).
+  // The steps are queued under one hold of the executor's mutex, and launched together
+  // when this returns (up to the dispatch window).
   Executor::LaunchBatch batch(ctx.executor);
-  for (size_t i = 0; i < run->steps.size(); ++i) {
-    ChainStepPlan& step = run->steps[i];
+  std::vector<Executor::SubmitItem> items;
+  items.reserve(run->steps.size());
+  for (ChainStepPlan& step : run->steps) {
     if (request->separate_launches()) step.plan.spec.capturable = false;
-    absl::StatusOr<std::shared_ptr<Operation>> op =
-        SubmitReserved(ctx, caller->scope, step.stream_id, std::move(step.plan));
-    if (!op.ok()) {
-      // Only a stream that is missing, deleted meanwhile or on another device gets
-      // here; the steps queued before this one run, and nothing after it does.
-      for (size_t j = i + 1; j < run->steps.size(); ++j) {
-        if (run->steps[j].kept != nullptr) ctx.registry.Unreserve(run->steps[j].kept);
-      }
-      DeferredReactor::FinishOnce(
-          run->reactor, [&] { return ToGrpcStatus(StepError(i, step.tag, op.status())); });
-      return reactor;
-    }
-    run->ops.push_back(*std::move(op));
+    items.push_back({step.stream_id, &step.plan.spec});
   }
+  Executor::Submitted submitted = ctx.executor.SubmitAll(caller->scope, items);
+  const size_t queued = submitted.operations.size();
+  // Published only once their writers are queued (SubmitReserved says why).
+  for (size_t i = 0; i < queued; ++i) {
+    if (run->steps[i].kept != nullptr) ctx.registry.Publish(run->steps[i].kept);
+  }
+  if (!submitted.refused.ok()) {
+    // Only a stream that is missing, deleted meanwhile or on another device gets
+    // here; the steps queued before this one run, and nothing after it does.
+    for (size_t j = queued; j < run->steps.size(); ++j) {
+      if (run->steps[j].kept != nullptr) ctx.registry.Unreserve(run->steps[j].kept);
+    }
+    DeferredReactor::FinishOnce(run->reactor, [&] {
+      return ToGrpcStatus(StepError(queued, run->steps[queued].tag, submitted.refused));
+    });
+    return reactor;
+  }
+  run->ops = std::move(submitted.operations);
   // Operations on one stream finish in order, so the chain is done once the last
   // operation on each of its streams is. Picked first: a callback may answer (and clear
   // ops) while the second loop runs.
