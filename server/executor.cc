@@ -106,10 +106,10 @@ absl::Status CheckDeviceIndex(const Backend& backend, int device) {
                                                  backend.devices().size(), " device(s)"));
 }
 
-// Holds the executor's mutex; on destruction releases it, then tells the observer of
-// the operations completed meanwhile, runs the callbacks queued meanwhile and drops the
-// references let go meanwhile: callers' callbacks never run under the lock, and memory
-// is never freed under it.
+// Holds the executor's mutex; on destruction releases it, then drops the references let
+// go meanwhile, tells the observer of the operations completed meanwhile, and runs their
+// own callbacks and those queued meanwhile: callers' callbacks never run under the lock,
+// and memory is never freed under it.
 class ABSL_SCOPED_LOCKABLE Executor::Guard {
  public:
   explicit Guard(Executor& e) ABSL_EXCLUSIVE_LOCK_FUNCTION(e.mu_) : e_(e) { e_.mu_.Lock(); }

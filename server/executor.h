@@ -364,12 +364,12 @@ class Executor {
   using Clock = std::chrono::steady_clock;
   class Guard;
 
-  // The hazard state of one buffer: the last work that writes it, and the work
-  // reading it since. Kept here, under the executor's mutex, keyed by buffer id; an
-  // entry goes once all of its work is done.
   // Under the mutex: the tenant of `scope`, made on first use.
   TenantTally& TenantLocked(absl::string_view scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The hazard state of one buffer: the last work that writes it, and the work
+  // reading it since. Kept here, under the executor's mutex, keyed by the buffer; an
+  // entry goes once all of its work is done.
   struct Hazards {
     std::shared_ptr<Work> last_writer;
     // Oldest first. Done readers leave from the front (PopDoneReaders): work finishes
@@ -466,9 +466,9 @@ class Executor {
   // For retention, oldest first; each is in operations_, which keeps it alive.
   std::deque<const Operation*> finished_order_ ABSL_GUARDED_BY(ops_mu_);
   size_t retained_value_bytes_ ABSL_GUARDED_BY(ops_mu_) = 0;
-  // Buffer id -> its hazard state, for buffers with work not yet done.
-  // Keyed by the buffer itself: an entry lives only while work of its own, which holds
-  // the buffer, is not done, so no other buffer can have its address meanwhile.
+  // The hazard state of each buffer with work not yet done. Keyed by the buffer itself:
+  // an entry lives only while work of its own, which holds the buffer, is not done, so
+  // no other buffer can have its address meanwhile.
   absl::flat_hash_map<const BufferEntry*, Hazards> hazards_ ABSL_GUARDED_BY(mu_);
   // Backend streams of forgotten StreamStates, whose work is done. The reaper destroys
   // them: never on their own thread (a CPU stream joins its thread), never in a CUDA
@@ -477,9 +477,10 @@ class Executor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Callbacks to run once the mutex is released (see Guard).
   std::vector<absl::AnyInvocable<void() &&>> deferred_ ABSL_GUARDED_BY(mu_);
-  // Operations completed meanwhile, for the observer, and references dropped meanwhile
-  // (operations no longer retained, their buffers and events): both are dealt with once
-  // the mutex is released (see Guard), since a last reference may free memory.
+  // Operations completed meanwhile, for the observer and their own callbacks, and
+  // references dropped meanwhile (operations no longer retained, their buffers and
+  // events): both are dealt with once the mutex is released (see Guard), since a last
+  // reference may free memory.
   std::vector<std::shared_ptr<Operation>> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> dropped_ ABSL_GUARDED_BY(mu_);
   std::array<KindStats, kNumOperationKinds> stats_ ABSL_GUARDED_BY(mu_){};
