@@ -1139,13 +1139,13 @@ struct ThreadCpu {
   double process = 0;
 };
 
-double TicksToSeconds(const std::string& stat, int first_field) {
+double TicksToSeconds(const std::string& stat, int utime_field) {
   // Fields after the name, which is in parentheses and may hold blanks.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return 0;
   std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
   // utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
-  const size_t at = static_cast<size_t>(first_field - 3);
+  const size_t at = static_cast<size_t>(utime_field - 3);
   double utime = 0, stime = 0;
   if (fields.size() <= at + 1 || !absl::SimpleAtod(fields[at], &utime) ||
       !absl::SimpleAtod(fields[at + 1], &stime)) {
@@ -1169,7 +1169,8 @@ ThreadCpu SampleThreadCpu() {
     int tid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
     const std::string dir = entry.path().string();
-    cpu.threads[tid] = {ReadSmallFile(dir + "/comm"), TicksToSeconds(ReadSmallFile(dir + "/stat"), 14)};
+    cpu.threads[tid] = {ReadSmallFile(dir + "/comm"),
+                        TicksToSeconds(ReadSmallFile(dir + "/stat"), 14)};
   }
   return cpu;
 }
@@ -1187,7 +1188,8 @@ std::string ThreadCpuSummary(const ThreadCpu& before, const ThreadCpu& after, do
     seconds += used;
     named += used;
   }
-  std::vector<std::pair<std::string, std::pair<int, double>>> sorted(by_name.begin(), by_name.end());
+  std::vector<std::pair<std::string, std::pair<int, double>>> sorted(by_name.begin(),
+                                                                     by_name.end());
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   std::vector<std::string> parts;
@@ -1198,7 +1200,7 @@ std::string ThreadCpuSummary(const ThreadCpu& before, const ThreadCpu& after, do
   }
   parts.push_back(absl::StrFormat("threads that ended %.2f s",
                                   std::max(0.0, after.process - before.process - named)));
-  return absl::StrCat("wall ", absl::StrFormat("%.2f", wall), " s; CPU: ", absl::StrJoin(parts, ", "));
+  return absl::StrCat(absl::StrFormat("wall %.2f s; CPU: ", wall), absl::StrJoin(parts, ", "));
 }
 
 // Operations per second through one session per client, `clients` clients on threads of
