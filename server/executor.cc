@@ -465,9 +465,14 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
     }
   };
 
+  if (ops.empty()) return result;
   Guard guard(*this);
+  // One client, so one tenant and one quota for all the items.
+  TenantTally& tenant = TenantLocked(client);
+  const uint64_t quota =
+      quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
   for (size_t i = 0; i < ops.size(); ++i) {
-    absl::Status refused = SubmitLocked(client, items[i], ops[i]);
+    absl::Status refused = SubmitLocked(client, items[i], ops[i], tenant, quota);
     if (!refused.ok()) {
       result.refused = std::move(refused);
       break;
@@ -478,18 +483,13 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
 }
 
 absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& item,
-                                    const std::shared_ptr<Operation>& op) {
+                                    const std::shared_ptr<Operation>& op,
+                                    TenantTally& tenant_tally, uint64_t quota) {
   RETURN_IF_ERROR(cancelled_);
   OperationStatus& st = op->status_;
-  TenantTally& tenant_tally = TenantLocked(op->scope_);
-  if (quotas_ != nullptr) {
-    const absl::string_view tenant = TenantOfScope(op->scope_);
-    const uint64_t quota = quotas_->For(tenant).operations;
-    const uint64_t in_flight = tenant_tally.in_flight;
-    if (quota != 0 && in_flight >= quota) {
-      return QuotaExceeded(tenant, "operations", quota,
-                           absl::StrCat(in_flight, " operations in flight"));
-    }
+  if (quota != 0 && tenant_tally.in_flight >= quota) {
+    return QuotaExceeded(TenantOfScope(client), "operations", quota,
+                         absl::StrCat(tenant_tally.in_flight, " operations in flight"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s,
                    ResolveStreamLocked(client, item.stream_id, st.device));

@@ -390,10 +390,11 @@ class Executor {
                                                                    absl::string_view stream_id,
                                                                    int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues `op`, made for `item` and listed, or says why it may not be.
+  // Queues `op`, made for `item` and listed, or says why it may not be: the client's
+  // tenant has `tenant_tally` and its operations quota is `quota` (0: none).
   absl::Status SubmitLocked(absl::string_view client, const SubmitItem& item,
-                            const std::shared_ptr<Operation>& op)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            const std::shared_ptr<Operation>& op, TenantTally& tenant_tally,
+                            uint64_t quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the hazards of `accesses` to work's dependencies and records work as the
   // buffers' newest reader or writer.
   void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses)
