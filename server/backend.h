@@ -104,14 +104,18 @@ class Stream {
   // records only launches that enqueue kernels and device copies: no events, waits,
   // callbacks, host work or allocations.
   virtual bool CanCapture() const { return false; }
-  // From now until EndCaptureAndLaunch, the work this thread enqueues on the stream is
-  // recorded rather than run.
+  // From now until EndCapture, the work this thread enqueues on the stream is recorded
+  // rather than run.
   virtual absl::Status BeginCapture() {
     return absl::UnimplementedError("this backend's streams cannot record work");
   }
-  // Ends the recording and launches it. On failure the capture has ended all the same
-  // and nothing recorded runs.
-  virtual absl::Status EndCaptureAndLaunch() { return BeginCapture(); }
+  // Ends the recording and readies it to launch. On failure the capture has ended all
+  // the same and nothing recorded will run.
+  virtual absl::Status EndCapture() { return BeginCapture(); }
+  // Enqueues what the last successful EndCapture readied, as one unit. Apart, so that
+  // work enqueued between the two (the event that times the unit) comes after the
+  // host's recording, not before it.
+  virtual absl::Status LaunchCaptured() { return BeginCapture(); }
 };
 
 struct DeviceDescription {

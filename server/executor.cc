@@ -709,10 +709,7 @@ void Executor::LaunchOne(Stream& stream, QueuedLaunch& l, const absl::Status& ca
 }
 
 bool Executor::LaunchRecorded(Stream& stream, std::span<QueuedLaunch> run) {
-  // The run is timed by events around its launch: events recorded inside it would cost
-  // the launch more than the kernels do.
-  absl::StatusOr<std::shared_ptr<Event>> start = stream.Record();
-  if (!start.ok() || !stream.BeginCapture().ok()) return false;
+  if (!stream.BeginCapture().ok()) return false;
   absl::Status status;
   for (QueuedLaunch& l : run) {
     ScopedRange range(backend_, l.op->range_name_);
@@ -724,8 +721,13 @@ bool Executor::LaunchRecorded(Stream& stream, std::span<QueuedLaunch> run) {
     l.compile_seconds = info->compile_seconds;
   }
   // The capture ends either way; when recording failed, nothing recorded runs.
-  const absl::Status launched = stream.EndCaptureAndLaunch();
-  if (!status.ok() || !launched.ok()) {
+  const absl::Status ended = stream.EndCapture();
+  // The run is timed by events around its launch (events recorded inside it would cost
+  // the launch more than the kernels do), the first enqueued once the recording is
+  // done: one enqueued before it would time the host's recording too, on an idle stream.
+  absl::StatusOr<std::shared_ptr<Event>> start =
+      status.ok() && ended.ok() ? stream.Record() : ended;
+  if (!status.ok() || !start.ok() || !stream.LaunchCaptured().ok()) {
     for (QueuedLaunch& l : run) {
       l.compile_seconds = 0;
       l.result = OpResult{};

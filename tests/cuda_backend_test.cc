@@ -14,15 +14,19 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
+#include "server/buffer_registry.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/cuda/cuda_check.h"
+#include "server/executor.h"
 #include "server/expression/expression.h"
+#include "server/status_macros.h"
 #include "tests/backend_conformance.h"
 
 namespace gpucompute {
@@ -584,6 +588,49 @@ TEST_F(CudaVsCpu, EveryDeviceComputes) {
 
 bool Contains(const absl::Status& status, const std::string& part) {
   return std::string(status.message()).find(part) != std::string::npos;
+}
+
+// A run of operations launched together is recorded into a CUDA graph and timed by
+// events around its launch. The host's recording must not count as device time: here
+// recording the first launch takes 50 ms (it sleeps first), on an idle stream, and four
+// fills of 1024 values take microseconds.
+TEST_F(CudaVsCpu, ARecordedRunIsTimedFromItsLaunchNotFromItsRecording) {
+  ASSIGN_OR_FAIL(std::unique_ptr<Executor> executor, Executor::Create(*gpu_));
+  executor->SetCaptureMinOps(2);
+  MemoryLimiter limiter(uint64_t{1} << 30);
+  BufferRegistry registry(*gpu_, limiter);
+  ASSIGN_OR_FAIL(BufferHandle x,
+                 registry.Allocate("c", "", DType::kFloat32, {1024}, Layout::kC, 0));
+  std::vector<std::shared_ptr<Operation>> ops;
+  {
+    Executor::LaunchBatch batch(*executor);
+    for (int i = 0; i < 4; ++i) {
+      Executor::OpSpec spec;
+      spec.kind = OperationKind::kFill;
+      spec.accesses = {{x, true}};
+      spec.capturable = true;
+      spec.launch = [this, x, i](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+        if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const float value = static_cast<float>(i);
+        uint32_t bits = 0;
+        std::memcpy(&bits, &value, sizeof(bits));
+        RETURN_IF_ERROR(gpu_->Fill(stream, x->memory, DType::kFloat32, bits, 1024));
+        return LaunchInfo{};
+      };
+      ASSIGN_OR_FAIL(std::shared_ptr<Operation> op, executor->Submit("c", "", std::move(spec)));
+      ops.push_back(std::move(op));
+    }
+  }
+  ASSERT_TRUE(executor->WaitIdle(absl::Now() + absl::Seconds(30)));
+  double device_seconds = 0;
+  for (const auto& op : ops) {
+    const OperationStatus status = executor->GetStatus(*op);
+    ASSERT_EQ(status.state, OperationStatus::State::kSucceeded) << status.error;
+    EXPECT_EQ(status.timing.graph_operations, 4u) << "not recorded as one run";
+    device_seconds += status.timing.device_seconds;
+  }
+  EXPECT_GT(device_seconds, 0);
+  EXPECT_LT(device_seconds, 0.025) << "the host's recording was timed as device time";
 }
 
 TEST(CudaCheckTest, NamesTheCallTheErrorAndTheSiteAndMapsOutOfMemory) {

@@ -265,19 +265,24 @@ class ScriptedBackend final : public Backend {
       capturing_ = true;
       return absl::OkStatus();
     }
-    absl::Status EndCaptureAndLaunch() override {
+    absl::Status EndCapture() override {
       if (!capturing_) return absl::FailedPreconditionError("not capturing");
       capturing_ = false;
-      std::deque<Entry> recorded = std::move(recorded_);
+      ready_ = std::move(recorded_);
       recorded_.clear();
       if (backend_.fail_next_capture_) {
         backend_.fail_next_capture_ = false;
-        for (const Entry& e : recorded) {
+        for (const Entry& e : ready_) {
           if (e.kind == Entry::Kind::kKernel) backend_.kernels_.erase(e.name);
         }
+        ready_.clear();
         return absl::InternalError("the recording failed (scripted)");
       }
-      for (Entry& e : recorded) queue_.push_back(std::move(e));
+      return absl::OkStatus();
+    }
+    absl::Status LaunchCaptured() override {
+      for (Entry& e : ready_) queue_.push_back(std::move(e));
+      ready_.clear();
       ++backend_.graph_launches_;
       return absl::OkStatus();
     }
@@ -291,6 +296,7 @@ class ScriptedBackend final : public Backend {
     std::deque<Entry> queue_;
     bool capturing_ = false;
     std::deque<Entry> recorded_;  // while capturing_
+    std::deque<Entry> ready_;     // recorded, not yet launched
   };
 
   static absl::Status Unscripted(absl::string_view call) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -257,7 +258,8 @@ class CudaStream final : public Stream {
                        absl::AnyInvocable<void(absl::Status) &&> fn) override;
   bool CanCapture() const override { return true; }
   absl::Status BeginCapture() override;
-  absl::Status EndCaptureAndLaunch() override;
+  absl::Status EndCapture() override;
+  absl::Status LaunchCaptured() override;
 
   cudaStream_t get() const { return stream_; }
   CompletionPoller& poller() const { return poller_; }
@@ -272,6 +274,7 @@ class CudaStream final : public Stream {
   // fraction of instantiating one. Only the thread launching the stream's work touches it.
   static constexpr size_t kMaxGraphs = 16;
   absl::flat_hash_map<size_t, cudaGraphExec_t> graphs_;
+  cudaGraphExec_t ready_ = nullptr;  // what EndCapture readied, one of graphs_
 };
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
@@ -412,7 +415,8 @@ absl::Status CudaStream::BeginCapture() {
   return absl::OkStatus();
 }
 
-absl::Status CudaStream::EndCaptureAndLaunch() {
+absl::Status CudaStream::EndCapture() {
+  ready_ = nullptr;
   cudaGraph_t graph = nullptr;
   cudaError_t error = cudaStreamEndCapture(stream_, &graph);
   // A recording that went wrong is not the device's failure: clear it, report it.
@@ -447,10 +451,18 @@ absl::Status CudaStream::EndCaptureAndLaunch() {
     it = graphs_.emplace(nodes, exec).first;
   }
   cudaGraphDestroy(graph);
-  graph = nullptr;
-  error = cudaGraphLaunch(it->second, stream_);
-  if (error != cudaSuccess) return failed("cudaGraphLaunch");
+  ready_ = it->second;
   return absl::OkStatus();
+}
+
+absl::Status CudaStream::LaunchCaptured() {
+  if (ready_ == nullptr) return absl::FailedPreconditionError("no recording is ready to launch");
+  const cudaGraphExec_t exec = std::exchange(ready_, nullptr);
+  const cudaError_t error = cudaGraphLaunch(exec, stream_);
+  if (error == cudaSuccess) return absl::OkStatus();
+  absl::Status status = backend_.Check(error, "cudaGraphLaunch", __FILE__, __LINE__);
+  if (!IsStickyError(error)) cudaGetLastError();
+  return status;
 }
 
 absl::Status CudaStream::Wait(std::shared_ptr<Event> event) {
