@@ -275,6 +275,11 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::ResolveStreamLocked(
     if (it != default_streams_.end()) return streams_.at(it->second);
     return NewStreamLocked(client, device, true);
   }
+  return FindStreamLocked(client, stream_id, device);
+}
+
+absl::StatusOr<std::shared_ptr<StreamState>> Executor::FindStreamLocked(
+    absl::string_view client, absl::string_view stream_id, int device) {
   auto it = streams_.find(stream_id);
   if (it == streams_.end() || !SameTenant(it->second->client, client))
     return absl::NotFoundError(absl::StrCat("stream ", stream_id, " not found"));
@@ -406,6 +411,57 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
   }
 }
 
+absl::StatusOr<int> Executor::DeviceOf(const OpSpec& spec) const {
+  if (spec.accesses.empty()) return default_device_;
+  const BufferEntry& first = *spec.accesses.front().buffer;
+  for (const Access& a : spec.accesses) {
+    if (a.buffer->device != first.device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffers ", first.id, " and ", a.buffer->id, " are on different devices (",
+                       first.device, " and ", a.buffer->device,
+                       "); an operation runs on one device"));
+    }
+  }
+  return first.device;
+}
+
+absl::Status Executor::CheckSubmitAll(absl::string_view client,
+                                      std::span<const SubmitItem> items, size_t* refused) {
+  std::vector<int> devices;
+  devices.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    absl::StatusOr<int> device = DeviceOf(*items[i].spec);
+    if (!device.ok()) {
+      *refused = i;
+      return device.status();
+    }
+    devices.push_back(*device);
+  }
+  Guard guard(*this);
+  const uint64_t quota =
+      quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
+  if (quota != 0) {
+    const uint64_t in_flight = TenantLocked(client).in_flight;
+    if (in_flight + items.size() > quota) {
+      *refused = quota > in_flight ? quota - in_flight : 0;
+      return QuotaExceeded(TenantOfScope(client), "operations", quota,
+                           absl::StrCat(in_flight, " operations in flight and ", items.size(),
+                                        " more asked for"));
+    }
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    // The default stream is made on first use; any other must exist already.
+    if (items[i].stream_id.empty()) continue;
+    absl::StatusOr<std::shared_ptr<StreamState>> s =
+        FindStreamLocked(client, items[i].stream_id, devices[i]);
+    if (!s.ok()) {
+      *refused = i;
+      return s.status();
+    }
+  }
+  return cancelled_;
+}
+
 absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view client,
                                                             absl::string_view stream_id,
                                                             OpSpec spec) {
@@ -423,24 +479,17 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
   ops.reserve(items.size());
   for (const SubmitItem& item : items) {
     const OpSpec& spec = *item.spec;
-    const int device =
-        spec.accesses.empty() ? default_device_ : spec.accesses.front().buffer->device;
-    for (const Access& a : spec.accesses) {
-      if (a.buffer->device != device) {
-        result.refused = absl::InvalidArgumentError(
-            absl::StrCat("buffers ", spec.accesses.front().buffer->id, " and ", a.buffer->id,
-                         " are on different devices (", device, " and ", a.buffer->device,
-                         "); an operation runs on one device"));
-        break;
-      }
+    absl::StatusOr<int> device = DeviceOf(spec);
+    if (!device.ok()) {
+      result.refused = device.status();
+      break;
     }
-    if (!result.refused.ok()) break;
     auto op = std::make_shared<Operation>();
     OperationStatus& st = op->status_;
     st.id = NewId("op-");
     op->scope_ = std::string(client);
     st.kind = spec.kind;
-    st.device = device;
+    st.device = *device;
     st.timing.bytes_read = spec.bytes_read;
     st.timing.bytes_written = spec.bytes_written;
     st.timing.flops = spec.flops;

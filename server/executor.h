@@ -306,6 +306,13 @@ class Executor {
     absl::Status refused;
   };
   Submitted SubmitAll(absl::string_view client, std::span<SubmitItem> items);
+  // What SubmitAll would refuse of `items` as things stand, without queueing anything: a
+  // stream that is not the client's or not on the device of the item's buffers, buffers
+  // on two devices, more operations than the client's quota leaves room for, shutdown.
+  // On refusal, *refused is the index of the first item refused. Others' work can still
+  // change the answer before the items are submitted (a stream deleted meanwhile).
+  absl::Status CheckSubmitAll(absl::string_view client, std::span<const SubmitItem> items,
+                              size_t* refused);
   absl::StatusOr<std::shared_ptr<Operation>> FindOperation(absl::string_view client,
                                                            absl::string_view id);
   OperationStatus GetStatus(const Operation& op);
@@ -385,6 +392,14 @@ class Executor {
 
   absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
                                                                bool is_default)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device an operation runs on: its buffers' (all on one), else the default.
+  absl::StatusOr<int> DeviceOf(const OpSpec& spec) const;
+  // The client's stream `stream_id` (not empty) on `device`, else NOT_FOUND or
+  // INVALID_ARGUMENT as Submit reports them.
+  absl::StatusOr<std::shared_ptr<StreamState>> FindStreamLocked(absl::string_view client,
+                                                                absl::string_view stream_id,
+                                                                int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<StreamState>> ResolveStreamLocked(absl::string_view client,
                                                                    absl::string_view stream_id,

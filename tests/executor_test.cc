@@ -88,8 +88,8 @@ class ExecutorTest : public ::testing::Test {
 
   State StateOf(const std::shared_ptr<Operation>& op) { return executor_->GetStatus(*op).state; }
 
-  std::string NewStream() {
-    absl::StatusOr<StreamInfo> s = executor_->CreateStream("c", 0);
+  std::string NewStream(const std::string& client = "c") {
+    absl::StatusOr<StreamInfo> s = executor_->CreateStream(client, 0);
     EXPECT_OK(s);
     return s.ok() ? s->id : std::string();
   }
@@ -666,6 +666,45 @@ TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
   EXPECT_FALSE(backend_.Finished("x = 3"));
   EXPECT_EQ(At(x, 0), 4);
   EXPECT_EQ(At(y, 0), 5);
+}
+
+TEST_F(ExecutorTest, CheckSubmitAllRefusesWhatSubmitAllWouldAndQueuesNothing) {
+  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default operations=4\n");
+  ASSERT_OK(table);
+  const Quotas quotas(*std::move(table));
+  executor_->SetQuotas(&quotas);
+  const std::string alice = ScopeOf("alice", "c");
+  BufferHandle x = NewBuffer(4);
+  const std::string mine = NewStream(alice);
+  const std::string bobs = NewStream(ScopeOf("bob", "c"));
+  ASSERT_OK(executor_->Submit(alice, mine, Write("x = 1", x, 1)));  // one in flight
+  std::vector<Executor::OpSpec> specs;
+  for (int i = 0; i < 4; ++i) specs.push_back(Write(absl::StrCat("w", i), x, 10 + i));
+  auto check = [&](std::vector<Executor::SubmitItem> items, size_t* refused) {
+    *refused = 99;
+    return executor_->CheckSubmitAll(alice, items, refused);
+  };
+  size_t refused = 0;
+  // Three more fit the quota of four; on the default stream too.
+  EXPECT_OK(check({{mine, &specs[0]}, {"", &specs[1]}, {mine, &specs[2]}}, &refused));
+  EXPECT_EQ(refused, 99u);
+  // A fourth does not: the item refused is the one Submit would have refused.
+  absl::Status s =
+      check({{mine, &specs[0]}, {mine, &specs[1]}, {mine, &specs[2]}, {mine, &specs[3]}}, &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(refused, 3u);
+  // Another tenant's stream, and one that does not exist, are NOT_FOUND, at their index.
+  s = check({{mine, &specs[0]}, {bobs, &specs[1]}}, &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(refused, 1u);
+  s = check({{"str-missing", &specs[0]}}, &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(refused, 0u);
+  // Nothing was queued or taken: the specs are whole, and only the first write runs.
+  for (const Executor::OpSpec& spec : specs) EXPECT_NE(spec.launch, nullptr);
+  backend_.RunUntilIdle();
+  EXPECT_EQ(backend_.started_order(), std::vector<std::string>{"x = 1"});
+  EXPECT_EQ(executor_->ListStreams(alice).size(), 1u);  // no default stream was made
 }
 
 TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {

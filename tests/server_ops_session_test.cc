@@ -3,6 +3,7 @@
 // once.
 #include <atomic>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "client/session.h"
@@ -456,6 +457,30 @@ TEST_F(SessionTest, AChainOnTwoStreamsAnswersOnceBothAreDone) {
   for (double v : x) sum += std::sin(v) * std::exp(v) + std::sqrt(std::abs(v));
   ASSERT_EQ(response.steps(1).operation().values_size(), 1);
   EXPECT_NEAR(response.steps(1).operation().values(0).float_value(), sum, 1e-9 * std::abs(sum));
+}
+
+// Longer than the steps the server queues and launches together, so that it spans
+// several of those runs.
+constexpr int kLongChain = 70;
+
+TEST_F(SessionTest, AChainWhoseLateStepTheExecutorWouldRefuseIsRejectedWhole) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
+  const Snapshot before = TakeSnapshot(c());
+  const uint64_t ran_before = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
+  // Step 60, past the first steps queued and launched together, names a stream that
+  // does not exist: nothing runs, and the named outputs before it are not created.
+  Chain chain;
+  for (int k = 0; k < kLongChain; ++k) {
+    v1::SubmitRequest op = Elementwise(absl::StrCat("x + ", k), {{"x", BufferOperand("x")}},
+                                       k % 10 == 0 ? NewOutput(absl::StrCat("n", k)) : v1::Output());
+    if (k == 60) op.set_stream_id("str-0123456789abcdef0123456789abcdef");
+    chain.Add(op, absl::StrCat("s", k));
+  }
+  absl::StatusOr<v1::ChainResponse> response = chain.Run(c());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound) << response.status();
+  ExpectContains(std::string(response.status().message()), "step 60 ('s60')");
+  EXPECT_EQ(TakeSnapshot(c()), before);
+  EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE), ran_before);
 }
 
 TEST_F(SessionTest, AnInvalidChainStepRejectsTheWholeChain) {

@@ -109,9 +109,7 @@ absl::Status ReserveAll(ServiceContext& ctx, const std::vector<ChainStepPlan>& s
 
 // A chain in flight: its steps' operations, answered once the last is done.
 struct ChainRun {
-  ChainRun(ServiceContext& ctx, v1::ChainResponse* response,
-           std::shared_ptr<DeferredReactor::State> reactor)
-      : ctx(ctx), response(response), reactor(std::move(reactor)) {}
+  ChainRun(ServiceContext& ctx, v1::ChainResponse* response) : ctx(ctx), response(response) {}
 
   ServiceContext& ctx;
   std::vector<ChainStepPlan> steps;
@@ -161,20 +159,27 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, *request);
   if (!steps.ok()) return FinishNow(context, steps.status());
-  if (absl::Status s = ReserveAll(ctx, *steps); !s.ok()) return FinishNow(context, s);
-
-  auto* reactor = new DeferredReactor(caller->admission);
-  auto run = std::make_shared<ChainRun>(ctx, response, reactor->state());
+  auto run = std::make_shared<ChainRun>(ctx, response);
   run->steps = *std::move(steps);
-  // The steps are queued under one hold of the executor's mutex, and launched together
-  // when this returns (up to the dispatch window).
-  Executor::LaunchBatch batch(ctx.executor);
   std::vector<Executor::SubmitItem> items;
   items.reserve(run->steps.size());
   for (ChainStepPlan& step : run->steps) {
     if (request->separate_launches()) step.plan.spec.capturable = false;
     items.push_back({step.stream_id, &step.plan.spec});
   }
+  // A step the executor would refuse (a stream that is not the caller's, the quota)
+  // rejects the chain whole, as an invalid one does.
+  size_t refused = 0;
+  if (absl::Status s = ctx.executor.CheckSubmitAll(caller->scope, items, &refused); !s.ok()) {
+    return FinishNow(context, StepError(refused, run->steps[refused].tag, s));
+  }
+  if (absl::Status s = ReserveAll(ctx, run->steps); !s.ok()) return FinishNow(context, s);
+
+  auto* reactor = new DeferredReactor(caller->admission);
+  run->reactor = reactor->state();
+  // The steps are queued under one hold of the executor's mutex, and launched together
+  // when this returns (up to the dispatch window).
+  Executor::LaunchBatch batch(ctx.executor);
   Executor::Submitted submitted = ctx.executor.SubmitAll(caller->scope, items);
   const size_t queued = submitted.operations.size();
   // Published only once their writers are queued (SubmitReserved says why).
@@ -182,8 +187,9 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     if (run->steps[i].kept != nullptr) ctx.registry.Publish(run->steps[i].kept);
   }
   if (!submitted.refused.ok()) {
-    // Only a stream that is missing, deleted meanwhile or on another device gets
-    // here; the steps queued before this one run, and nothing after it does.
+    // Only a race gets here (a stream deleted since CheckSubmitAll, the quota taken by
+    // the client's other calls, shutdown): the steps queued before this one run, and
+    // nothing after it does.
     for (size_t j = queued; j < run->steps.size(); ++j) {
       if (run->steps[j].kept != nullptr) ctx.registry.Unreserve(run->steps[j].kept);
     }
