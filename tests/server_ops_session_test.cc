@@ -463,6 +463,58 @@ TEST_F(SessionTest, AChainOnTwoStreamsAnswersOnceBothAreDone) {
 // several of those runs.
 constexpr int kLongChain = 70;
 
+TEST_F(SessionTest, ALongChainRunsItsStepsInOrderAndAnswersEach) {
+  const std::vector<double> x = RandomDoubles(300, -1, 1, 5);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  // Step k is x + (k + 1); step 40 is kept; the last step sums the one before it.
+  Chain chain;
+  std::string last = chain.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), "s0");
+  for (int k = 1; k < kLongChain - 1; ++k) {
+    last = chain.Add(Elementwise("s + 1", {{"s", Tagged(last)}}), absl::StrCat("s", k));
+  }
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef(last)), "sum");
+  chain.Keep("s40");
+  ASSIGN_OR_FAIL(v1::ChainResponse response, chain.Run(c()));
+  ASSERT_EQ(response.steps_size(), kLongChain);
+  std::set<std::string> ids;
+  for (int k = 0; k < kLongChain; ++k) {
+    const v1::ChainStepResult& step = response.steps(k);
+    EXPECT_EQ(step.tag(), k == kLongChain - 1 ? "sum" : absl::StrCat("s", k));
+    const v1::Operation& op = step.operation();
+    EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << k << ": " << op.error_message();
+    EXPECT_TRUE(op.done()) << k;
+    EXPECT_EQ(op.kind(), k == kLongChain - 1 ? v1::OPERATION_KIND_REDUCE
+                                             : v1::OPERATION_KIND_ELEMENTWISE)
+        << k;
+    EXPECT_FALSE(op.stream_id().empty()) << k;
+    EXPECT_GT(op.timing().device_seconds(), 0) << k;
+    EXPECT_EQ(op.timing().bytes_written(), k == kLongChain - 1 ? 8u : x.size() * 8) << k;
+    ids.insert(op.id());
+    // Only the kept step reports its new buffer; the temporaries are not outputs.
+    EXPECT_EQ(op.outputs_size(), k == 40 ? 1 : 0) << k;
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kLongChain)) << "operation ids are not distinct";
+  double sum = 0;
+  std::vector<double> s40(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    double v = x[i];
+    for (int k = 0; k < kLongChain - 1; ++k) {
+      v += 1;
+      if (k == 40) s40[i] = v;
+    }
+    sum += v;
+  }
+  const v1::Operation& total = response.steps(kLongChain - 1).operation();
+  ASSERT_EQ(total.values_size(), 1);
+  EXPECT_NEAR(total.values(0).float_value(), sum, 1e-12 * std::abs(sum) + 1e-9);
+  ASSIGN_OR_FAIL(std::vector<double> got,
+                 DownloadArray<double>(c(), response.steps(40).operation().outputs(0).id()));
+  ExpectClose(got, s40, 0, 0, "s40");
+  // The temporaries are freed; the kept buffer stays.
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + x.size() * sizeof(double));
+}
+
 TEST_F(SessionTest, AChainWhoseLateStepTheExecutorWouldRefuseIsRejectedWhole) {
   ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
   const Snapshot before = TakeSnapshot(c());

@@ -2,7 +2,9 @@
 // answered when the last is done (the contract is in the proto).
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,12 @@ struct ChainStepPlan {
   bool temporary = false;
   std::vector<size_t> deps;  // indices of the steps it refers to by tag
 };
+
+// Steps queued and launched together (RunChainCall): long enough that a run's launch
+// costs little per step, short enough that the device starts early. A chain of 100 small
+// steps on an H100 host took 1.06-1.09 ms in runs of 32, 1.18-1.31 ms in one run of
+// all, 1.21-1.23 ms in runs of 16 and 1.13-1.47 ms in runs of 50.
+constexpr size_t kChainLaunchRun = 32;
 
 // `status` with its message prefixed by the step it is about.
 absl::Status StepError(size_t index, absl::string_view tag, const absl::Status& status) {
@@ -107,6 +115,19 @@ absl::Status ReserveAll(ServiceContext& ctx, const std::vector<ChainStepPlan>& s
   return absl::OkStatus();
 }
 
+// Starts the answer of `step` while the work runs: all but the outcome (ToProtoOutcome).
+// A temporary is not reported as an output.
+void BeginStepResult(const ChainStepPlan& step, v1::ChainResponse* response) {
+  v1::ChainStepResult* result = response->add_steps();
+  result->set_tag(step.tag);
+  v1::Operation* op = result->mutable_operation();
+  op->set_kind(ToProto(step.plan.spec.kind));
+  for (const BufferMeta& m : step.plan.spec.outputs) {
+    if (step.temporary && m.id == step.written->id) continue;
+    ToProto(m, op->add_outputs());
+  }
+}
+
 // A chain in flight: its steps' operations, answered once the last is done.
 struct ChainRun {
   ChainRun(ServiceContext& ctx, v1::ChainResponse* response) : ctx(ctx), response(response) {}
@@ -122,24 +143,14 @@ struct ChainRun {
     DeferredReactor::FinishOnce(reactor, [&] {
       std::vector<absl::Status> errors(steps.size());
       for (size_t i = 0; i < steps.size(); ++i) {
-        const ChainStepPlan& step = steps[i];
-        v1::ChainStepResult* result = response->add_steps();
-        result->set_tag(step.tag);
-        v1::Operation* op = result->mutable_operation();
-        ToProto(Executor::FinalStatus(*ops[i]), op);
-        for (size_t d : step.deps) {
+        v1::Operation* op = response->mutable_steps(i)->mutable_operation();
+        ToProtoOutcome(Executor::FinalStatus(*ops[i]), op);
+        for (size_t d : steps[i].deps) {
           if (errors[d].ok()) continue;
           MarkFailed(FailedDependencyError(steps[d].tag, errors[d]), op);
           break;
         }
         errors[i] = OperationError(*op);
-        if (step.temporary) {
-          auto* outputs = op->mutable_outputs();
-          outputs->erase(
-              std::remove_if(outputs->begin(), outputs->end(),
-                             [&](const v1::BufferInfo& b) { return b.id() == step.written->id; }),
-              outputs->end());
-        }
       }
       // The temporaries go with the last handles: the plans' and the operations'.
       ops.clear();
@@ -177,10 +188,30 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
 
   auto* reactor = new DeferredReactor(caller->admission);
   run->reactor = reactor->state();
-  // The steps are queued under one hold of the executor's mutex, and launched together
-  // when this returns (up to the dispatch window).
-  Executor::LaunchBatch batch(ctx.executor);
-  Executor::Submitted submitted = ctx.executor.SubmitAll(caller->scope, items);
+  // Queued kChainLaunchRun steps at a time, under one hold of the executor's mutex each,
+  // and each run launched (recorded as one unit where it can be) before the next is
+  // queued: the device works through a run while the host queues and records the next,
+  // where one launch of all the steps would leave it idle until the last was recorded.
+  // Each run's answers are begun before it is queued, while the device works through
+  // the runs before it.
+  Executor::Submitted submitted;
+  for (size_t begin = 0; begin < items.size() && submitted.refused.ok();
+       begin += kChainLaunchRun) {
+    const size_t end = std::min(items.size(), begin + kChainLaunchRun);
+    for (size_t i = begin; i < end; ++i) BeginStepResult(run->steps[i], response);
+    Executor::LaunchBatch batch(ctx.executor);
+    Executor::Submitted part = ctx.executor.SubmitAll(
+        caller->scope, std::span(items).subspan(begin, end - begin));
+    for (size_t k = 0; k < part.operations.size(); ++k) {
+      v1::Operation* op = response->mutable_steps(begin + k)->mutable_operation();
+      op->set_id(part.operations[k]->id());
+      op->set_stream_id(part.operations[k]->stream_id());
+    }
+    submitted.operations.insert(submitted.operations.end(),
+                                std::make_move_iterator(part.operations.begin()),
+                                std::make_move_iterator(part.operations.end()));
+    submitted.refused = std::move(part.refused);
+  }
   const size_t queued = submitted.operations.size();
   // Published only once their writers are queued (SubmitReserved says why).
   for (size_t i = 0; i < queued; ++i) {

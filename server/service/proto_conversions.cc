@@ -176,14 +176,18 @@ void AppendValues(const OpResult& r, v1::Operation* op) {
 void ToProto(const OperationStatus& status, v1::Operation* op) {
   op->set_id(status.id);
   op->set_kind(ToProto(status.kind));
+  op->set_stream_id(status.stream_id);
+  for (const BufferMeta& m : status.outputs) ToProto(m, op->add_outputs());
+  ToProtoOutcome(status, op);
+}
+
+void ToProtoOutcome(const OperationStatus& status, v1::Operation* op) {
   op->set_state(ToProto(status.state));
   op->set_done(status.done());
   if (!status.error.ok()) {
     op->set_error_code(static_cast<int32_t>(status.error.code()));
     op->set_error_message(BoundedErrorMessage(status.error.message()));
   }
-  op->set_stream_id(status.stream_id);
-  for (const BufferMeta& m : status.outputs) ToProto(m, op->add_outputs());
   if (!status.done()) return;
   v1::Timing* t = op->mutable_timing();
   const OpTiming& ti = status.timing;
