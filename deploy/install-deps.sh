@@ -13,8 +13,8 @@ build=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   libcivetweb-dev
-  # The serving programs' malloc (GPUCOMPUTE_ALLOCATOR in CMakeLists.txt).
-  libjemalloc-dev
+  # The serving programs' malloc, tcmalloc (GPUCOMPUTE_ALLOCATOR in CMakeLists.txt).
+  libgoogle-perftools-dev
 )
 test=(
   libgtest-dev libgmock-dev

@@ -23,8 +23,10 @@ inline constexpr uint64_t kRetainedFreeBytes = uint64_t{256} << 20;
 // Keeps freed blocks below kRetainedBlockBytes for reuse, and up to kRetainedFreeBytes of
 // free heap memory, instead of returning them to the system after each message. Call it
 // once, at the start of a program (the server, the CLI and the benchmark do); it changes
-// malloc for the whole process, so a library does not call it by itself. A no-op where
-// the C library is not glibc.
+// malloc for the whole process, so a library does not call it by itself. It sets glibc's
+// malloc only: a no-op where the C library is not glibc, and moot where another
+// allocator replaces malloc (the serving programs are built on tcmalloc by default, which
+// keeps freed spans for reuse by itself; GPUCOMPUTE_ALLOCATOR in CMakeLists.txt).
 void RetainTransferMemory();
 
 }  // namespace gpucompute
