@@ -438,6 +438,11 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
     devices.push_back(*device);
   }
   Guard guard(*this);
+  // In SubmitLocked's order: shutdown, the quota, the stream.
+  if (!cancelled_.ok() && !items.empty()) {
+    *refused = 0;
+    return cancelled_;
+  }
   const uint64_t quota =
       quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
   if (quota != 0) {
@@ -459,7 +464,7 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
       return s.status();
     }
   }
-  return cancelled_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> Executor::Submit(absl::string_view client,

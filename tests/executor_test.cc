@@ -705,6 +705,11 @@ TEST_F(ExecutorTest, CheckSubmitAllRefusesWhatSubmitAllWouldAndQueuesNothing) {
   backend_.RunUntilIdle();
   EXPECT_EQ(backend_.started_order(), std::vector<std::string>{"x = 1"});
   EXPECT_EQ(executor_->ListStreams(alice).size(), 1u);  // no default stream was made
+  // Once shutting down, everything is refused from the first item on.
+  executor_->CancelQueued(absl::UnavailableError("shutting down"));
+  s = check({{mine, &specs[0]}}, &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(refused, 0u);
 }
 
 TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {
