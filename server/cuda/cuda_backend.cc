@@ -306,10 +306,11 @@ class CudaBackend final : public Backend {
 
   absl::string_view name() const override { return "cuda"; }
   const std::vector<DeviceDescription>& devices() const override { return descriptions_; }
-  // Deep enough that a chain of up to 128 small steps, or a busy session's burst, is
-  // recorded and launched as one graph, rather than its tail waiting for its head to
-  // finish on the device. With an event before and after each operation launched on its
-  // own, that is under 400 entries in the stream's queue.
+  // Deep enough that a busy session's burst of up to 128 small operations is recorded
+  // and launched as one graph, and that a chain's runs of 32 queue behind one another,
+  // rather than a tail waiting for its head to finish on the device. With an event
+  // before and after each operation launched on its own, that is under 400 entries in
+  // the stream's queue.
   int DispatchWindow() const override { return 128; }
 
   absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override;
