@@ -94,10 +94,19 @@ class ExecutorTest : public ::testing::Test {
     return s.ok() ? s->id : std::string();
   }
 
+  // Enforces the tenants' quotas in `table` (QuotaTable's syntax) from now on.
+  void SetQuotas(absl::string_view table) {
+    absl::StatusOr<QuotaTable> parsed = QuotaTable::Parse(table);
+    ASSERT_OK(parsed);
+    quotas_ = std::make_unique<Quotas>(*std::move(parsed));
+    executor_->SetQuotas(quotas_.get());
+  }
+
   // Declared first: the executor's streams and the buffers' memory belong to it.
   ScriptedBackend backend_;
   MemoryLimiter limiter_;
   BufferRegistry registry_;
+  std::unique_ptr<Quotas> quotas_;  // outlives the executor, which reads it
   std::unique_ptr<Executor> executor_;
 };
 
@@ -642,10 +651,7 @@ TEST_F(RecordedRunTest, OperationsWaitingForTheWindowAreLaunchedTogetherWhenItOp
 // Tenants' quotas.
 
 TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
-  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default operations=2\n");
-  ASSERT_OK(table);
-  const Quotas quotas(*std::move(table));
-  executor_->SetQuotas(&quotas);
+  ASSERT_NO_FATAL_FAILURE(SetQuotas("default operations=2\n"));
   BufferHandle x = NewBuffer(4);
   BufferHandle y = NewBuffer(4);
   const std::string alice = ScopeOf("alice", "c");
@@ -669,10 +675,7 @@ TEST_F(ExecutorTest, OperationsQuotaCountsATenantsUnfinishedOperations) {
 }
 
 TEST_F(ExecutorTest, CheckSubmitAllRefusesWhatSubmitAllWouldAndQueuesNothing) {
-  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default operations=4\n");
-  ASSERT_OK(table);
-  const Quotas quotas(*std::move(table));
-  executor_->SetQuotas(&quotas);
+  ASSERT_NO_FATAL_FAILURE(SetQuotas("default operations=4\n"));
   const std::string alice = ScopeOf("alice", "c");
   BufferHandle x = NewBuffer(4);
   const std::string mine = NewStream(alice);
@@ -713,10 +716,7 @@ TEST_F(ExecutorTest, CheckSubmitAllRefusesWhatSubmitAllWouldAndQueuesNothing) {
 }
 
 TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {
-  absl::StatusOr<QuotaTable> table = QuotaTable::Parse("default streams=2\ntenant bob streams=3");
-  ASSERT_OK(table);
-  const Quotas quotas(*std::move(table));
-  executor_->SetQuotas(&quotas);
+  ASSERT_NO_FATAL_FAILURE(SetQuotas("default streams=2\ntenant bob streams=3"));
   const std::string alice = ScopeOf("alice", "c");
   ASSERT_OK(executor_->DefaultStream(alice, 0));
   ASSERT_OK(executor_->CreateStream(alice, 0));
