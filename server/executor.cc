@@ -411,6 +411,10 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
   }
 }
 
+uint64_t Executor::OperationsQuota(absl::string_view client) const {
+  return quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
+}
+
 absl::StatusOr<int> Executor::DeviceOf(const OpSpec& spec) const {
   if (spec.accesses.empty()) return default_device_;
   const BufferEntry& first = *spec.accesses.front().buffer;
@@ -443,8 +447,7 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
     *refused = 0;
     return cancelled_;
   }
-  const uint64_t quota =
-      quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
+  const uint64_t quota = OperationsQuota(client);
   if (quota != 0) {
     const uint64_t in_flight = TenantLocked(client).in_flight;
     if (in_flight + items.size() > quota) {
@@ -523,8 +526,7 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
   Guard guard(*this);
   // One client, so one tenant and one quota for all the items.
   TenantTally& tenant = TenantLocked(client);
-  const uint64_t quota =
-      quotas_ != nullptr ? quotas_->For(TenantOfScope(client)).operations : 0;
+  const uint64_t quota = OperationsQuota(client);
   for (size_t i = 0; i < ops.size(); ++i) {
     absl::Status refused = SubmitLocked(client, items[i], ops[i], tenant, quota);
     if (!refused.ok()) {

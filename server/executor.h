@@ -393,6 +393,8 @@ class Executor {
   absl::StatusOr<std::shared_ptr<StreamState>> NewStreamLocked(absl::string_view client, int device,
                                                                bool is_default)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The operations quota of the client's tenant; 0: none.
+  uint64_t OperationsQuota(absl::string_view client) const;
   // The device an operation runs on: its buffers' (all on one), else the default.
   absl::StatusOr<int> DeviceOf(const OpSpec& spec) const;
   // The client's stream `stream_id` (not empty) on `device`, else NOT_FOUND or

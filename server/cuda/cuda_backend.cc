@@ -275,6 +275,10 @@ class CudaStream final : public Stream {
   static constexpr size_t kMaxGraphs = 16;
   absl::flat_hash_map<size_t, cudaGraphExec_t> graphs_;
   cudaGraphExec_t ready_ = nullptr;  // what EndCapture readied, one of graphs_
+
+  // Reports a failed call of recording or launching a recording; clears the error unless
+  // it is sticky, in which case Check has marked the backend failed.
+  absl::Status RecordingError(cudaError_t error, const char* call);
 };
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
@@ -420,12 +424,9 @@ absl::Status CudaStream::EndCapture() {
   ready_ = nullptr;
   cudaGraph_t graph = nullptr;
   cudaError_t error = cudaStreamEndCapture(stream_, &graph);
-  // A recording that went wrong is not the device's failure: clear it, report it.
   auto failed = [&](const char* call) {
     if (graph != nullptr) cudaGraphDestroy(graph);
-    absl::Status status = backend_.Check(error, call, __FILE__, __LINE__);
-    if (!IsStickyError(error)) cudaGetLastError();
-    return status;
+    return RecordingError(error, call);
   };
   if (error != cudaSuccess) return failed("cudaStreamEndCapture");
   size_t nodes = 0;
@@ -460,8 +461,12 @@ absl::Status CudaStream::LaunchCaptured() {
   if (ready_ == nullptr) return absl::FailedPreconditionError("no recording is ready to launch");
   const cudaGraphExec_t exec = std::exchange(ready_, nullptr);
   const cudaError_t error = cudaGraphLaunch(exec, stream_);
-  if (error == cudaSuccess) return absl::OkStatus();
-  absl::Status status = backend_.Check(error, "cudaGraphLaunch", __FILE__, __LINE__);
+  return error == cudaSuccess ? absl::OkStatus() : RecordingError(error, "cudaGraphLaunch");
+}
+
+absl::Status CudaStream::RecordingError(cudaError_t error, const char* call) {
+  // A recording that went wrong is not the device's failure: clear it, report it.
+  absl::Status status = backend_.Check(error, call, __FILE__, __LINE__);
   if (!IsStickyError(error)) cudaGetLastError();
   return status;
 }
