@@ -72,6 +72,15 @@ class DeviceMemory {
   Deleter deleter_;
 };
 
+// Device work recorded once (Stream::EndRecording) and launched again as one unit
+// (Stream::LaunchRecording) on any stream of the device it was recorded on, as often as
+// wanted: each launch runs after the launch before it. Destroying it while a launch runs
+// is allowed; the launch finishes.
+class Recording {
+ public:
+  virtual ~Recording() = default;
+};
+
 // A point in a stream's work. Completes when everything enqueued before it has.
 class Event {
  public:
@@ -116,6 +125,12 @@ class Stream {
   // work enqueued between the two (the event that times the unit) comes after the
   // host's recording, not before it.
   virtual absl::Status LaunchCaptured() { return BeginCapture(); }
+  // Ends the recording begun by BeginCapture and hands it over instead of readying it for
+  // LaunchCaptured; it bakes in the addresses the recorded work used. On failure, as
+  // EndCapture.
+  virtual absl::StatusOr<std::unique_ptr<Recording>> EndRecording() { return BeginCapture(); }
+  // Enqueues a recording made on a stream of this stream's device.
+  virtual absl::Status LaunchRecording(const Recording& recording) { return BeginCapture(); }
 };
 
 struct DeviceDescription {

@@ -260,6 +260,8 @@ class CudaStream final : public Stream {
   absl::Status BeginCapture() override;
   absl::Status EndCapture() override;
   absl::Status LaunchCaptured() override;
+  absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override;
+  absl::Status LaunchRecording(const Recording& recording) override;
 
   cudaStream_t get() const { return stream_; }
   CompletionPoller& poller() const { return poller_; }
@@ -279,6 +281,25 @@ class CudaStream final : public Stream {
   // Reports a failed call of recording or launching a recording; clears the error unless
   // it is sticky, in which case Check has marked the backend failed.
   absl::Status RecordingError(cudaError_t error, const char* call);
+  // Ends the capture: the graph recorded, owned by the caller.
+  absl::StatusOr<cudaGraph_t> EndCaptureGraph();
+};
+
+// A graph instantiated for good, owned by whoever recorded it (Stream::EndRecording).
+class CudaRecording final : public Recording {
+ public:
+  CudaRecording(int device, cudaGraphExec_t exec) : device_(device), exec_(exec) {}
+  // A launch still running frees the graph once it completes.
+  ~CudaRecording() override { cudaGraphExecDestroy(exec_); }
+  CudaRecording(const CudaRecording&) = delete;
+  CudaRecording& operator=(const CudaRecording&) = delete;
+
+  int device() const { return device_; }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  const int device_;
+  const cudaGraphExec_t exec_;
 };
 
 CudaStream& AsCuda(Stream& stream) { return static_cast<CudaStream&>(stream); }
@@ -420,15 +441,22 @@ absl::Status CudaStream::BeginCapture() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<cudaGraph_t> CudaStream::EndCaptureGraph() {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t error = cudaStreamEndCapture(stream_, &graph);
+  if (error == cudaSuccess) return graph;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return RecordingError(error, "cudaStreamEndCapture");
+}
+
 absl::Status CudaStream::EndCapture() {
   ready_ = nullptr;
-  cudaGraph_t graph = nullptr;
-  cudaError_t error = cudaStreamEndCapture(stream_, &graph);
+  ASSIGN_OR_RETURN(cudaGraph_t graph, EndCaptureGraph());
+  cudaError_t error = cudaSuccess;
   auto failed = [&](const char* call) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGraphDestroy(graph);
     return RecordingError(error, call);
   };
-  if (error != cudaSuccess) return failed("cudaStreamEndCapture");
   size_t nodes = 0;
   error = cudaGraphGetNodes(graph, nullptr, &nodes);
   if (error != cudaSuccess) return failed("cudaGraphGetNodes");
@@ -461,6 +489,25 @@ absl::Status CudaStream::LaunchCaptured() {
   if (ready_ == nullptr) return absl::FailedPreconditionError("no recording is ready to launch");
   const cudaGraphExec_t exec = std::exchange(ready_, nullptr);
   const cudaError_t error = cudaGraphLaunch(exec, stream_);
+  return error == cudaSuccess ? absl::OkStatus() : RecordingError(error, "cudaGraphLaunch");
+}
+
+absl::StatusOr<std::unique_ptr<Recording>> CudaStream::EndRecording() {
+  ASSIGN_OR_RETURN(cudaGraph_t graph, EndCaptureGraph());
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t error = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (error != cudaSuccess) return RecordingError(error, "cudaGraphInstantiate");
+  return std::make_unique<CudaRecording>(device_, exec);
+}
+
+absl::Status CudaStream::LaunchRecording(const Recording& recording) {
+  const auto& graph = static_cast<const CudaRecording&>(recording);
+  if (graph.device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat("a recording made on device ", graph.device(),
+                                                   " cannot run on device ", device_));
+  }
+  const cudaError_t error = cudaGraphLaunch(graph.exec(), stream_);
   return error == cudaSuccess ? absl::OkStatus() : RecordingError(error, "cudaGraphLaunch");
 }
 
