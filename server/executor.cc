@@ -433,7 +433,9 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
                                       std::span<const SubmitItem> items, size_t* refused) {
   std::vector<int> devices;
   devices.reserve(items.size());
+  uint64_t weight = 0;  // of the API's operations
   for (size_t i = 0; i < items.size(); ++i) {
+    weight += std::max<size_t>(1, items[i].spec->members.size());
     absl::StatusOr<int> device = DeviceOf(*items[i].spec);
     if (!device.ok()) {
       *refused = i;
@@ -450,10 +452,18 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
   const uint64_t quota = OperationsQuota(client);
   if (quota != 0) {
     const uint64_t in_flight = TenantLocked(client).in_flight;
-    if (in_flight + items.size() > quota) {
-      *refused = quota > in_flight ? quota - in_flight : 0;
+    if (in_flight + weight > quota) {
+      // The first item that does not fit.
+      uint64_t room = quota > in_flight ? quota - in_flight : 0;
+      size_t i = 0;
+      for (; i < items.size(); ++i) {
+        const uint64_t w = std::max<size_t>(1, items[i].spec->members.size());
+        if (w > room) break;
+        room -= w;
+      }
+      *refused = i;
       return QuotaExceeded(TenantOfScope(client), "operations", quota,
-                           absl::StrCat(in_flight, " operations in flight and ", items.size(),
+                           absl::StrCat(in_flight, " operations in flight and ", weight,
                                         " more asked for"));
     }
   }
@@ -502,6 +512,7 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
     st.timing.bytes_written = spec.bytes_written;
     st.timing.flops = spec.flops;
     st.timing.compile_seconds = spec.compile_seconds;
+    st.members = spec.members;
     op->capturable_ = spec.capturable;
     op->range_name_ = RangeName(spec.kind, spec.accesses);
     op->buffers_.reserve(spec.accesses.size());
@@ -543,9 +554,10 @@ absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& 
                                     TenantTally& tenant_tally, uint64_t quota) {
   RETURN_IF_ERROR(cancelled_);
   OperationStatus& st = op->status_;
-  if (quota != 0 && tenant_tally.in_flight >= quota) {
+  if (quota != 0 && tenant_tally.in_flight + st.weight() > quota) {
     return QuotaExceeded(TenantOfScope(client), "operations", quota,
-                         absl::StrCat(tenant_tally.in_flight, " operations in flight"));
+                         absl::StrCat(tenant_tally.in_flight, " operations in flight and ",
+                                      st.weight(), " more asked for"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamState> s,
                    ResolveStreamLocked(client, item.stream_id, st.device));
@@ -564,7 +576,7 @@ absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& 
   s->last = op;
   ++s->unfinished;
   ++in_flight_;
-  ++tenant_tally.in_flight;
+  tenant_tally.in_flight += st.weight();
   op->tenant_ = &tenant_tally;
   if (observer_ != nullptr) observer_->OnSubmitted(st);
   PumpLocked(s);
@@ -840,14 +852,22 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   st.error = status;
   if (!status.ok()) st.result = OpResult{};
 
-  for (KindStats* k : {&stats_[static_cast<int>(st.kind)],
-                       &op->tenant_->stats[static_cast<int>(st.kind)]}) {
-    ++k->count;
-    k->failed += !status.ok();
-    k->device_seconds += device_seconds;
-    k->bytes_read += st.timing.bytes_read;
-    k->bytes_written += st.timing.bytes_written;
-    k->flops += st.timing.flops;
+  // Each of the API's operations it stands for, with an even share of the time.
+  const OperationMember whole{st.kind, st.timing.bytes_read, st.timing.bytes_written,
+                              st.timing.flops};
+  const std::span<const OperationMember> members =
+      st.members.empty() ? std::span<const OperationMember>(&whole, 1) : std::span(st.members);
+  const double share = device_seconds / members.size();
+  for (const OperationMember& m : members) {
+    for (KindStats* k : {&stats_[static_cast<int>(m.kind)],
+                         &op->tenant_->stats[static_cast<int>(m.kind)]}) {
+      ++k->count;
+      k->failed += !status.ok();
+      k->device_seconds += share;
+      k->bytes_read += m.bytes_read;
+      k->bytes_written += m.bytes_written;
+      k->flops += m.flops;
+    }
   }
   // The status is final: GetStatus may read it without the lock from here on.
   op->final_.store(true, std::memory_order_release);
@@ -877,7 +897,7 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
     operations_.erase(oldest);
     finished_order_.pop_front();
   }
-  --op->tenant_->in_flight;
+  op->tenant_->in_flight -= op->status_.weight();
   --in_flight_;  // the destructor's LockWhen sees it reach zero
 }
 

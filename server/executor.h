@@ -122,6 +122,15 @@ class Work {
   std::vector<absl::AnyInvocable<void()>> listeners_;
 };
 
+// One of the API's operations that an executor operation runs among others, as one unit
+// (a chain replayed: server/service/chain_replay.h).
+struct OperationMember {
+  OperationKind kind = OperationKind::kElementwise;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t flops = 0;
+};
+
 // What a caller sees of an operation.
 struct OperationStatus {
   enum class State : uint8_t { kQueued, kRunning, kSucceeded, kFailed };
@@ -134,6 +143,10 @@ struct OperationStatus {
   OpTiming timing;
   std::vector<BufferMeta> outputs;
   OpResult result;
+  // OpSpec::members: empty unless it stands for several of the API's operations.
+  std::vector<OperationMember> members;
+  // How many of the API's operations it stands for.
+  size_t weight() const { return members.empty() ? 1 : members.size(); }
   bool done() const { return state == State::kSucceeded || state == State::kFailed; }
 };
 
@@ -283,6 +296,12 @@ class Executor {
     // that it may be recorded with its neighbours and launched as one unit
     // (Stream::BeginCapture), or, should the recording fail, launched on its own.
     bool capturable = false;
+    // The API's operations it stands for, when it runs several as one unit; empty: it
+    // is one, of `kind`, with the traffic above. Each member counts as one operation in
+    // the tenant's operations quota and in the statistics, with its own kind and traffic
+    // and an even share of the device time; `kind` and the traffic above then describe
+    // the whole, as GetStatus reports it.
+    std::vector<OperationMember> members;
     // Runs once the operation is done, with it, as OnDone's callbacks do; registered
     // with the submission, under the same lock, only if it is accepted.
     absl::AnyInvocable<void(const std::shared_ptr<Operation>&) &&> on_done;
@@ -352,6 +371,7 @@ class Executor {
   // stream are recorded and launched as one unit where the backend can (0: never). Set
   // before any work is submitted.
   void SetCaptureMinOps(size_t min_ops) { capture_min_ops_ = min_ops; }
+  size_t capture_min_ops() const { return capture_min_ops_; }
   // Set before any work is submitted; the observer must outlive the executor.
   void SetObserver(OperationObserver* observer) { observer_ = observer; }
   // Enforces the tenants' streams and operations quotas (null: none). Set before any

@@ -715,6 +715,62 @@ TEST_F(ExecutorTest, CheckSubmitAllRefusesWhatSubmitAllWouldAndQueuesNothing) {
   EXPECT_EQ(refused, 0u);
 }
 
+TEST_F(ExecutorTest, AnOperationOfSeveralMembersCountsEachInTheQuotaAndTheStatistics) {
+  ASSERT_NO_FATAL_FAILURE(SetQuotas("default operations=4\n"));
+  const std::string alice = ScopeOf("alice", "c");
+  BufferHandle x = NewBuffer(4);
+  // One operation that stands for three: two elementwise and a reduce.
+  auto three = [&](const std::string& name, int64_t value) {
+    Executor::OpSpec spec = Write(name, x, value);
+    spec.members = {{OperationKind::kElementwise, 32, 32, 4},
+                    {OperationKind::kElementwise, 32, 32, 8},
+                    {OperationKind::kReduce, 32, 8, 4}};
+    return spec;
+  };
+  absl::StatusOr<std::shared_ptr<Operation>> submitted = executor_->Submit(alice, "", three("run", 1));
+  ASSERT_OK(submitted);
+  const std::shared_ptr<Operation> run = *submitted;
+  // Three of the four in flight: one more fits, a second group of three does not, and
+  // CheckSubmitAll names the first item that does not fit.
+  Executor::OpSpec group = three("again", 2);
+  Executor::OpSpec single = Write("single", x, 3);
+  size_t refused = 99;
+  const std::vector<Executor::SubmitItem> items = {{"", &single}, {"", &group}};
+  absl::Status s = executor_->CheckSubmitAll(alice, items, &refused);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("3 operations in flight and 4 more asked for"), std::string::npos) << s;
+  EXPECT_EQ(refused, 1u);
+  absl::StatusOr<std::shared_ptr<Operation>> over = executor_->Submit(alice, "", three("over", 4));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  ASSERT_OK(executor_->Submit(alice, "", Write("single", x, 3)));
+
+  backend_.RunReady();
+  backend_.AdvanceClock(0.3);
+  backend_.Finish("run");
+  backend_.RunUntilIdle();
+  EXPECT_EQ(executor_->GetStatus(*run).state, State::kSucceeded);
+  EXPECT_FALSE(backend_.Finished("over"));
+  // Each member counted as one operation of its kind, with its traffic and a third of the
+  // time; the whole reports its own.
+  const auto stats = executor_->Stats();
+  const KindStats& elementwise = stats[static_cast<int>(OperationKind::kElementwise)];
+  const KindStats& reduce = stats[static_cast<int>(OperationKind::kReduce)];
+  EXPECT_EQ(elementwise.count, 2u);
+  EXPECT_EQ(elementwise.bytes_read, 64u);
+  EXPECT_EQ(elementwise.flops, 12u);
+  EXPECT_DOUBLE_EQ(elementwise.device_seconds, 0.2);
+  EXPECT_EQ(reduce.count, 1u);
+  EXPECT_EQ(reduce.bytes_written, 8u);
+  EXPECT_DOUBLE_EQ(reduce.device_seconds, 0.1);
+  EXPECT_EQ(stats[static_cast<int>(OperationKind::kFill)].count, 1u);  // the single one
+  EXPECT_EQ(executor_->Stats("alice")[static_cast<int>(OperationKind::kElementwise)].count, 2u);
+  // All done: the quota has room for four again.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK(executor_->Submit(alice, "", Write(absl::StrCat("w", i), x, i)));
+  }
+  backend_.RunUntilIdle();
+}
+
 TEST_F(ExecutorTest, StreamsQuotaCountsATenantsStreamsDefaultOnesIncluded) {
   ASSERT_NO_FATAL_FAILURE(SetQuotas("default streams=2\ntenant bob streams=3"));
   const std::string alice = ScopeOf("alice", "c");

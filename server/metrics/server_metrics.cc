@@ -80,9 +80,20 @@ void ServerMetrics::OnCompleted(const OperationStatus& op) {
     load_[op.device].running.fetch_sub(1, std::memory_order_relaxed);
   }
   if (op.state != OperationStatus::State::kSucceeded) return;
-  const int k = static_cast<int>(op.kind);
-  device_seconds_[k]->Observe(op.timing.device_seconds);
-  latency_seconds_[k]->Observe(op.timing.queued_seconds + op.timing.device_seconds);
+  if (op.members.empty()) {
+    const int k = static_cast<int>(op.kind);
+    device_seconds_[k]->Observe(op.timing.device_seconds);
+    latency_seconds_[k]->Observe(op.timing.queued_seconds + op.timing.device_seconds);
+    return;
+  }
+  // Run as one unit: each member with an even share of the device time, and the unit's
+  // latency.
+  const double share = op.timing.device_seconds / op.members.size();
+  for (const OperationMember& m : op.members) {
+    const int k = static_cast<int>(m.kind);
+    device_seconds_[k]->Observe(share);
+    latency_seconds_[k]->Observe(op.timing.queued_seconds + op.timing.device_seconds);
+  }
 }
 
 std::vector<Family> ServerMetrics::Collect() {
