@@ -281,17 +281,32 @@ size_t BufferRegistry::ReclaimExpired() {
       UnreserveLocked(*entry);
     }
   }
+  for (const BufferHandle& entry : expired) NotifyRemoved(*entry);
   leases_expired_.fetch_add(expired.size());
   return expired.size();
 }
 
 absl::StatusOr<BufferHandle> BufferRegistry::Remove(absl::string_view client,
                                                     absl::string_view ref) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(BufferHandle entry, LookupLocked(client, ref));
-  by_id_.erase(entry->id);
-  UnreserveLocked(*entry);
+  BufferHandle entry;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(entry, LookupLocked(client, ref));
+    by_id_.erase(entry->id);
+    UnreserveLocked(*entry);
+  }
+  NotifyRemoved(*entry);
   return entry;
+}
+
+void BufferRegistry::SetRemovalListener(RemovalListener listener) {
+  absl::MutexLock lock(&listener_mu_);
+  removal_listener_ = std::move(listener);
+}
+
+void BufferRegistry::NotifyRemoved(const BufferEntry& entry) {
+  absl::ReaderMutexLock lock(&listener_mu_);
+  if (removal_listener_) removal_listener_(entry);
 }
 
 std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {

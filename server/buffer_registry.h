@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,6 +181,11 @@ class BufferRegistry {
   // caller's scope (server/auth.h): another tenant's buffer id is NOT_FOUND with the
   // message an unknown id gets.
   absl::StatusOr<BufferHandle> Lookup(absl::string_view client, absl::string_view ref) const;
+  // Called with each buffer unregistered by Remove or ReclaimExpired, after the
+  // registry's lock is released, so that what keeps buffers for later (prepared chains)
+  // lets them go. Null: none. It must not call into the registry.
+  using RemovalListener = std::function<void(const BufferEntry&)>;
+  void SetRemovalListener(RemovalListener listener) ABSL_LOCKS_EXCLUDED(listener_mu_);
   // Unregisters every buffer whose lease has expired (memory as Remove); returns how many.
   size_t ReclaimExpired();
   // Buffers reclaimed by ReclaimExpired since the registry was made.
@@ -212,6 +218,7 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static std::string NameKey(absl::string_view client, absl::string_view name);
+  void NotifyRemoved(const BufferEntry& entry) ABSL_LOCKS_EXCLUDED(mu_, listener_mu_);
 
   Backend& backend_;
   MemoryLimiter& limiter_;
@@ -223,6 +230,8 @@ class BufferRegistry {
   // Registered (and reserved) buffers by tenant, for the quotas.
   absl::flat_hash_map<std::string, uint64_t> tenant_buffers_ ABSL_GUARDED_BY(mu_);
   const Quotas* quotas_ = nullptr;
+  absl::Mutex listener_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  RemovalListener removal_listener_ ABSL_GUARDED_BY(listener_mu_);
 };
 
 }  // namespace gpucompute
