@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/session.h"
 
 namespace gpucompute::testing {
 
@@ -88,6 +90,24 @@ std::string IncrementExpression() {
 }
 
 }  // namespace
+
+void ExpectMemoryReturnsTo(Client& client, uint64_t bytes) {
+  uint64_t used = 0;
+  for (int i = 0; i < 500; ++i) {
+    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+    ASSERT_OK(info);
+    used = info->memory_used_bytes();
+    if (used == bytes) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(used, bytes) << "memory in use did not return to what it was";
+}
+
+void ExpectContains(std::string_view text, std::string_view needle) {
+  EXPECT_NE(text.find(needle), std::string_view::npos) << "'" << needle << "' not in: " << text;
+}
+
+v1::Operand Tagged(std::string_view tag) { return BufferOperand(TagRef(tag)); }
 
 v1::SubmitRequest Increment(const std::string& buffer, std::string_view stream) {
   static const std::string kExpression = IncrementExpression();

@@ -62,6 +62,14 @@ void ExpectRejected(Client& client, const v1::SubmitRequest& request, absl::Stat
 // Operations of `kind` the server has completed (GetStats).
 uint64_t CompletedCount(Client& client, v1::OperationKind kind);
 
+// Waits until the server's memory use is `bytes` (queued work may still hold some).
+void ExpectMemoryReturnsTo(Client& client, uint64_t bytes);
+
+void ExpectContains(std::string_view text, std::string_view needle);
+
+// An operand naming the output of the session's or chain's step `tag`.
+v1::Operand Tagged(std::string_view tag);
+
 // ---------------------------------------------------------------------------
 // Test data and references
 

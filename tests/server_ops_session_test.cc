@@ -15,27 +15,8 @@ namespace {
 
 using SessionTest = ServerOpsTest;
 
-void ExpectContains(std::string_view text, std::string_view needle) {
-  EXPECT_NE(text.find(needle), std::string_view::npos) << "'" << needle << "' not in: " << text;
-}
-
-v1::Operand Tagged(std::string_view tag) { return BufferOperand(TagRef(tag)); }
-
 absl::StatusOr<v1::Operation> Result(const Session::Submitted& submitted) {
   return submitted.result.Get();
-}
-
-// Waits until the server's memory use is `bytes` (queued work may still hold some).
-void ExpectMemoryReturnsTo(Client& client, uint64_t bytes) {
-  uint64_t used = 0;
-  for (int i = 0; i < 500; ++i) {
-    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-    ASSERT_OK(info);
-    used = info->memory_used_bytes();
-    if (used == bytes) return;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(used, bytes) << "memory in use did not return to what it was";
 }
 
 TEST_F(SessionTest, TagsFeedLaterOperationsBeforeTheyRun) {

@@ -1,5 +1,6 @@
 // SessionService.RunChain: a list of tagged steps, checked whole, queued at once, and
-// answered when the last is done (the contract is in the proto).
+// answered when the last is done (the contract is in the proto). A chain submitted again
+// unchanged runs prepared, as one operation (chain_replay.h).
 #include <algorithm>
 #include <atomic>
 #include <iterator>
@@ -12,24 +13,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "server/service/chain_replay.h"
 #include "server/service/services.h"
 #include "server/service/tagged_ops.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
 namespace {
-
-struct ChainStepPlan {
-  std::string tag;
-  std::string stream_id;
-  Plan plan;
-  BufferHandle written;
-  // The new buffer the step keeps (registers), if any; a new buffer not kept is a
-  // temporary, alive only while the chain's work uses it.
-  BufferHandle kept;
-  bool temporary = false;
-  std::vector<size_t> deps;  // indices of the steps it refers to by tag
-};
 
 // Steps queued and launched together (RunChainCall): long enough that a run's launch
 // costs little per step, short enough that the device starts early. A chain of 100 small
@@ -45,8 +35,10 @@ absl::Status StepError(size_t index, absl::string_view tag, const absl::Status& 
 
 // Checks and plans every step. Nothing is queued or registered; on error the buffers
 // the plans allocated are freed with them.
+// The buffer references that are not tags go to `refs`.
 absl::StatusOr<std::vector<ChainStepPlan>> PlanChain(ServiceContext& ctx, absl::string_view client,
-                                                     const v1::ChainRequest& request) {
+                                                     const v1::ChainRequest& request,
+                                                     std::vector<ResolvedRef>* refs) {
   if (request.steps().empty()) return absl::InvalidArgumentError("a chain needs at least one step");
   if (request.steps_size() > static_cast<int>(kMaxChainSteps)) {
     return absl::InvalidArgumentError(absl::StrCat("the chain has ", request.steps_size(),
@@ -71,7 +63,7 @@ absl::StatusOr<std::vector<ChainStepPlan>> PlanChain(ServiceContext& ctx, absl::
           if (it == index.end()) return UnknownTagError(tag);
           return steps[it->second].written;
         },
-        &dep_tags);
+        &dep_tags, refs);
     if (!plan.ok()) return StepError(i, step.tag(), plan.status());
     ChainStepPlan& planned = steps.emplace_back();
     planned.tag = step.tag();
@@ -115,19 +107,6 @@ absl::Status ReserveAll(ServiceContext& ctx, const std::vector<ChainStepPlan>& s
   return absl::OkStatus();
 }
 
-// Starts the answer of `step` while the work runs: all but the outcome (ToProtoOutcome).
-// A temporary is not reported as an output.
-void BeginStepResult(const ChainStepPlan& step, v1::ChainResponse* response) {
-  v1::ChainStepResult* result = response->add_steps();
-  result->set_tag(step.tag);
-  v1::Operation* op = result->mutable_operation();
-  op->set_kind(ToProto(step.plan.spec.kind));
-  for (const BufferMeta& m : step.plan.spec.outputs) {
-    if (step.temporary && m.id == step.written->id) continue;
-    ToProto(m, op->add_outputs());
-  }
-}
-
 // A chain in flight: its steps' operations, answered once the last is done.
 struct ChainRun {
   ChainRun(ServiceContext& ctx, v1::ChainResponse* response) : ctx(ctx), response(response) {}
@@ -160,6 +139,29 @@ struct ChainRun {
   }
 };
 
+// Runs `chain` once, answered when it is done; `planned`: planned for this call (its
+// compile time is reported). The executor's refusal (the stream gone, the quota,
+// shutdown) is returned, and then nothing ran.
+absl::StatusOr<grpc::ServerUnaryReactor*> RunPrepared(ServiceContext& ctx, const Caller& caller,
+                                                      std::shared_ptr<PreparedChain> chain,
+                                                      bool planned, v1::ChainResponse* response) {
+  auto results = std::make_shared<std::vector<OpResult>>(chain->size());
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
+                   ctx.executor.Submit(caller.scope, chain->stream_id(),
+                                       chain->Spec(chain, results)));
+  // While the device runs it.
+  *response = chain->answer();
+  auto* reactor = new DeferredReactor(caller.admission);
+  ctx.executor.OnDone(op, [state = reactor->state(), chain = std::move(chain),
+                           results = std::move(results), op, planned, response] {
+    DeferredReactor::FinishOnce(state, [&] {
+      chain->Answer(*op, *results, planned, response);
+      return grpc::Status::OK;
+    });
+  });
+  return reactor;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
@@ -168,7 +170,18 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
-  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, *request);
+  ChainCache& cache = *ctx.chains;
+  const std::string key = ChainCache::KeyOf(caller->scope, *request);
+  if (!key.empty()) {
+    if (std::shared_ptr<PreparedChain> chain = cache.Find(key, caller->scope)) {
+      absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
+          RunPrepared(ctx, *caller, std::move(chain), false, response);
+      if (reactor.ok()) return *reactor;
+      // Refused: planned afresh below, which names the step refused.
+    }
+  }
+  std::vector<ResolvedRef> refs;
+  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, *request, &refs);
   if (!steps.ok()) return FinishNow(context, steps.status());
   auto run = std::make_shared<ChainRun>(ctx, response);
   run->steps = *std::move(steps);
@@ -183,6 +196,19 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   size_t refused = 0;
   if (absl::Status s = ctx.executor.CheckSubmitAll(caller->scope, items, &refused); !s.ok()) {
     return FinishNow(context, StepError(refused, run->steps[refused].tag, s));
+  }
+  // Seen before, unchanged: kept from now on, if it may be.
+  if (!key.empty() && cache.SeenBefore(key) &&
+      PreparedChain::Preparable(run->steps, ChainCache::kMaxTemporaryBytes).ok()) {
+    auto chain = std::make_shared<PreparedChain>(run->steps, std::move(refs),
+                                                 run->steps.front().stream_id,
+                                                 ctx.executor.capture_min_ops());
+    run->steps.clear();
+    absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
+        RunPrepared(ctx, *caller, chain, true, response);
+    if (!reactor.ok()) return FinishNow(context, reactor.status());  // only a race
+    cache.Insert(key, std::move(chain));
+    return *reactor;
   }
   if (absl::Status s = ReserveAll(ctx, run->steps); !s.ok()) return FinishNow(context, s);
 

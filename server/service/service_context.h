@@ -32,6 +32,10 @@
 
 namespace gpucompute {
 
+class ChainCache;
+// A ChainCache (chain_replay.h) of `registry`'s buffers.
+std::shared_ptr<ChainCache> MakeChainCache(BufferRegistry& registry);
+
 inline constexpr char kVersion[] = "0.1.0";
 inline constexpr char kApi[] = "gpucompute.v1";
 
@@ -66,6 +70,8 @@ struct ServiceContext {
   RequestLimits limits = {};
   // Elementwise expressions compiled before, for the planner.
   std::shared_ptr<expr::ProgramCache> programs = std::make_shared<expr::ProgramCache>();
+  // Chains kept to run again (RunChain).
+  std::shared_ptr<ChainCache> chains = MakeChainCache(registry);
   // Copies received upload chunks into staging memory (set by the server at start).
   // Last, so that it is destroyed first: its remaining jobs use the members above.
   std::unique_ptr<WorkerThreads> chunk_copiers = nullptr;

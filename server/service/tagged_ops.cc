@@ -19,10 +19,15 @@ absl::Status CheckTag(absl::string_view tag) {
 
 absl::StatusOr<Plan> PlanTagged(ServiceContext& ctx, absl::string_view client,
                                 const v1::SubmitRequest& request, TagFinder find_tag,
-                                std::vector<std::string>* deps) {
+                                std::vector<std::string>* deps,
+                                std::vector<ResolvedRef>* refs) {
   return PlanOperation(
       ctx, client, request, [&](absl::string_view ref) -> absl::StatusOr<BufferHandle> {
-        if (!absl::StartsWith(ref, kTagPrefix)) return ctx.registry.Lookup(client, ref);
+        if (!absl::StartsWith(ref, kTagPrefix)) {
+          absl::StatusOr<BufferHandle> buffer = ctx.registry.Lookup(client, ref);
+          if (refs != nullptr && buffer.ok()) refs->push_back({std::string(ref), *buffer});
+          return buffer;
+        }
         const absl::string_view tag = ref.substr(sizeof(kTagPrefix) - 1);
         if (std::find(deps->begin(), deps->end(), tag) == deps->end()) deps->emplace_back(tag);
         return find_tag(tag);

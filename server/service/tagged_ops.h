@@ -25,11 +25,19 @@ absl::Status CheckTag(absl::string_view tag);
 // be used (UnknownTagError, FailedDependencyError).
 using TagFinder = absl::FunctionRef<absl::StatusOr<BufferHandle>(absl::string_view tag)>;
 
+// A buffer reference that is not a tag, as the request wrote it, and what it resolved to.
+struct ResolvedRef {
+  std::string ref;
+  BufferHandle buffer;
+};
+
 // Plans `request` with its references "tag:<t>" resolved by `find_tag` and the others
-// as the client's buffers. The tags it refers to are added to `deps`, once each.
+// as the client's buffers. The tags it refers to are added to `deps`, once each, and
+// the other references, if `refs` is set, to `refs`.
 absl::StatusOr<Plan> PlanTagged(ServiceContext& ctx, absl::string_view client,
                                 const v1::SubmitRequest& request, TagFinder find_tag,
-                                std::vector<std::string>* deps);
+                                std::vector<std::string>* deps,
+                                std::vector<ResolvedRef>* refs = nullptr);
 
 // INVALID_ARGUMENT: `tag` names no earlier operation.
 absl::Status UnknownTagError(absl::string_view tag);

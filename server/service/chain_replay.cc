@@ -1,0 +1,290 @@
+#include "server/service/chain_replay.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "server/service/proto_conversions.h"
+#include "server/status_macros.h"
+
+namespace gpucompute {
+
+void BeginStepResult(const ChainStepPlan& step, v1::ChainResponse* response) {
+  v1::ChainStepResult* result = response->add_steps();
+  result->set_tag(step.tag);
+  v1::Operation* op = result->mutable_operation();
+  op->set_kind(ToProto(step.plan.spec.kind));
+  for (const BufferMeta& m : step.plan.spec.outputs) {
+    if (step.temporary && m.id == step.written->id) continue;
+    ToProto(m, op->add_outputs());
+  }
+}
+
+// --- PreparedChain
+
+absl::Status PreparedChain::Preparable(const std::vector<ChainStepPlan>& steps,
+                                       uint64_t max_temporary_bytes) {
+  uint64_t temporary_bytes = 0;
+  const int device = steps.front().written->device;
+  for (const ChainStepPlan& step : steps) {
+    if (step.kept != nullptr) return absl::FailedPreconditionError("it keeps a new buffer");
+    if (step.stream_id != steps.front().stream_id) {
+      return absl::FailedPreconditionError("its steps run on several streams");
+    }
+    for (const Executor::Access& a : step.plan.spec.accesses) {
+      if (a.buffer->device != device) {
+        return absl::FailedPreconditionError("its steps run on several devices");
+      }
+    }
+    if (step.temporary) temporary_bytes += step.written->size_bytes();
+  }
+  if (temporary_bytes > max_temporary_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "its temporaries take ", temporary_bytes, " bytes; at most ", max_temporary_bytes,
+        " are kept"));
+  }
+  return absl::OkStatus();
+}
+
+PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<ResolvedRef> refs,
+                             std::string stream_id, size_t record_min_steps)
+    : stream_id_(std::move(stream_id)), refs_(std::move(refs)) {
+  steps_.reserve(steps.size());
+  for (ChainStepPlan& planned : steps) {
+    BeginStepResult(planned, &answer_);
+    Executor::OpSpec& spec = planned.plan.spec;
+    steps_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops,
+                      spec.compile_seconds, spec.capturable, std::move(spec.launch)});
+    if (planned.temporary) {
+      temporaries_.push_back(planned.written);
+      temporary_bytes_ += planned.written->size_bytes();
+    }
+    for (const Executor::Access& a : spec.accesses) {
+      auto same = [&](const Executor::Access& b) { return b.buffer == a.buffer; };
+      auto it = std::find_if(accesses_.begin(), accesses_.end(), same);
+      if (it == accesses_.end()) {
+        accesses_.push_back(a);
+      } else {
+        it->write = it->write || a.write;
+      }
+    }
+    for (const BufferMeta& m : spec.outputs) {
+      const bool temporary = planned.temporary && m.id == planned.written->id;
+      const bool listed = std::any_of(outputs_.begin(), outputs_.end(),
+                                      [&](const BufferMeta& o) { return o.id == m.id; });
+      if (!temporary && !listed) outputs_.push_back(m);
+    }
+  }
+  // Runs of capturable steps long enough to record; the rest one by one.
+  for (size_t i = 0; i < steps_.size();) {
+    size_t end = i + 1;
+    while (end < steps_.size() && steps_[end].capturable == steps_[i].capturable) ++end;
+    const bool record = steps_[i].capturable && record_min_steps != 0 &&
+                        end - i >= std::max<size_t>(2, record_min_steps);
+    Segment& segment = segments_.emplace_back();
+    segment.begin = i;
+    segment.end = end;
+    segment.record = record;
+    i = end;
+  }
+}
+
+bool PreparedChain::Names(const BufferEntry* entry) const {
+  return std::any_of(refs_.begin(), refs_.end(),
+                     [&](const ResolvedRef& r) { return r.buffer.get() == entry; });
+}
+
+bool PreparedChain::StillResolves(const BufferRegistry& registry, absl::string_view client) const {
+  for (const ResolvedRef& r : refs_) {
+    absl::StatusOr<BufferHandle> now = registry.Lookup(client, r.ref);
+    if (!now.ok() || *now != r.buffer) return false;
+  }
+  return true;
+}
+
+Executor::OpSpec PreparedChain::Spec(const std::shared_ptr<PreparedChain>& self,
+                                     const std::shared_ptr<std::vector<OpResult>>& results) const {
+  Executor::OpSpec spec;
+  spec.kind = steps_.front().kind;
+  spec.accesses = accesses_;
+  spec.outputs = outputs_;
+  spec.members.reserve(steps_.size());
+  for (const Step& step : steps_) {
+    spec.bytes_read += step.bytes_read;
+    spec.bytes_written += step.bytes_written;
+    spec.flops += step.flops;
+    spec.members.push_back({step.kind, step.bytes_read, step.bytes_written, step.flops});
+  }
+  // It records its own runs (Launch): the executor must not record it among others.
+  spec.capturable = false;
+  spec.launch = [self, results](Stream& stream, OpResult&) { return self->Launch(stream, *results); };
+  return spec;
+}
+
+absl::StatusOr<LaunchInfo> PreparedChain::LaunchSteps(Stream& stream, const Segment& segment,
+                                                      std::vector<OpResult>& results) {
+  for (size_t i = segment.begin; i < segment.end; ++i) {
+    RETURN_IF_ERROR(steps_[i].launch(stream, results[i]).status());
+  }
+  return LaunchInfo{};
+}
+
+absl::StatusOr<std::unique_ptr<Recording>> PreparedChain::Record(Stream& stream, Segment& segment,
+                                                                 std::vector<OpResult>& results) {
+  RETURN_IF_ERROR(stream.BeginCapture());
+  const absl::Status launched = LaunchSteps(stream, segment, results).status();
+  absl::StatusOr<std::unique_ptr<Recording>> recording = stream.EndRecording();
+  RETURN_IF_ERROR(launched);
+  if (recording.ok()) {
+    for (size_t i = segment.begin; i < segment.end; ++i) {
+      segment.next_offsets.push_back(results[i].next_offset);
+    }
+  }
+  return recording;
+}
+
+absl::StatusOr<LaunchInfo> PreparedChain::Launch(Stream& stream, std::vector<OpResult>& results) {
+  absl::MutexLock lock(&mu_);
+  for (Segment& segment : segments_) {
+    if (!segment.record || segment.failed || !stream.CanCapture()) {
+      RETURN_IF_ERROR(LaunchSteps(stream, segment, results).status());
+      continue;
+    }
+    if (segment.recording == nullptr) {
+      // Recorded at its first run. A step that fails to record (or a recording that
+      // fails) leaves the segment to run one by one, which then reports the step's error.
+      absl::StatusOr<std::unique_ptr<Recording>> recording = Record(stream, segment, results);
+      if (!recording.ok()) {
+        segment.failed = true;
+        RETURN_IF_ERROR(LaunchSteps(stream, segment, results).status());
+        continue;
+      }
+      segment.recording = *std::move(recording);
+    }
+    RETURN_IF_ERROR(stream.LaunchRecording(*segment.recording));
+    // What the recorded launches left besides device work (random fills' next offsets).
+    for (size_t i = segment.begin; i < segment.end; ++i) {
+      results[i].next_offset = segment.next_offsets[i - segment.begin];
+    }
+  }
+  return LaunchInfo{};
+}
+
+void PreparedChain::Answer(const Operation& run, std::vector<OpResult>& results, bool compiled,
+                           v1::ChainResponse* response) const {
+  const OperationStatus& whole = Executor::FinalStatus(run);
+  OperationStatus step;
+  step.state = whole.state;
+  step.error = whole.error;
+  step.stream_id = whole.stream_id;
+  step.device = whole.device;
+  step.timing.queued_seconds = whole.timing.queued_seconds;
+  step.timing.device_seconds = whole.timing.device_seconds / steps_.size();
+  step.timing.graph_operations = static_cast<uint32_t>(steps_.size());
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& s = steps_[i];
+    step.timing.bytes_read = s.bytes_read;
+    step.timing.bytes_written = s.bytes_written;
+    step.timing.flops = s.flops;
+    step.timing.compile_seconds = compiled ? s.compile_seconds : 0;
+    step.result = whole.error.ok() ? std::move(results[i]) : OpResult{};
+    v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
+    op->set_id(whole.id);
+    op->set_stream_id(whole.stream_id);
+    ToProtoOutcome(step, op);
+  }
+}
+
+// --- ChainCache
+
+std::shared_ptr<ChainCache> MakeChainCache(BufferRegistry& registry) {
+  return std::make_shared<ChainCache>(registry);
+}
+
+ChainCache::ChainCache(BufferRegistry& registry) : registry_(registry) {
+  registry_.SetRemovalListener([this](const BufferEntry& entry) { Forget(entry); });
+}
+
+ChainCache::~ChainCache() { registry_.SetRemovalListener(nullptr); }
+
+std::string ChainCache::KeyOf(absl::string_view scope, const v1::ChainRequest& request) {
+  if (request.ByteSizeLong() > kMaxRequestBytes) return "";
+  std::string key(scope);
+  key.push_back('\0');
+  {
+    google::protobuf::io::StringOutputStream stream(&key);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);  // map fields in one order
+    request.SerializeToCodedStream(&out);
+  }
+  return key;
+}
+
+std::shared_ptr<PreparedChain> ChainCache::Find(const std::string& key, absl::string_view client) {
+  std::shared_ptr<PreparedChain> chain;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = chains_.find(key);
+    if (it == chains_.end()) return nullptr;
+    chain = it->second.chain;
+    lru_.splice(lru_.begin(), lru_, it->second.position);
+  }
+  // Outside the lock: the registry's removals call Forget.
+  if (chain->StillResolves(registry_, client)) return chain;
+  absl::MutexLock lock(&mu_);
+  auto it = chains_.find(key);
+  if (it != chains_.end() && it->second.chain == chain) EraseLocked(it);
+  return nullptr;  // `chain`, the last reference, goes after the lock
+}
+
+bool ChainCache::SeenBefore(const std::string& key) {
+  const size_t hash = absl::HashOf(key);
+  absl::MutexLock lock(&mu_);
+  if (seen_.contains(hash)) return true;
+  if (seen_.size() >= kMaxSeen) seen_.clear();
+  seen_.insert(hash);
+  return false;
+}
+
+void ChainCache::Insert(const std::string& key, std::shared_ptr<PreparedChain> chain) {
+  // Those forgotten go after the lock: the last reference frees their temporaries.
+  std::vector<std::shared_ptr<PreparedChain>> gone;
+  absl::MutexLock lock(&mu_);
+  if (auto it = chains_.find(key); it != chains_.end()) gone.push_back(EraseLocked(it));
+  while (!lru_.empty() &&
+         (chains_.size() >= kMaxChains || total_bytes_ + chain->temporary_bytes() > kMaxTotalBytes)) {
+    gone.push_back(EraseLocked(chains_.find(lru_.back())));
+  }
+  total_bytes_ += chain->temporary_bytes();
+  lru_.push_front(key);
+  chains_.emplace(key, Kept{std::move(chain), lru_.begin()});
+}
+
+void ChainCache::Forget(const BufferEntry& entry) {
+  std::vector<std::shared_ptr<PreparedChain>> gone;  // dropped after the lock, as above
+  absl::MutexLock lock(&mu_);
+  for (auto it = chains_.begin(); it != chains_.end();) {
+    auto next = std::next(it);
+    if (it->second.chain->Names(&entry)) gone.push_back(EraseLocked(it));
+    it = next;
+  }
+}
+
+size_t ChainCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return chains_.size();
+}
+
+std::shared_ptr<PreparedChain> ChainCache::EraseLocked(
+    absl::flat_hash_map<std::string, Kept>::iterator it) {
+  std::shared_ptr<PreparedChain> chain = std::move(it->second.chain);
+  total_bytes_ -= chain->temporary_bytes();
+  lru_.erase(it->second.position);
+  chains_.erase(it);
+  return chain;
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,194 @@
+// Chains submitted again unchanged, run prepared (server/service/chain_replay.h), through
+// a real server: the same answers as a planned run, the buffers they name followed by
+// name, their temporaries freed once a buffer they name goes, and the refusals of a
+// planned run.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "client/session.h"
+#include "tests/server_ops_fixture.h"
+
+namespace gpucompute::testing {
+namespace {
+
+using ChainReplayTest = ServerOpsTest;
+
+constexpr size_t kN = 300;
+constexpr int kIncrements = 10;
+
+// s0 = x * 0.5 + 1, s_k = s_(k-1) * 0.5 + 1 (temporaries), "into_y" writes 2 * s_last into
+// the existing buffer y, "sum" sums s_last, "noise" fills a temporary with random values.
+Chain HalvingChain() {
+  Chain chain;
+  std::string last = chain.Add(Elementwise("x * 0.5 + 1", {{"x", BufferOperand("x")}}), "s0");
+  for (int k = 1; k < kIncrements; ++k) {
+    last = chain.Add(Elementwise("s * 0.5 + 1", {{"s", Tagged(last)}}), absl::StrCat("s", k));
+  }
+  chain.Add(Elementwise("s * 2", {{"s", Tagged(last)}}, ExistingOutput("y")), "into_y");
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef(last)), "sum");
+  chain.Add(Random(v1::DISTRIBUTION_UNIFORM, {64}, v1::DTYPE_FLOAT64, 7), "noise");
+  return chain;
+}
+
+// What HalvingChain leaves in y, and its sum, from x.
+struct Expected {
+  std::vector<double> y;
+  double sum = 0;
+};
+Expected Reference(const std::vector<double>& x) {
+  Expected e;
+  for (double v : x) {
+    for (int k = 0; k < kIncrements; ++k) v = v * 0.5 + 1;
+    e.y.push_back(2 * v);
+    e.sum += v;
+  }
+  return e;
+}
+
+// Runs `chain` and checks its answers against `x`; returns the distinct operation ids
+// of its steps.
+std::set<std::string> RunAndCheck(Client& client, const Chain& chain, const std::vector<double>& x,
+                                  v1::ChainResponse* out = nullptr) {
+  absl::StatusOr<v1::ChainResponse> response = chain.Run(client);
+  EXPECT_OK(response);
+  if (!response.ok()) return {};
+  const int steps = chain.request().steps_size();
+  EXPECT_EQ(response->steps_size(), steps);
+  std::set<std::string> ids;
+  for (int k = 0; k < response->steps_size(); ++k) {
+    const v1::ChainStepResult& step = response->steps(k);
+    EXPECT_EQ(step.tag(), chain.request().steps(k).tag());
+    const v1::Operation& op = step.operation();
+    EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << step.tag() << ": " << op.error_message();
+    EXPECT_TRUE(std::regex_match(op.id(), kOpIdPattern)) << op.id();
+    EXPECT_FALSE(op.stream_id().empty());
+    ids.insert(op.id());
+  }
+  const Expected want = Reference(x);
+  const v1::Operation& sum = response->steps(steps - 2).operation();
+  EXPECT_EQ(sum.kind(), v1::OPERATION_KIND_REDUCE);
+  EXPECT_EQ(sum.values_size(), 1);
+  if (sum.values_size() == 1) {
+    EXPECT_NEAR(sum.values(0).float_value(), want.sum, 1e-12 * std::abs(want.sum));
+  }
+  absl::StatusOr<std::vector<double>> y = DownloadArray<double>(client, "y");
+  EXPECT_OK(y);
+  if (y.ok()) ExpectClose(*y, want.y, 1e-15, 1e-300, "y");
+  if (out != nullptr) *out = *std::move(response);
+  return ids;
+}
+
+TEST_F(ChainReplayTest, AChainSubmittedAgainUnchangedRunsAsOneOperationWithTheSameAnswers) {
+  std::vector<double> x = RandomDoubles(kN, -1, 1, 21);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  for (bool separate : {false, true}) {
+    SCOPED_TRACE(separate ? "separate launches" : "recorded where the backend can");
+    Chain chain = HalvingChain();
+    chain.SeparateLaunches(separate);
+    const int steps = chain.request().steps_size();
+    const uint64_t elementwise_before = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
+    v1::ChainResponse first;
+    // The first run is planned, each step its own operation.
+    EXPECT_EQ(RunAndCheck(c(), chain, x, &first).size(), static_cast<size_t>(steps));
+    for (int run = 1; run < 5; ++run) {
+      SCOPED_TRACE(absl::StrCat("run ", run));
+      if (run == 3) {
+        // The prepared chain reads what x holds now.
+        ASSERT_OK(RunOp(c(), Elementwise("x * 3", {{"x", BufferOperand("x")}}, ExistingOutput("x"))));
+        for (double& v : x) v *= 3;
+      }
+      v1::ChainResponse response;
+      // From the second run on, the chain runs as one operation, which every step names.
+      EXPECT_EQ(RunAndCheck(c(), chain, x, &response).size(), 1u);
+      for (int k = 0; k < steps; ++k) {
+        const v1::Operation& op = response.steps(k).operation();
+        const v1::Operation& planned = first.steps(k).operation();
+        EXPECT_EQ(op.kind(), planned.kind()) << k;
+        EXPECT_EQ(op.timing().bytes_read(), planned.timing().bytes_read()) << k;
+        EXPECT_EQ(op.timing().bytes_written(), planned.timing().bytes_written()) << k;
+        EXPECT_EQ(op.timing().flops(), planned.timing().flops()) << k;
+        EXPECT_EQ(op.timing().graph_operations(), static_cast<uint32_t>(steps)) << k;
+        EXPECT_EQ(op.outputs_size(), planned.outputs_size()) << k;
+        EXPECT_EQ(op.next_offset(), planned.next_offset()) << k;
+      }
+      // The same random counters at every run, as a planned run of the request uses.
+      EXPECT_GT(response.steps(steps - 1).operation().next_offset(), 0u);
+    }
+    // Every step counted as one operation of its kind, at every run (and x * 3 once).
+    EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE),
+              elementwise_before + 5 * (kIncrements + 1) + 1);
+  }
+}
+
+TEST_F(ChainReplayTest, DeletingABufferAPreparedChainNamesFreesItsTemporaries) {
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  ASSIGN_OR_FAIL(v1::ServerInfo empty, c().GetServerInfo());
+  std::vector<double> x = RandomDoubles(kN, -1, 1, 22);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  const Chain chain = HalvingChain();
+  for (int run = 0; run < 3; ++run) RunAndCheck(c(), chain, x);
+  // Prepared: its temporaries stay between runs.
+  ASSIGN_OR_FAIL(v1::ServerInfo prepared, c().GetServerInfo());
+  EXPECT_GT(prepared.memory_used_bytes(), empty.memory_used_bytes() + kN * sizeof(double));
+
+  ASSERT_OK(c().DeleteBuffer("x"));
+  ExpectMemoryReturnsTo(c(), empty.memory_used_bytes());
+  // Without x the chain is refused, as a planned one is, and changes nothing.
+  const Snapshot before = TakeSnapshot(c());
+  absl::StatusOr<v1::ChainResponse> refused = chain.Run(c());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  ExpectContains(std::string(refused.status().message()), "step 0 ('s0')");
+  EXPECT_EQ(TakeSnapshot(c()), before);
+
+  // A new x of that name is the one the chain reads, at once and once prepared again.
+  x = RandomDoubles(kN, 2, 3, 23);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  for (int run = 0; run < 3; ++run) RunAndCheck(c(), chain, x);
+}
+
+TEST_F(ChainReplayTest, APreparedChainWhoseStreamIsGoneIsRefusedNamingTheStep) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 24);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  ASSIGN_OR_FAIL(v1::StreamInfo stream, c().CreateStream());
+  Chain chain = HalvingChain();
+  chain.OnStream(stream.id());
+  for (int run = 0; run < 3; ++run) {
+    v1::ChainResponse response;
+    RunAndCheck(c(), chain, x, &response);
+    EXPECT_EQ(response.steps(0).operation().stream_id(), stream.id());
+  }
+  ASSERT_OK(c().DeleteStream(stream.id()));
+  const Snapshot before = TakeSnapshot(c());
+  const uint64_t ran = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
+  absl::StatusOr<v1::ChainResponse> refused = chain.Run(c());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  ExpectContains(std::string(refused.status().message()), "step 0 ('s0')");
+  EXPECT_EQ(TakeSnapshot(c()), before);
+  EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE), ran);
+}
+
+TEST_F(ChainReplayTest, AChainThatKeepsANewBufferIsPlannedAtEveryRun) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 25);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  Chain chain = HalvingChain();
+  chain.Keep("s3");
+  std::set<std::string> kept;
+  for (int run = 0; run < 3; ++run) {
+    v1::ChainResponse response;
+    EXPECT_EQ(RunAndCheck(c(), chain, x, &response).size(),
+              static_cast<size_t>(chain.request().steps_size()));
+    ASSERT_EQ(response.steps(3).operation().outputs_size(), 1);
+    kept.insert(response.steps(3).operation().outputs(0).id());
+  }
+  // A new buffer at every run.
+  EXPECT_EQ(kept.size(), 3u);
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, c().ListBuffers());
+  EXPECT_EQ(list.buffers_size(), 5);  // x, y and the three kept
+}
+
+}  // namespace
+}  // namespace gpucompute::testing
