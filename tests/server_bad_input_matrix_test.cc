@@ -1349,6 +1349,8 @@ void BadInputMatrixTest::AddSessionCases() {
               "tag: \"t\" op { stream_id: $0 reduce { input: \"b\" kind: REDUCE_KIND_SUM } }");
 
   const std::string chain = "SessionService.RunChain";
+  Stream(chain, kMalformed, "bytes that are no ChainRequest", kAlice, {"\xff\xff"},
+         StatusCode::INVALID_ARGUMENT, "a malformed gpucompute.v1.ChainRequest message");
   Unary(chain, kMalformed, "no steps", kAlice, "", StatusCode::INVALID_ARGUMENT,
         "a chain needs at least one step");
   Unary(chain, kMalformed, "an empty tag", kAlice, absl::StrCat("steps { ", add, " }"),

@@ -5,8 +5,6 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/service/proto_conversions.h"
 #include "server/status_macros.h"
 
@@ -52,17 +50,23 @@ absl::Status PreparedChain::Preparable(const std::vector<ChainStepPlan>& steps,
 PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<ResolvedRef> refs,
                              std::string stream_id, size_t record_min_steps)
     : stream_id_(std::move(stream_id)), refs_(std::move(refs)) {
+  for (const ChainStepPlan& planned : steps) {
+    if (!planned.temporary) continue;
+    temporaries_.push_back(planned.written);
+    temporary_bytes_ += planned.written->size_bytes();
+  }
+  // Only its runs touch its temporaries, so the executor needs to order a run after
+  // the run before it, not to track every temporary: one written stands for them all.
+  absl::flat_hash_set<const BufferEntry*> untracked;
+  for (size_t i = 1; i < temporaries_.size(); ++i) untracked.insert(temporaries_[i].get());
   steps_.reserve(steps.size());
   for (ChainStepPlan& planned : steps) {
     BeginStepResult(planned, &answer_);
     Executor::OpSpec& spec = planned.plan.spec;
     steps_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops,
                       spec.compile_seconds, spec.capturable, std::move(spec.launch)});
-    if (planned.temporary) {
-      temporaries_.push_back(planned.written);
-      temporary_bytes_ += planned.written->size_bytes();
-    }
     for (const Executor::Access& a : spec.accesses) {
+      if (untracked.contains(a.buffer.get())) continue;
       auto same = [&](const Executor::Access& b) { return b.buffer == a.buffer; };
       auto it = std::find_if(accesses_.begin(), accesses_.end(), same);
       if (it == accesses_.end()) {
@@ -209,19 +213,6 @@ ChainCache::ChainCache(BufferRegistry& registry) : registry_(registry) {
 }
 
 ChainCache::~ChainCache() { registry_.SetRemovalListener(nullptr); }
-
-std::string ChainCache::KeyOf(absl::string_view scope, const v1::ChainRequest& request) {
-  if (request.ByteSizeLong() > kMaxRequestBytes) return "";
-  std::string key(scope);
-  key.push_back('\0');
-  {
-    google::protobuf::io::StringOutputStream stream(&key);
-    google::protobuf::io::CodedOutputStream out(&stream);
-    out.SetSerializationDeterministic(true);  // map fields in one order
-    request.SerializeToCodedStream(&out);
-  }
-  return key;
-}
 
 std::shared_ptr<PreparedChain> ChainCache::Find(const std::string& key, absl::string_view client) {
   std::shared_ptr<PreparedChain> chain;

@@ -134,15 +134,15 @@ class PreparedChain {
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
 };
 
-// The prepared chains of all clients, by caller and request bytes, least recently run
-// first out. Thread-safe.
+// The prepared chains of all clients, by key (the caller's scope and the request's
+// bytes: chain_service.cc), least recently run first out. Thread-safe.
 class ChainCache {
  public:
   static constexpr size_t kMaxChains = 64;
   // Of temporaries, per chain and in all.
   static constexpr uint64_t kMaxTemporaryBytes = 16 << 20;
   static constexpr uint64_t kMaxTotalBytes = 256 << 20;
-  // Requests larger than this are never kept (their bytes are the key).
+  // Requests larger than this are never kept (their bytes are in the key).
   static constexpr size_t kMaxRequestBytes = 1 << 20;
 
   // Forgets the chains that name a buffer as soon as `registry` unregisters it.
@@ -150,9 +150,6 @@ class ChainCache {
   ~ChainCache();
   ChainCache(const ChainCache&) = delete;
   ChainCache& operator=(const ChainCache&) = delete;
-
-  // The key of `request` from the caller of `scope`: empty if it is too large to keep.
-  static std::string KeyOf(absl::string_view scope, const v1::ChainRequest& request);
 
   // The chain kept under `key`, if any and if it still resolves (StillResolves); one
   // that does not is forgotten.

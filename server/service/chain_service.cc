@@ -16,6 +16,7 @@
 #include "server/service/chain_replay.h"
 #include "server/service/services.h"
 #include "server/service/tagged_ops.h"
+#include "gpucompute/v1/wire_format.h"
 #include "server/status_macros.h"
 
 namespace gpucompute {
@@ -107,22 +108,25 @@ absl::Status ReserveAll(ServiceContext& ctx, const std::vector<ChainStepPlan>& s
   return absl::OkStatus();
 }
 
-// A chain in flight: its steps' operations, answered once the last is done.
+// A chain in flight: its steps' operations, answered once the last is done. The answer
+// is built as a message and written to the call's raw response at the end.
 struct ChainRun {
-  ChainRun(ServiceContext& ctx, v1::ChainResponse* response) : ctx(ctx), response(response) {}
+  ChainRun(ServiceContext& ctx, grpc::ByteBuffer* raw_response)
+      : ctx(ctx), raw_response(raw_response) {}
 
   ServiceContext& ctx;
   std::vector<ChainStepPlan> steps;
   std::vector<std::shared_ptr<Operation>> ops;
   std::atomic<size_t> remaining{0};
-  v1::ChainResponse* response;
+  v1::ChainResponse response;
+  grpc::ByteBuffer* const raw_response;
   std::shared_ptr<DeferredReactor::State> reactor;
 
   void Answer() {
     DeferredReactor::FinishOnce(reactor, [&] {
       std::vector<absl::Status> errors(steps.size());
       for (size_t i = 0; i < steps.size(); ++i) {
-        v1::Operation* op = response->mutable_steps(i)->mutable_operation();
+        v1::Operation* op = response.mutable_steps(i)->mutable_operation();
         ToProtoOutcome(Executor::FinalStatus(*ops[i]), op);
         for (size_t d : steps[i].deps) {
           if (errors[d].ok()) continue;
@@ -134,6 +138,7 @@ struct ChainRun {
       // The temporaries go with the last handles: the plans' and the operations'.
       ops.clear();
       steps.clear();
+      *raw_response = wire::Serialize(response);
       return grpc::Status::OK;
     });
   }
@@ -144,51 +149,77 @@ struct ChainRun {
 // shutdown) is returned, and then nothing ran.
 absl::StatusOr<grpc::ServerUnaryReactor*> RunPrepared(ServiceContext& ctx, const Caller& caller,
                                                       std::shared_ptr<PreparedChain> chain,
-                                                      bool planned, v1::ChainResponse* response) {
+                                                      bool planned, grpc::ByteBuffer* raw_response) {
   auto results = std::make_shared<std::vector<OpResult>>(chain->size());
   ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
                    ctx.executor.Submit(caller.scope, chain->stream_id(),
                                        chain->Spec(chain, results)));
-  // While the device runs it.
-  *response = chain->answer();
+  // Begun while the device runs it.
+  auto response = std::make_shared<v1::ChainResponse>(chain->answer());
   auto* reactor = new DeferredReactor(caller.admission);
+  // The chain stays alive until its run is done, its temporaries and recordings with it,
+  // even if the cache forgets it meanwhile.
   ctx.executor.OnDone(op, [state = reactor->state(), chain = std::move(chain),
-                           results = std::move(results), op, planned, response] {
+                           results = std::move(results), response = std::move(response), op,
+                           planned, raw_response] {
     DeferredReactor::FinishOnce(state, [&] {
-      chain->Answer(*op, *results, planned, response);
+      chain->Answer(*op, *results, planned, response.get());
+      *raw_response = wire::Serialize(*response);
       return grpc::Status::OK;
     });
   });
   return reactor;
 }
 
+// The caller's scope, a NUL, then the request's bytes: what a chain kept to run again is
+// known by (ChainCache).
+std::string ChainKey(absl::string_view scope, const grpc::ByteBuffer& request) {
+  std::string key;
+  key.reserve(scope.size() + 1 + request.Length());
+  key.append(scope.data(), scope.size());
+  key.push_back('\0');
+  std::vector<grpc::Slice> slices;
+  if (request.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      key.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+  }
+  return key;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
-                                       const v1::ChainRequest* request,
-                                       v1::ChainResponse* response) {
+                                       const grpc::ByteBuffer* raw_request,
+                                       grpc::ByteBuffer* raw_response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
+  // A chain run before is known by its bytes, before they are parsed.
+  const std::string key = ChainKey(caller->scope, *raw_request);
+  const absl::string_view bytes = absl::string_view(key).substr(caller->scope.size() + 1);
   ChainCache& cache = *ctx.chains;
-  const std::string key = ChainCache::KeyOf(caller->scope, *request);
-  if (!key.empty()) {
+  const bool keepable = bytes.size() <= ChainCache::kMaxRequestBytes;
+  if (keepable) {
     if (std::shared_ptr<PreparedChain> chain = cache.Find(key, caller->scope)) {
       absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
-          RunPrepared(ctx, *caller, std::move(chain), false, response);
+          RunPrepared(ctx, *caller, std::move(chain), false, raw_response);
       if (reactor.ok()) return *reactor;
       // Refused: planned afresh below, which names the step refused.
     }
   }
+  v1::ChainRequest request;
+  if (absl::Status s = wire::Parse(*raw_request, &request); !s.ok()) return FinishNow(context, s);
   std::vector<ResolvedRef> refs;
-  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, *request, &refs);
+  absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, request, &refs);
   if (!steps.ok()) return FinishNow(context, steps.status());
-  auto run = std::make_shared<ChainRun>(ctx, response);
+  auto run = std::make_shared<ChainRun>(ctx, raw_response);
+  v1::ChainResponse* response = &run->response;
   run->steps = *std::move(steps);
   std::vector<Executor::SubmitItem> items;
   items.reserve(run->steps.size());
   for (ChainStepPlan& step : run->steps) {
-    if (request->separate_launches()) step.plan.spec.capturable = false;
+    if (request.separate_launches()) step.plan.spec.capturable = false;
     items.push_back({step.stream_id, &step.plan.spec});
   }
   // A step the executor would refuse (a stream that is not the caller's, the quota)
@@ -198,14 +229,14 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     return FinishNow(context, StepError(refused, run->steps[refused].tag, s));
   }
   // Seen before, unchanged: kept from now on, if it may be.
-  if (!key.empty() && cache.SeenBefore(key) &&
+  if (keepable && cache.SeenBefore(key) &&
       PreparedChain::Preparable(run->steps, ChainCache::kMaxTemporaryBytes).ok()) {
     auto chain = std::make_shared<PreparedChain>(run->steps, std::move(refs),
                                                  run->steps.front().stream_id,
                                                  ctx.executor.capture_min_ops());
     run->steps.clear();
     absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
-        RunPrepared(ctx, *caller, chain, true, response);
+        RunPrepared(ctx, *caller, chain, true, raw_response);
     if (!reactor.ok()) return FinishNow(context, reactor.status());  // only a race
     cache.Insert(key, std::move(chain));
     return *reactor;
