@@ -147,6 +147,26 @@ TEST_F(BufferRegistryTest, BuffersPerClientAreBounded) {
   EXPECT_OK(Add("c", "", 0));
 }
 
+TEST_F(BufferRegistryTest, TheRemovalListenerHearsOfEveryBufferUnregistered) {
+  std::vector<std::string> heard;
+  registry_.SetRemovalListener([&](const BufferEntry& entry) { heard.push_back(entry.id); });
+  ASSIGN_OR_FAIL(BufferHandle removed, Add("c", "a", 4));
+  ASSIGN_OR_FAIL(BufferHandle expiring, Add("c", "b", 4));
+  ASSIGN_OR_FAIL(BufferHandle kept, Add("c", "k", 4));
+  // A failed removal is not heard of.
+  EXPECT_EQ(registry_.Remove("c", "nothing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(heard.empty());
+  ASSERT_OK(registry_.Remove("c", "a"));
+  EXPECT_EQ(heard, std::vector<std::string>{removed->id});
+  expiring->lease.Set(1, SteadyNanos() - 10);  // expired already
+  EXPECT_EQ(registry_.ReclaimExpired(), 1u);
+  EXPECT_EQ(heard, (std::vector<std::string>{removed->id, expiring->id}));
+  // Once cleared, nothing more is heard.
+  registry_.SetRemovalListener(nullptr);
+  ASSERT_OK(registry_.Remove("c", "k"));
+  EXPECT_EQ(heard.size(), 2u);
+}
+
 TEST(NewIdTest, IdsAreThePrefixAnd32HexDigitsAndNeverRepeat) {
   // More ids than one block of randomness serves, on two threads.
   std::vector<std::string> a, b;
