@@ -63,6 +63,11 @@ PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<Reso
   for (ChainStepPlan& planned : steps) {
     BeginStepResult(planned, &answer_);
     Executor::OpSpec& spec = planned.plan.spec;
+    v1::Timing* timing = answer_.mutable_steps()->rbegin()->mutable_operation()->mutable_timing();
+    timing->set_bytes_read(spec.bytes_read);
+    timing->set_bytes_written(spec.bytes_written);
+    timing->set_flops(spec.flops);
+    timing->set_graph_operations(static_cast<uint32_t>(steps.size()));
     steps_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops,
                       spec.compile_seconds, spec.capturable, std::move(spec.launch)});
     for (const Executor::Access& a : spec.accesses) {
@@ -177,28 +182,43 @@ absl::StatusOr<LaunchInfo> PreparedChain::Launch(Stream& stream, std::vector<OpR
   return LaunchInfo{};
 }
 
-void PreparedChain::Answer(const Operation& run, std::vector<OpResult>& results, bool compiled,
+void PreparedChain::BeginAnswer(const Operation& run, bool planned,
+                                v1::ChainResponse* response) const {
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
+    op->set_id(run.id());
+    op->set_stream_id(run.stream_id());
+    v1::Timing* t = op->mutable_timing();
+    t->set_stream_id(run.stream_id());
+    if (planned) t->set_compile_seconds(steps_[i].compile_seconds);
+  }
+}
+
+void PreparedChain::Answer(const Operation& run, std::vector<OpResult>& results,
                            v1::ChainResponse* response) const {
   const OperationStatus& whole = Executor::FinalStatus(run);
-  OperationStatus step;
-  step.state = whole.state;
-  step.error = whole.error;
-  step.stream_id = whole.stream_id;
-  step.device = whole.device;
-  step.timing.queued_seconds = whole.timing.queued_seconds;
-  step.timing.device_seconds = whole.timing.device_seconds / steps_.size();
-  step.timing.graph_operations = static_cast<uint32_t>(steps_.size());
+  const v1::Operation::State state = ToProto(whole.state);
+  const double share = whole.timing.device_seconds / steps_.size();
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& s = steps_[i];
-    step.timing.bytes_read = s.bytes_read;
-    step.timing.bytes_written = s.bytes_written;
-    step.timing.flops = s.flops;
-    step.timing.compile_seconds = compiled ? s.compile_seconds : 0;
-    step.result = whole.error.ok() ? std::move(results[i]) : OpResult{};
     v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
-    op->set_id(whole.id);
-    op->set_stream_id(whole.stream_id);
-    ToProtoOutcome(step, op);
+    op->set_state(state);
+    op->set_done(true);
+    if (!whole.error.ok()) {
+      op->set_error_code(static_cast<int32_t>(whole.error.code()));
+      op->set_error_message(BoundedErrorMessage(whole.error.message()));
+    }
+    v1::Timing* t = op->mutable_timing();
+    t->set_queued_seconds(whole.timing.queued_seconds);
+    t->set_device_seconds(share);
+    if (share > 0) {
+      t->set_gbps(static_cast<double>(s.bytes_read + s.bytes_written) / share / 1e9);
+      t->set_gflops(static_cast<double>(s.flops) / share / 1e9);
+    }
+    t->set_device(whole.device);
+    if (!whole.error.ok()) continue;
+    AppendValues(results[i], op);
+    op->set_next_offset(results[i].next_offset);
   }
 }
 

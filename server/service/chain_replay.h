@@ -81,13 +81,16 @@ class PreparedChain {
   // launch leaves each step's results in (*results)[i].
   Executor::OpSpec Spec(const std::shared_ptr<PreparedChain>& self,
                         const std::shared_ptr<std::vector<OpResult>>& results) const;
-  // The answer of a run, less the outcomes: each step's tag, kind and outputs.
+  // The answer of a run, less what the run sets: each step's tag, kind, outputs and
+  // traffic.
   const v1::ChainResponse& answer() const { return answer_; }
-  // Fills the outcome of every step of a run's answer from the finished operation
-  // (FinalStatus) and the run's results: each step with an even share of its device
-  // time, its own traffic, and, where `compiled` (the run that planned it), the time it
-  // took to compile.
-  void Answer(const Operation& run, std::vector<OpResult>& results, bool compiled,
+  // Sets what is known of `run` once it is queued, while it runs: its id and stream,
+  // and where `planned` (the run planned for its call) the time each step took to
+  // compile.
+  void BeginAnswer(const Operation& run, bool planned, v1::ChainResponse* response) const;
+  // Sets the outcome of every step from the finished run (FinalStatus) and its results:
+  // its state, each step with an even share of its device time, its inline values.
+  void Answer(const Operation& run, std::vector<OpResult>& results,
               v1::ChainResponse* response) const;
 
  private:

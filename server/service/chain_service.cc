@@ -156,14 +156,15 @@ absl::StatusOr<grpc::ServerUnaryReactor*> RunPrepared(ServiceContext& ctx, const
                                        chain->Spec(chain, results)));
   // Begun while the device runs it.
   auto response = std::make_shared<v1::ChainResponse>(chain->answer());
+  chain->BeginAnswer(*op, planned, response.get());
   auto* reactor = new DeferredReactor(caller.admission);
   // The chain stays alive until its run is done, its temporaries and recordings with it,
   // even if the cache forgets it meanwhile.
   ctx.executor.OnDone(op, [state = reactor->state(), chain = std::move(chain),
                            results = std::move(results), response = std::move(response), op,
-                           planned, raw_response] {
+                           raw_response] {
     DeferredReactor::FinishOnce(state, [&] {
-      chain->Answer(*op, *results, planned, response.get());
+      chain->Answer(*op, *results, response.get());
       *raw_response = wire::Serialize(*response);
       return grpc::Status::OK;
     });

@@ -134,8 +134,6 @@ void ToProto(const BufferEntry& entry, v1::BufferInfo* info) {
   info->set_lease_expire_time_unix_nanos(absl::ToUnixNanos(absl::Now()) + remaining);
 }
 
-namespace {
-
 v1::Operation::State ToProto(OperationStatus::State s) {
   switch (s) {
     case OperationStatus::State::kQueued:
@@ -170,8 +168,6 @@ void AppendValues(const OpResult& r, v1::Operation* op) {
     });
   }
 }
-
-}  // namespace
 
 void ToProto(const OperationStatus& status, v1::Operation* op) {
   op->set_id(status.id);

@@ -38,9 +38,12 @@ void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
 // As above, with the buffer's lease.
 void ToProto(const BufferEntry& entry, v1::BufferInfo* info);
 void ToProto(const OperationStatus& status, v1::Operation* op);
+v1::Operation::State ToProto(OperationStatus::State state);
 // What ToProto sets but the id, kind, stream and outputs, which are known once the
 // operation is queued: its state and error, and once done its timing and inline values.
 void ToProtoOutcome(const OperationStatus& status, v1::Operation* op);
+// Appends the inline values of `result` (OpResult::values) to op->values.
+void AppendValues(const OpResult& result, v1::Operation* op);
 
 // A scalar converted to `dtype`, in its native representation (as Backend::Fill wants).
 // INVALID_ARGUMENT if the value does not fit (an int beyond int32, a fraction into an
