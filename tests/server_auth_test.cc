@@ -894,6 +894,59 @@ TEST(QuotaTest, ReloadAppliesNewQuotasAndKeepsTheOldOnesOnError) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// A chain of `steps` increments of x (temporaries), then the sum of the last.
+Chain Increments(int steps) {
+  Chain chain;
+  std::string last = chain.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), "s0");
+  for (int k = 1; k < steps - 1; ++k) {
+    last = chain.Add(Elementwise("s + 1", {{"s", BufferOperand(TagRef(last))}}),
+                     absl::StrCat("s", k));
+  }
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef(last)), "sum");
+  return chain;
+}
+
+TEST(QuotaTest, AChainCountsEachStepAgainstTheOperationsQuotaPlannedOrPrepared) {
+  TempDir dir;
+  std::unique_ptr<TestServer> server = StartWithQuotas(dir, "default operations=16\n");
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_OK(UploadArray(*alice, std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
+  auto expect_refused = [&](const Chain& chain) {
+    const Snapshot before = TakeSnapshot(*alice);
+    absl::StatusOr<v1::ChainResponse> refused = chain.Run(*alice);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+    // The first step past the quota is named.
+    EXPECT_NE(refused.status().message().find("step 8 ('s8')"), std::string::npos)
+        << refused.status();
+    EXPECT_NE(refused.status().message().find("quota 'operations' of 8"), std::string::npos)
+        << refused.status();
+    EXPECT_EQ(TakeSnapshot(*alice), before);
+  };
+  // Ten steps fit a quota of 16; run three times, the chain runs prepared from the second.
+  const Chain ten = Increments(10);
+  for (int run = 0; run < 3; ++run) {
+    absl::StatusOr<v1::ChainResponse> response = ten.Run(*alice);
+    ASSERT_OK(response);
+    ASSERT_EQ(response->steps(9).operation().values_size(), 1);
+    EXPECT_EQ(response->steps(9).operation().values(0).float_value(), 1 + 2 + 3 + 3 * 9.0);
+    const bool one_id =
+        response->steps(0).operation().id() == response->steps(8).operation().id();
+    EXPECT_EQ(one_id, run > 0) << run;
+  }
+  // Under a quota of 8, the prepared chain's ten steps are refused whole, as a planned
+  // chain's are; so is another chain of ten.
+  dir.Write("quotas", "default operations=8\n");
+  ASSERT_OK(server->server().Reload());
+  expect_refused(ten);
+  expect_refused(Increments(11));
+  // Eight fit.
+  absl::StatusOr<v1::ChainResponse> eight = Increments(8).Run(*alice);
+  ASSERT_OK(eight);
+  EXPECT_EQ(eight->steps(7).operation().values(0).float_value(), 1 + 2 + 3 + 3 * 7.0);
+}
+
 TEST(QuotaTest, AnUploadUnderWayCountsAgainstDeviceBytes) {
   TempDir dir;
   std::unique_ptr<TestServer> server = StartWithQuotas(dir, "default device_bytes=1KiB\n");
