@@ -144,6 +144,11 @@ struct DeviceDescription {
 // What a kernel launch reports besides its device time.
 struct LaunchInfo {
   double compile_seconds = 0;  // time spent compiling before launching
+  // Set by a launch that did host work of its own on the stream before its device work
+  // (recording it, Stream::EndRecording): an event it recorded after that work, from
+  // which the operation is timed rather than from before the launch, so that the host's
+  // work is not counted as the device's.
+  std::shared_ptr<Event> started;
 };
 
 // A device's memory pool: what it holds from the device (reserved) and what of that is

@@ -759,6 +759,7 @@ void Executor::LaunchOne(Stream& stream, QueuedLaunch& l, const absl::Status& ca
     absl::StatusOr<LaunchInfo> info = l.op->launch_(stream, l.result);
     if (info.ok()) {
       l.compile_seconds = info->compile_seconds;
+      if (info->started != nullptr) l.start = std::move(info->started);
     } else {
       status = info.status();
     }

@@ -228,6 +228,9 @@ Server::~Server() {
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
   impl_->executor.reset();
+  // Kept chains hold buffers and recordings, and listen to the registry: they go before
+  // the registry and the backend.
+  if (impl_->ctx != nullptr) impl_->ctx->chains.reset();
   // Before the registry: the lease sweep runs on the timer.
   impl_->timer.reset();
   // Regions are released at shutdown; the copies that used them are done.

@@ -647,6 +647,31 @@ TEST_F(RecordedRunTest, OperationsWaitingForTheWindowAreLaunchedTogetherWhenItOp
   EXPECT_EQ(backend.started_order().size(), 10u);
 }
 
+TEST_F(ExecutorTest, ALaunchThatSaysWhenItsDeviceWorkStartedIsTimedFromThere) {
+  BufferHandle x = NewBuffer(4);
+  // The launch does work of its own first (here, a kernel standing for it), then records
+  // the event its device work is timed from.
+  Executor::OpSpec spec;
+  spec.kind = OperationKind::kFill;
+  spec.accesses = {{x, true}};
+  spec.launch = [this](Stream& s, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    RETURN_IF_ERROR(backend_.Launch(s, "own work", [] {}));
+    LaunchInfo info;
+    ASSIGN_OR_RETURN(info.started, s.Record());
+    RETURN_IF_ERROR(backend_.Launch(s, "device work", [] {}));
+    return info;
+  };
+  std::shared_ptr<Operation> op = Submit("", std::move(spec));
+  backend_.RunReady();
+  backend_.AdvanceClock(0.5);
+  backend_.Finish("own work");
+  backend_.AdvanceClock(0.25);
+  backend_.Finish("device work");
+  const OperationStatus st = executor_->GetStatus(*op);
+  EXPECT_EQ(st.state, State::kSucceeded);
+  EXPECT_EQ(st.timing.device_seconds, 0.25);
+}
+
 // ---------------------------------------------------------------------------
 // Tenants' quotas.
 

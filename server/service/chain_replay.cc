@@ -157,21 +157,31 @@ absl::StatusOr<std::unique_ptr<Recording>> PreparedChain::Record(Stream& stream,
 
 absl::StatusOr<LaunchInfo> PreparedChain::Launch(Stream& stream, std::vector<OpResult>& results) {
   absl::MutexLock lock(&mu_);
+  LaunchInfo info;
+  // Recorded at the first run, before anything runs. A step that fails to record (or a
+  // recording that fails) leaves its segment to run one by one, which then reports the
+  // step's error.
+  bool recorded = false;
   for (Segment& segment : segments_) {
-    if (!segment.record || segment.failed || !stream.CanCapture()) {
-      RETURN_IF_ERROR(LaunchSteps(stream, segment, results).status());
+    if (!segment.record || segment.failed || segment.recording != nullptr || !stream.CanCapture()) {
       continue;
     }
-    if (segment.recording == nullptr) {
-      // Recorded at its first run. A step that fails to record (or a recording that
-      // fails) leaves the segment to run one by one, which then reports the step's error.
-      absl::StatusOr<std::unique_ptr<Recording>> recording = Record(stream, segment, results);
-      if (!recording.ok()) {
-        segment.failed = true;
-        RETURN_IF_ERROR(LaunchSteps(stream, segment, results).status());
-        continue;
-      }
+    absl::StatusOr<std::unique_ptr<Recording>> recording = Record(stream, segment, results);
+    if (recording.ok()) {
       segment.recording = *std::move(recording);
+    } else {
+      segment.failed = true;
+    }
+    recorded = true;
+  }
+  // The run is timed from here: the recording was the host's work, not the device's.
+  if (recorded) {
+    ASSIGN_OR_RETURN(info.started, stream.Record());
+  }
+  for (Segment& segment : segments_) {
+    if (segment.recording == nullptr) {
+      RETURN_IF_ERROR(LaunchSteps(stream, segment, results).status());
+      continue;
     }
     RETURN_IF_ERROR(stream.LaunchRecording(*segment.recording));
     // What the recorded launches left besides device work (random fills' next offsets).
@@ -179,7 +189,7 @@ absl::StatusOr<LaunchInfo> PreparedChain::Launch(Stream& stream, std::vector<OpR
       results[i].next_offset = segment.next_offsets[i - segment.begin];
     }
   }
-  return LaunchInfo{};
+  return info;
 }
 
 void PreparedChain::BeginAnswer(const Operation& run, bool planned,
