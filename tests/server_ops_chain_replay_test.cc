@@ -190,5 +190,39 @@ TEST_F(ChainReplayTest, AChainThatKeepsANewBufferIsPlannedAtEveryRun) {
   EXPECT_EQ(list.buffers_size(), 5);  // x, y and the three kept
 }
 
+TEST_F(ChainReplayTest, TheServerKeepsAtMost64ChainsAndTheirTemporaries) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 26);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSIGN_OR_FAIL(v1::ServerInfo before, c().GetServerInfo());
+  // Chain k: x + k into a temporary, then its sum (into another); each run twice, so
+  // kept.
+  const uint64_t temporaries = kN * sizeof(double) + sizeof(double);
+  auto chain = [](int k) {
+    Chain chain;
+    chain.Add(Elementwise(absl::StrCat("x + ", k), {{"x", BufferOperand("x")}}), "t");
+    chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef("t")), "sum");
+    return chain;
+  };
+  auto run_twice = [&](int k) {
+    for (int run = 0; run < 2; ++run) {
+      absl::StatusOr<v1::ChainResponse> response = chain(k).Run(c());
+      ASSERT_OK(response);
+      double sum = 0;
+      for (double v : x) sum += v + k;
+      EXPECT_NEAR(response->steps(1).operation().values(0).float_value(), sum,
+                  1e-12 * std::abs(sum) + 1e-9);
+    }
+  };
+  for (int k = 0; k < 64; ++k) ASSERT_NO_FATAL_FAILURE(run_twice(k));
+  // 64 kept, each holding its temporaries.
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + 64 * temporaries);
+  // A 65th sends one away (the least recently run), its temporaries with it.
+  ASSERT_NO_FATAL_FAILURE(run_twice(64));
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() + 64 * temporaries);
+  // Deleting x forgets them all.
+  ASSERT_OK(c().DeleteBuffer("x"));
+  ExpectMemoryReturnsTo(c(), before.memory_used_bytes() - kN * sizeof(double));
+}
+
 }  // namespace
 }  // namespace gpucompute::testing
