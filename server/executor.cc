@@ -435,7 +435,7 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
   devices.reserve(items.size());
   uint64_t weight = 0;  // of the API's operations
   for (size_t i = 0; i < items.size(); ++i) {
-    weight += std::max<size_t>(1, items[i].spec->members.size());
+    weight += Weight(items[i].spec->members);
     absl::StatusOr<int> device = DeviceOf(*items[i].spec);
     if (!device.ok()) {
       *refused = i;
@@ -457,7 +457,7 @@ absl::Status Executor::CheckSubmitAll(absl::string_view client,
       uint64_t room = quota > in_flight ? quota - in_flight : 0;
       size_t i = 0;
       for (; i < items.size(); ++i) {
-        const uint64_t w = std::max<size_t>(1, items[i].spec->members.size());
+        const uint64_t w = Weight(items[i].spec->members);
         if (w > room) break;
         room -= w;
       }
@@ -854,10 +854,8 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   if (!status.ok()) st.result = OpResult{};
 
   // Each of the API's operations it stands for, with an even share of the time.
-  const OperationMember whole{st.kind, st.timing.bytes_read, st.timing.bytes_written,
-                              st.timing.flops};
-  const std::span<const OperationMember> members =
-      st.members.empty() ? std::span<const OperationMember>(&whole, 1) : std::span(st.members);
+  OperationMember one;
+  const std::span<const OperationMember> members = st.Operations(one);
   const double share = device_seconds / members.size();
   for (const OperationMember& m : members) {
     for (KindStats* k : {&stats_[static_cast<int>(m.kind)],

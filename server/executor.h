@@ -131,6 +131,11 @@ struct OperationMember {
   uint64_t flops = 0;
 };
 
+// How many of the API's operations an executor operation with `members` stands for.
+inline size_t Weight(const std::vector<OperationMember>& members) {
+  return members.empty() ? 1 : members.size();
+}
+
 // What a caller sees of an operation.
 struct OperationStatus {
   enum class State : uint8_t { kQueued, kRunning, kSucceeded, kFailed };
@@ -146,7 +151,14 @@ struct OperationStatus {
   // OpSpec::members: empty unless it stands for several of the API's operations.
   std::vector<OperationMember> members;
   // How many of the API's operations it stands for.
-  size_t weight() const { return members.empty() ? 1 : members.size(); }
+  size_t weight() const { return Weight(members); }
+  // The API's operations it stands for: its members, or else itself as one, written to
+  // `one` (which the span then points to). Each has an even share of the device time.
+  std::span<const OperationMember> Operations(OperationMember& one) const {
+    if (!members.empty()) return members;
+    one = {kind, timing.bytes_read, timing.bytes_written, timing.flops};
+    return {&one, 1};
+  }
   bool done() const { return state == State::kSucceeded || state == State::kFailed; }
 };
 

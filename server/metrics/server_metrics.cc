@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,16 +81,12 @@ void ServerMetrics::OnCompleted(const OperationStatus& op) {
     load_[op.device].running.fetch_sub(1, std::memory_order_relaxed);
   }
   if (op.state != OperationStatus::State::kSucceeded) return;
-  if (op.members.empty()) {
-    const int k = static_cast<int>(op.kind);
-    device_seconds_[k]->Observe(op.timing.device_seconds);
-    latency_seconds_[k]->Observe(op.timing.queued_seconds + op.timing.device_seconds);
-    return;
-  }
-  // Run as one unit: each member with an even share of the device time, and the unit's
-  // latency.
-  const double share = op.timing.device_seconds / op.members.size();
-  for (const OperationMember& m : op.members) {
+  // An operation that runs several as one unit: each with an even share of the device
+  // time, and the unit's latency.
+  OperationMember one;
+  const std::span<const OperationMember> operations = op.Operations(one);
+  const double share = op.timing.device_seconds / operations.size();
+  for (const OperationMember& m : operations) {
     const int k = static_cast<int>(m.kind);
     device_seconds_[k]->Observe(share);
     latency_seconds_[k]->Observe(op.timing.queued_seconds + op.timing.device_seconds);

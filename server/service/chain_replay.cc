@@ -68,8 +68,8 @@ PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<Reso
     timing->set_bytes_written(spec.bytes_written);
     timing->set_flops(spec.flops);
     timing->set_graph_operations(static_cast<uint32_t>(steps.size()));
-    steps_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops,
-                      spec.compile_seconds, spec.capturable, std::move(spec.launch)});
+    members_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops});
+    steps_.push_back({spec.compile_seconds, spec.capturable, std::move(spec.launch)});
     for (const Executor::Access& a : spec.accesses) {
       if (untracked.contains(a.buffer.get())) continue;
       auto same = [&](const Executor::Access& b) { return b.buffer == a.buffer; };
@@ -117,15 +117,14 @@ bool PreparedChain::StillResolves(const BufferRegistry& registry, absl::string_v
 Executor::OpSpec PreparedChain::Spec(const std::shared_ptr<PreparedChain>& self,
                                      const std::shared_ptr<std::vector<OpResult>>& results) const {
   Executor::OpSpec spec;
-  spec.kind = steps_.front().kind;
+  spec.kind = members_.front().kind;
   spec.accesses = accesses_;
   spec.outputs = outputs_;
-  spec.members.reserve(steps_.size());
-  for (const Step& step : steps_) {
-    spec.bytes_read += step.bytes_read;
-    spec.bytes_written += step.bytes_written;
-    spec.flops += step.flops;
-    spec.members.push_back({step.kind, step.bytes_read, step.bytes_written, step.flops});
+  spec.members = members_;
+  for (const OperationMember& m : members_) {
+    spec.bytes_read += m.bytes_read;
+    spec.bytes_written += m.bytes_written;
+    spec.flops += m.flops;
   }
   // It records its own runs (Launch): the executor must not record it among others.
   spec.capturable = false;
@@ -210,21 +209,13 @@ void PreparedChain::Answer(const Operation& run, std::vector<OpResult>& results,
   const v1::Operation::State state = ToProto(whole.state);
   const double share = whole.timing.device_seconds / steps_.size();
   for (size_t i = 0; i < steps_.size(); ++i) {
-    const Step& s = steps_[i];
     v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
     op->set_state(state);
     op->set_done(true);
-    if (!whole.error.ok()) {
-      op->set_error_code(static_cast<int32_t>(whole.error.code()));
-      op->set_error_message(BoundedErrorMessage(whole.error.message()));
-    }
+    if (!whole.error.ok()) SetError(whole.error, op);
     v1::Timing* t = op->mutable_timing();
     t->set_queued_seconds(whole.timing.queued_seconds);
-    t->set_device_seconds(share);
-    if (share > 0) {
-      t->set_gbps(static_cast<double>(s.bytes_read + s.bytes_written) / share / 1e9);
-      t->set_gflops(static_cast<double>(s.flops) / share / 1e9);
-    }
+    SetDeviceSeconds(share, t);  // the step's traffic is in the template (answer_)
     t->set_device(whole.device);
     if (!whole.error.ok()) continue;
     AppendValues(results[i], op);

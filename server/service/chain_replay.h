@@ -95,10 +95,6 @@ class PreparedChain {
 
  private:
   struct Step {
-    OperationKind kind;
-    uint64_t bytes_read = 0;
-    uint64_t bytes_written = 0;
-    uint64_t flops = 0;
     double compile_seconds = 0;
     bool capturable = false;
     absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;
@@ -125,6 +121,7 @@ class PreparedChain {
 
   std::string stream_id_;
   std::vector<Step> steps_;
+  std::vector<OperationMember> members_;  // of each step: its kind and traffic
   std::vector<ResolvedRef> refs_;
   std::vector<BufferHandle> temporaries_;
   uint64_t temporary_bytes_ = 0;

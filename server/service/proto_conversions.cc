@@ -177,27 +177,32 @@ void ToProto(const OperationStatus& status, v1::Operation* op) {
   ToProtoOutcome(status, op);
 }
 
+void SetError(const absl::Status& error, v1::Operation* op) {
+  op->set_error_code(static_cast<int32_t>(error.code()));
+  op->set_error_message(BoundedErrorMessage(error.message()));
+}
+
+void SetDeviceSeconds(double seconds, v1::Timing* t) {
+  t->set_device_seconds(seconds);
+  if (seconds <= 0) return;
+  t->set_gbps(static_cast<double>(t->bytes_read() + t->bytes_written()) / seconds / 1e9);
+  t->set_gflops(static_cast<double>(t->flops()) / seconds / 1e9);
+}
+
 void ToProtoOutcome(const OperationStatus& status, v1::Operation* op) {
   op->set_state(ToProto(status.state));
   op->set_done(status.done());
-  if (!status.error.ok()) {
-    op->set_error_code(static_cast<int32_t>(status.error.code()));
-    op->set_error_message(BoundedErrorMessage(status.error.message()));
-  }
+  if (!status.error.ok()) SetError(status.error, op);
   if (!status.done()) return;
   v1::Timing* t = op->mutable_timing();
   const OpTiming& ti = status.timing;
   t->set_queued_seconds(ti.queued_seconds);
-  t->set_device_seconds(ti.device_seconds);
   t->set_graph_operations(ti.graph_operations);
   t->set_compile_seconds(ti.compile_seconds);
   t->set_bytes_read(ti.bytes_read);
   t->set_bytes_written(ti.bytes_written);
   t->set_flops(ti.flops);
-  if (ti.device_seconds > 0) {
-    t->set_gbps(static_cast<double>(ti.bytes_read + ti.bytes_written) / ti.device_seconds / 1e9);
-    t->set_gflops(static_cast<double>(ti.flops) / ti.device_seconds / 1e9);
-  }
+  SetDeviceSeconds(ti.device_seconds, t);
   t->set_stream_id(status.stream_id);
   t->set_device(status.device);
   AppendValues(status.result, op);

@@ -42,6 +42,10 @@ v1::Operation::State ToProto(OperationStatus::State state);
 // What ToProto sets but the id, kind, stream and outputs, which are known once the
 // operation is queued: its state and error, and once done its timing and inline values.
 void ToProtoOutcome(const OperationStatus& status, v1::Operation* op);
+// Sets op's error code and message (bounded) from `error`.
+void SetError(const absl::Status& error, v1::Operation* op);
+// Sets the device time and, from the traffic and flops already set, the rates.
+void SetDeviceSeconds(double seconds, v1::Timing* t);
 // Appends the inline values of `result` (OpResult::values) to op->values.
 void AppendValues(const OpResult& result, v1::Operation* op);
 
