@@ -5,6 +5,7 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -141,10 +142,12 @@ class CompletionPoller {
   }
 
   void Add(cudaStream_t stream, Callback callback) {
+    const auto now = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(mu_);
       pending_[stream].push_back(std::move(callback));
       ++pending_count_;
+      last_added_ = now;
     }
     cv_.notify_one();
   }
@@ -170,19 +173,27 @@ class CompletionPoller {
   // Per stream, oldest first: an event completes only after its stream's earlier ones.
   absl::flat_hash_map<cudaStream_t, std::deque<Callback>> pending_;
   size_t pending_count_ = 0;
+  // When the last callback was added: new work restarts the spin (see Run).
+  std::chrono::steady_clock::time_point last_added_;
   bool stopping_ = false;
   std::thread thread_;  // last: it runs on the members above
 };
 
 void CompletionPoller::Run() {
   using Clock = std::chrono::steady_clock;
-  // Spin this long after the last completion, work pending or not, before backing off
-  // to short sleeps (or, with nothing pending, to the condition variable): a chain of
-  // operations completes one after another, and each waits for the poll.
+  // Spin this long after the last completion or the last callback added, work pending
+  // or not, before backing off to short sleeps (or, with nothing pending, to the
+  // condition variable): a chain of operations completes one after another, and each
+  // waits for the poll. Counting from additions too keeps a client that submits work
+  // taking about this long, one at a time, from waiting on a sleep at every completion.
   constexpr auto kSpin = std::chrono::microseconds(500);
   constexpr auto kSweepInterval = std::chrono::microseconds(4);
+  constexpr auto kSleep = std::chrono::microseconds(20);
+  // Sleeps of kSleep, not the default slack's 50 us more.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   Clock::time_point last_progress = Clock::now();
   std::unique_lock lock(mu_);
+  auto spinning = [&] { return Clock::now() - std::max(last_progress, last_added_) < kSpin; };
   // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's lock,
   // and back-to-back queries would hold up the threads launching work.
   auto pause = [&] {
@@ -192,7 +203,7 @@ void CompletionPoller::Run() {
     lock.lock();
   };
   for (;;) {
-    if (pending_count_ == 0 && !stopping_ && Clock::now() - last_progress < kSpin) {
+    if (pending_count_ == 0 && !stopping_ && spinning()) {
       // Idle, but busy a moment ago: stay awake for the next operation. A client that
       // submits and waits, one operation at a time, would otherwise wait for this
       // thread's wake-up from the condition variable (tens of microseconds) every time.
@@ -227,7 +238,7 @@ void CompletionPoller::Run() {
         ++it;
       }
     }
-    if (done.empty() && Clock::now() - last_progress < kSpin) {
+    if (done.empty() && spinning()) {
       pause();
       continue;
     }
@@ -236,7 +247,7 @@ void CompletionPoller::Run() {
     if (!done.empty()) {
       last_progress = Clock::now();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(kSleep);
     }
     lock.lock();
   }
