@@ -6,11 +6,15 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "client/session.h"
 #include "tests/server_ops_fixture.h"
 
 namespace gpucompute::testing {
 namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
 
 using ChainReplayTest = ServerOpsTest;
 
@@ -112,6 +116,25 @@ TEST_F(ChainReplayTest, AChainSubmittedAgainUnchangedRunsAsOneOperationWithTheSa
         EXPECT_EQ(op.timing().graph_operations(), static_cast<uint32_t>(steps)) << k;
         EXPECT_EQ(op.outputs_size(), planned.outputs_size()) << k;
         EXPECT_EQ(op.next_offset(), planned.next_offset()) << k;
+        EXPECT_EQ(op.timing().stream_id(), op.stream_id()) << k;
+        // Field for field the planned run's answer, but for what is each run's own: its
+        // id, its times and the rates that follow from them, and the sum of x.
+        v1::Operation mine = op;
+        v1::Operation theirs = planned;
+        for (v1::Operation* o : {&mine, &theirs}) {
+          o->clear_id();
+          o->clear_values();
+          v1::Timing* t = o->mutable_timing();
+          for (double v : {t->device_seconds(), t->gbps(), t->gflops()}) EXPECT_GE(v, 0) << k;
+          t->clear_queued_seconds();
+          t->clear_device_seconds();
+          t->clear_gbps();
+          t->clear_gflops();
+          t->clear_compile_seconds();
+          t->clear_graph_operations();
+        }
+        EXPECT_TRUE(MessageDifferencer::Equals(mine, theirs))
+            << k << ": " << mine.DebugString() << " vs " << theirs.DebugString();
       }
       // The same random counters at every run, as a planned run of the request uses.
       EXPECT_GT(response.steps(steps - 1).operation().next_offset(), 0u);

@@ -49,7 +49,7 @@ absl::Status PreparedChain::Preparable(const std::vector<ChainStepPlan>& steps,
 
 PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<ResolvedRef> refs,
                              std::string stream_id, size_t record_min_steps)
-    : stream_id_(std::move(stream_id)), refs_(std::move(refs)) {
+    : stream_id_(std::move(stream_id)), refs_(std::move(refs)), answer_(steps) {
   for (const ChainStepPlan& planned : steps) {
     if (!planned.temporary) continue;
     temporaries_.push_back(planned.written);
@@ -61,13 +61,7 @@ PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<Reso
   for (size_t i = 1; i < temporaries_.size(); ++i) untracked.insert(temporaries_[i].get());
   steps_.reserve(steps.size());
   for (ChainStepPlan& planned : steps) {
-    BeginStepResult(planned, &answer_);
     Executor::OpSpec& spec = planned.plan.spec;
-    v1::Timing* timing = answer_.mutable_steps()->rbegin()->mutable_operation()->mutable_timing();
-    timing->set_bytes_read(spec.bytes_read);
-    timing->set_bytes_written(spec.bytes_written);
-    timing->set_flops(spec.flops);
-    timing->set_graph_operations(static_cast<uint32_t>(steps.size()));
     members_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops});
     steps_.push_back({spec.compile_seconds, spec.capturable, std::move(spec.launch)});
     for (const Executor::Access& a : spec.accesses) {
@@ -189,38 +183,6 @@ absl::StatusOr<LaunchInfo> PreparedChain::Launch(Stream& stream, std::vector<OpR
     }
   }
   return info;
-}
-
-void PreparedChain::BeginAnswer(const Operation& run, bool planned,
-                                v1::ChainResponse* response) const {
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
-    op->set_id(run.id());
-    op->set_stream_id(run.stream_id());
-    v1::Timing* t = op->mutable_timing();
-    t->set_stream_id(run.stream_id());
-    if (planned) t->set_compile_seconds(steps_[i].compile_seconds);
-  }
-}
-
-void PreparedChain::Answer(const Operation& run, std::vector<OpResult>& results,
-                           v1::ChainResponse* response) const {
-  const OperationStatus& whole = Executor::FinalStatus(run);
-  const v1::Operation::State state = ToProto(whole.state);
-  const double share = whole.timing.device_seconds / steps_.size();
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    v1::Operation* op = response->mutable_steps(static_cast<int>(i))->mutable_operation();
-    op->set_state(state);
-    op->set_done(true);
-    if (!whole.error.ok()) SetError(whole.error, op);
-    v1::Timing* t = op->mutable_timing();
-    t->set_queued_seconds(whole.timing.queued_seconds);
-    SetDeviceSeconds(share, t);  // the step's traffic is in the template (answer_)
-    t->set_device(whole.device);
-    if (!whole.error.ok()) continue;
-    AppendValues(results[i], op);
-    op->set_next_offset(results[i].next_offset);
-  }
 }
 
 // --- ChainCache

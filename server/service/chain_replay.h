@@ -30,6 +30,7 @@
 #include "server/backend.h"
 #include "server/buffer_registry.h"
 #include "server/executor.h"
+#include "server/service/chain_answer.h"
 #include "server/service/operation_planner.h"
 #include "server/service/tagged_ops.h"
 
@@ -81,17 +82,14 @@ class PreparedChain {
   // launch leaves each step's results in (*results)[i].
   Executor::OpSpec Spec(const std::shared_ptr<PreparedChain>& self,
                         const std::shared_ptr<std::vector<OpResult>>& results) const;
-  // The answer of a run, less what the run sets: each step's tag, kind, outputs and
-  // traffic.
-  const v1::ChainResponse& answer() const { return answer_; }
-  // Sets what is known of `run` once it is queued, while it runs: its id and stream,
-  // and where `planned` (the run planned for its call) the time each step took to
-  // compile.
-  void BeginAnswer(const Operation& run, bool planned, v1::ChainResponse* response) const;
-  // Sets the outcome of every step from the finished run (FinalStatus) and its results:
-  // its state, each step with an even share of its device time, its inline values.
-  void Answer(const Operation& run, std::vector<OpResult>& results,
-              v1::ChainResponse* response) const;
+  // The answer (ChainResponse bytes) of finished `run` (FinalStatus), whose launches
+  // left `results`: each step with the run's id, stream and state, an even share of its
+  // device time, and its values; with each step's compile time where `planned` (the run
+  // planned for its call).
+  std::string EncodeAnswer(const Operation& run, const std::vector<OpResult>& results,
+                           bool planned) const {
+    return answer_.Encode(Executor::FinalStatus(run), results, planned);
+  }
 
  private:
   struct Step {
@@ -127,7 +125,7 @@ class PreparedChain {
   uint64_t temporary_bytes_ = 0;
   std::vector<Executor::Access> accesses_;  // of all the steps, each buffer once
   std::vector<BufferMeta> outputs_;         // buffers written that outlive the chain
-  v1::ChainResponse answer_;
+  ChainAnswer answer_;
   // Launches of one chain never overlap (each run writes the temporaries, so it waits
   // for the run before it to be launched); the lock makes that plain.
   absl::Mutex mu_;

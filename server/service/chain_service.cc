@@ -154,18 +154,13 @@ absl::StatusOr<grpc::ServerUnaryReactor*> RunPrepared(ServiceContext& ctx, const
   ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
                    ctx.executor.Submit(caller.scope, chain->stream_id(),
                                        chain->Spec(chain, results)));
-  // Begun while the device runs it.
-  auto response = std::make_shared<v1::ChainResponse>(chain->answer());
-  chain->BeginAnswer(*op, planned, response.get());
   auto* reactor = new DeferredReactor(caller.admission);
   // The chain stays alive until its run is done, its temporaries and recordings with it,
   // even if the cache forgets it meanwhile.
   ctx.executor.OnDone(op, [state = reactor->state(), chain = std::move(chain),
-                           results = std::move(results), response = std::move(response), op,
-                           raw_response] {
+                           results = std::move(results), op, planned, raw_response] {
     DeferredReactor::FinishOnce(state, [&] {
-      chain->Answer(*op, *results, response.get());
-      *raw_response = wire::Serialize(*response);
+      *raw_response = wire::FromBytes(chain->EncodeAnswer(*op, *results, planned));
       return grpc::Status::OK;
     });
   });

@@ -155,14 +155,6 @@ absl::Status CheckWireType(const Field& field, uint32_t wire_type, const char* n
   return absl::InvalidArgumentError(absl::StrCat("field '", name, "' has the wrong wire type"));
 }
 
-void AppendVarint(uint64_t value, std::string* out) {
-  while (value >= 0x80) {
-    out->push_back(static_cast<char>(value | 0x80));
-    value >>= 7;
-  }
-  out->push_back(static_cast<char>(value));
-}
-
 void AppendTag(uint32_t field, uint32_t wire_type, std::string* out) {
   AppendVarint(uint64_t{field} << 3 | wire_type, out);
 }
@@ -186,6 +178,28 @@ grpc::ByteBuffer WithData(std::string prefix, const grpc::Slice& data) {
 }
 
 }  // namespace
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>(value | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+void BeginEmbedded(uint32_t field, uint64_t length, std::string* out) {
+  AppendTag(field, kLengthDelimited, out);
+  AppendVarint(length, out);
+}
+
+size_t EmbeddedHeaderSize(uint32_t field, uint64_t length) {
+  auto varint_size = [](uint64_t v) {
+    size_t n = 1;
+    for (; v >= 0x80; v >>= 7) ++n;
+    return n;
+  };
+  return varint_size(uint64_t{field} << 3 | kLengthDelimited) + varint_size(length);
+}
 
 void Pieces::CopyTo(void* dst) const {
   char* out = static_cast<char*>(dst);
@@ -289,8 +303,18 @@ grpc::ByteBuffer DownloadChunk(const v1::BufferInfo* buffer, uint64_t offset_byt
 }
 
 grpc::ByteBuffer Serialize(const google::protobuf::MessageLite& message) {
-  std::string bytes = message.SerializeAsString();
-  grpc::Slice slice(bytes);
+  return FromBytes(message.SerializeAsString());
+}
+
+grpc::ByteBuffer FromBytes(std::string bytes) {
+  // Small ones are copied: cheaper than a string of their own on the heap.
+  if (bytes.size() <= 256) {
+    grpc::Slice slice(bytes);
+    return grpc::ByteBuffer(&slice, 1);
+  }
+  auto* owned = new std::string(std::move(bytes));
+  grpc::Slice slice(
+      owned->data(), owned->size(), [](void* p) { delete static_cast<std::string*>(p); }, owned);
   return grpc::ByteBuffer(&slice, 1);
 }
 

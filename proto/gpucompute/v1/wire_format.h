@@ -70,6 +70,17 @@ grpc::ByteBuffer DownloadChunk(const v1::BufferInfo* buffer, uint64_t offset_byt
 // Any message, serialized by protobuf (headers, requests and responses of the unary
 // kind). Parse gives INVALID_ARGUMENT for bytes that do not parse.
 grpc::ByteBuffer Serialize(const google::protobuf::MessageLite& message);
+
+// Bytes already encoded, as one slice that owns them (no copy).
+grpc::ByteBuffer FromBytes(std::string bytes);
+
+// Writing a message by hand, from pieces encoded once (a prepared chain's answer): a
+// varint, and the tag and length of embedded message `field`, whose `length` bytes the
+// caller appends next.
+void AppendVarint(uint64_t value, std::string* out);
+void BeginEmbedded(uint32_t field, uint64_t length, std::string* out);
+// The bytes BeginEmbedded appends.
+size_t EmbeddedHeaderSize(uint32_t field, uint64_t length);
 absl::Status Parse(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
 
 }  // namespace gpucompute::wire

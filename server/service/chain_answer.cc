@@ -1,0 +1,95 @@
+#include "server/service/chain_answer.h"
+
+#include "gpucompute/v1/wire_format.h"
+#include "server/service/chain_replay.h"
+#include "server/service/proto_conversions.h"
+
+namespace gpucompute {
+namespace {
+
+constexpr uint32_t kStepsField = v1::ChainResponse::kStepsFieldNumber;
+constexpr uint32_t kOperationField = v1::ChainStepResult::kOperationFieldNumber;
+constexpr uint32_t kTimingField = v1::Operation::kTimingFieldNumber;
+
+}  // namespace
+
+ChainAnswer::ChainAnswer(const std::vector<ChainStepPlan>& steps) {
+  v1::ChainResponse planned;
+  for (const ChainStepPlan& step : steps) BeginStepResult(step, &planned);
+  steps_.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    v1::ChainStepResult& result = *planned.mutable_steps(static_cast<int>(i));
+    const Executor::OpSpec& spec = steps[i].plan.spec;
+    Step& step = steps_.emplace_back();
+    step.operation = result.operation().SerializeAsString();
+    result.clear_operation();
+    step.result = result.SerializeAsString();
+    step.timing.set_bytes_read(spec.bytes_read);
+    step.timing.set_bytes_written(spec.bytes_written);
+    step.timing.set_flops(spec.flops);
+    step.timing.set_graph_operations(static_cast<uint32_t>(steps.size()));
+    step.compile_seconds = spec.compile_seconds;
+    encoded_size_ += step.result.size() + step.operation.size();
+  }
+}
+
+std::string ChainAnswer::Encode(const OperationStatus& run, std::span<const OpResult> results,
+                                bool planned) const {
+  // What every step shares, encoded once.
+  v1::Operation shared;
+  shared.set_id(run.id);
+  shared.set_state(ToProto(run.state));
+  shared.set_done(true);
+  if (!run.error.ok()) SetError(run.error, &shared);
+  shared.set_stream_id(run.stream_id);
+  const std::string shared_operation = shared.SerializeAsString();
+  v1::Timing shared_timing;
+  shared_timing.set_queued_seconds(run.timing.queued_seconds);
+  shared_timing.set_stream_id(run.stream_id);
+  shared_timing.set_device(run.device);
+  const std::string shared_timing_bytes = shared_timing.SerializeAsString();
+  const double share = run.timing.device_seconds / steps_.size();
+
+  std::string out;
+  // Each step: the shared fields, its timing's numbers, a few headers.
+  out.reserve(encoded_size_ +
+              steps_.size() * (shared_operation.size() + shared_timing_bytes.size() + 96));
+  v1::Timing timing;
+  std::string timing_bytes;
+  v1::Operation outcome;  // a step's values and random offset
+  std::string outcome_bytes;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& step = steps_[i];
+    timing = step.timing;
+    SetDeviceSeconds(share, &timing);
+    if (planned) timing.set_compile_seconds(step.compile_seconds);
+    timing_bytes.clear();
+    timing.AppendToString(&timing_bytes);
+    outcome_bytes.clear();
+    if (run.error.ok()) {
+      outcome.Clear();
+      AppendValues(results[i], &outcome);
+      outcome.set_next_offset(results[i].next_offset);
+      outcome.AppendToString(&outcome_bytes);
+    }
+    const size_t timing_size = shared_timing_bytes.size() + timing_bytes.size();
+    const size_t operation_size = shared_operation.size() + step.operation.size() +
+                                  wire::EmbeddedHeaderSize(kTimingField, timing_size) +
+                                  timing_size + outcome_bytes.size();
+    const size_t result_size = step.result.size() +
+                               wire::EmbeddedHeaderSize(kOperationField, operation_size) +
+                               operation_size;
+    wire::BeginEmbedded(kStepsField, result_size, &out);
+    out += step.result;
+    wire::BeginEmbedded(kOperationField, operation_size, &out);
+    out += shared_operation;
+    out += step.operation;
+    wire::BeginEmbedded(kTimingField, timing_size, &out);
+    out += shared_timing_bytes;
+    out += timing_bytes;
+    out += outcome_bytes;
+  }
+  return out;
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,51 @@
+// The answer of a prepared chain's runs (a ChainResponse), written straight to the wire.
+// Built as messages and serialized, the answer of a run of 100 small steps costs the
+// host more than launching the run: each step repeats the run's id and stream, and the
+// copies, strings and encoding add up, after the device is done, while the caller waits.
+//
+// So what does not change from run to run, each step's tag, kind, outputs and traffic,
+// is encoded once, when the chain is prepared. A run encodes what is its own once (its
+// id, stream, state, error and queueing time, the same for every step) and then, for
+// each step, only its share of the device time, the rates that follow, and its values.
+// The bytes are the ordinary encoding of the ChainResponse that ToProtoOutcome would
+// fill, with some fields in another order, which protobuf parsers read the same.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
+#define GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpucompute/v1/gpucompute.pb.h"
+#include "server/executor.h"
+#include "server/service/operation_planner.h"
+
+namespace gpucompute {
+
+struct ChainStepPlan;
+
+class ChainAnswer {
+ public:
+  // For `steps` as planned, in the request's order.
+  explicit ChainAnswer(const std::vector<ChainStepPlan>& steps);
+
+  // The answer of finished `run`, one operation that stood for every step, whose
+  // launches left step i's results in results[i]; with each step's compile time where
+  // `planned` (planned for the call that ran it).
+  std::string Encode(const OperationStatus& run, std::span<const OpResult> results,
+                     bool planned) const;
+
+ private:
+  struct Step {
+    std::string result;     // ChainStepResult: its tag
+    std::string operation;  // Operation: its kind and outputs
+    v1::Timing timing;      // its traffic and graph_operations
+    double compile_seconds = 0;
+  };
+  std::vector<Step> steps_;
+  size_t encoded_size_ = 0;  // of the fields encoded once, for the answer's reserve
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
