@@ -1351,6 +1351,9 @@ void BadInputMatrixTest::AddSessionCases() {
   const std::string chain = "SessionService.RunChain";
   Stream(chain, kMalformed, "bytes that are no ChainRequest", kAlice, {"\xff\xff"},
          StatusCode::INVALID_ARGUMENT, "a malformed gpucompute.v1.ChainRequest message");
+  Stream(chain, kMalformed, "more bytes than a kept chain's, that are no ChainRequest", kAlice,
+         {std::string((1 << 20) + 2, '\xff')}, StatusCode::INVALID_ARGUMENT,
+         "a malformed gpucompute.v1.ChainRequest message");
   Unary(chain, kMalformed, "no steps", kAlice, "", StatusCode::INVALID_ARGUMENT,
         "a chain needs at least one step");
   Unary(chain, kMalformed, "an empty tag", kAlice, absl::StrCat("steps { ", add, " }"),

@@ -213,6 +213,37 @@ TEST_F(ChainReplayTest, AChainThatKeepsANewBufferIsPlannedAtEveryRun) {
   EXPECT_EQ(list.buffers_size(), 5);  // x, y and the three kept
 }
 
+TEST_F(ChainReplayTest, AChainOfMoreBytesThanTheServerKeepsIsPlannedAtEveryRun) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 27);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  // 20 expressions of 60 KiB (spaces, mostly): over the 1 MiB of request the server keeps.
+  constexpr int kSteps = 20;
+  const std::string padding(60 << 10, ' ');
+  Chain chain;
+  std::string last =
+      chain.Add(Elementwise(absl::StrCat("x +", padding, "1"), {{"x", BufferOperand("x")}}));
+  for (int k = 1; k < kSteps; ++k) {
+    last = chain.Add(Elementwise(absl::StrCat("s +", padding, "1"), {{"s", Tagged(last)}}));
+  }
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef(last)), "sum");
+  ASSERT_GT(chain.request().ByteSizeLong(), size_t{1} << 20);
+  double want = 0;
+  for (double v : x) want += v + kSteps;
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    absl::StatusOr<v1::ChainResponse> response = chain.Run(c());
+    ASSERT_OK(response);
+    ASSERT_EQ(response->steps_size(), kSteps + 1);
+    // Planned: each step its own operation.
+    std::set<std::string> ids;
+    for (const v1::ChainStepResult& step : response->steps()) ids.insert(step.operation().id());
+    EXPECT_EQ(ids.size(), static_cast<size_t>(kSteps + 1));
+    const v1::Operation& sum = response->steps(kSteps).operation();
+    ASSERT_EQ(sum.values_size(), 1);
+    EXPECT_NEAR(sum.values(0).float_value(), want, 1e-12 * std::abs(want) + 1e-9);
+  }
+}
+
 TEST_F(ChainReplayTest, TheServerKeepsAtMost64ChainsAndTheirTemporaries) {
   const std::vector<double> x = RandomDoubles(kN, -1, 1, 26);
   ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));

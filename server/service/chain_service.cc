@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -191,11 +192,11 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
-  // A chain run before is known by its bytes, before they are parsed.
-  const std::string key = ChainKey(caller->scope, *raw_request);
-  const absl::string_view bytes = absl::string_view(key).substr(caller->scope.size() + 1);
+  // A chain run before is known by its bytes, before they are parsed. Those of a request
+  // too large to keep are parsed where gRPC holds them.
   ChainCache& cache = *ctx.chains;
-  const bool keepable = bytes.size() <= ChainCache::kMaxRequestBytes;
+  const bool keepable = raw_request->Length() <= ChainCache::kMaxRequestBytes;
+  const std::string key = keepable ? ChainKey(caller->scope, *raw_request) : std::string();
   if (keepable) {
     if (std::shared_ptr<PreparedChain> chain = cache.Find(key, caller->scope)) {
       absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
@@ -205,7 +206,10 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     }
   }
   v1::ChainRequest request;
-  if (absl::Status s = wire::Parse(*raw_request, &request); !s.ok()) return FinishNow(context, s);
+  const absl::Status parsed =
+      keepable ? wire::Parse(std::string_view(key).substr(caller->scope.size() + 1), &request)
+               : wire::Parse(*raw_request, &request);
+  if (!parsed.ok()) return FinishNow(context, parsed);
   std::vector<ResolvedRef> refs;
   absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, request, &refs);
   if (!steps.ok()) return FinishNow(context, steps.status());

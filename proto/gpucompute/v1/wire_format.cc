@@ -150,6 +150,11 @@ absl::Status ParseEmbedded(const Field& field, const char* name,
   return absl::OkStatus();
 }
 
+absl::Status Malformed(const google::protobuf::MessageLite& message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("a malformed ", message.GetTypeName(), " message"));
+}
+
 absl::Status CheckWireType(const Field& field, uint32_t wire_type, const char* name) {
   if (field.wire_type == wire_type) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("field '", name, "' has the wrong wire type"));
@@ -320,10 +325,14 @@ grpc::ByteBuffer FromBytes(std::string bytes) {
 
 absl::Status Parse(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message) {
   grpc::Slice slice;
-  if (!buffer.DumpToSingleSlice(&slice).ok() ||
-      !message->ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a malformed ", message->GetTypeName(), " message"));
+  if (!buffer.DumpToSingleSlice(&slice).ok()) return Malformed(*message);
+  return Parse(std::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()),
+               message);
+}
+
+absl::Status Parse(std::string_view bytes, google::protobuf::MessageLite* message) {
+  if (!message->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return Malformed(*message);
   }
   return absl::OkStatus();
 }

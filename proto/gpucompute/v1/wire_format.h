@@ -82,6 +82,7 @@ void BeginEmbedded(uint32_t field, uint64_t length, std::string* out);
 // The bytes BeginEmbedded appends.
 size_t EmbeddedHeaderSize(uint32_t field, uint64_t length);
 absl::Status Parse(const grpc::ByteBuffer& buffer, google::protobuf::MessageLite* message);
+absl::Status Parse(std::string_view bytes, google::protobuf::MessageLite* message);
 
 }  // namespace gpucompute::wire
 
