@@ -244,6 +244,53 @@ TEST_F(ChainReplayTest, AChainOfMoreBytesThanTheServerKeepsIsPlannedAtEveryRun) 
   }
 }
 
+// Runs where the server has two devices or more (GPUCOMPUTE_TEST_BACKEND=cuda on a
+// multi-GPU machine).
+TEST_F(ChainReplayTest, AChainOverTwoDevicesIsPlannedAtEveryRunAndAStepMixingThemIsRefused) {
+  ASSIGN_OR_FAIL(v1::ServerInfo info, c().GetServerInfo());
+  if (info.devices_size() < 2) GTEST_SKIP() << "the server has one device";
+  for (int device : {0, 1}) {
+    v1::CreateBufferRequest create;
+    create.set_dtype(v1::DTYPE_FLOAT64);
+    create.add_shape(kN);
+    create.set_device(device);
+    create.set_name(absl::StrCat("x", device));
+    create.mutable_fill()->set_float_value(device == 0 ? 1.5 : 2.25);
+    ASSERT_OK(c().CreateBuffer(create));
+  }
+  // Each step on one device, the chain on both: steps on several devices are not kept.
+  Chain chain;
+  chain.Add(Elementwise("x * 2", {{"x", BufferOperand("x0")}}), "a");
+  chain.Add(Elementwise("x * 3", {{"x", BufferOperand("x1")}}), "b");
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef("a")), "sum_a");
+  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef("b")), "sum_b");
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(run);
+    absl::StatusOr<v1::ChainResponse> response = chain.Run(c());
+    ASSERT_OK(response);
+    std::set<std::string> ids;
+    for (const v1::ChainStepResult& step : response->steps()) ids.insert(step.operation().id());
+    EXPECT_EQ(ids.size(), 4u);
+    EXPECT_EQ(response->steps(0).operation().timing().device(), 0);
+    EXPECT_EQ(response->steps(1).operation().timing().device(), 1);
+    ASSERT_EQ(response->steps(2).operation().values_size(), 1);
+    ASSERT_EQ(response->steps(3).operation().values_size(), 1);
+    EXPECT_EQ(response->steps(2).operation().values(0).float_value(), kN * 3.0);
+    EXPECT_EQ(response->steps(3).operation().values(0).float_value(), kN * 6.75);
+  }
+  // One step reading both devices: the chain is refused whole, naming it.
+  Chain mixed;
+  mixed.Add(Elementwise("x * 2", {{"x", BufferOperand("x0")}}), "a");
+  mixed.Add(Elementwise("x + y", {{"x", Tagged("a")}, {"y", BufferOperand("x1")}}), "both");
+  const Snapshot before = TakeSnapshot(c());
+  for (int run = 0; run < 2; ++run) {
+    absl::StatusOr<v1::ChainResponse> refused = mixed.Run(c());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    ExpectContains(std::string(refused.status().message()), "step 1 ('both')");
+    EXPECT_EQ(TakeSnapshot(c()), before);
+  }
+}
+
 TEST_F(ChainReplayTest, TheServerKeepsAtMost64ChainsAndTheirTemporaries) {
   const std::vector<double> x = RandomDoubles(kN, -1, 1, 26);
   ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
