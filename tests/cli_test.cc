@@ -199,8 +199,9 @@ class CliTest : public ::testing::Test {
   // 10 s.
   static void ExpectStopsCleanly(ServerProcess& server, int signal) {
     const std::optional<int> status = StopServer(server, signal);
-    ASSERT_TRUE(status.has_value())
-        << "the server did not exit within 10 s of " << strsignal(signal);
+    ASSERT_TRUE(status.has_value()) << "the server did not exit within 10 s of "
+                                    << strsignal(signal) << "; its log:\n"
+                                    << ReadFile(server.log);
     ASSERT_TRUE(WIFEXITED(*status)) << "ended by signal " << WTERMSIG(*status);
     EXPECT_EQ(WEXITSTATUS(*status), 0) << ReadFile(server.log);
     EXPECT_NE(
