@@ -18,7 +18,6 @@
 
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "server/executor.h"
-#include "server/service/operation_planner.h"
 
 namespace gpucompute {
 

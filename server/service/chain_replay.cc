@@ -63,7 +63,7 @@ PreparedChain::PreparedChain(std::vector<ChainStepPlan>& steps, std::vector<Reso
   for (ChainStepPlan& planned : steps) {
     Executor::OpSpec& spec = planned.plan.spec;
     members_.push_back({spec.kind, spec.bytes_read, spec.bytes_written, spec.flops});
-    steps_.push_back({spec.compile_seconds, spec.capturable, std::move(spec.launch)});
+    steps_.push_back({spec.capturable, std::move(spec.launch)});
     for (const Executor::Access& a : spec.accesses) {
       if (untracked.contains(a.buffer.get())) continue;
       auto same = [&](const Executor::Access& b) { return b.buffer == a.buffer; };

@@ -93,7 +93,6 @@ class PreparedChain {
 
  private:
   struct Step {
-    double compile_seconds = 0;
     bool capturable = false;
     absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch;
   };

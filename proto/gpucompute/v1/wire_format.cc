@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include <google/protobuf/io/coded_stream.h>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -198,12 +199,9 @@ void BeginEmbedded(uint32_t field, uint64_t length, std::string* out) {
 }
 
 size_t EmbeddedHeaderSize(uint32_t field, uint64_t length) {
-  auto varint_size = [](uint64_t v) {
-    size_t n = 1;
-    for (; v >= 0x80; v >>= 7) ++n;
-    return n;
-  };
-  return varint_size(uint64_t{field} << 3 | kLengthDelimited) + varint_size(length);
+  using google::protobuf::io::CodedOutputStream;
+  return CodedOutputStream::VarintSize64(uint64_t{field} << 3 | kLengthDelimited) +
+         CodedOutputStream::VarintSize64(length);
 }
 
 void Pieces::CopyTo(void* dst) const {
