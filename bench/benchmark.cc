@@ -84,17 +84,17 @@
 //    p50 ms    Submit(wait) and a session's submit-and-wait, each in a loop of its own
 //              taking turns with GetServerInfo (the no-op); vs no-op is the ratio of the
 //              p50s
-//    chain     RunChain of 100 steps, each the last one's output + 1 (temporaries), --samples
-//              runs after 10 warm-ups, each timed alternately with a no-op: the median
-//              wall time (and p99) against twice the median sum of the steps' device
-//              times plus the p50 of the no-op timed beside Submit(wait) (the round trip;
-//              the no-op between chain runs, slower, is shown too). The same request each
-//              time, so that from its second run the server runs it prepared, as one
-//              operation: once as the
-//              server launches it (on CUDA, recorded once as CUDA graphs), once with every
-//              step launched on its own; then with tags that change at every run, so
-//              that the server plans and queues each run step by step (on CUDA, recording
-//              runs of 32 steps as graphs each time)
+//    chain     RunChain of 100 steps, each the last one's output + 1 (temporaries),
+//              --samples runs after 10 warm-ups, each timed alternately with a no-op: the
+//              median wall time (and p99) against twice the median sum of the steps'
+//              device times plus the p50 of the no-op timed beside Submit(wait) (the
+//              round trip; the no-op between chain runs, slower, is shown too). The same
+//              request each time, so that from its second run the server runs it
+//              prepared, as one operation: once as the server launches it (on CUDA,
+//              recorded once as CUDA graphs), once with every step launched on its own;
+//              then with tags that change at every run, so that the server plans and
+//              queues each run step by step (on CUDA, recording runs of 32 steps as
+//              graphs each time)
 //  memory (while the load's 8 buffers exist; CUDA only for the device columns): the whole
 //  device's memory in use (cudaMemGetInfo; the benchmark process is the server) against
 //  the bytes the buffers hold, and the target: overhead under 5% of the device + 256 MiB
@@ -1274,6 +1274,13 @@ absl::StatusOr<double> AsyncOpsPerSecond(const Server& server, int total) {
   return total / wall;
 }
 
+// The wall time of one GetServerInfo, the no-op.
+absl::StatusOr<double> TimeNoop(Client& client) {
+  const Clock::time_point start = Clock::now();
+  RETURN_IF_ERROR(client.GetServerInfo().status());
+  return SecondsSince(start);
+}
+
 struct SmallLatencies {
   // Submit(wait) and the no-op timed just before each; a session's submit-and-wait and
   // the no-op timed just before each.
@@ -1288,13 +1295,8 @@ absl::StatusOr<SmallLatencies> MeasureSmallLatencies(const Options& options, Cli
   v1::SubmitRequest waiting = SmallAdd();
   waiting.set_wait(true);
   SmallLatencies l;
-  auto noop = [&]() -> absl::StatusOr<double> {
-    const Clock::time_point start = Clock::now();
-    RETURN_IF_ERROR(client.GetServerInfo().status());
-    return SecondsSince(start);
-  };
   for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    ASSIGN_OR_RETURN(const double before, noop());
+    ASSIGN_OR_RETURN(const double before, TimeNoop(client));
     const Clock::time_point start = Clock::now();
     absl::StatusOr<v1::Operation> op = client.Submit(waiting);
     const double wall = SecondsSince(start);
@@ -1306,7 +1308,7 @@ absl::StatusOr<SmallLatencies> MeasureSmallLatencies(const Options& options, Cli
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(client));
   for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    ASSIGN_OR_RETURN(const double before, noop());
+    ASSIGN_OR_RETURN(const double before, TimeNoop(client));
     const Clock::time_point start = Clock::now();
     const absl::StatusOr<v1::Operation> answered = session->Submit(SmallAdd()).result.Get();
     const double wall = SecondsSince(start);
@@ -1349,11 +1351,8 @@ absl::StatusOr<ChainTimes> MeasureChain(const Options& options, Client& client,
   std::vector<double> walls, devices, noops;
   for (int r = 0; r < kLatencyWarmup + options.samples; ++r) {
     const Chain chain = fresh ? SmallChain(separate_launches, absl::StrCat("r", r)) : same;
-    Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
-    const double noop = SecondsSince(start);
-    if (!info.ok()) return info.status();
-    start = Clock::now();
+    ASSIGN_OR_RETURN(const double noop, TimeNoop(client));
+    const Clock::time_point start = Clock::now();
     ASSIGN_OR_RETURN(v1::ChainResponse response, chain.Run(client));
     const double wall = SecondsSince(start);
     double device = 0;
