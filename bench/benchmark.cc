@@ -18,6 +18,7 @@
 //   --session-clients client counts of the sessions throughput rows, comma-separated
 //   --graph-min-ops the server's --graph-min-ops (0: nothing is launched as a CUDA graph)
 //   --session-handler the server's --session-handler: callback or sync
+//   --lane-spin-us  the server's --lane-spin in microseconds (0: off); default: the server's
 //
 // Columns.
 //  kernels (Backend API only, device-resident buffers, one stream; device time between
@@ -188,6 +189,7 @@ struct Options {
   std::vector<int> session_clients = {1, 16};
   int graph_min_ops = 4;
   SessionHandler session_handler = SessionHandler::kCallback;
+  std::optional<absl::Duration> lane_spin;  // unset: the server's default
 
   int64_t n() const { return int64_t{1} << log2n; }
   uint64_t transfer_bytes() const {
@@ -199,7 +201,8 @@ constexpr const char* kUsage =
     "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
     "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
     "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n"
-    "         [--session-clients=1,16] [--graph-min-ops=4] [--session-handler=callback|sync]\n";
+    "         [--session-clients=1,16] [--graph-min-ops=4] [--session-handler=callback|sync]\n"
+    "         [--lane-spin-us=N]\n";
 
 absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
                       int64_t* out) {
@@ -285,6 +288,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       std::optional<SessionHandler> handler = ParseSessionHandler(value);
       if (!handler) return absl::InvalidArgumentError("--session-handler: callback or sync");
       o.session_handler = *handler;
+    } else if (name == "lane-spin-us") {
+      RETURN_IF_ERROR(ParseInt(name, value, 0, 1000000, &v));
+      o.lane_spin = absl::Microseconds(v);
     } else if (name == "graph-min-ops") {
       RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
       o.graph_min_ops = static_cast<int>(v);
@@ -1474,7 +1480,9 @@ absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings
             absl::StrCat("; ", Fixed(planned.wall / chain.wall, 2), "x the chain above"));
   table.Print(absl::StrCat("sessions: x + 1 on ", kSmallN, " float32 values; ", total,
                            " operations per throughput row, ", options.samples,
-                           " alternating samples per latency row"));
+                           " alternating samples per latency row; the server's --lane-spin: ",
+                           options.lane_spin ? absl::FormatDuration(*options.lane_spin)
+                                             : "its default"));
   // Where each throughput row's CPU went, by thread name: a thread class near one core
   // each is the row's bottleneck.
   for (size_t i = 0; i < options.session_clients.size(); ++i) {
@@ -1525,6 +1533,7 @@ absl::Status Run(const Options& options) {
   server_options.allow_shared_memory = true;  // the shm rows; client and server share a host
   server_options.graph_min_ops = static_cast<size_t>(options.graph_min_ops);
   server_options.session_handler = options.session_handler;
+  server_options.lane_spin = options.lane_spin;
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
   if (options.e2e) {

@@ -23,6 +23,7 @@
 #include "server/admission.h"
 #include "server/auth.h"
 #include "server/backend_loader.h"
+#include "server/cgroup_limits.h"
 #include "server/log.h"
 #include "server/metrics/server_metrics.h"
 #include "server/persistence.h"
@@ -211,6 +212,12 @@ uint64_t DefaultMemoryLimit(const Backend& backend) {
 constexpr uint64_t kStagingCacheBytes = uint64_t{256} << 20;
 constexpr uint64_t kCeilingProbeBytes = uint64_t{32} << 20;
 
+absl::Duration LaneSpin(const ServerOptions& options) {
+  if (options.lane_spin.has_value()) return *options.lane_spin;
+  const int cpus = LimitedThreadCount(AvailableProcessors(), ReadCgroupLimits());
+  return cpus >= kLaneMinCpus ? kDefaultLaneSpin : absl::ZeroDuration();
+}
+
 }  // namespace
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -323,6 +330,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // two chunks at a time at several GB/s.
   impl->ctx->chunk_copiers = std::make_unique<WorkerThreads>(
       std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 2, 8), "chunk-copy");
+  impl->ctx->lane = std::make_unique<WarmLane>(LaneSpin(options), "warm-lane");
   impl->ctx->default_result_ttl_nanos = *default_ttl;
   impl->ctx->limits = options.limits;
   if (!options.persist_dir.empty()) {

@@ -24,6 +24,11 @@ enum class SessionHandler { kCallback, kSync };
 // "callback" or "sync"; nullopt for anything else.
 std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
 
+// The warm lane's spin (ServerOptions::lane_spin) when none is set, on a machine where
+// the server may use at least kLaneMinCpus CPUs.
+inline constexpr absl::Duration kDefaultLaneSpin = absl::Microseconds(500);
+inline constexpr int kLaneMinCpus = 8;
+
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::port).
   std::string listen = "127.0.0.1:50051";
@@ -60,6 +65,12 @@ struct ServerOptions {
   // On Shutdown, how long calls in flight and queued operations get to finish before
   // the calls are cancelled and the operations not yet on the device fail.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // How long the warm lane that plans and launches Submit's operations and chains
+  // (server/warm_lane.h) spins after each job before it sleeps; zero runs them on the
+  // calls' own threads. Unset: kDefaultLaneSpin where the server may use at least
+  // kLaneMinCpus CPUs (a container's quota counted), zero on smaller machines, where a
+  // spinning thread would take the cores gRPC needs.
+  std::optional<absl::Duration> lane_spin;
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
   // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as

@@ -55,6 +55,7 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.graph_min_ops, defaults.graph_min_ops);
   EXPECT_EQ(parsed.options.session_handler, defaults.session_handler);
   EXPECT_EQ(parsed.options.shutdown_grace, defaults.shutdown_grace);
+  EXPECT_EQ(parsed.options.lane_spin, std::nullopt);  // chosen from the CPUs at start
   EXPECT_EQ(parsed.options.default_device, defaults.default_device);
   EXPECT_EQ(parsed.options.pool_initial_bytes, defaults.pool_initial_bytes);
   EXPECT_EQ(parsed.options.pool_release_threshold_bytes, defaults.pool_release_threshold_bytes);
@@ -91,6 +92,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--graph_min_ops=16",
       "--session-handler=sync",
       "--shutdown-grace=1.5s",
+      "--lane-spin=2ms",
       "--default-device",
       "1",
       "--pool-initial=1GiB",
@@ -126,6 +128,7 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.graph_min_ops, 16u);
   EXPECT_EQ(o.session_handler, SessionHandler::kSync);
   EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(1500));
+  EXPECT_EQ(o.lane_spin, absl::Milliseconds(2));
   EXPECT_EQ(o.default_device, 1);
   EXPECT_EQ(o.pool_initial_bytes, 1ull << 30);
   EXPECT_EQ(o.pool_release_threshold_bytes, 64ull << 20);
@@ -196,6 +199,8 @@ TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
       {{"--session-handler=async"}, "--session-handler: use callback or sync"},
       {{"--shutdown-grace=-1s"}, "--shutdown-grace: must not be negative"},
       {{"--shutdown-grace=soon"}, "--shutdown-grace: "},
+      {{"--lane-spin=-1us"}, "--lane-spin: must not be negative"},
+      {{"--lane-spin=warm"}, "--lane-spin: "},
       {{"--pool-release-threshold=some"}, "(or 'keep')"},
       {{"--default-result-ttl=-1"}, "--default-result-ttl: needs a non-negative number"},
       {{"--default-result-ttl=2592001"}, "--default-result-ttl: at most 2592000 seconds"},

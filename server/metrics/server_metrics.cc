@@ -263,6 +263,14 @@ void ServerMetrics::CollectDevices(std::vector<Family>& out) {
              "1 while the backend is healthy; 0 after a failure that makes the server refuse work "
              "until restarted.",
              ctx_.backend.health().ok() ? 1 : 0));
+  Family lane = Make("gpucompute_lane_jobs_total",
+                     "Submits and chains planned and launched on the warm lane (ran_on=lane), "
+                     "or on the call's own thread, the lane being busy, asleep or off "
+                     "(ran_on=call).",
+                     MetricType::kCounter);
+  lane.samples.push_back({{{"ran_on", "lane"}}, static_cast<double>(ctx_.lane->ran_on_lane())});
+  lane.samples.push_back({{{"ran_on", "call"}}, static_cast<double>(ctx_.lane->ran_on_caller())});
+  out.push_back(std::move(lane));
   out.push_back(Single(
       "gpucompute_uptime_seconds", "Seconds since the server started.",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count()));

@@ -16,6 +16,7 @@
 //   gpucompute_memory_limit_bytes, _used_bytes, _peak_bytes                     gauges
 //   gpucompute_pool_reserved_bytes{device}, gpucompute_pool_used_bytes{device}  gauges
 //   gpucompute_device_info{device,name}, gpucompute_device_memory_total_bytes{device}
+//   gpucompute_lane_jobs_total{ran_on=lane|call}   counter, Submits and chains (warm_lane.h)
 //   gpucompute_backend_healthy, gpucompute_uptime_seconds,
 //   gpucompute_build_info{version,api,backend}                                  gauges
 //   process_* (process_metrics.h)

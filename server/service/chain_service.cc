@@ -186,12 +186,17 @@ std::string ChainKey(absl::string_view scope, const grpc::ByteBuffer& request) {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer* raw_request,
-                                       grpc::ByteBuffer* raw_response) {
+namespace {
+
+// RunChainCall's work, on the warm lane: the call's reactor, or the error to answer at
+// once.
+absl::StatusOr<grpc::ServerUnaryReactor*> StartChain(ServiceContext& ctx,
+                                                     grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
-  if (!caller.ok()) return FinishNow(context, caller.status());
-  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return FinishNow(context, s);
+  if (!caller.ok()) return caller.status();
+  if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return s;
   // A chain run before is known by its bytes, before they are parsed. Those of a request
   // too large to keep are parsed where gRPC holds them.
   ChainCache& cache = *ctx.chains;
@@ -209,10 +214,10 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   const absl::Status parsed =
       keepable ? wire::Parse(std::string_view(key).substr(caller->scope.size() + 1), &request)
                : wire::Parse(*raw_request, &request);
-  if (!parsed.ok()) return FinishNow(context, parsed);
+  if (!parsed.ok()) return parsed;
   std::vector<ResolvedRef> refs;
   absl::StatusOr<std::vector<ChainStepPlan>> steps = PlanChain(ctx, caller->scope, request, &refs);
-  if (!steps.ok()) return FinishNow(context, steps.status());
+  if (!steps.ok()) return steps.status();
   auto run = std::make_shared<ChainRun>(ctx, raw_response);
   v1::ChainResponse* response = &run->response;
   run->steps = *std::move(steps);
@@ -226,7 +231,7 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
   // rejects the chain whole, as an invalid one does.
   size_t refused = 0;
   if (absl::Status s = ctx.executor.CheckSubmitAll(caller->scope, items, &refused); !s.ok()) {
-    return FinishNow(context, StepError(refused, run->steps[refused].tag, s));
+    return StepError(refused, run->steps[refused].tag, s);
   }
   // Seen before, unchanged: kept from now on, if it may be.
   if (keepable && cache.SeenBefore(key) &&
@@ -237,11 +242,11 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     run->steps.clear();
     absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
         RunPrepared(ctx, *caller, chain, true, raw_response);
-    if (!reactor.ok()) return FinishNow(context, reactor.status());  // only a race
+    if (!reactor.ok()) return reactor.status();  // only a race
     cache.Insert(key, std::move(chain));
     return *reactor;
   }
-  if (absl::Status s = ReserveAll(ctx, run->steps); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = ReserveAll(ctx, run->steps); !s.ok()) return s;
 
   auto* reactor = new DeferredReactor(caller->admission);
   run->reactor = reactor->state();
@@ -306,6 +311,16 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
     });
   }
   return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* raw_request,
+                                       grpc::ByteBuffer* raw_response) {
+  absl::StatusOr<grpc::ServerUnaryReactor*> reactor;
+  ctx.lane->Run([&] { reactor = StartChain(ctx, context, raw_request, raw_response); });
+  return reactor.ok() ? *reactor : FinishNow(context, reactor.status());
 }
 
 }  // namespace gpucompute

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/request_id.h"
+#include "server/status_macros.h"
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 
@@ -32,18 +33,23 @@ grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_
   return reactor;
 }
 
+absl::StatusOr<std::shared_ptr<Operation>> OperationServiceImpl::Start(
+    const grpc::CallbackServerContext& context, const v1::SubmitRequest& request,
+    absl::StatusOr<Caller>& caller) {
+  caller = IdentifyCaller(ctx_, context);
+  if (!caller.ok()) return caller.status();
+  RETURN_IF_ERROR(CheckBackendHealthy(ctx_.backend));
+  RETURN_IF_ERROR(CheckTimeout(request.wait_timeout_seconds()));
+  ASSIGN_OR_RETURN(Plan plan, PlanOperation(ctx_, caller->scope, request));
+  return SubmitPlan(ctx_, caller->scope, request.stream_id(), std::move(plan));
+}
+
 grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerContext* context,
                                                        const v1::SubmitRequest* request,
                                                        v1::Operation* response) {
-  absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
-  if (!caller.ok()) return FinishNow(context, caller.status());
-  if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
-  if (absl::Status s = CheckTimeout(request->wait_timeout_seconds()); !s.ok())
-    return FinishNow(context, s);
-  absl::StatusOr<Plan> plan = PlanOperation(ctx_, caller->scope, *request);
-  if (!plan.ok()) return FinishNow(context, plan.status());
-  absl::StatusOr<std::shared_ptr<Operation>> op =
-      SubmitPlan(ctx_, caller->scope, request->stream_id(), *std::move(plan));
+  absl::StatusOr<Caller> caller;
+  absl::StatusOr<std::shared_ptr<Operation>> op;
+  ctx_.lane->Run([&] { op = Start(*context, *request, caller); });
   if (!op.ok()) return FinishNow(context, op.status());
   if (request->wait()) {
     if (AwaitBriefly(*op)) {

@@ -28,6 +28,7 @@
 #include "server/request_limits.h"
 #include "server/shared_memory/region_registry.h"
 #include "server/timer.h"
+#include "server/warm_lane.h"
 #include "server/worker_threads.h"
 
 namespace gpucompute {
@@ -75,6 +76,9 @@ struct ServiceContext {
   // Copies received upload chunks into staging memory (set by the server at start).
   // Last, so that it is destroyed first: its remaining jobs use the members above.
   std::unique_ptr<WorkerThreads> chunk_copiers = nullptr;
+  // Plans and launches a Submit's operation and a chain's steps, on a thread kept warm
+  // between calls (set by the server; this one runs every job on its caller).
+  std::unique_ptr<WarmLane> lane = std::make_unique<WarmLane>(absl::ZeroDuration(), "");
 };
 
 // OK while the backend is healthy; UNAVAILABLE once it has failed ("the cuda backend

@@ -147,6 +147,11 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
                                           v1::Operation* response) override;
 
  private:
+  // Identifies the caller (into `caller`), plans `request` and queues its operation: the
+  // part of Submit that runs on the warm lane.
+  absl::StatusOr<std::shared_ptr<Operation>> Start(const grpc::CallbackServerContext& context,
+                                                   const v1::SubmitRequest& request,
+                                                   absl::StatusOr<Caller>& caller);
   // Answers with `op` once it is done or `timeout_seconds` passes, holding the call's
   // `admission` (Caller::admission) meanwhile.
   grpc::ServerUnaryReactor* ReplyWhenDone(const std::shared_ptr<Operation>& op,
