@@ -173,7 +173,7 @@ ABSL_FLAG(std::string, session_handler, "callback",
 ABSL_FLAG(std::optional<absl::Duration>, lane_spin, std::nullopt,
           "how long the thread that plans and launches Submit's operations and chains spins "
           "after each, kept warm for the next call (e.g. 500us, 2ms); 0 runs them on the "
-          "calls' own threads; default: 500us with at least 8 CPUs, else 0");
+          "calls' own threads; default: 2ms with at least 8 CPUs, else 0");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "on SIGTERM, how long calls in flight and queued operations get to finish (e.g. "
           "10s, 500ms); then calls are cancelled and operations not yet started fail");

@@ -5,9 +5,10 @@
 // H100 host, Submit(wait) of `x + 1` on 1024 values answered 15-20 us sooner this way,
 // its start event, launch and end event taking 8 us of device time where they took 16.
 //
-// The thread spins for a while after each job (and after a wake-up), then sleeps. A call
-// that finds it busy or asleep runs its job itself, so the lane never makes one call wait
-// for another's job; one that finds it asleep wakes it once its own job is done.
+// The thread spins for a while after each job (and after a wake-up), then sleeps: a core
+// busy while calls come, which buys each of them those microseconds. A call that finds
+// it busy or asleep runs its job itself, so the lane never makes one call wait for
+// another's job; one that finds it asleep wakes it once its own job is done.
 #ifndef GPUCOMPUTE_SERVER_WARM_LANE_H_
 #define GPUCOMPUTE_SERVER_WARM_LANE_H_
 
