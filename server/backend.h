@@ -97,8 +97,9 @@ class Stream {
   // same backend) has completed.
   virtual absl::Status Wait(std::shared_ptr<Event> event) = 0;
   virtual absl::StatusOr<std::shared_ptr<Event>> Record() = 0;
-  // Runs `fn` on a backend-owned host thread once all work enqueued before it has
-  // completed, with the stream's error state. `fn` may enqueue work on any stream.
+  // Runs `fn` on a backend-owned host thread (or one in Backend::PollCompletions) once
+  // all work enqueued before it has completed, with the stream's error state. `fn` may
+  // enqueue work on any stream.
   virtual absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) = 0;
   // As OnComplete, but `fn` waits only for `event`, which the caller recorded on this
   // stream, rather than for all enqueued so far; a backend may poll it rather than
@@ -212,6 +213,12 @@ class Backend {
   // their completion; the rest wait in the executor, where a shutdown can still cancel
   // them. Deep enough to keep the device busy between the executor's turns.
   virtual int DispatchWindow() const { return 64; }
+  // Runs, on the calling thread, the completion callbacks (Stream::OnComplete, OnEvent)
+  // whose work is done, rather than leaving them for the backend's own threads to notice:
+  // for a thread that spins anyway (server/warm_lane.h). Returns at once when another
+  // thread is doing it. A backend whose own threads run the callbacks as the work ends
+  // (the CPU backend's) has nothing to do.
+  virtual void PollCompletions() {}
   // Returns pool memory beyond `keep_bytes` (and beyond what live allocations use) to the
   // device; reports the pool afterwards.
   virtual absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) {

@@ -234,6 +234,8 @@ Server::~Server() {
   // Members go in reverse order of need: services, then the executor (which waits for
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
+  // No call is left to hand it work; it stops polling the backend's completions.
+  if (impl_->ctx != nullptr) impl_->ctx->lane.reset();
   impl_->executor.reset();
   // Kept chains hold buffers and recordings, and listen to the registry: they go before
   // the registry and the backend.
@@ -330,7 +332,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // two chunks at a time at several GB/s.
   impl->ctx->chunk_copiers = std::make_unique<WorkerThreads>(
       std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 2, 8), "chunk-copy");
-  impl->ctx->lane = std::make_unique<WarmLane>(LaneSpin(options), "warm-lane");
+  impl->ctx->lane =
+      std::make_unique<WarmLane>(LaneSpin(options), "warm-lane",
+                                 [backend = impl->backend.get()] { backend->PollCompletions(); });
   impl->ctx->default_result_ttl_nanos = *default_ttl;
   impl->ctx->limits = options.limits;
   if (!options.persist_dir.empty()) {

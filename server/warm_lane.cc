@@ -1,6 +1,7 @@
 #include "server/warm_lane.h"
 
 #include <chrono>
+#include <utility>
 
 #include "server/thread_name.h"
 
@@ -21,7 +22,8 @@ inline void Relax() {
 
 }  // namespace
 
-WarmLane::WarmLane(absl::Duration spin, const char* name) : spin_(spin) {
+WarmLane::WarmLane(absl::Duration spin, const char* name, absl::AnyInvocable<void()> idle)
+    : spin_(spin), idle_(std::move(idle)) {
   if (spin_ <= absl::ZeroDuration()) return;
   thread_ = std::thread([this, name] { Loop(name); });
 }
@@ -75,7 +77,9 @@ void WarmLane::Loop(const char* name) {
   NameThisThread(name);
   using Clock = std::chrono::steady_clock;
   const auto spin = absl::ToChronoNanoseconds(spin_);
+  const auto idle_interval = absl::ToChronoNanoseconds(kIdleInterval);
   Clock::time_point idle_since = Clock::now();
+  Clock::time_point next_idle = idle_since;
   for (;;) {
     Job* job = slot_.load(std::memory_order_acquire);
     if (job == kStopping) return;
@@ -85,8 +89,16 @@ void WarmLane::Loop(const char* name) {
       idle_since = Clock::now();
       continue;
     }
-    if (Clock::now() - idle_since < spin) {
-      Relax();
+    const Clock::time_point now = Clock::now();
+    if (now - idle_since < spin) {
+      if (idle_ != nullptr && now >= next_idle &&
+          slot_.compare_exchange_strong(job, kIdling, std::memory_order_acq_rel)) {
+        idle_();
+        slot_.store(nullptr, std::memory_order_release);
+        next_idle = Clock::now() + idle_interval;
+      } else {
+        Relax();
+      }
       continue;
     }
     // Asleep only if no job came meanwhile.

@@ -152,6 +152,13 @@ class CompletionPoller {
     cv_.notify_one();
   }
 
+  // Runs the callbacks whose events completed, on the calling thread, unless another
+  // thread is doing so.
+  void TrySweep() {
+    std::unique_lock sweeping(sweep_mu_, std::try_to_lock);
+    if (sweeping.owns_lock()) SweepLocked();
+  }
+
   // Removes every pending callback, for the caller to fail.
   std::vector<Callback> TakeAll() {
     std::vector<Callback> taken;
@@ -166,8 +173,13 @@ class CompletionPoller {
 
  private:
   void Run();
+  // Takes the callbacks whose events completed and runs them, in order; returns how many.
+  // Under sweep_mu_, so that callbacks one sweep takes run before those of the next.
+  size_t SweepLocked();
 
   const FinishFn finish_;
+  // Held by the thread sweeping: this poller's, or one in TrySweep. Taken before mu_.
+  std::mutex sweep_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   // Per stream, oldest first: an event completes only after its stream's earlier ones.
@@ -217,11 +229,33 @@ void CompletionPoller::Run() {
       // microseconds, which a short operation's caller would wait on.
       last_progress = Clock::now();
     }
-    struct Done {
-      Callback callback;
-      cudaError_t error;
-    };
-    std::vector<Done> done;
+    lock.unlock();
+    size_t finished = 0;
+    {
+      std::lock_guard sweeping(sweep_mu_);
+      finished = SweepLocked();
+    }
+    lock.lock();
+    if (finished > 0) {
+      last_progress = Clock::now();
+    } else if (spinning()) {
+      pause();
+    } else {
+      lock.unlock();
+      std::this_thread::sleep_for(kSleep);
+      lock.lock();
+    }
+  }
+}
+
+size_t CompletionPoller::SweepLocked() {
+  struct Done {
+    Callback callback;
+    cudaError_t error;
+  };
+  std::vector<Done> done;
+  {
+    std::lock_guard lock(mu_);
     for (auto it = pending_.begin(); it != pending_.end();) {
       std::deque<Callback>& queue = it->second;
       while (!queue.empty()) {
@@ -238,19 +272,9 @@ void CompletionPoller::Run() {
         ++it;
       }
     }
-    if (done.empty() && spinning()) {
-      pause();
-      continue;
-    }
-    lock.unlock();
-    for (Done& d : done) finish_(std::move(d.callback), d.error);
-    if (!done.empty()) {
-      last_progress = Clock::now();
-    } else {
-      std::this_thread::sleep_for(kSleep);
-    }
-    lock.lock();
   }
+  for (Done& d : done) finish_(std::move(d.callback), d.error);
+  return done.size();
 }
 
 class CudaBackend;
@@ -348,6 +372,9 @@ class CudaBackend final : public Backend {
   // before and after each operation launched on its own, that is under 400 entries in
   // the stream's queue.
   int DispatchWindow() const override { return 128; }
+  void PollCompletions() override {
+    for (const std::unique_ptr<CompletionPoller>& poller : pollers_) poller->TrySweep();
+  }
 
   absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override;
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override;

@@ -268,9 +268,11 @@ void ServerMetrics::CollectDevices(std::vector<Family>& out) {
                      "or on the call's own thread, the lane being busy, asleep or off "
                      "(ran_on=call).",
                      MetricType::kCounter);
-  lane.samples.push_back({{{"ran_on", "lane"}}, static_cast<double>(ctx_.lane->ran_on_lane())});
-  lane.samples.push_back({{{"ran_on", "call"}}, static_cast<double>(ctx_.lane->ran_on_caller())});
-  out.push_back(std::move(lane));
+  if (ctx_.lane != nullptr) {  // null once the server has shut down
+    lane.samples.push_back({{{"ran_on", "lane"}}, static_cast<double>(ctx_.lane->ran_on_lane())});
+    lane.samples.push_back({{{"ran_on", "call"}}, static_cast<double>(ctx_.lane->ran_on_caller())});
+    out.push_back(std::move(lane));
+  }
   out.push_back(Single(
       "gpucompute_uptime_seconds", "Seconds since the server started.",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count()));
