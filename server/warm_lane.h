@@ -38,7 +38,8 @@ class WarmLane {
   WarmLane& operator=(const WarmLane&) = delete;
 
   // Runs `job` and returns once it has run: on the lane's thread if that is awake and
-  // idle, else on the caller's. A job must not call Run itself.
+  // idle, else on the caller's (so a job, or the idle work, that calls Run runs the
+  // inner job itself).
   void Run(absl::FunctionRef<void()> job);
 
   static constexpr absl::Duration kIdleInterval = absl::Microseconds(2);

@@ -215,10 +215,6 @@ std::string ChainKey(absl::string_view scope, const grpc::ByteBuffer& request) {
   return key;
 }
 
-}  // namespace
-
-namespace {
-
 // RunChainCall's work on the warm lane: identifies the caller (into `caller`), and plans
 // and queues the chain; or the error to answer at once.
 absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServerContext* context,
