@@ -213,37 +213,6 @@ TEST_F(ChainReplayTest, AChainThatKeepsANewBufferIsPlannedAtEveryRun) {
   EXPECT_EQ(list.buffers_size(), 5);  // x, y and the three kept
 }
 
-// A prepared run that moves more than 64 MiB is not waited for by the handler; the
-// thread that sees it done answers it (a small one is usually answered by the handler).
-TEST_F(ChainReplayTest, APreparedChainOfMuchTrafficIsAnsweredWhenDoneFromAnotherThread) {
-  constexpr size_t kBig = (72 << 20) / sizeof(double);  // 72 MiB read by the first step
-  std::vector<double> x(kBig);
-  for (size_t i = 0; i < kBig; ++i) x[i] = static_cast<double>(i % 7) - 3;
-  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
-  double want = 0;
-  for (double v : x) want += v;
-  Chain chain;
-  const std::string sum = chain.Add(Reduce(v1::REDUCE_KIND_SUM, "x"), "sum");
-  chain.Add(Elementwise("s * 2 + 1", {{"s", Tagged(sum)}}), "twice");
-  chain.Add(Reduce(v1::REDUCE_KIND_SUM, TagRef("twice")), "again");
-  for (int run = 0; run < 4; ++run) {
-    SCOPED_TRACE(run);
-    absl::StatusOr<v1::ChainResponse> response = chain.Run(c());
-    ASSERT_OK(response);
-    ASSERT_EQ(response->steps_size(), 3);
-    std::set<std::string> ids;
-    for (const v1::ChainStepResult& step : response->steps()) {
-      EXPECT_EQ(step.operation().state(), v1::Operation::STATE_SUCCEEDED);
-      ids.insert(step.operation().id());
-    }
-    // Planned the first time, then run prepared: one operation.
-    EXPECT_EQ(ids.size(), run == 0 ? 3u : 1u);
-    const v1::Operation& again = response->steps(2).operation();
-    ASSERT_EQ(again.values_size(), 1);
-    EXPECT_EQ(again.values(0).float_value(), 2 * want + 1);
-  }
-}
-
 TEST_F(ChainReplayTest, AChainOfMoreBytesThanTheServerKeepsIsPlannedAtEveryRun) {
   const std::vector<double> x = RandomDoubles(kN, -1, 1, 27);
   ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));

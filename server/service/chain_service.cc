@@ -3,10 +3,8 @@
 // unchanged runs prepared, as one operation (chain_replay.h).
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <iterator>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -147,57 +145,28 @@ struct ChainRun {
   }
 };
 
-// A prepared chain's run, queued and not yet answered. It keeps the chain alive until
-// the run is done, its temporaries and recordings with it, even if the cache forgets it
-// meanwhile.
-struct PreparedRun {
-  std::shared_ptr<PreparedChain> chain;
-  std::shared_ptr<std::vector<OpResult>> results;
-  std::shared_ptr<Operation> op;
-  bool planned = false;  // planned for this call: its compile time is reported
-};
-
-// Queues `chain` to run once. The executor's refusal (the stream gone, the quota,
+// Runs `chain` once, answered when it is done; `planned`: planned for this call (its
+// compile time is reported). The executor's refusal (the stream gone, the quota,
 // shutdown) is returned, and then nothing ran.
-absl::StatusOr<PreparedRun> QueuePrepared(ServiceContext& ctx, const Caller& caller,
-                                          std::shared_ptr<PreparedChain> chain, bool planned) {
-  PreparedRun run{std::move(chain), nullptr, nullptr, planned};
-  run.results = std::make_shared<std::vector<OpResult>>(run.chain->size());
-  ASSIGN_OR_RETURN(run.op, ctx.executor.Submit(caller.scope, run.chain->stream_id(),
-                                               run.chain->Spec(run.chain, run.results)));
-  return run;
-}
-
-// How long a handler waits for a prepared run to answer it itself (AwaitBriefly): a
-// chain of 100 small steps takes about 0.25 ms on an H100.
-constexpr auto kChainBriefWait = std::chrono::microseconds(1000);
-
-// Answers `run` once it is done: from this thread if that is soon, else from the thread
-// that sees it done.
-grpc::ServerUnaryReactor* AnswerPrepared(ServiceContext& ctx, grpc::CallbackServerContext* context,
-                                         const Caller& caller, PreparedRun run,
-                                         grpc::ByteBuffer* raw_response) {
-  if (AwaitBriefly(ctx, run.op, kChainBriefWait)) {
-    *raw_response = wire::FromBytes(run.chain->EncodeAnswer(*run.op, *run.results, run.planned));
-    return FinishNow(context, absl::OkStatus());
-  }
+absl::StatusOr<grpc::ServerUnaryReactor*> RunPrepared(ServiceContext& ctx, const Caller& caller,
+                                                      std::shared_ptr<PreparedChain> chain,
+                                                      bool planned, grpc::ByteBuffer* raw_response) {
+  auto results = std::make_shared<std::vector<OpResult>>(chain->size());
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
+                   ctx.executor.Submit(caller.scope, chain->stream_id(),
+                                       chain->Spec(chain, results)));
   auto* reactor = new DeferredReactor(caller.admission);
-  const std::shared_ptr<Operation> op = run.op;  // the callback takes `run`
-  ctx.executor.OnDone(op, [state = reactor->state(), run = std::move(run), raw_response] {
+  // The chain stays alive until its run is done, its temporaries and recordings with it,
+  // even if the cache forgets it meanwhile.
+  ctx.executor.OnDone(op, [state = reactor->state(), chain = std::move(chain),
+                           results = std::move(results), op, planned, raw_response] {
     DeferredReactor::FinishOnce(state, [&] {
-      *raw_response = wire::FromBytes(run.chain->EncodeAnswer(*run.op, *run.results, run.planned));
+      *raw_response = wire::FromBytes(chain->EncodeAnswer(*op, *results, planned));
       return grpc::Status::OK;
     });
   });
   return reactor;
 }
-
-// What StartChain leaves to its handler: a prepared chain's run to answer, or the
-// reactor of a planned run, which answers itself.
-struct StartedChain {
-  std::optional<PreparedRun> prepared;
-  grpc::ServerUnaryReactor* reactor = nullptr;
-};
 
 // The caller's scope, a NUL, then the request's bytes: what a chain kept to run again is
 // known by (ChainCache).
@@ -215,13 +184,13 @@ std::string ChainKey(absl::string_view scope, const grpc::ByteBuffer& request) {
   return key;
 }
 
-// RunChainCall's work on the warm lane: identifies the caller (into `caller`), and plans
-// and queues the chain; or the error to answer at once.
-absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServerContext* context,
-                                        const grpc::ByteBuffer* raw_request,
-                                        grpc::ByteBuffer* raw_response,
-                                        absl::StatusOr<Caller>& caller) {
-  caller = IdentifyCaller(ctx, *context);
+// RunChainCall's work, on the warm lane: the call's reactor, or the error to answer at
+// once.
+absl::StatusOr<grpc::ServerUnaryReactor*> StartChain(ServiceContext& ctx,
+                                                     grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
+  absl::StatusOr<Caller> caller = IdentifyCaller(ctx, *context);
   if (!caller.ok()) return caller.status();
   if (absl::Status s = CheckBackendHealthy(ctx.backend); !s.ok()) return s;
   // A chain run before is known by its bytes, before they are parsed. Those of a request
@@ -231,8 +200,9 @@ absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServe
   const std::string key = keepable ? ChainKey(caller->scope, *raw_request) : std::string();
   if (keepable) {
     if (std::shared_ptr<PreparedChain> chain = cache.Find(key, caller->scope)) {
-      absl::StatusOr<PreparedRun> run = QueuePrepared(ctx, *caller, std::move(chain), false);
-      if (run.ok()) return StartedChain{*std::move(run)};
+      absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
+          RunPrepared(ctx, *caller, std::move(chain), false, raw_response);
+      if (reactor.ok()) return *reactor;
       // Refused: planned afresh below, which names the step refused.
     }
   }
@@ -266,10 +236,11 @@ absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServe
                                                  run->steps.front().stream_id,
                                                  ctx.executor.capture_min_ops());
     run->steps.clear();
-    absl::StatusOr<PreparedRun> run = QueuePrepared(ctx, *caller, chain, true);
-    if (!run.ok()) return run.status();  // only a race
+    absl::StatusOr<grpc::ServerUnaryReactor*> reactor =
+        RunPrepared(ctx, *caller, chain, true, raw_response);
+    if (!reactor.ok()) return reactor.status();  // only a race
     cache.Insert(key, std::move(chain));
-    return StartedChain{*std::move(run)};
+    return *reactor;
   }
   if (absl::Status s = ReserveAll(ctx, run->steps); !s.ok()) return s;
 
@@ -314,7 +285,7 @@ absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServe
     DeferredReactor::FinishOnce(run->reactor, [&] {
       return ToGrpcStatus(StepError(queued, run->steps[queued].tag, submitted.refused));
     });
-    return StartedChain{std::nullopt, reactor};
+    return reactor;
   }
   run->ops = std::move(submitted.operations);
   // Operations on one stream finish in order, so the chain is done once the last
@@ -335,7 +306,7 @@ absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServe
       if (run->remaining.fetch_sub(1) == 1) run->Answer();
     });
   }
-  return StartedChain{std::nullopt, reactor};
+  return reactor;
 }
 
 }  // namespace
@@ -343,12 +314,9 @@ absl::StatusOr<StartedChain> StartChain(ServiceContext& ctx, grpc::CallbackServe
 grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* raw_request,
                                        grpc::ByteBuffer* raw_response) {
-  absl::StatusOr<Caller> caller;
-  absl::StatusOr<StartedChain> started;
-  ctx.lane->Run([&] { started = StartChain(ctx, context, raw_request, raw_response, caller); });
-  if (!started.ok()) return FinishNow(context, started.status());
-  if (!started->prepared.has_value()) return started->reactor;
-  return AnswerPrepared(ctx, context, *caller, *std::move(started->prepared), raw_response);
+  absl::StatusOr<grpc::ServerUnaryReactor*> reactor;
+  ctx.lane->Run([&] { reactor = StartChain(ctx, context, raw_request, raw_response); });
+  return reactor.ok() ? *reactor : FinishNow(context, reactor.status());
 }
 
 }  // namespace gpucompute

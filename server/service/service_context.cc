@@ -1,12 +1,10 @@
 #include "server/service/service_context.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -75,22 +73,6 @@ absl::Status CheckTimeout(double seconds) {
     return absl::InvalidArgumentError(absl::StrCat("timeout must be >= 0 seconds, got ", seconds));
   }
   return absl::OkStatus();
-}
-
-bool AwaitBriefly(ServiceContext& ctx, const std::shared_ptr<Operation>& op,
-                  std::chrono::microseconds wait) {
-  constexpr uint64_t kBriefBytes = 64 << 20;
-  const OperationStatus status = ctx.executor.GetStatus(*op);
-  if (status.done()) return true;
-  if (status.timing.bytes_read + status.timing.bytes_written > kBriefBytes) return false;
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  ctx.executor.OnDone(op, [done] { done->store(true, std::memory_order_release); });
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  while (!done->load(std::memory_order_acquire)) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 absl::Status FirstOfEventOrTimeout(

@@ -104,14 +104,6 @@ absl::Status RequireAdmin(const Caller& caller, absl::string_view what);
 // none), not NaN.
 absl::Status CheckTimeout(double seconds);
 
-// Whether `op` is done within `wait`, spinning on this thread. A small operation is done
-// within microseconds of its launch, and answering it from the handler's thread saves
-// the hand-off of the answer to the thread that sees it complete and the wake-up of a
-// gRPC thread to send it. An operation of more than 64 MiB of traffic is not waited for,
-// so that no gRPC thread spins for long.
-bool AwaitBriefly(ServiceContext& ctx, const std::shared_ptr<Operation>& op,
-                  std::chrono::microseconds wait);
-
 // Waits in the callback style for whichever comes first, an event or a timeout, and
 // runs done(timed_out) exactly once. `arm` registers the callback it is given with the
 // event source; if it fails, done never runs and its status is returned.

@@ -158,6 +158,8 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
                                           double timeout_seconds,
                                           std::shared_ptr<const void> admission,
                                           v1::Operation* response);
+  // Whether a small `op` finishes within a brief spin on this thread (see the .cc).
+  bool AwaitBriefly(const std::shared_ptr<Operation>& op);
 
   ServiceContext& ctx_;
 };
