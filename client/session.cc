@@ -1,5 +1,8 @@
 #include "client/session.h"
 
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -237,6 +240,7 @@ absl::Status Session::Cancel() {
 }
 
 std::string Chain::Add(v1::SubmitRequest op, std::string tag) {
+  Changing();
   if (tag.empty()) tag = absl::StrCat("#", request_.steps_size() + 1);
   v1::ChainStep* step = request_.add_steps();
   step->set_tag(tag);
@@ -245,29 +249,50 @@ std::string Chain::Add(v1::SubmitRequest op, std::string tag) {
 }
 
 Chain& Chain::Keep(std::string_view tag) {
+  Changing();
   request_.add_keep(std::string(tag));
   return *this;
 }
 
 Chain& Chain::OnStream(std::string_view stream_id) {
+  Changing();
   request_.set_stream_id(std::string(stream_id));
   return *this;
 }
 
 Chain& Chain::SeparateLaunches(bool separate) {
+  Changing();
   request_.set_separate_launches(separate);
   return *this;
 }
 
+grpc::Slice Chain::Bytes() const {
+  // A chain moved from has no cache (and no steps).
+  if (encoded_ == nullptr) return grpc::Slice(request_.SerializeAsString());
+  absl::MutexLock lock(&encoded_->mu);
+  if (!encoded_->bytes) encoded_->bytes.emplace(request_.SerializeAsString());
+  return *encoded_->bytes;
+}
+
 absl::StatusOr<v1::ChainResponse> Chain::Run(Client& client) const {
-  std::unique_ptr<v1::SessionService::Stub> stub = v1::SessionService::NewStub(client.channel());
+  // The request goes as its bytes, on the path a generated stub's call takes (one batch
+  // of operations, so one wake-up; gRPC's generic stub makes two), and the answer is
+  // parsed as a generated stub would.
+  static const std::string kMethod =
+      absl::StrCat("/", v1::SessionService::service_full_name(), "/RunChain");
+  const grpc::internal::RpcMethod method(kMethod.c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
+                                         client.channel());
+  grpc::Slice bytes = Bytes();
+  const grpc::ByteBuffer request(&bytes, 1);
   grpc::ClientContext context;
   NameClient(client.options(), &context);
   if (client.options().timeout != absl::InfiniteDuration()) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + client.options().timeout));
   }
   v1::ChainResponse response;
-  grpc::Status status = stub->RunChain(&context, request_, &response);
+  const grpc::Status status =
+      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, v1::ChainResponse>(
+          client.channel().get(), method, &context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

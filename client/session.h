@@ -26,6 +26,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -131,7 +132,10 @@ class Session {
 };
 
 // A chain of operations that feed each other by tag, run by the server without a round
-// trip between steps (SessionService.RunChain).
+// trip between steps (SessionService.RunChain). A chain run again is serialized once:
+// its request's bytes are kept from its first run until it changes, and shared by its
+// copies. The server, for its part, runs a chain it has seen before prepared
+// (chain_replay.h).
 class Chain {
  public:
   // Adds a step and returns its tag: `tag`, or "#<n>" when empty (n counting steps
@@ -152,7 +156,18 @@ class Chain {
   absl::StatusOr<v1::ChainResponse> Run(Client& client) const;
 
  private:
+  // The request's bytes, once serialized; a change to the chain drops them.
+  struct Encoded {
+    absl::Mutex mu;
+    std::optional<grpc::Slice> bytes ABSL_GUARDED_BY(mu);
+  };
+  // The bytes of request_, serialized at the first call after a change.
+  grpc::Slice Bytes() const;
+  // Before each change: the copies of this chain keep the bytes they share.
+  void Changing() { encoded_ = std::make_shared<Encoded>(); }
+
   v1::ChainRequest request_;
+  std::shared_ptr<Encoded> encoded_ = std::make_shared<Encoded>();
 };
 
 }  // namespace gpucompute

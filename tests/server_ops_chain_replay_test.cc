@@ -2,6 +2,8 @@
 // a real server: the same answers as a planned run, the buffers they name followed by
 // name, their temporaries freed once a buffer they name goes, and the refusals of a
 // planned run.
+#include <algorithm>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -143,6 +145,41 @@ TEST_F(ChainReplayTest, AChainSubmittedAgainUnchangedRunsAsOneOperationWithTheSa
     EXPECT_EQ(CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE),
               elementwise_before + 5 * (kIncrements + 1) + 1);
   }
+}
+
+// The client sends a chain's bytes as serialized at its first run: a change made after
+// a run is sent, and a copy made before the change sends the request it was made with.
+TEST_F(ChainReplayTest, AChainChangedAfterItRanSendsTheChangeAndACopyItsOwnRequest) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 26);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  Chain chain = HalvingChain();
+  EXPECT_EQ(RunAndCheck(c(), chain, x).size(), static_cast<size_t>(chain.request().steps_size()));
+  EXPECT_EQ(RunAndCheck(c(), chain, x).size(), 1u);  // prepared
+  const Chain copy = chain;
+
+  const std::string last = absl::StrCat("s", kIncrements - 1);
+  chain.Add(Reduce(v1::REDUCE_KIND_MAX, TagRef(last)), "max");
+  ASSIGN_OR_FAIL(v1::ChainResponse changed, chain.Run(c()));
+  ASSERT_EQ(changed.steps_size(), copy.request().steps_size() + 1);
+  const v1::ChainStepResult& max = changed.steps(changed.steps_size() - 1);
+  EXPECT_EQ(max.tag(), "max");
+  double want = -1e300;
+  for (double v : Reference(x).y) want = std::max(want, v / 2);
+  ASSERT_EQ(max.operation().values_size(), 1);
+  EXPECT_NEAR(max.operation().values(0).float_value(), want, 1e-12 * std::abs(want));
+  // A new request to the server: each step its own operation.
+  std::set<std::string> ids;
+  for (const v1::ChainStepResult& step : changed.steps()) ids.insert(step.operation().id());
+  EXPECT_EQ(ids.size(), static_cast<size_t>(changed.steps_size()));
+
+  // The copy still sends the request it was made with, which the server runs prepared.
+  EXPECT_EQ(RunAndCheck(c(), copy, x).size(), 1u);
+  // A change of an option after a run is sent too: each step launched alone is another
+  // request, planned anew.
+  Chain separate = copy;
+  separate.SeparateLaunches();
+  EXPECT_EQ(RunAndCheck(c(), separate, x).size(), static_cast<size_t>(copy.request().steps_size()));
 }
 
 TEST_F(ChainReplayTest, DeletingABufferAPreparedChainNamesFreesItsTemporaries) {
