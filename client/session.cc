@@ -294,6 +294,16 @@ absl::StatusOr<v1::ChainResponse> Chain::Run(Client& client) const {
       grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, v1::ChainResponse>(
           client.channel().get(), method, &context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
+  // A chain run as one operation names it once: each step is given its id and stream
+  // back, as each step of a chain planned step by step has its own.
+  if (!response.operation_id().empty()) {
+    for (v1::ChainStepResult& step : *response.mutable_steps()) {
+      v1::Operation& op = *step.mutable_operation();
+      op.set_id(response.operation_id());
+      op.set_stream_id(response.stream_id());
+      op.mutable_timing()->set_stream_id(response.stream_id());
+    }
+  }
   return response;
 }
 

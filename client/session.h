@@ -152,7 +152,8 @@ class Chain {
 
   const v1::ChainRequest& request() const { return request_; }
   // Runs the chain: the result of every step in order, or the error of the call (an
-  // invalid step rejects the whole chain before anything runs).
+  // invalid step rejects the whole chain before anything runs). Every step's operation
+  // has its id and stream, also where the answer gave them once (operation_id).
   absl::StatusOr<v1::ChainResponse> Run(Client& client) const;
 
  private:

@@ -147,6 +147,65 @@ TEST_F(ChainReplayTest, AChainSubmittedAgainUnchangedRunsAsOneOperationWithTheSa
   }
 }
 
+// On the wire, a prepared run's answer names its operation and stream once, and its
+// steps leave them empty; a planned run's steps each name their own. Chain::Run gives
+// every step its operation either way.
+TEST_F(ChainReplayTest, APreparedRunNamesItsOperationOnceAndTheClientGivesItToEveryStep) {
+  const std::vector<double> x = RandomDoubles(kN, -1, 1, 27);
+  ASSERT_OK(UploadArray(c(), x, {}, v1::LAYOUT_C, "x"));
+  ASSERT_OK(UploadArray(c(), std::vector<double>(kN, 0), {}, v1::LAYOUT_C, "y"));
+  const Chain chain = HalvingChain();
+  const int steps = chain.request().steps_size();
+  std::unique_ptr<v1::SessionService::Stub> stub = v1::SessionService::NewStub(c().channel());
+  auto run_raw = [&](v1::ChainResponse* response) {
+    std::unique_ptr<grpc::ClientContext> context = c().NewContext(true);
+    const grpc::Status status = stub->RunChain(context.get(), chain.request(), response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response->steps_size(), steps);
+  };
+
+  v1::ChainResponse planned;
+  run_raw(&planned);
+  EXPECT_EQ(planned.operation_id(), "");
+  EXPECT_EQ(planned.stream_id(), "");
+  std::set<std::string> ids;
+  for (const v1::ChainStepResult& step : planned.steps()) {
+    EXPECT_TRUE(std::regex_match(step.operation().id(), kOpIdPattern)) << step.tag();
+    EXPECT_EQ(step.operation().stream_id(), planned.steps(0).operation().stream_id());
+    EXPECT_EQ(step.operation().timing().stream_id(), step.operation().stream_id());
+    ids.insert(step.operation().id());
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(steps));
+  const std::string stream = planned.steps(0).operation().stream_id();
+  EXPECT_FALSE(stream.empty());
+
+  v1::ChainResponse prepared;
+  run_raw(&prepared);
+  EXPECT_TRUE(std::regex_match(prepared.operation_id(), kOpIdPattern)) << prepared.operation_id();
+  EXPECT_EQ(prepared.stream_id(), stream);
+  for (const v1::ChainStepResult& step : prepared.steps()) {
+    const v1::Operation& op = step.operation();
+    EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << step.tag();
+    EXPECT_EQ(op.id(), "") << step.tag();
+    EXPECT_EQ(op.stream_id(), "") << step.tag();
+    EXPECT_EQ(op.timing().stream_id(), "") << step.tag();
+    EXPECT_EQ(op.timing().graph_operations(), static_cast<uint32_t>(steps)) << step.tag();
+  }
+  // The operation it names is the run's, which the server knows.
+  ASSIGN_OR_FAIL(v1::Operation run, c().GetOperation(prepared.operation_id()));
+  EXPECT_EQ(run.state(), v1::Operation::STATE_SUCCEEDED);
+  EXPECT_EQ(run.stream_id(), stream);
+
+  ASSIGN_OR_FAIL(v1::ChainResponse given, chain.Run(c()));
+  EXPECT_TRUE(std::regex_match(given.operation_id(), kOpIdPattern)) << given.operation_id();
+  EXPECT_NE(given.operation_id(), prepared.operation_id());
+  for (const v1::ChainStepResult& step : given.steps()) {
+    EXPECT_EQ(step.operation().id(), given.operation_id()) << step.tag();
+    EXPECT_EQ(step.operation().stream_id(), stream) << step.tag();
+    EXPECT_EQ(step.operation().timing().stream_id(), stream) << step.tag();
+  }
+}
+
 // The client sends a chain's bytes as serialized at its first run: a change made after
 // a run is sent, and a copy made before the change sends the request it was made with.
 TEST_F(ChainReplayTest, AChainChangedAfterItRanSendsTheChangeAndACopyItsOwnRequest) {

@@ -1,5 +1,8 @@
 #include "server/service/chain_answer.h"
 
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
 #include "gpucompute/v1/wire_format.h"
 #include "server/service/chain_replay.h"
 #include "server/service/proto_conversions.h"
@@ -17,6 +20,7 @@ ChainAnswer::ChainAnswer(const std::vector<ChainStepPlan>& steps) {
   v1::ChainResponse planned;
   for (const ChainStepPlan& step : steps) BeginStepResult(step, &planned);
   steps_.reserve(steps.size());
+  absl::flat_hash_map<std::tuple<uint64_t, uint64_t, uint64_t, double>, size_t> timing_index;
   for (size_t i = 0; i < steps.size(); ++i) {
     v1::ChainStepResult& result = *planned.mutable_steps(static_cast<int>(i));
     const Executor::OpSpec& spec = steps[i].plan.spec;
@@ -24,28 +28,34 @@ ChainAnswer::ChainAnswer(const std::vector<ChainStepPlan>& steps) {
     step.operation = result.operation().SerializeAsString();
     result.clear_operation();
     step.result = result.SerializeAsString();
-    step.timing.set_bytes_read(spec.bytes_read);
-    step.timing.set_bytes_written(spec.bytes_written);
-    step.timing.set_flops(spec.flops);
-    step.timing.set_graph_operations(static_cast<uint32_t>(steps.size()));
-    step.compile_seconds = spec.compile_seconds;
+    v1::Timing timing;
+    timing.set_bytes_read(spec.bytes_read);
+    timing.set_bytes_written(spec.bytes_written);
+    timing.set_flops(spec.flops);
+    timing.set_graph_operations(static_cast<uint32_t>(steps.size()));
+    const auto [it, added] = timing_index.try_emplace(
+        std::tuple(spec.bytes_read, spec.bytes_written, spec.flops, spec.compile_seconds),
+        timings_.size());
+    step.timing = it->second;
+    if (added) {
+      timings_.push_back(std::move(timing));
+      compile_seconds_.push_back(spec.compile_seconds);
+    }
     encoded_size_ += step.result.size() + step.operation.size();
   }
 }
 
 std::string ChainAnswer::Encode(const OperationStatus& run, std::span<const OpResult> results,
                                 bool planned) const {
-  // What every step shares, encoded once.
+  // What every step shares, encoded once; the run's id and stream once in all, after
+  // the steps.
   v1::Operation shared;
-  shared.set_id(run.id);
   shared.set_state(ToProto(run.state));
   shared.set_done(true);
   if (!run.error.ok()) SetError(run.error, &shared);
-  shared.set_stream_id(run.stream_id);
   const std::string shared_operation = shared.SerializeAsString();
   v1::Timing shared_timing;
   shared_timing.set_queued_seconds(run.timing.queued_seconds);
-  shared_timing.set_stream_id(run.stream_id);
   shared_timing.set_device(run.device);
   const std::string shared_timing_bytes = shared_timing.SerializeAsString();
   const double share = run.timing.device_seconds / steps_.size();
@@ -53,20 +63,22 @@ std::string ChainAnswer::Encode(const OperationStatus& run, std::span<const OpRe
   std::string out;
   // Each step: the shared fields, its timing's numbers, a few headers.
   out.reserve(encoded_size_ +
-              steps_.size() * (shared_operation.size() + shared_timing_bytes.size() + 96));
-  v1::Timing timing;
-  std::string timing_bytes;
+              steps_.size() * (shared_operation.size() + shared_timing_bytes.size() + 96) +
+              run.id.size() + run.stream_id.size() + 8);
+  std::vector<std::string> timings(timings_.size());
+  for (size_t k = 0; k < timings_.size(); ++k) {
+    v1::Timing timing = timings_[k];
+    SetDeviceSeconds(share, &timing);
+    if (planned) timing.set_compile_seconds(compile_seconds_[k]);
+    timings[k] = timing.SerializeAsString();
+  }
   v1::Operation outcome;  // a step's values and random offset
   std::string outcome_bytes;
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& step = steps_[i];
-    timing = step.timing;
-    SetDeviceSeconds(share, &timing);
-    if (planned) timing.set_compile_seconds(step.compile_seconds);
-    timing_bytes.clear();
-    timing.AppendToString(&timing_bytes);
+    const std::string& timing_bytes = timings[step.timing];
     outcome_bytes.clear();
-    if (run.error.ok()) {
+    if (run.error.ok() && (!results[i].values.empty() || results[i].next_offset != 0)) {
       outcome.Clear();
       AppendValues(results[i], &outcome);
       outcome.set_next_offset(results[i].next_offset);
@@ -89,6 +101,10 @@ std::string ChainAnswer::Encode(const OperationStatus& run, std::span<const OpRe
     out += timing_bytes;
     out += outcome_bytes;
   }
+  v1::ChainResponse run_fields;
+  run_fields.set_operation_id(run.id);
+  run_fields.set_stream_id(run.stream_id);
+  run_fields.AppendToString(&out);
   return out;
 }
 

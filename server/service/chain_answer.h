@@ -1,14 +1,17 @@
 // The answer of a prepared chain's runs (a ChainResponse), written straight to the wire.
 // Built as messages and serialized, the answer of a run of 100 small steps costs the
-// host more than launching the run: each step repeats the run's id and stream, and the
-// copies, strings and encoding add up, after the device is done, while the caller waits.
+// host more than launching the run: the copies, strings and encoding add up, after the
+// device is done, while the caller waits.
 //
 // So what does not change from run to run, each step's tag, kind, outputs and traffic,
-// is encoded once, when the chain is prepared. A run encodes what is its own once (its
-// id, stream, state, error and queueing time, the same for every step) and then, for
-// each step, only its share of the device time, the rates that follow, and its values.
+// is encoded once, when the chain is prepared. A run encodes what is its own once: its
+// id and stream in the answer's own fields (ChainResponse.operation_id), which the
+// steps leave empty; its state, error and queueing time, the same for every step; and
+// each distinct timing (a step's share of the device time and the rates that follow
+// depend only on its traffic). Then each step's values.
 // The bytes are the ordinary encoding of the ChainResponse that ToProtoOutcome would
-// fill, with some fields in another order, which protobuf parsers read the same.
+// fill, but for the run's id and stream given once, with some fields in another order,
+// which protobuf parsers read the same.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
 #define GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
 
@@ -38,10 +41,15 @@ class ChainAnswer {
   struct Step {
     std::string result;     // ChainStepResult: its tag
     std::string operation;  // Operation: its kind and outputs
-    v1::Timing timing;      // its traffic and graph_operations
-    double compile_seconds = 0;
+    size_t timing = 0;      // its index in timings_
   };
   std::vector<Step> steps_;
+  // Each distinct Timing template of the steps (traffic, compile time and
+  // graph_operations), encoded once per run: the steps share the run's device time
+  // evenly, so steps of the same traffic (most of a chain of small steps) have the same
+  // timing bytes.
+  std::vector<v1::Timing> timings_;
+  std::vector<double> compile_seconds_;  // of each of timings_
   size_t encoded_size_ = 0;  // of the fields encoded once, for the answer's reserve
 };
 

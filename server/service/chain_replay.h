@@ -83,9 +83,9 @@ class PreparedChain {
   Executor::OpSpec Spec(const std::shared_ptr<PreparedChain>& self,
                         const std::shared_ptr<std::vector<OpResult>>& results) const;
   // The answer (ChainResponse bytes) of finished `run` (FinalStatus), whose launches
-  // left `results`: each step with the run's id, stream and state, an even share of its
-  // device time, and its values; with each step's compile time where `planned` (the run
-  // planned for its call).
+  // left `results`: the run's id and stream once, each step with the run's state, an
+  // even share of its device time, and its values; with each step's compile time where
+  // `planned` (the run planned for its call).
   std::string EncodeAnswer(const Operation& run, const std::vector<OpResult>& results,
                            bool planned) const {
     return answer_.Encode(Executor::FinalStatus(run), results, planned);
