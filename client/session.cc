@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gpucompute/v1/limits.h"
+#include "gpucompute/v1/wire_format.h"
 
 namespace gpucompute {
 namespace {
@@ -266,11 +267,11 @@ Chain& Chain::SeparateLaunches(bool separate) {
   return *this;
 }
 
-grpc::Slice Chain::Bytes() const {
+grpc::ByteBuffer Chain::Bytes() const {
   // A chain moved from has no cache (and no steps).
-  if (encoded_ == nullptr) return grpc::Slice(request_.SerializeAsString());
+  if (encoded_ == nullptr) return wire::Serialize(request_);
   absl::MutexLock lock(&encoded_->mu);
-  if (!encoded_->bytes) encoded_->bytes.emplace(request_.SerializeAsString());
+  if (!encoded_->bytes) encoded_->bytes = wire::Serialize(request_);
   return *encoded_->bytes;
 }
 
@@ -282,8 +283,7 @@ absl::StatusOr<v1::ChainResponse> Chain::Run(Client& client) const {
       absl::StrCat("/", v1::SessionService::service_full_name(), "/RunChain");
   const grpc::internal::RpcMethod method(kMethod.c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
                                          client.channel());
-  grpc::Slice bytes = Bytes();
-  const grpc::ByteBuffer request(&bytes, 1);
+  const grpc::ByteBuffer request = Bytes();
   grpc::ClientContext context;
   NameClient(client.options(), &context);
   if (client.options().timeout != absl::InfiniteDuration()) {

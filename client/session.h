@@ -160,10 +160,11 @@ class Chain {
   // The request's bytes, once serialized; a change to the chain drops them.
   struct Encoded {
     absl::Mutex mu;
-    std::optional<grpc::Slice> bytes ABSL_GUARDED_BY(mu);
+    std::optional<grpc::ByteBuffer> bytes ABSL_GUARDED_BY(mu);
   };
-  // The bytes of request_, serialized at the first call after a change.
-  grpc::Slice Bytes() const;
+  // The bytes of request_, serialized at the first call after a change (a copy of a
+  // ByteBuffer shares its slices).
+  grpc::ByteBuffer Bytes() const;
   // Before each change: the copies of this chain keep the bytes they share.
   void Changing() { encoded_ = std::make_shared<Encoded>(); }
 

@@ -28,18 +28,17 @@ ChainAnswer::ChainAnswer(const std::vector<ChainStepPlan>& steps) {
     step.operation = result.operation().SerializeAsString();
     result.clear_operation();
     step.result = result.SerializeAsString();
-    v1::Timing timing;
-    timing.set_bytes_read(spec.bytes_read);
-    timing.set_bytes_written(spec.bytes_written);
-    timing.set_flops(spec.flops);
-    timing.set_graph_operations(static_cast<uint32_t>(steps.size()));
     const auto [it, added] = timing_index.try_emplace(
         std::tuple(spec.bytes_read, spec.bytes_written, spec.flops, spec.compile_seconds),
         timings_.size());
     step.timing = it->second;
     if (added) {
-      timings_.push_back(std::move(timing));
-      compile_seconds_.push_back(spec.compile_seconds);
+      v1::Timing& timing = timings_.emplace_back();
+      timing.set_bytes_read(spec.bytes_read);
+      timing.set_bytes_written(spec.bytes_written);
+      timing.set_flops(spec.flops);
+      timing.set_graph_operations(static_cast<uint32_t>(steps.size()));
+      timing.set_compile_seconds(spec.compile_seconds);
     }
     encoded_size_ += step.result.size() + step.operation.size();
   }
@@ -69,7 +68,7 @@ std::string ChainAnswer::Encode(const OperationStatus& run, std::span<const OpRe
   for (size_t k = 0; k < timings_.size(); ++k) {
     v1::Timing timing = timings_[k];
     SetDeviceSeconds(share, &timing);
-    if (planned) timing.set_compile_seconds(compile_seconds_[k]);
+    if (!planned) timing.clear_compile_seconds();
     timings[k] = timing.SerializeAsString();
   }
   v1::Operation outcome;  // a step's values and random offset

@@ -47,9 +47,8 @@ class ChainAnswer {
   // Each distinct Timing template of the steps (traffic, compile time and
   // graph_operations), encoded once per run: the steps share the run's device time
   // evenly, so steps of the same traffic (most of a chain of small steps) have the same
-  // timing bytes.
+  // timing bytes. The compile time is reported only by the run planned for its call.
   std::vector<v1::Timing> timings_;
-  std::vector<double> compile_seconds_;  // of each of timings_
   size_t encoded_size_ = 0;  // of the fields encoded once, for the answer's reserve
 };
 
