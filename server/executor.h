@@ -167,6 +167,11 @@ class Operation final : public Work {
   const std::string& id() const { return status_.id; }
   // Set when it is submitted, then never changed.
   const std::string& stream_id() const { return status_.stream_id; }
+  // The bytes it reads and writes (OpSpec's): set before it is submitted, then never
+  // changed.
+  uint64_t traffic_bytes() const {
+    return status_.timing.bytes_read + status_.timing.bytes_written;
+  }
 
  private:
   friend class Executor;

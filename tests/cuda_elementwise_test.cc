@@ -578,6 +578,34 @@ TEST_F(CudaElementwiseTest, AxpyScalarValuesShareTheKernel) {
   RunAndCompare(p3, DType::kFloat32, 100003, 0);
 }
 
+TEST_F(CudaElementwiseTest, OneProgramHasAKernelPerOutputDtypeEachBuiltOnce) {
+  // The cache's key is the program's canonical form, the output dtype and the
+  // architecture: a program written as float32 and as float64 is two kernels, and each
+  // is found again, built, without compiling.
+  const Program program = MustCompile("f * 3 - g", Only(MixedInputs(), {"f", "g"}));
+  double seconds = -1;
+  absl::StatusOr<const CompiledElementwise*> narrow =
+      Kernels().Get(program, DType::kFloat32, arch_, &seconds);
+  ASSERT_OK(narrow);
+  absl::StatusOr<const CompiledElementwise*> wide =
+      Kernels().Get(program, DType::kFloat64, arch_, &seconds);
+  ASSERT_OK(wide);
+  EXPECT_NE(*narrow, *wide);
+  EXPECT_EQ((*narrow)->out_dtype, DType::kFloat32);
+  EXPECT_EQ((*wide)->out_dtype, DType::kFloat64);
+  const int64_t compiled = Kernels().nvrtc_compilations();
+  for (DType out : {DType::kFloat32, DType::kFloat64}) {
+    seconds = -1;
+    absl::StatusOr<const CompiledElementwise*> again = Kernels().Get(program, out, arch_, &seconds);
+    ASSERT_OK(again);
+    EXPECT_EQ(*again, out == DType::kFloat32 ? *narrow : *wide);
+    EXPECT_EQ(seconds, 0);
+  }
+  EXPECT_EQ(Kernels().nvrtc_compilations(), compiled);
+  RunAndCompare(program, DType::kFloat32, 1001, 0);
+  RunAndCompare(program, DType::kFloat64, 1001, 0);
+}
+
 TEST_F(CudaElementwiseTest, SizesAndTails) {
   const InputMap all = MixedInputs();
   InputMap axpy_in = Only(all, {"f", "g"});

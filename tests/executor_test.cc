@@ -491,9 +491,11 @@ TEST_F(ExecutorTest, FinishedOperationsAreRetainedWithinBounds) {
 TEST_F(ExecutorTest, TimingIsRecorded) {
   BufferHandle x = NewBuffer(16);
   Executor::OpSpec spec = Write("timed", x, 1);
+  spec.bytes_read = 32;
   spec.bytes_written = 128;
   spec.flops = 16;
   std::shared_ptr<Operation> op = Submit("", std::move(spec));
+  EXPECT_EQ(op->traffic_bytes(), 160u);  // known from submission on
   backend_.RunReady();
   EXPECT_EQ(StateOf(op), State::kRunning);
   // The device clock moves 0.25 s while the kernel runs: its device time, exactly.
@@ -503,8 +505,10 @@ TEST_F(ExecutorTest, TimingIsRecorded) {
   EXPECT_EQ(st.state, State::kSucceeded);
   EXPECT_EQ(st.timing.device_seconds, 0.25);
   EXPECT_GE(st.timing.queued_seconds, 0.0);
+  EXPECT_EQ(st.timing.bytes_read, 32u);
   EXPECT_EQ(st.timing.bytes_written, 128u);
   EXPECT_EQ(st.timing.flops, 16u);
+  EXPECT_EQ(op->traffic_bytes(), 160u);
   EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].count, 1u);
   EXPECT_EQ(executor_->Stats()[static_cast<int>(OperationKind::kFill)].device_seconds, 0.25);
 }

@@ -9,9 +9,11 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -120,6 +122,11 @@ struct ElementwiseKernels::Slot {
   std::unique_ptr<CompiledElementwise> kernel;
 };
 
+size_t ElementwiseKernels::KeyHash::Hash(const KeyView& k) {
+  return absl::Hash<std::tuple<absl::string_view, DType, int>>()(
+      std::make_tuple(k.canonical, k.out_dtype, k.arch));
+}
+
 ElementwiseKernels::ElementwiseKernels(std::string disk_cache_dir)
     : compiler_(std::move(disk_cache_dir)) {}
 
@@ -138,15 +145,22 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
                                                                    DType out_dtype, int arch,
                                                                    double* compile_seconds) {
   if (compile_seconds != nullptr) *compile_seconds = 0;
-  std::string key = absl::StrCat(program.canonical(), "\n", DTypeName(out_dtype), "\n", arch);
+  const KeyView key{program.canonical(), out_dtype, arch};
   std::shared_ptr<Slot> slot;
   bool build = false;
   {
     absl::MutexLock lock(&mu_);
-    auto [it, inserted] = slots_.try_emplace(key);
-    if (inserted) it->second = std::make_shared<Slot>();
+    auto it = slots_.find(key);
+    if (it != slots_.end()) {
+      // Set under the lock once built, and never taken back: the common case ends here.
+      if (it->second->kernel != nullptr) return it->second->kernel.get();
+    } else {
+      it =
+          slots_.emplace(Key{std::string(key.canonical), out_dtype, arch}, std::make_shared<Slot>())
+              .first;
+      build = true;
+    }
     slot = it->second;
-    build = inserted;
   }
   const auto start = std::chrono::steady_clock::now();
   if (!build) {

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
 #include "server/cuda/elementwise_codegen.h"
@@ -72,10 +73,40 @@ class ElementwiseKernels {
 
  private:
   struct Slot;
+  // What a kernel is built for. Looked up as a KeyView, so that a call that finds its
+  // kernel built (every launch, and the planning before it) allocates nothing.
+  struct Key {
+    std::string canonical;
+    DType out_dtype;
+    int arch;
+  };
+  struct KeyView {
+    absl::string_view canonical;
+    DType out_dtype;
+    int arch;
+    static KeyView Of(const Key& k) { return {k.canonical, k.out_dtype, k.arch}; }
+    static KeyView Of(const KeyView& k) { return k; }
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    static size_t Hash(const KeyView& k);
+    template <typename K>
+    size_t operator()(const K& k) const {
+      return Hash(KeyView::Of(k));
+    }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      const KeyView x = KeyView::Of(a), y = KeyView::Of(b);
+      return x.canonical == y.canonical && x.out_dtype == y.out_dtype && x.arch == y.arch;
+    }
+  };
 
   NvrtcCompiler compiler_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::shared_ptr<Slot>, KeyHash, KeyEq> slots_ ABSL_GUARDED_BY(mu_);
 };
 
 // Enqueues out[i] = program(inputs...[i]) for i < n on `stream` (on the current device,

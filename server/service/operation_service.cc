@@ -53,7 +53,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::Submit(grpc::CallbackServerConte
   if (!op.ok()) return FinishNow(context, op.status());
   if (request->wait()) {
     if (AwaitBriefly(*op)) {
-      ToProto(ctx_.executor.GetStatus(**op), response);
+      ToProto(Executor::FinalStatus(**op), response);
       return FinishNow(context, absl::OkStatus());
     }
     return ReplyWhenDone(*op, request->wait_timeout_seconds(), caller->admission, response);
@@ -70,9 +70,7 @@ bool OperationServiceImpl::AwaitBriefly(const std::shared_ptr<Operation>& op) {
   // skip the spin, so no gRPC thread spins for long.
   constexpr uint64_t kBriefBytes = 64 << 20;
   constexpr auto kBriefWait = std::chrono::microseconds(100);
-  const OperationStatus status = ctx_.executor.GetStatus(*op);
-  if (status.done()) return true;
-  if (status.timing.bytes_read + status.timing.bytes_written > kBriefBytes) return false;
+  if (op->traffic_bytes() > kBriefBytes) return false;
   auto done = std::make_shared<std::atomic<bool>>(false);
   ctx_.executor.OnDone(op, [done] { done->store(true, std::memory_order_release); });
   const auto deadline = std::chrono::steady_clock::now() + kBriefWait;
