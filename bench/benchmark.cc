@@ -138,18 +138,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/client.h"
-#include "client/session.h"
-#include "client/shared_memory.h"
-#include "client/transfer_timing.h"
-#include "gpucompute/v1/transfer_memory.h"
+#include "client/cpp/client.h"
+#include "client/cpp/session.h"
+#include "client/cpp/shared_memory.h"
+#include "client/cpp/transfer_timing.h"
+#include "common/transfer_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
-#include "server/backend.h"
+#include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/expression/expression.h"
 #include "server/server.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -1560,7 +1560,7 @@ int main(int argc, char** argv) {
   }
   // One gRPC reference held for the whole run and never released: when the last gRPC
   // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for ~10 s
-  // (see tests/test_server.h); the process is ending anyway.
+  // (see tests/support/test_server.h); the process is ending anyway.
   grpc_init();
   const absl::Status status = gpucompute::bench::Run(*options);
   if (!status.ok()) {

@@ -28,7 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "gpucompute/v1/transfer_memory.h"
+#include "common/transfer_memory.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 //
 // The generator is Random123's philox4x32 with 10 rounds (Salmon et al., "Parallel
 // random numbers: as easy as 1, 2, 3", SC'11): multipliers 0xD2511F53 and 0xCD9E8D57,
-// Weyl key increments 0x9E3779B9 and 0xBB67AE85. tests/philox_test.cc checks it against
+// Weyl key increments 0x9E3779B9 and 0xBB67AE85. tests/cpu/philox_test.cc checks it against
 // Random123's known-answer vectors.
 //
 // ---------------------------------------------------------------------------------

@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "gpucompute/v1/transfer_memory.h"
-#include "server/flags.h"
-#include "server/log.h"
+#include "common/transfer_memory.h"
+#include "server/config/flags.h"
+#include "server/util/log.h"
 #include "server/server.h"
 
 namespace {

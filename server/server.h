@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "server/log.h"
-#include "server/request_limits.h"
+#include "server/util/log.h"
+#include "server/tenancy/request_limits.h"
 
 namespace gpucompute {
 
@@ -34,7 +34,7 @@ inline constexpr int kLaneMinCpus = 8;
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::port).
   std::string listen = "127.0.0.1:50051";
-  // "auto" (CUDA when a GPU is present), "cpu" or "cuda"; see server/backend_loader.h.
+  // "auto" (CUDA when a GPU is present), "cpu" or "cuda"; see server/core/backend_loader.h.
   std::string backend = "auto";
   // Bytes buffers may hold in all; 0 picks a default from the device's memory.
   uint64_t memory_limit_bytes = 0;
@@ -58,17 +58,17 @@ struct ServerOptions {
   // graph; 0 never records. No effect on the CPU backend.
   size_t graph_min_ops = 4;
   SessionHandler session_handler = SessionHandler::kCallback;
-  // Calls in flight and uploads under way per tenant (server/admission.h); 0: no bound.
+  // Calls in flight and uploads under way per tenant (server/tenancy/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;
   // What one request may ask for: message size, dimensions, elements, expression length
-  // and depth (server/request_limits.h). Start refuses bounds outside their ranges.
+  // and depth (server/tenancy/request_limits.h). Start refuses bounds outside their ranges.
   RequestLimits limits;
   // On Shutdown, how long calls in flight and queued operations get to finish before
   // the calls are cancelled and the operations not yet on the device fail.
   absl::Duration shutdown_grace = absl::Seconds(10);
   // How long the warm lane that plans and launches Submit's operations and chains
-  // (server/warm_lane.h) spins after each job before it sleeps; zero runs them on the
+  // (server/util/warm_lane.h) spins after each job before it sleeps; zero runs them on the
   // calls' own threads. Unset: kDefaultLaneSpin where the server may use at least
   // kLaneMinCpus CPUs (a container's quota counted), zero on smaller machines, where a
   // spinning thread would take the cores gRPC needs.
@@ -76,7 +76,7 @@ struct ServerOptions {
   // Device for buffers and streams whose request names none; must exist.
   int default_device = 0;
   // Path of the CUDA backend module (libgpucompute_cuda_backend.so). Empty: looked for as
-  // server/backend_loader.h's CudaModuleCandidates says.
+  // server/core/backend_loader.h's CudaModuleCandidates says.
   std::string cuda_module;
   // HOST:PORT serving Prometheus metrics on /metrics (port 0 picks one, see
   // Server::metrics_port); empty serves none.
@@ -92,7 +92,7 @@ struct ServerOptions {
   // Seconds a single-stream Upload may go without receiving a chunk before it fails with
   // DEADLINE_EXCEEDED and its reservation is released; 0: no limit.
   double upload_idle_timeout_seconds = 60;
-  // The form of the log lines (server/log.h); main applies it.
+  // The form of the log lines (server/util/log.h); main applies it.
   LogFormat log_format = LogFormat::kJson;
   // Measure the backend's copy ceiling at start (a few copies of 32 MiB), which
   // GetServerInfo reports; off, it reports 0.
@@ -103,7 +103,7 @@ struct ServerOptions {
   // How often expired leases are looked for and their buffers reclaimed.
   absl::Duration lease_sweep_interval = absl::Seconds(1);
   // Directory named buffers are written to at shutdown and restored from at start;
-  // empty: none persist. See server/persistence.h.
+  // empty: none persist. See server/persistence/persistence.h.
   std::string persist_dir;
   // With persist_dir: also write named buffers this often; zero only at shutdown.
   absl::Duration snapshot_interval = absl::ZeroDuration();
@@ -114,13 +114,13 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
-  // Bearer tokens, one "TOKEN TENANT [admin]" a line (server/auth.h); re-read by
+  // Bearer tokens, one "TOKEN TENANT [admin]" a line (server/tenancy/auth.h); re-read by
   // Server::Reload (main calls it on SIGHUP).
   std::string tokens_file;
   // Without authentication (no tokens file, no client CA) the server refuses to listen on
   // anything but a loopback address, unless this is set.
   bool allow_insecure_remote = false;
-  // Per-tenant quotas (server/quotas.h gives the format); empty: none. Re-read by
+  // Per-tenant quotas (server/tenancy/quotas.h gives the format); empty: none. Re-read by
   // Server::Reload.
   std::string quota_file;
 };

@@ -15,10 +15,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "server/cgroup_limits.h"
+#include "server/config/cgroup_limits.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/kernels.h"
-#include "server/thread_name.h"
+#include "server/util/thread_name.h"
 
 namespace gpucompute::cpu {
 namespace {

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <memory>
 
-#include "server/backend.h"
+#include "server/core/backend.h"
 #include "server/cpu/block_cache.h"
 #include "server/cpu/thread_pool.h"
 

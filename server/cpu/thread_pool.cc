@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/thread_name.h"
+#include "server/util/thread_name.h"
 
 namespace gpucompute::cpu {
 

@@ -28,8 +28,8 @@
 #include "server/cuda/elementwise_kernels.h"
 #include "server/cuda/pinned_staging.h"
 #include "server/cuda/small_block_cache.h"
-#include "server/status_macros.h"
-#include "server/thread_name.h"
+#include "server/util/status_macros.h"
+#include "server/util/thread_name.h"
 
 namespace gpucompute::cuda {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/backend.h"
+#include "server/core/backend.h"
 
 namespace gpucompute::cuda {
 

@@ -10,7 +10,7 @@
 #include <nvrtc.h>
 
 #include "absl/status/status.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
 

@@ -1,10 +1,10 @@
 // The CUDA backend as a module: libgpucompute_cuda_backend.so, which the server opens
-// (server/backend_loader.cc) only when it runs on CUDA, so that a server on the CPU backend
+// (server/core/backend_loader.cc) only when it runs on CUDA, so that a server on the CPU backend
 // never loads the CUDA runtime, cuBLAS or NVRTC. Its one exported symbol is the function
 // below; the link hides everything else (server/cuda/cuda_module.map).
 #include <memory>
 
-#include "server/backend_module.h"
+#include "server/core/backend_module.h"
 #include "server/cuda/cuda_backend.h"
 
 namespace gpucompute::cuda {

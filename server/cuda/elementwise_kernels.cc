@@ -19,7 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "server/cuda/cuda_check.h"
 #include "server/expression/ir.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {

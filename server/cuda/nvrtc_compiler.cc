@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/cuda/cuda_check.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {

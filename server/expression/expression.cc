@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "server/expression/scalar_ops.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute::expr {
 
@@ -42,7 +42,7 @@ bool CanCastSameKind(DType from, DType to) {
 namespace {
 
 // String building for the compiler's messages, over std::string_view: the compiler is
-// plain C++ (kernels/string_view.h says why), and Abseil meets it only in the Status.
+// plain C++ (common/string_view.h says why), and Abseil meets it only in the Status.
 inline void AppendOne(std::string& out, std::string_view s) { out.append(s); }
 inline void AppendOne(std::string& out, const char* s) { out.append(s); }
 inline void AppendOne(std::string& out, const std::string& s) { out.append(s); }

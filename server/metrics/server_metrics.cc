@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/auth.h"
-#include "server/log.h"
+#include "server/tenancy/auth.h"
+#include "server/util/log.h"
 #include "server/metrics/process_metrics.h"
 
 namespace gpucompute::metrics {

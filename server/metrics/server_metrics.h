@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/executor.h"
+#include "server/core/executor.h"
 #include "server/metrics/exposition.h"
 #include "server/metrics/http_endpoint.h"
 #include "server/metrics/nvml.h"

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "gpucompute/v1/wire_format.h"
+#include "common/wire_format.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"

@@ -3,7 +3,7 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
-#include "gpucompute/v1/wire_format.h"
+#include "common/wire_format.h"
 #include "server/service/chain_replay.h"
 #include "server/service/proto_conversions.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gpucompute/v1/gpucompute.pb.h"
-#include "server/executor.h"
+#include "server/core/executor.h"
 
 namespace gpucompute {
 

@@ -6,7 +6,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "server/service/proto_conversions.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 

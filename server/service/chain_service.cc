@@ -17,8 +17,8 @@
 #include "server/service/chain_replay.h"
 #include "server/service/services.h"
 #include "server/service/tagged_ops.h"
-#include "gpucompute/v1/wire_format.h"
-#include "server/status_macros.h"
+#include "common/wire_format.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 namespace {

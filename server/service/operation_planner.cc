@@ -10,7 +10,7 @@
 #include "kernels/philox.h"
 #include "server/expression/expression.h"
 #include "server/service/proto_conversions.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 namespace {

@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "server/request_id.h"
-#include "server/status_macros.h"
+#include "server/util/request_id.h"
+#include "server/util/status_macros.h"
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 

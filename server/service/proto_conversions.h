@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "kernels/dtype.h"
-#include "server/buffer_registry.h"
-#include "server/executor.h"
+#include "server/core/buffer_registry.h"
+#include "server/core/executor.h"
 
 namespace gpucompute {
 

@@ -1,6 +1,6 @@
 // ServerService: GetServerInfo, GetStats, TrimMemoryPool, StartProfiler, StopProfiler.
-#include "gpucompute/v1/host_identity.h"
-#include "server/request_id.h"
+#include "common/host_identity.h"
+#include "server/util/request_id.h"
 #include "server/service/services.h"
 
 namespace gpucompute {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "server/request_id.h"
-#include "server/status_macros.h"
+#include "server/util/request_id.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 

@@ -9,7 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/service/services.h"
 #include "server/service/session_core.h"
-#include "server/thread_name.h"
+#include "server/util/thread_name.h"
 
 namespace gpucompute {
 namespace {

@@ -13,7 +13,7 @@
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
 #include "server/service/upload_transfer.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 namespace {

@@ -11,13 +11,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include "gpucompute/v1/gpucompute.pb.h"
-#include "server/buffer_registry.h"
+#include "server/core/buffer_registry.h"
 #include "server/service/service_context.h"
 #include "server/service/upload_transfer.h"
 
 namespace gpucompute {
 
-// Both read and write the messages' wire format themselves (gpucompute/v1/wire_format.h)
+// Both read and write the messages' wire format themselves (common/wire_format.h)
 // so that chunk bytes go between gRPC's slices and host staging memory without a protobuf
 // copy.
 

@@ -7,7 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "gpucompute/v1/wire_format.h"
+#include "common/wire_format.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/transfer_reactors.h"
 #include "server/service/upload_transfer.h"

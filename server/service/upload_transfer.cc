@@ -3,11 +3,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/ids.h"
+#include "server/util/ids.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/transfer_reactors.h"
-#include "server/status_macros.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 

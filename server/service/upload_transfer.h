@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.pb.h"
-#include "server/buffer_registry.h"
+#include "server/core/buffer_registry.h"
 #include "server/service/service_context.h"
 
 namespace gpucompute {

@@ -13,9 +13,9 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "server/ids.h"
-#include "server/log.h"
-#include "server/status_macros.h"
+#include "server/util/ids.h"
+#include "server/util/log.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
 namespace {

@@ -19,8 +19,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/backend.h"
-#include "server/buffer_registry.h"
+#include "server/core/backend.h"
+#include "server/core/buffer_registry.h"
 
 namespace gpucompute {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "client/npy.h"
+#include "client/cpp/npy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view file(reinterpret_cast<const char*>(data), size);

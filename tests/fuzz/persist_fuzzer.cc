@@ -1,11 +1,11 @@
-// Fuzzes the reader of persisted buffer files (server/persist_format.h): whatever the
+// Fuzzes the reader of persisted buffer files (server/persistence/persist_format.h): whatever the
 // bytes, it must refuse them or return a header that encodes back to the same bytes and
 // a payload that lies within the input and matches the header's size.
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "server/persist_format.h"
+#include "server/persistence/persist_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view file(reinterpret_cast<const char*>(data), size);

@@ -12,12 +12,12 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "gpucompute/v1/gpucompute.pb.h"
-#include "server/buffer_registry.h"
+#include "server/core/buffer_registry.h"
 #include "server/cpu/cpu_backend.h"
-#include "server/executor.h"
+#include "server/core/executor.h"
 #include "server/service/operation_planner.h"
 #include "server/service/service_context.h"
-#include "server/timer.h"
+#include "server/util/timer.h"
 
 namespace gpucompute {
 namespace {

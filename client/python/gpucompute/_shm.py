@@ -1,6 +1,6 @@
 """Transfers through POSIX shared memory, for a client on the server's host
 (SharedMemoryService; the server needs --allow-shared-memory). The Python side of the
-C++ client's SharedMemoryTransport (client/shared_memory.h), with the same rules.
+C++ client's SharedMemoryTransport (client/cpp/shared_memory.h), with the same rules.
 
 A client owns at most one segment, registered with the server as a region and reused by
 its transfers: an upload writes the array into it and asks the server to copy it into a

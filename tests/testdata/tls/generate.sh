@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the test certificates of tests/server_auth_test.cc (valid for 100 years):
+# Regenerates the test certificates of tests/server/server_auth_test.cc (valid for 100 years):
 #   ca.pem            the CA that signs the server's and alice's certificates
 #   server.pem/.key   the server, for localhost and 127.0.0.1
 #   alice.pem/.key    a client certificate with CN=alice (a tenant name)

@@ -1,0 +1,315 @@
+// C++ client of the gpucompute service.
+//
+// One Client holds one channel and the stubs of the four services; it is safe to use
+// from many threads at once. Every call names the client (metadata
+// "gpucompute-client") when ClientOptions::client_name is set, and unary calls carry
+// the ClientOptions::timeout deadline. Errors are absl::Status values with the gRPC
+// status code and message the server gave (see FromGrpcStatus).
+//
+// Transfers stream: Upload sends the header and then chunks read from memory or from a
+// reader callback, Download hands chunks to a sink in order, so arrays larger than
+// memory (and larger than 4 GiB) move through a buffer of one chunk. Chunks go on the
+// wire without a protobuf copy: an upload from memory sends slices that point into the
+// caller's memory. Large uploads from memory and downloads into memory are split into
+// byte ranges carried by concurrent streams over separate connections
+// (ClientOptions::transfer_streams; BufferService.BeginUpload). A program that moves large
+// arrays should call RetainTransferMemory() (common/transfer_memory.h) at start,
+// or gRPC's receive memory is page-faulted in afresh for every chunk.
+#ifndef GPUCOMPUTE_CLIENT_CPP_CLIENT_H_
+#define GPUCOMPUTE_CLIENT_CPP_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
+#include "gpucompute/v1/gpucompute.pb.h"
+#include "common/grpc_tuning.h"
+#include "gpucompute/v1/limits.h"
+
+namespace gpucompute {
+
+namespace client_internal {
+class AsyncCallRegistry;
+}  // namespace client_internal
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";
+  // Sent as the metadata "gpucompute-client" when non-empty.
+  std::string client_name;
+  // Upload chunk size; 0 means the default, and sizes are clamped to kMaxChunkBytes
+  // (gpucompute/v1/limits.h). A server run with a smaller --max-message-bytes reports
+  // its own bound in GetServerInfo (Limits.max_chunk_bytes) and refuses larger chunks;
+  // the default always fits it.
+  size_t chunk_bytes = kDefaultChunkBytes;
+  // Deadline of each unary call. Uploads and downloads have none: they take as long
+  // as the data takes.
+  absl::Duration timeout = absl::InfiniteDuration();
+  // Concurrent streams, each on its own connection, that an upload from memory or a
+  // download into memory is split over. 0: automatic (kAutoUploadStreams or
+  // kAutoDownloadStreams for transfers of at least kParallelTransferBytes, else one); 1:
+  // always one stream.
+  int transfer_streams = 0;
+  // Send a CRC32C with every upload chunk and ask for one with every download chunk; a
+  // mismatch fails the transfer with DATA_LOSS.
+  bool checksums = false;
+  // Sent as the metadata "authorization: Bearer TOKEN" with every call when non-empty
+  // (a server with a tokens file requires one).
+  std::string token;
+  // TLS, used when `tls` is set or any tls_* file is given. PEM files: the CA that
+  // verifies the server (empty: the system's roots), and for mutual TLS the client's
+  // certificate chain and private key. tls_server_name, when set, is the name the
+  // server's certificate must carry instead of the target's host.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // Sent as the metadata "x-request-id" with every call when non-empty (at most
+  // kMaxRequestIdBytes printable ASCII characters), so that the server's log lines about
+  // these calls carry it; else the server makes one up per call. Either way, a failed
+  // call's status carries the id the server used (RequestIdOf).
+  std::string request_id;
+};
+
+// The ranges of a parallel transfer go on transfer connections, one each, with a large
+// receive window (client.cc). Measured on an H100 host over loopback, 512 MiB, CUDA
+// server, GB/s with 4 / 8 streams: uploads 13.5-13.9 / 14.2-14.3, downloads 10.3-10.7 /
+// 15.8-16.2.
+inline constexpr int kAutoUploadStreams = 8;
+inline constexpr int kAutoDownloadStreams = 8;
+inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
+// Streams one transfer is split over at most.
+inline constexpr int kMaxTransferStreams = 64;
+
+// Called after each chunk with the bytes moved so far and the total.
+using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
+// Fills the span with the next bytes of an upload and returns how many it wrote (at
+// least 1 while bytes remain; fewer than the span is fine).
+using UploadReader = std::function<absl::StatusOr<size_t>(std::span<std::byte>)>;
+// Receives a download's chunks in order; `offset` is the chunk's byte offset in the
+// buffer.
+using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_view chunk)>;
+
+// Converts a gRPC status to the absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+// The same, with the request id the server returned for the call (if any) attached as
+// a payload, which RequestIdOf reads.
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
+// The server's request id of the failed call `status` came from; empty if unknown.
+std::string RequestIdOf(const absl::Status& status);
+
+// A reader that hands out `data` in order; `data` must outlive it.
+UploadReader SpanReader(std::span<const std::byte> data);
+
+// The result of SubmitAsync: resolves to the finished operation (done is true; its
+// state may be FAILED) or to the error of an RPC. Copyable; copies share the result.
+class OperationFuture {
+ public:
+  OperationFuture() = default;
+  explicit OperationFuture(std::shared_future<absl::StatusOr<v1::Operation>> future)
+      : future_(std::move(future)) {}
+
+  // False for a default-constructed future.
+  bool valid() const { return future_.valid(); }
+  // True once Get would not block.
+  bool Ready() const;
+  // Waits up to `timeout` and returns Ready().
+  bool Wait(absl::Duration timeout) const;
+  // Waits for the result.
+  const absl::StatusOr<v1::Operation>& Get() const { return future_.get(); }
+
+ private:
+  std::shared_future<absl::StatusOr<v1::Operation>> future_;
+};
+
+class Client {
+ public:
+  // Creates the channel; no RPC is made, so an unreachable server shows up as
+  // UNAVAILABLE on the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  // Cancels the asynchronous calls still in flight (their futures resolve to
+  // CANCELLED; the operations go on on the server) and waits for their callbacks.
+  ~Client();
+
+  const ClientOptions& options() const { return options_; }
+  // The channel, and a context for a call on it that names the client (and carries the
+  // call timeout when `unary`): for stubs of services this class does not wrap, such as
+  // SharedMemoryTransport's (client/cpp/shared_memory.h) and the sessions and chains of
+  // client/cpp/session.h.
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  std::unique_ptr<grpc::ClientContext> NewContext(bool unary) const;
+
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  absl::StatusOr<v1::Stats> GetStats();
+  // Returns pool memory beyond what buffers use and `keep_bytes` to `device` (none:
+  // every device); the response has each trimmed pool's usage afterwards.
+  absl::StatusOr<v1::TrimMemoryPoolResponse> TrimMemoryPool(std::optional<int> device = {},
+                                                            uint64_t keep_bytes = 0);
+  // The profiler's capture range (nsys --capture-range=cudaProfilerApi);
+  // FAILED_PRECONDITION on backends without one.
+  absl::Status StartProfiler();
+  absl::Status StopProfiler();
+
+  // Buffers.
+  absl::StatusOr<v1::BufferInfo> CreateBuffer(const v1::CreateBufferRequest& request);
+  // Uploads `data`. header.size_bytes may be 0 (it is set to data.size()) or must
+  // equal data.size().
+  absl::StatusOr<v1::UploadResponse> Upload(const v1::UploadHeader& header,
+                                            std::span<const std::byte> data,
+                                            const ProgressFn& progress = {});
+  // Uploads `size_bytes` bytes produced by `reader`, one chunk at a time. If the
+  // reader fails, the upload is cancelled (the server changes nothing) and its error
+  // is returned.
+  absl::StatusOr<v1::UploadResponse> Upload(const v1::UploadHeader& header, uint64_t size_bytes,
+                                            const UploadReader& reader,
+                                            const ProgressFn& progress = {});
+  // Downloads into `data`, resized to the bytes read. The result has the buffer's
+  // info (from the first message), offset_bytes of the request and the transfer stats
+  // (from the last), and no data.
+  absl::StatusOr<v1::DownloadResponse> Download(const v1::DownloadRequest& request,
+                                                std::string* data, const ProgressFn& progress = {});
+  // Downloads into `sink`. If the sink fails, the download is cancelled and its error
+  // is returned. The result is as above.
+  absl::StatusOr<v1::DownloadResponse> Download(const v1::DownloadRequest& request,
+                                                const DownloadSink& sink,
+                                                const ProgressFn& progress = {});
+  // The parts of a multi-range upload, for callers that split and schedule the ranges
+  // themselves (Upload does both for an upload from memory): BeginUpload reserves the
+  // upload, then each range goes in its own UploadRange call, concurrently or not,
+  // `channel` choosing which of the client's connections carries it (0: the main one;
+  // 1 and up: transfer connections, opened as needed). Every UploadRange of
+  // the upload returns once the whole upload has committed or failed, with its outcome.
+  absl::StatusOr<v1::BeginUploadResponse> BeginUpload(const v1::BeginUploadRequest& request);
+  absl::StatusOr<v1::UploadResponse> UploadRange(std::string_view transfer_id,
+                                                 uint64_t offset_bytes,
+                                                 std::span<const std::byte> data, int channel = 0,
+                                                 const ProgressFn& progress = {});
+  absl::StatusOr<v1::BufferInfo> GetBuffer(std::string_view buffer);
+  absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
+  absl::Status DeleteBuffer(std::string_view buffer);
+  // Renews the buffer's lease, with a new time-to-live when `ttl_seconds` is set (0
+  // ends the lease).
+  absl::StatusOr<v1::BufferInfo> RenewLease(std::string_view buffer,
+                                            std::optional<double> ttl_seconds = {});
+
+  // Streams.
+  absl::StatusOr<v1::StreamInfo> CreateStream(std::optional<int> device = {});
+  absl::Status DeleteStream(std::string_view stream_id);
+  // Returns whether the stream went idle before `timeout_seconds` (0: no limit but the
+  // call's deadline). An empty id is the default stream.
+  absl::StatusOr<bool> SynchronizeStream(std::string_view stream_id, double timeout_seconds = 0);
+  absl::StatusOr<v1::ListStreamsResponse> ListStreams();
+
+  // Operations.
+  // Submits `request` as given: with request.wait set, returns the finished operation.
+  absl::StatusOr<v1::Operation> Submit(const v1::SubmitRequest& request);
+  absl::StatusOr<v1::Operation> GetOperation(std::string_view id);
+  // The operation when it finished or after `timeout_seconds` (0: no limit but the
+  // call's deadline); `done` tells which.
+  absl::StatusOr<v1::Operation> WaitOperation(std::string_view id, double timeout_seconds = 0);
+  // Submits without waiting (request.wait is ignored) and returns at once. The future
+  // resolves when the operation finishes, through callbacks on gRPC's threads: many
+  // operations can be in flight without a thread each. Submissions from one Client
+  // reach the server in the order they were made (asynchronous ones before a later
+  // synchronous Submit), so a chain of dependent operations runs in order.
+  OperationFuture SubmitAsync(v1::SubmitRequest request);
+
+ private:
+  struct Stubs;
+  Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+         GrpcIntArgs grpc_args, std::shared_ptr<grpc::Channel> channel);
+
+  // Downloads, calling `on_info` with the buffer's info and the byte count before
+  // the first chunk reaches `sink`.
+  absl::StatusOr<v1::DownloadResponse> DownloadImpl(
+      const v1::DownloadRequest& request,
+      const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
+      const DownloadSink& sink, const ProgressFn& progress);
+  size_t ChunkBytes() const;
+  // Streams the transfer of `bytes` is split into.
+  int TransferStreams(uint64_t bytes, bool upload) const;
+  // Channel `index` of the transfer streams: 0 is the client's channel, each other one
+  // its own connection.
+  std::shared_ptr<grpc::Channel> TransferChannel(int index);
+  // One Upload stream: `header`, then chunks of `size_bytes` bytes in all, each the
+  // slice `next_chunk` gives.
+  absl::StatusOr<v1::UploadResponse> UploadStream(
+      grpc::Channel& channel, const v1::UploadHeader& header, uint64_t size_bytes,
+      const std::function<absl::StatusOr<grpc::Slice>(uint64_t sent)>& next_chunk,
+      const ProgressFn& progress);
+  absl::StatusOr<v1::UploadResponse> ParallelUpload(const v1::UploadHeader& header,
+                                                    std::span<const std::byte> data, int streams,
+                                                    const ProgressFn& progress);
+  absl::StatusOr<v1::DownloadResponse> ParallelDownload(const v1::DownloadRequest& request,
+                                                        std::string* data,
+                                                        const ProgressFn& progress);
+  // Downloads on `channel`. `whole_chunks`: one sink call per chunk, however gRPC split
+  // it. `sink_behind`: a large download's sink runs on a thread of its own, one message
+  // behind this one (client.cc's SinkBehind).
+  absl::StatusOr<v1::DownloadResponse> DownloadOn(
+      grpc::Channel& channel, const v1::DownloadRequest& request,
+      const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
+      const DownloadSink& sink, const ProgressFn& progress, bool whole_chunks, bool sink_behind);
+
+  ClientOptions options_;
+  // For the transfer channels: the credentials and the environment's channel arguments.
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  GrpcIntArgs grpc_args_;
+  std::shared_ptr<grpc::Channel> channel_;
+  absl::Mutex channels_mu_;
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_ ABSL_GUARDED_BY(channels_mu_);
+  std::unique_ptr<Stubs> stubs_;
+  // Shared with the asynchronous calls, which leave it as they are destroyed.
+  std::shared_ptr<client_internal::AsyncCallRegistry> async_calls_;
+};
+
+// Builders for the common requests. The results can be adjusted (stream_id, wait,
+// wait_timeout_seconds) before submitting.
+
+// An operand bound to a buffer (id or name), or to a scalar.
+v1::Operand BufferOperand(std::string_view buffer);
+v1::Operand ScalarOperand(double value);
+v1::Operand ScalarOperand(int64_t value);
+v1::Operand ScalarOperand(int value);
+v1::Operand ScalarOperand(bool value);
+// Output into an existing buffer (id or name).
+v1::Output ExistingOutput(std::string_view buffer);
+// Output into a new buffer, optionally named, of `dtype` or the natural dtype.
+v1::Output NewOutput(std::string_view name = {}, v1::DType dtype = v1::DTYPE_UNSPECIFIED);
+
+v1::SubmitRequest Elementwise(
+    std::string_view expression,
+    std::initializer_list<std::pair<std::string_view, v1::Operand>> inputs, v1::Output output = {});
+v1::SubmitRequest Reduce(v1::ReduceKind kind, std::string_view input, std::optional<int> axis = {},
+                         v1::Output output = {});
+// y = alpha * op(A) * x + beta * y.
+v1::SubmitRequest Gemv(std::string_view a, std::string_view x, v1::Output y = {},
+                       bool transpose = false, double alpha = 1, double beta = 0);
+// A fill of a new buffer with `shape` and `dtype`; distribution parameters (mean,
+// stddev, low, high, offset) can be set on the returned request's random op.
+v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64_t>& shape,
+                         v1::DType dtype, uint64_t seed, v1::Output output = {});
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_CLIENT_CPP_CLIENT_H_

@@ -1,0 +1,228 @@
+// /metrics of a real server, scraped over HTTP after a workload whose every figure is
+// known in advance, and linted by promtool where it is installed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "server/metrics/http_endpoint.h"
+#include "server/server.h"
+#include "tests/metrics/metrics_scrape.h"
+#include "tests/support/test_server.h"
+
+namespace gpucompute {
+namespace {
+
+using testing::ExpectWellFormed;
+using testing::HttpRequest;
+using testing::HttpResponse;
+using testing::Parse;
+using testing::Scrape;
+
+class MetricsServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.backend = "cpu";
+    options.cpu_threads = 2;
+    options.memory_limit_bytes = kLimit;
+    options.metrics_listen = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(server_->metrics_port(), 0);
+    ASSERT_NE(server_->metrics_port(), server_->port());
+  }
+
+  std::unique_ptr<Client> Connect(const std::string& name) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server_->port());
+    options.client_name = name;
+    options.timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  std::string ScrapeText() {
+    HttpResponse r = HttpRequest(server_->metrics_port(), "GET", "/metrics");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.content_type, metrics::kContentType);
+    return r.body;
+  }
+
+  static constexpr uint64_t kLimit = uint64_t{64} << 20;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(MetricsServerTest, SeriesAfterAKnownWorkload) {
+  constexpr uint64_t n = 1000;
+  std::unique_ptr<Client> alice = Connect("alice");
+  std::unique_ptr<Client> odd = Connect("we\"ird\\name");
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(odd, nullptr);
+
+  std::vector<double> x(n, 2.0);
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->add_shape(n);
+  header.mutable_create()->set_name("x");
+  ASSERT_TRUE(alice->Upload(header, std::as_bytes(std::span(x))).ok());
+  // Three elementwise operations (each a new n-element float64 buffer) and a reduce.
+  for (int i = 0; i < 3; ++i) {
+    v1::SubmitRequest eval =
+        Elementwise("x * 3 + 1", {{"x", BufferOperand("x")}}, NewOutput(absl::StrCat("y", i)));
+    eval.set_wait(true);
+    absl::StatusOr<v1::Operation> op = alice->Submit(eval);
+    ASSERT_TRUE(op.ok()) << op.status();
+    ASSERT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED);
+  }
+  v1::SubmitRequest sum = Reduce(v1::REDUCE_KIND_SUM, "y0");
+  sum.set_wait(true);
+  ASSERT_TRUE(alice->Submit(sum).ok());
+  std::string downloaded;
+  v1::DownloadRequest download;
+  download.set_buffer("y1");
+  ASSERT_TRUE(alice->Download(download, &downloaded).ok());
+  ASSERT_EQ(downloaded.size(), n * 8);
+  // A rejected request is no operation.
+  EXPECT_EQ(alice->Submit(Reduce(v1::REDUCE_KIND_SUM, "nothing")).status().code(),
+            absl::StatusCode::kNotFound);
+  v1::CreateBufferRequest create;
+  create.set_dtype(v1::DTYPE_INT32);
+  create.add_shape(5);
+  ASSERT_TRUE(odd->CreateBuffer(create).ok());
+
+  const std::string text = ScrapeText();
+  const Scrape s = Parse(text);
+  ExpectWellFormed(s);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"elementwise\",outcome=\"succeeded\"}"), 3);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"elementwise\",outcome=\"failed\"}"), 0);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"reduce\",outcome=\"succeeded\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"upload\",outcome=\"succeeded\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"download\",outcome=\"succeeded\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"gemv\",outcome=\"succeeded\"}"), 0);
+  EXPECT_EQ(s.at("gpucompute_operation_device_seconds_count{kind=\"elementwise\"}"), 3);
+  EXPECT_EQ(s.at("gpucompute_operation_latency_seconds_count{kind=\"elementwise\"}"), 3);
+  EXPECT_GT(s.at("gpucompute_operation_device_seconds_sum{kind=\"elementwise\"}"), 0);
+  EXPECT_GE(s.at("gpucompute_operation_latency_seconds_sum{kind=\"elementwise\"}"),
+            s.at("gpucompute_operation_device_seconds_sum{kind=\"elementwise\"}"));
+  EXPECT_EQ(s.at("gpucompute_operation_read_bytes_total{kind=\"elementwise\"}"), 3 * 8 * n);
+  EXPECT_EQ(s.at("gpucompute_operation_written_bytes_total{kind=\"elementwise\"}"), 3 * 8 * n);
+  EXPECT_EQ(s.at("gpucompute_operation_read_bytes_total{kind=\"reduce\"}"), 8 * n);
+  EXPECT_EQ(s.at("gpucompute_uploaded_bytes_total"), 8 * n);
+  EXPECT_EQ(s.at("gpucompute_downloaded_bytes_total"), 8 * n);
+  // x, y0..y2 and the reduce's result for alice; one int32[5] for the other client.
+  EXPECT_EQ(s.at("gpucompute_buffers{device=\"0\",client=\"alice\"}"), 5);
+  EXPECT_EQ(s.at("gpucompute_buffer_bytes{device=\"0\",client=\"alice\"}"), 4 * 8 * n + 8);
+  EXPECT_EQ(s.at("gpucompute_buffers{device=\"0\",client=\"we\\\"ird\\\\name\"}"), 1);
+  EXPECT_EQ(s.at("gpucompute_buffer_bytes{device=\"0\",client=\"we\\\"ird\\\\name\"}"), 20);
+  EXPECT_EQ(s.at("gpucompute_memory_limit_bytes"), kLimit);
+  EXPECT_EQ(s.at("gpucompute_memory_used_bytes"), 4 * 8 * n + 8 + 20);
+  // Reserved adds the freed blocks the backend keeps for reuse (the CPU backend keeps
+  // those of 1 MiB and more, such as the copy ceiling's measurement at start).
+  EXPECT_EQ(s.at("gpucompute_pool_used_bytes{device=\"0\"}"), 4 * 8 * n + 8 + 20);
+  EXPECT_GE(s.at("gpucompute_pool_reserved_bytes{device=\"0\"}"),
+            s.at("gpucompute_pool_used_bytes{device=\"0\"}"));
+  EXPECT_EQ(s.at("gpucompute_operations_queued{device=\"0\"}"), 0);
+  EXPECT_EQ(s.at("gpucompute_operations_running{device=\"0\"}"), 0);
+  EXPECT_EQ(s.at("gpucompute_backend_healthy"), 1);
+  EXPECT_GT(s.at("gpucompute_uptime_seconds"), 0);
+  absl::StatusOr<v1::ServerInfo> info = alice->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(s.at(absl::StrCat("gpucompute_build_info{version=\"", info->version(),
+                              "\",api=\"gpucompute.v1\",backend=\"cpu\"}")),
+            1);
+  EXPECT_GT(s.at("process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GT(s.at("process_open_fds"), 3);
+  EXPECT_EQ(s.types.at("gpucompute_operation_device_seconds"), "histogram");
+  EXPECT_EQ(s.types.at("gpucompute_operations_total"), "counter");
+  EXPECT_EQ(s.types.at("gpucompute_buffers"), "gauge");
+
+  // The figures agree with GetStats.
+  absl::StatusOr<v1::Stats> stats = alice->GetStats();
+  ASSERT_TRUE(stats.ok());
+  for (const v1::KindStats& k : stats->kinds()) {
+    if (k.kind() != v1::OPERATION_KIND_ELEMENTWISE) continue;
+    EXPECT_DOUBLE_EQ(s.at("gpucompute_operation_device_seconds_sum{kind=\"elementwise\"}"),
+                     k.device_seconds());
+  }
+}
+
+TEST_F(MetricsServerTest, PromtoolAcceptsTheScrape) {
+  const std::string promtool = "/usr/bin/promtool";
+  if (!std::filesystem::exists(promtool))
+    GTEST_SKIP() << "promtool (Debian's prometheus package) is not installed";
+  const std::string path = ::testing::TempDir() + "/metrics_test_scrape.txt";
+  std::ofstream(path) << ScrapeText();
+  const std::string command = promtool + " check metrics < " + path + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << output;
+  EXPECT_EQ(output, "") << "promtool's lint findings";
+  std::filesystem::remove(path);
+}
+
+TEST_F(MetricsServerTest, OnlyGetAndHeadOfMetrics) {
+  const HttpResponse head = HttpRequest(server_->metrics_port(), "HEAD", "/metrics");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.body, "");
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "POST", "/metrics").status, 405);
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/").status, 404);
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/etc/passwd").status, 404);
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/metrics/x").status, 404);
+}
+
+TEST(HttpEndpointTest, StopsAtOnce) {
+  // civetweb's listener polls in 2 s periods; the endpoint wakes it when stopping, so
+  // that a server's shutdown (SIGTERM, podman stop) is not held up by it.
+  for (const char* listen : {"127.0.0.1:0", ":0"}) {
+    absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> endpoint =
+        metrics::HttpEndpoint::Start(listen, [] { return std::string("up 1\n"); });
+    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+    const HttpResponse r = HttpRequest((*endpoint)->port(), "GET", "/metrics");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, "up 1\n");
+    const auto start = std::chrono::steady_clock::now();
+    endpoint->reset();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 1.0) << listen;
+  }
+}
+
+TEST(MetricsListenTest, BadAddressesStopTheStart) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend = "cpu";
+  options.cpu_threads = 1;
+  for (const char* bad :
+       {"nohost", "127.0.0.1:http", "127.0.0.1:70000", "example.com:9100", "[::1:9100"}) {
+    options.metrics_listen = bad;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad << ": " << server.status();
+  }
+  // A port already taken.
+  options.metrics_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.metrics_listen = absl::StrCat("127.0.0.1:", (*first)->metrics_port());
+  absl::StatusOr<std::unique_ptr<Server>> second = Server::Start(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+}
+
+}  // namespace
+}  // namespace gpucompute
