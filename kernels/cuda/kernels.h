@@ -43,15 +43,17 @@ cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, in
 cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int64_t n,
                         cudaStream_t stream);
 
-// ---- Elementwise expressions (kernels/cuda/elementwise/) ----
+// ---- Elementwise expressions (kernels/cuda/elementwise.cu, kernels/cuda/elementwise/) ----
 //
-// One fused kernel per expression, generated and compiled with NVRTC at run time:
+// One fused kernel per expression, generated and compiled with NVRTC at run time, in the
+// same three layers as above:
 //  - kernel: the device source in kernels/cuda/elementwise/ (prelude.cuh, the helpers;
 //    contiguous.cuh.in, the kernel template), which ElementwiseKernelSource fills with the
 //    per-element body that the server generates from the expression (server/cuda/
 //    elementwise_codegen.cc);
 //  - dispatch: PlanElementwiseKernel fixes what the source bakes in (pack width and packs
-//    per thread).
+//    per thread); ElementwiseAsync picks the kernel and the grid of each launch;
+//  - entry: ElementwiseAsync launches a compiled kernel pair on a stream.
 // A kernel template decides how elements are reached (indexing, loads, the loop); the
 // per-element function and the helpers are shared, so another way of reaching elements
 // (strides, broadcasting) or of combining them (a reduction of the expression) is another
@@ -110,6 +112,32 @@ void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signat
 // parameters of dtype bool arrive as bool; the kernels store a bool result as one byte.
 std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::string_view header,
                                     std::string_view element_body);
+
+// A loaded kernel pair of one source (cudaLibraryGetKernel of its two names) and the
+// blocks of each resident on one SM, which size the grid.
+struct ElementwiseKernelPair {
+  cudaKernel_t vector_kernel = nullptr;  // every array 16-byte aligned
+  cudaKernel_t scalar_kernel = nullptr;  // any alignment
+  int vector_blocks_per_sm = 8;
+  int scalar_blocks_per_sm = 8;
+};
+
+// How many blocks of `threads` threads of `kernel` fit on one SM at once (registers and
+// shared memory decide), for ElementwiseKernelPair; 8 when the runtime cannot tell, whose
+// error it then clears.
+int ElementwiseBlocksPerSm(cudaKernel_t kernel, int threads);
+
+// out[i] = Element(arrays...[i], parameters...) for i < n: `arrays` holds the
+// signature.array_inputs.size() device pointers in signature order, `parameters` the
+// signature.parameter_dtypes.size() values, each in the low bytes of a uint64 as its
+// storage type. Runs the vectorised kernel when every pointer is 16-byte aligned, else the
+// scalar one, on a grid of a few waves of resident blocks for `sm_count` SMs (the current
+// device's). `out` may equal an input of the same element size (in place); other overlaps
+// are the caller's to avoid. cudaErrorInvalidValue for n < 0 or sm_count <= 0.
+cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
+                             const ElementwiseKernelPair& kernels, const void* const* arrays,
+                             void* out, int64_t n, const uint64_t* parameters, int sm_count,
+                             cudaStream_t stream);
 
 // Launches a kernel that stores through a null pointer, leaving the context with a sticky
 // error (cudaErrorIllegalAddress). For tests of the backend's failure handling only.
