@@ -24,9 +24,6 @@ if(NOT clash EQUAL -1)
   message(FATAL_ERROR "${INPUT} contains the raw string's end, )${delimiter}\"")
 endif()
 get_filename_component(name "${INPUT}" NAME)
-file(WRITE "${OUTPUT}.tmp"
+file(WRITE "${OUTPUT}"
      "// Generated from ${name} by kernels/cuda/elementwise/embed.cmake; do not edit.\n"
      "R\"${delimiter}(${text})${delimiter}\"\n")
-# Rewritten only when it changes, so that a rerun rebuilds nothing.
-file(COPY_FILE "${OUTPUT}.tmp" "${OUTPUT}" ONLY_IF_DIFFERENT)
-file(REMOVE "${OUTPUT}.tmp")
