@@ -11,6 +11,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -39,6 +42,102 @@ cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, in
 // bit-identical to the CPU backend.
 cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int64_t n,
                         cudaStream_t stream);
+
+// ---- Elementwise expressions (kernels/cuda/elementwise.cu, kernels/cuda/elementwise/) ----
+//
+// One fused kernel per expression, generated and compiled with NVRTC at run time, in the
+// same three layers as above:
+//  - kernel: the device source in kernels/cuda/elementwise/ (prelude.cuh, the helpers;
+//    contiguous.cuh.in, the kernel template), which ElementwiseKernelSource fills with the
+//    per-element body that the server generates from the expression (server/cuda/
+//    elementwise_codegen.cc);
+//  - dispatch: PlanElementwiseKernel fixes what the source bakes in (pack width and packs
+//    per thread); ElementwiseAsync picks the kernel and the grid of each launch;
+//  - entry: ElementwiseAsync launches a compiled kernel pair on a stream.
+// A kernel template decides how elements are reached (indexing, loads, the loop); the
+// per-element function and the helpers are shared, so another way of reaching elements
+// (strides, broadcasting) or of combining them (a reduction of the expression) is another
+// template beside contiguous.cuh.in over the same Element(), with its own dispatch.
+
+// Threads per block of every elementwise kernel.
+inline constexpr int kElementwiseThreadsPerBlock = 256;
+// Packs of 16 bytes (of the narrowest array) per thread per grid-stride iteration, at most;
+// one for expressions that call math-library functions (sin, exp, pow, ...).
+inline constexpr int kElementwisePacksPerThread = 2;
+// Fewer packs per iteration when one pack already loads this many bytes or more.
+inline constexpr int kElementwiseMaxLoadBytesPerIteration = 128;
+
+// extern "C" names of the two kernels of every generated source.
+inline constexpr char kElementwiseVectorKernel[] = "gpucompute_elementwise_vector";
+inline constexpr char kElementwiseScalarKernel[] = "gpucompute_elementwise_scalar";
+
+// What a launch must pass, in kernel-argument order:
+//   for each k in array_inputs: a const pointer to input k's elements (array_dtypes[k]),
+//   the output pointer (out_dtype), n as int64, then
+//   for each parameter p in 0..parameter_dtypes.size(): its value, passed as the DType's
+//   storage type (bool as one byte 0/1, int32, int64, float, double).
+struct ElementwiseSignature {
+  std::vector<int32_t> array_inputs;  // indices into the expression's inputs, ascending
+  std::vector<DType> array_dtypes;    // parallel to array_inputs
+  DType out_dtype = DType::kFloat64;
+  std::vector<DType> parameter_dtypes;  // indexed by parameter number
+  // The vectorised kernel's shape.
+  int elements_per_pack = 1;  // 16 / (smallest element size among the arrays)
+  int packs_per_thread = 1;
+  int threads_per_block = kElementwiseThreadsPerBlock;
+  // Bytes of kernel arguments a launch passes (pointers, n and parameters, aligned).
+  int64_t argument_bytes = 0;
+};
+
+// The C++ type of a value of `dtype` inside a generated kernel: bool, gc::i32, gc::i64,
+// float or double (the integer names are the prelude's).
+const char* ElementwiseValueType(DType dtype);
+
+// Sets signature's elements_per_pack, packs_per_thread, threads_per_block and
+// argument_bytes from its dtypes. `calls_math_library`: the expression calls a CUDA
+// math-library routine of tens of instructions or more (sin, exp, pow, ...), which makes
+// it compute-bound rather than memory-bound.
+void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signature);
+
+// The CUDA C++ source, for NVRTC, of the kernel pair kElementwiseVectorKernel and
+// kElementwiseScalarKernel of `signature` (planned by PlanElementwiseKernel): `header` (a
+// comment, copied first), the helpers, the per-element function, then the kernels. It
+// includes no headers.
+// `element_body` is the body of the per-element function, without a final newline:
+//   ElementwiseValueType(out_dtype) Element(
+//       ElementwiseValueType(array_dtypes[a]) x<array_inputs[a]>, ...,
+//       ElementwiseValueType(parameter_dtypes[p]) p<p>, ...)
+// (arguments named x0, x3, p0, p1, ...), returning the element's value. It may use the
+// helpers of kernels/cuda/elementwise/prelude.cuh and NVRTC's math functions. Arrays and
+// parameters of dtype bool arrive as bool; the kernels store a bool result as one byte.
+std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::string_view header,
+                                    std::string_view element_body);
+
+// A loaded kernel pair of one source (cudaLibraryGetKernel of its two names) and the
+// blocks of each resident on one SM, which size the grid.
+struct ElementwiseKernelPair {
+  cudaKernel_t vector_kernel = nullptr;  // every array 16-byte aligned
+  cudaKernel_t scalar_kernel = nullptr;  // any alignment
+  int vector_blocks_per_sm = 8;
+  int scalar_blocks_per_sm = 8;
+};
+
+// How many blocks of `threads` threads of `kernel` fit on one SM at once (registers and
+// shared memory decide), for ElementwiseKernelPair; 8 when the runtime cannot tell, whose
+// error it then clears.
+int ElementwiseBlocksPerSm(cudaKernel_t kernel, int threads);
+
+// out[i] = Element(arrays...[i], parameters...) for i < n: `arrays` holds the
+// signature.array_inputs.size() device pointers in signature order, `parameters` the
+// signature.parameter_dtypes.size() values, each in the low bytes of a uint64 as its
+// storage type. Runs the vectorised kernel when every pointer is 16-byte aligned, else the
+// scalar one, on a grid of a few waves of resident blocks for `sm_count` SMs (the current
+// device's). `out` may equal an input of the same element size (in place); other overlaps
+// are the caller's to avoid. cudaErrorInvalidValue for n < 0 or sm_count <= 0.
+cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
+                             const ElementwiseKernelPair& kernels, const void* const* arrays,
+                             void* out, int64_t n, const uint64_t* parameters, int sm_count,
+                             cudaStream_t stream);
 
 // Launches a kernel that stores through a null pointer, leaving the context with a sticky
 // error (cudaErrorIllegalAddress). For tests of the backend's failure handling only.

@@ -1,19 +1,12 @@
-// Generates the CUDA C++ source of one fused kernel for an elementwise expr::Program, for
-// NVRTC. Plain C++: nothing here needs the CUDA runtime or a GPU, so the generator and its
-// compilation are tested on machines without one.
+// Generates the CUDA C++ source of one fused kernel pair for an elementwise expr::Program,
+// for NVRTC. Plain C++: nothing here needs a GPU, so the generator and its compilation are
+// tested on machines without one.
 //
-// The generated source holds two kernels with the same arguments and the same per-element
-// code (so they produce identical results):
-//  - a vectorised one, for when every array pointer (inputs and output) is 16-byte
-//    aligned: each thread handles packs of `elements_per_pack` consecutive elements, every
-//    array of a pack moved with 16-byte loads and stores, `packs_per_thread` packs per
-//    grid-stride iteration, all of an iteration's loads issued before its math; it also
-//    handles the last n % elements_per_pack elements;
-//  - a scalar one, for any alignment: one element per thread per grid-stride iteration.
-// Each input element is read once and each output element written once, whatever the
-// expression; common subexpressions (shared IR nodes) are computed once per element.
-// Every element is computed by the same operations whatever the grid, the alignment or
-// the kernel that runs it, so results are deterministic.
+// This file translates the expression's IR into the per-element function; the kernels
+// around it (indexing, 16-byte packs, the grid-stride loops), their helpers and their
+// shape are the kernel library's (ElementwiseKernelSource and PlanElementwiseKernel in
+// kernels/cuda/kernels.h). Common subexpressions (shared IR nodes) are computed once per
+// element.
 //
 // Per-element semantics are those of server/expression/scalar_ops.h for every op and
 // dtype, including the final conversion to `out_dtype` (ops::Convert). Float functions
@@ -26,45 +19,21 @@
 #ifndef GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 #define GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 
-#include <cstdint>
 #include <string>
-#include <vector>
 
+#include "kernels/cuda/kernels.h"
 #include "kernels/dtype.h"
 #include "server/expression/expression.h"
 
 namespace gpucompute::cuda {
 
-// Tuning constants of the generated kernels (see elementwise_codegen.cc for why).
-inline constexpr int kElementwiseThreadsPerBlock = 256;
-// Packs of 16 bytes (of the narrowest array) per thread per grid-stride iteration, at most;
-// one for expressions that call math-library functions (sin, exp, pow, ...).
-inline constexpr int kElementwisePacksPerThread = 2;
-// Fewer packs per iteration when one pack already loads this many bytes or more.
-inline constexpr int kElementwiseMaxLoadBytesPerIteration = 128;
-
-// What a launch must pass, in kernel-argument order:
-//   for each k in array_inputs: a const pointer to input k's elements (array_dtypes[k]),
-//   the output pointer (out_dtype), n as int64, then
-//   for each parameter p in 0..parameter_dtypes.size(): its value, passed as the DType's
-//   storage type (bool as one byte 0/1, int32, int64, float, double).
-struct ElementwiseSignature {
-  std::vector<int32_t> array_inputs;  // indices into Program::inputs(), ascending
-  std::vector<DType> array_dtypes;    // parallel to array_inputs
-  DType out_dtype = DType::kFloat64;
-  std::vector<DType> parameter_dtypes;  // indexed by Node::parameter
-  // The vectorised kernel's shape.
-  int elements_per_pack = 1;  // 16 / (smallest element size among the arrays)
-  int packs_per_thread = 1;
-  int threads_per_block = kElementwiseThreadsPerBlock;
-  // Bytes of kernel arguments a launch passes (pointers, n and parameters, aligned).
-  int64_t argument_bytes = 0;
-};
+// ElementwiseSignature, kElementwiseThreadsPerBlock, kElementwisePacksPerThread and
+// kElementwiseMaxLoadBytesPerIteration: kernels/cuda/kernels.h.
 
 struct ElementwiseSource {
   std::string source;         // CUDA C++ for NVRTC; includes no headers
-  std::string vector_kernel;  // extern "C" name of the 16-byte-aligned kernel
-  std::string scalar_kernel;  // extern "C" name of the any-alignment kernel
+  std::string vector_kernel;  // kElementwiseVectorKernel: for 16-byte-aligned arrays
+  std::string scalar_kernel;  // kElementwiseScalarKernel: for any alignment
   ElementwiseSignature signature;
 };
 

@@ -2,7 +2,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -17,17 +16,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "kernels/cuda/kernels.h"
 #include "server/cuda/cuda_check.h"
 #include "server/expression/ir.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
 namespace {
-
-// Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
-// SM's 2048 thread slots on sm_80/sm_90.
-constexpr int64_t kBlocksPerSm = 8;
-constexpr int64_t kWaves = 4;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -38,8 +33,6 @@ bool Overlaps(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) 
   const auto y = reinterpret_cast<uintptr_t>(b);
   return x < y + b_bytes && y < x + a_bytes;
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // A parameter's value as the kernel argument's bytes (the DType's storage type).
 uint64_t ParameterBits(DType dtype, const expr::ConstantValue& v) {
@@ -70,46 +63,12 @@ uint64_t ParameterBits(DType dtype, const expr::ConstantValue& v) {
   return bits;
 }
 
-// How many blocks of `threads` fit on one SM at once (registers and shared memory
-// decide); kBlocksPerSm when the runtime cannot tell. The grid is kWaves times that:
-// blocks that finish early take the next from the hardware's queue, which evens out SMs
-// that run slower (math-bound expressions diverge in their slow paths), as the
-// hand-written kernels in kernels/ do with their grids.
-int ResidentBlocksPerSm(cudaKernel_t kernel, int threads) {
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel),
-                                                    threads, 0) != cudaSuccess ||
-      blocks <= 0) {
-    cudaGetLastError();
-    return static_cast<int>(kBlocksPerSm);
-  }
-  return blocks;
-}
-
-absl::Status LaunchKernel(const CompiledElementwise& kernel, std::vector<const void*>& arrays,
-                          void* out, int64_t n, std::vector<uint64_t>& parameters, int sm_count,
-                          cudaStream_t stream) {
-  const ElementwiseSignature& sig = kernel.signature;
-  bool aligned = Aligned16(out);
-  for (const void* p : arrays) aligned = aligned && Aligned16(p);
-  const int64_t per_thread =
-      aligned ? int64_t{sig.elements_per_pack} * sig.packs_per_thread : int64_t{1};
-  const int64_t threads = sig.threads_per_block;
-  const int64_t work = (n + per_thread - 1) / per_thread;  // thread-iterations needed
-  const int64_t blocks_per_sm = aligned ? kernel.vector_blocks_per_sm : kernel.scalar_blocks_per_sm;
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min((work + threads - 1) / threads, int64_t{sm_count} * blocks_per_sm * kWaves));
-
-  std::vector<void*> args;
-  args.reserve(arrays.size() + 2 + parameters.size());
-  for (const void*& p : arrays) args.push_back(&p);
-  args.push_back(&out);
-  args.push_back(&n);
-  for (uint64_t& p : parameters) args.push_back(&p);
-  const cudaKernel_t function = aligned ? kernel.vector_kernel : kernel.scalar_kernel;
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
-      cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(static_cast<unsigned>(blocks)),
-                       dim3(static_cast<unsigned>(threads)), args.data(), 0, stream));
+// The launch of a loaded kernel pair (the kernel library's entry point), as a status.
+absl::Status LaunchKernel(const CompiledElementwise& kernel, const std::vector<const void*>& arrays,
+                          void* out, int64_t n, const std::vector<uint64_t>& parameters,
+                          int sm_count, cudaStream_t stream) {
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(ElementwiseAsync(kernel.signature, kernel.kernels, arrays.data(),
+                                                   out, n, parameters.data(), sm_count, stream));
   return absl::OkStatus();
 }
 
@@ -193,14 +152,14 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin.data(), nullptr,
                                                         nullptr, 0, nullptr, nullptr, 0));
     absl::Status found = [&]() -> absl::Status {
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&kernel->vector_kernel, kernel->library,
+      ElementwiseKernelPair& pair = kernel->kernels;
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.vector_kernel, kernel->library,
                                                            generated.vector_kernel.c_str()));
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&kernel->scalar_kernel, kernel->library,
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.scalar_kernel, kernel->library,
                                                            generated.scalar_kernel.c_str()));
-      kernel->vector_blocks_per_sm =
-          ResidentBlocksPerSm(kernel->vector_kernel, kernel->signature.threads_per_block);
-      kernel->scalar_blocks_per_sm =
-          ResidentBlocksPerSm(kernel->scalar_kernel, kernel->signature.threads_per_block);
+      const int threads = kernel->signature.threads_per_block;
+      pair.vector_blocks_per_sm = ElementwiseBlocksPerSm(pair.vector_kernel, threads);
+      pair.scalar_blocks_per_sm = ElementwiseBlocksPerSm(pair.scalar_kernel, threads);
       return absl::OkStatus();
     }();
     if (!found.ok()) {

@@ -720,6 +720,14 @@ TEST_F(CudaElementwiseTest, LaunchArgumentErrors) {
   EXPECT_EQ(LaunchElementwise(**k, program, too_few, out.data(), 4, sm_count_, stream_).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_OK(LaunchElementwise(**k, program, pointers, out.data(), 0, sm_count_, stream_));
+  // The kernel library's entry point checks its own arguments too.
+  const uint64_t* no_parameters = nullptr;
+  EXPECT_EQ(ElementwiseAsync((*k)->signature, (*k)->kernels, pointers.data(), out.data(), -1,
+                             no_parameters, sm_count_, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(ElementwiseAsync((*k)->signature, (*k)->kernels, pointers.data(), out.data(), 4,
+                             no_parameters, 0, stream_),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 

@@ -1,0 +1,84 @@
+// ElementwiseAsync: the entry point and its dispatch. The kernels are generated at run
+// time from kernels/cuda/elementwise/ (ElementwiseKernelSource) and compiled with NVRTC by
+// the server, which loads them and passes them here; this file only launches them.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/detail/launch.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace gpucompute::cuda {
+namespace detail {
+namespace {
+
+// Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
+// SM's 2048 thread slots on sm_80/sm_90.
+constexpr int kFallbackBlocksPerSm = 8;
+// The grid is this many times the resident blocks: blocks that finish early take the next
+// from the hardware's queue, which evens out SMs that run slower (math-bound expressions
+// diverge in their slow paths), as the grids of the other kernels here do.
+constexpr int64_t kWaves = 4;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks of the launch: enough for every thread-iteration of work, at most kWaves waves.
+unsigned ElementwiseGrid(int64_t work, int64_t threads, int64_t blocks_per_sm, int sm_count) {
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min(CeilDiv(work, threads), int64_t{sm_count} * blocks_per_sm * kWaves));
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace
+}  // namespace detail
+
+int ElementwiseBlocksPerSm(cudaKernel_t kernel, int threads) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, reinterpret_cast<const void*>(kernel),
+                                                    threads, 0) != cudaSuccess ||
+      blocks <= 0) {
+    cudaGetLastError();
+    return detail::kFallbackBlocksPerSm;
+  }
+  return blocks;
+}
+
+cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
+                             const ElementwiseKernelPair& kernels, const void* const* arrays,
+                             void* out, int64_t n, const uint64_t* parameters, int sm_count,
+                             cudaStream_t stream) {
+  if (n < 0 || sm_count <= 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const ElementwiseSignature& sig = signature;
+  const size_t num_arrays = sig.array_inputs.size();
+  const size_t num_parameters = sig.parameter_dtypes.size();
+  bool aligned = detail::Aligned16(out);
+  for (size_t a = 0; a < num_arrays; ++a) aligned = aligned && detail::Aligned16(arrays[a]);
+  // Thread-iterations of work: a thread of the vectorised kernel handles packs_per_thread
+  // packs of elements_per_pack elements per iteration.
+  const int64_t per_thread =
+      aligned ? int64_t{sig.elements_per_pack} * sig.packs_per_thread : int64_t{1};
+  const int64_t threads = sig.threads_per_block;
+  const int64_t work = detail::CeilDiv(n, per_thread);
+  const int64_t blocks_per_sm =
+      aligned ? kernels.vector_blocks_per_sm : kernels.scalar_blocks_per_sm;
+  const unsigned grid = detail::ElementwiseGrid(work, threads, blocks_per_sm, sm_count);
+
+  // The kernel's arguments, each by address (see ElementwiseSignature); the runtime reads
+  // them and never writes.
+  std::vector<void*> args;
+  args.reserve(num_arrays + 2 + num_parameters);
+  for (size_t a = 0; a < num_arrays; ++a) args.push_back(const_cast<const void**>(&arrays[a]));
+  args.push_back(&out);
+  args.push_back(&n);
+  for (size_t p = 0; p < num_parameters; ++p) {
+    args.push_back(const_cast<uint64_t*>(&parameters[p]));
+  }
+  const cudaKernel_t function = aligned ? kernels.vector_kernel : kernels.scalar_kernel;
+  return cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(grid),
+                          dim3(static_cast<unsigned>(threads)), args.data(), 0, stream);
+}
+
+}  // namespace gpucompute::cuda

@@ -1,0 +1,224 @@
+// ElementwiseKernelSource and PlanElementwiseKernel: the generated kernels' source and the
+// shape baked into it. Host code (plain C++); the device code is in prelude.cuh and
+// contiguous.cuh.in beside this file, embedded at build time (embed.cmake).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/dtype.h"
+
+namespace gpucompute::cuda {
+namespace {
+
+constexpr char kPrelude[] =
+#include "kernels/cuda/elementwise/prelude.cuh.inc"
+    ;
+
+constexpr char kContiguousTemplate[] =
+#include "kernels/cuda/elementwise/contiguous.cuh.inc"
+    ;
+
+// The template's lines between these markers repeat once per array input.
+constexpr std::string_view kForEachArray = "//@for each array";
+constexpr std::string_view kEnd = "//@end";
+
+using Values = std::vector<std::pair<std::string_view, std::string>>;
+
+// `line` with every @name@ of `values` replaced by its value, then a newline. An unknown
+// name is left as it is, so that NVRTC reports it (the codegen test checks that none is
+// left).
+void AppendFilled(std::string_view line, const Values& values, std::string* out) {
+  while (!line.empty()) {
+    const size_t at = line.find('@');
+    const size_t close = at == std::string_view::npos ? at : line.find('@', at + 1);
+    if (close == std::string_view::npos) break;
+    const std::string_view name = line.substr(at + 1, close - at - 1);
+    const auto value =
+        std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
+    if (value == values.end()) {
+      out->append(line.substr(0, close));  // the second @ may open the next name
+      line.remove_prefix(close);
+      continue;
+    }
+    out->append(line.substr(0, at));
+    out->append(value->second);
+    line.remove_prefix(close + 1);
+  }
+  out->append(line);
+  out->push_back('\n');
+}
+
+// Appends `text` (a template of whole lines) filled in with `values`, and its per-array
+// blocks once for each of `arrays` (a block sees `values` and the array's own).
+void AppendTemplate(std::string_view text, const Values& values, const std::vector<Values>& arrays,
+                    std::string* out) {
+  std::vector<std::string_view> block;
+  bool in_block = false;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    if (line == kForEachArray) {
+      in_block = true;
+    } else if (line == kEnd) {
+      in_block = false;
+      for (const Values& array : arrays) {
+        Values both = values;
+        both.insert(both.end(), array.begin(), array.end());
+        for (std::string_view l : block) AppendFilled(l, both, out);
+      }
+      block.clear();
+    } else if (in_block) {
+      block.push_back(line);
+    } else {
+      AppendFilled(line, values, out);
+    }
+  }
+}
+
+// The C++ type of an element in memory, and of a parameter argument: bool is one byte.
+const char* StorageType(DType t) { return t == DType::kBool ? "gc::u8" : ElementwiseValueType(t); }
+
+int64_t AlignUp(int64_t x, int64_t alignment) {
+  return (x + alignment - 1) / alignment * alignment;
+}
+
+std::string Join(const std::vector<std::string>& parts) {
+  std::string joined;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) joined += ", ";
+    joined += parts[i];
+  }
+  return joined;
+}
+
+}  // namespace
+
+const char* ElementwiseValueType(DType dtype) {
+  switch (dtype) {
+    case DType::kBool:
+      return "bool";
+    case DType::kInt32:
+      return "gc::i32";
+    case DType::kInt64:
+      return "gc::i64";
+    case DType::kFloat32:
+      return "float";
+    case DType::kFloat64:
+      return "double";
+  }
+  return "?";
+}
+
+void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signature) {
+  ElementwiseSignature& sig = *signature;
+  // A pack is 16 bytes of the narrowest array, so every array moves in whole 16-byte words.
+  size_t min_size = DTypeSize(sig.out_dtype);
+  for (DType t : sig.array_dtypes) min_size = std::min(min_size, DTypeSize(t));
+  const int v = static_cast<int>(16 / min_size);
+  sig.elements_per_pack = v;
+  // Two packs in flight per thread give each thread more independent loads (latency
+  // hiding when registers limit occupancy), but wide mixes (float64 arrays with a bool
+  // output: 128 bytes per array per pack) would only add register pressure. So would
+  // math-library calls, which make an expression compute-bound: a pack already holds
+  // enough independent work, and the second pack's registers cost occupancy.
+  int64_t load_bytes = 0;
+  for (DType t : sig.array_dtypes) load_bytes += int64_t{v} * static_cast<int64_t>(DTypeSize(t));
+  if (calls_math_library) {
+    sig.packs_per_thread = 1;
+  } else if (load_bytes == 0) {
+    sig.packs_per_thread = kElementwisePacksPerThread;
+  } else {
+    sig.packs_per_thread = static_cast<int>(std::clamp<int64_t>(
+        kElementwiseMaxLoadBytesPerIteration / load_bytes, 1, kElementwisePacksPerThread));
+  }
+  sig.threads_per_block = kElementwiseThreadsPerBlock;
+
+  int64_t arg_bytes = 8 * (static_cast<int64_t>(sig.array_inputs.size()) + 2);  // pointers, out, n
+  for (DType t : sig.parameter_dtypes) {
+    const auto size = static_cast<int64_t>(DTypeSize(t));
+    arg_bytes = AlignUp(arg_bytes, size) + size;
+  }
+  sig.argument_bytes = arg_bytes;
+}
+
+std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::string_view header,
+                                    std::string_view element_body) {
+  const ElementwiseSignature& sig = signature;
+  const size_t num_arrays = sig.array_inputs.size();
+  const size_t num_parameters = sig.parameter_dtypes.size();
+  auto words = [&](DType t) {
+    return std::to_string(static_cast<size_t>(sig.elements_per_pack) * DTypeSize(t) / 16);
+  };
+  auto param_name = [](size_t p) { return "p" + std::to_string(p); };
+
+  std::vector<std::string> element_parameters;
+  std::vector<std::string> kernel_parameters;
+  for (size_t a = 0; a < num_arrays; ++a) {
+    const std::string k = std::to_string(sig.array_inputs[a]);
+    element_parameters.push_back(std::string(ElementwiseValueType(sig.array_dtypes[a])) + " x" + k);
+    kernel_parameters.push_back("const " + std::string(StorageType(sig.array_dtypes[a])) + "* in" +
+                                k);
+  }
+  kernel_parameters.push_back(std::string(StorageType(sig.out_dtype)) + "* out");
+  kernel_parameters.push_back("gc::i64 n");
+  for (size_t p = 0; p < num_parameters; ++p) {
+    const DType t = sig.parameter_dtypes[p];
+    element_parameters.push_back(std::string(ElementwiseValueType(t)) + " " + param_name(p));
+    kernel_parameters.push_back(std::string(StorageType(t)) + " " + param_name(p));
+  }
+
+  // The call of Element() for one output element, where `element(a)` is array a's
+  // element as stored: bools are stored as bytes and computed as bool.
+  auto element_call = [&](auto element) {
+    std::vector<std::string> args;
+    for (size_t a = 0; a < num_arrays; ++a) {
+      std::string e = element(a);
+      args.push_back(sig.array_dtypes[a] == DType::kBool ? "(" + e + " != 0)" : e);
+    }
+    for (size_t p = 0; p < num_parameters; ++p) {
+      args.push_back(sig.parameter_dtypes[p] == DType::kBool ? "(" + param_name(p) + " != 0)"
+                                                             : param_name(p));
+    }
+    std::string call = "Element(" + Join(args) + ")";
+    return sig.out_dtype == DType::kBool ? "static_cast<gc::u8>(" + call + ")" : call;
+  };
+
+  const Values values = {
+      {"out_value_type", ElementwiseValueType(sig.out_dtype)},
+      {"element_parameters", Join(element_parameters)},
+      {"element_body", std::string(element_body)},
+      {"threads_per_block", std::to_string(sig.threads_per_block)},
+      {"vector_kernel", kElementwiseVectorKernel},
+      {"scalar_kernel", kElementwiseScalarKernel},
+      {"kernel_parameters", Join(kernel_parameters)},
+      {"elements_per_pack", std::to_string(sig.elements_per_pack)},
+      {"packs_per_thread", std::to_string(sig.packs_per_thread)},
+      {"out_type", StorageType(sig.out_dtype)},
+      {"out_words", words(sig.out_dtype)},
+      {"pack_element", element_call([&](size_t a) {
+         return "a" + std::to_string(sig.array_inputs[a]) + "[j].e[e]";
+       })},
+      {"element",
+       element_call([&](size_t a) { return "in" + std::to_string(sig.array_inputs[a]) + "[i]"; })},
+  };
+  std::vector<Values> arrays;
+  for (size_t a = 0; a < num_arrays; ++a) {
+    arrays.push_back({{"in", std::to_string(sig.array_inputs[a])},
+                      {"in_type", StorageType(sig.array_dtypes[a])},
+                      {"in_words", words(sig.array_dtypes[a])}});
+  }
+
+  std::string source(header);
+  source += kPrelude;
+  source += '\n';
+  AppendTemplate(kContiguousTemplate, values, arrays, &source);
+  return source;
+}
+
+}  // namespace gpucompute::cuda
