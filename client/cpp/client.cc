@@ -376,11 +376,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(
 
 }  // namespace
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  // grpc::StatusCode and absl::StatusCode share their values (google.rpc.Code).
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 // The payload's type URL: any unique string will do.
 constexpr char kRequestIdPayload[] = "gpucompute/request-id";
 

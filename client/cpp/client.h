@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "common/grpc_status.h"
 #include "common/grpc_tuning.h"
 #include "gpucompute/v1/limits.h"
 
@@ -107,10 +108,8 @@ using UploadReader = std::function<absl::StatusOr<size_t>(std::span<std::byte>)>
 // buffer.
 using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_view chunk)>;
 
-// Converts a gRPC status to the absl::Status with the same code and message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
-// The same, with the request id the server returned for the call (if any) attached as
-// a payload, which RequestIdOf reads.
+// FromGrpcStatus(status) (common/grpc_status.h), with the request id the server
+// returned for the call (if any) attached as a payload, which RequestIdOf reads.
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
 // The server's request id of the failed call `status` came from; empty if unknown.
 std::string RequestIdOf(const absl::Status& status);
