@@ -167,9 +167,6 @@ class Server {
 // host: a loopback address, "localhost" or a Unix socket.
 bool IsLoopbackListenAddress(absl::string_view listen);
 
-// Parses "1073741824", "512MiB", "8GiB", "1.5GB" and the like into bytes.
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
-
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVER_H_

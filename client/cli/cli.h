@@ -91,8 +91,6 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text);
 std::optional<v1::Scalar> ParseScalar(std::string_view text);
 absl::StatusOr<v1::DType> ParseProtoDType(std::string_view name);
 absl::StatusOr<v1::Layout> ParseLayout(std::string_view text);
-// "4096", "64KiB", "1MiB", "2GiB" (K, M, G are the same binary units) -> bytes.
-absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 
 // ---------------------------------------------------------------------------
 // Output

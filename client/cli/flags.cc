@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -181,27 +180,6 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text) {
     shape.push_back(dimension);
   }
   return shape;
-}
-
-absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
-  static constexpr std::pair<std::string_view, int> kUnits[] = {
-      {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"G", 30}, {"M", 20}, {"K", 10}, {"B", 0}};
-  absl::string_view number = absl::StripAsciiWhitespace(ToAbsl(text));
-  int shift = 0;
-  for (const auto& [suffix, unit_shift] : kUnits) {
-    if (absl::EndsWith(number, ToAbsl(suffix))) {
-      number.remove_suffix(suffix.size());
-      shift = unit_shift;
-      break;
-    }
-  }
-  uint64_t value;
-  if (number.empty() || number.find('-') != absl::string_view::npos ||
-      !absl::SimpleAtoi(number, &value) || value > (UINT64_MAX >> shift)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", ToAbsl(text), "' is not a byte size such as 4096, 64KiB, 1MiB or 2GiB"));
-  }
-  return value << shift;
 }
 
 std::optional<v1::Scalar> ParseScalar(std::string_view text) {
