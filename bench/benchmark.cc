@@ -128,6 +128,7 @@
 
 #include <unistd.h>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -142,6 +143,7 @@
 #include "client/cpp/session.h"
 #include "client/cpp/shared_memory.h"
 #include "client/cpp/transfer_timing.h"
+#include "common/string_view.h"
 #include "common/transfer_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -197,111 +199,116 @@ struct Options {
   }
 };
 
-constexpr const char* kUsage =
-    "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
-    "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
-    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n"
-    "         [--session-clients=1,16] [--graph-min-ops=4] [--session-handler=callback|sync]\n"
-    "         [--lane-spin-us=N]\n";
-
-absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
-                      int64_t* out) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, "=", value, ": want an integer in [", min, ", ", max, "]"));
+// A comma-separated list of integers in [min, max] from `text` (empty: none) into `out`.
+absl::Status ParseIntList(std::string_view flag, const std::string& text, int64_t min,
+                          int64_t max, std::vector<int64_t>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < min || v > max) {
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(flag), ": '", part,
+                                                     "' is not an integer in [", min, ", ",
+                                                     max, "]"));
+    }
+    out->push_back(v);
   }
-  *out = v;
   return absl::OkStatus();
 }
 
-absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") return absl::CancelledError(kUsage);
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", arg, "': flags are --name=value\n", kUsage));
+// Reads the flags (CLI11). Returns the exit status when the program should end at once:
+// 0 after --help, 2 for a malformed flag.
+std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
+  CLI::App app(
+      "gpucompute-bench: the kernels, the transfers and the RPC path, each against a\n"
+      "ceiling measured in the same run. The GPU run: --backend=cuda --log2n=28\n"
+      "--gemv=16384,32768. The columns are described at the top of bench/benchmark.cc.",
+      "gpucompute-bench");
+  app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--log2n", o->log2n, "arrays have N = 2^log2n elements")
+      ->check(CLI::Range(10, 34))
+      ->capture_default_str();
+  std::string dtype = "both";
+  app.add_option("--dtype", dtype, "the kernels section's element type")
+      ->check(CLI::IsMember({"float64", "float32", "both"}))
+      ->capture_default_str();
+  app.add_option("--repeat", o->repeat, "timed repetitions after one warm-up; the median is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  // The lists are read as text, so that an empty one ("--gemv=") means none.
+  std::string sections = "kernels,transfers,e2e,sessions";
+  app.add_option("--sections", sections,
+                 "comma-separated, of kernels, transfers, e2e, sessions (default: all)")
+      ->expected(0, 1);
+  app.add_option("--threads", o->threads, "CPU backend worker threads, 0: one per hardware thread")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  std::string gemv = "2048,4096";
+  app.add_option("--gemv", gemv, "square gemv sizes, comma-separated (default 2048,4096; empty: none)")
+      ->expected(0, 1);
+  app.add_option("--transfer-mib", o->transfer_mib, "transfer size in MiB; 0: N float64 elements")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--samples", o->samples,
+                 "RPCs timed for each e2e latency row (and each sessions latency row)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--session-ops", o->session_ops,
+                 "operations each sessions throughput row sends in all")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  std::string session_clients = "1,16";
+  app.add_option("--session-clients", session_clients,
+                 "client counts of the sessions throughput rows, comma-separated (default 1,16)")
+      ->expected(0, 1);
+  app.add_option("--graph-min-ops", o->graph_min_ops,
+                 "the server's --graph-min-ops (0: nothing is launched as a CUDA graph)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  std::string handler = "callback";
+  app.add_option("--session-handler", handler, "the server's --session-handler")
+      ->check(CLI::IsMember({"callback", "sync"}))
+      ->capture_default_str();
+  int64_t lane_spin_us = 0;
+  CLI::Option* lane_spin = app.add_option(
+      "--lane-spin-us", lane_spin_us,
+      "the server's --lane-spin in microseconds (0: off; default: the server's)")
+      ->check(CLI::Range(0, 1000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+
+  o->dtypes = dtype == "float64"   ? std::vector<DType>{DType::kFloat64}
+              : dtype == "float32" ? std::vector<DType>{DType::kFloat32}
+                                   : std::vector<DType>{DType::kFloat64, DType::kFloat32};
+  o->kernels = o->transfers = o->e2e = o->sessions = false;
+  for (absl::string_view section : absl::StrSplit(sections, ',', absl::SkipEmpty())) {
+    bool* wanted = section == "kernels"     ? &o->kernels
+                   : section == "transfers" ? &o->transfers
+                   : section == "e2e"       ? &o->e2e
+                   : section == "sessions"  ? &o->sessions
+                                            : nullptr;
+    if (wanted == nullptr) {
+      std::fprintf(stderr, "--sections: unknown section '%s' (use kernels, transfers, e2e, sessions)\n",
+                   std::string(section).c_str());
+      return 2;
     }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    int64_t v = 0;
-    if (name == "backend") {
-      o.backend = value;
-    } else if (name == "log2n") {
-      RETURN_IF_ERROR(ParseInt(name, value, 10, 34, &v));
-      o.log2n = static_cast<int>(v);
-    } else if (name == "dtype") {
-      if (value == "float64") {
-        o.dtypes = {DType::kFloat64};
-      } else if (value == "float32") {
-        o.dtypes = {DType::kFloat32};
-      } else if (value == "both") {
-        o.dtypes = {DType::kFloat64, DType::kFloat32};
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--dtype=", value, ": want float64, float32 or both"));
-      }
-    } else if (name == "repeat") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
-      o.repeat = static_cast<int>(v);
-    } else if (name == "sections") {
-      o.kernels = o.transfers = o.e2e = o.sessions = false;
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        if (s == "kernels") {
-          o.kernels = true;
-        } else if (s == "transfers") {
-          o.transfers = true;
-        } else if (s == "e2e") {
-          o.e2e = true;
-        } else if (s == "sessions") {
-          o.sessions = true;
-        } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--sections: unknown section '", s, "' (use kernels, transfers, e2e, sessions)"));
-        }
-      }
-    } else if (name == "threads") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 4096, &v));
-      o.threads = static_cast<int>(v);
-    } else if (name == "gemv") {
-      o.gemv.clear();
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, int64_t{1} << 20, &v));
-        o.gemv.push_back(v);
-      }
-    } else if (name == "transfer-mib") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
-      o.transfer_mib = static_cast<uint64_t>(v);
-    } else if (name == "session-ops") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
-      o.session_ops = static_cast<int>(v);
-    } else if (name == "session-clients") {
-      o.session_clients.clear();
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, 256, &v));
-        o.session_clients.push_back(static_cast<int>(v));
-      }
-    } else if (name == "session-handler") {
-      std::optional<SessionHandler> handler = ParseSessionHandler(value);
-      if (!handler) return absl::InvalidArgumentError("--session-handler: callback or sync");
-      o.session_handler = *handler;
-    } else if (name == "lane-spin-us") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 1000000, &v));
-      o.lane_spin = absl::Microseconds(v);
-    } else if (name == "graph-min-ops") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
-      o.graph_min_ops = static_cast<int>(v);
-    } else if (name == "samples") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
-      o.samples = static_cast<int>(v);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "\n", kUsage));
+    *wanted = true;
+  }
+  std::vector<int64_t> clients;
+  for (absl::Status status :
+       {ParseIntList("--gemv", gemv, 1, int64_t{1} << 20, &o->gemv),
+        ParseIntList("--session-clients", session_clients, 1, 256, &clients)}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+      return 2;
     }
   }
-  return o;
+  o->session_clients.assign(clients.begin(), clients.end());
+  o->session_handler = *ParseSessionHandler(handler);
+  if (lane_spin->count() > 0) o->lane_spin = absl::Microseconds(lane_spin_us);
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------
@@ -1296,7 +1303,7 @@ struct SmallLatencies {
 // Submit(wait) taking turns with GetServerInfo, then a session's submit-and-wait taking
 // turns with GetServerInfo: each against no-ops timed beside it, in a loop of its own. A
 // session's streams are still busy for a while after its answer, which slows a no-op
-// timed right after it (by 0.05 ms on an H100 host), so the two are not mixed.
+// timed right after it, so the two are not mixed.
 absl::StatusOr<SmallLatencies> MeasureSmallLatencies(const Options& options, Client& client) {
   v1::SubmitRequest waiting = SmallAdd();
   waiting.set_wait(true);
@@ -1551,18 +1558,15 @@ int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
   // As the server does (server/main.cc).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
-  if (!options.ok()) {
-    const bool help = absl::IsCancelled(options.status());
-    std::fprintf(help ? stdout : stderr, "%s", std::string(options.status().message()).c_str());
-    if (!help) std::fprintf(stderr, "\n");
-    return help ? 0 : 2;
+  gpucompute::bench::Options options;
+  if (std::optional<int> exit_code = gpucompute::bench::ParseOptions(argc, argv, &options)) {
+    return *exit_code;
   }
   // One gRPC reference held for the whole run and never released: when the last gRPC
-  // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for ~10 s
+  // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for seconds
   // (see tests/support/test_server.h); the process is ending anyway.
   grpc_init();
-  const absl::Status status = gpucompute::bench::Run(*options);
+  const absl::Status status = gpucompute::bench::Run(options);
   if (!status.ok()) {
     std::fprintf(stderr, "gpucompute-bench: %s\n", status.ToString().c_str());
     return 1;
