@@ -90,9 +90,8 @@ struct ClientOptions {
 };
 
 // The ranges of a parallel transfer go on transfer connections, one each, with a large
-// receive window (client.cc). Measured on an H100 host over loopback, 512 MiB, CUDA
-// server, GB/s with 4 / 8 streams: uploads 13.5-13.9 / 14.2-14.3, downloads 10.3-10.7 /
-// 15.8-16.2.
+// receive window (client.cc). Eight streams each way, because both ways still gained
+// from four to eight (docs/performance.md).
 inline constexpr int kAutoUploadStreams = 8;
 inline constexpr int kAutoDownloadStreams = 8;
 inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
