@@ -107,27 +107,19 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
-#include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <future>
-#include <latch>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
-#include <mutex>
-#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
-
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -135,13 +127,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/benchmark.h"
 #include "client/cpp/client.h"
-#include "client/cpp/session.h"
-#include "client/cpp/shared_memory.h"
 #include "client/cpp/transfer_timing.h"
+#include "common/string_view.h"
 #include "common/transfer_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -161,147 +152,121 @@
 namespace gpucompute::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr const char* kExpression = "sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))";
-constexpr int kLatencyLog2n = 20;
-constexpr int kLatencyWarmup = 10;
-constexpr int kLoadClients = 4;
-constexpr int kLoadChain = 100;
 
 // ---------------------------------------------------------------------------
 // Flags
 
-struct Options {
-  std::string backend = "cpu";
-  int log2n = 24;
-  std::vector<DType> dtypes = {DType::kFloat64, DType::kFloat32};
-  int repeat = 5;
-  bool kernels = true;
-  bool transfers = true;
-  bool e2e = true;
-  bool sessions = true;
-  int threads = 0;
-  std::vector<int64_t> gemv = {2048, 4096};
-  uint64_t transfer_mib = 0;  // 0: 2^log2n float64 elements
-  int samples = 200;
-  int session_ops = 20000;
-  std::vector<int> session_clients = {1, 16};
-  int graph_min_ops = 4;
-  SessionHandler session_handler = SessionHandler::kCallback;
-  std::optional<absl::Duration> lane_spin;  // unset: the server's default
-
-  int64_t n() const { return int64_t{1} << log2n; }
-  uint64_t transfer_bytes() const {
-    return transfer_mib > 0 ? transfer_mib << 20 : static_cast<uint64_t>(n()) * sizeof(double);
+// A comma-separated list of integers in [min, max] from `text` (empty: none) into `out`.
+absl::Status ParseIntList(std::string_view flag, const std::string& text, int64_t min,
+                          int64_t max, std::vector<int64_t>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < min || v > max) {
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(flag), ": '", part,
+                                                     "' is not an integer in [", min, ", ",
+                                                     max, "]"));
+    }
+    out->push_back(v);
   }
-};
-
-constexpr const char* kUsage =
-    "usage: gpucompute-bench [--backend=cpu] [--log2n=24] [--dtype=float64|float32|both]\n"
-    "         [--repeat=5] [--sections=kernels,transfers,e2e,sessions] [--threads=0]\n"
-    "         [--gemv=2048,4096] [--transfer-mib=0] [--samples=200] [--session-ops=20000]\n"
-    "         [--session-clients=1,16] [--graph-min-ops=4] [--session-handler=callback|sync]\n"
-    "         [--lane-spin-us=N]\n";
-
-absl::Status ParseInt(const std::string& name, const std::string& value, int64_t min, int64_t max,
-                      int64_t* out) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v < min || v > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, "=", value, ": want an integer in [", min, ", ", max, "]"));
-  }
-  *out = v;
   return absl::OkStatus();
 }
 
-absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") return absl::CancelledError(kUsage);
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", arg, "': flags are --name=value\n", kUsage));
+// Reads the flags (CLI11). Returns the exit status when the program should end at once:
+// 0 after --help, 2 for a malformed flag.
+std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
+  CLI::App app(
+      "gpucompute-bench: the kernels, the transfers and the RPC path, each against a\n"
+      "ceiling measured in the same run. The GPU run: --backend=cuda --log2n=28\n"
+      "--gemv=16384,32768. The columns are described at the top of bench/benchmark.cc.",
+      "gpucompute-bench");
+  app.add_option("--backend", o->backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--log2n", o->log2n, "arrays have N = 2^log2n elements")
+      ->check(CLI::Range(10, 34))
+      ->capture_default_str();
+  std::string dtype = "both";
+  app.add_option("--dtype", dtype, "the kernels section's element type")
+      ->check(CLI::IsMember({"float64", "float32", "both"}))
+      ->capture_default_str();
+  app.add_option("--repeat", o->repeat, "timed repetitions after one warm-up; the median is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  // The lists are read as text, so that an empty one ("--gemv=") means none.
+  std::string sections = "kernels,transfers,e2e,sessions";
+  app.add_option("--sections", sections,
+                 "comma-separated, of kernels, transfers, e2e, sessions (default: all)")
+      ->expected(0, 1);
+  app.add_option("--threads", o->threads, "CPU backend worker threads, 0: one per hardware thread")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  std::string gemv = "2048,4096";
+  app.add_option("--gemv", gemv, "square gemv sizes, comma-separated (default 2048,4096; empty: none)")
+      ->expected(0, 1);
+  app.add_option("--transfer-mib", o->transfer_mib, "transfer size in MiB; 0: N float64 elements")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--samples", o->samples,
+                 "RPCs timed for each e2e latency row (and each sessions latency row)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--session-ops", o->session_ops,
+                 "operations each sessions throughput row sends in all")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  std::string session_clients = "1,16";
+  app.add_option("--session-clients", session_clients,
+                 "client counts of the sessions throughput rows, comma-separated (default 1,16)")
+      ->expected(0, 1);
+  app.add_option("--graph-min-ops", o->graph_min_ops,
+                 "the server's --graph-min-ops (0: nothing is launched as a CUDA graph)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  std::string handler = "callback";
+  app.add_option("--session-handler", handler, "the server's --session-handler")
+      ->check(CLI::IsMember({"callback", "sync"}))
+      ->capture_default_str();
+  int64_t lane_spin_us = 0;
+  CLI::Option* lane_spin = app.add_option(
+      "--lane-spin-us", lane_spin_us,
+      "the server's --lane-spin in microseconds (0: off; default: the server's)")
+      ->check(CLI::Range(0, 1000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+
+  o->dtypes = dtype == "float64"   ? std::vector<DType>{DType::kFloat64}
+              : dtype == "float32" ? std::vector<DType>{DType::kFloat32}
+                                   : std::vector<DType>{DType::kFloat64, DType::kFloat32};
+  o->kernels = o->transfers = o->e2e = o->sessions = false;
+  for (absl::string_view section : absl::StrSplit(sections, ',', absl::SkipEmpty())) {
+    bool* wanted = section == "kernels"     ? &o->kernels
+                   : section == "transfers" ? &o->transfers
+                   : section == "e2e"       ? &o->e2e
+                   : section == "sessions"  ? &o->sessions
+                                            : nullptr;
+    if (wanted == nullptr) {
+      std::fprintf(stderr, "--sections: unknown section '%s' (use kernels, transfers, e2e, sessions)\n",
+                   std::string(section).c_str());
+      return 2;
     }
-    const std::string name = arg.substr(2, eq - 2);
-    const std::string value = arg.substr(eq + 1);
-    int64_t v = 0;
-    if (name == "backend") {
-      o.backend = value;
-    } else if (name == "log2n") {
-      RETURN_IF_ERROR(ParseInt(name, value, 10, 34, &v));
-      o.log2n = static_cast<int>(v);
-    } else if (name == "dtype") {
-      if (value == "float64") {
-        o.dtypes = {DType::kFloat64};
-      } else if (value == "float32") {
-        o.dtypes = {DType::kFloat32};
-      } else if (value == "both") {
-        o.dtypes = {DType::kFloat64, DType::kFloat32};
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--dtype=", value, ": want float64, float32 or both"));
-      }
-    } else if (name == "repeat") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000, &v));
-      o.repeat = static_cast<int>(v);
-    } else if (name == "sections") {
-      o.kernels = o.transfers = o.e2e = o.sessions = false;
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        if (s == "kernels") {
-          o.kernels = true;
-        } else if (s == "transfers") {
-          o.transfers = true;
-        } else if (s == "e2e") {
-          o.e2e = true;
-        } else if (s == "sessions") {
-          o.sessions = true;
-        } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--sections: unknown section '", s, "' (use kernels, transfers, e2e, sessions)"));
-        }
-      }
-    } else if (name == "threads") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 4096, &v));
-      o.threads = static_cast<int>(v);
-    } else if (name == "gemv") {
-      o.gemv.clear();
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, int64_t{1} << 20, &v));
-        o.gemv.push_back(v);
-      }
-    } else if (name == "transfer-mib") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, int64_t{1} << 20, &v));
-      o.transfer_mib = static_cast<uint64_t>(v);
-    } else if (name == "session-ops") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 10000000, &v));
-      o.session_ops = static_cast<int>(v);
-    } else if (name == "session-clients") {
-      o.session_clients.clear();
-      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        RETURN_IF_ERROR(ParseInt(name, std::string(s), 1, 256, &v));
-        o.session_clients.push_back(static_cast<int>(v));
-      }
-    } else if (name == "session-handler") {
-      std::optional<SessionHandler> handler = ParseSessionHandler(value);
-      if (!handler) return absl::InvalidArgumentError("--session-handler: callback or sync");
-      o.session_handler = *handler;
-    } else if (name == "lane-spin-us") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 1000000, &v));
-      o.lane_spin = absl::Microseconds(v);
-    } else if (name == "graph-min-ops") {
-      RETURN_IF_ERROR(ParseInt(name, value, 0, 1 << 20, &v));
-      o.graph_min_ops = static_cast<int>(v);
-    } else if (name == "samples") {
-      RETURN_IF_ERROR(ParseInt(name, value, 1, 1000000, &v));
-      o.samples = static_cast<int>(v);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "\n", kUsage));
+    *wanted = true;
+  }
+  std::vector<int64_t> clients;
+  for (absl::Status status :
+       {ParseIntList("--gemv", gemv, 1, int64_t{1} << 20, &o->gemv),
+        ParseIntList("--session-clients", session_clients, 1, 256, &clients)}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+      return 2;
     }
   }
-  return o;
+  o->session_clients.assign(clients.begin(), clients.end());
+  o->session_handler = *ParseSessionHandler(handler);
+  if (lane_spin->count() > 0) o->lane_spin = absl::Microseconds(lane_spin_us);
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------
@@ -328,61 +293,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
 
 // ---------------------------------------------------------------------------
 // Tables and statistics
-
-// Rows of strings printed with aligned columns: the first `left` columns left-aligned
-// (names), the others right-aligned (numbers).
-class Table {
- public:
-  Table(std::vector<std::string> header, size_t left) : header_(std::move(header)), left_(left) {}
-
-  void AddRow(std::vector<std::string> row) {
-    row.resize(header_.size());
-    rows_.push_back(std::move(row));
-  }
-
-  void Print(const std::string& title) const {
-    std::vector<size_t> width(header_.size());
-    for (size_t c = 0; c < header_.size(); ++c) {
-      width[c] = header_[c].size();
-      for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
-    }
-    auto line = [&](const std::vector<std::string>& cells) {
-      std::string out;
-      for (size_t c = 0; c < cells.size(); ++c) {
-        const std::string pad(width[c] - cells[c].size(), ' ');
-        if (c > 0) out += "  ";
-        out += c < left_ ? cells[c] + pad : pad + cells[c];
-      }
-      while (!out.empty() && out.back() == ' ') out.pop_back();
-      std::printf("%s\n", out.c_str());
-    };
-    std::printf("\n== %s\n", title.c_str());
-    line(header_);
-    size_t total = 0;
-    for (size_t w : width) total += w;
-    std::printf("%s\n", std::string(total + 2 * (width.size() - 1), '-').c_str());
-    for (const auto& row : rows_) line(row);
-    std::fflush(stdout);
-  }
-
- private:
-  std::vector<std::string> header_;
-  size_t left_;
-  std::vector<std::vector<std::string>> rows_;
-};
-
-std::string Fixed(double v, int digits) { return absl::StrFormat("%.*f", digits, v); }
-
-// Nearest-rank percentile, p in (0, 100].
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // ---------------------------------------------------------------------------
 // Device timing through the Backend API
@@ -624,35 +534,6 @@ absl::Status RunKernels(const Options& options, Backend& backend) {
 // ---------------------------------------------------------------------------
 // Sections on the server: transfers and e2e
 
-// `transfer_streams` as ClientOptions has it: 0 lets the library choose.
-absl::StatusOr<std::unique_ptr<Client>> Connect(const Server& server, const std::string& name,
-                                                int transfer_streams = 0) {
-  ClientOptions options;
-  options.target = absl::StrCat("127.0.0.1:", server.port());
-  options.client_name = name;
-  options.transfer_streams = transfer_streams;
-  options.timeout = absl::Seconds(600);  // a hung server ends the run instead of hanging it
-  return Client::Connect(options);
-}
-
-// The operation's own failure, as a status.
-absl::Status Succeeded(const absl::StatusOr<v1::Operation>& op) {
-  if (!op.ok()) return op.status();
-  if (op->state() != v1::Operation::STATE_SUCCEEDED) {
-    return absl::Status(static_cast<absl::StatusCode>(op->error_code()),
-                        absl::StrCat("operation ", op->id(), " failed: ", op->error_message()));
-  }
-  return absl::OkStatus();
-}
-
-// The transfer ceilings: the backend's own host-to-device and device-to-host copies of
-// the transfer size, from and to pageable host memory, as the server's transfers are.
-struct CopyCeilings {
-  double h2d_seconds = 0;
-  double d2h_seconds = 0;
-  double pinned_h2d_seconds = 0;  // CUDA: a DMA copy from page-locked memory; 0 elsewhere
-};
-
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 // The link's ceiling: cudaMemcpyAsync of `bytes` from page-locked host memory to the
 // device.
@@ -690,805 +571,6 @@ absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend
   }
 #endif
   return c;
-}
-
-absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
-                          const Server& server) {
-  const uint64_t bytes = options.transfer_bytes();
-  const double mib = static_cast<double>(bytes) / (1 << 20);
-  const std::vector<char> source = TransferSource(bytes);
-  std::vector<char> sink(bytes, 1);
-  const double h2d_seconds = ceilings.h2d_seconds, d2h_seconds = ceilings.d2h_seconds;
-
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-transfers"));
-  v1::UploadHeader header;
-  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
-  header.mutable_create()->add_shape(bytes / sizeof(double));
-  const auto data = std::as_bytes(std::span(source));
-
-  // The gRPC rows: one stream, and the library's own choice (parallel streams on
-  // separate connections for large arrays); then shared memory, through one segment
-  // registered once (not timed) and reused.
-  struct Row {
-    std::string op;
-    double seconds;
-    std::string server_gbps;
-  };
-  std::vector<Row> rows;
-  auto add_rows = [&](TransferPath& path, const std::string& prefix,
-                      const std::string& suffix) -> absl::Status {
-    ASSIGN_OR_RETURN(const TransferTiming t,
-                     TimeTransfers(*client, path, header, data, options.repeat));
-    rows.push_back({prefix + "upload" + suffix, t.upload_seconds, Fixed(t.upload_server_gbps, 3)});
-    rows.push_back(
-        {prefix + "download" + suffix, t.download_seconds, Fixed(t.download_server_gbps, 3)});
-    return absl::OkStatus();
-  };
-  {
-    ASSIGN_OR_RETURN(std::unique_ptr<Client> single,
-                     Connect(server, "bench-transfers", /*transfer_streams=*/1));
-    RETURN_IF_ERROR(add_rows(*GrpcTransferPath(*single), "", " (1 stream)"));
-  }
-  RETURN_IF_ERROR(add_rows(*GrpcTransferPath(*client), "", " (library's choice)"));
-  SharedMemoryTransport shm(*client);
-  RETURN_IF_ERROR(shm.Reserve(bytes));
-  RETURN_IF_ERROR(add_rows(*SharedMemoryTransferPath(shm), "shm ", ""));
-
-  // Into an existing buffer: the same copy without a new allocation's first touch.
-  ASSIGN_OR_RETURN(const v1::CopyRegionResponse target, shm.Upload(header, data));
-  std::vector<double> shm_overwrite_wall, shm_overwrite_server;
-  v1::UploadHeader overwrite;
-  overwrite.set_buffer(target.buffer().id());
-  for (int r = 0; r <= options.repeat; ++r) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::CopyRegionResponse> up = shm.Upload(overwrite, data);
-    const double wall = SecondsSince(start);
-    if (!up.ok()) return up.status();
-    if (r > 0) {
-      shm_overwrite_wall.push_back(wall);
-      shm_overwrite_server.push_back(up->transfer().gbps());
-    }
-  }
-  RETURN_IF_ERROR(client->DeleteBuffer(target.buffer().id()));
-  rows.push_back(
-      {"shm upload into", Median(shm_overwrite_wall), Fixed(Median(shm_overwrite_server), 3)});
-
-  // A whole workflow, as a user runs it: the array up, one expression into a new buffer,
-  // the result down, both buffers deleted; through shared memory and through gRPC.
-  v1::SubmitRequest eval = Elementwise("x * 2 + 1", {{"x", BufferOperand("wf_x")}});
-  eval.set_wait(true);
-  v1::UploadHeader workflow_header = header;
-  workflow_header.mutable_create()->set_name("wf_x");
-  std::string sink_string;  // what Download(string*) fills
-  auto workflow = [&](bool use_shm) -> absl::StatusOr<double> {
-    std::vector<double> walls;
-    for (int r = 0; r <= options.repeat; ++r) {
-      const Clock::time_point start = Clock::now();
-      if (use_shm) {
-        RETURN_IF_ERROR(shm.Upload(workflow_header, data).status());
-      } else {
-        RETURN_IF_ERROR(client->Upload(workflow_header, data).status());
-      }
-      absl::StatusOr<v1::Operation> op = client->Submit(eval);
-      RETURN_IF_ERROR(Succeeded(op));
-      v1::DownloadRequest result;
-      result.set_buffer(op->outputs(0).id());
-      if (use_shm) {
-        RETURN_IF_ERROR(shm.Download(result,
-                                     [&](uint64_t offset, std::string_view chunk) {
-                                       ParallelCopy(sink.data() + offset, chunk.data(),
-                                                    chunk.size());
-                                       return absl::OkStatus();
-                                     })
-                            .status());
-      } else {
-        RETURN_IF_ERROR(client->Download(result, &sink_string).status());
-      }
-      const double wall = SecondsSince(start);
-      RETURN_IF_ERROR(client->DeleteBuffer("wf_x"));
-      RETURN_IF_ERROR(client->DeleteBuffer(op->outputs(0).id()));
-      if (r > 0) walls.push_back(wall);
-    }
-    return Median(walls);
-  };
-  ASSIGN_OR_RETURN(const double workflow_shm, workflow(true));
-  ASSIGN_OR_RETURN(const double workflow_grpc, workflow(false));
-  sink_string = std::string();
-
-  // The ceiling: the pinned copy where there is one (CUDA), else the backend's own copy.
-  const double ceiling_seconds =
-      ceilings.pinned_h2d_seconds > 0 ? ceilings.pinned_h2d_seconds : h2d_seconds;
-  const double h2d_gbps = bytes / ceiling_seconds / 1e9;
-  Table table({"op", "MiB", "ms", "GB/s", "server GB/s", "vs ceiling"}, 1);
-  auto add = [&](const char* op, double seconds, const std::string& server_gbps) {
-    const double gbps = bytes / seconds / 1e9;
-    table.AddRow({op, Fixed(mib, 1), Fixed(seconds * 1e3, 3), Fixed(gbps, 3), server_gbps,
-                  Fixed(gbps / h2d_gbps, 3)});
-  };
-  if (ceilings.pinned_h2d_seconds > 0) add("pinned h2d (ceiling)", ceilings.pinned_h2d_seconds, "");
-  add("h2d copy", h2d_seconds, "");
-  add("d2h copy", d2h_seconds, "");
-  for (const Row& row : rows) add(row.op.c_str(), row.seconds, row.server_gbps);
-  // Bytes moved: the array up and the result down; GB/s counts one way, as the others.
-  add("workflow shm: up, x*2+1, down", workflow_shm, "");
-  add("workflow gRPC: up, x*2+1, down", workflow_grpc, "");
-  table.Print(absl::StrCat(
-      "transfers: in-process server over loopback, median of ", options.repeat,
-      ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));
-  return absl::OkStatus();
-}
-
-absl::Status RunLatency(const Options& options, const Server& server) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-latency"));
-  const uint64_t n = uint64_t{1} << kLatencyLog2n;
-  for (const auto& [name, seed] : {std::pair{"x", 11}, std::pair{"y", 12}}) {
-    v1::SubmitRequest fill =
-        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
-    fill.set_wait(true);
-    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
-  }
-  v1::CreateBufferRequest z;
-  z.set_dtype(v1::DTYPE_FLOAT32);
-  z.add_shape(n);
-  z.set_name("z");
-  RETURN_IF_ERROR(client->CreateBuffer(z).status());
-
-  v1::SubmitRequest add = Elementwise(
-      "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
-  add.set_wait(true);
-  // The two calls alternate, so that both see the same state of the machine: on a
-  // shared host the no-op alone drifts by tens of percent from one second to the next.
-  std::vector<double> submit, device, noop;
-  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::Operation> op = client->Submit(add);
-    const double submit_wall = SecondsSince(start);
-    RETURN_IF_ERROR(Succeeded(op));
-    start = Clock::now();
-    absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
-    const double noop_wall = SecondsSince(start);
-    if (!info.ok()) return info.status();
-    if (i >= kLatencyWarmup) {
-      submit.push_back(submit_wall);
-      device.push_back(op->timing().device_seconds());
-      noop.push_back(noop_wall);
-    }
-  }
-  for (const char* name : {"x", "y", "z"}) RETURN_IF_ERROR(client->DeleteBuffer(name));
-
-  const double noop50 = Percentile(noop, 50), noop99 = Percentile(noop, 99);
-  Table table({"call", "samples", "p50 ms", "p99 ms", "p50 vs no-op", "p99 vs no-op", "device ms",
-               "target", "met"},
-              1);
-  const double p50_ratio = Percentile(submit, 50) / noop50,
-               p99_ratio = Percentile(submit, 99) / noop99;
-  table.AddRow({"Submit(wait) x + y 2^20 float32", absl::StrCat(submit.size()),
-                Fixed(Percentile(submit, 50) * 1e3, 3), Fixed(Percentile(submit, 99) * 1e3, 3),
-                Fixed(p50_ratio, 2), Fixed(p99_ratio, 2), Fixed(Median(device) * 1e3, 3), "<= 1.5x",
-                p50_ratio <= 1.5 && p99_ratio <= 1.5 ? "yes" : "NO"});
-  table.AddRow({"GetServerInfo (no-op)", absl::StrCat(noop.size()), Fixed(noop50 * 1e3, 3),
-                Fixed(noop99 * 1e3, 3), "1.00", "1.00", ""});
-  table.Print("e2e latency: wall time per call from the client, nearest-rank percentiles");
-  return absl::OkStatus();
-}
-
-// One load client's results.
-struct LoadResult {
-  absl::Status status;
-  std::vector<double> device_seconds;
-  Clock::time_point end;
-};
-
-// Runs on its own thread: prepares x (uniform) and y (ones), counts down `ready`, waits
-// for `go`, chains kLoadChain submissions of x = x + y, then checks that every element
-// of x - kLoadChain lies in [0, 1] (x starts in [0, 1); float32 rounding may carry a
-// value just below 1 up to 1).
-void LoadClient(const Server& server, int index, uint64_t n, std::latch& ready, std::latch& go,
-                LoadResult& result) {
-  bool counted = false;
-  auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                     Connect(server, absl::StrCat("bench-load-", index)));
-    v1::SubmitRequest fill =
-        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, 100 + index, NewOutput("x"));
-    fill.set_wait(true);
-    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
-    v1::CreateBufferRequest y;
-    y.set_dtype(v1::DTYPE_FLOAT32);
-    y.add_shape(n);
-    y.set_name("y");
-    y.mutable_fill()->set_float_value(1.0);
-    RETURN_IF_ERROR(client->CreateBuffer(y).status());
-    ASSIGN_OR_RETURN(bool idle, client->SynchronizeStream(""));
-    if (!idle) return absl::DeadlineExceededError("the load client's stream did not go idle");
-    counted = true;
-    ready.count_down();
-    go.wait();
-
-    const v1::SubmitRequest add = Elementwise(
-        "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("x"));
-    std::vector<OperationFuture> futures;
-    for (int i = 0; i < kLoadChain; ++i) futures.push_back(client->SubmitAsync(add));
-    for (const OperationFuture& f : futures) {
-      const absl::StatusOr<v1::Operation>& op = f.Get();
-      RETURN_IF_ERROR(Succeeded(op));
-      result.device_seconds.push_back(op->timing().device_seconds());
-    }
-    result.end = Clock::now();
-
-    for (v1::ReduceKind kind : {v1::REDUCE_KIND_MIN, v1::REDUCE_KIND_MAX}) {
-      v1::SubmitRequest check = Reduce(kind, "x");
-      check.set_wait(true);
-      absl::StatusOr<v1::Operation> op = client->Submit(check);
-      RETURN_IF_ERROR(Succeeded(op));
-      if (op->values_size() != 1)
-        return absl::InternalError("a whole-array reduction gave no value");
-      const double v = op->values(0).float_value() - kLoadChain;
-      if (!(v >= 0 && v <= 1)) {
-        return absl::InternalError(absl::StrCat("load client ", index, ": x - ", kLoadChain,
-                                                " has an element ", v, " outside [0, 1]"));
-      }
-    }
-    RETURN_IF_ERROR(client->DeleteBuffer("x"));
-    return client->DeleteBuffer("y");
-  };
-  result.status = run();
-  if (!counted) ready.count_down();  // never leave the others waiting for this one
-}
-
-// The median device time of z = x + y on n float32 elements with nothing else running,
-// through the server like the load's operations.
-absl::StatusOr<double> IsolatedAddSeconds(const Server& server, uint64_t n) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-load-alone"));
-  for (const auto& [name, seed] : {std::pair{"x", 21}, std::pair{"y", 22}, std::pair{"z", 23}}) {
-    v1::SubmitRequest fill =
-        Random(v1::DISTRIBUTION_UNIFORM, {n}, v1::DTYPE_FLOAT32, seed, NewOutput(name));
-    fill.set_wait(true);
-    RETURN_IF_ERROR(Succeeded(client->Submit(fill)));
-  }
-  v1::SubmitRequest add = Elementwise(
-      "x + y", {{"x", BufferOperand("x")}, {"y", BufferOperand("y")}}, ExistingOutput("z"));
-  add.set_wait(true);
-  std::vector<double> seconds;
-  for (int i = 0; i < 11; ++i) {
-    absl::StatusOr<v1::Operation> op = client->Submit(add);
-    RETURN_IF_ERROR(Succeeded(op));
-    if (i > 0) seconds.push_back(op->timing().device_seconds());
-  }
-  for (const char* name : {"x", "y", "z"}) RETURN_IF_ERROR(client->DeleteBuffer(name));
-  return Median(std::move(seconds));
-}
-
-struct MemoryReport {
-  double device_total = 0;  // 0: not known (no GPU)
-  double device_used = 0;
-  double buffers = 0;
-  double pool_reserved = 0;
-};
-
-// Device memory while the load's buffers exist: the whole device's use (this process is
-// the server; nothing else runs on the device) against the bytes the buffers hold.
-absl::StatusOr<MemoryReport> ReportMemory(const Server& server) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-memory"));
-  ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo());
-  MemoryReport report;
-  report.buffers = static_cast<double>(info.memory_used_bytes());
-  for (const v1::DeviceInfo& d : info.devices()) report.pool_reserved += d.pool_reserved_bytes();
-#if defined(GPUCOMPUTE_HAVE_CUDA)
-  if (info.backend() == "cuda") {
-    size_t free_bytes = 0, total_bytes = 0;
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    report.device_total = static_cast<double>(total_bytes);
-    report.device_used = static_cast<double>(total_bytes - free_bytes);
-  }
-#endif
-  return report;
-}
-
-absl::Status RunLoad(const Options& options, const Server& server) {
-  const uint64_t n = static_cast<uint64_t>(options.n());
-  std::latch ready(kLoadClients);
-  std::latch go(1);
-  std::vector<LoadResult> results(kLoadClients);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kLoadClients; ++i) {
-    threads.emplace_back(LoadClient, std::cref(server), i, n, std::ref(ready), std::ref(go),
-                         std::ref(results[i]));
-  }
-  ready.wait();
-  // What one operation costs with the device to itself, measured before the load starts.
-  absl::StatusOr<double> alone = IsolatedAddSeconds(server, n);
-  absl::StatusOr<MemoryReport> memory = ReportMemory(server);
-  const Clock::time_point start = Clock::now();
-  go.count_down();
-  for (std::thread& t : threads) t.join();
-  if (!alone.ok()) return alone.status();
-  if (!memory.ok()) return memory.status();
-
-  std::vector<double> device;
-  Clock::time_point end = start;
-  for (const LoadResult& r : results) {
-    RETURN_IF_ERROR(r.status);
-    device.insert(device.end(), r.device_seconds.begin(), r.device_seconds.end());
-    end = std::max(end, r.end);
-  }
-  const double wall = std::chrono::duration<double>(end - start).count();
-  double device_sum = 0;
-  for (double s : device) device_sum += s;
-  const double moved = static_cast<double>(device.size()) * 3.0 * n * sizeof(float);
-
-  const double busy = static_cast<double>(device.size()) * *alone / wall;
-  Table table({"clients", "ops/client", "size", "wall s", "op alone ms", "busy", "target", "met",
-               "GB/s", "sum device s", "op ms p50"},
-              0);
-  table.AddRow({absl::StrCat(kLoadClients), absl::StrCat(kLoadChain),
-                absl::StrCat("2^", options.log2n, " f32"), Fixed(wall, 3), Fixed(*alone * 1e3, 3),
-                Fixed(busy, 3), "> 0.90", busy > 0.9 ? "yes" : "NO", Fixed(moved / wall / 1e9, 2),
-                Fixed(device_sum, 3), Fixed(Median(device) * 1e3, 3)});
-  table.Print(
-      "e2e load: busy = operations x (device time of one alone) / wall; sum device s counts "
-      "overlapping "
-      "operations each");
-
-  Table mem({"device total GiB", "device used GiB", "buffers GiB", "pool reserved GiB",
-             "overhead MiB", "limit MiB", "met"},
-            0);
-  const double gib = double(1 << 30), mib = double(1 << 20);
-  const double limit = 0.05 * memory->device_total + 256 * mib;
-  if (memory->device_total > 0) {
-    const double overhead = memory->device_used - memory->buffers;
-    mem.AddRow({Fixed(memory->device_total / gib, 2), Fixed(memory->device_used / gib, 2),
-                Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2),
-                Fixed(overhead / mib, 1), Fixed(limit / mib, 1), overhead < limit ? "yes" : "NO"});
-  } else {
-    mem.AddRow({"", "", Fixed(memory->buffers / gib, 2), Fixed(memory->pool_reserved / gib, 2), "",
-                "", ""});
-  }
-  mem.Print(
-      "memory during the load: overhead = device memory in use (whole device) - buffer bytes; "
-      "limit = 5% of "
-      "the device + 256 MiB");
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// Section: sessions
-
-constexpr uint64_t kSmallN = 1024;
-constexpr int kAsyncWindow = 64;
-constexpr int kChainSteps = 100;
-
-// x (ones) and y, float32[kSmallN], on the client's default stream, for SmallAdd.
-absl::Status PrepareSmall(Client& client) {
-  for (const char* name : {"x", "y"}) {
-    v1::CreateBufferRequest request;
-    request.set_dtype(v1::DTYPE_FLOAT32);
-    request.add_shape(kSmallN);
-    request.set_name(name);
-    request.mutable_fill()->set_float_value(1.0);
-    RETURN_IF_ERROR(client.CreateBuffer(request).status());
-  }
-  ASSIGN_OR_RETURN(bool idle, client.SynchronizeStream(""));
-  if (!idle) return absl::DeadlineExceededError("the stream did not go idle");
-  return absl::OkStatus();
-}
-
-absl::Status DeleteSmall(Client& client) {
-  RETURN_IF_ERROR(client.DeleteBuffer("x"));
-  return client.DeleteBuffer("y");
-}
-
-// y = x + 1: the small operation of this section.
-v1::SubmitRequest SmallAdd() {
-  return Elementwise("x + 1", {{"x", BufferOperand("x")}}, ExistingOutput("y"));
-}
-
-// The ceiling of the sessions rows: what the backend alone does with the same operation,
-// with no executor, RPC or client. Each of `streams` threads enqueues `each` x + 1
-// operations on a stream of its own, each between two events and completed on its end
-// event, as the executor does, with at most kSessionCeilingWindow in flight.
-constexpr int kSessionCeilingWindow = 64;
-
-absl::StatusOr<double> BackendOpsPerSecond(Backend& backend, int streams, int each) {
-  ASSIGN_OR_RETURN(expr::Program program,
-                   expr::Compile("x + 1", {{"x", expr::ArrayInput{DType::kFloat32}}}));
-  RETURN_IF_ERROR(backend.PrepareElementwise(program, DType::kFloat32).status());
-  std::latch ready(streams + 1);
-  std::latch go(1);
-  std::vector<absl::Status> statuses(streams);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < streams; ++t) {
-    threads.emplace_back([&, t] {
-      statuses[t] = [&]() -> absl::Status {
-        absl::StatusOr<std::unique_ptr<Stream>> stream = backend.CreateStream(0);
-        absl::StatusOr<DeviceMemory> x = backend.Allocate(0, kSmallN * 4);
-        absl::StatusOr<DeviceMemory> y = backend.Allocate(0, kSmallN * 4);
-        ready.count_down();
-        go.wait();
-        RETURN_IF_ERROR(stream.status());
-        RETURN_IF_ERROR(x.status());
-        RETURN_IF_ERROR(y.status());
-        const DeviceMemory* inputs[] = {&*x};
-        absl::Mutex mu;
-        int done = 0;
-        absl::Status failed;
-        for (int k = 0; k < each; ++k) {
-          {
-            absl::MutexLock lock(&mu);
-            auto room = [&] { return done > k - kSessionCeilingWindow; };
-            mu.Await(absl::Condition(&room));
-          }
-          ASSIGN_OR_RETURN(std::shared_ptr<Event> start, (*stream)->Record());
-          RETURN_IF_ERROR(
-              backend.Elementwise(**stream, program, inputs, *y, DType::kFloat32, kSmallN)
-                  .status());
-          ASSIGN_OR_RETURN(std::shared_ptr<Event> end, (*stream)->Record());
-          RETURN_IF_ERROR((*stream)->OnEvent(end, [&, start, end](absl::Status s) {
-            (void)backend.ElapsedSeconds(*start, *end);
-            absl::MutexLock lock(&mu);
-            if (!s.ok()) failed = s;
-            ++done;
-          }));
-        }
-        absl::MutexLock lock(&mu);
-        auto all_done = [&] { return done == each; };
-        mu.Await(absl::Condition(&all_done));
-        return failed;
-      }();
-    });
-  }
-  ready.arrive_and_wait();
-  const Clock::time_point start = Clock::now();
-  go.count_down();
-  for (std::thread& t : threads) t.join();
-  const double wall = SecondsSince(start);
-  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
-  return streams * each / wall;
-}
-
-// CPU seconds of this process's threads, for a breakdown of where a row's time went:
-// per thread id, its name and utime + stime (/proc/self/task); and the whole process's.
-struct ThreadCpu {
-  std::map<int, std::pair<std::string, double>> threads;
-  double process = 0;
-};
-
-double TicksToSeconds(const std::string& stat, int utime_field) {
-  // Fields after the name, which is in parentheses and may hold blanks.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
-  // utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
-  const size_t at = static_cast<size_t>(utime_field - 3);
-  double utime = 0, stime = 0;
-  if (fields.size() <= at + 1 || !absl::SimpleAtod(fields[at], &utime) ||
-      !absl::SimpleAtod(fields[at + 1], &stime)) {
-    return 0;
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text;
-}
-
-ThreadCpu SampleThreadCpu() {
-  ThreadCpu cpu;
-  cpu.process = TicksToSeconds(ReadSmallFile("/proc/self/stat"), 14);
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", error)) {
-    int tid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
-    const std::string dir = entry.path().string();
-    cpu.threads[tid] = {ReadSmallFile(dir + "/comm"),
-                        TicksToSeconds(ReadSmallFile(dir + "/stat"), 14)};
-  }
-  return cpu;
-}
-
-// "name xN: S s (F of a core each)" for each thread name alive at the end, busiest
-// first, then the rest of the process (threads that ended meanwhile: a row's clients).
-std::string ThreadCpuSummary(const ThreadCpu& before, const ThreadCpu& after, double wall) {
-  std::map<std::string, std::pair<int, double>> by_name;
-  double named = 0;
-  for (const auto& [tid, thread] : after.threads) {
-    auto it = before.threads.find(tid);
-    const double used = thread.second - (it == before.threads.end() ? 0 : it->second.second);
-    auto& [count, seconds] = by_name[thread.first];
-    ++count;
-    seconds += used;
-    named += used;
-  }
-  std::vector<std::pair<std::string, std::pair<int, double>>> sorted(by_name.begin(),
-                                                                     by_name.end());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
-  std::vector<std::string> parts;
-  for (const auto& [name, usage] : sorted) {
-    if (usage.second < 0.01 * wall) continue;
-    parts.push_back(absl::StrFormat("%s x%d %.2f s (%.2f each)", name, usage.first, usage.second,
-                                    usage.second / usage.first / wall));
-  }
-  parts.push_back(absl::StrFormat("threads that ended %.2f s",
-                                  std::max(0.0, after.process - before.process - named)));
-  return absl::StrCat(absl::StrFormat("wall %.2f s; CPU: ", wall), absl::StrJoin(parts, ", "));
-}
-
-// Operations per second through one session per client, `clients` clients on threads of
-// their own sending `total` operations in all, from the first submission to the last
-// answer.
-absl::StatusOr<double> SessionOpsPerSecond(const Server& server, int clients, int total,
-                                           std::string* thread_cpu) {
-  std::vector<std::unique_ptr<Client>> connected;
-  for (int i = 0; i < clients; ++i) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                     Connect(server, absl::StrCat("bench-session-", i)));
-    RETURN_IF_ERROR(PrepareSmall(*client));
-    connected.push_back(std::move(client));
-  }
-  const int each = std::max(1, total / clients);
-  std::vector<std::unique_ptr<Session>> sessions;
-  for (const auto& client : connected) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(*client));
-    sessions.push_back(std::move(session));
-  }
-  std::latch go(1);
-  std::vector<absl::Status> statuses(clients);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < clients; ++i) {
-    threads.emplace_back([&, i] {
-      go.wait();
-      std::vector<OperationFuture> futures;
-      futures.reserve(each);
-      for (int k = 0; k < each; ++k) futures.push_back(sessions[i]->Submit(SmallAdd()).result);
-      statuses[i] = sessions[i]->Close();
-      for (const OperationFuture& f : futures) {
-        if (statuses[i].ok()) statuses[i] = Succeeded(f.Get());
-      }
-    });
-  }
-  const ThreadCpu cpu_before = SampleThreadCpu();
-  const Clock::time_point start = Clock::now();
-  go.count_down();
-  for (std::thread& t : threads) t.join();
-  const double wall = SecondsSince(start);
-  *thread_cpu = ThreadCpuSummary(cpu_before, SampleThreadCpu(), wall);
-  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
-  for (const auto& client : connected) RETURN_IF_ERROR(DeleteSmall(*client));
-  return clients * each / wall;
-}
-
-// Operations per second of one client's SubmitAsync with kAsyncWindow in flight.
-absl::StatusOr<double> AsyncOpsPerSecond(const Server& server, int total) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-async"));
-  RETURN_IF_ERROR(PrepareSmall(*client));
-  std::deque<OperationFuture> window;
-  const Clock::time_point start = Clock::now();
-  for (int i = 0; i < total; ++i) {
-    if (window.size() == kAsyncWindow) {
-      RETURN_IF_ERROR(Succeeded(window.front().Get()));
-      window.pop_front();
-    }
-    window.push_back(client->SubmitAsync(SmallAdd()));
-  }
-  for (const OperationFuture& f : window) RETURN_IF_ERROR(Succeeded(f.Get()));
-  const double wall = SecondsSince(start);
-  RETURN_IF_ERROR(DeleteSmall(*client));
-  return total / wall;
-}
-
-// The wall time of one GetServerInfo, the no-op.
-absl::StatusOr<double> TimeNoop(Client& client) {
-  const Clock::time_point start = Clock::now();
-  RETURN_IF_ERROR(client.GetServerInfo().status());
-  return SecondsSince(start);
-}
-
-struct SmallLatencies {
-  // Submit(wait) and the no-op timed just before each; a session's submit-and-wait and
-  // the no-op timed just before each.
-  std::vector<double> submit, submit_noop, session, session_noop, device;
-};
-
-// Submit(wait) taking turns with GetServerInfo, then a session's submit-and-wait taking
-// turns with GetServerInfo: each against no-ops timed beside it, in a loop of its own. A
-// session's streams are still busy for a while after its answer, which slows a no-op
-// timed right after it (by 0.05 ms on an H100 host), so the two are not mixed.
-absl::StatusOr<SmallLatencies> MeasureSmallLatencies(const Options& options, Client& client) {
-  v1::SubmitRequest waiting = SmallAdd();
-  waiting.set_wait(true);
-  SmallLatencies l;
-  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    ASSIGN_OR_RETURN(const double before, TimeNoop(client));
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<v1::Operation> op = client.Submit(waiting);
-    const double wall = SecondsSince(start);
-    RETURN_IF_ERROR(Succeeded(op));
-    if (i < kLatencyWarmup) continue;
-    l.submit_noop.push_back(before);
-    l.submit.push_back(wall);
-    l.device.push_back(op->timing().device_seconds());
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Open(client));
-  for (int i = 0; i < kLatencyWarmup + options.samples; ++i) {
-    ASSIGN_OR_RETURN(const double before, TimeNoop(client));
-    const Clock::time_point start = Clock::now();
-    const absl::StatusOr<v1::Operation> answered = session->Submit(SmallAdd()).result.Get();
-    const double wall = SecondsSince(start);
-    RETURN_IF_ERROR(Succeeded(answered));
-    if (i < kLatencyWarmup) continue;
-    l.session_noop.push_back(before);
-    l.session.push_back(wall);
-  }
-  RETURN_IF_ERROR(session->Close());
-  return l;
-}
-
-struct ChainTimes {
-  double wall = 0;    // median
-  double wall99 = 0;  // p99
-  double device = 0;  // median of the sums of the steps' device times
-  double noop = 0;    // median of the no-ops timed alternately with the runs
-};
-
-// A chain of kChainSteps: kChainSteps - 1 increments, each of the last one's output,
-// then the max of the last, checked. Its tags carry `run` when not empty.
-Chain SmallChain(bool separate_launches, const std::string& run) {
-  Chain chain;
-  chain.SeparateLaunches(separate_launches);
-  auto tag = [&](int k) { return run.empty() ? std::string() : absl::StrCat(run, "-", k); };
-  std::string last = chain.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), tag(0));
-  for (int k = 1; k < kChainSteps - 1; ++k) {
-    last = chain.Add(Elementwise("s + 1", {{"s", BufferOperand(TagRef(last))}}), tag(k));
-  }
-  chain.Add(Reduce(v1::REDUCE_KIND_MAX, TagRef(last)), tag(kChainSteps - 1));
-  return chain;
-}
-
-// The chain run options.samples times after warm-ups, each run timed alternately with
-// the no-op: the same request each time (prepared from its second run, a warm-up), or
-// with `fresh` one the server has not seen (planned at every run).
-absl::StatusOr<ChainTimes> MeasureChain(const Options& options, Client& client,
-                                        bool separate_launches, bool fresh) {
-  const Chain same = SmallChain(separate_launches, "");
-  std::vector<double> walls, devices, noops;
-  for (int r = 0; r < kLatencyWarmup + options.samples; ++r) {
-    const Chain chain = fresh ? SmallChain(separate_launches, absl::StrCat("r", r)) : same;
-    ASSIGN_OR_RETURN(const double noop, TimeNoop(client));
-    const Clock::time_point start = Clock::now();
-    ASSIGN_OR_RETURN(v1::ChainResponse response, chain.Run(client));
-    const double wall = SecondsSince(start);
-    double device = 0;
-    for (const v1::ChainStepResult& step : response.steps()) {
-      RETURN_IF_ERROR(Succeeded(step.operation()));
-      device += step.operation().timing().device_seconds();
-    }
-    const v1::Operation& max = response.steps(kChainSteps - 1).operation();
-    if (max.values_size() != 1 || max.values(0).float_value() != kChainSteps) {
-      return absl::InternalError("the chain's last step did not give its reference value");
-    }
-    if (r < kLatencyWarmup) continue;
-    walls.push_back(wall);
-    devices.push_back(device);
-    noops.push_back(noop);
-  }
-  return ChainTimes{Median(walls), Percentile(walls, 99), Median(devices), Median(noops)};
-}
-
-// The backend alone on as many streams as each sessions row has clients
-// (BackendOpsPerSecond), in the order of --session-clients.
-using SessionCeilings = std::vector<double>;
-
-absl::StatusOr<SessionCeilings> MeasureSessionCeilings(const Options& options, Backend& backend) {
-  SessionCeilings c;
-  for (int streams : options.session_clients) {
-    ASSIGN_OR_RETURN(double ops, BackendOpsPerSecond(backend, streams,
-                                                     std::max(1, options.session_ops / streams)));
-    c.push_back(ops);
-  }
-  return c;
-}
-
-// The target of a sessions throughput row, where the project sets one.
-std::optional<double> SessionTarget(int clients) {
-  if (clients == 1) return 50000;
-  if (clients == 16) return 150000;
-  return std::nullopt;
-}
-
-absl::Status RunSessions(const Options& options, const SessionCeilings& ceilings,
-                         const Server& server) {
-  const int total = options.session_ops;
-  std::vector<double> throughput;
-  std::vector<std::string> thread_cpu;
-  for (int clients : options.session_clients) {
-    ASSIGN_OR_RETURN(double ops, SessionOpsPerSecond(server, clients, total,
-                                                     &thread_cpu.emplace_back()));
-    throughput.push_back(ops);
-  }
-  ASSIGN_OR_RETURN(double async, AsyncOpsPerSecond(server, std::min(total, 5000)));
-
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-session-latency"));
-  RETURN_IF_ERROR(PrepareSmall(*client));
-  ASSIGN_OR_RETURN(SmallLatencies l, MeasureSmallLatencies(options, *client));
-  ASSIGN_OR_RETURN(ChainTimes chain, MeasureChain(options, *client, false, false));
-  ASSIGN_OR_RETURN(ChainTimes separate, MeasureChain(options, *client, true, false));
-  ASSIGN_OR_RETURN(ChainTimes planned, MeasureChain(options, *client, false, true));
-  RETURN_IF_ERROR(DeleteSmall(*client));
-
-  const double noop50 = Percentile(l.submit_noop, 50);
-  const double submit_ratio = Percentile(l.submit, 50) / noop50;
-  const double session_noop50 = Percentile(l.session_noop, 50);
-  const double session_ratio = Percentile(l.session, 50) / session_noop50;
-  // The round trip is the no-op timed beside Submit(wait): one timed right after a
-  // chain's answer is slower (the server is still finishing the chain), which would
-  // loosen the bound by as much.
-  auto bound = [&](const ChainTimes& c) { return 2 * c.device + noop50; };
-  Table table({"measure", "value", "p99 ms", "vs", "target", "met"}, 1);
-  auto met = [](bool ok) { return std::string(ok ? "yes" : "NO"); };
-  for (size_t i = 0; i < options.session_clients.size(); ++i) {
-    const int clients = options.session_clients[i];
-    table.AddRow({absl::StrCat("backend alone, ", clients, clients == 1 ? " stream" : " streams",
-                               " (ops/s)"),
-                  Fixed(ceilings[i], 0), "", "ceiling", "", ""});
-  }
-  for (size_t i = 0; i < options.session_clients.size(); ++i) {
-    const int clients = options.session_clients[i];
-    const std::optional<double> target = SessionTarget(clients);
-    table.AddRow({absl::StrCat(clients == 1 ? "session, " : "sessions, ", clients,
-                               clients == 1 ? " client" : " clients", " (ops/s)"),
-                  Fixed(throughput[i], 0), "",
-                  absl::StrCat(Fixed(throughput[i] / ceilings[i], 2), " of the backend alone"),
-                  target ? absl::StrCat(">= ", Fixed(*target, 0)) : "",
-                  target ? met(throughput[i] >= *target) : ""});
-  }
-  // Against one session, where a row has one client.
-  std::string async_vs;
-  for (size_t i = 0; i < options.session_clients.size(); ++i) {
-    if (options.session_clients[i] == 1)
-      async_vs = absl::StrCat(Fixed(throughput[i] / async, 1), "x slower than session");
-  }
-  table.AddRow({absl::StrCat("SubmitAsync, 1 client, ", kAsyncWindow, " in flight (ops/s)"),
-                Fixed(async, 0), "", async_vs, "", ""});
-  table.AddRow({"Submit(wait) p50 ms", Fixed(Percentile(l.submit, 50) * 1e3, 3),
-                Fixed(Percentile(l.submit, 99) * 1e3, 3),
-                absl::StrCat(Fixed(submit_ratio, 2), "x no-op"), "<= 1.2x",
-                met(submit_ratio <= 1.2)});
-  table.AddRow({"session submit+wait p50 ms", Fixed(Percentile(l.session, 50) * 1e3, 3),
-                Fixed(Percentile(l.session, 99) * 1e3, 3),
-                absl::StrCat(Fixed(session_ratio, 2), "x its no-op (",
-                             Fixed(session_noop50 * 1e3, 3), " ms)"),
-                "<= 1.2x", met(session_ratio <= 1.2)});
-  table.AddRow({"GetServerInfo (no-op) p50 ms", Fixed(noop50 * 1e3, 3),
-                Fixed(Percentile(l.submit_noop, 99) * 1e3, 3), "beside Submit(wait)", "", ""});
-  table.AddRow(
-      {"device time of one x + 1, median ms", Fixed(Median(l.device) * 1e3, 4), "", "", "", ""});
-  auto chain_row = [&](std::string name, const ChainTimes& c, std::string vs) {
-    table.AddRow({std::move(name), Fixed(c.wall * 1e3, 3), Fixed(c.wall99 * 1e3, 3),
-                  absl::StrCat("device sum ", Fixed(c.device * 1e3, 3), " ms; no-op ",
-                               Fixed(c.noop * 1e3, 3), " ms between runs", vs),
-                  absl::StrCat("<= 2x device + no-op = ", Fixed(bound(c) * 1e3, 3)),
-                  met(c.wall <= bound(c))});
-  };
-  chain_row(absl::StrCat("chain of ", kChainSteps, " steps, wall ms"), chain, "");
-  chain_row("same chain, each step launched alone, ms", separate,
-            absl::StrCat("; ", Fixed(separate.wall / chain.wall, 2), "x the chain above"));
-  chain_row("same chain, planned at every run, ms", planned,
-            absl::StrCat("; ", Fixed(planned.wall / chain.wall, 2), "x the chain above"));
-  table.Print(absl::StrCat("sessions: x + 1 on ", kSmallN, " float32 values; ", total,
-                           " operations per throughput row, ", options.samples,
-                           " alternating samples per latency row; the server's --lane-spin: ",
-                           options.lane_spin ? absl::FormatDuration(*options.lane_spin)
-                                             : "its default"));
-  // Where each throughput row's CPU went, by thread name: a thread class near one core
-  // each is the row's bottleneck.
-  for (size_t i = 0; i < options.session_clients.size(); ++i) {
-    std::printf("%d client(s): %s\n", options.session_clients[i], thread_cpu[i].c_str());
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Run(const Options& options) {
@@ -1551,18 +633,15 @@ int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
   // As the server does (server/main.cc).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::StatusOr<gpucompute::bench::Options> options = gpucompute::bench::ParseOptions(argc, argv);
-  if (!options.ok()) {
-    const bool help = absl::IsCancelled(options.status());
-    std::fprintf(help ? stdout : stderr, "%s", std::string(options.status().message()).c_str());
-    if (!help) std::fprintf(stderr, "\n");
-    return help ? 0 : 2;
+  gpucompute::bench::Options options;
+  if (std::optional<int> exit_code = gpucompute::bench::ParseOptions(argc, argv, &options)) {
+    return *exit_code;
   }
   // One gRPC reference held for the whole run and never released: when the last gRPC
-  // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for ~10 s
+  // object goes, grpc_shutdown() joins gRPC's executor threads, which can stall for seconds
   // (see tests/support/test_server.h); the process is ending anyway.
   grpc_init();
-  const absl::Status status = gpucompute::bench::Run(*options);
+  const absl::Status status = gpucompute::bench::Run(options);
   if (!status.ok()) {
     std::fprintf(stderr, "gpucompute-bench: %s\n", status.ToString().c_str());
     return 1;

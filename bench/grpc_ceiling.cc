@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -162,44 +163,37 @@ bool Download(grpc::Channel& channel, uint64_t bytes, uint64_t chunk) {
   return reader->Finish().ok() && received == bytes;
 }
 
-bool ParseFlag(const std::string& arg, const char* name, std::string* value) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  if (arg.rfind(prefix, 0) != 0) return false;
-  *value = arg.substr(prefix.size());
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   uint64_t mib = 512;
   int repeat = 5;
-  std::vector<uint64_t> chunks_kib = {1024, 4096};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    std::string value;
-    bool ok = true;
-    if (ParseFlag(arg, "mib", &value)) {
-      ok = absl::SimpleAtoi(value, &mib) && mib > 0;
-    } else if (ParseFlag(arg, "repeat", &value)) {
-      ok = absl::SimpleAtoi(value, &repeat) && repeat > 0;
-    } else if (ParseFlag(arg, "chunk-kib", &value)) {
-      chunks_kib.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',')) {
-        uint64_t kib = 0;
-        ok = ok && absl::SimpleAtoi(part, &kib) && kib > 0 && kib <= 65536;
-        chunks_kib.push_back(kib);
-      }
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr,
-                   "usage: gpucompute-grpc-ceiling [--mib=512] [--chunk-kib=1024,4096] "
-                   "[--repeat=5]\n(bad argument: %s)\n",
-                   arg.c_str());
+  std::string chunks = "1024,4096";
+  CLI::App app("gpucompute-grpc-ceiling: one bare gRPC stream each way over loopback, the\n"
+               "ceiling of the service's one-stream transfer rows.",
+               "gpucompute-grpc-ceiling");
+  app.add_option("--mib", mib, "MiB moved each way")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--chunk-kib", chunks, "message sizes in KiB, 1 to 65536, comma-separated")
+      ->capture_default_str();
+  app.add_option("--repeat", repeat, "timed runs after one warm-up; the median is printed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  std::vector<uint64_t> chunks_kib;
+  for (absl::string_view part : absl::StrSplit(chunks, ',')) {
+    uint64_t kib = 0;
+    if (!absl::SimpleAtoi(part, &kib) || kib == 0 || kib > 65536) {
+      std::fprintf(stderr, "--chunk-kib: '%s' is not a size from 1 to 65536 KiB\n",
+                   std::string(part).c_str());
       return 2;
     }
+    chunks_kib.push_back(kib);
   }
   gpucompute::RetainTransferMemory();
   const uint64_t max_chunk = *std::max_element(chunks_kib.begin(), chunks_kib.end()) << 10;

@@ -13,6 +13,8 @@ build=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   libcivetweb-dev
+  # The CLI's and the benchmarks' flag parser, header-only.
+  libcli11-dev
   # The serving programs' malloc, tcmalloc (GPUCOMPUTE_ALLOCATOR in CMakeLists.txt).
   libgoogle-perftools-dev
 )

@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <cmath>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -14,9 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/grpc_tuning.h"
@@ -33,41 +30,6 @@
 #include "server/util/status_macros.h"
 
 namespace gpucompute {
-
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
-  const std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  size_t split = t.find_first_not_of("0123456789.");
-  const std::string number = t.substr(0, split);
-  const std::string unit = split == std::string::npos ? "" : t.substr(split);
-  double value = 0;
-  if (number.empty() || !absl::SimpleAtod(number, &value) || !(value >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a byte size"));
-  }
-  static const std::pair<const char*, double> kUnits[] = {{"", 1},
-                                                          {"b", 1},
-                                                          {"k", 1e3},
-                                                          {"kb", 1e3},
-                                                          {"kib", 1024.0},
-                                                          {"m", 1e6},
-                                                          {"mb", 1e6},
-                                                          {"mib", 1048576.0},
-                                                          {"g", 1e9},
-                                                          {"gb", 1e9},
-                                                          {"gib", 1073741824.0},
-                                                          {"t", 1e12},
-                                                          {"tb", 1e12},
-                                                          {"tib", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (unit == name) {
-      const double bytes = std::floor(value * scale);
-      if (bytes >= 1.8e19)
-        return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
-      return static_cast<uint64_t>(bytes);
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", text, "' has an unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"));
-}
 
 bool IsLoopbackListenAddress(absl::string_view listen) {
   if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return true;

@@ -26,8 +26,8 @@ std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
 
 // The warm lane's spin (ServerOptions::lane_spin) when none is set, on a machine where
 // the server may use at least kLaneMinCpus CPUs. Long enough to stay awake between the
-// calls of a client that waits for each answer: on an H100 host, Submit(wait) and a no-op
-// taking turns come every 0.4-0.7 ms, and a lane spinning 500 us was asleep for most.
+// calls of a client that waits for each answer, whose calls come further apart than a
+// spin of a fraction of a millisecond lasts.
 inline constexpr absl::Duration kDefaultLaneSpin = absl::Milliseconds(2);
 inline constexpr int kLaneMinCpus = 8;
 
@@ -166,9 +166,6 @@ class Server {
 // Whether `listen` (HOST:PORT, [V6]:PORT or unix:PATH) only takes connections from this
 // host: a loopback address, "localhost" or a Unix socket.
 bool IsLoopbackListenAddress(absl::string_view listen);
-
-// Parses "1073741824", "512MiB", "8GiB", "1.5GB" and the like into bytes.
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace gpucompute
 

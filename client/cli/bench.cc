@@ -15,6 +15,7 @@
 #include "client/cli/cli.h"
 #include "client/cpp/shared_memory.h"
 #include "client/cpp/transfer_timing.h"
+#include "common/byte_size.h"
 
 namespace gpucompute::cli {
 namespace {
@@ -46,7 +47,7 @@ absl::StatusOr<Settings> ParseSettings(const ParsedArgs& args) {
   }
   for (absl::string_view text :
        absl::StrSplit(args.Value("--sizes").value_or(kDefaultSizes), ',')) {
-    absl::StatusOr<uint64_t> size = ParseByteSize(std::string_view(text.data(), text.size()));
+    absl::StatusOr<uint64_t> size = ParseByteSize(text);
     if (!size.ok())
       return absl::InvalidArgumentError(absl::StrCat("--sizes: ", size.status().message()));
     if (*size == 0 || *size % sizeof(double) != 0) {

@@ -1,6 +1,7 @@
-// Pieces of the `gpucompute` command-line tool shared by its source files:
-// flag parsing (cli_args.cc), output formatting (cli_format.cc) and the subcommands
-// (cli_commands.cc), tied together by the command table in cli_main.cc.
+// Pieces of the `gpucompute` command-line tool shared by its source files: exit
+// outcomes (outcome.cc), the flag parser (flag_parser.cc, on CLI11), the reading of
+// argument values (values.cc), output formatting (format.cc) and the subcommands
+// (commands.cc, run.cc, bench.cc), tied together by the command table in main.cc.
 #ifndef GPUCOMPUTE_CLIENT_CLI_CLI_H_
 #define GPUCOMPUTE_CLIENT_CLI_CLI_H_
 
@@ -61,12 +62,17 @@ struct FlagSpec {
 };
 
 // A subcommand's arguments: positionals and flags ("--flag VALUE", "--flag=VALUE",
-// switches), in any order. "--" ends the flags. A flag given twice is an error.
+// switches), in any order. "--" ends the flags. A flag given twice is an error. Only
+// "--" and a letter, or a declared short alias, starts a flag, so that expressions and
+// numbers such as "-x*2" or "-1" are positionals.
 class ParsedArgs {
  public:
   // Errors are usage messages. "--help" and "-h" are always accepted.
   static absl::StatusOr<ParsedArgs> Parse(std::span<const std::string> args,
                                           std::span<const FlagSpec> flags);
+  // The global flags (--server, --json, ...: MainHelp), which come before the command:
+  // positional() is the command and everything after it.
+  static absl::StatusOr<ParsedArgs> ParseGlobal(std::span<const std::string> args);
 
   const std::vector<std::string>& positional() const { return positional_; }
   bool help() const { return help_; }
@@ -80,6 +86,9 @@ class ParsedArgs {
   absl::StatusOr<std::optional<uint64_t>> Uint(std::string_view flag) const;
 
  private:
+  static absl::StatusOr<ParsedArgs> ParseWith(std::span<const std::string> args,
+                                              std::span<const FlagSpec> flags, bool global);
+
   std::vector<std::string> positional_;
   std::vector<std::pair<std::string, std::string>> flags_;
   bool help_ = false;
@@ -91,8 +100,6 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text);
 std::optional<v1::Scalar> ParseScalar(std::string_view text);
 absl::StatusOr<v1::DType> ParseProtoDType(std::string_view name);
 absl::StatusOr<v1::Layout> ParseLayout(std::string_view text);
-// "4096", "64KiB", "1MiB", "2GiB" (K, M, G are the same binary units) -> bytes.
-absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 
 // ---------------------------------------------------------------------------
 // Output

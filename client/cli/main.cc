@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,7 +217,8 @@ const std::vector<Command>& Commands() {
        "Each figure is the median wall time of --repeat calls after one warm-up, from\n"
        "this client's side. The bytes are checked; the buffers are deleted.\n"
        "  --sizes LIST        array sizes, e.g. 1MiB,64MiB,512MiB (multiples of 8 bytes;\n"
-       "                      default 1MiB,64MiB,256MiB)\n"
+       "                      default 1MiB,64MiB,256MiB); K, M, G are powers of 1000,\n"
+       "                      Ki, Mi, Gi (or KiB, MiB, GiB) powers of 1024\n"
        "  --repeat N          timed calls of each (default 3)\n"
        "  --transport LIST    all (default), or some of grpc (one stream), grpc-parallel\n"
        "                      (--streams connections), shm (shared memory: the client\n"
@@ -380,70 +380,47 @@ int Main(int argc, char** argv) {
   options.token = EnvOr("GPUCOMPUTE_TOKEN", "");
 
   // Global flags come before the command.
-  size_t next = 0;
-  while (next < args.size() && args[next].size() > 1 && args[next][0] == '-') {
-    std::string flag = args[next];
-    std::optional<std::string> inline_value;
-    if (const size_t equals = flag.find('='); equals != std::string::npos) {
-      inline_value = flag.substr(equals + 1);
-      flag.resize(equals);
-    }
-    ++next;
-    if (flag == "--help" || flag == "-h") return Help({});
-    if (flag == "--json" || flag == "--tls") {
-      if (inline_value.has_value()) return UsageError(flag + " takes no value", nullptr);
-      (flag == "--json" ? options.json : options.tls) = true;
-      continue;
-    }
-    // Flags whose value is taken as it is.
-    static constexpr std::pair<std::string_view, std::string GlobalOptions::*> kStringFlags[] = {
-        {"--client", &GlobalOptions::client_name},
-        {"--stream", &GlobalOptions::stream},
-        {"--token", &GlobalOptions::token},
-        {"--tls-ca", &GlobalOptions::tls_ca_file},
-        {"--tls-cert", &GlobalOptions::tls_cert_file},
-        {"--tls-key", &GlobalOptions::tls_key_file},
-        {"--tls-server-name", &GlobalOptions::tls_server_name},
-        {"--request-id", &GlobalOptions::request_id},
-    };
-    const auto* string_flag =
-        std::find_if(std::begin(kStringFlags), std::end(kStringFlags),
-                     [&](const auto& known) { return known.first == flag; });
-    if (string_flag == std::end(kStringFlags) && flag != "--server" && flag != "--token-file" &&
-        flag != "--timeout") {
-      return UsageError(absl::StrCat("unknown global flag ", flag), nullptr);
-    }
-    std::string value;
-    if (inline_value.has_value()) {
-      value = *inline_value;
-    } else if (next < args.size()) {
-      value = args[next++];
-    } else {
-      return UsageError(absl::StrCat(flag, " needs a value"), nullptr);
-    }
-    if (string_flag != std::end(kStringFlags)) {
-      options.*(string_flag->second) = value;
-    } else if (flag == "--server") {
-      if (value.empty()) return UsageError("--server needs HOST:PORT", nullptr);
-      options.server = value;
-    } else if (flag == "--token-file") {
-      absl::StatusOr<std::string> token = ReadTokenFile(value);
-      if (!token.ok()) return UsageError(std::string(token.status().message()), nullptr);
-      options.token = *std::move(token);
-    } else {
-      double seconds;
-      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {
-        return UsageError(
-            absl::StrCat("--timeout needs a positive number of seconds, not '", value, "'"),
-            nullptr);
-      }
-      options.timeout_seconds = seconds;
-    }
+  absl::StatusOr<ParsedArgs> global = ParsedArgs::ParseGlobal(args);
+  if (!global.ok()) return UsageError(std::string(global.status().message()), nullptr);
+  if (global->help()) return Help({});
+  options.json = global->Has("--json");
+  options.tls = global->Has("--tls");
+  static constexpr std::pair<std::string_view, std::string GlobalOptions::*> kStringFlags[] = {
+      {"--client", &GlobalOptions::client_name},
+      {"--stream", &GlobalOptions::stream},
+      {"--token", &GlobalOptions::token},
+      {"--tls-ca", &GlobalOptions::tls_ca_file},
+      {"--tls-cert", &GlobalOptions::tls_cert_file},
+      {"--tls-key", &GlobalOptions::tls_key_file},
+      {"--tls-server-name", &GlobalOptions::tls_server_name},
+      {"--request-id", &GlobalOptions::request_id},
+  };
+  for (const auto& [flag, field] : kStringFlags) {
+    if (std::optional<std::string> value = global->Value(flag)) options.*field = *value;
   }
-  if (next == args.size()) return UsageError("missing command", nullptr);
+  if (std::optional<std::string> server = global->Value("--server")) {
+    if (server->empty()) return UsageError("--server needs HOST:PORT", nullptr);
+    options.server = *server;
+  }
+  if (std::optional<std::string> path = global->Value("--token-file")) {
+    absl::StatusOr<std::string> token = ReadTokenFile(*path);
+    if (!token.ok()) return UsageError(std::string(token.status().message()), nullptr);
+    options.token = *std::move(token);
+  }
+  if (std::optional<std::string> timeout = global->Value("--timeout")) {
+    double seconds;
+    if (!absl::SimpleAtod(*timeout, &seconds) || !(seconds > 0)) {
+      return UsageError(
+          absl::StrCat("--timeout needs a positive number of seconds, not '", *timeout, "'"),
+          nullptr);
+    }
+    options.timeout_seconds = seconds;
+  }
+  const std::vector<std::string>& command_args = global->positional();
+  if (command_args.empty()) return UsageError("missing command", nullptr);
 
-  const std::string& name = args[next];
-  const std::span<const std::string> rest(args.data() + next + 1, args.size() - next - 1);
+  const std::string& name = command_args[0];
+  const std::span<const std::string> rest(command_args.data() + 1, command_args.size() - 1);
   if (name == "help") return Help({rest.begin(), rest.end()});
   const Command* command = FindCommand(name);
   if (command == nullptr) return UsageError(absl::StrCat("unknown command '", name, "'"), nullptr);

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "common/grpc_status.h"
 #include "common/grpc_tuning.h"
 #include "gpucompute/v1/limits.h"
 
@@ -89,9 +90,8 @@ struct ClientOptions {
 };
 
 // The ranges of a parallel transfer go on transfer connections, one each, with a large
-// receive window (client.cc). Measured on an H100 host over loopback, 512 MiB, CUDA
-// server, GB/s with 4 / 8 streams: uploads 13.5-13.9 / 14.2-14.3, downloads 10.3-10.7 /
-// 15.8-16.2.
+// receive window (client.cc). Eight streams each way, because both ways still gained
+// from four to eight (docs/performance.md).
 inline constexpr int kAutoUploadStreams = 8;
 inline constexpr int kAutoDownloadStreams = 8;
 inline constexpr uint64_t kParallelTransferBytes = uint64_t{64} << 20;
@@ -107,10 +107,8 @@ using UploadReader = std::function<absl::StatusOr<size_t>(std::span<std::byte>)>
 // buffer.
 using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_view chunk)>;
 
-// Converts a gRPC status to the absl::Status with the same code and message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
-// The same, with the request id the server returned for the call (if any) attached as
-// a payload, which RequestIdOf reads.
+// FromGrpcStatus(status) (common/grpc_status.h), with the request id the server
+// returned for the call (if any) attached as a payload, which RequestIdOf reads.
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
 // The server's request id of the failed call `status` came from; empty if unknown.
 std::string RequestIdOf(const absl::Status& status);

@@ -170,10 +170,11 @@ absl::StatusOr<TransferTiming> TimeTransfers(Client& client, TransferPath& path,
     kept.clear();
     return s;
   };
-  // `transfer` once untimed, then `repeat` times timed, `after` following each untimed.
+  // `transfer` once untimed, then `repeat` times timed, `after` following each untimed
+  // (told whether it was the last).
   auto time_calls = [repeat](const std::function<absl::StatusOr<v1::TransferStats>()>& transfer,
-                             const std::function<absl::Status()>& after, std::vector<double>& wall,
-                             std::vector<double>& server_gbps) {
+                             const std::function<absl::Status(bool last)>& after,
+                             std::vector<double>& wall, std::vector<double>& server_gbps) {
     for (int r = 0; r <= repeat; ++r) {
       const Clock::time_point start = Clock::now();
       absl::StatusOr<v1::TransferStats> stats = transfer();
@@ -183,7 +184,7 @@ absl::StatusOr<TransferTiming> TimeTransfers(Client& client, TransferPath& path,
         wall.push_back(seconds);
         server_gbps.push_back(stats->gbps());
       }
-      if (absl::Status s = after(); !s.ok()) return s;
+      if (absl::Status s = after(r == repeat); !s.ok()) return s;
     }
     return absl::OkStatus();
   };
@@ -196,15 +197,16 @@ absl::StatusOr<TransferTiming> TimeTransfers(Client& client, TransferPath& path,
         uploaded = up->buffer().id();
         return up->transfer();
       },
-      [&] {
-        absl::Status s = delete_kept();
+      // Each upload's buffer goes before the next upload, so that sizes up to the
+      // server's memory limit can be measured. The last one stays for the downloads.
+      [&](bool last) {
         kept = std::move(uploaded);
-        return s;
+        return last ? absl::OkStatus() : delete_kept();
       },
       upload_wall, upload_server);
   if (status.ok()) {
-    status = time_calls([&] { return path.Download(kept); }, [] { return absl::OkStatus(); },
-                        download_wall, download_server);
+    status = time_calls([&] { return path.Download(kept); },
+                        [](bool) { return absl::OkStatus(); }, download_wall, download_server);
   }
   if (status.ok()) {
     const std::span<const std::byte> got = path.downloaded();

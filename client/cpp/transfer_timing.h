@@ -58,9 +58,9 @@ struct TransferTiming {
 };
 
 // Times `repeat` (after one warm-up) uploads of `data` into a new buffer as `header`
-// describes it (each deleted after the next), then as many downloads of the last one,
-// checks that the downloaded bytes are `data` (DATA_LOSS otherwise) and deletes the
-// buffer through `client`.
+// describes it (each deleted before the next, so that the server needs room for one
+// array), then as many downloads of the last one, checks that the downloaded bytes are
+// `data` (DATA_LOSS otherwise) and deletes the buffer through `client`.
 absl::StatusOr<TransferTiming> TimeTransfers(Client& client, TransferPath& path,
                                              const v1::UploadHeader& header,
                                              std::span<const std::byte> data, int repeat);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "gpucompute/v1/limits.h"
 
 namespace gpucompute {
@@ -339,7 +340,9 @@ std::string Usage() {
   std::string usage =
       "usage: gpucompute-server [flags]\n\n"
       "Serves gpucompute.v1: arrays resident in device memory, asynchronous kernels\n"
-      "on them.\n\n";
+      "on them.\n\n"
+      "A SIZE is a number of bytes, with K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti\n"
+      "(powers of 1024), B optional: 1G is 10^9 bytes, 1Gi and 1GiB are 2^30.\n\n";
   for (const FlagDoc& doc : kFlagDocs) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(doc.name);
     absl::StrAppend(&usage, "  --", Spelled(doc.name), "=", doc.value, "\n");

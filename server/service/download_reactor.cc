@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
+#include "common/grpc_status.h"
 #include "common/wire_format.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
@@ -125,10 +126,8 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     if (s->finished || s->reactor == nullptr) return;
     s->finished = true;
     if (!status.ok()) {
-      // grpc::StatusCode and absl::StatusCode share their values.
-      s->ctx.executor.RecordFailedTransfer(
-          s->scope, OperationKind::kDownload,
-          absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+      s->ctx.executor.RecordFailedTransfer(s->scope, OperationKind::kDownload,
+                                           FromGrpcStatus(status));
     }
     s->reactor->Finish(std::move(status));
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/tenancy/auth.h"
+#include "common/byte_size.h"
 #include "server/config/config_file.h"
 #include "server/server.h"
 

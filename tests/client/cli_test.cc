@@ -1051,6 +1051,37 @@ TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
   ExpectStopsCleanly(shm.process(), SIGTERM);
 }
 
+// The CLI reads sizes as the server reads its flags (common/byte_size.h): against a
+// server started with --memory-limit=1G (10^9 bytes), bench --sizes 1G fits exactly,
+// while 1Gi (2^30 bytes) is the server's to refuse, and a size that is no whole number
+// of bytes is the CLI's.
+TEST_F(CliTest, BenchSizesReadAsTheServerReadsItsMemoryLimit) {
+  ServerProcess process =
+      SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=1G", "--cpu-threads=2"},
+                  Path("bench_1g_server.log"));
+  const int port = WaitForListening(process);
+  ASSERT_NE(port, 0) << ReadFile(process.log);
+  const std::string target = "127.0.0.1:" + std::to_string(port);
+
+  Result fits = Run("--json bench --sizes 1G --repeat 1 --transport grpc", target);
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  google::protobuf::Struct document;
+  const std::vector<google::protobuf::Struct> results = BenchResults(fits.out, &document);
+  ASSERT_EQ(results.size(), 1u) << fits.out;
+  EXPECT_EQ(Number(results[0], "size_bytes"), 1e9);
+
+  Result binary = Run("bench --sizes 1Gi --repeat 1 --transport grpc", target);
+  EXPECT_EQ(binary.exit_code, 18) << "RESOURCE_EXHAUSTED is 10 + 8: " << binary.err;
+
+  Result fraction = Run("bench --sizes 0.1Ki --transport grpc", target);
+  EXPECT_EQ(fraction.exit_code, 2) << fraction.err;
+  EXPECT_NE(fraction.err.find("--sizes: '0.1Ki' is not a byte size: it is not a whole number of "
+                              "bytes"),
+            std::string::npos)
+      << fraction.err;
+  ExpectStopsCleanly(process, SIGTERM);
+}
+
 // ---------------------------------------------------------------------------
 // Authentication: the program's flags, SIGHUP and the CLI's token.
 

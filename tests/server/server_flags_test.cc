@@ -185,6 +185,51 @@ TEST_F(ServerFlagsTest, EachParseStartsFromTheDefaults) {
   EXPECT_EQ(parsed.options.memory_limit_bytes, 0u);
 }
 
+// Sizes read as common/byte_size.h says, the reading the CLI shares: K, M, G are powers
+// of 1000, Ki, Mi, Gi (with or without B) powers of 1024.
+TEST_F(ServerFlagsTest, SizesAreKubernetesQuantities) {
+  struct Case {
+    const char* flag;
+    uint64_t bytes;
+  };
+  for (const Case& c : {Case{"--memory-limit=1G", 1000000000},
+                        Case{"--memory-limit=1GB", 1000000000},
+                        Case{"--memory-limit=1gb", 1000000000},
+                        Case{"--memory-limit=1Gi", uint64_t{1} << 30},
+                        Case{"--memory-limit=1GiB", uint64_t{1} << 30},
+                        Case{"--memory-limit=512M", 512000000},
+                        Case{"--memory-limit=512Mi", uint64_t{512} << 20},
+                        Case{"--memory-limit=1.5GiB", uint64_t{3} << 29},
+                        Case{"--memory-limit=1.5GB", 1500000000},
+                        Case{"--memory-limit=4096", 4096}}) {
+    const ParsedCommandLine parsed = ParseServerCommandLine({c.flag});
+    ASSERT_EQ(parsed.outcome, Outcome::kRun) << c.flag << ": " << parsed.error;
+    EXPECT_EQ(parsed.options.memory_limit_bytes, c.bytes) << c.flag;
+  }
+  const ParsedCommandLine pool = ParseServerCommandLine(
+      {"--pool-initial=2G", "--pool-release-threshold=64Mi", "--max-message-bytes=8M"});
+  ASSERT_EQ(pool.outcome, Outcome::kRun) << pool.error;
+  EXPECT_EQ(pool.options.pool_initial_bytes, 2000000000u);
+  EXPECT_EQ(pool.options.pool_release_threshold_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(pool.options.limits.max_message_bytes, 8000000u);
+
+  const struct {
+    const char* flag;
+    const char* message;
+  } bad[] = {
+      {"--memory-limit=1.5", "--memory-limit: '1.5' is not a byte size: it is not a whole number"},
+      {"--memory-limit=-1G", "--memory-limit: '-1G' is not a byte size: it is negative"},
+      {"--memory-limit=", "--memory-limit: '' is not a byte size: it is empty"},
+      {"--memory-limit=20000000T", "--memory-limit: '20000000T' is too large"},
+      {"--memory-limit=1Gb2", "--memory-limit: '1Gb2' has an unknown unit 'Gb2'"},
+  };
+  for (const auto& b : bad) {
+    const ParsedCommandLine parsed = ParseServerCommandLine({b.flag});
+    EXPECT_EQ(parsed.outcome, Outcome::kError) << b.flag;
+    EXPECT_NE(parsed.error.find(b.message), std::string::npos) << b.flag << ": " << parsed.error;
+  }
+}
+
 TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
   struct Case {
     std::vector<std::string> args;

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/grpc_status.h"
 
 namespace gpucompute::testing {
 
@@ -31,10 +32,7 @@ template <typename T>
 absl::Status StatusOf(const absl::StatusOr<T>& status_or) {
   return status_or.status();
 }
-// gRPC's codes are the canonical codes absl::StatusCode numbers alike.
-inline absl::Status StatusOf(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
+inline absl::Status StatusOf(const grpc::Status& status) { return FromGrpcStatus(status); }
 
 // The predicate-formatter behind ASSERT_OK and EXPECT_OK.
 template <typename T>

@@ -34,7 +34,7 @@ import grpc
 import numpy as np
 
 from . import _progress
-from ._common import numpy_dtype
+from ._arrays import numpy_dtype
 from ._proto import v1
 from .errors import Error, FailedPreconditionError, NotFoundError, error_for
 
@@ -46,7 +46,7 @@ MIN_REGION_BYTES = 4096
 _PARALLEL_COPY_PIECE = 16 << 20
 _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
-# One RPC: the method's name on _common.Methods, its request, and whether it is a unary
+# One RPC: the method's name on _connection.Methods, its request, and whether it is a unary
 # call bounded by the client's timeout (copies are not: they take as long as their
 # bytes take, as streamed transfers do).
 Call = collections.namedtuple("Call", "method request unary", defaults=(True,))
@@ -79,8 +79,8 @@ def unusable_reason(info):
 
 def parallel_copy(destination, source):
     """destination[:] = source, for uint8 arrays that do not overlap, in several threads
-    when large: one core's memcpy moves about 8 GB/s, far below what memory and the PCIe
-    link take, and this copy is the client's part of a transfer. NumPy lets go of the GIL
+    when large: one core's memcpy moves far less than memory and the PCIe link take, and
+    this copy is the client's part of a transfer. NumPy lets go of the GIL
     while it copies."""
     size = source.size
     threads = min(size // _PARALLEL_COPY_PIECE, 8, os.cpu_count() or 1)

@@ -13,7 +13,7 @@ import asyncio
 import grpc
 import grpc.aio
 
-from . import _common, _shm
+from . import _arrays, _connection, _operations, _requests, _shm, _transfers
 from ._proto import v1
 from .errors import Error, NotFoundError, from_rpc_error
 
@@ -24,7 +24,7 @@ def connect(target, *, channel_options=(), **options):
     return Client(target, channel_options=channel_options, **options)
 
 
-class RemoteArray(_common.RemoteArrayInfo):
+class RemoteArray(_arrays.RemoteArrayInfo):
     """A handle to an array resident on the server: `await get()`, `await delete()`,
     `async with`. A handle from an operation submitted with wait=False describes its
     output at once; `await wait()` waits for the operation and fills in its timing."""
@@ -40,7 +40,7 @@ class RemoteArray(_common.RemoteArrayInfo):
         """Waits for the operation that produces this array; returns self."""
         if self.operation is not None and not self.operation.done:
             self.operation = await self._client._wait_operation(self.operation)
-            self.info = _common.output_of(self.operation)
+            self.info = _operations.output_of(self.operation)
         return self
 
     def __array__(self, dtype=None, copy=None):
@@ -56,7 +56,7 @@ class RemoteArray(_common.RemoteArrayInfo):
             pass  # already deleted
 
 
-class Client(_common.Operations):
+class Client(_operations.Operations):
     """An asyncio client of one server. Operations (eval, reduce, gemv, rand.*, submit)
     are coroutines: with wait=True (the default) they return the finished result's
     RemoteArray; with wait=False they return it as soon as the server has queued the
@@ -64,9 +64,9 @@ class Client(_common.Operations):
     server runs them asynchronously. Run several at once with asyncio.gather."""
 
     def __init__(self, target, *, channel_options=(), **options):
-        self.options = _common.Options(target, **options)
+        self.options = _connection.Options(target, **options)
         self._channel = self.options.open_channel(grpc.aio, channel_options)
-        self._rpc = _common.Methods(self._channel)
+        self._rpc = _connection.Methods(self._channel)
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = asyncio.Lock()
@@ -108,7 +108,7 @@ class Client(_common.Operations):
     async def put(self, array, *, name=None, device=None, into=None, offset_bytes=0,
                   progress=None, transport=None):
         """As Client.put."""
-        header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        header, data = _transfers.upload_header(array, name, device, into, offset_bytes)
         transport = self.options.transport_for(transport)
         if transport != "grpc":
             setting = self.options.progress_for(progress)
@@ -116,12 +116,12 @@ class Client(_common.Operations):
                 result = await self._run_shm(self._shm.upload(transport, header, data, setting))
             if result is not None:
                 return RemoteArray(self, result[0], transfer=result[1])
-        reporter = _common.upload_progress(self.options, progress, data.nbytes)
+        reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
         failure = []
         call = self._rpc.Upload(
-            _common.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
+            _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
             metadata=self.options.metadata)
-        with _common.streaming_call(call, reporter, failure):
+        with _transfers.streaming_call(call, reporter, failure):
             response = await call
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
@@ -135,26 +135,26 @@ class Client(_common.Operations):
             setting = self.options.progress_for(progress)
             async with self._shm_lock:
                 result = await self._run_shm(
-                    self._shm.download(transport, _common.buffer_ref(buffer), setting))
+                    self._shm.download(transport, _arrays.buffer_ref(buffer), setting))
             if result is not None:
                 return result
-        request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
+        request = v1.DownloadRequest(buffer=_arrays.buffer_ref(buffer),
                                      chunk_bytes=self.options.chunk_bytes)
-        assembler = _common.DownloadAssembler(self.options, progress)
+        assembler = _transfers.DownloadAssembler(self.options, progress)
         call = self._rpc.Download(request, metadata=self.options.metadata)
-        with _common.streaming_call(call, assembler):
+        with _transfers.streaming_call(call, assembler):
             async for message, data in call:
                 assembler.add(message, data)
             return assembler.result(), assembler.transfer
 
     async def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
         response = await self._call(
-            "CreateBuffer", _common.create_request(shape, dtype, fill, name, layout, device))
+            "CreateBuffer", _requests.create_request(shape, dtype, fill, name, layout, device))
         return RemoteArray(self, response.buffer)
 
     async def buffer(self, buffer):
         info = await self._call("GetBuffer",
-                                v1.GetBufferRequest(buffer=_common.buffer_ref(buffer)))
+                                v1.GetBufferRequest(buffer=_arrays.buffer_ref(buffer)))
         return RemoteArray(self, info)
 
     async def buffers(self):
@@ -162,7 +162,7 @@ class Client(_common.Operations):
         return [RemoteArray(self, info) for info in response.buffers]
 
     async def renew(self, buffer, ttl=None):
-        response = await self._call("RenewLease", _common.renew_request(buffer, ttl))
+        response = await self._call("RenewLease", _requests.renew_request(buffer, ttl))
         return RemoteArray(self, response.buffer)
 
     async def regions(self):
@@ -170,10 +170,10 @@ class Client(_common.Operations):
         return list((await self._call("ListRegions", v1.ListRegionsRequest())).regions)
 
     async def delete(self, buffer):
-        await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))
+        await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
 
     async def synchronize(self, stream=None, timeout=0.0):
-        request = v1.SynchronizeStreamRequest(stream_id=_common.stream_ref(stream),
+        request = v1.SynchronizeStreamRequest(stream_id=_arrays.stream_ref(stream),
                                               timeout_seconds=timeout)
         return (await self._call("SynchronizeStream", request)).idle
 
@@ -184,7 +184,7 @@ class Client(_common.Operations):
         submitted.CopyFrom(request)
         submitted.wait = wait
         operation = await self._call("Submit", submitted)
-        return RemoteArray(self, _common.output_of(operation), operation)
+        return RemoteArray(self, _operations.output_of(operation), operation)
 
     async def _wait_operation(self, operation):
         request = v1.WaitOperationRequest(operation_id=operation.id,

@@ -6,7 +6,7 @@ import threading
 
 import grpc
 
-from . import _common, _shm
+from . import _arrays, _connection, _operations, _requests, _shm, _transfers
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -15,7 +15,7 @@ def connect(target, *, channel_options=(), **options):
     """Returns a Client of the server at `target` ("host:port").
 
     No RPC is made, so an unreachable server shows up as UnavailableError on the
-    first call. The options are those of _common.Options: client_name, chunk_bytes,
+    first call. The options are those of _connection.Options: client_name, chunk_bytes,
     timeout, progress; token (default $GPUCOMPUTE_TOKEN) or token_file; tls, tls_ca,
     tls_cert, tls_key, tls_server_name; transport ("auto", "grpc" or "shm") and
     shm_max_bytes. `channel_options` are extra gRPC channel arguments, e.g.
@@ -24,7 +24,7 @@ def connect(target, *, channel_options=(), **options):
     return Client(target, channel_options=channel_options, **options)
 
 
-class RemoteArray(_common.RemoteArrayInfo):
+class RemoteArray(_arrays.RemoteArrayInfo):
     """A handle to an array resident on the server.
 
     get() downloads it as a NumPy array, and so does np.asarray(handle). delete() frees
@@ -62,7 +62,7 @@ class RemoteArray(_common.RemoteArrayInfo):
             pass  # already deleted
 
 
-class Client(_common.Operations):
+class Client(_operations.Operations):
     """A blocking client of one server; safe to use from many threads.
 
     Every call names the client (metadata "gpucompute-client") when client_name is set;
@@ -77,9 +77,9 @@ class Client(_common.Operations):
     """
 
     def __init__(self, target, *, channel_options=(), **options):
-        self.options = _common.Options(target, **options)
+        self.options = _connection.Options(target, **options)
         self._channel = self.options.open_channel(grpc, channel_options)
-        self._rpc = _common.Methods(self._channel)
+        self._rpc = _connection.Methods(self._channel)
         self._submissions = _Submissions(self)
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
@@ -148,7 +148,7 @@ class Client(_common.Operations):
         Through shared memory a transfer larger than shm_max_bytes changes a buffer
         piece by piece.
         """
-        header, data = _common.upload_header(array, name, device, into, offset_bytes)
+        header, data = _transfers.upload_header(array, name, device, into, offset_bytes)
         transport = self.options.transport_for(transport)
         if into is not None:
             self._submissions.wait_idle()
@@ -158,12 +158,12 @@ class Client(_common.Operations):
                 result = self._run_shm(self._shm.upload(transport, header, data, setting))
             if result is not None:
                 return RemoteArray(self, result[0], transfer=result[1])
-        reporter = _common.upload_progress(self.options, progress, data.nbytes)
+        reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
         failure = []
         call = self._rpc.Upload.future(
-            _common.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
+            _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
             metadata=self.options.metadata)
-        with _common.streaming_call(call, reporter, failure):
+        with _transfers.streaming_call(call, reporter, failure):
             response = call.result()
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
@@ -180,14 +180,14 @@ class Client(_common.Operations):
             setting = self.options.progress_for(progress)
             with self._shm_lock:
                 result = self._run_shm(
-                    self._shm.download(transport, _common.buffer_ref(buffer), setting))
+                    self._shm.download(transport, _arrays.buffer_ref(buffer), setting))
             if result is not None:
                 return result
-        request = v1.DownloadRequest(buffer=_common.buffer_ref(buffer),
+        request = v1.DownloadRequest(buffer=_arrays.buffer_ref(buffer),
                                      chunk_bytes=self.options.chunk_bytes)
-        assembler = _common.DownloadAssembler(self.options, progress)
+        assembler = _transfers.DownloadAssembler(self.options, progress)
         call = self._rpc.Download(request, metadata=self.options.metadata)
-        with _common.streaming_call(call, assembler):
+        with _transfers.streaming_call(call, assembler):
             for message, data in call:
                 assembler.add(message, data)
             return assembler.result(), assembler.transfer
@@ -196,13 +196,13 @@ class Client(_common.Operations):
         """Allocates a buffer, filled with `fill` if given (else its contents are
         unspecified)."""
         response = self._call("CreateBuffer",
-                              _common.create_request(shape, dtype, fill, name, layout, device))
+                              _requests.create_request(shape, dtype, fill, name, layout, device))
         return RemoteArray(self, response.buffer)
 
     def buffer(self, buffer):
         """A handle to an existing buffer, by id or name."""
         return RemoteArray(self, self._call("GetBuffer",
-                                            v1.GetBufferRequest(buffer=_common.buffer_ref(buffer))))
+                                            v1.GetBufferRequest(buffer=_arrays.buffer_ref(buffer))))
 
     def buffers(self):
         """Handles to this client's buffers, oldest first."""
@@ -213,7 +213,7 @@ class Client(_common.Operations):
         """Renews a buffer's lease now (see BufferService.RenewLease): `ttl` None keeps its
         time-to-live, 0 ends the lease, else sets a new one in seconds. Returns a fresh
         handle, whose info has the lease's ttl_seconds and expire time."""
-        response = self._call("RenewLease", _common.renew_request(buffer, ttl))
+        response = self._call("RenewLease", _requests.renew_request(buffer, ttl))
         return RemoteArray(self, response.buffer)
 
     def regions(self):
@@ -224,7 +224,7 @@ class Client(_common.Operations):
         """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
         its memory is freed when queued work using it is done."""
         self._submissions.wait_idle()
-        self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_common.buffer_ref(buffer)))
+        self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
 
     # Streams --------------------------------------------------------------
 
@@ -236,7 +236,7 @@ class Client(_common.Operations):
         return self._call("CreateStream", request)
 
     def delete_stream(self, stream):
-        self._call("DeleteStream", v1.DeleteStreamRequest(stream_id=_common.stream_ref(stream)))
+        self._call("DeleteStream", v1.DeleteStreamRequest(stream_id=_arrays.stream_ref(stream)))
 
     def streams(self):
         return list(self._call("ListStreams", v1.ListStreamsRequest()).streams)
@@ -245,14 +245,14 @@ class Client(_common.Operations):
         """Waits until the work submitted to `stream` (None: the default stream) is done,
         or `timeout` seconds pass (0: no limit but the call's); True if it went idle."""
         self._submissions.wait_idle()
-        request = v1.SynchronizeStreamRequest(stream_id=_common.stream_ref(stream),
+        request = v1.SynchronizeStreamRequest(stream_id=_arrays.stream_ref(stream),
                                               timeout_seconds=timeout)
         return self._call("SynchronizeStream", request).idle
 
     # Operations -----------------------------------------------------------
 
     def submit(self, request, *, wait=True):
-        """Submits a SubmitRequest (the builders in _common make them; eval, reduce,
+        """Submits a SubmitRequest (the builders in _requests make them; eval, reduce,
         gemv and rand.* call this). With wait, returns the result's RemoteArray when
         the operation is done; without, a concurrent.futures.Future of it, resolved
         from gRPC's threads (many can be in flight from one thread). A failed
@@ -272,7 +272,7 @@ class Client(_common.Operations):
         return self._call("GetOperation", v1.GetOperationRequest(operation_id=operation_id))
 
     def _result(self, operation):
-        return RemoteArray(self, _common.output_of(operation), operation)
+        return RemoteArray(self, _operations.output_of(operation), operation)
 
 
 class _Submissions:

@@ -32,7 +32,7 @@ def test_shipped_descriptor_is_current(tmp_path):
 
 
 def test_every_rpc_of_the_proto_has_a_method():
-    from gpucompute._common import _SERVICE_METHODS
+    from gpucompute._connection import _SERVICE_METHODS
     services = _proto.v1.DESCRIPTOR.services_by_name
     assert set(services) == set(_SERVICE_METHODS)
     for name, service in services.items():

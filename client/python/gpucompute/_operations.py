@@ -1,0 +1,91 @@
+"""The operations, the same for both clients: each builds its request and hands it to
+the client's submit(), which blocks, returns a Future, or is a coroutine; and the
+reading of a finished operation.
+"""
+
+from ._proto import v1
+from ._requests import elementwise_request, gemv_request, random_request, reduce_request
+from .errors import error_for
+
+
+def finished(operation):
+    """Raises the operation's error if it failed; returns it otherwise."""
+    if operation.state == v1.Operation.STATE_FAILED:
+        raise error_for(operation.error_code, operation.error_message, operation)
+    return operation
+
+
+def output_of(operation):
+    """The BufferInfo of the operation's result; raises its error if it failed."""
+    finished(operation)
+    if not operation.outputs:
+        raise error_for(13, f"operation {operation.id} has no output")
+    return operation.outputs[0]
+
+
+class Operations:
+    """eval, reduce, gemv and rand.*, on top of the client's submit(request, wait)."""
+
+    def eval(self, expression, inputs=None, *, out=None, name=None, dtype=None, stream=None,
+             wait=True, **named_inputs):
+        """out = expression(inputs), elementwise, in one fused pass.
+
+        Inputs are remote arrays (handles, ids or names) and scalars, given as keyword
+        arguments (`eval("a*x + 1", a=2.0, x=x)`) or, for names that clash with this
+        method's own keywords, in the `inputs` mapping. The result goes to a new buffer
+        (optionally named, of `dtype` or the expression's NumPy 2 result type), or
+        into `out`.
+        """
+        bound = dict(inputs or {})
+        bound.update(named_inputs)
+        return self.submit(elementwise_request(expression, bound, out, name, dtype, stream),
+                           wait=wait)
+
+    def reduce(self, kind, x, axis=None, *, out=None, name=None, dtype=None, stream=None,
+               wait=True):
+        """sum prod min max mean norm2 argmin argmax over the whole array, or along `axis`
+        of a 2-D one. The handle's `value` holds the result (up to 4096 values)."""
+        return self.submit(reduce_request(kind, x, axis, out, name, dtype, stream), wait=wait)
+
+    def gemv(self, a, x, y=None, *, transpose=False, alpha=1.0, beta=0.0, name=None,
+             stream=None, wait=True):
+        """y = alpha * op(a) @ x + beta * y, into `y` or a new buffer."""
+        return self.submit(gemv_request(a, x, y, transpose, alpha, beta, name, stream),
+                           wait=wait)
+
+    @property
+    def rand(self):
+        """Counter-based random fills: rand.uniform, rand.normal, rand.integers."""
+        return Random(self)
+
+
+class Random:
+    """Philox4x32-10 fills keyed by (seed, offset): the same request gives the same
+    numbers on every backend and run. A result's `operation.next_offset` continues the
+    sequence. With `out`, the fill overwrites that buffer and `shape` is ignored."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def uniform(self, shape, dtype="float64", *, seed=0, offset=0, out=None, name=None,
+                layout="C", stream=None, wait=True):
+        """Uniform on [0, 1), float32 or float64."""
+        return self._fill("uniform", shape, dtype, seed, offset, out, name, layout, stream, wait)
+
+    def normal(self, shape, dtype="float64", *, seed=0, offset=0, mean=0.0, stddev=1.0,
+               out=None, name=None, layout="C", stream=None, wait=True):
+        """Normal(mean, stddev), float32 or float64."""
+        return self._fill("normal", shape, dtype, seed, offset, out, name, layout, stream, wait,
+                          mean=float(mean), stddev=float(stddev))
+
+    def integers(self, shape, low, high, dtype="int64", *, seed=0, offset=0, out=None,
+                 name=None, layout="C", stream=None, wait=True):
+        """Uniform integers on [low, high), int32 or int64."""
+        return self._fill("integers", shape, dtype, seed, offset, out, name, layout, stream,
+                          wait, low=int(low), high=int(high))
+
+    def _fill(self, distribution, shape, dtype, seed, offset, out, name, layout, stream, wait,
+              **parameters):
+        request = random_request(distribution, shape, dtype, seed, offset, out, name, layout,
+                                 stream, **parameters)
+        return self._client.submit(request, wait=wait)

@@ -1,0 +1,111 @@
+"""The request messages of both clients, built from Python arguments: operands and
+outputs, the operations (elementwise, reduce, gemv, random), and CreateBuffer and
+RenewLease.
+"""
+
+import numbers
+
+import numpy as np
+
+from ._arrays import buffer_ref, dtype_enum, layout_enum, scalar_message, stream_ref
+from ._proto import v1
+
+REDUCE_KINDS = ("sum", "prod", "min", "max", "mean", "norm2", "argmin", "argmax")
+
+
+def operand_message(value):
+    operand = v1.Operand()
+    if isinstance(value, (numbers.Number, np.bool_)):
+        operand.scalar.CopyFrom(scalar_message(value))
+    else:
+        operand.buffer = buffer_ref(value)
+    return operand
+
+
+def output_message(out=None, name=None, dtype=None):
+    output = v1.Output()
+    if out is not None:
+        if name is not None:
+            raise ValueError("name names a new buffer; it cannot be given with out")
+        output.buffer = buffer_ref(out)
+    elif name is not None:
+        output.name = name
+    output.dtype = dtype_enum(dtype)
+    return output
+
+
+def _submit_request(stream, field):
+    request = v1.SubmitRequest(stream_id=stream_ref(stream))
+    return request, getattr(request, field)
+
+
+def elementwise_request(expression, inputs, out=None, name=None, dtype=None, stream=None):
+    request, op = _submit_request(stream, "elementwise")
+    op.expression = expression
+    for variable, value in inputs.items():
+        op.inputs[variable].CopyFrom(operand_message(value))
+    op.output.CopyFrom(output_message(out, name, dtype))
+    return request
+
+
+def reduce_request(kind, x, axis=None, out=None, name=None, dtype=None, stream=None):
+    if kind not in REDUCE_KINDS:
+        raise ValueError(f"unknown reduction {kind!r}; one of {', '.join(REDUCE_KINDS)}")
+    request, op = _submit_request(stream, "reduce")
+    op.input = buffer_ref(x)
+    op.kind = getattr(v1, f"REDUCE_KIND_{kind.upper()}")
+    if axis is not None:
+        op.axis = axis
+    op.output.CopyFrom(output_message(out, name, dtype))
+    return request
+
+
+def gemv_request(a, x, y=None, transpose=False, alpha=1.0, beta=0.0, name=None, stream=None):
+    request, op = _submit_request(stream, "gemv")
+    op.a = buffer_ref(a)
+    op.x = buffer_ref(x)
+    op.y.CopyFrom(output_message(y, name))
+    op.transpose = bool(transpose)
+    op.alpha = float(alpha)
+    op.beta = float(beta)
+    return request
+
+
+def random_request(distribution, shape, dtype, seed, offset=0, out=None, name=None,
+                   layout="C", stream=None, **parameters):
+    request, op = _submit_request(stream, "random")
+    op.distribution = getattr(v1, f"DISTRIBUTION_{distribution.upper()}")
+    if out is None:
+        op.shape.extend(_shape(shape))
+        op.layout = layout_enum(layout)
+    op.output.CopyFrom(output_message(out, name, None if out is not None else dtype))
+    op.seed = seed
+    op.offset = offset
+    for parameter, value in parameters.items():
+        setattr(op, parameter, value)
+    return request
+
+
+def create_request(shape, dtype, fill=None, name=None, layout="C", device=None):
+    request = v1.CreateBufferRequest(dtype=dtype_enum(dtype), shape=_shape(shape),
+                                     layout=layout_enum(layout), name=name or "")
+    if fill is not None:
+        request.fill.CopyFrom(scalar_message(fill))
+    if device is not None:
+        request.device = device
+    return request
+
+
+def _shape(shape):
+    if isinstance(shape, numbers.Integral):
+        return [int(shape)]
+    return [int(extent) for extent in shape]
+
+
+def renew_request(buffer, ttl):
+    """A RenewLeaseRequest: `ttl` None keeps the buffer's own time-to-live, 0 ends the
+    lease, else the lease's new time-to-live in seconds."""
+    request = v1.RenewLeaseRequest(buffer=buffer_ref(buffer))
+    if ttl is not None:
+        request.ttl_seconds = float(ttl)
+    return request
