@@ -10,15 +10,16 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_tuning.h"
 #include "server/tenancy/admission.h"
 #include "server/tenancy/auth.h"
@@ -124,13 +125,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-// Where the backend's failure listener reaches the health service: set while the gRPC
-// server lives. Shared with the listener, which may run on a backend thread at any time.
-struct HealthSink {
-  std::mutex mu;
-  grpc::HealthCheckServiceInterface* health = nullptr;  // guarded by mu
-};
-
 // The services the health service reports on, besides the server as a whole ("").
 std::vector<std::string> ServiceNames() {
   return {v1::BufferService::service_full_name(),       v1::StreamService::service_full_name(),
@@ -142,6 +136,32 @@ void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
   health.SetServingStatus(serving);  // "" and every service it knows
   for (const std::string& name : ServiceNames()) health.SetServingStatus(name, serving);
 }
+
+// Where the backend's failure listener reaches the health service: attached while the gRPC
+// server lives. Shared with the listener, which may run on a backend thread at any time.
+class HealthSink {
+ public:
+  // From now on, reports go to `health`, which starts at `serving`.
+  void Attach(grpc::HealthCheckServiceInterface* health, bool serving) {
+    absl::MutexLock lock(&mu_);
+    health_ = health;
+    SetServing(*health_, serving);
+  }
+  // A failure reported from now on is only logged.
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    health_ = nullptr;
+  }
+  // Sets the attached health service's status; nothing when none is attached.
+  void Report(bool serving) {
+    absl::MutexLock lock(&mu_);
+    if (health_ != nullptr) SetServing(*health_, serving);
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
 
 }  // namespace
 
@@ -226,11 +246,7 @@ Server::~Server() {
   if (impl_->metrics != nullptr) impl_->metrics->StopServing();
   Shutdown();
   impl_->grpc_server->Wait();
-  {
-    // A failure reported from now on is only logged.
-    std::lock_guard lock(impl_->health_sink->mu);
-    impl_->health_sink->health = nullptr;
-  }
+  impl_->health_sink->Detach();
   // Members go in reverse order of need: services, then the executor (which waits for
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
@@ -307,8 +323,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
         Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
             {{"backend", name}, {"error", status.ToString()}});
-        std::lock_guard lock(sink->mu);
-        if (sink->health != nullptr) SetServing(*sink->health, false);
+        sink->Report(false);
       });
   const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
                                                          : DefaultMemoryLimit(*impl->backend);
@@ -415,12 +430,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  {
-    std::lock_guard lock(impl->health_sink->mu);
-    impl->health_sink->health = impl->grpc_server->GetHealthCheckService();
-    // A failure reported before this point found no health service to update.
-    SetServing(*impl->health_sink->health, impl->backend->health().ok());
-  }
+  // A failure reported before this point found no health service to update.
+  impl->health_sink->Attach(impl->grpc_server->GetHealthCheckService(),
+                            impl->backend->health().ok());
   if (impl->persister != nullptr && options.snapshot_interval > absl::ZeroDuration()) {
     impl->persister->StartPeriodic(options.snapshot_interval);
   }
@@ -461,10 +473,7 @@ absl::Status Server::Reload() {
 
 void Server::Shutdown() {
   if (impl_->grpc_server == nullptr) return;
-  {
-    std::lock_guard lock(impl_->health_sink->mu);
-    if (impl_->health_sink->health != nullptr) SetServing(*impl_->health_sink->health, false);
-  }
+  impl_->health_sink->Report(false);
   const absl::Time deadline = absl::Now() + impl_->shutdown_grace;
   // New calls are refused from here on; those in flight have until the deadline.
   impl_->grpc_server->Shutdown(absl::ToChronoTime(deadline));
