@@ -185,7 +185,7 @@ struct Server::Impl {
   // Only while SharedMemoryService allows something; the service itself always answers.
   std::unique_ptr<RegionRegistry> regions;
   std::unique_ptr<SharedMemoryServiceImpl> shared_memory;
-  std::unique_ptr<grpc::Service> sessions;  // SessionServiceImpl or SyncSessionServiceImpl
+  std::unique_ptr<SessionServiceImpl> sessions;
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -271,7 +271,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 std::optional<SessionHandler> ParseSessionHandler(absl::string_view name) {
   if (name == "callback") return SessionHandler::kCallback;
-  if (name == "sync") return SessionHandler::kSync;
   return std::nullopt;
 }
 
@@ -396,11 +395,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->shared_memory =
         std::make_unique<SharedMemoryServiceImpl>(*impl->ctx, impl->buffers->uploads());
   }
-  if (options.session_handler == SessionHandler::kSync) {
-    impl->sessions = std::make_unique<SyncSessionServiceImpl>(*impl->ctx);
-  } else {
-    impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
-  }
+  impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));

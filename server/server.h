@@ -18,10 +18,10 @@ namespace gpucompute {
 
 class Backend;
 
-// How SessionService.Session is served: on gRPC's callback API, or on its synchronous API
-// (a thread per session reading and one writing), for comparison.
-enum class SessionHandler { kCallback, kSync };
-// "callback" or "sync"; nullopt for anything else.
+// How SessionService.Session is served: on gRPC's callback API, the one way left. Kept
+// while the benchmark still names it.
+enum class SessionHandler { kCallback };
+// "callback"; nullopt for anything else.
 std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
 
 // The warm lane's spin (ServerOptions::lane_spin) when none is set, on a machine where

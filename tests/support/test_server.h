@@ -75,16 +75,6 @@ class TestServer {
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
     options.backend = TestBackendName();
-    // GPUCOMPUTE_TEST_SESSION_HANDLER=sync serves sessions through the synchronous API.
-    if (const char* name = std::getenv("GPUCOMPUTE_TEST_SESSION_HANDLER");
-        name != nullptr && *name != '\0') {
-      std::optional<SessionHandler> handler = ParseSessionHandler(name);
-      if (!handler) {
-        ADD_FAILURE() << "GPUCOMPUTE_TEST_SESSION_HANDLER=" << name << ": use callback or sync";
-        return nullptr;
-      }
-      options.session_handler = *handler;
-    }
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;
