@@ -26,8 +26,8 @@ std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
 
 // The warm lane's spin (ServerOptions::lane_spin) when none is set, on a machine where
 // the server may use at least kLaneMinCpus CPUs. Long enough to stay awake between the
-// calls of a client that waits for each answer: on an H100 host, Submit(wait) and a no-op
-// taking turns come every 0.4-0.7 ms, and a lane spinning 500 us was asleep for most.
+// calls of a client that waits for each answer: a shorter spin fell asleep between
+// them, and each call then paid for waking the lane.
 inline constexpr absl::Duration kDefaultLaneSpin = absl::Milliseconds(2);
 inline constexpr int kLaneMinCpus = 8;
 
