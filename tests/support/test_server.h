@@ -206,6 +206,21 @@ absl::StatusOr<std::vector<T>> DownloadArray(Client& client, std::string_view bu
   return out;
 }
 
+// The header of an upload that creates a 1-D float64 buffer of `elements`, named `name`
+// (empty: unnamed).
+inline v1::UploadHeader CreateFloat64(uint64_t elements, const std::string& name = "") {
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->add_shape(elements);
+  if (!name.empty()) header.mutable_create()->set_name(name);
+  return header;
+}
+
+// The bytes of `s`, as Client::Upload takes them.
+inline std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
 // The server's memory in use (ServerInfo.memory_used_bytes); all ones if it cannot be read.
 inline uint64_t MemoryUsed(Client& client) {
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
@@ -224,6 +239,16 @@ inline uint64_t WaitForMemoryUsed(Client& client, uint64_t expected,
     used = MemoryUsed(client);
   }
   return used;
+}
+
+// Polls `done` every 5 ms until it holds or `timeout` passes; then asks it once more.
+inline bool Eventually(const std::function<bool()>& done,
+                       absl::Duration timeout = absl::Seconds(10)) {
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
 }
 
 // What a rejected request must leave as it was: the calling client's buffers (id, name and
