@@ -17,7 +17,6 @@
 //   --session-ops   operations each sessions throughput row sends in all
 //   --session-clients client counts of the sessions throughput rows, comma-separated
 //   --graph-min-ops the server's --graph-min-ops (0: nothing is launched as a CUDA graph)
-//   --session-handler the server's --session-handler: callback or sync
 //   --lane-spin-us  the server's --lane-spin in microseconds (0: off); default: the server's
 //
 // Columns.
@@ -222,10 +221,6 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
                  "the server's --graph-min-ops (0: nothing is launched as a CUDA graph)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  std::string handler = "callback";
-  app.add_option("--session-handler", handler, "the server's --session-handler")
-      ->check(CLI::IsMember({"callback", "sync"}))
-      ->capture_default_str();
   int64_t lane_spin_us = 0;
   CLI::Option* lane_spin = app.add_option(
       "--lane-spin-us", lane_spin_us,
@@ -264,7 +259,6 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
     }
   }
   o->session_clients.assign(clients.begin(), clients.end());
-  o->session_handler = *ParseSessionHandler(handler);
   if (lane_spin->count() > 0) o->lane_spin = absl::Microseconds(lane_spin_us);
   return std::nullopt;
 }
@@ -614,7 +608,6 @@ absl::Status Run(const Options& options) {
   server_options.cpu_threads = options.threads;
   server_options.allow_shared_memory = true;  // the shm rows; client and server share a host
   server_options.graph_min_ops = static_cast<size_t>(options.graph_min_ops);
-  server_options.session_handler = options.session_handler;
   server_options.lane_spin = options.lane_spin;
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));

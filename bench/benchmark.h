@@ -48,7 +48,6 @@ struct Options {
   int session_ops = 20000;
   std::vector<int> session_clients = {1, 16};
   int graph_min_ops = 4;
-  SessionHandler session_handler = SessionHandler::kCallback;
   std::optional<absl::Duration> lane_spin;  // unset: the server's default
 
   int64_t n() const { return int64_t{1} << log2n; }

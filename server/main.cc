@@ -4,11 +4,11 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transfer_memory.h"
@@ -49,7 +49,7 @@ class StopSignalWatcher {
   // From now on a signal shuts `server` down; false, leaving it alone, when one has
   // already come.
   bool Serve(gpucompute::Server* server) {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (signalled_) return false;
     server_ = server;
     return true;
@@ -60,7 +60,7 @@ class StopSignalWatcher {
   void Stop() {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping_ = true;
       server_ = nullptr;
     }
@@ -74,7 +74,7 @@ class StopSignalWatcher {
     for (;;) {
       int signal = 0;
       if (sigwait(&signals_, &signal) != 0) continue;
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return;
       if (signal == SIGHUP) {
         // Under mu_ as below. A bad file is logged by Reload and changes nothing.
@@ -91,11 +91,11 @@ class StopSignalWatcher {
   }
 
   const sigset_t signals_;
-  std::mutex mu_;
-  gpucompute::Server* server_ = nullptr;  // guarded by mu_
-  bool signalled_ = false;                // guarded by mu_
-  bool stopping_ = false;                 // guarded by mu_
-  std::thread thread_;                    // last: it runs on the members above
+  absl::Mutex mu_;
+  gpucompute::Server* server_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it runs on the members above
 };
 
 }  // namespace

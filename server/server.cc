@@ -9,13 +9,14 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_tuning.h"
 #include "server/tenancy/admission.h"
 #include "server/tenancy/auth.h"
@@ -86,13 +87,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-// Where the backend's failure listener reaches the health service: set while the gRPC
-// server lives. Shared with the listener, which may run on a backend thread at any time.
-struct HealthSink {
-  std::mutex mu;
-  grpc::HealthCheckServiceInterface* health = nullptr;  // guarded by mu
-};
-
 // The services the health service reports on, besides the server as a whole ("").
 std::vector<std::string> ServiceNames() {
   return {v1::BufferService::service_full_name(),       v1::StreamService::service_full_name(),
@@ -104,6 +98,32 @@ void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
   health.SetServingStatus(serving);  // "" and every service it knows
   for (const std::string& name : ServiceNames()) health.SetServingStatus(name, serving);
 }
+
+// Where the backend's failure listener reaches the health service: attached while the gRPC
+// server lives. Shared with the listener, which may run on a backend thread at any time.
+class HealthSink {
+ public:
+  // From now on, reports go to `health`, which starts at `serving`.
+  void Attach(grpc::HealthCheckServiceInterface* health, bool serving) {
+    absl::MutexLock lock(&mu_);
+    health_ = health;
+    SetServing(*health_, serving);
+  }
+  // A failure reported from now on is only logged.
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    health_ = nullptr;
+  }
+  // Sets the attached health service's status; nothing when none is attached.
+  void Report(bool serving) {
+    absl::MutexLock lock(&mu_);
+    if (health_ != nullptr) SetServing(*health_, serving);
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
 
 }  // namespace
 
@@ -127,7 +147,7 @@ struct Server::Impl {
   // Only while SharedMemoryService allows something; the service itself always answers.
   std::unique_ptr<RegionRegistry> regions;
   std::unique_ptr<SharedMemoryServiceImpl> shared_memory;
-  std::unique_ptr<grpc::Service> sessions;  // SessionServiceImpl or SyncSessionServiceImpl
+  std::unique_ptr<SessionServiceImpl> sessions;
   // Outlives the executor, which calls it as operations complete.
   std::unique_ptr<metrics::ServerMetrics> metrics;
   std::unique_ptr<grpc::Server> grpc_server;
@@ -188,11 +208,7 @@ Server::~Server() {
   if (impl_->metrics != nullptr) impl_->metrics->StopServing();
   Shutdown();
   impl_->grpc_server->Wait();
-  {
-    // A failure reported from now on is only logged.
-    std::lock_guard lock(impl_->health_sink->mu);
-    impl_->health_sink->health = nullptr;
-  }
+  impl_->health_sink->Detach();
   // Members go in reverse order of need: services, then the executor (which waits for
   // queued work), then the registry and the backend.
   impl_->grpc_server.reset();
@@ -213,12 +229,6 @@ Server::~Server() {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options));
   return Start(options, std::move(backend));
-}
-
-std::optional<SessionHandler> ParseSessionHandler(absl::string_view name) {
-  if (name == "callback") return SessionHandler::kCallback;
-  if (name == "sync") return SessionHandler::kSync;
-  return std::nullopt;
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
@@ -269,8 +279,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
         Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
             {{"backend", name}, {"error", status.ToString()}});
-        std::lock_guard lock(sink->mu);
-        if (sink->health != nullptr) SetServing(*sink->health, false);
+        sink->Report(false);
       });
   const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
                                                          : DefaultMemoryLimit(*impl->backend);
@@ -343,11 +352,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->shared_memory =
         std::make_unique<SharedMemoryServiceImpl>(*impl->ctx, impl->buffers->uploads());
   }
-  if (options.session_handler == SessionHandler::kSync) {
-    impl->sessions = std::make_unique<SyncSessionServiceImpl>(*impl->ctx);
-  } else {
-    impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
-  }
+  impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
     RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
@@ -377,12 +382,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->grpc_server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
-  {
-    std::lock_guard lock(impl->health_sink->mu);
-    impl->health_sink->health = impl->grpc_server->GetHealthCheckService();
-    // A failure reported before this point found no health service to update.
-    SetServing(*impl->health_sink->health, impl->backend->health().ok());
-  }
+  // A failure reported before this point found no health service to update.
+  impl->health_sink->Attach(impl->grpc_server->GetHealthCheckService(),
+                            impl->backend->health().ok());
   if (impl->persister != nullptr && options.snapshot_interval > absl::ZeroDuration()) {
     impl->persister->StartPeriodic(options.snapshot_interval);
   }
@@ -423,10 +425,7 @@ absl::Status Server::Reload() {
 
 void Server::Shutdown() {
   if (impl_->grpc_server == nullptr) return;
-  {
-    std::lock_guard lock(impl_->health_sink->mu);
-    if (impl_->health_sink->health != nullptr) SetServing(*impl_->health_sink->health, false);
-  }
+  impl_->health_sink->Report(false);
   const absl::Time deadline = absl::Now() + impl_->shutdown_grace;
   // New calls are refused from here on; those in flight have until the deadline.
   impl_->grpc_server->Shutdown(absl::ToChronoTime(deadline));

@@ -18,16 +18,11 @@ namespace gpucompute {
 
 class Backend;
 
-// How SessionService.Session is served: on gRPC's callback API, or on its synchronous API
-// (a thread per session reading and one writing), for comparison.
-enum class SessionHandler { kCallback, kSync };
-// "callback" or "sync"; nullopt for anything else.
-std::optional<SessionHandler> ParseSessionHandler(absl::string_view name);
 
 // The warm lane's spin (ServerOptions::lane_spin) when none is set, on a machine where
 // the server may use at least kLaneMinCpus CPUs. Long enough to stay awake between the
-// calls of a client that waits for each answer, whose calls come further apart than a
-// spin of a fraction of a millisecond lasts.
+// calls of a client that waits for each answer: a shorter spin fell asleep between
+// them, and each call then paid for waking the lane.
 inline constexpr absl::Duration kDefaultLaneSpin = absl::Milliseconds(2);
 inline constexpr int kLaneMinCpus = 8;
 
@@ -57,7 +52,6 @@ struct ServerOptions {
   // chain's steps, a session message's operations) are recorded and launched as one CUDA
   // graph; 0 never records. No effect on the CPU backend.
   size_t graph_min_ops = 4;
-  SessionHandler session_handler = SessionHandler::kCallback;
   // Calls in flight and uploads under way per tenant (server/tenancy/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;

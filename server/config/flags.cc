@@ -168,9 +168,6 @@ ABSL_FLAG(gpucompute::NonNegative, graph_min_ops, {4},
           "CUDA: record a run of at least this many kernel-only operations launched "
           "together on a stream (a chain's steps, a session message's operations) and "
           "launch it as one CUDA graph; 0 never does");
-ABSL_FLAG(std::string, session_handler, "callback",
-          "serve SessionService.Session on gRPC's callback API (callback) or its synchronous "
-          "API (sync), for comparison");
 ABSL_FLAG(std::optional<absl::Duration>, lane_spin, std::nullopt,
           "how long the thread that plans and launches Submit's operations and chains spins "
           "after each, kept warm for the next call (e.g. 500us, 2ms); 0 runs them on the "
@@ -263,7 +260,6 @@ constexpr FlagDoc kFlagDocs[] = {
     {"cpu_threads", "N"},
     {"max_streams", "N"},
     {"graph_min_ops", "N"},
-    {"session_handler", "callback|sync"},
     {"shutdown_grace", "DURATION"},
     {"lane_spin", "DURATION", true},
     {"default_device", "N"},
@@ -492,14 +488,6 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.default_device = absl::GetFlag(FLAGS_default_device).value;
   o.max_streams = absl::GetFlag(FLAGS_max_streams).value;
   o.graph_min_ops = absl::GetFlag(FLAGS_graph_min_ops).value;
-  if (std::optional<SessionHandler> handler =
-          ParseSessionHandler(absl::GetFlag(FLAGS_session_handler))) {
-    o.session_handler = *handler;
-  } else {
-    parsed.outcome = ParsedCommandLine::Outcome::kError;
-    parsed.error = "--session-handler: use callback or sync";
-    return parsed;
-  }
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (o.shutdown_grace < absl::ZeroDuration()) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;

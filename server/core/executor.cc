@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "server/core/executor_internal.h"
 #include "server/tenancy/auth.h"
 #include "server/util/ids.h"
 #include "server/tenancy/quotas.h"
@@ -16,47 +17,7 @@
 
 namespace gpucompute {
 
-// An operation on its way to the device, and what its launch produced.
-struct QueuedLaunch {
-  std::shared_ptr<Operation> op;
-  std::vector<std::shared_ptr<Event>> waits;  // on other streams' work
-  absl::Status status;                        // of the launch
-  std::shared_ptr<Event> start;
-  std::shared_ptr<Event> end;
-  size_t recorded_run = 0;  // on the first of a recorded run: the run's length
-  double compile_seconds = 0;
-  OpResult result;
-};
-
-struct StreamState {
-  std::string id;
-  std::string client;
-  int device = 0;
-  bool is_default = false;
-  std::unique_ptr<Stream> stream;
-  // Submitted and not yet dispatched, in submission order.
-  std::deque<std::shared_ptr<Operation>> pending;
-  // The newest submission. Weak: an operation holds its stream, not the reverse, and
-  // an operation no longer retained is long done.
-  std::weak_ptr<Operation> last;
-  uint64_t unfinished = 0;
-  // Launching or dispatched to the backend stream, and not yet complete; at most the
-  // backend's DispatchWindow.
-  int dispatched = 0;
-  // Taken off `pending`, to be launched in this order by the thread that launches
-  // this stream's work (launching).
-  std::vector<QueuedLaunch> launch_queue;
-  bool launching = false;
-  // PumpLocked re-entrancy: a pump asked for while one runs is folded into it.
-  bool pumping = false;
-  bool repump = false;
-  Work* blocked_on = nullptr;  // the dependency the head waits for, if any
-};
-
 namespace {
-
-// The innermost LaunchBatch alive on this thread.
-thread_local Executor::LaunchBatch* current_launch_batch = nullptr;
 
 std::string DefaultStreamKey(absl::string_view client, int device) {
   return absl::StrCat(client, absl::string_view("\0", 1), device);
@@ -105,40 +66,6 @@ absl::Status CheckDeviceIndex(const Backend& backend, int device) {
                                                  " does not exist; the server has ",
                                                  backend.devices().size(), " device(s)"));
 }
-
-// Holds the executor's mutex; on destruction releases it, then drops the references let
-// go meanwhile, tells the observer of the operations completed meanwhile, and runs their
-// own callbacks and those queued meanwhile: callers' callbacks never run under the lock,
-// and memory is never freed under it.
-class ABSL_SCOPED_LOCKABLE Executor::Guard {
- public:
-  explicit Guard(Executor& e) ABSL_EXCLUSIVE_LOCK_FUNCTION(e.mu_) : e_(e) { e_.mu_.Lock(); }
-  ~Guard() ABSL_UNLOCK_FUNCTION() {
-    std::vector<absl::AnyInvocable<void()&&>> run;
-    std::vector<std::shared_ptr<Operation>> completed;
-    std::vector<std::shared_ptr<const void>> dropped;
-    run.swap(e_.deferred_);
-    completed.swap(e_.completed_);
-    dropped.swap(e_.dropped_);
-    // The executor may be gone once the mutex is released; the observer outlives it.
-    OperationObserver* const observer = e_.observer_;
-    e_.mu_.Unlock();
-    // First, so that a caller told of a completion finds the memory of the buffers only
-    // that work still held already released.
-    dropped.clear();
-    // Final statuses, which nothing changes any more.
-    if (observer != nullptr) {
-      for (const auto& op : completed) observer->OnCompleted(op->status_);
-    }
-    for (const auto& op : completed) {
-      if (op->own_done_ != nullptr) std::move(op->own_done_)(op);
-    }
-    for (auto& fn : run) std::move(fn)();
-  }
-
- private:
-  Executor& e_;
-};
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Backend& backend, int default_device,
                                                            size_t max_streams) {
@@ -372,9 +299,15 @@ std::vector<StreamInfo> Executor::ListStreams(absl::string_view client) {
   return out;
 }
 
-void Executor::PopDoneReaders(Hazards& h) {
-  while (!h.readers.empty() && h.readers.front()->phase_ == Work::Phase::kDone) {
-    h.readers.pop_front();
+void Executor::PopDoneReadersLocked(Hazards& h) {
+  while (!h.readers.empty() && WorkDoneLocked(*h.readers.front())) h.readers.pop_front();
+}
+
+void Executor::AddDependencyLocked(Work& work, const std::shared_ptr<Work>& dep) {
+  if (dep == nullptr || dep.get() == &work || WorkDoneLocked(*dep)) return;
+  AssertWorkLocked(work);
+  if (std::find(work.deps_.begin(), work.deps_.end(), dep) == work.deps_.end()) {
+    work.deps_.push_back(dep);
   }
 }
 
@@ -391,18 +324,12 @@ void Executor::TrackHazardsLocked(const std::shared_ptr<Work>& work,
       same->write |= a.write;
     }
   }
-  auto add_dep = [&](const std::shared_ptr<Work>& dep) {
-    if (dep == nullptr || dep == work || dep->phase_ == Work::Phase::kDone) return;
-    if (std::find(work->deps_.begin(), work->deps_.end(), dep) == work->deps_.end()) {
-      work->deps_.push_back(dep);
-    }
-  };
   for (const Access& a : merged) {
     Hazards& b = hazards_[a.buffer.get()];
-    add_dep(b.last_writer);
-    PopDoneReaders(b);
+    AddDependencyLocked(*work, b.last_writer);
+    PopDoneReadersLocked(b);
     if (a.write) {
-      for (const auto& r : b.readers) add_dep(r);
+      for (const auto& r : b.readers) AddDependencyLocked(*work, r);
       b.readers.clear();
       b.last_writer = work;
     } else {
@@ -502,7 +429,7 @@ Executor::Submitted Executor::SubmitAll(absl::string_view client, std::span<Subm
       result.refused = device.status();
       break;
     }
-    auto op = std::make_shared<Operation>();
+    auto op = std::make_shared<Operation>(mu_);
     OperationStatus& st = op->status_;
     st.id = NewId("op-");
     op->scope_ = std::string(client);
@@ -567,6 +494,7 @@ absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& 
   op->launch_ = std::move(spec.launch);
   op->own_done_ = std::move(spec.on_done);
   st.stream_id = s->id;
+  AssertWorkLocked(*op);
   op->stream_ = s.get();
   op->stream_state_ = s;
   op->submit_time_ = Clock::now();
@@ -588,322 +516,10 @@ void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buff
     auto it = hazards_.find(buffer.get());
     if (it == hazards_.end()) continue;
     Hazards& h = it->second;
-    PopDoneReaders(h);
-    if (h.last_writer != nullptr && h.last_writer->phase_ == Work::Phase::kDone)
-      h.last_writer.reset();
+    PopDoneReadersLocked(h);
+    if (h.last_writer != nullptr && WorkDoneLocked(*h.last_writer)) h.last_writer.reset();
     if (h.last_writer == nullptr && h.readers.empty()) hazards_.erase(it);
   }
-}
-
-void Executor::PumpLocked(const std::shared_ptr<StreamState>& s) {
-  if (s->pumping) {
-    s->repump = true;
-    return;
-  }
-  s->pumping = true;
-  do {
-    s->repump = false;
-    while (!s->pending.empty() && (s->dispatched < dispatch_window_ || !cancelled_.ok())) {
-      const std::shared_ptr<Operation> op = s->pending.front();
-      std::vector<std::shared_ptr<Event>> waits;
-      Work* blocked = nullptr;
-      // Cancelled work fails at once, behind what its stream already runs; it waits for
-      // nothing else, since it touches no memory.
-      for (size_t i = 0; cancelled_.ok() && i < op->deps_.size(); ++i) {
-        const std::shared_ptr<Work>& dep = op->deps_[i];
-        if (dep->phase_ == Work::Phase::kDone || dep->stream_ == s.get()) continue;
-        if (dep->phase_ == Work::Phase::kDispatched && dep->end_event_ != nullptr) {
-          waits.push_back(dep->end_event_);
-          continue;
-        }
-        blocked = dep.get();
-        break;
-      }
-      if (blocked != nullptr) {
-        if (s->blocked_on != blocked) {
-          s->blocked_on = blocked;
-          blocked->listeners_.push_back([this, s] {
-            mu_.AssertHeld();  // listeners run under the lock (NotifyLocked)
-            s->blocked_on = nullptr;
-            PumpLocked(s);
-          });
-        }
-        break;
-      }
-      s->blocked_on = nullptr;
-      s->pending.pop_front();
-      op->deps_.clear();
-      op->phase_ = Work::Phase::kLaunching;
-      ++s->dispatched;
-      QueuedLaunch& launch = s->launch_queue.emplace_back();
-      launch.op = op;
-      launch.waits = std::move(waits);
-    }
-  } while (s->repump);
-  s->pumping = false;
-  if (!s->launch_queue.empty() && !s->launching) {
-    s->launching = true;
-    ++launchers_;
-    // Held back by a batch only where the launches may be recorded together; elsewhere
-    // the device starts on the first while the rest are submitted.
-    LaunchBatch* batch =
-        capture_min_ops_ > 0 && s->stream->CanCapture() ? current_launch_batch : nullptr;
-    while (batch != nullptr && &batch->executor_ != this) batch = batch->outer_;
-    (batch != nullptr ? batch->launches_ : deferred_).push_back([this, s] { LaunchQueued(s); });
-  }
-}
-
-void Executor::LaunchQueued(const std::shared_ptr<StreamState>& s) {
-  // The backend stream outlives this: it is retired only once its last operation is
-  // done, which is after this thread has enqueued its completion.
-  Stream& stream = *s->stream;
-  for (;;) {
-    std::vector<QueuedLaunch> batch;
-    absl::Status cancelled;
-    {
-      absl::MutexLock lock(&mu_);
-      batch.swap(s->launch_queue);
-      if (batch.empty()) {
-        s->launching = false;
-        --launchers_;  // the destructor may go on once this is released
-        return;
-      }
-      cancelled = cancelled_;
-    }
-    // Maximal runs of capturable operations with nothing to wait for are recorded and
-    // launched as one unit when long enough; everything else launches one by one.
-    const bool may_capture = capture_min_ops_ > 0 && cancelled.ok() && stream.CanCapture();
-    for (size_t i = 0; i < batch.size();) {
-      size_t end = i;
-      while (may_capture && end < batch.size() && batch[end].op->capturable_ &&
-             batch[end].waits.empty()) {
-        ++end;
-      }
-      if (may_capture && end - i >= capture_min_ops_ &&
-          LaunchRecorded(stream, std::span<QueuedLaunch>(batch).subspan(i, end - i))) {
-        batch[i].recorded_run = end - i;
-        i = end;
-        continue;
-      }
-      end = std::max(end, i + 1);
-      for (; i < end; ++i) LaunchOne(stream, batch[i], cancelled);
-    }
-    for (QueuedLaunch& l : batch) l.op->launch_ = nullptr;  // drop what the launch captured
-    {
-      Guard guard(*this);
-      for (QueuedLaunch& l : batch) {
-        Operation& op = *l.op;
-        op.start_event_ = std::move(l.start);
-        op.end_event_ = l.end;
-        op.status_.timing.compile_seconds += l.compile_seconds;
-        // The device may still write inline values into the vector's memory, which
-        // the move keeps.
-        op.status_.result = std::move(l.result);
-        op.status_.state = OperationStatus::State::kRunning;
-        op.phase_ = Work::Phase::kDispatched;
-        if (observer_ != nullptr) observer_->OnDispatched(op.status_);
-        NotifyLocked(op);
-      }
-    }
-    // In the stream's order, after the mutex: a completion may come at once. Even a
-    // failed launch completes through the stream, so that it stays in order with the
-    // work before it. A recorded run completes as one.
-    for (size_t i = 0; i < batch.size();) {
-      QueuedLaunch& l = batch[i];
-      const size_t run_size = std::max<size_t>(l.recorded_run, 1);
-      absl::AnyInvocable<void(absl::Status) &&> complete;
-      if (l.recorded_run > 0) {
-        std::vector<RunMember> run;
-        for (size_t j = i; j < i + run_size; ++j) run.emplace_back(batch[j].op, batch[j].status);
-        complete = [this, run = std::move(run)](absl::Status device_status) {
-          CompleteRecordedRun(run, device_status);
-        };
-      } else {
-        complete = [this, op = l.op, status = l.status](absl::Status device_status) {
-          CompleteOperation(op, status.ok() ? device_status : status);
-        };
-      }
-      // The end event follows all the operation (or run) enqueued; a failed launch has
-      // none.
-      absl::Status enqueued = l.end != nullptr ? stream.OnEvent(l.end, std::move(complete))
-                                               : stream.OnComplete(std::move(complete));
-      if (!enqueued.ok()) {  // unusable stream
-        for (size_t j = i; j < i + run_size; ++j) CompleteOperation(batch[j].op, enqueued);
-      }
-      i += run_size;
-    }
-  }
-}
-
-Executor::LaunchBatch::LaunchBatch(Executor& executor)
-    : executor_(executor), outer_(current_launch_batch) {
-  current_launch_batch = this;
-}
-
-Executor::LaunchBatch::~LaunchBatch() {
-  current_launch_batch = outer_;
-  for (auto& launch : launches_) std::move(launch)();
-}
-
-void Executor::LaunchOne(Stream& stream, QueuedLaunch& l, const absl::Status& cancelled) {
-  // The range covers all this operation enqueues: its waits, events and kernels.
-  ScopedRange range(backend_, l.op->range_name_);
-  absl::Status status = cancelled;
-  for (auto& w : l.waits) {
-    if (status.ok()) status = stream.Wait(std::move(w));
-  }
-  l.waits.clear();
-  absl::StatusOr<std::shared_ptr<Event>> start = status.ok() ? stream.Record() : status;
-  if (start.ok()) {
-    l.start = *std::move(start);
-    absl::StatusOr<LaunchInfo> info = l.op->launch_(stream, l.result);
-    if (info.ok()) {
-      l.compile_seconds = info->compile_seconds;
-      if (info->started != nullptr) l.start = std::move(info->started);
-    } else {
-      status = info.status();
-    }
-  } else {
-    status = start.status();
-  }
-  if (status.ok()) {
-    absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
-    if (end.ok()) {
-      l.end = *std::move(end);
-    } else {
-      status = end.status();
-    }
-  }
-  l.status = std::move(status);
-}
-
-bool Executor::LaunchRecorded(Stream& stream, std::span<QueuedLaunch> run) {
-  if (!stream.BeginCapture().ok()) return false;
-  absl::Status status;
-  for (QueuedLaunch& l : run) {
-    ScopedRange range(backend_, l.op->range_name_);
-    absl::StatusOr<LaunchInfo> info = l.op->launch_(stream, l.result);
-    if (!info.ok()) {
-      status = info.status();
-      break;
-    }
-    l.compile_seconds = info->compile_seconds;
-  }
-  // The capture ends either way; when recording failed, nothing recorded runs.
-  const absl::Status ended = stream.EndCapture();
-  // The run is timed by events around its launch (events recorded inside it would cost
-  // the launch more than the kernels do), the first enqueued once the recording is
-  // done: one enqueued before it would time the host's recording too, on an idle stream.
-  absl::StatusOr<std::shared_ptr<Event>> start =
-      status.ok() && ended.ok() ? stream.Record() : ended;
-  if (!status.ok() || !start.ok() || !stream.LaunchCaptured().ok()) {
-    for (QueuedLaunch& l : run) {
-      l.compile_seconds = 0;
-      l.result = OpResult{};
-    }
-    return false;
-  }
-  // The whole run is one unit on the device: its operations are done, and may be waited
-  // for, together.
-  absl::StatusOr<std::shared_ptr<Event>> end = stream.Record();
-  for (QueuedLaunch& l : run) {
-    l.start = *start;
-    if (end.ok()) {
-      l.end = *end;
-    } else {
-      l.status = end.status();  // completes through the stream, behind the run
-    }
-  }
-  return true;
-}
-
-double Executor::DeviceSeconds(const Operation& op, const absl::Status& status) {
-  if (!status.ok() || op.start_event_ == nullptr || op.end_event_ == nullptr) return 0;
-  absl::StatusOr<double> elapsed = backend_.ElapsedSeconds(*op.start_event_, *op.end_event_);
-  return elapsed.ok() ? *elapsed : 0;
-}
-
-void Executor::CompleteOperation(const std::shared_ptr<Operation>& op, absl::Status status) {
-  const double device_seconds = DeviceSeconds(*op, status);
-  Guard guard(*this);
-  CompleteLocked(op, std::move(status), device_seconds);
-}
-
-void Executor::CompleteRecordedRun(const std::vector<RunMember>& run,
-                                   const absl::Status& device_status) {
-  // They share their start and end events: the run is timed as a whole.
-  const double share = DeviceSeconds(*run.front().first, device_status) / run.size();
-  // Under one lock: the operations that wait for room in the dispatch window move to the
-  // launch queue together, and may be recorded together in turn.
-  Guard guard(*this);
-  for (const auto& [op, launched] : run) {
-    op->status_.timing.graph_operations = static_cast<uint32_t>(run.size());
-    CompleteLocked(op, launched.ok() ? device_status : launched, launched.ok() ? share : 0);
-  }
-}
-
-void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status status,
-                              double device_seconds) {
-  const double since_submit =
-      std::chrono::duration<double>(Clock::now() - op->submit_time_).count();
-  OperationStatus& st = op->status_;
-  st.timing.device_seconds = device_seconds;
-  st.timing.queued_seconds = std::max(0.0, since_submit - device_seconds);
-  st.state = status.ok() ? OperationStatus::State::kSucceeded : OperationStatus::State::kFailed;
-  st.error = status;
-  if (!status.ok()) st.result = OpResult{};
-
-  // Each of the API's operations it stands for, with an even share of the time.
-  OperationMember one;
-  const std::span<const OperationMember> members = st.Operations(one);
-  const double share = device_seconds / members.size();
-  for (const OperationMember& m : members) {
-    for (KindStats* k : {&stats_[static_cast<int>(m.kind)],
-                         &op->tenant_->stats[static_cast<int>(m.kind)]}) {
-      ++k->count;
-      k->failed += !status.ok();
-      k->device_seconds += share;
-      k->bytes_read += m.bytes_read;
-      k->bytes_written += m.bytes_written;
-      k->flops += m.flops;
-    }
-  }
-  // The status is final: GetStatus may read it without the lock from here on.
-  op->final_.store(true, std::memory_order_release);
-  if (observer_ != nullptr || op->own_done_ != nullptr) completed_.push_back(op);
-
-  op->phase_ = Work::Phase::kDone;
-  ForgetFinishedHazardsLocked(op->buffers_);
-  for (BufferHandle& buffer : op->buffers_) dropped_.push_back(std::move(buffer));
-  op->buffers_.clear();
-  if (op->start_event_ != nullptr) dropped_.push_back(std::move(op->start_event_));
-  --op->stream_state_->unfinished;
-  --op->stream_state_->dispatched;
-  for (auto& fn : op->on_done_) deferred_.push_back(std::move(fn));
-  op->on_done_.clear();
-  NotifyLocked(*op);
-  if (op->end_event_ != nullptr) dropped_.push_back(std::move(op->end_event_));
-  if (!op->stream_state_->pending.empty()) PumpLocked(op->stream_state_);
-
-  absl::MutexLock ops_lock(&ops_mu_);  // inside mu_, never the other way round
-  finished_order_.push_back(op.get());
-  retained_value_bytes_ += st.result.values.size();
-  while (finished_order_.size() > kRetainedOperations ||
-         retained_value_bytes_ > kRetainedValueBytes) {
-    auto oldest = operations_.find(finished_order_.front()->id());
-    retained_value_bytes_ -= oldest->second->status_.result.values.size();
-    dropped_.push_back(std::move(oldest->second));
-    operations_.erase(oldest);
-    finished_order_.pop_front();
-  }
-  op->tenant_->in_flight -= op->status_.weight();
-  --in_flight_;  // the destructor's LockWhen sees it reach zero
-}
-
-void Executor::NotifyLocked(Work& work) {
-  std::vector<absl::AnyInvocable<void()>> listeners = std::move(work.listeners_);
-  work.listeners_.clear();
-  for (auto& l : listeners) l();
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view client,
@@ -950,7 +566,7 @@ void Executor::OnDone(const std::shared_ptr<Operation>& op, absl::AnyInvocable<v
 std::shared_ptr<HostAccess> Executor::AcquireHostAccess(std::vector<Access> accesses,
                                                         ReadyFn ready) {
   Guard guard(*this);
-  auto access = std::make_shared<HostAccess>();
+  auto access = std::make_shared<HostAccess>(mu_);
   for (const Access& a : accesses) access->buffers_.push_back(a.buffer);
   access->ready_ = std::move(ready);
   TrackHazardsLocked(access, accesses);
@@ -959,8 +575,10 @@ std::shared_ptr<HostAccess> Executor::AcquireHostAccess(std::vector<Access> acce
 }
 
 void Executor::CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) {
+  AssertWorkLocked(*access);
   if (access->phase_ != Work::Phase::kPending) return;
   for (const std::shared_ptr<Work>& dep : access->deps_) {
+    AssertWorkLocked(*dep);
     if (dep->phase_ != Work::Phase::kDone) {
       dep->listeners_.push_back([this, access] {
         mu_.AssertHeld();  // listeners run under the lock (NotifyLocked)
@@ -977,6 +595,7 @@ void Executor::CheckHostAccessLocked(const std::shared_ptr<HostAccess>& access) 
 
 void Executor::Release(const std::shared_ptr<HostAccess>& access) {
   Guard guard(*this);
+  AssertWorkLocked(*access);
   if (access->phase_ == Work::Phase::kDone) return;
   access->phase_ = Work::Phase::kDone;
   ForgetFinishedHazardsLocked(access->buffers_);

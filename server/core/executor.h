@@ -17,6 +17,7 @@
 
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -104,22 +105,35 @@ struct QueuedLaunch;
 struct TenantTally;
 
 // A node in the dependency graph: an operation or a host access. Its fields belong to
-// the Executor and are read and written only under the executor's mutex (which the
-// annotations cannot name from here).
+// the Executor that made it and are guarded by that executor's mutex, which mu_ refers
+// to. Executor::AssertWorkLocked tells the lock analysis that the executor's mu_ and
+// this mu_ are one mutex, which it cannot see.
 class Work {
  public:
   virtual ~Work() = default;
+
+ protected:
+  explicit Work(absl::Mutex& executor_mu) : mu_(executor_mu) {}
 
  private:
   friend class Executor;
   // kLaunching: taken off its stream's queue, its launch not yet enqueued on the device.
   enum class Phase : uint8_t { kPending, kLaunching, kDispatched, kDone };
-  Phase phase_ = Phase::kPending;
-  StreamState* stream_ = nullptr;  // null for host accesses
-  std::shared_ptr<Event> end_event_;
-  std::vector<std::shared_ptr<Work>> deps_;
+
+  // The completion of a dispatched operation reads its end event without the mutex: the
+  // event is set, under the mutex, before that completion is enqueued on the stream, and
+  // cleared only by the completion itself (Executor::CompleteLocked), after this read.
+  const std::shared_ptr<Event>& end_event_at_completion() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return end_event_;
+  }
+
+  absl::Mutex& mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kPending;
+  StreamState* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // null for host accesses
+  std::shared_ptr<Event> end_event_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Work>> deps_ ABSL_GUARDED_BY(mu_);
   // Called under the executor's mutex when this work is dispatched or done.
-  std::vector<absl::AnyInvocable<void()>> listeners_;
+  std::vector<absl::AnyInvocable<void()>> listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 // One of the API's operations that an executor operation runs among others, as one unit
@@ -164,6 +178,9 @@ struct OperationStatus {
 
 class Operation final : public Work {
  public:
+  // Made by the Executor, with its mutex.
+  explicit Operation(absl::Mutex& executor_mu) : Work(executor_mu) {}
+
   const std::string& id() const { return status_.id; }
   // Set when it is submitted, then never changed.
   const std::string& stream_id() const { return status_.stream_id; }
@@ -196,6 +213,10 @@ class Operation final : public Work {
 };
 
 class HostAccess final : public Work {
+ public:
+  // Made by the Executor, with its mutex.
+  explicit HostAccess(absl::Mutex& executor_mu) : Work(executor_mu) {}
+
  private:
   friend class Executor;
   std::vector<BufferHandle> buffers_;
@@ -416,13 +437,25 @@ class Executor {
   // entry goes once all of its work is done.
   struct Hazards {
     std::shared_ptr<Work> last_writer;
-    // Oldest first. Done readers leave from the front (PopDoneReaders): work finishes
+    // Oldest first. Done readers leave from the front (PopDoneReadersLocked): work finishes
     // mostly in submission order, so that costs O(1) an access where a scan cost one
     // step per reader in flight, a thousand for a busy session's input. One done behind
-    // one still running stays until the one before it is done; add_dep skips it.
+    // one still running stays until the one before it is done; AddDependencyLocked
+    // skips it.
     std::deque<std::shared_ptr<Work>> readers;
   };
-  static void PopDoneReaders(Hazards& h);
+  void PopDoneReadersLocked(Hazards& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Work's fields are guarded by Work::mu_, which refers to this mu_: says so to the lock
+  // analysis, which cannot see that the two name one mutex. Costs nothing at run time.
+  void AssertWorkLocked(const Work& work) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_ASSERT_EXCLUSIVE_LOCK(work.mu_) {
+    assert(&work.mu_ == &mu_);
+  }
+  bool WorkDoneLocked(const Work& work) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    AssertWorkLocked(work);
+    return work.phase_ == Work::Phase::kDone;
+  }
 
   Executor(Backend& backend, int default_device, size_t max_streams,
            std::vector<std::unique_ptr<Stream>> transfer_streams);
@@ -449,6 +482,9 @@ class Executor {
   absl::Status SubmitLocked(absl::string_view client, const SubmitItem& item,
                             const std::shared_ptr<Operation>& op, TenantTally& tenant_tally,
                             uint64_t quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `work` wait for `dep`, unless dep is done (or is work itself).
+  void AddDependencyLocked(Work& work, const std::shared_ptr<Work>& dep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the hazards of `accesses` to work's dependencies and records work as the
   // buffers' newest reader or writer.
   void TrackHazardsLocked(const std::shared_ptr<Work>& work, const std::vector<Access>& accesses)

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "server/expression/scalar_ops.h"
+#include "server/expression/promotion.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute::expr {
@@ -38,6 +38,14 @@ bool CanCastSameKind(DType from, DType to) {
   if (IsInteger(from)) return true;  // to a wider or narrower int, or to a float
   return IsFloat(to);                // float -> float only
 }
+
+using internal::ConvertConstant;
+using internal::FoldBinary;
+using internal::FoldUnary;
+using internal::FormatConstant;
+using internal::Promote;
+using internal::Promoted;
+using internal::Value;
 
 namespace {
 
@@ -68,133 +76,6 @@ std::string Cat(const Args&... args) {
 
 absl::Status InvalidArgument(const std::string& message) {
   return absl::InvalidArgumentError(message);
-}
-
-// ---------------------------------------------------------------------------------------
-// Constants
-
-template <typename T>
-T Get(const ConstantValue& v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v.i != 0;
-  } else if constexpr (ops::kIsFloat<T>) {
-    return static_cast<T>(v.f);
-  } else {
-    return static_cast<T>(v.i);
-  }
-}
-
-template <typename T>
-ConstantValue Put(T x) {
-  ConstantValue c;
-  if constexpr (ops::kIsFloat<T>) {
-    c.f = x;
-  } else {
-    c.i = static_cast<int64_t>(x);
-  }
-  return c;
-}
-
-ConstantValue ConvertConstant(const ConstantValue& v, DType from, DType to) {
-  return VisitDType(from, [&](auto f) {
-    using F = decltype(f);
-    const F x = Get<F>(v);
-    return VisitDType(to, [&](auto t) {
-      using T = decltype(t);
-      return Put<T>(ops::Convert<T>(x));
-    });
-  });
-}
-
-ConstantValue FoldUnary(OpKind op, DType dtype, const ConstantValue& a) {
-  ConstantValue r;
-  ops::VisitUnaryOp(op, [&](auto o) {
-    using Op = decltype(o);
-    VisitDType(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (Op::template kAccepts<T>) r = Put<T>(Op::Apply(Get<T>(a)));
-    });
-  });
-  return r;
-}
-
-ConstantValue FoldBinary(OpKind op, DType dtype, const ConstantValue& a, const ConstantValue& b) {
-  ConstantValue r;
-  ops::VisitBinaryOp(op, [&](auto o) {
-    using Op = decltype(o);
-    VisitDType(dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (Op::template kAccepts<T>) r = Put(Op::Apply(Get<T>(a), Get<T>(b)));
-    });
-  });
-  return r;
-}
-
-std::string FormatConstant(DType dtype, const ConstantValue& v) {
-  char buf[64];
-  std::to_chars_result r;
-  switch (dtype) {
-    case DType::kBool:
-      return v.i != 0 ? "true" : "false";
-    case DType::kInt32:
-    case DType::kInt64:
-      r = std::to_chars(buf, buf + sizeof(buf), v.i);
-      break;
-    case DType::kFloat32:
-      r = std::to_chars(buf, buf + sizeof(buf), static_cast<float>(v.f));
-      break;
-    case DType::kFloat64:
-    default:
-      r = std::to_chars(buf, buf + sizeof(buf), v.f);
-      break;
-  }
-  return std::string(buf, r.ptr);
-}
-
-// ---------------------------------------------------------------------------------------
-// Types
-
-// A subexpression's result while compiling. Weak values (Python-like scalars) are always
-// known at compile time, so they are carried as constants and become IR nodes only once
-// they meet an array operand and NumPy promotion has fixed their dtype.
-struct Value {
-  DType dtype = DType::kFloat64;  // for weak values: kBool, kInt64 or kFloat64
-  bool weak = false;
-  bool parameter = false;  // weak, and derived from a scalar input
-  ConstantValue constant;  // weak only
-  int32_t node = -1;       // strong only
-  int32_t pos = 0;         // where its text starts, for messages
-};
-
-// np.result_type of two array dtypes.
-DType PromoteStrong(DType a, DType b) {
-  if (a == b) return a;
-  if (a > b) std::swap(a, b);
-  if (a == DType::kBool) return b;
-  // An integer with float32: NumPy picks float64, which holds every int32 exactly.
-  if (IsInteger(a) && b == DType::kFloat32) return DType::kFloat64;
-  return b;
-}
-
-struct Promoted {
-  DType dtype;
-  bool weak;
-};
-
-// NEP 50 promotion; weak operands only contribute their kind.
-Promoted Promote(const Value& a, const Value& b) {
-  if (a.weak && b.weak) return {std::max(a.dtype, b.dtype), true};
-  if (!a.weak && !b.weak) return {PromoteStrong(a.dtype, b.dtype), false};
-  const Value& strong = a.weak ? b : a;
-  const Value& weak = a.weak ? a : b;
-  switch (weak.dtype) {
-    case DType::kBool:
-      return {strong.dtype, false};
-    case DType::kInt64:  // a Python int
-      return {strong.dtype == DType::kBool ? DType::kInt64 : strong.dtype, false};
-    default:  // a Python float
-      return {IsFloat(strong.dtype) ? strong.dtype : DType::kFloat64, false};
-  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,24 +11,26 @@
 
 namespace gpucompute::metrics {
 
-Histogram::Histogram(std::vector<double> bounds) {
-  data_.bounds = std::move(bounds);
-  data_.counts.assign(data_.bounds.size() + 1, 0);
-}
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::Observe(double value) {
   // The first bucket whose upper bound is >= value ("le" is inclusive).
-  const size_t bucket =
-      std::lower_bound(data_.bounds.begin(), data_.bounds.end(), value) - data_.bounds.begin();
-  std::lock_guard lock(mu_);
-  ++data_.counts[bucket];
-  data_.sum += value;
-  ++data_.count;
+  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  absl::MutexLock lock(&mu_);
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
 }
 
 Histogram::Snapshot Histogram::Read() const {
-  std::lock_guard lock(mu_);
-  return data_;
+  Snapshot snapshot;
+  snapshot.bounds = bounds_;
+  absl::MutexLock lock(&mu_);
+  snapshot.counts = counts_;
+  snapshot.sum = sum_;
+  snapshot.count = count_;
+  return snapshot;
 }
 
 std::vector<double> DecadeBounds(int from_exponent, int to_exponent) {

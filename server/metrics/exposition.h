@@ -6,12 +6,13 @@
 #define GPUCOMPUTE_SERVER_METRICS_EXPOSITION_H_
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute::metrics {
 
@@ -38,8 +39,11 @@ class Histogram {
   Snapshot Read() const;
 
  private:
-  mutable std::mutex mu_;
-  Snapshot data_;  // guarded by mu_
+  const std::vector<double> bounds_;  // read without the lock: never changes
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // bounds_.size() + 1
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // 1, 2.5 and 5 times each power of ten from 10^from_exponent, up to 10^to_exponent:

@@ -222,15 +222,14 @@ class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackSe
 
 // Sessions (session_service.cc) and chains (chain_service.cc): tagged operations that
 // feed each other without a round trip between them.
-// SessionService.RunChain, for both implementations of the service (chain_service.cc).
+// SessionService.RunChain (chain_service.cc).
 // Served in its raw form (a ChainRequest's bytes in, a ChainResponse's out), so that a
 // chain submitted again is known by its bytes before they are parsed (chain_replay.h).
 grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response);
 
-// SessionService with Session on gRPC's callback API (--session-handler=callback, the
-// default; session_service.cc).
+// SessionService on gRPC's callback API (session_service.cc).
 class SessionServiceImpl final
     : public v1::SessionService::WithRawCallbackMethod_RunChain<
           v1::SessionService::CallbackService> {
@@ -239,27 +238,6 @@ class SessionServiceImpl final
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
-                                     const grpc::ByteBuffer* request,
-                                     grpc::ByteBuffer* response) override {
-    return RunChainCall(ctx_, context, request, response);
-  }
-
- private:
-  ServiceContext& ctx_;
-};
-
-// SessionService with Session on gRPC's synchronous API (--session-handler=sync;
-// session_sync.cc): each session holds a thread of the server's synchronous pool, which
-// reads, and one more, which writes. RunChain stays on the callback API.
-class SyncSessionServiceImpl final
-    : public v1::SessionService::WithRawCallbackMethod_RunChain<v1::SessionService::Service> {
- public:
-  explicit SyncSessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
-
-  grpc::Status Session(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream) override;
   grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override {

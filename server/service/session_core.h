@@ -1,7 +1,6 @@
 // A session's logic, apart from how its stream is served: its tags and their
 // dependencies, its answers, its temporaries. SessionService.Session serves it through
-// gRPC's callback API (session_service.cc) or its synchronous API (session_sync.cc), as
-// the server's --session-handler says.
+// gRPC's callback API (session_service.cc).
 #ifndef GPUCOMPUTE_SERVER_SERVICE_SESSION_CORE_H_
 #define GPUCOMPUTE_SERVER_SERVICE_SESSION_CORE_H_
 

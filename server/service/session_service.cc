@@ -1,4 +1,4 @@
-// SessionService.Session through gRPC's callback API (the default --session-handler):
+// SessionService.Session through gRPC's callback API:
 // a bidirectional stream of tagged operations, each planned and queued as it arrives and
 // answered as it completes (the contract is in the proto; the logic in session_core.h).
 //

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,9 +13,9 @@ namespace gpucompute {
 namespace {
 
 struct LogState {
-  std::mutex mu;
-  LogFormat format = LogFormat::kJson;  // guarded by mu
-  LogSink sink;                         // guarded by mu; empty: stderr
+  absl::Mutex mu;
+  LogFormat format ABSL_GUARDED_BY(mu) = LogFormat::kJson;
+  LogSink sink ABSL_GUARDED_BY(mu);  // empty: stderr
 };
 
 // Never destroyed: threads may log while the process exits.
@@ -162,18 +161,20 @@ std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
 }
 
 void SetLogFormat(LogFormat format) {
-  std::lock_guard lock(State().mu);
-  State().format = format;
+  LogState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.format = format;
 }
 
 void SetLogSink(LogSink sink) {
-  std::lock_guard lock(State().mu);
-  State().sink = std::move(sink);
+  LogState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.sink = std::move(sink);
 }
 
 void Log(LogLevel level, absl::string_view message, absl::Span<const LogField> fields) {
   LogState& state = State();
-  std::lock_guard lock(state.mu);
+  absl::MutexLock lock(&state.mu);
   std::string line = FormatLogLine(state.format, absl::Now(), level, message, fields);
   if (state.sink) return state.sink(line);
   line += '\n';

@@ -1,32 +1,34 @@
 #include "server/util/timer.h"
 
+#include "absl/time/time.h"
+
 namespace gpucompute {
 
 Timer::Timer() : thread_([this] { Run(); }) {}
 
 Timer::~Timer() {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 uint64_t Timer::Schedule(Clock::time_point when, absl::AnyInvocable<void() &&> fn) {
   uint64_t key;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     key = next_key_++;
     queue_.emplace(when, std::make_pair(key, std::move(fn)));
     keys_.emplace(key, when);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return key;
 }
 
 bool Timer::Cancel(uint64_t key) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto k = keys_.find(key);
   if (k == keys_.end()) return false;
   auto [begin, end] = queue_.equal_range(k->second);
@@ -41,26 +43,28 @@ bool Timer::Cancel(uint64_t key) {
 }
 
 void Timer::Run() {
-  std::unique_lock lock(mu_);
+  mu_.Lock();
   while (!stop_) {
     if (queue_.empty()) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
       continue;
     }
     auto first = queue_.begin();
-    if (first->first > Clock::now()) {
-      // A copy: Cancel may erase the entry while this waits.
-      const Clock::time_point deadline = first->first;
-      cv_.wait_until(lock, deadline);
+    const Clock::time_point now = Clock::now();
+    if (first->first > now) {
+      // The wait is relative to the steady clock, so a change of the wall clock does not
+      // move a deadline. Woken early, the loop looks at the queue again.
+      cv_.WaitWithTimeout(&mu_, absl::FromChrono(first->first - now));
       continue;
     }
     auto fn = std::move(first->second.second);
     keys_.erase(first->second.first);
     queue_.erase(first);
-    lock.unlock();
+    mu_.Unlock();
     std::move(fn)();
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace gpucompute

@@ -4,13 +4,14 @@
 #define GPUCOMPUTE_SERVER_UTIL_TIMER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <thread>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute {
 
@@ -32,12 +33,14 @@ class Timer {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::multimap<Clock::time_point, std::pair<uint64_t, absl::AnyInvocable<void() &&>>> queue_;
-  std::map<uint64_t, Clock::time_point> keys_;
-  uint64_t next_key_ = 1;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  // Signalled when the queue's head or stop_ changes.
+  absl::CondVar cv_;
+  std::multimap<Clock::time_point, std::pair<uint64_t, absl::AnyInvocable<void() &&>>> queue_
+      ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Clock::time_point> keys_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -36,12 +36,16 @@
 #include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/expression/expression.h"
+#include "tests/support/element_bytes.h"
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 #include "server/cuda/cuda_backend.h"
 #endif
 
 namespace gpucompute::conformance {
 namespace {
+
+using ::gpucompute::testing::ElementAsDouble;
+using ::gpucompute::testing::ElementAsInt;
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
@@ -1168,35 +1172,6 @@ Expected ReduceReference(ReduceKind kind, const Stored<T>* base, int64_t count, 
   return e;
 }
 
-// Output element i of dtype `dt` in `bytes`.
-double ReadAsDouble(const std::vector<uint8_t>& bytes, DType dt, size_t i) {
-  if (dt == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, bytes.data() + i * 4, 4);
-    return f;
-  }
-  double d;
-  std::memcpy(&d, bytes.data() + i * 8, 8);
-  return d;
-}
-
-int64_t ReadAsInt(const std::vector<uint8_t>& bytes, DType dt, size_t i) {
-  switch (dt) {
-    case DType::kBool:
-      return bytes[i];
-    case DType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, bytes.data() + i * 4, 4);
-      return v;
-    }
-    default: {
-      int64_t v;
-      std::memcpy(&v, bytes.data() + i * 8, 8);
-      return v;
-    }
-  }
-}
-
 // A 2-D array of rows x cols in layout C (row-major) or F (column-major); a 1-D array
 // is 1 x n in layout C. axis -1 reduces the whole array.
 struct ReduceCase {
@@ -1269,7 +1244,7 @@ void CheckReduce(Backend& backend, Stream& stream, ReduceKind kind, const Reduce
       e = ReduceReference<T>(kind, c_order.data(), run.count, 1);
     }
     if (e.is_float) {
-      const double g = ReadAsDouble(got, out_dtype, o);
+      const double g = ElementAsDouble(got, out_dtype, o);
       const bool ok = std::isnan(e.value)   ? std::isnan(g)
                       : std::isinf(e.value) ? g == e.value
                                             : std::fabs(g - e.value) <= e.tol;
@@ -1278,7 +1253,7 @@ void CheckReduce(Backend& backend, Stream& stream, ReduceKind kind, const Reduce
         ADD_FAILURE() << "output " << o << ": got " << g << ", want " << e.value << " +- " << e.tol;
       }
     } else {
-      const int64_t g = ReadAsInt(got, out_dtype, o);
+      const int64_t g = ElementAsInt(got, out_dtype, o);
       if (g != e.exact) {
         ++bad;
         ADD_FAILURE() << "output " << o << ": got " << g << ", want " << e.exact;

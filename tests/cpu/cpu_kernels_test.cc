@@ -17,9 +17,13 @@
 #include "kernels/ops.h"
 #include "kernels/philox.h"
 #include "server/cpu/thread_pool.h"
+#include "tests/support/element_bytes.h"
 
 namespace gpucompute::cpu {
 namespace {
+
+using ::gpucompute::testing::ElementAsDouble;
+using ::gpucompute::testing::ElementAsInt;
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
@@ -153,46 +157,17 @@ Expected Reference(ReduceKind kind, const std::vector<Stored<T>>& v) {
   return e;
 }
 
-// Output element i of dtype `dt`, as a double or exactly as int64.
-double ReadDouble(const std::vector<uint8_t>& out, DType dt, int64_t i) {
-  if (dt == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, out.data() + i * 4, 4);
-    return f;
-  }
-  double d;
-  std::memcpy(&d, out.data() + i * 8, 8);
-  return d;
-}
-
-int64_t ReadInt(const std::vector<uint8_t>& out, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kBool:
-      return out[i];
-    case DType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, out.data() + i * 4, 4);
-      return v;
-    }
-    default: {
-      int64_t v;
-      std::memcpy(&v, out.data() + i * 8, 8);
-      return v;
-    }
-  }
-}
-
 void ExpectOutput(const std::vector<uint8_t>& out, DType dt, int64_t i, const Expected& e,
                   const std::string& what) {
   if (e.is_float) {
-    const double got = ReadDouble(out, dt, i);
+    const double got = ElementAsDouble(out, dt, i);
     if (std::isnan(e.value)) {
       EXPECT_TRUE(std::isnan(got)) << what << " output " << i << " got " << got;
     } else {
       EXPECT_NEAR(got, e.value, e.tol) << what << " output " << i;
     }
   } else {
-    EXPECT_EQ(ReadInt(out, dt, i), e.exact) << what << " output " << i;
+    EXPECT_EQ(ElementAsInt(out, dt, i), e.exact) << what << " output " << i;
   }
 }
 
@@ -303,15 +278,15 @@ TYPED_TEST(ReduceTest, EmptyExtent) {
   auto norm2 = RunReduce<T>(ReduceKind::kNorm2, none, shape, Pool(2));
   for (int64_t i = 0; i < 6; ++i) {
     if (IsFloat(in)) {
-      EXPECT_EQ(ReadDouble(sum, in, i), 0.0);
-      EXPECT_EQ(ReadDouble(prod, in, i), 1.0);
+      EXPECT_EQ(ElementAsDouble(sum, in, i), 0.0);
+      EXPECT_EQ(ElementAsDouble(prod, in, i), 1.0);
     } else {
-      EXPECT_EQ(ReadInt(sum, DType::kInt64, i), 0);
-      EXPECT_EQ(ReadInt(prod, DType::kInt64, i), 1);
+      EXPECT_EQ(ElementAsInt(sum, DType::kInt64, i), 0);
+      EXPECT_EQ(ElementAsInt(prod, DType::kInt64, i), 1);
     }
     const DType real = ReduceResultDType(ReduceKind::kMean, in);
-    EXPECT_TRUE(std::isnan(ReadDouble(mean, real, i)));
-    EXPECT_EQ(ReadDouble(norm2, real, i), 0.0);
+    EXPECT_TRUE(std::isnan(ElementAsDouble(mean, real, i)));
+    EXPECT_EQ(ElementAsDouble(norm2, real, i), 0.0);
   }
 }
 
@@ -331,11 +306,16 @@ TYPED_TEST(ReduceFloatTest, NanPropagates) {
   v[9] = nan;
   v[500] = 100;
   const ReduceShape whole{1, 1000, 1};
-  EXPECT_TRUE(std::isnan(ReadDouble(RunReduce<T>(ReduceKind::kMin, v, whole, Pool(2)), in, 0)));
-  EXPECT_TRUE(std::isnan(ReadDouble(RunReduce<T>(ReduceKind::kMax, v, whole, Pool(2)), in, 0)));
-  EXPECT_TRUE(std::isnan(ReadDouble(RunReduce<T>(ReduceKind::kSum, v, whole, Pool(2)), in, 0)));
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmin, v, whole, Pool(2)), DType::kInt64, 0), 5);
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmax, v, whole, Pool(2)), DType::kInt64, 0), 5);
+  EXPECT_TRUE(
+      std::isnan(ElementAsDouble(RunReduce<T>(ReduceKind::kMin, v, whole, Pool(2)), in, 0)));
+  EXPECT_TRUE(
+      std::isnan(ElementAsDouble(RunReduce<T>(ReduceKind::kMax, v, whole, Pool(2)), in, 0)));
+  EXPECT_TRUE(
+      std::isnan(ElementAsDouble(RunReduce<T>(ReduceKind::kSum, v, whole, Pool(2)), in, 0)));
+  EXPECT_EQ(ElementAsInt(RunReduce<T>(ReduceKind::kArgmin, v, whole, Pool(2)), DType::kInt64, 0),
+            5);
+  EXPECT_EQ(ElementAsInt(RunReduce<T>(ReduceKind::kArgmax, v, whole, Pool(2)), DType::kInt64, 0),
+            5);
 
   // A NaN as the last element of a long extent spanning several blocks, per column.
   const int64_t rows = 200000, cols = 3;
@@ -346,24 +326,24 @@ TYPED_TEST(ReduceFloatTest, NanPropagates) {
   m[7 * cols + 0] = -1;                    // column 0: no NaN
   const ReduceShape axis0{1, rows, cols};  // C layout, axis 0
   const auto mn = RunReduce<T>(ReduceKind::kMin, m, axis0, Pool(7));
-  EXPECT_EQ(ReadDouble(mn, in, 0), -1.0);
-  EXPECT_TRUE(std::isnan(ReadDouble(mn, in, 1)));
-  EXPECT_TRUE(std::isnan(ReadDouble(mn, in, 2)));
+  EXPECT_EQ(ElementAsDouble(mn, in, 0), -1.0);
+  EXPECT_TRUE(std::isnan(ElementAsDouble(mn, in, 1)));
+  EXPECT_TRUE(std::isnan(ElementAsDouble(mn, in, 2)));
   const auto amax = RunReduce<T>(ReduceKind::kArgmax, m, axis0, Pool(7));
-  EXPECT_EQ(ReadInt(amax, DType::kInt64, 0), 0);
-  EXPECT_EQ(ReadInt(amax, DType::kInt64, 1), rows - 1);
-  EXPECT_EQ(ReadInt(amax, DType::kInt64, 2), rows / 2);
+  EXPECT_EQ(ElementAsInt(amax, DType::kInt64, 0), 0);
+  EXPECT_EQ(ElementAsInt(amax, DType::kInt64, 1), rows - 1);
+  EXPECT_EQ(ElementAsInt(amax, DType::kInt64, 2), rows / 2);
   const auto amin = RunReduce<T>(ReduceKind::kArgmin, m, axis0, Pool(7));
-  EXPECT_EQ(ReadInt(amin, DType::kInt64, 0), 7);
-  EXPECT_EQ(ReadInt(amin, DType::kInt64, 2), rows / 2);
+  EXPECT_EQ(ElementAsInt(amin, DType::kInt64, 0), 7);
+  EXPECT_EQ(ElementAsInt(amin, DType::kInt64, 2), rows / 2);
   // The same along a contiguous extent (whole array of column 2's values).
   std::vector<T> col(rows);
   for (int64_t r = 0; r < rows; ++r) col[r] = m[r * cols + 2];
   EXPECT_EQ(
-      ReadInt(RunReduce<T>(ReduceKind::kArgmin, col, {1, rows, 1}, Pool(7)), DType::kInt64, 0),
+      ElementAsInt(RunReduce<T>(ReduceKind::kArgmin, col, {1, rows, 1}, Pool(7)), DType::kInt64, 0),
       rows / 2);
-  EXPECT_TRUE(
-      std::isnan(ReadDouble(RunReduce<T>(ReduceKind::kMax, col, {1, rows, 1}, Pool(7)), in, 0)));
+  EXPECT_TRUE(std::isnan(
+      ElementAsDouble(RunReduce<T>(ReduceKind::kMax, col, {1, rows, 1}, Pool(7)), in, 0)));
 }
 
 TYPED_TEST(ReduceFloatTest, InfinitiesAndTies) {
@@ -372,47 +352,53 @@ TYPED_TEST(ReduceFloatTest, InfinitiesAndTies) {
   const T inf = std::numeric_limits<T>::infinity();
   const std::vector<T> v = {inf, 3, -inf, 2, -inf, inf};
   const ReduceShape whole{1, 6, 1};
-  EXPECT_EQ(ReadDouble(RunReduce<T>(ReduceKind::kMin, v, whole, Pool(2)), in, 0), -inf);
-  EXPECT_EQ(ReadDouble(RunReduce<T>(ReduceKind::kMax, v, whole, Pool(2)), in, 0), inf);
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmin, v, whole, Pool(2)), DType::kInt64, 0), 2);
-  EXPECT_EQ(ReadInt(RunReduce<T>(ReduceKind::kArgmax, v, whole, Pool(2)), DType::kInt64, 0), 0);
+  EXPECT_EQ(ElementAsDouble(RunReduce<T>(ReduceKind::kMin, v, whole, Pool(2)), in, 0), -inf);
+  EXPECT_EQ(ElementAsDouble(RunReduce<T>(ReduceKind::kMax, v, whole, Pool(2)), in, 0), inf);
+  EXPECT_EQ(ElementAsInt(RunReduce<T>(ReduceKind::kArgmin, v, whole, Pool(2)), DType::kInt64, 0),
+            2);
+  EXPECT_EQ(ElementAsInt(RunReduce<T>(ReduceKind::kArgmax, v, whole, Pool(2)), DType::kInt64, 0),
+            0);
   // All equal: the first index.
   const std::vector<T> flat(100, 4);
   EXPECT_EQ(
-      ReadInt(RunReduce<T>(ReduceKind::kArgmax, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0), 0);
+      ElementAsInt(RunReduce<T>(ReduceKind::kArgmax, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0),
+      0);
   EXPECT_EQ(
-      ReadInt(RunReduce<T>(ReduceKind::kArgmin, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0), 0);
+      ElementAsInt(RunReduce<T>(ReduceKind::kArgmin, flat, {1, 100, 1}, Pool(2)), DType::kInt64, 0),
+      0);
 }
 
 TEST(ReduceIntegerTest, Wraparound) {
   constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
   const std::vector<int64_t> big = {kMax64, kMax64, 2};  // 2^64 = 0 mod 2^64
   EXPECT_EQ(
-      ReadInt(RunReduce<int64_t>(ReduceKind::kSum, big, {1, 3, 1}, Pool(2)), DType::kInt64, 0), 0);
-  const std::vector<int64_t> pow2 = {int64_t{1} << 62, 4};
-  EXPECT_EQ(
-      ReadInt(RunReduce<int64_t>(ReduceKind::kProd, pow2, {1, 2, 1}, Pool(2)), DType::kInt64, 0),
+      ElementAsInt(RunReduce<int64_t>(ReduceKind::kSum, big, {1, 3, 1}, Pool(2)), DType::kInt64, 0),
       0);
+  const std::vector<int64_t> pow2 = {int64_t{1} << 62, 4};
+  EXPECT_EQ(ElementAsInt(RunReduce<int64_t>(ReduceKind::kProd, pow2, {1, 2, 1}, Pool(2)),
+                         DType::kInt64, 0),
+            0);
   const std::vector<int64_t> minus = {std::numeric_limits<int64_t>::min(), -1};
-  EXPECT_EQ(
-      ReadInt(RunReduce<int64_t>(ReduceKind::kProd, minus, {1, 2, 1}, Pool(2)), DType::kInt64, 0),
-      std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(ElementAsInt(RunReduce<int64_t>(ReduceKind::kProd, minus, {1, 2, 1}, Pool(2)),
+                         DType::kInt64, 0),
+            std::numeric_limits<int64_t>::min());
   // int32 sums and products are taken in int64.
   const std::vector<int32_t> i32(100000, std::numeric_limits<int32_t>::max());
-  EXPECT_EQ(
-      ReadInt(RunReduce<int32_t>(ReduceKind::kSum, i32, {1, 100000, 1}, Pool(2)), DType::kInt64, 0),
-      int64_t{100000} * std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(ElementAsInt(RunReduce<int32_t>(ReduceKind::kSum, i32, {1, 100000, 1}, Pool(2)),
+                         DType::kInt64, 0),
+            int64_t{100000} * std::numeric_limits<int32_t>::max());
   const std::vector<int32_t> f = {65536, 65536, 3};
-  EXPECT_EQ(ReadInt(RunReduce<int32_t>(ReduceKind::kProd, f, {1, 3, 1}, Pool(2)), DType::kInt64, 0),
-            int64_t{3} << 32);
+  EXPECT_EQ(
+      ElementAsInt(RunReduce<int32_t>(ReduceKind::kProd, f, {1, 3, 1}, Pool(2)), DType::kInt64, 0),
+      int64_t{3} << 32);
   // Extremes of min and max.
   const std::vector<int32_t> ext = {0, std::numeric_limits<int32_t>::min(),
                                     std::numeric_limits<int32_t>::max()};
   EXPECT_EQ(
-      ReadInt(RunReduce<int32_t>(ReduceKind::kMin, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
+      ElementAsInt(RunReduce<int32_t>(ReduceKind::kMin, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
       std::numeric_limits<int32_t>::min());
   EXPECT_EQ(
-      ReadInt(RunReduce<int32_t>(ReduceKind::kMax, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
+      ElementAsInt(RunReduce<int32_t>(ReduceKind::kMax, ext, {1, 3, 1}, Pool(2)), DType::kInt32, 0),
       std::numeric_limits<int32_t>::max());
 }
 
@@ -441,7 +427,7 @@ TEST(ReduceFloat32ProdTest, MultipliesInFloat32) {
     const int64_t n = static_cast<int64_t>(v.size());
     for (int threads : {1, 7}) {
       const auto out = RunReduce<float>(ReduceKind::kProd, v, {1, n, 1}, Pool(threads));
-      EXPECT_EQ(ReadDouble(out, DType::kFloat32, 0), in_float32) << n << " factors";
+      EXPECT_EQ(ElementAsDouble(out, DType::kFloat32, 0), in_float32) << n << " factors";
     }
   }
 }

@@ -782,16 +782,6 @@ TEST(QuotaTest, BuffersAndDeviceBytesPerTenantNameTheQuota) {
 // ---------------------------------------------------------------------------
 // Quota reloads, uploads under way, and calls in flight per tenant.
 
-// Polls `done` until it holds, for up to 10 s.
-bool Eventually(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
-}
-
 // Polls GetServerInfo of `client` until `done` holds of it.
 bool InfoBecomes(Client& client, const std::function<bool(const v1::ServerInfo&)>& done) {
   return Eventually([&] {

@@ -45,6 +45,7 @@ namespace gpucompute {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using ::gpucompute::testing::AsBytes;
 using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::kGiB;
 using ::gpucompute::testing::kMiB;
@@ -90,10 +91,6 @@ std::string RandomBytes(uint64_t n, uint64_t seed, bool bool_values = false) {
     out[i] = static_cast<char>(bool_values ? (r >> 17) & 1 : (r >> 17) & 0xff);
   }
   return out;
-}
-
-std::span<const std::byte> AsBytes(const std::string& s) {
-  return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
 }
 
 uint64_t ItemSize(v1::DType dtype) {

@@ -53,7 +53,6 @@ TEST_F(ServerFlagsTest, DefaultsAreTheServerOptionsDefaults) {
   EXPECT_EQ(parsed.options.cpu_threads, defaults.cpu_threads);
   EXPECT_EQ(parsed.options.max_streams, defaults.max_streams);
   EXPECT_EQ(parsed.options.graph_min_ops, defaults.graph_min_ops);
-  EXPECT_EQ(parsed.options.session_handler, defaults.session_handler);
   EXPECT_EQ(parsed.options.shutdown_grace, defaults.shutdown_grace);
   EXPECT_EQ(parsed.options.lane_spin, std::nullopt);  // chosen from the CPUs at start
   EXPECT_EQ(parsed.options.default_device, defaults.default_device);
@@ -90,7 +89,6 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
       "--cpu_threads=3",
       "--max-streams=99",
       "--graph_min_ops=16",
-      "--session-handler=sync",
       "--shutdown-grace=1.5s",
       "--lane-spin=2ms",
       "--default-device",
@@ -126,7 +124,6 @@ TEST_F(ServerFlagsTest, EveryFlagInBothSpellings) {
   EXPECT_EQ(o.cpu_threads, 3);
   EXPECT_EQ(o.max_streams, 99u);
   EXPECT_EQ(o.graph_min_ops, 16u);
-  EXPECT_EQ(o.session_handler, SessionHandler::kSync);
   EXPECT_EQ(o.shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(o.lane_spin, absl::Milliseconds(2));
   EXPECT_EQ(o.default_device, 1);
@@ -241,7 +238,6 @@ TEST_F(ServerFlagsTest, MalformedValuesSayWhatIsWrong) {
       {{"--cpu-threads=-1"}, "--cpu-threads: needs a non-negative integer"},
       {{"--default-device=one"}, "--default-device: needs a non-negative integer"},
       {{"--max-streams=0"}, "--max-streams: needs a positive integer"},
-      {{"--session-handler=async"}, "--session-handler: use callback or sync"},
       {{"--shutdown-grace=-1s"}, "--shutdown-grace: must not be negative"},
       {{"--shutdown-grace=soon"}, "--shutdown-grace: "},
       {{"--lane-spin=-1us"}, "--lane-spin: must not be negative"},
@@ -323,7 +319,6 @@ TEST_F(ServerFlagsTest, HelpListsEveryFlag) {
     EXPECT_NE(parsed.usage.find(flag), std::string::npos) << flag;
   }
   EXPECT_NE(parsed.usage.find("--graph-min-ops=N"), std::string::npos);
-  EXPECT_NE(parsed.usage.find("--session-handler=callback|sync"), std::string::npos);
   for (absl::string_view line : absl::StrSplit(parsed.usage, '\n')) {
     EXPECT_LE(line.size(), 80u) << line;
   }

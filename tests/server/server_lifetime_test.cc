@@ -64,15 +64,6 @@ v1::SubmitRequest Double(const std::string& x) {
   return submit;
 }
 
-// Polls `done` every 10 ms for up to 5 s.
-bool Eventually(const std::function<bool()>& done) {
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(5); absl::Now() < deadline;) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return done();
-}
-
 TEST(LeaseTest, ExpiredBufferIsReclaimedAndAnswersLikeAnUnknownId) {
   auto server = StartLeased();
   auto client = server->Connect("lessee");
@@ -99,7 +90,7 @@ TEST(LeaseTest, ExpiredBufferIsReclaimedAndAnswersLikeAnUnknownId) {
   EXPECT_EQ(client->RenewLease(b->id()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(DownloadBytes(*client, b->id()).status().code(), absl::StatusCode::kNotFound);
   // The memory comes back and the name is free again.
-  EXPECT_TRUE(Eventually([&] { return MemoryUsed(*client) == before; }));
+  EXPECT_TRUE(Eventually([&] { return MemoryUsed(*client) == before; }, absl::Seconds(5)));
   absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->leases_expired(), 1u);
@@ -594,7 +585,8 @@ TEST_F(PersistTest, RestartUnderLoadLosesNoNamedBuffer) {
       }
     });
   }
-  ASSERT_TRUE(Eventually([&] { return uploads.load() >= 40; })) << ReadAll(first.log);
+  ASSERT_TRUE(Eventually([&] { return uploads.load() >= 40; }, absl::Seconds(5)))
+      << ReadAll(first.log);
   EXPECT_EQ(Terminate(first), 0) << ReadAll(first.log);
   stop = true;
   for (std::thread& t : threads) t.join();

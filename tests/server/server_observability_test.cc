@@ -25,19 +25,13 @@
 namespace gpucompute {
 namespace {
 
+using ::gpucompute::testing::CreateFloat64;
 using ::gpucompute::testing::Snapshot;
 using ::gpucompute::testing::TakeSnapshot;
 using ::gpucompute::testing::TestServer;
 using Code = absl::StatusCode;
 
 Code GrpcCode(const grpc::Status& s) { return static_cast<Code>(s.error_code()); }
-
-v1::UploadHeader CreateFloat64(uint64_t elements) {
-  v1::UploadHeader header;
-  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
-  header.mutable_create()->add_shape(elements);
-  return header;
-}
 
 using UploadWriter = std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>>;
 

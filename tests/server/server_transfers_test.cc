@@ -28,6 +28,8 @@
 namespace gpucompute {
 namespace {
 
+using ::gpucompute::testing::AsBytes;
+using ::gpucompute::testing::CreateFloat64;
 using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::MemoryUsed;
 using ::gpucompute::testing::Snapshot;
@@ -41,17 +43,6 @@ std::string RandomBytes(uint64_t n, uint64_t seed) {
   std::string s(n, '\0');
   for (char& c : s) c = static_cast<char>(rng() & 0xFF);
   return s;
-}
-
-std::span<const std::byte> AsBytes(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
-
-v1::UploadHeader CreateFloat64(uint64_t elements) {
-  v1::UploadHeader header;
-  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
-  header.mutable_create()->add_shape(elements);
-  return header;
 }
 
 v1::UploadHeader IntoBuffer(const std::string& id, uint64_t offset, uint64_t size) {

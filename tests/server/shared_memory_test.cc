@@ -173,14 +173,6 @@ std::string BytesOf(const std::vector<double>& v, uint64_t offset, uint64_t size
   return std::string(reinterpret_cast<const char*>(v.data()) + offset, size);
 }
 
-v1::UploadHeader CreateFloat64(uint64_t n, const std::string& name = "") {
-  v1::UploadHeader header;
-  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
-  header.mutable_create()->add_shape(n);
-  header.mutable_create()->set_name(name);
-  return header;
-}
-
 class SharedMemoryTest : public ::testing::Test {
  protected:
   void SetUp() override { Start(/*allow=*/true, /*idle_timeout_seconds=*/600); }

@@ -75,16 +75,6 @@ class TestServer {
     options.listen = "127.0.0.1:0";
     // GPUCOMPUTE_TEST_BACKEND=cuda runs the end-to-end suites on a GPU.
     options.backend = TestBackendName();
-    // GPUCOMPUTE_TEST_SESSION_HANDLER=sync serves sessions through the synchronous API.
-    if (const char* name = std::getenv("GPUCOMPUTE_TEST_SESSION_HANDLER");
-        name != nullptr && *name != '\0') {
-      std::optional<SessionHandler> handler = ParseSessionHandler(name);
-      if (!handler) {
-        ADD_FAILURE() << "GPUCOMPUTE_TEST_SESSION_HANDLER=" << name << ": use callback or sync";
-        return nullptr;
-      }
-      options.session_handler = *handler;
-    }
     options.kernel_cache_dir = "";
     options.memory_limit_bytes = memory_limit_bytes;
     options.cpu_threads = cpu_threads;
@@ -216,6 +206,21 @@ absl::StatusOr<std::vector<T>> DownloadArray(Client& client, std::string_view bu
   return out;
 }
 
+// The header of an upload that creates a 1-D float64 buffer of `elements`, named `name`
+// (empty: unnamed).
+inline v1::UploadHeader CreateFloat64(uint64_t elements, const std::string& name = "") {
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->add_shape(elements);
+  if (!name.empty()) header.mutable_create()->set_name(name);
+  return header;
+}
+
+// The bytes of `s`, as Client::Upload takes them.
+inline std::span<const std::byte> AsBytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
 // The server's memory in use (ServerInfo.memory_used_bytes); all ones if it cannot be read.
 inline uint64_t MemoryUsed(Client& client) {
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
@@ -234,6 +239,16 @@ inline uint64_t WaitForMemoryUsed(Client& client, uint64_t expected,
     used = MemoryUsed(client);
   }
   return used;
+}
+
+// Polls `done` every 5 ms until it holds or `timeout` passes; then asks it once more.
+inline bool Eventually(const std::function<bool()>& done,
+                       absl::Duration timeout = absl::Seconds(10)) {
+  for (const absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
 }
 
 // What a rejected request must leave as it was: the calling client's buffers (id, name and
