@@ -4,10 +4,8 @@
 // once the message has been read. With glibc's default thresholds such blocks are mapped
 // fresh and unmapped again, or trimmed off the heap, message after message: every byte
 // received then lands on a page the kernel must fault in and zero first, which can cost
-// more than the copy itself. Measured on a 2-core machine whose page faults are slow
-// (`gpucompute bench --sizes=64MiB --transport=grpc`, five runs alternating with and
-// without): one-stream downloads median 0.13 -> 0.46 GB/s, uploads 0.04 -> 0.07 GB/s (those
-// are bound by the CPU backend's first touch of each new buffer).
+// more than the copy itself; keeping the blocks mapped makes one-stream transfers several
+// times faster where page faults are slow (docs/performance.md, "Transfer memory retained").
 #ifndef GPUCOMPUTE_COMMON_TRANSFER_MEMORY_H_
 #define GPUCOMPUTE_COMMON_TRANSFER_MEMORY_H_
 

@@ -24,9 +24,8 @@ namespace gpucompute {
 namespace {
 
 // Steps queued and launched together (RunChainCall): long enough that a run's launch
-// costs little per step, short enough that the device starts early. A chain of 100 small
-// steps on an H100 host took 1.06-1.09 ms in runs of 32, 1.18-1.31 ms in one run of
-// all, 1.21-1.23 ms in runs of 16 and 1.13-1.47 ms in runs of 50.
+// costs little per step, short enough that the device starts early. 32 was the fastest
+// of the run lengths tried (docs/performance.md, "Chains queued 32 steps at a time").
 constexpr size_t kChainLaunchRun = 32;
 
 // `status` with its message prefixed by the step it is about.

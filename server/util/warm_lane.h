@@ -1,9 +1,8 @@
 // A thread kept running between calls, for the latency-bound part of a call that waits
 // on its answer: planning and launching a small operation, or a chain's steps. Handed a
 // job, it runs it on a core whose caches still hold the planner, the executor and the
-// CUDA driver from the call before, where a gRPC thread comes to each call cold: on an
-// H100 host, Submit(wait) of `x + 1` on 1024 values answered 15-20 us sooner this way,
-// its start event, launch and end event taking 8 us of device time where they took 16.
+// CUDA driver from the call before, where a gRPC thread comes to each call cold, and
+// launches sooner (docs/performance.md, "The warm lane", has the figures).
 //
 // The thread spins for a while after each job (and after a wake-up), then sleeps: a core
 // busy while calls come, which buys each of them those microseconds. While it spins idle
