@@ -52,9 +52,26 @@ absl::Status ErrnoStatus(int error, absl::string_view call, absl::string_view na
     case EMFILE:
     case ENFILE:
       return absl::ResourceExhaustedError(what);
+    case ELOOP:  // O_NOFOLLOW met a link
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "' is a symbolic link, not a shared-memory object; the server follows none"));
     default:
       return absl::InvalidArgumentError(what);
   }
+}
+
+// The refusal of a file of /dev/shm that is not a regular file, saying what it is.
+absl::Status NotAnObject(absl::string_view name, mode_t mode) {
+  const char* kind = S_ISFIFO(mode)   ? "a FIFO"
+                     : S_ISDIR(mode)  ? "a directory"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "no regular file";
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' is ", kind,
+                   ", not a shared-memory object; register an object made with shm_open and "
+                   "ftruncate"));
 }
 
 // Closes a file descriptor on every way out.
@@ -89,14 +106,25 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
   RETURN_IF_ERROR(ValidateShmName(name));
   if (size == 0) return absl::InvalidArgumentError("a shared-memory region needs size_bytes > 0");
   const std::string path(name);
-  ScopedFd fd(shm_open(path.c_str(), read_only ? O_RDONLY : O_RDWR, 0));
-  if (fd.get() < 0) return ErrnoStatus(errno, "shm_open", name);
+  // Anyone who may write /dev/shm can put any file there. O_NONBLOCK: opening a FIFO
+  // read-only would otherwise wait for a writer forever, holding an RPC thread that no
+  // shutdown can take back; it changes nothing for a regular file, whose mapping is all
+  // the server uses. O_NOFOLLOW: a link could name any file the server may open.
+  constexpr int kFlags = O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
+  ScopedFd fd(shm_open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | kFlags, 0));
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", name);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' is not a shared-memory object"));
+  if (fd.get() < 0) {
+    const int error = errno;
+    // shm_open answers EINVAL for a directory opened to write (for open's EISDIR): say so.
+    ScopedFd probe(error == EINVAL && !read_only ? shm_open(path.c_str(), O_RDONLY | kFlags, 0)
+                                                 : -1);
+    if (probe.get() >= 0 && fstat(probe.get(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return NotAnObject(name, st.st_mode);
+    }
+    return ErrnoStatus(error, "shm_open", name);
   }
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", name);
+  if (!S_ISREG(st.st_mode)) return NotAnObject(name, st.st_mode);
   RETURN_IF_ERROR(CheckByteRange(offset, size, static_cast<uint64_t>(st.st_size),
                                  absl::StrCat("shared-memory object '", name, "'")));
   // mmap maps whole pages: map from the page holding `offset`.

@@ -49,7 +49,8 @@ class SharedMapping {
   // Opens the object `name` ("/name", as shm_open takes it) read-only or read-write and
   // maps bytes [offset, offset + size) of it. NOT_FOUND when no such object exists,
   // PERMISSION_DENIED when the server may not open it, INVALID_ARGUMENT for a malformed
-  // name or a range outside the object.
+  // name, a range outside the object, or a file that is no regular file (a FIFO, a
+  // directory, a symbolic link...), refused at once without waiting on it.
   static absl::StatusOr<std::unique_ptr<SharedMapping>> Open(Backend& backend,
                                                              absl::string_view name,
                                                              uint64_t offset, uint64_t size,

@@ -4,6 +4,7 @@
 // are in cli_test.cc; CUDA IPC, which needs two processes and a GPU, in cuda_ipc_test.cc.)
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
@@ -92,12 +94,15 @@ class RawShm {
                                 const Request& request) {
     grpc::ClientContext context;
     context.AddMetadata(kClientMetadataKey, client_);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + deadline_);
     Response response;
     grpc::Status status = (stub_.get()->*method)(&context, request, &response);
     if (!status.ok()) return StatusOf(status);
     return response;
   }
+
+  // How long each call may take; a call that takes longer fails with DEADLINE_EXCEEDED.
+  void set_deadline(std::chrono::seconds deadline) { deadline_ = deadline; }
 
   absl::StatusOr<v1::RegionInfo> Register(const std::string& name, uint64_t offset, uint64_t size,
                                           bool read_only = false) {
@@ -129,6 +134,7 @@ class RawShm {
  private:
   std::unique_ptr<v1::SharedMemoryService::Stub> stub_;
   std::string client_;
+  std::chrono::seconds deadline_{60};
 };
 
 v1::CopyFromRegionRequest CopyInto(const std::string& region, uint64_t region_offset,
@@ -685,6 +691,45 @@ TEST_F(SharedMemoryTest, RegistrationChecksNameRangeAndExistence) {
   EXPECT_EQ(MappingsOf(segment.name()), 2);
   ASSERT_OK(raw.Unregister(region.id()));
   EXPECT_EQ(MappingsOf(segment.name()), 1) << "unregistering left the server's mapping";
+}
+
+// Files of /dev/shm that are no shared-memory objects, which anyone on the host can
+// make: each is refused at once, and the server goes on serving.
+TEST_F(SharedMemoryTest, RegistrationRefusesWhatIsNoObjectAtOnce) {
+  RawShm raw(*server_, "shm-test");
+  raw.set_deadline(std::chrono::seconds(5));  // a registration that waits fails, not hangs
+  Segment segment(4096);
+  const std::string stem = absl::StrCat("/gpucompute-test-", getpid(), "-");
+  const std::string fifo = stem + "fifo", dir = stem + "dir", link = stem + "link";
+  ASSERT_EQ(mkfifo(("/dev/shm" + fifo).c_str(), 0600), 0) << std::strerror(errno);
+  ASSERT_EQ(mkdir(("/dev/shm" + dir).c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(symlink(("/dev/shm" + segment.name()).c_str(), ("/dev/shm" + link).c_str()), 0)
+      << std::strerror(errno);
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {fifo, "a FIFO"}, {dir, "a directory"}, {link, "a symbolic link"}}) {
+    for (const bool read_only : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(name, read_only ? " read-only" : " read-write"));
+      const absl::Time start = absl::Now();
+      const absl::StatusOr<v1::RegionInfo> r = raw.Register(name, 0, 4096, read_only);
+      EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+      EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+      const absl::string_view message = r.status().message();
+      EXPECT_TRUE(absl::StrContains(message, name) && absl::StrContains(message, what))
+          << message;
+      // A server thread stuck opening the FIFO goes on once a writer comes.
+      close(open(("/dev/shm" + fifo).c_str(), O_WRONLY | O_NONBLOCK));
+    }
+  }
+  unlink(("/dev/shm" + fifo).c_str());
+  rmdir(("/dev/shm" + dir).c_str());
+  unlink(("/dev/shm" + link).c_str());
+
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse list, raw.List());
+  EXPECT_EQ(list.regions_size(), 0);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, 4096, true));
+  EXPECT_EQ(region.size_bytes(), 4096u);
+  ASSIGN_OR_FAIL(v1::ServerInfo info, client_->GetServerInfo());
+  EXPECT_TRUE(info.shared_memory_enabled());
 }
 
 TEST_F(SharedMemoryTest, RejectedCopiesChangeNothing) {
