@@ -121,6 +121,8 @@ TEST(TokenTableTest, MalformedFilesNameTheLineAndNeverTheToken) {
       {"secret-one al/ice\n", "line 1: a tenant name must be"},
       {"secret-one alice root\n", "line 1: the third field may only be 'admin'"},
       {"secret-one alice\nsecret-one bob\n", "line 2: this token is listed on an earlier line"},
+      {"", "lists no tokens"},
+      {"# secret-one alice\n\n  \t\n", "lists no tokens"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
@@ -198,6 +200,10 @@ TEST(StartTest, BadTlsAndTokensFilesAreRefused) {
     std::string says;
   } cases[] = {
       {[&](ServerOptions& o) { o.tokens_file = bad_tokens; }, "line 1"},
+      {[&](ServerOptions& o) { o.tokens_file = dir.Write("empty", ""); },
+       "the tokens file lists no tokens"},
+      {[&](ServerOptions& o) { o.tokens_file = dir.Write("comments", "# only-a-token alice\n"); },
+       "the tokens file lists no tokens"},
       {[&](ServerOptions& o) { o.tokens_file = dir.Write("x", "") + ".missing"; },
        "cannot read the tokens file"},
       {[&](ServerOptions& o) { o.tls_cert_file = TlsFile("server.pem"); }, "--tls-key"},
@@ -423,6 +429,18 @@ TEST_F(TokenTest, ReloadTakesTheNewFileAndKeepsTheOldOneOnError) {
   EXPECT_OK(carol->GetServerInfo());
   EXPECT_EQ(As("carol-token-2")->GetServerInfo().status().code(),
             absl::StatusCode::kUnauthenticated);
+  // A file that lists no tokens, empty or only comments, would lock every caller out:
+  // refused the same.
+  for (const char* text : {"", "# carol-token-1 carol\n\n"}) {
+    SCOPED_TRACE(text);
+    dir_.Write("tokens", text);
+    reload = server_->server().Reload();
+    EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(reload.message().find("lists no tokens"), std::string::npos) << reload;
+    EXPECT_EQ(reload.message().find("carol-token-1"), std::string::npos) << reload;
+    EXPECT_OK(carol->GetServerInfo());
+    EXPECT_OK(bob_->GetServerInfo());
+  }
   // A file that went away: the same.
   std::filesystem::remove(tokens_);
   EXPECT_FALSE(server_->server().Reload().ok());
