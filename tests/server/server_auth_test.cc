@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,9 +36,14 @@ void ExpectValue(const absl::StatusOr<T>& got, const T& want) {
   EXPECT_EQ(*got, want);
 }
 
-std::string TlsFile(const std::string& name) {
-  return absl::StrCat(GPUCOMPUTE_TESTDATA_DIR, "/tls/", name);
+// $GPUCOMPUTE_TESTDATA_DIR when set, so that this program copied to another host finds
+// a copy of tests/testdata there; else the source tree's, compiled in.
+std::string TestDataDir() {
+  const char* dir = std::getenv("GPUCOMPUTE_TESTDATA_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : GPUCOMPUTE_TESTDATA_DIR;
 }
+
+std::string TlsFile(const std::string& name) { return absl::StrCat(TestDataDir(), "/tls/", name); }
 
 // A file of the test's own, removed with the test's directory.
 class TempDir {
@@ -227,6 +233,29 @@ TEST(StartTest, BadTlsAndTokensFilesAreRefused) {
 
 // ---------------------------------------------------------------------------
 // TLS and mutual TLS.
+
+// The certificates come from $GPUCOMPUTE_TESTDATA_DIR when it is set: here, a copy of
+// them elsewhere, which a TLS server then serves with.
+TEST(TestDataTest, TheEnvironmentNamesTheTestData) {
+  TempDir copy;
+  const std::filesystem::path tls = std::filesystem::path(copy.Write("x", "")).parent_path();
+  std::filesystem::copy(absl::StrCat(GPUCOMPUTE_TESTDATA_DIR, "/tls"), tls / "tls");
+  const char* was = std::getenv("GPUCOMPUTE_TESTDATA_DIR");
+  const std::string previous = was != nullptr ? was : "";
+  ASSERT_EQ(setenv("GPUCOMPUTE_TESTDATA_DIR", tls.c_str(), 1), 0);
+  EXPECT_EQ(TlsFile("ca.pem"), (tls / "tls" / "ca.pem").string());
+  absl::StatusOr<std::unique_ptr<Server>> server = StartServer([&](ServerOptions& o) {
+    o.listen = "127.0.0.1:0";
+    o.tls_cert_file = TlsFile("server.pem");
+    o.tls_key_file = TlsFile("server.key");
+  });
+  EXPECT_OK(server);
+  if (was != nullptr) {
+    setenv("GPUCOMPUTE_TESTDATA_DIR", previous.c_str(), 1);
+  } else {
+    unsetenv("GPUCOMPUTE_TESTDATA_DIR");
+  }
+}
 
 class TlsTest : public ::testing::Test {
  protected:
