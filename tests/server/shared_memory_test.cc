@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -730,6 +732,92 @@ TEST_F(SharedMemoryTest, RegistrationRefusesWhatIsNoObjectAtOnce) {
   EXPECT_EQ(region.size_bytes(), 4096u);
   ASSIGN_OR_FAIL(v1::ServerInfo info, client_->GetServerInfo());
   EXPECT_TRUE(info.shared_memory_enabled());
+}
+
+// The client may shrink its object after registering it (ftruncate). A copy that meets
+// the bytes gone, in either direction, fails with FAILED_PRECONDITION naming the object,
+// rather than ending the server with SIGBUS; the server serves on, the buffers are as
+// they were, and what the object still holds still copies.
+TEST_F(SharedMemoryTest, CopiesWithAShrunkObjectFailAndTheServerLives) {
+  RawShm raw(*server_, "shm-test");
+  constexpr uint64_t kRegion = 4 * kMiB, kShrunk = 4096, kBuffer = 64 * 1024;
+  Segment segment(kRegion);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, kRegion));
+  const std::vector<double> values = RandomDoubles(kShrunk / 8, -1e3, 1e3, 21);
+  std::memcpy(segment.data(), values.data(), kShrunk);
+  const std::vector<double> original = RandomDoubles(kBuffer / 8, -1e3, 1e3, 22);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, original, {}, v1::LAYOUT_C, "b"));
+  const std::vector<double> other_values = RandomDoubles(kShrunk / 8, -1e3, 1e3, 23);
+  ASSIGN_OR_FAIL(v1::BufferInfo other,
+                 UploadArray(*client_, other_values, {}, v1::LAYOUT_C, "other"));
+  const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, kShrunk), 0) << std::strerror(errno);
+  close(fd);
+  const Snapshot before = TakeSnapshot(*client_);
+
+  auto expect_shrunk = [&](const absl::Status& status, const std::string& what) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << what << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), segment.name())) << what << ": " << status;
+  };
+  // From the region: bytes past the new end, and a range across it.
+  expect_shrunk(raw.CopyFrom(CopyInto(region.id(), kMiB, buffer.id(), 0, 8192)).status(),
+                "from past the end");
+  expect_shrunk(raw.CopyFrom(CopyInto(region.id(), 0, buffer.id(), 0, kBuffer)).status(),
+                "from across the end");
+  v1::CopyFromRegionRequest create;
+  create.set_region_id(region.id());
+  *create.mutable_create() = CreateFloat64(kRegion / 8, "new").create();
+  expect_shrunk(raw.CopyFrom(create).status(), "into a new buffer");
+  // Into a multi-range upload, whose one range it is: the upload fails.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "uploaded");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  expect_shrunk(
+      raw.CopyFrom(IntoUpload(region.id(), kMiB, started.transfer_id(), 0, 8000)).status(),
+      "into an upload");
+  // To the region: the same.
+  expect_shrunk(raw.CopyTo(CopyOut(buffer.id(), 0, 8192, region.id(), kMiB)).status(),
+                "to past the end");
+  expect_shrunk(raw.CopyTo(CopyOut(buffer.id(), 0, kBuffer, region.id(), 0)).status(),
+                "to across the end");
+
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  ASSIGN_OR_FAIL(std::vector<double> after, DownloadArray<double>(*client_, buffer.id()));
+  EXPECT_EQ(after, original) << "a failed copy changed the buffer";
+  ASSIGN_OR_FAIL(after, DownloadArray<double>(*client_, other.id()));
+  EXPECT_EQ(after, other_values);
+
+  // What the object still holds copies both ways. (The copy to the region across the
+  // end may have written its bytes before the end: the region is the client's to fix.)
+  std::memcpy(segment.data(), values.data(), kShrunk);
+  ASSERT_OK(raw.CopyFrom(CopyInto(region.id(), 0, buffer.id(), 8, kShrunk)));
+  ASSIGN_OR_FAIL(after, DownloadArray<double>(*client_, buffer.id()));
+  std::vector<double> expected = original;
+  std::copy(values.begin(), values.end(), expected.begin() + 1);
+  EXPECT_EQ(after, expected);
+  ASSERT_OK(raw.CopyTo(CopyOut(other.id(), 0, kShrunk, region.id(), 0)));
+  EXPECT_EQ(std::memcmp(segment.data(), other_values.data(), kShrunk), 0);
+}
+
+// The handler that rescues region copies leaves every other SIGBUS as it was: a fault
+// elsewhere, and a SIGBUS sent, still end the process.
+TEST_F(SharedMemoryTest, ASigbusOutsideARegionCopyStillEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto fault = [&](bool sent) {
+    RawShm raw(*server_, "shm-test");
+    Segment segment(2 * 4096);
+    // A registration installs the handler.
+    if (!raw.Register(segment.name(), 0, segment.size()).ok()) std::_Exit(1);
+    if (sent) raise(SIGBUS);
+    const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
+    if (fd < 0 || ftruncate(fd, 0) != 0) std::_Exit(2);
+    std::printf("%d\n", *static_cast<volatile char*>(segment.data() + 4096));
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(fault(/*sent=*/false), ::testing::KilledBySignal(SIGBUS), "");
+  EXPECT_EXIT(fault(/*sent=*/true), ::testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST_F(SharedMemoryTest, RejectedCopiesChangeNothing) {
