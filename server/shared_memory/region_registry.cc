@@ -71,11 +71,10 @@ absl::Status NotAnObject(absl::string_view name, mode_t mode) {
                      : S_ISCHR(mode)  ? "a character device"
                      : S_ISBLK(mode)  ? "a block device"
                      : S_ISSOCK(mode) ? "a socket"
-                                      : "no regular file";
+                                      : "a file of another kind";
   return absl::InvalidArgumentError(
-      absl::StrCat("'", name, "' is ", kind,
-                   ", not a shared-memory object; register an object made with shm_open and "
-                   "ftruncate"));
+      absl::StrCat("'", name, "' is not a shared-memory object but ", kind,
+                   "; register an object made with shm_open and ftruncate"));
 }
 
 // Closes a file descriptor on every way out.
