@@ -8,7 +8,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
+#include "server/core/host_staging_pool.h"
 #include "server/service/operation_planner.h"
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
@@ -85,6 +87,9 @@ absl::StatusOr<RegionHandle> LookupCopyRegion(ServiceContext& ctx, absl::string_
 // A copy between a region and a buffer, validated and ready to queue.
 struct RegionCopy {
   Executor::OpSpec spec;
+  // Runs once the operation has succeeded, before the answer: the last step of a copy
+  // that stages bytes into a region (its error is the call's). May be empty.
+  absl::AnyInvocable<absl::Status() &&> finish;
   // Held until the copy completes: the launch's own references go once it is enqueued.
   RegionHandle region;
   BufferHandle buffer;
@@ -114,6 +119,9 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
     const OperationStatus done = ctx.executor.GetStatus(*op);
     DeferredReactor::FinishOnce(state, [&]() -> grpc::Status {
       if (!done.error.ok()) return ToGrpcStatus(done.error);
+      if (copy.finish) {
+        if (absl::Status s = std::move(copy.finish)(); !s.ok()) return ToGrpcStatus(s);
+      }
       if (copy.created != nullptr) {
         if (absl::Status s = ctx.registry.Register(copy.created); !s.ok()) return ToGrpcStatus(s);
       }
@@ -189,7 +197,7 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
   copy.transfer = OperationKind::kUpload;
   copy.spec.accesses = {{copy.buffer, true}};
   const char* src = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
-  copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
+  copy.spec.launch = [&backend = ctx.backend, &staging = *ctx.staging, region = copy.region.get(),
                       buffer = copy.buffer.get(), src,
                       region_offset = request.region_offset_bytes(), offset,
                       size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
@@ -197,10 +205,16 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
       s = backend.Copy(stream, region->ipc_memory, region_offset, buffer->memory, offset, size);
-    } else if (region->mapping->pinned()) {
+    } else if (region->mapping->dma()) {
       s = backend.CopyFromPinnedHost(stream, src + region_offset, buffer->memory, offset, size);
     } else {
-      s = backend.CopyFromHost(stream, src + region_offset, buffer->memory, offset, size);
+      // The region is read here, where a shrunk object fails the copy (ReadRegion), not
+      // by the backend's own threads, where it would end the server.
+      ASSIGN_OR_RETURN(HostStagingPool::Block block, staging.Acquire(size));
+      RETURN_IF_ERROR(ReadRegion(*region, region_offset, block->data(), size));
+      s = backend.CopyFromStaging(stream, block->data(), buffer->memory, offset, size);
+      // The block goes back once the copy out of it is done.
+      if (s.ok()) s = stream.OnComplete([block = std::move(block)](absl::Status) {});
     }
     if (!s.ok()) return s;
     return LaunchInfo{};
@@ -223,17 +237,27 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
   copy.transfer = OperationKind::kDownload;
   copy.spec.accesses = {{copy.buffer, false}};
   char* dst = copy.region->mapping != nullptr ? copy.region->mapping->data() : nullptr;
-  copy.spec.launch = [&backend = ctx.backend, region = copy.region.get(),
-                      buffer = copy.buffer.get(), dst,
+  // Without DMA, the bytes stop in staging memory and reach the region once the copy is
+  // done, written by the thread that answers, where a shrunk object fails the copy
+  // (WriteRegion), not by the backend's own threads, where it would end the server.
+  auto staged = std::make_shared<HostStagingPool::Block>();
+  copy.finish = [region = copy.region, staged, region_offset = request.region_offset_bytes(),
+                 size]() -> absl::Status {
+    if (*staged == nullptr) return absl::OkStatus();
+    return WriteRegion(*region, region_offset, (*staged)->data(), size);
+  };
+  copy.spec.launch = [&backend = ctx.backend, &staging = *ctx.staging, region = copy.region.get(),
+                      buffer = copy.buffer.get(), dst, staged,
                       region_offset = request.region_offset_bytes(), offset,
                       size](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
       s = backend.Copy(stream, buffer->memory, offset, region->ipc_memory, region_offset, size);
-    } else if (region->mapping->pinned()) {
+    } else if (region->mapping->dma()) {
       s = backend.CopyToPinnedHost(stream, buffer->memory, offset, dst + region_offset, size);
     } else {
-      s = backend.CopyToHost(stream, buffer->memory, offset, dst + region_offset, size);
+      ASSIGN_OR_RETURN(*staged, staging.Acquire(size));
+      s = backend.CopyToStaging(stream, buffer->memory, offset, (*staged)->data(), size);
     }
     if (!s.ok()) return s;
     return LaunchInfo{};
@@ -326,21 +350,34 @@ grpc::ServerUnaryReactor* ServeCopyIntoUpload(ServiceContext& ctx, UploadTransfe
     transfer->Fail(
         absl::CancelledError("a copy into the upload was cancelled; nothing was changed"));
   });
+  const auto fail = [&](const absl::Status& why) {
+    transfer->Fail(absl::Status(why.code(), absl::StrCat(why.message(), "; nothing was changed")));
+    return reactor;
+  };
   absl::StatusOr<RegionHandle> region = LookupUploadSource(ctx, caller->scope, request);
-  if (!region.ok()) {
-    transfer->Fail(absl::Status(region.status().code(),
-                                absl::StrCat(region.status().message(), "; nothing was changed")));
+  if (!region.ok()) return fail(region.status());
+  const Region& source = **region;
+  const uint64_t region_offset = request.region_offset_bytes();
+  if (source.mapping->dma()) {
+    transfer->Write(offset, source.mapping->data() + region_offset,
+                    UploadTransfer::HostMemory::kPinned, size,
+                    [transfer, region = *std::move(region)](absl::Status) {
+                      // Copied (or failed, which fails the upload): the range is done, and
+                      // the region may go.
+                      transfer->RangeDone();
+                    });
     return reactor;
   }
-  const Region& source = **region;
-  transfer->Write(offset, source.mapping->data() + request.region_offset_bytes(),
-                  source.mapping->pinned() ? UploadTransfer::HostMemory::kPinned
-                                           : UploadTransfer::HostMemory::kPageable,
-                  size, [transfer, region = *std::move(region)](absl::Status) {
-                    // Copied (or failed, which fails the upload): the range is done, and
-                    // the region may go.
-                    transfer->RangeDone();
-                  });
+  // Read on this thread, where a shrunk object fails the upload (ReadRegion), not by the
+  // backend's own threads, where it would end the server.
+  absl::StatusOr<HostStagingPool::Block> block = ctx.staging->Acquire(size);
+  if (!block.ok()) return fail(block.status());
+  if (absl::Status s = ReadRegion(source, region_offset, (*block)->data(), size); !s.ok()) {
+    return fail(s);
+  }
+  const void* staged = (*block)->data();
+  transfer->Write(offset, staged, UploadTransfer::HostMemory::kStaging, size,
+                  [transfer, block = *std::move(block)](absl::Status) { transfer->RangeDone(); });
   return reactor;
 }
 

@@ -1,17 +1,21 @@
 #include "server/shared_memory/region_registry.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <tuple>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "server/util/ids.h"
 #include "server/util/log.h"
@@ -52,9 +56,25 @@ absl::Status ErrnoStatus(int error, absl::string_view call, absl::string_view na
     case EMFILE:
     case ENFILE:
       return absl::ResourceExhaustedError(what);
+    case ELOOP:  // O_NOFOLLOW met a link
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", name, "' is a symbolic link, not a shared-memory object; the server follows none"));
     default:
       return absl::InvalidArgumentError(what);
   }
+}
+
+// The refusal of a file of /dev/shm that is not a regular file, saying what it is.
+absl::Status NotAnObject(absl::string_view name, mode_t mode) {
+  const char* kind = S_ISFIFO(mode)   ? "a FIFO"
+                     : S_ISDIR(mode)  ? "a directory"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "a file of another kind";
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' is not a shared-memory object but ", kind,
+                   "; register an object made with shm_open and ftruncate"));
 }
 
 // Closes a file descriptor on every way out.
@@ -70,7 +90,90 @@ class ScopedFd {
   int fd_;
 };
 
+// --- Copies that survive a shrunk object (ReadRegion, WriteRegion).
+//
+// A thread inside GuardedCopy points t_copy_escape at its jump buffer; the SIGBUS
+// handler jumps back there, out of the faulting memcpy, and GuardedCopy fails. The
+// memcpy holds no lock and owns nothing, so leaving it midway leaks nothing.
+
+thread_local sigjmp_buf* volatile t_copy_escape = nullptr;
+struct sigaction previous_sigbus_action;
+
+void OnSigbus(int signal, siginfo_t* info, void* context) {
+  if (sigjmp_buf* escape = t_copy_escape; escape != nullptr) {
+    t_copy_escape = nullptr;
+    siglongjmp(*escape, 1);
+  }
+  // Not a region copy's: as it would have gone without this handler.
+  const struct sigaction& previous = previous_sigbus_action;
+  const bool sent = info == nullptr || info->si_code <= 0;  // by kill(), not a fault
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
+    previous.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous.sa_handler == SIG_IGN && sent) return;
+  if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(signal);
+    return;
+  }
+  // The default action: a fault happens again on return, and ends the process with a
+  // core as it would have; a sent signal is sent again.
+  struct sigaction fallback = {};
+  fallback.sa_handler = SIG_DFL;
+  sigemptyset(&fallback.sa_mask);
+  sigaction(SIGBUS, &fallback, nullptr);
+  if (sent) raise(signal);
+}
+
+// Once per process, before the first region is mapped; keeps the handler found.
+void InstallSigbusHandler() {
+  static absl::once_flag once;
+  absl::call_once(once, [] {
+    struct sigaction action = {};
+    action.sa_sigaction = &OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGBUS, &action, &previous_sigbus_action) != 0) {
+      Log(LogLevel::kError, "cannot install the SIGBUS handler: a client that shrinks a "
+                            "shared-memory object can end the server",
+          {{"error", std::strerror(errno)}});
+    }
+  });
+}
+
+// memcpy, but false rather than the end of the process when it meets SIGBUS.
+bool GuardedCopy(void* dst, const void* src, size_t bytes) {
+  sigjmp_buf escape;
+  if (sigsetjmp(escape, /*savemask=*/1) != 0) return false;  // the handler jumped here
+  t_copy_escape = &escape;
+  // The handler must see the escape set for the whole copy: no moving it across.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, bytes);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_copy_escape = nullptr;
+  return true;
+}
+
+absl::Status CopyWithRegion(const Region& region, uint64_t offset, uint64_t bytes, void* dst,
+                            const void* src) {
+  RETURN_IF_ERROR(CheckByteRange(offset, bytes, region.size, absl::StrCat("region ", region.id)));
+  if (GuardedCopy(dst, src, bytes)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "region ", region.id, ": shared-memory object '", region.shm_name,
+      "' no longer holds its bytes [", region.shm_offset + offset, ", +", bytes,
+      "), which the region maps: it was truncated after the region was registered. "
+      "Unregister the region, and register it again once the object has its size"));
+}
+
 }  // namespace
+
+absl::Status ReadRegion(const Region& region, uint64_t offset, void* dst, uint64_t bytes) {
+  return CopyWithRegion(region, offset, bytes, dst, region.mapping->data() + offset);
+}
+
+absl::Status WriteRegion(const Region& region, uint64_t offset, const void* src, uint64_t bytes) {
+  return CopyWithRegion(region, offset, bytes, region.mapping->data() + offset, src);
+}
 
 absl::Status CheckByteRange(uint64_t offset, uint64_t size, uint64_t total,
                             absl::string_view what) {
@@ -89,16 +192,28 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
   RETURN_IF_ERROR(ValidateShmName(name));
   if (size == 0) return absl::InvalidArgumentError("a shared-memory region needs size_bytes > 0");
   const std::string path(name);
-  ScopedFd fd(shm_open(path.c_str(), read_only ? O_RDONLY : O_RDWR, 0));
-  if (fd.get() < 0) return ErrnoStatus(errno, "shm_open", name);
+  // Anyone who may write /dev/shm can put any file there. O_NONBLOCK: opening a FIFO
+  // read-only would otherwise wait for a writer forever, holding an RPC thread that no
+  // shutdown can take back; it changes nothing for a regular file, whose mapping is all
+  // the server uses. O_NOFOLLOW: a link could name any file the server may open.
+  constexpr int kFlags = O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
+  ScopedFd fd(shm_open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | kFlags, 0));
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", name);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' is not a shared-memory object"));
+  if (fd.get() < 0) {
+    const int error = errno;
+    // shm_open answers EINVAL for a directory opened to write (for open's EISDIR): say so.
+    ScopedFd probe(error == EINVAL && !read_only ? shm_open(path.c_str(), O_RDONLY | kFlags, 0)
+                                                 : -1);
+    if (probe.get() >= 0 && fstat(probe.get(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return NotAnObject(name, st.st_mode);
+    }
+    return ErrnoStatus(error, "shm_open", name);
   }
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", name);
+  if (!S_ISREG(st.st_mode)) return NotAnObject(name, st.st_mode);
   RETURN_IF_ERROR(CheckByteRange(offset, size, static_cast<uint64_t>(st.st_size),
                                  absl::StrCat("shared-memory object '", name, "'")));
+  InstallSigbusHandler();
   // mmap maps whole pages: map from the page holding `offset`.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t start = offset - offset % page;
@@ -113,6 +228,9 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
   absl::Status pinned = backend.PinHostMemory(base, length, read_only);
   if (pinned.ok()) {
     mapping->pinned_ = true;
+    // The CPU backend pins nothing (its default PinHostMemory succeeds doing nothing):
+    // its copies are memcpys by its own threads.
+    mapping->dma_ = backend.name() != "cpu";
   } else {
     Log(LogLevel::kWarning, "not pinning a shared-memory object",
         {{"path", path}, {"error", pinned.ToString()}});

@@ -49,7 +49,8 @@ class SharedMapping {
   // Opens the object `name` ("/name", as shm_open takes it) read-only or read-write and
   // maps bytes [offset, offset + size) of it. NOT_FOUND when no such object exists,
   // PERMISSION_DENIED when the server may not open it, INVALID_ARGUMENT for a malformed
-  // name or a range outside the object.
+  // name, a range outside the object, or a file that is no regular file (a FIFO, a
+  // directory, a symbolic link...), refused at once without waiting on it.
   static absl::StatusOr<std::unique_ptr<SharedMapping>> Open(Backend& backend,
                                                              absl::string_view name,
                                                              uint64_t offset, uint64_t size,
@@ -60,8 +61,18 @@ class SharedMapping {
 
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
-  // Whether the backend pinned it: copies then use Backend::CopyFromPinnedHost.
+  // Whether the backend pinned it (PinHostMemory succeeded).
   bool pinned() const { return pinned_; }
+  // Whether the backend moves its bytes by DMA, no server thread touching the mapping:
+  // a mapping pinned by a device backend, copied with Backend::CopyFromPinnedHost and
+  // CopyToPinnedHost. Otherwise (the CPU backend, an unpinned mapping) every copy stages
+  // through ReadRegion and WriteRegion below.
+  //
+  // On CUDA, a client that shrinks the object takes the pages past its new end out of
+  // its file, but they stay pinned for the GPU until the server unpins them: a DMA then
+  // reads stale bytes or writes bytes the client no longer sees, and nothing faults in
+  // the server. (Stated from how page pinning works; no test here has a GPU.)
+  bool dma() const { return dma_; }
 
  private:
   SharedMapping(Backend& backend, void* base, size_t length, char* data, uint64_t size)
@@ -73,12 +84,15 @@ class SharedMapping {
   char* const data_;     // the registered range inside it
   const uint64_t size_;
   bool pinned_ = false;
+  bool dma_ = false;
 };
 
 enum class RegionKind : uint8_t { kSystem, kCudaIpc, kExport };
 
 // One region. Its description is immutable after registration; the memory lives while
-// anyone holds the RegionHandle (copies in flight hold one until they complete).
+// anyone holds the RegionHandle (copies in flight hold one until they complete). The
+// object behind a system region may shrink while it is registered: a copy that meets
+// the missing bytes then fails with FAILED_PRECONDITION (ReadRegion, WriteRegion).
 struct Region {
   std::string id;  // "shm-" and 32 hex digits
   std::string client;
@@ -99,6 +113,17 @@ struct Region {
 };
 
 using RegionHandle = std::shared_ptr<Region>;
+
+// Copy bytes [offset, offset + bytes) of a system region out to `dst` and in from `src`,
+// on the calling thread. The object is the client's, which may shrink it (ftruncate)
+// while the region is registered; touching the mapping past the object's new end then
+// raises SIGBUS, which would end the server. These copies survive it: the copy fails
+// with FAILED_PRECONDITION naming the region and the object, having written part of
+// `dst` (or of the region) perhaps, and the server goes on. A SIGBUS outside them keeps
+// its effect (the handler in force before, else the default: the process ends).
+// Whenever the server's CPU touches a region's mapping, it is through one of them.
+absl::Status ReadRegion(const Region& region, uint64_t offset, void* dst, uint64_t bytes);
+absl::Status WriteRegion(const Region& region, uint64_t offset, const void* src, uint64_t bytes);
 
 class RegionRegistry {
  public:

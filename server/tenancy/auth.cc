@@ -81,6 +81,13 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
     }
     table.entries_.push_back(std::move(entry));
   }
+  if (table.entries_.empty()) {
+    // Malformed rather than "no tokens": with authentication on, it would refuse every
+    // caller, and on a reload it would lock out every tenant that was working.
+    return absl::InvalidArgumentError(
+        "the tokens file lists no tokens (it is empty or only comments), so every caller "
+        "would be refused; add a line 'TOKEN TENANT [admin]'");
+  }
   return table;
 }
 

@@ -67,7 +67,7 @@ class TokenTable {
   };
 
   // INVALID_ARGUMENT naming the line (never its token) for a malformed line or a token
-  // listed twice.
+  // listed twice, and for a file that lists no token at all (empty or only comments).
   static absl::StatusOr<TokenTable> Parse(absl::string_view text);
   static absl::StatusOr<TokenTable> Load(const std::string& path);
 

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,9 +36,14 @@ void ExpectValue(const absl::StatusOr<T>& got, const T& want) {
   EXPECT_EQ(*got, want);
 }
 
-std::string TlsFile(const std::string& name) {
-  return absl::StrCat(GPUCOMPUTE_TESTDATA_DIR, "/tls/", name);
+// $GPUCOMPUTE_TESTDATA_DIR when set, so that this program copied to another host finds
+// a copy of tests/testdata there; else the source tree's, compiled in.
+std::string TestDataDir() {
+  const char* dir = std::getenv("GPUCOMPUTE_TESTDATA_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : GPUCOMPUTE_TESTDATA_DIR;
 }
+
+std::string TlsFile(const std::string& name) { return absl::StrCat(TestDataDir(), "/tls/", name); }
 
 // A file of the test's own, removed with the test's directory.
 class TempDir {
@@ -121,6 +127,8 @@ TEST(TokenTableTest, MalformedFilesNameTheLineAndNeverTheToken) {
       {"secret-one al/ice\n", "line 1: a tenant name must be"},
       {"secret-one alice root\n", "line 1: the third field may only be 'admin'"},
       {"secret-one alice\nsecret-one bob\n", "line 2: this token is listed on an earlier line"},
+      {"", "lists no tokens"},
+      {"# secret-one alice\n\n  \t\n", "lists no tokens"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
@@ -198,6 +206,10 @@ TEST(StartTest, BadTlsAndTokensFilesAreRefused) {
     std::string says;
   } cases[] = {
       {[&](ServerOptions& o) { o.tokens_file = bad_tokens; }, "line 1"},
+      {[&](ServerOptions& o) { o.tokens_file = dir.Write("empty", ""); },
+       "the tokens file lists no tokens"},
+      {[&](ServerOptions& o) { o.tokens_file = dir.Write("comments", "# only-a-token alice\n"); },
+       "the tokens file lists no tokens"},
       {[&](ServerOptions& o) { o.tokens_file = dir.Write("x", "") + ".missing"; },
        "cannot read the tokens file"},
       {[&](ServerOptions& o) { o.tls_cert_file = TlsFile("server.pem"); }, "--tls-key"},
@@ -221,6 +233,29 @@ TEST(StartTest, BadTlsAndTokensFilesAreRefused) {
 
 // ---------------------------------------------------------------------------
 // TLS and mutual TLS.
+
+// The certificates come from $GPUCOMPUTE_TESTDATA_DIR when it is set: here, a copy of
+// them elsewhere, which a TLS server then serves with.
+TEST(TestDataTest, TheEnvironmentNamesTheTestData) {
+  TempDir copy;
+  const std::filesystem::path tls = std::filesystem::path(copy.Write("x", "")).parent_path();
+  std::filesystem::copy(absl::StrCat(GPUCOMPUTE_TESTDATA_DIR, "/tls"), tls / "tls");
+  const char* was = std::getenv("GPUCOMPUTE_TESTDATA_DIR");
+  const std::string previous = was != nullptr ? was : "";
+  ASSERT_EQ(setenv("GPUCOMPUTE_TESTDATA_DIR", tls.c_str(), 1), 0);
+  EXPECT_EQ(TlsFile("ca.pem"), (tls / "tls" / "ca.pem").string());
+  absl::StatusOr<std::unique_ptr<Server>> server = StartServer([&](ServerOptions& o) {
+    o.listen = "127.0.0.1:0";
+    o.tls_cert_file = TlsFile("server.pem");
+    o.tls_key_file = TlsFile("server.key");
+  });
+  EXPECT_OK(server);
+  if (was != nullptr) {
+    setenv("GPUCOMPUTE_TESTDATA_DIR", previous.c_str(), 1);
+  } else {
+    unsetenv("GPUCOMPUTE_TESTDATA_DIR");
+  }
+}
 
 class TlsTest : public ::testing::Test {
  protected:
@@ -423,6 +458,18 @@ TEST_F(TokenTest, ReloadTakesTheNewFileAndKeepsTheOldOneOnError) {
   EXPECT_OK(carol->GetServerInfo());
   EXPECT_EQ(As("carol-token-2")->GetServerInfo().status().code(),
             absl::StatusCode::kUnauthenticated);
+  // A file that lists no tokens, empty or only comments, would lock every caller out:
+  // refused the same.
+  for (const char* text : {"", "# carol-token-1 carol\n\n"}) {
+    SCOPED_TRACE(text);
+    dir_.Write("tokens", text);
+    reload = server_->server().Reload();
+    EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(reload.message().find("lists no tokens"), std::string::npos) << reload;
+    EXPECT_EQ(reload.message().find("carol-token-1"), std::string::npos) << reload;
+    EXPECT_OK(carol->GetServerInfo());
+    EXPECT_OK(bob_->GetServerInfo());
+  }
   // A file that went away: the same.
   std::filesystem::remove(tokens_);
   EXPECT_FALSE(server_->server().Reload().ok());

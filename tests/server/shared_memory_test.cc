@@ -4,10 +4,13 @@
 // are in cli_test.cc; CUDA IPC, which needs two processes and a GPU, in cuda_ipc_test.cc.)
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -17,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
@@ -92,12 +96,15 @@ class RawShm {
                                 const Request& request) {
     grpc::ClientContext context;
     context.AddMetadata(kClientMetadataKey, client_);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + deadline_);
     Response response;
     grpc::Status status = (stub_.get()->*method)(&context, request, &response);
     if (!status.ok()) return StatusOf(status);
     return response;
   }
+
+  // How long each call may take; a call that takes longer fails with DEADLINE_EXCEEDED.
+  void set_deadline(std::chrono::seconds deadline) { deadline_ = deadline; }
 
   absl::StatusOr<v1::RegionInfo> Register(const std::string& name, uint64_t offset, uint64_t size,
                                           bool read_only = false) {
@@ -129,6 +136,7 @@ class RawShm {
  private:
   std::unique_ptr<v1::SharedMemoryService::Stub> stub_;
   std::string client_;
+  std::chrono::seconds deadline_{60};
 };
 
 v1::CopyFromRegionRequest CopyInto(const std::string& region, uint64_t region_offset,
@@ -677,6 +685,131 @@ TEST_F(SharedMemoryTest, RegistrationChecksNameRangeAndExistence) {
   EXPECT_EQ(MappingsOf(segment.name()), 2);
   ASSERT_OK(raw.Unregister(region.id()));
   EXPECT_EQ(MappingsOf(segment.name()), 1) << "unregistering left the server's mapping";
+}
+
+// Files of /dev/shm that are no shared-memory objects, which anyone on the host can
+// make: each is refused at once, and the server goes on serving.
+TEST_F(SharedMemoryTest, RegistrationRefusesWhatIsNoObjectAtOnce) {
+  RawShm raw(*server_, "shm-test");
+  raw.set_deadline(std::chrono::seconds(5));  // a registration that waits fails, not hangs
+  Segment segment(4096);
+  const std::string stem = absl::StrCat("/gpucompute-test-", getpid(), "-");
+  const std::string fifo = stem + "fifo", dir = stem + "dir", link = stem + "link";
+  ASSERT_EQ(mkfifo(("/dev/shm" + fifo).c_str(), 0600), 0) << std::strerror(errno);
+  ASSERT_EQ(mkdir(("/dev/shm" + dir).c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(symlink(("/dev/shm" + segment.name()).c_str(), ("/dev/shm" + link).c_str()), 0)
+      << std::strerror(errno);
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {fifo, "a FIFO"}, {dir, "a directory"}, {link, "a symbolic link"}}) {
+    for (const bool read_only : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(name, read_only ? " read-only" : " read-write"));
+      const absl::Time start = absl::Now();
+      const absl::StatusOr<v1::RegionInfo> r = raw.Register(name, 0, 4096, read_only);
+      EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+      EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+      const absl::string_view message = r.status().message();
+      EXPECT_TRUE(absl::StrContains(message, name) && absl::StrContains(message, what))
+          << message;
+      // A server thread stuck opening the FIFO goes on once a writer comes.
+      close(open(("/dev/shm" + fifo).c_str(), O_WRONLY | O_NONBLOCK));
+    }
+  }
+  unlink(("/dev/shm" + fifo).c_str());
+  rmdir(("/dev/shm" + dir).c_str());
+  unlink(("/dev/shm" + link).c_str());
+
+  ASSIGN_OR_FAIL(v1::ListRegionsResponse list, raw.List());
+  EXPECT_EQ(list.regions_size(), 0);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, 4096, true));
+  EXPECT_EQ(region.size_bytes(), 4096u);
+  ASSIGN_OR_FAIL(v1::ServerInfo info, client_->GetServerInfo());
+  EXPECT_TRUE(info.shared_memory_enabled());
+}
+
+// The client may shrink its object after registering it (ftruncate). A copy that meets
+// the bytes gone, in either direction, fails with FAILED_PRECONDITION naming the object,
+// rather than ending the server with SIGBUS; the server serves on, the buffers are as
+// they were, and what the object still holds still copies.
+TEST_F(SharedMemoryTest, CopiesWithAShrunkObjectFailAndTheServerLives) {
+  RawShm raw(*server_, "shm-test");
+  constexpr uint64_t kRegion = 4 * kMiB, kShrunk = 4096, kBuffer = 64 * 1024;
+  Segment segment(kRegion);
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, kRegion));
+  const std::vector<double> values = RandomDoubles(kShrunk / 8, -1e3, 1e3, 21);
+  std::memcpy(segment.data(), values.data(), kShrunk);
+  const std::vector<double> original = RandomDoubles(kBuffer / 8, -1e3, 1e3, 22);
+  ASSIGN_OR_FAIL(v1::BufferInfo buffer, UploadArray(*client_, original, {}, v1::LAYOUT_C, "b"));
+  const std::vector<double> other_values = RandomDoubles(kShrunk / 8, -1e3, 1e3, 23);
+  ASSIGN_OR_FAIL(v1::BufferInfo other,
+                 UploadArray(*client_, other_values, {}, v1::LAYOUT_C, "other"));
+  const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, kShrunk), 0) << std::strerror(errno);
+  close(fd);
+  const Snapshot before = TakeSnapshot(*client_);
+
+  auto expect_shrunk = [&](const absl::Status& status, const std::string& what) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << what << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), segment.name())) << what << ": " << status;
+  };
+  // From the region: bytes past the new end, and a range across it.
+  expect_shrunk(raw.CopyFrom(CopyInto(region.id(), kMiB, buffer.id(), 0, 8192)).status(),
+                "from past the end");
+  expect_shrunk(raw.CopyFrom(CopyInto(region.id(), 0, buffer.id(), 0, kBuffer)).status(),
+                "from across the end");
+  v1::CopyFromRegionRequest create;
+  create.set_region_id(region.id());
+  *create.mutable_create() = CreateFloat64(kRegion / 8, "new").create();
+  expect_shrunk(raw.CopyFrom(create).status(), "into a new buffer");
+  // Into a multi-range upload, whose one range it is: the upload fails.
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = CreateFloat64(1000, "uploaded");
+  ASSIGN_OR_FAIL(v1::BeginUploadResponse started, client_->BeginUpload(begin));
+  expect_shrunk(
+      raw.CopyFrom(IntoUpload(region.id(), kMiB, started.transfer_id(), 0, 8000)).status(),
+      "into an upload");
+  // To the region: the same.
+  expect_shrunk(raw.CopyTo(CopyOut(buffer.id(), 0, 8192, region.id(), kMiB)).status(),
+                "to past the end");
+  expect_shrunk(raw.CopyTo(CopyOut(buffer.id(), 0, kBuffer, region.id(), 0)).status(),
+                "to across the end");
+
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes), before.memory_used_bytes);
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  ASSIGN_OR_FAIL(std::vector<double> after, DownloadArray<double>(*client_, buffer.id()));
+  EXPECT_EQ(after, original) << "a failed copy changed the buffer";
+  ASSIGN_OR_FAIL(after, DownloadArray<double>(*client_, other.id()));
+  EXPECT_EQ(after, other_values);
+
+  // What the object still holds copies both ways. (The copy to the region across the
+  // end may have written its bytes before the end: the region is the client's to fix.)
+  std::memcpy(segment.data(), values.data(), kShrunk);
+  ASSERT_OK(raw.CopyFrom(CopyInto(region.id(), 0, buffer.id(), 8, kShrunk)));
+  ASSIGN_OR_FAIL(after, DownloadArray<double>(*client_, buffer.id()));
+  std::vector<double> expected = original;
+  std::copy(values.begin(), values.end(), expected.begin() + 1);
+  EXPECT_EQ(after, expected);
+  ASSERT_OK(raw.CopyTo(CopyOut(other.id(), 0, kShrunk, region.id(), 0)));
+  EXPECT_EQ(std::memcmp(segment.data(), other_values.data(), kShrunk), 0);
+}
+
+// The handler that rescues region copies leaves every other SIGBUS as it was: a fault
+// elsewhere, and a SIGBUS sent, still end the process.
+TEST_F(SharedMemoryTest, ASigbusOutsideARegionCopyStillEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto fault = [&](bool sent) {
+    RawShm raw(*server_, "shm-test");
+    Segment segment(2 * 4096);
+    // A registration installs the handler.
+    if (!raw.Register(segment.name(), 0, segment.size()).ok()) std::_Exit(1);
+    if (sent) raise(SIGBUS);
+    const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
+    if (fd < 0 || ftruncate(fd, 0) != 0) std::_Exit(2);
+    std::printf("%d\n", *static_cast<volatile char*>(segment.data() + 4096));
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(fault(/*sent=*/false), ::testing::KilledBySignal(SIGBUS), "");
+  EXPECT_EXIT(fault(/*sent=*/true), ::testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST_F(SharedMemoryTest, RejectedCopiesChangeNothing) {
