@@ -10,19 +10,19 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/kernels.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/elementwise_kernels.h"
@@ -60,11 +60,12 @@ class EventPool {
  public:
   explicit EventPool(unsigned flags) : flags_(flags) {}
   ~EventPool() {
+    absl::MutexLock lock(&mu_);
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
-  cudaError_t Acquire(cudaEvent_t* event) {
+  cudaError_t Acquire(cudaEvent_t* event) ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!free_.empty()) {
         *event = free_.back();
         free_.pop_back();
@@ -73,15 +74,15 @@ class EventPool {
     }
     return cudaEventCreateWithFlags(event, flags_);
   }
-  void Release(cudaEvent_t event) {
-    std::lock_guard lock(mu_);
+  void Release(cudaEvent_t event) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     free_.push_back(event);
   }
 
  private:
   const unsigned flags_;
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
+  absl::Mutex mu_;
+  std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaEvent final : public Event {
@@ -109,8 +110,8 @@ class CudaEvent final : public Event {
 // Runs the callbacks of a set of streams once the work before them is done, polling
 // their events from a thread of its own: a CUDA host callback would hop through the
 // driver's callback thread first, adding tens of microseconds to every operation's
-// completion. The thread spins while callbacks are pending and sleeps on the condition
-// variable otherwise. The backend has a few, each serving the streams given to it, so
+// completion. The thread spins while callbacks are pending and otherwise sleeps until one
+// is added. The backend has a few, each serving the streams given to it, so
 // that completions of different streams do not queue behind each other.
 class CompletionPoller {
  public:
@@ -134,35 +135,32 @@ class CompletionPoller {
   // Finishes the callbacks still pending, then stops.
   ~CompletionPoller() {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
     thread_.join();
   }
 
-  void Add(cudaStream_t stream, Callback callback) {
+  void Add(cudaStream_t stream, Callback callback) ABSL_LOCKS_EXCLUDED(mu_) {
     const auto now = std::chrono::steady_clock::now();
-    {
-      std::lock_guard lock(mu_);
-      pending_[stream].push_back(std::move(callback));
-      ++pending_count_;
-      last_added_ = now;
-    }
-    cv_.notify_one();
+    absl::MutexLock lock(&mu_);
+    pending_[stream].push_back(std::move(callback));
+    ++pending_count_;
+    last_added_ = now;
   }
 
   // Runs the callbacks whose events completed, on the calling thread, unless another
   // thread is doing so.
-  void TrySweep() {
-    std::unique_lock sweeping(sweep_mu_, std::try_to_lock);
-    if (sweeping.owns_lock()) SweepLocked();
+  void TrySweep() ABSL_LOCKS_EXCLUDED(sweep_mu_, mu_) {
+    if (!sweep_mu_.TryLock()) return;
+    SweepLocked();
+    sweep_mu_.Unlock();
   }
 
   // Removes every pending callback, for the caller to fail.
-  std::vector<Callback> TakeAll() {
+  std::vector<Callback> TakeAll() ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<Callback> taken;
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [stream, queue] : pending_) {
       for (Callback& c : queue) taken.push_back(std::move(c));
     }
@@ -172,78 +170,90 @@ class CompletionPoller {
   }
 
  private:
-  void Run();
+  using Clock = std::chrono::steady_clock;
+
+  void Run() ABSL_LOCKS_EXCLUDED(sweep_mu_, mu_);
   // Takes the callbacks whose events completed and runs them, in order; returns how many.
   // Under sweep_mu_, so that callbacks one sweep takes run before those of the next.
-  size_t SweepLocked();
+  size_t SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sweep_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the poller is still within its spin after `last_progress` or the last addition.
+  bool Spinning(Clock::time_point last_progress) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets go of mu_ for one sweep interval without calling CUDA.
+  void Pause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasPendingOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || pending_count_ > 0;
+  }
 
   const FinishFn finish_;
-  // Held by the thread sweeping: this poller's, or one in TrySweep. Taken before mu_.
-  std::mutex sweep_mu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Held by the thread sweeping: this poller's, or one in TrySweep.
+  absl::Mutex sweep_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex mu_;
   // Per stream, oldest first: an event completes only after its stream's earlier ones.
-  absl::flat_hash_map<cudaStream_t, std::deque<Callback>> pending_;
-  size_t pending_count_ = 0;
+  absl::flat_hash_map<cudaStream_t, std::deque<Callback>> pending_ ABSL_GUARDED_BY(mu_);
+  size_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last callback was added: new work restarts the spin (see Run).
-  std::chrono::steady_clock::time_point last_added_;
-  bool stopping_ = false;
+  Clock::time_point last_added_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: it runs on the members above
 };
 
+// Spin this long after the last completion or the last callback added, work pending or
+// not, before backing off to short sleeps (or, with nothing pending, to waiting for an
+// addition): a chain of operations completes one after another, and each waits for the
+// poll. Counting from additions too keeps a client that submits work taking about this
+// long, one at a time, from waiting on a sleep at every completion.
+constexpr auto kSpin = std::chrono::microseconds(500);
+constexpr auto kSweepInterval = std::chrono::microseconds(4);
+constexpr auto kSleep = std::chrono::microseconds(20);
+
+bool CompletionPoller::Spinning(Clock::time_point last_progress) const {
+  return Clock::now() - std::max(last_progress, last_added_) < kSpin;
+}
+
+void CompletionPoller::Pause() {
+  // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's lock,
+  // and back-to-back queries would hold up the threads launching work.
+  mu_.Unlock();
+  const Clock::time_point until = Clock::now() + kSweepInterval;
+  while (Clock::now() < until) std::this_thread::yield();
+  mu_.Lock();
+}
+
 void CompletionPoller::Run() {
-  using Clock = std::chrono::steady_clock;
-  // Spin this long after the last completion or the last callback added, work pending
-  // or not, before backing off to short sleeps (or, with nothing pending, to the
-  // condition variable): a chain of operations completes one after another, and each
-  // waits for the poll. Counting from additions too keeps a client that submits work
-  // taking about this long, one at a time, from waiting on a sleep at every completion.
-  constexpr auto kSpin = std::chrono::microseconds(500);
-  constexpr auto kSweepInterval = std::chrono::microseconds(4);
-  constexpr auto kSleep = std::chrono::microseconds(20);
   // Sleeps of kSleep, not the default slack's 50 us more.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   Clock::time_point last_progress = Clock::now();
-  std::unique_lock lock(mu_);
-  auto spinning = [&] { return Clock::now() - std::max(last_progress, last_added_) < kSpin; };
-  // Between sweeps, wait without calling CUDA: every CUDA call takes the driver's lock,
-  // and back-to-back queries would hold up the threads launching work.
-  auto pause = [&] {
-    lock.unlock();
-    const Clock::time_point until = Clock::now() + kSweepInterval;
-    while (Clock::now() < until) std::this_thread::yield();
-    lock.lock();
-  };
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    if (pending_count_ == 0 && !stopping_ && spinning()) {
+    if (pending_count_ == 0 && !stopping_ && Spinning(last_progress)) {
       // Idle, but busy a moment ago: stay awake for the next operation. A client that
       // submits and waits, one operation at a time, would otherwise wait for this
-      // thread's wake-up from the condition variable (tens of microseconds) every time.
-      pause();
+      // thread's wake-up every time.
+      Pause();
       continue;
     }
     if (pending_count_ == 0) {
-      cv_.wait(lock, [&] { return stopping_ || pending_count_ > 0; });
+      mu_.Await(absl::Condition(this, &CompletionPoller::HasPendingOrStopping));
       if (pending_count_ == 0) return;  // stopping, and nothing left to finish
       // New work: spin for it rather than sleep, since a sleep overshoots by tens of
       // microseconds, which a short operation's caller would wait on.
       last_progress = Clock::now();
     }
-    lock.unlock();
+    mu_.Unlock();
     size_t finished = 0;
     {
-      std::lock_guard sweeping(sweep_mu_);
+      absl::MutexLock sweeping(&sweep_mu_);
       finished = SweepLocked();
     }
-    lock.lock();
+    mu_.Lock();
     if (finished > 0) {
       last_progress = Clock::now();
-    } else if (spinning()) {
-      pause();
+    } else if (Spinning(last_progress)) {
+      Pause();
     } else {
-      lock.unlock();
+      mu_.Unlock();
       std::this_thread::sleep_for(kSleep);
-      lock.lock();
+      mu_.Lock();
     }
   }
 }
@@ -255,7 +265,7 @@ size_t CompletionPoller::SweepLocked() {
   };
   std::vector<Done> done;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto it = pending_.begin(); it != pending_.end();) {
       std::deque<Callback>& queue = it->second;
       while (!queue.empty()) {
@@ -349,8 +359,8 @@ struct Device {
   // Allocations and frees are ordered on this stream, and each allocation is waited for,
   // so that memory can be used on any stream as soon as Allocate returns.
   cudaStream_t alloc_stream = nullptr;
-  std::mutex cublas_mu;  // a cuBLAS handle is not safe for concurrent use
-  cublasHandle_t cublas = nullptr;
+  absl::Mutex cublas_mu;  // a cuBLAS handle is not safe for concurrent use
+  cublasHandle_t cublas ABSL_GUARDED_BY(cublas_mu) = nullptr;
   std::unique_ptr<PinnedStaging> large_staging;
   std::unique_ptr<PinnedStaging> small_staging;
   // Freed blocks of up to 1 MiB, kept for the next allocations of their size.
@@ -717,6 +727,7 @@ CudaBackend::~CudaBackend() {
   elementwise_.reset();
   for (auto& device : devices_) {
     SwitchDevice(device->index);
+    absl::MutexLock lock(&device->cublas_mu);
     if (device->cublas != nullptr) {
       const cublasStatus_t destroyed = cublasDestroy(device->cublas);
       if (health().ok()) LogIfFailed(destroyed, "cublasDestroy");
@@ -1264,7 +1275,7 @@ absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& sha
   const bool transpose = shape.col_major ? shape.transpose : !shape.transpose;
   const int64_t y_len = shape.transpose ? shape.cols : shape.rows;
   const int64_t inner = shape.transpose ? shape.rows : shape.cols;
-  std::lock_guard lock(d.cublas_mu);
+  absl::MutexLock lock(&d.cublas_mu);
   if (d.cublas == nullptr) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasCreate(&d.cublas));
     // Host scalars; no atomics, so results are deterministic run to run.
