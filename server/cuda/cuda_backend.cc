@@ -396,13 +396,9 @@ class CudaBackend final : public Backend {
                           uint64_t bytes) override;
   absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
                     uint64_t dst_offset, uint64_t bytes) override;
-  // Host staging is pinned, so transfers copy it in one DMA, without the staging blocks.
+  // Host staging is pinned: CopyFromPinnedHost and CopyToPinnedHost move it in one DMA,
+  // without the staging blocks.
   absl::StatusOr<DeviceMemory> AllocateHostStaging(uint64_t bytes) override;
-  absl::Status CopyFromStaging(Stream& stream, const void* staging, DeviceMemory& dst,
-                               uint64_t dst_offset, uint64_t bytes) override;
-  absl::Status CopyToStaging(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
-                             void* staging, uint64_t bytes) override;
-  absl::StatusOr<CopyCeiling> MeasureCopyCeiling(int device, uint64_t bytes, int repeats) override;
   absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
                     int64_t count) override;
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
@@ -1151,35 +1147,6 @@ absl::StatusOr<DeviceMemory> CudaBackend::AllocateHostStaging(uint64_t bytes) {
       std::fprintf(stderr, "gpucompute: cudaFreeHost failed: %s\n", cudaGetErrorName(e));
     }
   });
-}
-
-absl::Status CudaBackend::CopyFromStaging(Stream& stream, const void* staging, DeviceMemory& dst,
-                                          uint64_t dst_offset, uint64_t bytes) {
-  RETURN_IF_ERROR(CheckHealthy());
-  RETURN_IF_ERROR(SetDevice(stream.device()));
-  if (bytes == 0) return absl::OkStatus();
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-      Check, cudaMemcpyAsync(Bytes(dst) + dst_offset, staging, bytes, cudaMemcpyHostToDevice,
-                             AsCuda(stream).get()));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CopyToStaging(Stream& stream, const DeviceMemory& src,
-                                        uint64_t src_offset, void* staging, uint64_t bytes) {
-  RETURN_IF_ERROR(CheckHealthy());
-  RETURN_IF_ERROR(SetDevice(stream.device()));
-  if (bytes == 0) return absl::OkStatus();
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-      Check, cudaMemcpyAsync(staging, Bytes(src) + src_offset, bytes, cudaMemcpyDeviceToHost,
-                             AsCuda(stream).get()));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Backend::CopyCeiling> CudaBackend::MeasureCopyCeiling(int device, uint64_t bytes,
-                                                                     int repeats) {
-  ASSIGN_OR_RETURN(CopyCeiling ceiling, Backend::MeasureCopyCeiling(device, bytes, repeats));
-  ceiling.description = "pinned host-to-device and device-to-host DMA copy";
-  return ceiling;
 }
 
 // ---- kernels
