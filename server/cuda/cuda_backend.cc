@@ -277,53 +277,20 @@ absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& sha
   }
   RETURN_IF_ERROR(SetDevice(stream.device()));
   Device& d = *devices_[stream.device()];
-  cudaStream_t s = AsCuda(stream).get();
-  // cuBLAS is column-major. An F-layout A is A itself; a C-layout A is, read column-major,
-  // the cols x rows matrix A^T, so op(A) flips between N and T.
-  const int64_t m = shape.col_major ? shape.rows : shape.cols;
-  const int64_t n = shape.col_major ? shape.cols : shape.rows;
-  const bool transpose = shape.col_major ? shape.transpose : !shape.transpose;
-  const int64_t y_len = shape.transpose ? shape.cols : shape.rows;
-  const int64_t inner = shape.transpose ? shape.rows : shape.cols;
   absl::MutexLock lock(&d.cublas_mu);
   if (d.cublas == nullptr) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasCreate(&d.cublas));
     // Host scalars; no atomics, so results are deterministic run to run.
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasSetPointerMode(d.cublas, CUBLAS_POINTER_MODE_HOST));
   }
-  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cublasSetStream(d.cublas, s));
-  if (y_len == 0) return absl::OkStatus();
-  if (inner == 0) {
-    // An empty sum: y = beta * y (BLAS would leave y untouched), and y is not read when
-    // beta is 0.
-    if (beta == 0) return Fill(stream, y, dtype, 0, y_len);
-    if (dtype == DType::kFloat64) {
-      return CudaStatus(cublasDscal_64(d.cublas, y_len, &beta, static_cast<double*>(y.data()), 1),
-                        "cublasDscal_64", __FILE__, __LINE__);
-    }
-    const float beta_f = static_cast<float>(beta);
-    return CudaStatus(cublasSscal_64(d.cublas, y_len, &beta_f, static_cast<float*>(y.data()), 1),
-                      "cublasSscal_64", __FILE__, __LINE__);
-  }
-  const cublasOperation_t op = transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int64_t lda = std::max<int64_t>(m, 1);
-  absl::Status st;
-  if (dtype == DType::kFloat64) {
-    st = CudaStatus(cublasDgemv_64(d.cublas, op, m, n, &alpha, static_cast<const double*>(a.data()),
-                                   lda, static_cast<const double*>(x.data()), 1, &beta,
-                                   static_cast<double*>(y.data()), 1),
-                    "cublasDgemv_64", __FILE__, __LINE__);
-  } else {
-    const float alpha_f = static_cast<float>(alpha);
-    const float beta_f = static_cast<float>(beta);
-    st =
-        CudaStatus(cublasSgemv_64(d.cublas, op, m, n, &alpha_f, static_cast<const float*>(a.data()),
-                                  lda, static_cast<const float*>(x.data()), 1, &beta_f,
-                                  static_cast<float*>(y.data()), 1),
-                   "cublasSgemv_64", __FILE__, __LINE__);
-  }
-  if (!st.ok()) Check(cudaPeekAtLastError(), "gemv launch", __FILE__, __LINE__).IgnoreError();
-  return st;
+  const GemvStatus result = GemvAsync(d.cublas, dtype, shape, alpha, a.data(), x.data(), beta,
+                                      y.data(), AsCuda(stream).get());
+  if (result.ok()) return absl::OkStatus();
+  if (result.cuda != cudaSuccess) return Check(result.cuda, result.call, __FILE__, __LINE__);
+  absl::Status status = CudaStatus(result.cublas, result.call, __FILE__, __LINE__);
+  // A failed launch may leave a sticky error, which cuBLAS reports as a status only.
+  Check(cudaPeekAtLastError(), "gemv launch", __FILE__, __LINE__).IgnoreError();
+  return status;
 }
 
 absl::Status CudaBackend::Random(Stream& stream, const RandomParams& params, DType dtype,
