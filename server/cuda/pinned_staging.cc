@@ -2,10 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
-
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/cuda/cuda_check.h"
+#include "server/util/log.h"
 
 namespace gpucompute::cuda {
 
@@ -15,8 +15,8 @@ PinnedStaging::PinnedStaging(uint64_t block_bytes, size_t max_blocks)
 PinnedStaging::~PinnedStaging() {
   absl::MutexLock lock(&mu_);
   if (free_.size() != all_.size()) {
-    std::fprintf(stderr, "gpucompute: %zu pinned staging blocks still in use at shutdown\n",
-                 all_.size() - free_.size());
+    Log(LogLevel::kWarning, "pinned staging blocks still in use at shutdown",
+        {{"blocks", absl::StrCat(all_.size() - free_.size())}});
   }
   for (void* block : free_) LogIfFailed(cudaFreeHost(block), "cudaFreeHost");
 }

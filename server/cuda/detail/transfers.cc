@@ -132,11 +132,8 @@ absl::StatusOr<DeviceMemory> CudaBackend::AllocateHostStaging(uint64_t bytes) {
   // Portable: pinned for every device's DMA engines, whichever device a transfer uses.
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
       Check, cudaHostAlloc(&p, std::max<uint64_t>(bytes, 1), cudaHostAllocPortable));
-  return DeviceMemory(p, bytes, -1, [](void* ptr, uint64_t) {
-    if (cudaError_t e = cudaFreeHost(ptr); e != cudaSuccess) {
-      std::fprintf(stderr, "gpucompute: cudaFreeHost failed: %s\n", cudaGetErrorName(e));
-    }
-  });
+  return DeviceMemory(p, bytes, -1,
+                      [](void* ptr, uint64_t) { LogIfFailed(cudaFreeHost(ptr), "cudaFreeHost"); });
 }
 
 }  // namespace gpucompute::cuda::detail
