@@ -10,9 +10,7 @@
 #define GPUCOMPUTE_SERVER_CORE_BACKEND_H_
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <new>
@@ -20,13 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/expression/expression.h"
@@ -283,27 +279,14 @@ class Backend {
 
   // --- Health. OK until the backend hits an error after which its devices' state can no
   // longer be trusted (a sticky CUDA error such as an illegal address); from then on the
-  // service refuses work rather than serve possibly wrong results. Thread-safe.
-  absl::Status health() const {
-    absl::MutexLock lock(&health_mu_);
-    return health_;
-  }
+  // service refuses work rather than serve possibly wrong results. Thread-safe. A backend
+  // that can fail answers all three from a BackendHealth (server/core/backend_health.h);
+  // the defaults suit one that never does.
+  virtual absl::Status health() const { return absl::OkStatus(); }
   // `listener` runs once, on the thread that reports the failure.
-  void SetFailureListener(std::function<void(const absl::Status&)> listener) {
-    absl::MutexLock lock(&health_mu_);
-    failure_listener_ = std::move(listener);
-  }
+  virtual void SetFailureListener(std::function<void(const absl::Status&)> listener) {}
   // Records that the backend is broken; the first report wins.
-  void ReportFailure(absl::Status status) {
-    std::function<void(const absl::Status&)> listener;
-    {
-      absl::MutexLock lock(&health_mu_);
-      if (!health_.ok() || status.ok()) return;
-      health_ = status;
-      listener = failure_listener_;
-    }
-    if (listener) listener(status);
-  }
+  virtual void ReportFailure(absl::Status status) {}
 
  private:
   absl::Status NoCudaIpc() const {
@@ -311,9 +294,6 @@ class Backend {
         absl::StrCat("CUDA IPC needs the cuda backend; this server runs the ", name(), " backend"));
   }
 
-  mutable absl::Mutex health_mu_;
-  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
-  std::function<void(const absl::Status&)> failure_listener_ ABSL_GUARDED_BY(health_mu_);
 };
 
 inline absl::StatusOr<DeviceMemory> Backend::AllocateHostStaging(uint64_t bytes) {

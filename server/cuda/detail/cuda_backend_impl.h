@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/core/backend.h"
+#include "server/core/backend_health.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/detail/streams.h"
@@ -121,6 +123,11 @@ class CudaBackend final : public Backend {
   absl::StatusOr<PoolUsage> TrimMemoryPool(int device, uint64_t keep_bytes) override;
   absl::Status StartProfiler() override;
   absl::Status StopProfiler() override;
+  absl::Status health() const override { return health_.status(); }
+  void SetFailureListener(BackendHealth::Listener listener) override {
+    health_.SetFailureListener(std::move(listener));
+  }
+  void ReportFailure(absl::Status status) override { health_.ReportFailure(std::move(status)); }
   void PushRange(const std::string& name) override { nvtxRangePushA(name.c_str()); }
   void PopRange() override { nvtxRangePop(); }
 
@@ -164,6 +171,9 @@ class CudaBackend final : public Backend {
   absl::Status StagedCopy(CudaStream& stream, const char* src, char* dst, uint64_t bytes,
                           bool to_device);
 
+  // Failed for good after a sticky error (Check). First, so that it outlives what the
+  // destructor tears down.
+  BackendHealth health_;
   std::vector<DeviceDescription> descriptions_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::unique_ptr<ElementwiseKernels> elementwise_;
