@@ -109,8 +109,8 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
 
 absl::Status CudaBackend::WarmUp(int device) {
   // The CUDA runtime loads each kernel on its first launch, and cuBLAS sets up on its first
-  // call: tens of milliseconds that would land on a client's first gemv or reduction (and
-  // in its device time). Paying them here keeps them off every request.
+  // call: time that would land on a client's first gemv or reduction (and in its device
+  // time). Paying it here keeps it off every request.
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, CreateStream(device));
   constexpr int64_t kN = 128;  // 16384-element reductions take the chunked path large ones do
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {

@@ -1,7 +1,6 @@
 // Small device blocks the CUDA backend keeps for reuse once freed. Taking memory from the
-// stream-ordered pool costs a driver call and a wait for the allocation stream, several
-// microseconds, where a session's or a chain's temporaries of a few kilobytes each are
-// planned in less. A freed small block therefore goes to a list for its size and the
+// stream-ordered pool costs a driver call and a wait for the allocation stream, longer
+// than it takes to plan one of a session's or a chain's temporaries of a few kilobytes. A freed small block therefore goes to a list for its size and the
 // next allocation of that size takes it back without a CUDA call. Pure bookkeeping: the
 // backend allocates and frees the blocks.
 #ifndef GPUCOMPUTE_SERVER_CUDA_SMALL_BLOCK_CACHE_H_

@@ -61,8 +61,8 @@ void CompletionPoller::Run() {
     if (pending_count_ == 0) {
       mu_.Await(absl::Condition(this, &CompletionPoller::HasPendingOrStopping));
       if (pending_count_ == 0) return;  // stopping, and nothing left to finish
-      // New work: spin for it rather than sleep, since a sleep overshoots by tens of
-      // microseconds, which a short operation's caller would wait on.
+      // New work: spin for it rather than sleep, since a sleep overshoots by longer than a
+      // short operation takes, and its caller would wait on that.
       last_progress = Clock::now();
     }
     mu_.Unlock();

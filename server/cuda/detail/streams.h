@@ -86,10 +86,10 @@ class CudaEvent final : public Event {
 
 // Runs the callbacks of a set of streams once the work before them is done, polling
 // their events from a thread of its own: a CUDA host callback would hop through the
-// driver's callback thread first, adding tens of microseconds to every operation's
-// completion. The thread spins while callbacks are pending and otherwise sleeps until one
-// is added. The backend has a few, each serving the streams given to it, so
-// that completions of different streams do not queue behind each other.
+// driver's callback thread first, delaying every operation's completion. The thread spins
+// while callbacks are pending and otherwise sleeps until one is added. The backend has a
+// few, each serving the streams given to it, so that completions of different streams do
+// not queue behind each other.
 class CompletionPoller {
  public:
   // A callback waiting for the work before `event` on its stream.
