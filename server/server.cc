@@ -319,8 +319,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.measure_copy_ceiling) {
     // Cheap (a few copies of 32 MiB); a backend that cannot measure reports 0.
-    absl::StatusOr<Backend::CopyCeiling> ceiling =
-        impl->backend->MeasureCopyCeiling(options.default_device, kCeilingProbeBytes, 2);
+    absl::StatusOr<CopyCeiling> ceiling =
+        MeasureCopyCeiling(*impl->backend, options.default_device, kCeilingProbeBytes, 2);
     if (ceiling.ok()) impl->ctx->copy_ceiling = *std::move(ceiling);
   }
   {

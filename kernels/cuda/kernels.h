@@ -2,12 +2,14 @@
 // by nvcc). Plain C++ over the CUDA runtime's types: no gRPC, no protobuf, no absl.
 //
 // Every entry point enqueues work on `stream` (the last argument) and returns without
-// waiting; the result is the first CUDA error met, cudaSuccess otherwise. Scratch space
-// comes from `pool` (cudaMallocFromPoolAsync on the same stream) and is always given back
-// on that stream, also on error.
+// waiting; the result is the first CUDA error met, cudaSuccess otherwise (GemvAsync, which
+// calls cuBLAS, reports a GemvStatus). Scratch space comes from `pool`
+// (cudaMallocFromPoolAsync on the same stream) and is always given back on that stream,
+// also on error.
 #ifndef GPUCOMPUTE_KERNELS_CUDA_KERNELS_H_
 #define GPUCOMPUTE_KERNELS_CUDA_KERNELS_H_
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -37,6 +39,23 @@ cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const R
 cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, int64_t rows,
                                     int64_t cols, void* out, cudaMemPool_t pool,
                                     cudaStream_t stream);
+
+// What GemvAsync reports: the first call that failed, with the CUDA error or the cuBLAS
+// status it returned (the other stays at success), and the call's name; ok() when none did.
+struct GemvStatus {
+  cudaError_t cuda = cudaSuccess;
+  cublasStatus_t cublas = CUBLAS_STATUS_SUCCESS;
+  const char* call = "";
+  bool ok() const { return cuda == cudaSuccess && cublas == CUBLAS_STATUS_SUCCESS; }
+};
+
+// y = alpha * op(A) x + beta * y for float32 or float64 (else cudaErrorInvalidValue), A
+// stored as `shape` says (kernels/ops.h); y has shape.transpose ? cols : rows elements.
+// An empty sum gives y = beta * y, and y is not read when beta is 0. `cublas` is the
+// caller's handle in host pointer mode, used by one thread at a time (the caller's lock);
+// its stream becomes `stream`. Deterministic run to run: no atomics.
+GemvStatus GemvAsync(cublasHandle_t cublas, DType dtype, const GemvShape& shape, double alpha,
+                     const void* a, const void* x, double beta, void* y, cudaStream_t stream);
 
 // out[0, n) as RandomParams and kernels/philox.h define: integers and uniforms
 // bit-identical to the CPU backend.

@@ -10,9 +10,7 @@
 #define GPUCOMPUTE_SERVER_CORE_BACKEND_H_
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <new>
@@ -20,13 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "server/expression/expression.h"
@@ -245,7 +241,8 @@ class Backend {
     return absl::OkStatus();
   }
   virtual void UnpinHostMemory(void* ptr) {}
-  // CopyFromHost and CopyToHost for host memory pinned with PinHostMemory.
+  // CopyFromHost and CopyToHost for pinned host memory: memory pinned with PinHostMemory,
+  // or host staging from AllocateHostStaging.
   virtual absl::Status CopyFromPinnedHost(Stream& stream, const void* src, DeviceMemory& dst,
                                           uint64_t dst_offset, uint64_t bytes) {
     return CopyFromHost(stream, src, dst, dst_offset, bytes);
@@ -275,52 +272,21 @@ class Backend {
   // CUDA (one DMA, no bounce through the backend's own staging blocks), plain memory on the
   // CPU backend. The defaults suit a backend whose device memory is host memory.
 
-  // Host memory of `bytes` for CopyFromStaging / CopyToStaging, aligned to at least 64
-  // bytes; device() of the result is -1. Allocation may be slow (callers pool it: see
+  // Host memory of `bytes` for CopyFromPinnedHost / CopyToPinnedHost, aligned to at least
+  // 64 bytes; device() of the result is -1. Allocation may be slow (callers pool it: see
   // HostStagingPool in server/core/host_staging_pool.h).
   virtual absl::StatusOr<DeviceMemory> AllocateHostStaging(uint64_t bytes);
-  // As CopyFromHost and CopyToHost, with host memory from AllocateHostStaging.
-  virtual absl::Status CopyFromStaging(Stream& stream, const void* staging, DeviceMemory& dst,
-                                       uint64_t dst_offset, uint64_t bytes) {
-    return CopyFromHost(stream, staging, dst, dst_offset, bytes);
-  }
-  virtual absl::Status CopyToStaging(Stream& stream, const DeviceMemory& src, uint64_t src_offset,
-                                     void* staging, uint64_t bytes) {
-    return CopyToHost(stream, src, src_offset, staging, bytes);
-  }
-  // What a transfer could reach at best on `device`: CopyFromStaging and CopyToStaging of
-  // a block of `bytes`, timed on the host (best of `repeats`), in 1e9 bytes per second.
-  // Waits for the copies: call it at start, not from a handler.
-  struct CopyCeiling {
-    double host_to_device_gbps = 0;
-    double device_to_host_gbps = 0;
-    std::string description;  // what was measured, e.g. "pinned host-to-device copy"
-  };
-  virtual absl::StatusOr<CopyCeiling> MeasureCopyCeiling(int device, uint64_t bytes, int repeats);
 
   // --- Health. OK until the backend hits an error after which its devices' state can no
   // longer be trusted (a sticky CUDA error such as an illegal address); from then on the
-  // service refuses work rather than serve possibly wrong results. Thread-safe.
-  absl::Status health() const {
-    absl::MutexLock lock(&health_mu_);
-    return health_;
-  }
+  // service refuses work rather than serve possibly wrong results. Thread-safe. A backend
+  // that can fail answers all three from a BackendHealth (server/core/backend_health.h);
+  // the defaults suit one that never does.
+  virtual absl::Status health() const { return absl::OkStatus(); }
   // `listener` runs once, on the thread that reports the failure.
-  void SetFailureListener(std::function<void(const absl::Status&)> listener) {
-    absl::MutexLock lock(&health_mu_);
-    failure_listener_ = std::move(listener);
-  }
+  virtual void SetFailureListener(std::function<void(const absl::Status&)> listener) {}
   // Records that the backend is broken; the first report wins.
-  void ReportFailure(absl::Status status) {
-    std::function<void(const absl::Status&)> listener;
-    {
-      absl::MutexLock lock(&health_mu_);
-      if (!health_.ok() || status.ok()) return;
-      health_ = status;
-      listener = failure_listener_;
-    }
-    if (listener) listener(status);
-  }
+  virtual void ReportFailure(absl::Status status) {}
 
  private:
   absl::Status NoCudaIpc() const {
@@ -328,9 +294,6 @@ class Backend {
         absl::StrCat("CUDA IPC needs the cuda backend; this server runs the ", name(), " backend"));
   }
 
-  mutable absl::Mutex health_mu_;
-  absl::Status health_ ABSL_GUARDED_BY(health_mu_);
-  std::function<void(const absl::Status&)> failure_listener_ ABSL_GUARDED_BY(health_mu_);
 };
 
 inline absl::StatusOr<DeviceMemory> Backend::AllocateHostStaging(uint64_t bytes) {
@@ -344,55 +307,6 @@ inline absl::StatusOr<DeviceMemory> Backend::AllocateHostStaging(uint64_t bytes)
   return DeviceMemory(p, bytes, -1, [](void* ptr, uint64_t) {
     ::operator delete(ptr, std::align_val_t(kAlignment));
   });
-}
-
-inline absl::StatusOr<Backend::CopyCeiling> Backend::MeasureCopyCeiling(int device, uint64_t bytes,
-                                                                        int repeats) {
-  absl::StatusOr<DeviceMemory> host = AllocateHostStaging(bytes);
-  if (!host.ok()) return host.status();
-  absl::StatusOr<DeviceMemory> dev = Allocate(device, bytes);
-  if (!dev.ok()) return dev.status();
-  absl::StatusOr<std::unique_ptr<Stream>> stream = CreateStream(device);
-  if (!stream.ok()) return stream.status();
-  // Touch the host block first, so that page faults are not timed.
-  std::memset(host->data(), 1, static_cast<size_t>(bytes));
-  auto time_one = [&](bool to_device) -> absl::StatusOr<double> {
-    // Shared with the completion callback, which may still be unlocking it when this
-    // function returns.
-    struct Completion {
-      absl::Mutex mu;
-      bool done ABSL_GUARDED_BY(mu) = false;
-      absl::Status result ABSL_GUARDED_BY(mu);
-    };
-    auto completion = std::make_shared<Completion>();
-    const auto start = std::chrono::steady_clock::now();
-    absl::Status s = to_device ? CopyFromStaging(**stream, host->data(), *dev, 0, bytes)
-                               : CopyToStaging(**stream, *dev, 0, host->data(), bytes);
-    if (s.ok()) {
-      s = (*stream)->OnComplete([completion](absl::Status st) {
-        absl::MutexLock lock(&completion->mu);
-        completion->result = st;
-        completion->done = true;
-      });
-    }
-    if (!s.ok()) return s;
-    absl::MutexLock lock(&completion->mu);
-    completion->mu.Await(absl::Condition(&completion->done));
-    if (!completion->result.ok()) return completion->result;
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  CopyCeiling ceiling;
-  ceiling.description = absl::StrCat("the ", name(), " backend's copy from and to host staging");
-  for (bool to_device : {true, false}) {
-    double best = 0;
-    for (int i = 0; i < std::max(repeats, 1) + 1; ++i) {  // the first run warms up
-      absl::StatusOr<double> seconds = time_one(to_device);
-      if (!seconds.ok()) return seconds.status();
-      if (i > 0 && *seconds > 0) best = std::max(best, static_cast<double>(bytes) / *seconds / 1e9);
-    }
-    (to_device ? ceiling.host_to_device_gbps : ceiling.device_to_host_gbps) = best;
-  }
-  return ceiling;
 }
 
 }  // namespace gpucompute

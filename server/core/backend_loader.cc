@@ -60,6 +60,7 @@ absl::StatusOr<const BackendModule*> OpenCudaModule(const std::string& path) {
                      module == nullptr ? "none" : module->abi, ") than this program (",
                      kBackendModuleAbi, "); use the module built with it"));
   }
+  module->set_log(&Log);
   return module;
 }
 

@@ -14,8 +14,11 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/core/backend.h"
 #include "server/server.h"
+#include "server/util/log.h"
 
 #ifndef GPUCOMPUTE_BUILD_ID
 #error "GPUCOMPUTE_BUILD_ID (a string literal) must be defined by the build"
@@ -24,7 +27,11 @@
 namespace gpucompute {
 
 inline constexpr char kBackendModuleAbi[] =
-    "gpucompute-backend-module/1 build " GPUCOMPUTE_BUILD_ID;
+    "gpucompute-backend-module/2 build " GPUCOMPUTE_BUILD_ID;
+
+// The program's Log (server/util/log.h).
+using LogFunction = void (*)(LogLevel level, absl::string_view message,
+                             absl::Span<const LogField> fields);
 
 struct BackendModule {
   const char* abi;  // kBackendModuleAbi of the build that made the module
@@ -33,6 +40,10 @@ struct BackendModule {
   // A backend over every device, configured from the CUDA options of `options`.
   // FAILED_PRECONDITION when there is no device.
   absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(const ServerOptions& options);
+  // Hands the module the program's log: the module's own lines (failed CUDA calls, the
+  // kernel cache) go through it, in the program's format and to its sink. The loader
+  // calls it once, before anything else of the module.
+  void (*set_log)(LogFunction log);
 };
 
 // The module's one exported function: `extern "C" const BackendModule* <this name>()`.

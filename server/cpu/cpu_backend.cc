@@ -5,16 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/config/cgroup_limits.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/kernels.h"
@@ -30,27 +30,25 @@ constexpr int64_t kCopyGrain = 1 << 22;  // bytes per parallel copy chunk
 
 class CpuEvent final : public Event {
  public:
-  void Complete() {
-    std::lock_guard lock(mu_);
+  void Complete() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     time_ = Clock::now();
     done_ = true;
-    cv_.notify_all();
   }
-  Clock::time_point WaitDone() const {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+  Clock::time_point WaitDone() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
     return time_;
   }
-  bool IsComplete() const override {
-    std::lock_guard lock(mu_);
+  bool IsComplete() const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return done_;
   }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  Clock::time_point time_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point time_ ABSL_GUARDED_BY(mu_);
 };
 
 // A thread draining a FIFO of tasks: the CPU image of a CUDA stream.
@@ -63,10 +61,9 @@ class CpuStream final : public Stream {
         }) {}
   ~CpuStream() override {
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     thread_.join();
   }
 
@@ -91,21 +88,22 @@ class CpuStream final : public Stream {
     return absl::OkStatus();
   }
 
-  void Enqueue(absl::AnyInvocable<void() &&> task) {
-    {
-      std::lock_guard lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_one();
+  void Enqueue(absl::AnyInvocable<void() &&> task) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
   }
 
  private:
-  void Run() {
+  bool HasTaskOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !tasks_.empty();
+  }
+
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
     for (;;) {
       absl::AnyInvocable<void() &&> task;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &CpuStream::HasTaskOrStop));
         // Drain before stopping: queued work may hold callbacks someone waits for.
         if (tasks_.empty()) return;
         task = std::move(tasks_.front());
@@ -116,10 +114,9 @@ class CpuStream final : public Stream {
   }
 
   const int device_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<absl::AnyInvocable<void() &&>> tasks_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the queue exists
 };
 

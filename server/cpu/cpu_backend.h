@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <memory>
+#include <utility>
 
 #include "server/core/backend.h"
+#include "server/core/backend_health.h"
 #include "server/cpu/block_cache.h"
 #include "server/cpu/thread_pool.h"
 
@@ -53,6 +55,12 @@ class CpuBackend final : public Backend {
   // A stream's thread runs one operation at a time; one more ready behind it is all it
   // takes to never wait for the executor.
   int DispatchWindow() const override { return 2; }
+  // Nothing in this backend fails for good, but a failure may be reported (tests do).
+  absl::Status health() const override { return health_.status(); }
+  void SetFailureListener(BackendHealth::Listener listener) override {
+    health_.SetFailureListener(std::move(listener));
+  }
+  void ReportFailure(absl::Status status) override { health_.ReportFailure(std::move(status)); }
 
  private:
   // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
@@ -62,6 +70,7 @@ class CpuBackend final : public Backend {
   // Copies of large ranges are split across the pool.
   void ParallelCopy(void* dst, const void* src, uint64_t bytes);
 
+  BackendHealth health_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<DeviceDescription> devices_;
   // Bytes of live allocations. Shared with their deleters, since memory may outlive

@@ -1,10 +1,10 @@
 #include "server/cuda/cuda_check.h"
 
-#include <cstdio>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/util/log.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -18,8 +18,9 @@ absl::Status Failure(bool out_of_memory, const char* call, const char* name,
   return absl::InternalError(std::move(message));
 }
 
-void Log(const char* call, const char* name, const char* description) {
-  std::fprintf(stderr, "gpucompute: %s failed: %s (%s)\n", call, name, description);
+void LogFailure(const char* call, const char* name, const char* description) {
+  Log(LogLevel::kError, absl::StrCat(call, " failed"),
+      {{"error", name}, {"description", description}});
 }
 
 }  // namespace
@@ -65,12 +66,12 @@ absl::Status CudaStatus(nvrtcResult result, const char* call, const char* file, 
 }
 
 void LogIfFailed(cudaError_t error, const char* call) {
-  if (error != cudaSuccess) Log(call, cudaGetErrorName(error), cudaGetErrorString(error));
+  if (error != cudaSuccess) LogFailure(call, cudaGetErrorName(error), cudaGetErrorString(error));
 }
 
 void LogIfFailed(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    Log(call, cublasGetStatusName(status), cublasGetStatusString(status));
+    LogFailure(call, cublasGetStatusName(status), cublasGetStatusString(status));
 }
 
 }  // namespace gpucompute::cuda

@@ -29,7 +29,7 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
 absl::Status CudaStatus(cublasStatus_t status, const char* call, const char* file, int line);
 absl::Status CudaStatus(nvrtcResult result, const char* call, const char* file, int line);
 
-// For destructors, which cannot return a status: logs a failed call on stderr.
+// For destructors, which cannot return a status: logs a failed call (server/util/log.h).
 void LogIfFailed(cudaError_t error, const char* call);
 void LogIfFailed(cublasStatus_t status, const char* call);
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/cuda/cuda_check.h"
+#include "server/util/log.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
@@ -268,10 +269,10 @@ bool NvrtcCompiler::ReadCache(const std::string& path, const std::array<uint8_t,
 
 void NvrtcCompiler::WarnOnce(const std::string& message) {
   if (!warned_.exchange(true)) {
-    std::fprintf(stderr,
-                 "gpucompute: warning: kernel cache directory %s is not usable (%s); compiled "
-                 "kernels will not be kept across restarts\n",
-                 cache_dir_.c_str(), message.c_str());
+    Log(LogLevel::kWarning,
+        "the kernel cache directory is not usable; compiled kernels will not be kept across "
+        "restarts",
+        {{"directory", cache_dir_}, {"error", message}});
   }
 }
 

@@ -2,9 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
-
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "server/cuda/cuda_check.h"
+#include "server/util/log.h"
 
 namespace gpucompute::cuda {
 
@@ -12,16 +13,16 @@ PinnedStaging::PinnedStaging(uint64_t block_bytes, size_t max_blocks)
     : block_bytes_(block_bytes), max_blocks_(max_blocks < 1 ? 1 : max_blocks) {}
 
 PinnedStaging::~PinnedStaging() {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (free_.size() != all_.size()) {
-    std::fprintf(stderr, "gpucompute: %zu pinned staging blocks still in use at shutdown\n",
-                 all_.size() - free_.size());
+    Log(LogLevel::kWarning, "pinned staging blocks still in use at shutdown",
+        {{"blocks", absl::StrCat(all_.size() - free_.size())}});
   }
   for (void* block : free_) LogIfFailed(cudaFreeHost(block), "cudaFreeHost");
 }
 
 absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (free_.empty() && all_.size() < max_blocks_) {
     void* block = nullptr;
     // Portable: the block may stage copies to any device.
@@ -29,7 +30,8 @@ absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) 
     all_.push_back(block);
     return block;
   }
-  if (!released_.wait_for(lock, timeout, [&] { return !free_.empty(); })) {
+  if (!mu_.AwaitWithTimeout(absl::Condition(this, &PinnedStaging::HasFreeBlock),
+                            absl::FromChrono(timeout))) {
     return absl::DeadlineExceededError(
         "no pinned staging block came back: the device is not completing copies");
   }
@@ -39,15 +41,12 @@ absl::StatusOr<void*> PinnedStaging::Acquire(std::chrono::milliseconds timeout) 
 }
 
 void PinnedStaging::Release(void* block) {
-  {
-    std::lock_guard lock(mu_);
-    free_.push_back(block);
-  }
-  released_.notify_one();
+  absl::MutexLock lock(&mu_);
+  free_.push_back(block);
 }
 
 uint64_t PinnedStaging::held_bytes() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return all_.size() * block_bytes_;
 }
 

@@ -6,12 +6,12 @@
 #define GPUCOMPUTE_SERVER_CUDA_PINNED_STAGING_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute::cuda {
 
@@ -27,19 +27,21 @@ class PinnedStaging {
   // A free block. When all are in use, waits for a release: blocks go back as soon as the
   // DMA copy that uses them completes, so the wait is bounded by copies already queued.
   // DEADLINE_EXCEEDED if none comes back within `timeout` (a stuck device).
-  absl::StatusOr<void*> Acquire(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  absl::StatusOr<void*> Acquire(std::chrono::milliseconds timeout = std::chrono::seconds(60))
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Returns a block. Makes no CUDA call, so CUDA host functions may call it.
-  void Release(void* block);
+  void Release(void* block) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes of pinned memory held.
-  uint64_t held_bytes() const;
+  uint64_t held_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  bool HasFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); }
+
   const uint64_t block_bytes_;
   const size_t max_blocks_;
-  mutable std::mutex mu_;
-  std::condition_variable released_;
-  std::vector<void*> all_;
-  std::vector<void*> free_;
+  mutable absl::Mutex mu_;
+  std::vector<void*> all_ ABSL_GUARDED_BY(mu_);
+  std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpucompute::cuda

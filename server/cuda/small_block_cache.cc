@@ -18,7 +18,7 @@ int SmallBlockCache::ClassOf(uint64_t block_bytes) {
 }
 
 void* SmallBlockCache::Take(uint64_t block_bytes) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<void*>& list = free_[ClassOf(block_bytes)];
   if (list.empty()) return nullptr;
   void* block = list.back();
@@ -28,7 +28,7 @@ void* SmallBlockCache::Take(uint64_t block_bytes) {
 }
 
 bool SmallBlockCache::Keep(void* block, uint64_t block_bytes) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (kept_bytes_ + block_bytes > capacity_bytes_) return false;
   free_[ClassOf(block_bytes)].push_back(block);
   kept_bytes_ += block_bytes;
@@ -37,7 +37,7 @@ bool SmallBlockCache::Keep(void* block, uint64_t block_bytes) {
 
 std::vector<std::pair<void*, uint64_t>> SmallBlockCache::TakeAll() {
   std::vector<std::pair<void*, uint64_t>> taken;
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (size_t c = 0; c < free_.size(); ++c) {
     for (void* block : free_[c]) taken.emplace_back(block, kMinBlockBytes << c);
     free_[c].clear();
@@ -47,7 +47,7 @@ std::vector<std::pair<void*, uint64_t>> SmallBlockCache::TakeAll() {
 }
 
 uint64_t SmallBlockCache::kept_bytes() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return kept_bytes_;
 }
 

@@ -1,7 +1,6 @@
 // Small device blocks the CUDA backend keeps for reuse once freed. Taking memory from the
-// stream-ordered pool costs a driver call and a wait for the allocation stream, several
-// microseconds, where a session's or a chain's temporaries of a few kilobytes each are
-// planned in less. A freed small block therefore goes to a list for its size and the
+// stream-ordered pool costs a driver call and a wait for the allocation stream, longer
+// than it takes to plan one of a session's or a chain's temporaries of a few kilobytes. A freed small block therefore goes to a list for its size and the
 // next allocation of that size takes it back without a CUDA call. Pure bookkeeping: the
 // backend allocates and frees the blocks.
 #ifndef GPUCOMPUTE_SERVER_CUDA_SMALL_BLOCK_CACHE_H_
@@ -9,9 +8,11 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpucompute::cuda {
 
@@ -30,13 +31,13 @@ class SmallBlockCache {
   static uint64_t BlockBytes(uint64_t bytes);
 
   // A kept block of `block_bytes` (a BlockBytes result), or null when there is none.
-  void* Take(uint64_t block_bytes);
+  void* Take(uint64_t block_bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps a block of `block_bytes` whose every use has completed. False when that would
   // pass the capacity: the block stays the caller's to free.
-  bool Keep(void* block, uint64_t block_bytes);
+  bool Keep(void* block, uint64_t block_bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes every kept block, with its size, for the caller to free.
-  std::vector<std::pair<void*, uint64_t>> TakeAll();
-  uint64_t kept_bytes() const;
+  std::vector<std::pair<void*, uint64_t>> TakeAll() ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t kept_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   static constexpr int kMinLog2 = 8;
@@ -47,9 +48,9 @@ class SmallBlockCache {
   static int ClassOf(uint64_t block_bytes);
 
   const uint64_t capacity_bytes_;
-  mutable std::mutex mu_;
-  std::array<std::vector<void*>, kMaxLog2 - kMinLog2 + 1> free_;  // guarded by mu_
-  uint64_t kept_bytes_ = 0;                                       // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::array<std::vector<void*>, kMaxLog2 - kMinLog2 + 1> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gpucompute::cuda

@@ -175,7 +175,7 @@ absl::Status BufferPersister::RestoreFile(const std::string& path) {
       RETURN_IF_ERROR(ReadFull(fd.get(), staging.data(), n, path));
       crc = ExtendCrc32c(crc, staging.data(), n);
       RETURN_IF_ERROR(CopyAndWait(stream, [&] {
-        return backend_.CopyFromStaging(stream, staging.data(), entry->memory, offset, n);
+        return backend_.CopyFromPinnedHost(stream, staging.data(), entry->memory, offset, n);
       }));
     }
     unsigned char stored[4];
@@ -232,7 +232,7 @@ absl::Status BufferPersister::WriteBuffer(const BufferHandle& buffer) {
       for (uint64_t offset = 0; copied.ok() && offset < h.payload_bytes; offset += kChunkBytes) {
         const uint64_t n = std::min(kChunkBytes, h.payload_bytes - offset);
         copied = CopyAndWait(stream, [&] {
-          return backend_.CopyToStaging(stream, buffer->memory, offset, staging.data(), n);
+          return backend_.CopyToPinnedHost(stream, buffer->memory, offset, staging.data(), n);
         });
         if (copied.ok()) {
           crc = ExtendCrc32c(crc, staging.data(), n);

@@ -162,7 +162,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       {
         ScopedRange range(s->ctx.backend, s->range_name);
         st =
-            s->ctx.backend.CopyToStaging(stream, s->buffer->memory, f.offset, f.staging->data(), n);
+            s->ctx.backend.CopyToPinnedHost(stream, s->buffer->memory, f.offset, f.staging->data(), n);
       }
       Slot* slot = &f;
       if (st.ok()) {

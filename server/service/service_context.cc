@@ -1,6 +1,7 @@
 #include "server/service/service_context.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,61 @@ absl::Status CheckBackendHealthy(const Backend& backend) {
   return absl::UnavailableError(absl::StrCat("the ", backend.name(), " backend failed (",
                                              health.ToString(),
                                              "); this server refuses work until it is restarted"));
+}
+
+namespace {
+
+// What the ceiling's copies are on each backend, for GetServerInfo's answer.
+std::string CopyCeilingDescription(absl::string_view backend) {
+  if (backend == "cuda") return "pinned host-to-device and device-to-host DMA copy";
+  return absl::StrCat("the ", backend, " backend's copy from and to host staging");
+}
+
+}  // namespace
+
+absl::StatusOr<CopyCeiling> MeasureCopyCeiling(Backend& backend, int device, uint64_t bytes,
+                                               int repeats) {
+  ASSIGN_OR_RETURN(DeviceMemory host, backend.AllocateHostStaging(bytes));
+  ASSIGN_OR_RETURN(DeviceMemory dev, backend.Allocate(device, bytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(device));
+  // Touch the host block first, so that page faults are not timed.
+  std::memset(host.data(), 1, static_cast<size_t>(bytes));
+  auto time_one = [&](bool to_device) -> absl::StatusOr<double> {
+    // Shared with the completion callback, which may still be unlocking it when this
+    // function returns.
+    struct Completion {
+      absl::Mutex mu;
+      bool done ABSL_GUARDED_BY(mu) = false;
+      absl::Status result ABSL_GUARDED_BY(mu);
+    };
+    auto completion = std::make_shared<Completion>();
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = to_device ? backend.CopyFromPinnedHost(*stream, host.data(), dev, 0, bytes)
+                               : backend.CopyToPinnedHost(*stream, dev, 0, host.data(), bytes);
+    if (s.ok()) {
+      s = stream->OnComplete([completion](absl::Status st) {
+        absl::MutexLock lock(&completion->mu);
+        completion->result = st;
+        completion->done = true;
+      });
+    }
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&completion->mu);
+    completion->mu.Await(absl::Condition(&completion->done));
+    if (!completion->result.ok()) return completion->result;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  CopyCeiling ceiling;
+  ceiling.description = CopyCeilingDescription(backend.name());
+  for (bool to_device : {true, false}) {
+    double best = 0;
+    for (int i = 0; i < std::max(repeats, 1) + 1; ++i) {  // the first run warms up
+      ASSIGN_OR_RETURN(const double seconds, time_one(to_device));
+      if (i > 0 && seconds > 0) best = std::max(best, static_cast<double>(bytes) / seconds / 1e9);
+    }
+    (to_device ? ceiling.host_to_device_gbps : ceiling.device_to_host_gbps) = best;
+  }
+  return ceiling;
 }
 
 namespace {

@@ -33,6 +33,20 @@
 
 namespace gpucompute {
 
+// What a transfer could reach at best on one device: copies between pinned host memory
+// and the device, in 1e9 bytes per second.
+struct CopyCeiling {
+  double host_to_device_gbps = 0;
+  double device_to_host_gbps = 0;
+  std::string description;  // what was measured, e.g. "pinned host-to-device copy"
+};
+
+// Times CopyFromPinnedHost and CopyToPinnedHost of a block of `bytes` of host staging on
+// `device`, on the host (best of `repeats`). Waits for the copies: call it at start, not
+// from a handler.
+absl::StatusOr<CopyCeiling> MeasureCopyCeiling(Backend& backend, int device, uint64_t bytes,
+                                               int repeats);
+
 class ChainCache;
 // A ChainCache (chain_replay.h) of `registry`'s buffers.
 std::shared_ptr<ChainCache> MakeChainCache(BufferRegistry& registry);
@@ -53,7 +67,7 @@ struct ServiceContext {
   // Host memory the transfers stage chunks in (set by the server at start).
   std::unique_ptr<HostStagingPool> staging = nullptr;
   // The backend's copy ceiling on the default device, measured at start (GetServerInfo).
-  Backend::CopyCeiling copy_ceiling = {};
+  CopyCeiling copy_ceiling = {};
   // The lease of unnamed operation results that ask for none (--default-result-ttl).
   int64_t default_result_ttl_nanos = 0;
   // Whether named buffers persist across restarts (--persist-dir).

@@ -212,7 +212,7 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
       // by the backend's own threads, where it would end the server.
       ASSIGN_OR_RETURN(HostStagingPool::Block block, staging.Acquire(size));
       RETURN_IF_ERROR(ReadRegion(*region, region_offset, block->data(), size));
-      s = backend.CopyFromStaging(stream, block->data(), buffer->memory, offset, size);
+      s = backend.CopyFromPinnedHost(stream, block->data(), buffer->memory, offset, size);
       // The block goes back once the copy out of it is done.
       if (s.ok()) s = stream.OnComplete([block = std::move(block)](absl::Status) {});
     }
@@ -257,7 +257,7 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
       s = backend.CopyToPinnedHost(stream, buffer->memory, offset, dst + region_offset, size);
     } else {
       ASSIGN_OR_RETURN(*staged, staging.Acquire(size));
-      s = backend.CopyToStaging(stream, buffer->memory, offset, (*staged)->data(), size);
+      s = backend.CopyToPinnedHost(stream, buffer->memory, offset, (*staged)->data(), size);
     }
     if (!s.ok()) return s;
     return LaunchInfo{};

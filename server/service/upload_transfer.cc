@@ -157,9 +157,7 @@ void UploadTransfer::Write(uint64_t offset, const void* src, HostMemory memory, 
     ScopedRange range(ctx_.backend,
                       absl::StrCat("upload ", (created_ != nullptr ? created_ : target_)->id));
     switch (memory) {
-      case HostMemory::kStaging:
-        st = ctx_.backend.CopyFromStaging(stream, src, *destination_, offset, bytes);
-        break;
+      case HostMemory::kStaging:  // host staging is pinned memory too
       case HostMemory::kPinned:
         st = ctx_.backend.CopyFromPinnedHost(stream, src, *destination_, offset, bytes);
         break;

@@ -137,7 +137,7 @@ TEST(BackendLoader, TheModuleOfThisBuildLoadsAndExportsOnlyItsEntryPoint) {
   for (const char* hidden : {"_ZN10gpucompute4cuda15CudaDeviceCountEv",
                              "_ZN10gpucompute4cuda17CreateCudaBackendERKNS0_18CudaBackendOptionsE",
                              "_ZN10gpucompute4expr15CanCastSameKindENS_5DTypeES1_",
-                             "_ZN10gpucompute7Backend13ReportFailureEN4absl7debian36StatusE"}) {
+                             "_ZN10gpucompute13BackendHealth13ReportFailureEN4absl7debian36StatusE"}) {
     EXPECT_EQ(dlsym(handle, hidden), nullptr) << hidden;
   }
   dlclose(handle);  // drops the reference NOLOAD took; the loader's keeps it loaded

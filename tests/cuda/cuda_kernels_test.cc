@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -541,6 +543,73 @@ TEST_F(CudaKernelsTest, RandomRejectsUndefinedCombinations) {
   p.high = 9;
   EXPECT_EQ(RandomAsync(p, DType::kFloat32, buf.get(), 4, stream_), cudaErrorInvalidValue);
   EXPECT_EQ(RandomAsync(p, DType::kBool, buf.get(), 4, stream_), cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------------------------
+// Gemv
+// ---------------------------------------------------------------------------------
+
+TEST_F(CudaKernelsTest, GemvMatchesCpu) {
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetPointerMode(cublas, CUBLAS_POINTER_MODE_HOST), CUBLAS_STATUS_SUCCESS);
+  const std::pair<int64_t, int64_t> sizes[] = {{3, 5}, {64, 33}, {257, 1}, {0, 4}, {4, 0}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const auto& [rows, cols] : sizes) {
+      for (bool col_major : {false, true}) {
+        for (bool transpose : {false, true}) {
+          for (double beta : {0.0, 0.5}) {
+            const GemvShape shape{rows, cols, col_major, transpose};
+            const int64_t x_len = transpose ? rows : cols;
+            const int64_t y_len = transpose ? cols : rows;
+            const std::vector<char> a = MakeData(dtype, rows * cols, false, 1);
+            const std::vector<char> x = MakeData(dtype, x_len, false, 2);
+            std::vector<char> expected = MakeData(dtype, y_len, false, 3);
+            DeviceBuffer a_dev(a.size()), x_dev(x.size()), y_dev(expected.size());
+            ASSERT_CUDA_OK(cudaMemcpy(a_dev.get(), a.data(), a.size(), cudaMemcpyHostToDevice));
+            ASSERT_CUDA_OK(cudaMemcpy(x_dev.get(), x.data(), x.size(), cudaMemcpyHostToDevice));
+            ASSERT_CUDA_OK(cudaMemcpy(y_dev.get(), expected.data(), expected.size(),
+                                      cudaMemcpyHostToDevice));
+            const GemvStatus status = GemvAsync(cublas, dtype, shape, 1.5, a_dev.get(),
+                                                x_dev.get(), beta, y_dev.get(), stream_);
+            ASSERT_TRUE(status.ok()) << status.call << " " << cudaGetErrorName(status.cuda)
+                                     << " " << cublasGetStatusName(status.cublas);
+            const std::vector<char> y = Download(y_dev.get(), expected.size());
+            cpu::Gemv(dtype, shape, 1.5, a.data(), x.data(), beta, expected.data(), Pool());
+            const int64_t inner = transpose ? rows : cols;
+            // Only the summation order differs: inner terms of magnitude below 1.5 each.
+            const double tolerance =
+                (dtype == DType::kFloat32 ? 1e-6 : 1e-14) * 4 * (static_cast<double>(inner) + 1);
+            for (int64_t i = 0; i < y_len; ++i) {
+              double got = 0, want = 0;
+              if (dtype == DType::kFloat32) {
+                got = reinterpret_cast<const float*>(y.data())[i];
+                want = reinterpret_cast<const float*>(expected.data())[i];
+              } else {
+                got = reinterpret_cast<const double*>(y.data())[i];
+                want = reinterpret_cast<const double*>(expected.data())[i];
+              }
+              ASSERT_NEAR(got, want, tolerance)
+                  << DTypeName(dtype) << " " << rows << "x" << cols << " col_major " << col_major
+                  << " transpose " << transpose << " beta " << beta << " element " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  cublasDestroy(cublas);
+}
+
+TEST_F(CudaKernelsTest, GemvRejectsOtherDTypes) {
+  cublasHandle_t cublas = nullptr;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  DeviceBuffer buf(64);
+  const GemvStatus status = GemvAsync(cublas, DType::kInt32, GemvShape{2, 2, false, false}, 1.0,
+                                      buf.get(), buf.get(), 0.0, buf.get(), stream_);
+  EXPECT_EQ(status.cuda, cudaErrorInvalidValue);
+  EXPECT_FALSE(status.ok());
+  cublasDestroy(cublas);
 }
 
 }  // namespace
