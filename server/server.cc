@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -47,6 +48,40 @@ bool IsLoopbackListenAddress(absl::string_view listen) {
   const std::string h(host);
   return std::sscanf(h.c_str(), "%d.%d.%d.%d%c", &a, &b, &c, &d, &extra) == 4 && a == 127 &&
          b >= 0 && b < 256 && c >= 0 && c < 256 && d >= 0 && d < 256;
+}
+
+absl::Status ValidateListenAddress(absl::string_view listen) {
+  const auto refuse = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen '", listen, "' ", what,
+                     "; write HOST:PORT (e.g. 127.0.0.1:50051), [V6]:PORT or unix:PATH"));
+  };
+  for (absl::string_view scheme : {"unix:", "unix-abstract:"}) {
+    if (absl::StartsWith(listen, scheme)) {
+      return listen.size() > scheme.size() ? absl::OkStatus() : refuse("names no socket");
+    }
+  }
+  absl::string_view host = listen;
+  absl::string_view port;
+  if (absl::ConsumePrefix(&host, "[")) {
+    const size_t end = host.find("]:");
+    if (end == absl::string_view::npos) return refuse("has no port after the bracketed host");
+    port = host.substr(end + 2);
+    host = host.substr(0, end);
+  } else {
+    const size_t colon = host.rfind(':');
+    if (colon == absl::string_view::npos) return refuse("has no port");
+    port = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  if (host.empty()) return refuse("has no host");
+  uint32_t number = 0;
+  if (port.empty()) return refuse("has no port");
+  if (!std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      port.size() > 5 || !absl::SimpleAtoi(port, &number) || number > 65535) {
+    return refuse(absl::StrCat("has no port in [0, 65535] ('", port, "')"));
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -240,6 +275,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (absl::Status s = CheckDeviceIndex(*backend, options.default_device); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("default device: ", s.message()));
   }
+  RETURN_IF_ERROR(ValidateListenAddress(options.listen));
   const bool authenticated = !options.tokens_file.empty() || !options.tls_client_ca_file.empty();
   if (!authenticated && !options.allow_insecure_remote &&
       !IsLoopbackListenAddress(options.listen)) {

@@ -161,6 +161,11 @@ class Server {
 // host: a loopback address, "localhost" or a Unix socket.
 bool IsLoopbackListenAddress(absl::string_view listen);
 
+// OK if `listen` names somewhere to listen: HOST:PORT or [V6]:PORT with a host and a port
+// in [0, 65535] (0: any free port), or unix:PATH / unix-abstract:NAME with a path. Else
+// INVALID_ARGUMENT saying what is missing; gRPC itself would take "127.0.0.1:" as port 443.
+absl::Status ValidateListenAddress(absl::string_view listen);
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVER_H_

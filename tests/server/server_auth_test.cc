@@ -150,8 +150,31 @@ TEST(ListenAddressTest, LoopbackAddresses) {
   }
 }
 
+TEST(ListenAddressTest, AnAddressNeedsAHostAndAPort) {
+  for (const char* address : {"127.0.0.1:50051", "127.0.0.1:0", "[::1]:65535", "localhost:1",
+                              "0.0.0.0:50051", "unix:/tmp/gpucompute.sock", "unix-abstract:gc"}) {
+    EXPECT_OK(ValidateListenAddress(address)) << address;
+  }
+  const struct {
+    const char* address;
+    const char* says;
+  } refused[] = {
+      {"127.0.0.1:", "has no port"},          {"127.0.0.1", "has no port"},
+      {":50051", "has no host"},              {"[::1]", "no port after"},
+      {"[::1]:", "has no port"},              {"127.0.0.1:65536", "[0, 65535]"},
+      {"127.0.0.1:+5", "[0, 65535]"},         {"127.0.0.1:http", "[0, 65535]"},
+      {"127.0.0.1:0000050051", "[0, 65535]"}, {"unix:", "names no socket"},
+      {"", "has no port"},
+  };
+  for (const auto& c : refused) {
+    const absl::Status s = ValidateListenAddress(c.address);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.address << ": " << s;
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << c.address << ": " << s;
+  }
+}
+
 // ---------------------------------------------------------------------------
-// Starting: the non-loopback refusal and the TLS files.
+// Starting: the listen address, the non-loopback refusal and the TLS files.
 
 absl::StatusOr<std::unique_ptr<Server>> StartServer(
     const std::function<void(ServerOptions&)>& configure) {
@@ -163,6 +186,14 @@ absl::StatusOr<std::unique_ptr<Server>> StartServer(
   options.measure_copy_ceiling = false;
   configure(options);
   return Server::Start(options);
+}
+
+TEST(StartTest, AnAddressWithoutAPortIsRefused) {
+  absl::StatusOr<std::unique_ptr<Server>> server =
+      StartServer([](ServerOptions& o) { o.listen = "127.0.0.1:"; });
+  ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_NE(server.status().message().find("--listen '127.0.0.1:' has no port"), std::string::npos)
+      << server.status();
 }
 
 TEST(InsecureRemoteTest, RefusesANonLoopbackAddressWithoutAuthentication) {
