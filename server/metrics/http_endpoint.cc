@@ -84,17 +84,30 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   std::call_once(init, [] { mg_init_library(0); });
 
   std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint(std::move(render)));
-  // A scraper or two, not the public: few threads, and requests that stall are dropped.
-  // No keep-alive: a connection kept open between scrapes would hold a worker, and delay
-  // stopping by up to half a second; a new connection per scrape costs nothing.
   endpoint->self_family_ = address->family;
   endpoint->self_host_ = address->self;
+  // Whoever reaches the port can open connections and send nothing, or part of a request
+  // (slowloris); civetweb gives each connection a worker thread until its request has
+  // come, and queues the rest. The bounds:
+  // - A connection holds a worker at most kRequestTimeoutMs before its whole request has
+  //   come (counted from when a worker takes it; twice that if it trickles in byte by
+  //   byte), and a write that makes no progress for as long is abandoned. A scraper sends
+  //   its request in its first packet, so 1 s spares any network it can work over.
+  // - kThreads workers: a Prometheus per replica and someone's curl need 3 at once, and the
+  //   other 13 may sit on stalled connections without a scrape waiting at all. Beyond that
+  //   a scrape queues, and waits about 1 s for each 16 connections ahead of it; no thread
+  //   count outlasts a flood of connections, which is why the port belongs on a network
+  //   you trust. A worker costs a 16 KiB request buffer and a mostly untouched stack.
+  // - No keep-alive: a connection kept open between scrapes would hold a worker, and delay
+  //   stopping by up to half a second; a new connection per scrape costs nothing.
+  constexpr const char* kThreads = "16";
+  constexpr const char* kRequestTimeoutMs = "1000";
   const char* options[] = {"listening_ports",
                            address->civetweb_ports.c_str(),
                            "num_threads",
-                           "4",
+                           kThreads,
                            "request_timeout_ms",
-                           "10000",
+                           kRequestTimeoutMs,
                            "enable_keep_alive",
                            "no",
                            nullptr};

@@ -1,7 +1,14 @@
 // /metrics of a real server, scraped over HTTP after a workload whose every figure is
-// known in advance, and linted by promtool where it is installed.
+// known in advance, and linted by promtool where it is installed; the endpoint itself
+// stopping, and serving scrapes while other connections stall.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +34,53 @@ using testing::HttpRequest;
 using testing::HttpResponse;
 using testing::Parse;
 using testing::Scrape;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A TCP connection to 127.0.0.1:port that has sent `text`; -1 if it could not connect.
+int OpenAndSend(int port, const std::string& text) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET /metrics on a new connection, given up after `limit_seconds` (unlike
+// HttpRequest, which waits as long as the server does): the response's status
+// code, or 0 if the whole response did not come in time.
+int GetMetricsWithin(int port, double limit_seconds) {
+  const Clock::time_point start = Clock::now();
+  const int fd =
+      OpenAndSend(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  if (fd < 0) return 0;
+  std::string response;
+  for (;;) {
+    const int left_ms = static_cast<int>((limit_seconds - SecondsSince(start)) * 1000);
+    pollfd p{fd, POLLIN, 0};
+    if (left_ms <= 0 || poll(&p, 1, left_ms) != 1) break;
+    char buffer[4096];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) {
+      close(fd);
+      int status = 0;
+      if (n == 0) std::sscanf(response.c_str(), "HTTP/1.1 %d", &status);
+      return status;
+    }
+    response.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return 0;
+}
 
 class MetricsServerTest : public ::testing::Test {
  protected:
@@ -201,6 +256,64 @@ TEST(HttpEndpointTest, StopsAtOnce) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(seconds, 1.0) << listen;
   }
+}
+
+TEST(HttpEndpointTest, StalledConnectionsNeitherBlockScrapesNorLinger) {
+  // A tenant who can reach the port holds connections open that send nothing, and as many
+  // that send part of a request line and stop (slowloris), opening each again as soon as
+  // the server drops it. With 4 threads and a 10 s request timeout, kEach = 4 of them
+  // stopped every scrape.
+  constexpr int kEach = 4;
+  // Seconds. A scrape never waits for the server to drop a stalled connection (1 s), and
+  // the server drops each well within the old 10 s.
+  constexpr double kScrapeLimit = 0.5;
+  constexpr double kStalledLimit = 2.0;
+  absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> endpoint =
+      metrics::HttpEndpoint::Start("127.0.0.1:0", [] { return std::string("up 1\n"); });
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  struct Stalled {
+    std::string sent;
+    int fd = -1;
+    Clock::time_point opened;
+  };
+  std::vector<Stalled> stalled(2 * kEach);
+  for (int i = 0; i < kEach; ++i) stalled[i].sent = "GET /metr";  // the others send nothing
+  for (Stalled& s : stalled) {
+    s.fd = OpenAndSend(port, s.sent);
+    s.opened = Clock::now();
+    ASSERT_GE(s.fd, 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // workers have taken them
+
+  int scrapes = 0;
+  int dropped = 0;
+  const Clock::time_point start = Clock::now();
+  while (SecondsSince(start) < 3.0) {
+    const Clock::time_point scrape_start = Clock::now();
+    EXPECT_EQ(GetMetricsWithin(port, kScrapeLimit), 200) << "scrape " << scrapes;
+    EXPECT_LT(SecondsSince(scrape_start), kScrapeLimit) << "scrape " << scrapes;
+    ++scrapes;
+    for (Stalled& s : stalled) {
+      // The server's answer to a partial request (400) is read and dropped; an end of
+      // stream or a reset means the server has closed the connection.
+      char buffer[512];
+      ssize_t n;
+      while ((n = recv(s.fd, buffer, sizeof(buffer), MSG_DONTWAIT)) > 0) {
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      EXPECT_LT(SecondsSince(s.opened), kStalledLimit) << "a stalled connection lingered";
+      ++dropped;
+      close(s.fd);
+      s.fd = OpenAndSend(port, s.sent);
+      s.opened = Clock::now();
+      ASSERT_GE(s.fd, 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(dropped, static_cast<int>(stalled.size())) << "the server kept stalled connections";
+  for (Stalled& s : stalled) close(s.fd);
+  endpoint->reset();
 }
 
 TEST(MetricsListenTest, BadAddressesStopTheStart) {
