@@ -510,26 +510,34 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
   return buffer;
 }
 
-absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
-                              const v1::Scalar& value) {
-  absl::StatusOr<uint64_t> bits = ScalarBits(value, buffer->dtype);
-  if (!bits.ok())
-    return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
+absl::StatusOr<std::shared_ptr<Operation>> SubmitCreated(ServiceContext& ctx,
+                                                         absl::string_view client,
+                                                         const BufferHandle& buffer,
+                                                         const v1::CreateBufferRequest& request) {
+  // Zero: 0.0, 0 and false are all-zero bytes in every dtype.
+  uint64_t bits = 0;
+  if (request.has_fill()) {
+    absl::StatusOr<uint64_t> value = ScalarBits(request.fill(), buffer->dtype);
+    if (!value.ok())
+      return absl::InvalidArgumentError(absl::StrCat("fill value: ", value.status().message()));
+    bits = *value;
+  }
   Plan plan;
+  plan.created = buffer;
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OperationKind::kFill;
   spec.accesses = {{buffer, true}};
   spec.bytes_written = buffer->size_bytes();
   spec.outputs.push_back(*buffer);
   spec.capturable = true;  // one kernel or memset
-  spec.launch = [&backend = ctx.backend, buffer, bits = *bits](
-                    Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+  spec.launch = [&backend = ctx.backend, buffer, bits](Stream& stream,
+                                                       OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Fill(stream, buffer->memory, buffer->dtype, bits,
                                   static_cast<int64_t>(buffer->num_elements()));
     if (!s.ok()) return s;
     return LaunchInfo{};
   };
-  return plan;
+  return SubmitPlan(ctx, client, "", std::move(plan));
 }
 
 BufferHandle WrittenBuffer(const Plan& plan) {
