@@ -477,8 +477,10 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
   });
 }
 
-absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
-                                   const v1::SubmitRequest& request, BufferResolver resolve) {
+namespace {
+
+absl::StatusOr<Plan> PlanRequest(ServiceContext& ctx, absl::string_view client,
+                                 BufferResolver resolve, const v1::SubmitRequest& request) {
   switch (request.op_case()) {
     case v1::SubmitRequest::kElementwise:
       return PlanElementwise(ctx, client, resolve, request.elementwise());
@@ -492,6 +494,30 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
       break;
   }
   return absl::InvalidArgumentError("the request names no operation");
+}
+
+// A new output is visible from the moment its operation is queued. Should the launch fail
+// after it, nothing has written the output: it is zeroed then, in its stream's order, so
+// that neither the client nor the work queued after it reads what its memory held before.
+void ZeroOutputIfLaunchFails(Backend& backend, Plan& plan) {
+  plan.spec.launch = [&backend, out = plan.created, launch = std::move(plan.spec.launch)](
+                         Stream& stream, OpResult& result) mutable -> absl::StatusOr<LaunchInfo> {
+    absl::StatusOr<LaunchInfo> launched = launch(stream, result);
+    if (!launched.ok()) {
+      (void)backend.Fill(stream, out->memory, out->dtype, 0,
+                         static_cast<int64_t>(out->num_elements()));
+    }
+    return launched;
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
+                                   const v1::SubmitRequest& request, BufferResolver resolve) {
+  ASSIGN_OR_RETURN(Plan plan, PlanRequest(ctx, client, resolve, request));
+  if (plan.created != nullptr) ZeroOutputIfLaunchFails(ctx.backend, plan);
+  return plan;
 }
 
 absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
