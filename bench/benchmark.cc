@@ -4,7 +4,7 @@
 //
 // Run (defaults shown; the defaults fit a small CPU machine in about a minute):
 //   gpucompute-bench --backend=cpu --log2n=24 --dtype=both --repeat=5
-//       --sections=kernels,transfers,e2e --threads=0 --gemv=2048,4096
+//       --sections=kernels,transfers,buffers,e2e --threads=0 --gemv=2048,4096
 //       --transfer-mib=0 --samples=200 --session-ops=20000 --graph-min-ops=4
 // The GPU run: --backend=cuda --log2n=28 --gemv=16384,32768.
 //   --log2n         arrays have N = 2^log2n elements (kernels, transfers, e2e load)
@@ -51,6 +51,19 @@
 //    GB/s      bytes / ms, 1e9 bytes
 //    server GB/s  the server's own TransferStats (first byte to last; for shm, its copy)
 //    vs ceiling  GB/s / the pinned h2d copy's GB/s (CUDA), or the h2d copy's (CPU)
+//  buffers (the same server, one client, --repeat timed calls after one warm-up, median):
+//    op        `create` is CreateBuffer of 2^log2n float64 (unfilled: the server zeroes
+//              it; fill: every element 1.5) followed by SynchronizeStream of the client's
+//              default stream, where the fill runs, timed from the client: the cost of a
+//              new buffer that is ready to read; `d2d copy` is Backend::Copy of the same
+//              bytes between two device buffers, before the server starts
+//    MiB       the buffer's bytes / 2^20
+//    ms        wall time of create + synchronize; device time for the copy
+//    GB/s      bytes written / ms, 1e9 bytes: the buffer's bytes for a create; the bytes
+//              read plus those written (twice the buffer's) for the copy, the device's
+//              memory bandwidth in practice
+//    vs copy   GB/s / the copy's GB/s: 1.0 would be a fill at memory bandwidth with no
+//              call around it
 //  e2e latency (the same server; wall time of each call from the client, nearest rank):
 //    call      Submit(wait=true) of x + y on 2^20 float32 resident buffers into a resident
 //              output, and GetServerInfo, the cheapest RPC there is; the two alternate
@@ -192,9 +205,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   // The lists are read as text, so that an empty one ("--gemv=") means none.
-  std::string sections = "kernels,transfers,e2e,sessions";
+  std::string sections = "kernels,transfers,buffers,e2e,sessions";
   app.add_option("--sections", sections,
-                 "comma-separated, of kernels, transfers, e2e, sessions (default: all)")
+                 "comma-separated, of kernels, transfers, buffers, e2e, sessions (default: all)")
       ->expected(0, 1);
   app.add_option("--threads", o->threads, "CPU backend worker threads, 0: one per hardware thread")
       ->check(CLI::Range(0, 4096))
@@ -235,15 +248,18 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
   o->dtypes = dtype == "float64"   ? std::vector<DType>{DType::kFloat64}
               : dtype == "float32" ? std::vector<DType>{DType::kFloat32}
                                    : std::vector<DType>{DType::kFloat64, DType::kFloat32};
-  o->kernels = o->transfers = o->e2e = o->sessions = false;
+  o->kernels = o->transfers = o->buffers = o->e2e = o->sessions = false;
   for (absl::string_view section : absl::StrSplit(sections, ',', absl::SkipEmpty())) {
     bool* wanted = section == "kernels"     ? &o->kernels
                    : section == "transfers" ? &o->transfers
+                   : section == "buffers"   ? &o->buffers
                    : section == "e2e"       ? &o->e2e
                    : section == "sessions"  ? &o->sessions
                                             : nullptr;
     if (wanted == nullptr) {
-      std::fprintf(stderr, "--sections: unknown section '%s' (use kernels, transfers, e2e, sessions)\n",
+      std::fprintf(stderr,
+                   "--sections: unknown section '%s' (use kernels, transfers, buffers, e2e, "
+                   "sessions)\n",
                    std::string(section).c_str());
       return 2;
     }
@@ -526,7 +542,7 @@ absl::Status RunKernels(const Options& options, Backend& backend) {
 }
 
 // ---------------------------------------------------------------------------
-// Sections on the server: transfers and e2e
+// Sections on the server: transfers, buffers and e2e
 
 #if defined(GPUCOMPUTE_HAVE_CUDA)
 // The link's ceiling: cudaMemcpyAsync of `bytes` from page-locked host memory to the
@@ -567,6 +583,17 @@ absl::StatusOr<CopyCeilings> MeasureCopyCeilings(const Options& options, Backend
   return c;
 }
 
+// The buffers section's ceiling: Backend::Copy of 2^log2n float64 from one device buffer
+// to another, in device seconds.
+absl::StatusOr<double> DeviceCopySeconds(const Options& options, Backend& backend) {
+  const uint64_t bytes = static_cast<uint64_t>(options.n()) * sizeof(double);
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+  ASSIGN_OR_RETURN(DeviceMemory src, backend.Allocate(0, bytes));
+  ASSIGN_OR_RETURN(DeviceMemory dst, backend.Allocate(0, bytes));
+  return MedianDeviceSeconds(backend, *stream, options.repeat,
+                             [&] { return backend.Copy(*stream, src, 0, dst, 0, bytes); });
+}
+
 absl::Status Run(const Options& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options));
   const DeviceDescription& device = backend->devices().at(0);
@@ -590,10 +617,16 @@ absl::Status Run(const Options& options) {
   std::fflush(stdout);
 
   if (options.kernels) RETURN_IF_ERROR(RunKernels(options, *backend));
-  if (!options.transfers && !options.e2e && !options.sessions) return absl::OkStatus();
+  if (!options.transfers && !options.buffers && !options.e2e && !options.sessions) {
+    return absl::OkStatus();
+  }
   CopyCeilings ceilings;
   if (options.transfers) {
     ASSIGN_OR_RETURN(ceilings, MeasureCopyCeilings(options, *backend));
+  }
+  double copy_seconds = 0;
+  if (options.buffers) {
+    ASSIGN_OR_RETURN(copy_seconds, DeviceCopySeconds(options, *backend));
   }
   SessionCeilings session_ceilings;
   if (options.sessions) {
@@ -611,6 +644,7 @@ absl::Status Run(const Options& options) {
   server_options.lane_spin = options.lane_spin;
   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(server_options));
   if (options.transfers) RETURN_IF_ERROR(RunTransfers(options, ceilings, *server));
+  if (options.buffers) RETURN_IF_ERROR(RunBuffers(options, copy_seconds, *server));
   if (options.e2e) {
     RETURN_IF_ERROR(RunLatency(options, *server));
     RETURN_IF_ERROR(RunLoad(options, *server));

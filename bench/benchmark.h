@@ -39,6 +39,7 @@ struct Options {
   int repeat = 5;
   bool kernels = true;
   bool transfers = true;
+  bool buffers = true;
   bool e2e = true;
   bool sessions = true;
   int threads = 0;
@@ -112,7 +113,7 @@ inline double SecondsSince(Clock::time_point start) {
 }
 
 // ---------------------------------------------------------------------------
-// The transfers and e2e sections (server_sections.cc)
+// The transfers, buffers and e2e sections (server_sections.cc)
 
 // A client of the benchmark's in-process server. `transfer_streams` as ClientOptions
 // has it: 0 lets the library choose.
@@ -131,6 +132,9 @@ struct CopyCeilings {
 
 absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
                           const Server& server);
+// CreateBuffer of 2^log2n float64 without and with fill, each until its stream is done,
+// against the device-to-device copy of `copy_seconds`.
+absl::Status RunBuffers(const Options& options, double copy_seconds, const Server& server);
 absl::Status RunLatency(const Options& options, const Server& server);
 absl::Status RunLoad(const Options& options, const Server& server);
 

@@ -1,7 +1,7 @@
 // gpucompute-bench's sections on its in-process server: transfers (the client library's
-// uploads and downloads, over gRPC and shared memory, against the copy ceilings) and
-// e2e (the latency of one call, and four clients' load). benchmark.cc describes the
-// columns.
+// uploads and downloads, over gRPC and shared memory, against the copy ceilings), buffers
+// (a new buffer, zeroed or filled, against the device-to-device copy) and e2e (the
+// latency of one call, and four clients' load). benchmark.cc describes the columns.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -179,6 +179,47 @@ absl::Status RunTransfers(const Options& options, const CopyCeilings& ceilings,
   table.Print(absl::StrCat(
       "transfers: in-process server over loopback, median of ", options.repeat,
       ", ratio to the pinned host-to-device copy (CUDA) or Backend::CopyFromHost (CPU)"));
+  return absl::OkStatus();
+}
+
+absl::Status RunBuffers(const Options& options, double copy_seconds, const Server& server) {
+  const uint64_t n = static_cast<uint64_t>(options.n());
+  const uint64_t bytes = n * sizeof(double);
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Connect(server, "bench-buffers"));
+  // Wall time of CreateBuffer until the client's default stream, which runs the fill, is
+  // done; the buffer is deleted untimed.
+  auto time_creates = [&](bool fill) -> absl::StatusOr<double> {
+    v1::CreateBufferRequest request;
+    request.set_dtype(v1::DTYPE_FLOAT64);
+    request.add_shape(n);
+    if (fill) request.mutable_fill()->set_float_value(1.5);
+    std::vector<double> walls;
+    for (int r = 0; r <= options.repeat; ++r) {
+      const Clock::time_point start = Clock::now();
+      ASSIGN_OR_RETURN(const v1::BufferInfo buffer, client->CreateBuffer(request));
+      RETURN_IF_ERROR(client->SynchronizeStream("").status());
+      const double wall = SecondsSince(start);
+      RETURN_IF_ERROR(client->DeleteBuffer(buffer.id()));
+      if (r > 0) walls.push_back(wall);
+    }
+    return Median(walls);
+  };
+  ASSIGN_OR_RETURN(const double unfilled, time_creates(false));
+  ASSIGN_OR_RETURN(const double filled, time_creates(true));
+
+  const double copy_gbps = 2.0 * bytes / copy_seconds / 1e9;
+  Table table({"op", "MiB", "ms", "GB/s", "vs copy"}, 1);
+  auto add = [&](const char* op, double seconds, double bytes_moved) {
+    const double gbps = bytes_moved / seconds / 1e9;
+    table.AddRow({op, Fixed(bytes / double(1 << 20), 1), Fixed(seconds * 1e3, 3), Fixed(gbps, 3),
+                  Fixed(gbps / copy_gbps, 3)});
+  };
+  add("d2d copy (ceiling)", copy_seconds, 2.0 * bytes);
+  add("create unfilled + sync", unfilled, bytes);
+  add("create fill + sync", filled, bytes);
+  table.Print(absl::StrCat("buffers: 2^", options.log2n,
+                           " float64 through the in-process server, median of ", options.repeat,
+                           ", ratio to the device-to-device copy (bytes read + written)"));
   return absl::OkStatus();
 }
 

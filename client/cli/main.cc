@@ -85,7 +85,7 @@ const std::vector<Command>& Commands() {
        "  --dtype D      float32 float64 int32 int64 bool (default float64)\n"
        "  --layout C|F   row-major (default) or column-major\n"
        "  --fill V       set every element to V (a number, True or False); otherwise\n"
-       "                 the contents are unspecified\n"
+       "                 every element is zero\n"
        "  --name N       name the buffer\n"
        "  --device N     allocate on device N (default: the server's)\n"
        "  --ttl SECONDS  give the buffer a lease: unless used or renewed within\n"

@@ -22,14 +22,7 @@ grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerCo
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return FinishNow(context, s);
   absl::StatusOr<BufferHandle> buffer = AllocateFromRequest(ctx_, caller->scope, *request);
   if (!buffer.ok()) return FinishNow(context, buffer.status());
-  if (request->has_fill()) {
-    absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->fill());
-    if (!plan.ok()) return FinishNow(context, plan.status());
-    plan->created = *buffer;
-    absl::StatusOr<std::shared_ptr<Operation>> op =
-        SubmitPlan(ctx_, caller->scope, "", *std::move(plan));
-    if (!op.ok()) return FinishNow(context, op.status());
-  } else if (absl::Status s = ctx_.registry.Register(*buffer); !s.ok()) {
+  if (absl::Status s = SubmitCreated(ctx_, caller->scope, *buffer, *request).status(); !s.ok()) {
     return FinishNow(context, s);
   }
   ToProto(**buffer, response->mutable_buffer());

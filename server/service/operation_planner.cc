@@ -477,8 +477,10 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
   });
 }
 
-absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
-                                   const v1::SubmitRequest& request, BufferResolver resolve) {
+namespace {
+
+absl::StatusOr<Plan> PlanRequest(ServiceContext& ctx, absl::string_view client,
+                                 BufferResolver resolve, const v1::SubmitRequest& request) {
   switch (request.op_case()) {
     case v1::SubmitRequest::kElementwise:
       return PlanElementwise(ctx, client, resolve, request.elementwise());
@@ -492,6 +494,30 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
       break;
   }
   return absl::InvalidArgumentError("the request names no operation");
+}
+
+// A new output is visible from the moment its operation is queued. Should the launch fail
+// after it, nothing has written the output: it is zeroed then, in its stream's order, so
+// that neither the client nor the work queued after it reads what its memory held before.
+void ZeroOutputIfLaunchFails(Backend& backend, Plan& plan) {
+  plan.spec.launch = [&backend, out = plan.created, launch = std::move(plan.spec.launch)](
+                         Stream& stream, OpResult& result) mutable -> absl::StatusOr<LaunchInfo> {
+    absl::StatusOr<LaunchInfo> launched = launch(stream, result);
+    if (!launched.ok()) {
+      (void)backend.Fill(stream, out->memory, out->dtype, 0,
+                         static_cast<int64_t>(out->num_elements()));
+    }
+    return launched;
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
+                                   const v1::SubmitRequest& request, BufferResolver resolve) {
+  ASSIGN_OR_RETURN(Plan plan, PlanRequest(ctx, client, resolve, request));
+  if (plan.created != nullptr) ZeroOutputIfLaunchFails(ctx.backend, plan);
+  return plan;
 }
 
 absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::string_view client,
@@ -510,26 +536,34 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
   return buffer;
 }
 
-absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
-                              const v1::Scalar& value) {
-  absl::StatusOr<uint64_t> bits = ScalarBits(value, buffer->dtype);
-  if (!bits.ok())
-    return absl::InvalidArgumentError(absl::StrCat("fill value: ", bits.status().message()));
+absl::StatusOr<std::shared_ptr<Operation>> SubmitCreated(ServiceContext& ctx,
+                                                         absl::string_view client,
+                                                         const BufferHandle& buffer,
+                                                         const v1::CreateBufferRequest& request) {
+  // Zero: 0.0, 0 and false are all-zero bytes in every dtype.
+  uint64_t bits = 0;
+  if (request.has_fill()) {
+    absl::StatusOr<uint64_t> value = ScalarBits(request.fill(), buffer->dtype);
+    if (!value.ok())
+      return absl::InvalidArgumentError(absl::StrCat("fill value: ", value.status().message()));
+    bits = *value;
+  }
   Plan plan;
+  plan.created = buffer;
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OperationKind::kFill;
   spec.accesses = {{buffer, true}};
   spec.bytes_written = buffer->size_bytes();
   spec.outputs.push_back(*buffer);
   spec.capturable = true;  // one kernel or memset
-  spec.launch = [&backend = ctx.backend, buffer, bits = *bits](
-                    Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+  spec.launch = [&backend = ctx.backend, buffer, bits](Stream& stream,
+                                                       OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s = backend.Fill(stream, buffer->memory, buffer->dtype, bits,
                                   static_cast<int64_t>(buffer->num_elements()));
     if (!s.ok()) return s;
     return LaunchInfo{};
   };
-  return plan;
+  return SubmitPlan(ctx, client, "", std::move(plan));
 }
 
 BufferHandle WrittenBuffer(const Plan& plan) {

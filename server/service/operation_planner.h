@@ -38,9 +38,16 @@ absl::StatusOr<BufferHandle> AllocateFromRequest(ServiceContext& ctx, absl::stri
                                                  const v1::CreateBufferRequest& request,
                                                  bool exportable = false);
 
-// Fills every element of `buffer` with `value` (CreateBuffer's fill).
-absl::StatusOr<Plan> PlanFill(ServiceContext& ctx, const BufferHandle& buffer,
-                              const v1::Scalar& value);
+// Queues the contents of a buffer `request` created (CreateBuffer, ExportBuffer's
+// create) on the client's default stream and then makes the buffer visible: every
+// element set to the request's fill, or to zero without one. A new buffer's memory may be
+// a recycled block that held another buffer's bytes, another tenant's included; the fill
+// of zeros, ordered before any later use, keeps them unreadable at the cost of one memset
+// of the buffer's bytes (bandwidth, not a wait). Returns the fill's operation.
+absl::StatusOr<std::shared_ptr<Operation>> SubmitCreated(ServiceContext& ctx,
+                                                         absl::string_view client,
+                                                         const BufferHandle& buffer,
+                                                         const v1::CreateBufferRequest& request);
 
 // Queues a plan on `stream_id` and registers the buffer it creates. The name of that
 // buffer is taken first, so a plan whose name is taken meanwhile queues nothing.

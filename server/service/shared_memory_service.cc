@@ -512,18 +512,13 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
   region->device = (*buffer)->device;
   region->exported = *buffer;
   region->ipc_handle = *handle;
+  std::shared_ptr<Operation> filled;
   if (request->has_create()) {
     // Registered before the export, so that a failure leaves neither.
-    absl::Status registered;
-    if (request->create().has_fill()) {
-      absl::StatusOr<Plan> plan = PlanFill(ctx_, *buffer, request->create().fill());
-      if (!plan.ok()) return FinishNow(context, plan.status());
-      plan->created = *buffer;
-      registered = SubmitPlan(ctx_, caller->scope, "", *std::move(plan)).status();
-    } else {
-      registered = ctx_.registry.Register(*buffer);
-    }
-    if (!registered.ok()) return FinishNow(context, registered);
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        SubmitCreated(ctx_, caller->scope, *buffer, request->create());
+    if (!op.ok()) return FinishNow(context, op.status());
+    filled = *std::move(op);
   }
   absl::StatusOr<RegionHandle> added = ctx_.regions->Add(std::move(region));
   if (!added.ok()) {
@@ -533,7 +528,15 @@ grpc::ServerUnaryReactor* SharedMemoryServiceImpl::ExportBuffer(
   ToProto(**buffer, response->mutable_buffer());
   ToProto(**added, response->mutable_region());
   response->set_handle(*handle);
-  return FinishNow(context, absl::OkStatus());
+  if (filled == nullptr) return FinishNow(context, absl::OkStatus());
+  // A process that opens the handle reads the memory outside the stream order: the
+  // handle goes out once the fill has covered whatever the memory held before.
+  auto* reactor = new DeferredReactor(caller->admission);
+  ctx_.executor.OnDone(filled, [this, filled, state = reactor->state()] {
+    const absl::Status error = ctx_.executor.GetStatus(*filled).error;
+    DeferredReactor::FinishOnce(state, [&] { return ToGrpcStatus(error); });
+  });
+  return reactor;
 }
 
 }  // namespace gpucompute

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -146,6 +147,44 @@ TEST_F(CudaIpcTest, ExportedBufferMapsInAnotherProcess) {
   EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
 
   v1::UnregisterRegionRequest release;
+  release.set_region_id(exported.region().id());
+  ASSERT_OK(Call(&v1::SharedMemoryService::Stub::UnregisterRegion, release));
+}
+
+// An exported buffer created without fill is zeros by the time its handle is answered,
+// though the memory last held a freed exported buffer's values: a process that maps it at
+// once, with no SynchronizeStream, sees zeros, as a download does.
+TEST_F(CudaIpcTest, ExportedBufferWithoutFillIsZerosWhenAnswered) {
+  const size_t n = 1 << 22;
+  auto export_new = [&](const char* name, bool fill) -> absl::StatusOr<v1::ExportBufferResponse> {
+    v1::ExportBufferRequest request;
+    v1::CreateBufferRequest* create = request.mutable_create();
+    create->set_dtype(v1::DTYPE_FLOAT64);
+    create->add_shape(n);
+    create->set_name(name);
+    if (fill) create->mutable_fill()->set_float_value(7.25);
+    return Call(&v1::SharedMemoryService::Stub::ExportBuffer, request);
+  };
+  ASSIGN_OR_FAIL(v1::ExportBufferResponse freed, export_new("freed", true));
+  ASSERT_OK(client_->SynchronizeStream(""));
+  v1::UnregisterRegionRequest release;
+  release.set_region_id(freed.region().id());
+  ASSERT_OK(Call(&v1::SharedMemoryService::Stub::UnregisterRegion, release));
+  ASSERT_OK(client_->DeleteBuffer("freed"));
+
+  ASSIGN_OR_FAIL(v1::ExportBufferResponse exported, export_new("fresh", false));
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, exported.handle().data(), sizeof(handle));
+  ASSERT_CUDA(cudaSetDevice(exported.buffer().device()));
+  void* mapped = nullptr;
+  ASSERT_CUDA(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
+  std::vector<double> seen(n, -1.0);
+  ASSERT_CUDA(cudaMemcpy(seen.data(), mapped, n * 8, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaIpcCloseMemHandle(mapped));
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 0.0), static_cast<std::ptrdiff_t>(n))
+      << "the mapping shows " << seen.front() << " first";
+  ASSIGN_OR_FAIL(std::vector<double> down, DownloadArray<double>(*client_, "fresh"));
+  EXPECT_EQ(down, std::vector<double>(n, 0.0));
   release.set_region_id(exported.region().id());
   ASSERT_OK(Call(&v1::SharedMemoryService::Stub::UnregisterRegion, release));
 }

@@ -140,6 +140,11 @@ class InstrumentedBackend final : public Backend {
     std::lock_guard lock(mu_);
     prepare_error_ = std::move(status);
   }
+  // While set, Elementwise fails with it at launch, enqueuing nothing.
+  void FailElementwise(absl::Status status) {
+    std::lock_guard lock(mu_);
+    elementwise_error_ = std::move(status);
+  }
   static constexpr double kCompileSeconds = 0.25;
   std::vector<std::string> ranges() const {
     std::lock_guard lock(mu_);
@@ -196,6 +201,10 @@ class InstrumentedBackend final : public Backend {
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
                                          std::span<const DeviceMemory* const> inputs,
                                          DeviceMemory& out, DType out_dtype, int64_t n) override {
+    {
+      std::lock_guard lock(mu_);
+      if (!elementwise_error_.ok()) return elementwise_error_;
+    }
     return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
   }
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
@@ -216,6 +225,7 @@ class InstrumentedBackend final : public Backend {
   cpu::CpuBackend cpu_;
   mutable std::mutex mu_;
   absl::Status prepare_error_;
+  absl::Status elementwise_error_;
   std::optional<DType> last_prepared_dtype_;
   std::vector<std::string> ranges_;
   std::atomic<int> pushes_{0};
@@ -277,6 +287,30 @@ TEST_F(InstrumentedServerTest, PrepareElementwiseFailureChangesNothing) {
   ASSERT_EQ(r.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(r[i], static_cast<float>(x[i] * 2)) << i;
   EXPECT_EQ(PoolUsed(), pool_before + 4000);
+}
+
+// An operation that fails at launch has already published its new output: the output
+// reads as zeros, not as the bytes of the block it was given (a buffer just freed).
+TEST_F(InstrumentedServerTest, FailedLaunchLeavesItsNewOutputZeroed) {
+  constexpr uint64_t n = uint64_t{1} << 20;
+  ASSIGN_OR_FAIL(auto bx, UploadArray(*client_, RandomDoubles(n, -1, 1, 9), {}, v1::LAYOUT_C, "x"));
+  v1::CreateBufferRequest old;
+  old.set_dtype(v1::DTYPE_FLOAT64);
+  old.add_shape(n);
+  old.mutable_fill()->set_float_value(7.25);
+  ASSIGN_OR_FAIL(auto freed, client_->CreateBuffer(old));
+  ASSERT_OK(client_->DeleteBuffer(freed.id()));
+
+  backend_->FailElementwise(absl::InternalError("injected launch failure"));
+  absl::StatusOr<v1::Operation> failed = RunOp(
+      *client_, Elementwise("x * 2", {{"x", BufferOperand("x")}}, NewOutput("r", v1::DTYPE_FLOAT64)));
+  backend_->FailElementwise(absl::OkStatus());
+  ASSERT_FALSE(failed.ok());
+  ExpectContains(std::string(failed.status().message()), "injected launch failure");
+  ASSIGN_OR_FAIL(auto r, DownloadArray<double>(*client_, "r"));
+  ASSERT_EQ(r.size(), n);
+  EXPECT_EQ(std::count(r.begin(), r.end(), 0.0), static_cast<std::ptrdiff_t>(n))
+      << "the first element is " << r.front();
 }
 
 TEST_F(InstrumentedServerTest, OperationsAndTransfersAreNamedInProfilerRanges) {

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <limits>
@@ -32,6 +34,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include "absl/base/config.h"
 #include "absl/status/status.h"
@@ -47,6 +50,7 @@ namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using ::gpucompute::testing::AsBytes;
+using ::gpucompute::testing::DownloadArray;
 using ::gpucompute::testing::DownloadBytes;
 using ::gpucompute::testing::kGiB;
 using ::gpucompute::testing::kMiB;
@@ -1856,6 +1860,75 @@ TEST_F(ServerBuffersTest, NamesAndListingsArePerClient) {
   ASSERT_OK(d_again);
   EXPECT_EQ(d_again->id(), d.id());
   EXPECT_EQ(a->GetBuffer("d").status().code(), Code::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Freed memory: a buffer no write has covered reads as zeros, never as the bytes of a
+// buffer freed before it (the block caches recycle blocks).
+
+// Alice's freed 2^20 float64 of 7.25, then Bob's new buffer of the same size without
+// fill: every element Bob downloads is 0.0.
+TEST(ServerBuffersTenantsTest, UnfilledBufferNeverShowsAnotherTenantsFreedBytes) {
+  const std::filesystem::path tokens = std::filesystem::temp_directory_path() /
+                                       absl::StrCat("gpucompute_zeroing_tokens_", ::getpid());
+  std::ofstream(tokens, std::ios::trunc) << "alice-token-5e1 alice\nbob-token-0b2 bob\n";
+  std::unique_ptr<TestServer> server =
+      TestServer::StartWith(nullptr, 256 * kMiB, 2, [&](ServerOptions& o) {
+        o.tokens_file = tokens.string();
+      });
+  std::filesystem::remove(tokens);
+  ASSERT_NE(server, nullptr);
+  auto as = [&](const std::string& token) -> std::unique_ptr<Client> {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        server->ConnectWith([&](ClientOptions& o) { o.token = token; });
+    EXPECT_OK(client);
+    return client.ok() ? *std::move(client) : nullptr;
+  };
+  std::unique_ptr<Client> alice = as("alice-token-5e1");
+  std::unique_ptr<Client> bob = as("bob-token-0b2");
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+
+  constexpr uint64_t kCount = uint64_t{1} << 20;
+  absl::StatusOr<v1::BufferInfo> secret =
+      alice->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT64, {kCount}, "", FloatScalar(7.25)));
+  ASSERT_OK(secret);
+  absl::StatusOr<std::vector<double>> written = DownloadArray<double>(*alice, secret->id());
+  ASSERT_OK(written);
+  ASSERT_EQ(written->size(), kCount);
+  ASSERT_EQ((*written)[kCount - 1], 7.25);
+  ASSERT_OK(alice->DeleteBuffer(secret->id()));
+
+  absl::StatusOr<v1::BufferInfo> fresh =
+      bob->CreateBuffer(CreateRequest(v1::DTYPE_FLOAT64, {kCount}));
+  ASSERT_OK(fresh);
+  absl::StatusOr<std::vector<double>> seen = DownloadArray<double>(*bob, fresh->id());
+  ASSERT_OK(seen);
+  ASSERT_EQ(seen->size(), kCount);
+  const auto not_zero = std::count_if(seen->begin(), seen->end(), [](double v) {
+    return std::bit_cast<uint64_t>(v) != 0;
+  });
+  EXPECT_EQ(not_zero, 0) << "of " << kCount << " elements; the first is " << seen->front();
+}
+
+// Within one client too, for every dtype: create, fill, delete, create without fill.
+TEST_F(ServerBuffersTest, UnfilledBufferAfterADeleteReadsAsZeros) {
+  for (const auto& [dtype, fill] :
+       {std::pair{v1::DTYPE_FLOAT64, FloatScalar(-3.5)},
+        std::pair{v1::DTYPE_FLOAT32, FloatScalar(2.0)}, std::pair{v1::DTYPE_INT64, IntScalar(-1)}, std::pair{v1::DTYPE_INT32, IntScalar(77)},
+        std::pair{v1::DTYPE_BOOL, BoolScalar(true)}}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    const std::vector<uint64_t> shape = {256, 1024};
+    const uint64_t bytes = Elements(shape) * ItemSize(dtype);
+    v1::BufferInfo old = MustCreate(*client_, CreateRequest(dtype, shape, "old", fill));
+    ASSERT_NE(MustDownload(*client_, old.id()), std::string(bytes, '\0'));
+    ASSERT_OK(client_->DeleteBuffer(old.id()));
+    v1::BufferInfo fresh = MustCreate(*client_, CreateRequest(dtype, shape, "fresh"));
+    const std::string seen = MustDownload(*client_, fresh.id());
+    EXPECT_EQ(seen.size(), bytes);
+    EXPECT_EQ(seen.find_first_not_of('\0'), std::string::npos) << "a byte is not zero";
+    ASSERT_OK(client_->DeleteBuffer(fresh.id()));
+  }
 }
 
 }  // namespace

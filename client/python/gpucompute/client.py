@@ -193,8 +193,7 @@ class Client(_operations.Operations):
             return assembler.result(), assembler.transfer
 
     def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
-        """Allocates a buffer, filled with `fill` if given (else its contents are
-        unspecified)."""
+        """Allocates a buffer, filled with `fill` if given, else with zeros."""
         response = self._call("CreateBuffer",
                               _requests.create_request(shape, dtype, fill, name, layout, device))
         return RemoteArray(self, response.buffer)
