@@ -348,6 +348,8 @@ struct Case {
   // other tenant's `id`, which must answer exactly alike.
   std::function<grpc::Status()> send_unknown;
   std::string id, unknown_id;
+  // The message must be `says` exactly, not merely contain it.
+  bool exact = false;
 };
 
 constexpr char kAliceToken[] = "alice-3c1e0b77d2";
@@ -558,6 +560,16 @@ class BadInputMatrixTest : public ::testing::Test {
   void Add(const std::string& rpc, Category category, const std::string& what,
            std::function<grpc::Status()> send, StatusCode code, const std::string& says) {
     cases_.push_back(Case{rpc, category, what, std::move(send), code, says, {}, "", ""});
+  }
+
+  // alice's unary call of `rpc` with `text`, a request that must name a `kind` (a stream,
+  // an operation, a region) in `field` and names none: INVALID_ARGUMENT saying exactly
+  // that, as for an empty buffer reference, never NOT_FOUND.
+  void NamesNo(const std::string& rpc, const std::string& what, const std::string& text,
+               const std::string& kind, const std::string& field) {
+    Unary(rpc, kMalformed, what, kAlice, text, StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("the request names no ", kind, ": set '", field, "'"));
+    cases_.back().exact = true;
   }
 
   // A unary call of `rpc` by `who` with the request `text`.
@@ -940,7 +952,7 @@ void BadInputMatrixTest::AddStreamCases() {
         "tenant 'bob' is at its quota 'streams' of 2");
 
   const std::string del = "StreamService.DeleteStream";
-  Unary(del, kMalformed, "no stream", kAlice, "", StatusCode::NOT_FOUND, "stream  not found");
+  NamesNo(del, "no stream", "", "stream", "stream_id");
   Unary(del, kWrongType, "a buffer id", kAlice, absl::StrCat("stream_id: ", Quoted(a_)),
         StatusCode::NOT_FOUND, absl::StrCat("stream ", a_, " not found"));
   Unary(del, kWrongType, "the default stream", kAlice,
@@ -1096,8 +1108,7 @@ void BadInputMatrixTest::AddOperationCases() {
          "random { output { buffer: $0 } distribution: DISTRIBUTION_INTEGERS low: 0 high: 2 }");
 
   const std::string get = "OperationService.GetOperation";
-  Unary(get, kMalformed, "no operation id", kAlice, "", StatusCode::NOT_FOUND,
-        "operation  not found");
+  NamesNo(get, "no operation id", "", "operation", "operation_id");
   Unary(get, kOversized, "a 64 KiB id", kAlice,
         absl::StrCat("operation_id: ", Quoted(std::string(64 << 10, 'o'))), StatusCode::NOT_FOUND,
         "bytes left out");
@@ -1107,6 +1118,9 @@ void BadInputMatrixTest::AddOperationCases() {
                    "not found");
 
   const std::string wait = "OperationService.WaitOperation";
+  NamesNo(wait, "no operation id", "", "operation", "operation_id");
+  NamesNo(wait, "no operation id, with a timeout", "timeout_seconds: 5", "operation",
+          "operation_id");
   Unary(wait, kOutOfRange, "a negative timeout", kAlice,
         absl::StrCat("operation_id: ", Quoted(operation_), " timeout_seconds: -1"),
         StatusCode::INVALID_ARGUMENT, "timeout must be >= 0 seconds, got -1");
@@ -1550,10 +1564,11 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
     EXPECT_TRUE(ok) << "the API has no RPC " << c.rpc;
     const grpc::Status got = c.send();
     const std::string& message = got.error_message();
-    if (got.error_code() != c.code || !absl::StrContains(message, c.says)) {
+    if (got.error_code() != c.code ||
+        !(c.exact ? message == c.says : absl::StrContains(message, c.says))) {
       ok = false;
       ADD_FAILURE() << "got " << got.error_code() << " '" << message.substr(0, 400) << "', want "
-                    << c.code << " with '" << c.says << "'";
+                    << c.code << (c.exact ? " saying '" : " with '") << c.says << "'";
     }
     for (const char* token : {kAliceToken, kBobToken, kAdminToken, kWrongToken}) {
       if (absl::StrContains(message, token)) {
