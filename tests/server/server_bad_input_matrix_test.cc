@@ -1194,7 +1194,7 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
   }
 
   const std::string unreg = "SharedMemoryService.UnregisterRegion";
-  Unary(unreg, kMalformed, "no region", kAlice, "", StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(unreg, "no region", "", "region", "region_id");
   Unary(unreg, kOversized, "a 64 KiB id", kAlice,
         absl::StrCat("region_id: ", Quoted(std::string(64 << 10, 's'))), StatusCode::NOT_FOUND,
         "bytes left out");
@@ -1219,7 +1219,11 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
   Unary(from, kMalformed, "a new buffer at offset 8", kAlice,
         r + "create { dtype: DTYPE_INT32 shape: 4 } offset_bytes: 8", StatusCode::INVALID_ARGUMENT,
         "a copy that creates a buffer must start at offset 0");
-  Unary(from, kMalformed, "no region", kAlice, into_a, StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(from, "no region, into a buffer", into_a, "region", "region_id");
+  NamesNo(from, "no region, into a new buffer", "create { dtype: DTYPE_INT32 shape: 4 }", "region",
+          "region_id");
+  NamesNo(from, "no region, on a stream", absl::StrCat(into_a, "stream_id: ", Quoted(stream_)),
+          "region", "region_id");
   Unary(from, kOversized, "a new buffer larger than the region", kAlice,
         r + "create { dtype: DTYPE_FLOAT64 shape: 128 }", StatusCode::INVALID_ARGUMENT,
         absl::StrCat("bytes [0, +1024) are outside region ", region_, " of 256 bytes"));
@@ -1257,7 +1261,9 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
                    "not found");
 
   const std::string to = "SharedMemoryService.CopyToRegion";
-  Unary(to, kMalformed, "no region", kAlice, into_a, StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(to, "no region", into_a, "region", "region_id");
+  NamesNo(to, "no region, on a stream", absl::StrCat(into_a, "stream_id: ", Quoted(stream_)),
+          "region", "region_id");
   Unary(to, kMalformed, "no buffer", kAlice, r, StatusCode::INVALID_ARGUMENT, "no buffer given");
   Unary(to, kWrongType, "a read-only region", kAlice,
         absl::StrCat("region_id: ", Quoted(read_only_region_), " ", into_a),
