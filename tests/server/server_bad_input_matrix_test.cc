@@ -1628,5 +1628,46 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
   EXPECT_OK(alice_->SynchronizeStream(stream_));
 }
 
+// The other side of the rule for empty ids: where the API lets a request name no stream
+// (SynchronizeStream, Submit, the region copies, a chain), that still means the caller's
+// default stream; no stream is made and nothing is refused.
+TEST_F(BadInputMatrixTest, AnEmptyStreamIdStillMeansTheDefaultStreamWhereItMayBeEmpty) {
+  ASSIGN_OR_FAIL(v1::ListStreamsResponse streams_before, alice_->ListStreams());
+  ASSIGN_OR_FAIL(bool idle, alice_->SynchronizeStream(""));
+  EXPECT_TRUE(idle);
+  ASSIGN_OR_FAIL(
+      v1::Operation op,
+      alice_->Submit(Text<v1::SubmitRequest>("wait: true " + ElementwiseText("x + 0", "a", "a"))));
+  EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << op.error_message();
+  EXPECT_EQ(op.stream_id(), default_stream_);
+
+  const auto stream_of_copy = [&](const std::string& rpc, const std::string& text) {
+    RawResult r = RawCall(channel_, rpc, kAlice, {Request(rpc, text)});
+    EXPECT_OK(r.status) << rpc;
+    v1::CopyRegionResponse response;
+    if (r.responses.size() != 1 || !response.ParseFromString(r.responses[0])) return std::string();
+    return response.timing().stream_id();
+  };
+  const std::string region_and_a =
+      absl::StrCat("region_id: ", Quoted(region_), " buffer: ", Quoted(a_));
+  EXPECT_EQ(stream_of_copy("SharedMemoryService.CopyToRegion", region_and_a), default_stream_);
+  EXPECT_EQ(stream_of_copy("SharedMemoryService.CopyFromRegion", region_and_a), default_stream_);
+
+  const std::string chain = "SessionService.RunChain";
+  RawResult r = RawCall(channel_, chain, kAlice,
+                        {Request(chain, absl::StrCat("steps { tag: \"t\" op { ",
+                                                     ElementwiseText("x + 0", "a", "a"), " } }"))});
+  ASSERT_OK(r.status);
+  v1::ChainResponse ran;
+  ASSERT_EQ(r.responses.size(), 1u);
+  ASSERT_TRUE(ran.ParseFromString(r.responses[0]));
+  ASSERT_EQ(ran.steps_size(), 1);
+  EXPECT_EQ(ran.stream_id().empty() ? ran.steps(0).operation().stream_id() : ran.stream_id(),
+            default_stream_);
+
+  ASSIGN_OR_FAIL(v1::ListStreamsResponse streams_after, alice_->ListStreams());
+  EXPECT_EQ(streams_after.DebugString(), streams_before.DebugString());
+}
+
 }  // namespace
 }  // namespace gpucompute::testing
