@@ -4,11 +4,18 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -97,6 +104,48 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view what, const std::strin
   return text.str();
 }
 
+// The first PEM object of `pem` that `read` parses (PEM_read_bio_X509, ...), or null.
+// Never asks for a passphrase: gRPC takes the key as it is, so an encrypted one is of no
+// use, and OpenSSL's default would prompt on the terminal.
+template <typename T, typename Read>
+std::unique_ptr<T, void (*)(T*)> ReadPem(const std::string& pem, Read read, void (*free)(T*)) {
+  std::unique_ptr<T, void (*)(T*)> object(nullptr, free);
+  if (pem.size() > static_cast<size_t>(INT_MAX)) return object;
+  std::unique_ptr<BIO, int (*)(BIO*)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
+                                          &BIO_free);
+  if (bio == nullptr) return object;
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  object.reset(read(bio.get(), nullptr, no_passphrase, nullptr));
+  ERR_clear_error();  // the caller says what failed; leave no error queued for gRPC's TLS
+  return object;
+}
+
+// OK when `key` is the private key of the first (the server's own) certificate of
+// `cert_chain`. gRPC finds out only when it builds the listener, and says no more than
+// that the server cannot listen.
+absl::Status CheckKeyMatchesCertificate(const ServerOptions& options, const std::string& cert_chain,
+                                        const std::string& key) {
+  auto cert = ReadPem<X509>(cert_chain, PEM_read_bio_X509, X509_free);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("the TLS certificate ", options.tls_cert_file,
+                                                   " holds no certificate in PEM"));
+  }
+  auto private_key = ReadPem<EVP_PKEY>(key, PEM_read_bio_PrivateKey, EVP_PKEY_free);
+  if (private_key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("the TLS key ", options.tls_key_file,
+                                                   " holds no unencrypted private key in PEM"));
+  }
+  const bool match = X509_check_private_key(cert.get(), private_key.get()) == 1;
+  ERR_clear_error();
+  if (!match) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the TLS certificate ", options.tls_cert_file, " and the TLS key ", options.tls_key_file,
+        " do not match: the key is not the certificate's private key (--tls-cert and --tls-key "
+        "must be one pair)"));
+  }
+  return absl::OkStatus();
+}
+
 // The listening port's credentials: TLS (mutual with a client CA) or none.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
     const ServerOptions& options) {
@@ -113,6 +162,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile("the TLS certificate", options.tls_cert_file));
   ASSIGN_OR_RETURN(pair.private_key, ReadPemFile("the TLS key", options.tls_key_file));
+  RETURN_IF_ERROR(CheckKeyMatchesCertificate(options, pair.cert_chain, pair.private_key));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (!options.tls_client_ca_file.empty()) {
     ASSIGN_OR_RETURN(ssl.pem_root_certs,

@@ -36,6 +36,13 @@ std::string RangeName(OperationKind kind, const std::vector<Executor::Access>& a
   return name;
 }
 
+// A request that must name a stream or an operation and names none is malformed, not a
+// lookup that failed: INVALID_ARGUMENT, as for an empty buffer reference.
+absl::Status NamesNo(absl::string_view what, absl::string_view field) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request names no ", what, ": set '", field, "'"));
+}
+
 }  // namespace
 
 absl::string_view OperationKindName(OperationKind kind) {
@@ -220,6 +227,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Executor::FindStreamLocked(
 
 absl::Status Executor::DeleteStream(absl::string_view client, absl::string_view stream_id,
                                     absl::AnyInvocable<void() &&> done) {
+  if (stream_id.empty()) return NamesNo("stream", "stream_id");
   Guard guard(*this);
   auto it = streams_.find(stream_id);
   if (it == streams_.end() || !SameTenant(it->second->client, client))
@@ -273,6 +281,7 @@ void Executor::RetireStreamLocked(std::shared_ptr<StreamState> s,
 
 absl::Status Executor::Synchronize(absl::string_view client, absl::string_view stream_id,
                                    absl::AnyInvocable<void() &&> done) {
+  if (stream_id.empty()) return NamesNo("stream", "stream_id");
   Guard guard(*this);
   auto it = streams_.find(stream_id);
   if (it == streams_.end() || !SameTenant(it->second->client, client))
@@ -524,6 +533,7 @@ void Executor::ForgetFinishedHazardsLocked(const std::vector<BufferHandle>& buff
 
 absl::StatusOr<std::shared_ptr<Operation>> Executor::FindOperation(absl::string_view client,
                                                                    absl::string_view id) {
+  if (id.empty()) return NamesNo("operation", "operation_id");
   absl::MutexLock lock(&ops_mu_);
   auto it = operations_.find(id);
   if (it == operations_.end() || !SameTenant(it->second->scope_, client)) {

@@ -296,7 +296,9 @@ class Executor {
 
   // --- Streams. Ids are global and unguessable; listings are per client. `client` is
   // the caller's scope (server/tenancy/auth.h): a stream or operation of another tenant is
-  // NOT_FOUND, exactly as an unknown id is.
+  // NOT_FOUND, exactly as an unknown id is. Where a stream or an operation must be named,
+  // an empty id is INVALID_ARGUMENT (the request names none); a submission's stream_id
+  // alone may be empty, for the client's default stream.
   absl::StatusOr<StreamInfo> CreateStream(absl::string_view client, int device);
   // The client's default stream on `device`, created on first use.
   absl::StatusOr<StreamInfo> DefaultStream(absl::string_view client, int device);

@@ -276,6 +276,12 @@ void RegionRegistry::SweepLoop() {
   }
 }
 
+// A request that must name a region and names none is malformed, not a lookup that
+// failed: INVALID_ARGUMENT, as for an empty buffer reference.
+absl::Status RegionRegistry::NamesNoRegion() {
+  return absl::InvalidArgumentError("the request names no region: set 'region_id'");
+}
+
 absl::Status RegionRegistry::NotFound(absl::string_view id) {
   return absl::NotFoundError(absl::StrCat("region ", id, " not found"));
 }
@@ -298,6 +304,7 @@ absl::StatusOr<RegionHandle> RegionRegistry::Add(std::unique_ptr<Region> region)
 
 absl::StatusOr<RegionHandle> RegionRegistry::Lookup(absl::string_view client,
                                                     absl::string_view id) {
+  if (id.empty()) return NamesNoRegion();
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.region->client != client) return NotFound(id);
@@ -307,6 +314,7 @@ absl::StatusOr<RegionHandle> RegionRegistry::Lookup(absl::string_view client,
 
 absl::StatusOr<RegionHandle> RegionRegistry::Remove(absl::string_view client,
                                                     absl::string_view id) {
+  if (id.empty()) return NamesNoRegion();
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.region->client != client) return NotFound(id);

@@ -139,7 +139,8 @@ class RegionRegistry {
   // client holds kMaxRegionsPerClient already.
   absl::StatusOr<RegionHandle> Add(std::unique_ptr<Region> region) ABSL_LOCKS_EXCLUDED(mu_);
   // The client's region `id`, marked as used now. Another client's region is NOT_FOUND,
-  // exactly as an unknown id is.
+  // exactly as an unknown id is; an empty id is INVALID_ARGUMENT (the request names no
+  // region). Remove answers alike.
   absl::StatusOr<RegionHandle> Lookup(absl::string_view client, absl::string_view id)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<RegionHandle> Remove(absl::string_view client, absl::string_view id)
@@ -157,6 +158,7 @@ class RegionRegistry {
   };
 
   void SweepLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  static absl::Status NamesNoRegion();
   static absl::Status NotFound(absl::string_view id);
 
   const absl::Duration idle_timeout_;

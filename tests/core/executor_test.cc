@@ -356,6 +356,53 @@ TEST_F(ExecutorTest, StreamErrors) {
   EXPECT_EQ(deleted, 9);
 }
 
+// One rule for a request that must name a stream or an operation and names none: it is
+// malformed (INVALID_ARGUMENT, naming the field), not an unknown id (NOT_FOUND), and it
+// touches nothing; an empty stream id still means the default stream where one may be
+// empty (a submission).
+TEST_F(ExecutorTest, AnEmptyStreamOrOperationIdIsInvalidAndChangesNothing) {
+  const std::string s = NewStream();
+  BufferHandle x = NewBuffer(16);
+  std::shared_ptr<Operation> on_default = Submit("", Write("x = 4", x, 4));
+  ASSERT_NE(on_default, nullptr);
+  absl::StatusOr<StreamInfo> def = executor_->DefaultStream("c", 0);
+  ASSERT_OK(def);
+  EXPECT_EQ(executor_->GetStatus(*on_default).stream_id, def->id);
+  const auto streams = [&] {
+    std::vector<std::string> out;
+    for (const StreamInfo& info : executor_->ListStreams("c"))
+      out.push_back(absl::StrCat(info.id, " ", info.is_default, " ", info.pending_operations));
+    return out;
+  };
+  const std::vector<std::string> before = streams();
+  ASSERT_EQ(before.size(), 2u);
+
+  bool ran = false;
+  const absl::Status deleted = executor_->DeleteStream("c", "", [&] { ran = true; });
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kInvalidArgument) << deleted;
+  EXPECT_EQ(std::string(deleted.message()), "the request names no stream: set 'stream_id'");
+  const absl::Status synced = executor_->Synchronize("c", "", [&] { ran = true; });
+  EXPECT_EQ(synced.code(), absl::StatusCode::kInvalidArgument) << synced;
+  EXPECT_EQ(std::string(synced.message()), "the request names no stream: set 'stream_id'");
+  const absl::Status found = executor_->FindOperation("c", "").status();
+  EXPECT_EQ(found.code(), absl::StatusCode::kInvalidArgument) << found;
+  EXPECT_EQ(std::string(found.message()), "the request names no operation: set 'operation_id'");
+  // An id that names nothing is still NOT_FOUND.
+  EXPECT_EQ(executor_->DeleteStream("c", "str-0000", [] {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(executor_->Synchronize("c", "str-0000", [] {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(executor_->FindOperation("c", "op-0000").status().code(), absl::StatusCode::kNotFound);
+
+  EXPECT_EQ(streams(), before);
+  backend_.Finish("x = 4");
+  EXPECT_FALSE(ran) << "a refused request's callback ran";
+  EXPECT_EQ(At(x, 0), 4);
+  EXPECT_OK(executor_->FindOperation("c", on_default->id()));
+  std::optional<int64_t> at_sync;
+  ASSERT_OK(executor_->Synchronize("c", s, [&] { at_sync = At(x, 0); }));
+  backend_.RunUntilIdle();
+  EXPECT_EQ(at_sync, 4);
+}
+
 TEST_F(ExecutorTest, StreamsPerClientAreLimited) {
   for (size_t i = 0; i + 1 < Executor::kMaxStreamsPerClient; ++i)
     NewStream();  // +1: the default stream

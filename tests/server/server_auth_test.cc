@@ -262,6 +262,68 @@ TEST(StartTest, BadTlsAndTokensFilesAreRefused) {
   }
 }
 
+// A certificate with a key that is not its own: refused at start, naming both files, not
+// left to fail as "cannot listen" or at the first handshake. A matching pair still starts.
+TEST(StartTest, ACertificateAndAKeyThatDoNotMatchAreRefused) {
+  const struct {
+    std::string cert, key;
+  } mismatched[] = {
+      {"server.pem", "alice.key"},    // the server's certificate, a client's key
+      {"alice.pem", "server.key"},    // the other way round
+      {"server.pem", "mallory.key"},  // a key of another CA's client
+  };
+  for (const auto& pair : mismatched) {
+    SCOPED_TRACE(absl::StrCat(pair.cert, " with ", pair.key));
+    const std::string cert = TlsFile(pair.cert);
+    const std::string key = TlsFile(pair.key);
+    absl::StatusOr<std::unique_ptr<Server>> server = StartServer([&](ServerOptions& o) {
+      o.listen = "127.0.0.1:0";
+      o.tls_cert_file = cert;
+      o.tls_key_file = key;
+    });
+    ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+    EXPECT_EQ(std::string(server.status().message()),
+              absl::StrCat("the TLS certificate ", cert, " and the TLS key ", key,
+                           " do not match: the key is not the certificate's private key "
+                           "(--tls-cert and --tls-key must be one pair)"));
+  }
+  for (const std::string name : {"server", "alice"}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<std::unique_ptr<Server>> server = StartServer([&](ServerOptions& o) {
+      o.listen = "127.0.0.1:0";
+      o.tls_cert_file = TlsFile(name + ".pem");
+      o.tls_key_file = TlsFile(name + ".key");
+    });
+    ASSERT_OK(server);
+    EXPECT_NE((*server)->port(), 0);
+  }
+}
+
+// PEM files that hold something else than they should: a key given as the certificate,
+// a certificate given as the key.
+TEST(StartTest, ACertificateOrKeyFileOfTheWrongKindIsRefused) {
+  const std::string server_pem = TlsFile("server.pem");
+  const std::string server_key = TlsFile("server.key");
+  const std::string ca_pem = TlsFile("ca.pem");
+  const struct {
+    std::string cert, key, says;
+  } cases[] = {
+      {server_key, server_key,
+       absl::StrCat("the TLS certificate ", server_key, " holds no certificate in PEM")},
+      {server_pem, ca_pem,
+       absl::StrCat("the TLS key ", ca_pem, " holds no unencrypted private key in PEM")},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<std::unique_ptr<Server>> server = StartServer([&](ServerOptions& o) {
+      o.listen = "127.0.0.1:0";
+      o.tls_cert_file = c.cert;
+      o.tls_key_file = c.key;
+    });
+    ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+    EXPECT_EQ(std::string(server.status().message()), c.says);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // TLS and mutual TLS.
 

@@ -348,6 +348,8 @@ struct Case {
   // other tenant's `id`, which must answer exactly alike.
   std::function<grpc::Status()> send_unknown;
   std::string id, unknown_id;
+  // The message must be `says` exactly, not merely contain it.
+  bool exact = false;
 };
 
 constexpr char kAliceToken[] = "alice-3c1e0b77d2";
@@ -558,6 +560,16 @@ class BadInputMatrixTest : public ::testing::Test {
   void Add(const std::string& rpc, Category category, const std::string& what,
            std::function<grpc::Status()> send, StatusCode code, const std::string& says) {
     cases_.push_back(Case{rpc, category, what, std::move(send), code, says, {}, "", ""});
+  }
+
+  // alice's unary call of `rpc` with `text`, a request that must name a `kind` (a stream,
+  // an operation, a region) in `field` and names none: INVALID_ARGUMENT saying exactly
+  // that, as for an empty buffer reference, never NOT_FOUND.
+  void NamesNo(const std::string& rpc, const std::string& what, const std::string& text,
+               const std::string& kind, const std::string& field) {
+    Unary(rpc, kMalformed, what, kAlice, text, StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("the request names no ", kind, ": set '", field, "'"));
+    cases_.back().exact = true;
   }
 
   // A unary call of `rpc` by `who` with the request `text`.
@@ -940,7 +952,7 @@ void BadInputMatrixTest::AddStreamCases() {
         "tenant 'bob' is at its quota 'streams' of 2");
 
   const std::string del = "StreamService.DeleteStream";
-  Unary(del, kMalformed, "no stream", kAlice, "", StatusCode::NOT_FOUND, "stream  not found");
+  NamesNo(del, "no stream", "", "stream", "stream_id");
   Unary(del, kWrongType, "a buffer id", kAlice, absl::StrCat("stream_id: ", Quoted(a_)),
         StatusCode::NOT_FOUND, absl::StrCat("stream ", a_, " not found"));
   Unary(del, kWrongType, "the default stream", kAlice,
@@ -1096,8 +1108,7 @@ void BadInputMatrixTest::AddOperationCases() {
          "random { output { buffer: $0 } distribution: DISTRIBUTION_INTEGERS low: 0 high: 2 }");
 
   const std::string get = "OperationService.GetOperation";
-  Unary(get, kMalformed, "no operation id", kAlice, "", StatusCode::NOT_FOUND,
-        "operation  not found");
+  NamesNo(get, "no operation id", "", "operation", "operation_id");
   Unary(get, kOversized, "a 64 KiB id", kAlice,
         absl::StrCat("operation_id: ", Quoted(std::string(64 << 10, 'o'))), StatusCode::NOT_FOUND,
         "bytes left out");
@@ -1107,6 +1118,9 @@ void BadInputMatrixTest::AddOperationCases() {
                    "not found");
 
   const std::string wait = "OperationService.WaitOperation";
+  NamesNo(wait, "no operation id", "", "operation", "operation_id");
+  NamesNo(wait, "no operation id, with a timeout", "timeout_seconds: 5", "operation",
+          "operation_id");
   Unary(wait, kOutOfRange, "a negative timeout", kAlice,
         absl::StrCat("operation_id: ", Quoted(operation_), " timeout_seconds: -1"),
         StatusCode::INVALID_ARGUMENT, "timeout must be >= 0 seconds, got -1");
@@ -1180,7 +1194,7 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
   }
 
   const std::string unreg = "SharedMemoryService.UnregisterRegion";
-  Unary(unreg, kMalformed, "no region", kAlice, "", StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(unreg, "no region", "", "region", "region_id");
   Unary(unreg, kOversized, "a 64 KiB id", kAlice,
         absl::StrCat("region_id: ", Quoted(std::string(64 << 10, 's'))), StatusCode::NOT_FOUND,
         "bytes left out");
@@ -1205,7 +1219,11 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
   Unary(from, kMalformed, "a new buffer at offset 8", kAlice,
         r + "create { dtype: DTYPE_INT32 shape: 4 } offset_bytes: 8", StatusCode::INVALID_ARGUMENT,
         "a copy that creates a buffer must start at offset 0");
-  Unary(from, kMalformed, "no region", kAlice, into_a, StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(from, "no region, into a buffer", into_a, "region", "region_id");
+  NamesNo(from, "no region, into a new buffer", "create { dtype: DTYPE_INT32 shape: 4 }", "region",
+          "region_id");
+  NamesNo(from, "no region, on a stream", absl::StrCat(into_a, "stream_id: ", Quoted(stream_)),
+          "region", "region_id");
   Unary(from, kOversized, "a new buffer larger than the region", kAlice,
         r + "create { dtype: DTYPE_FLOAT64 shape: 128 }", StatusCode::INVALID_ARGUMENT,
         absl::StrCat("bytes [0, +1024) are outside region ", region_, " of 256 bytes"));
@@ -1243,7 +1261,9 @@ void BadInputMatrixTest::AddSharedMemoryCases() {
                    "not found");
 
   const std::string to = "SharedMemoryService.CopyToRegion";
-  Unary(to, kMalformed, "no region", kAlice, into_a, StatusCode::NOT_FOUND, "region  not found");
+  NamesNo(to, "no region", into_a, "region", "region_id");
+  NamesNo(to, "no region, on a stream", absl::StrCat(into_a, "stream_id: ", Quoted(stream_)),
+          "region", "region_id");
   Unary(to, kMalformed, "no buffer", kAlice, r, StatusCode::INVALID_ARGUMENT, "no buffer given");
   Unary(to, kWrongType, "a read-only region", kAlice,
         absl::StrCat("region_id: ", Quoted(read_only_region_), " ", into_a),
@@ -1550,10 +1570,11 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
     EXPECT_TRUE(ok) << "the API has no RPC " << c.rpc;
     const grpc::Status got = c.send();
     const std::string& message = got.error_message();
-    if (got.error_code() != c.code || !absl::StrContains(message, c.says)) {
+    if (got.error_code() != c.code ||
+        !(c.exact ? message == c.says : absl::StrContains(message, c.says))) {
       ok = false;
       ADD_FAILURE() << "got " << got.error_code() << " '" << message.substr(0, 400) << "', want "
-                    << c.code << " with '" << c.says << "'";
+                    << c.code << (c.exact ? " saying '" : " with '") << c.says << "'";
     }
     for (const char* token : {kAliceToken, kBobToken, kAdminToken, kWrongToken}) {
       if (absl::StrContains(message, token)) {
@@ -1605,6 +1626,47 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
   ASSERT_OK(op);
   EXPECT_EQ(op->state(), v1::Operation::STATE_SUCCEEDED);
   EXPECT_OK(alice_->SynchronizeStream(stream_));
+}
+
+// The other side of the rule for empty ids: where the API lets a request name no stream
+// (SynchronizeStream, Submit, the region copies, a chain), that still means the caller's
+// default stream; no stream is made and nothing is refused.
+TEST_F(BadInputMatrixTest, AnEmptyStreamIdStillMeansTheDefaultStreamWhereItMayBeEmpty) {
+  ASSIGN_OR_FAIL(v1::ListStreamsResponse streams_before, alice_->ListStreams());
+  ASSIGN_OR_FAIL(bool idle, alice_->SynchronizeStream(""));
+  EXPECT_TRUE(idle);
+  ASSIGN_OR_FAIL(
+      v1::Operation op,
+      alice_->Submit(Text<v1::SubmitRequest>("wait: true " + ElementwiseText("x + 0", "a", "a"))));
+  EXPECT_EQ(op.state(), v1::Operation::STATE_SUCCEEDED) << op.error_message();
+  EXPECT_EQ(op.stream_id(), default_stream_);
+
+  const auto stream_of_copy = [&](const std::string& rpc, const std::string& text) {
+    RawResult r = RawCall(channel_, rpc, kAlice, {Request(rpc, text)});
+    EXPECT_OK(r.status) << rpc;
+    v1::CopyRegionResponse response;
+    if (r.responses.size() != 1 || !response.ParseFromString(r.responses[0])) return std::string();
+    return response.timing().stream_id();
+  };
+  const std::string region_and_a =
+      absl::StrCat("region_id: ", Quoted(region_), " buffer: ", Quoted(a_));
+  EXPECT_EQ(stream_of_copy("SharedMemoryService.CopyToRegion", region_and_a), default_stream_);
+  EXPECT_EQ(stream_of_copy("SharedMemoryService.CopyFromRegion", region_and_a), default_stream_);
+
+  const std::string chain = "SessionService.RunChain";
+  RawResult r = RawCall(channel_, chain, kAlice,
+                        {Request(chain, absl::StrCat("steps { tag: \"t\" op { ",
+                                                     ElementwiseText("x + 0", "a", "a"), " } }"))});
+  ASSERT_OK(r.status);
+  v1::ChainResponse ran;
+  ASSERT_EQ(r.responses.size(), 1u);
+  ASSERT_TRUE(ran.ParseFromString(r.responses[0]));
+  ASSERT_EQ(ran.steps_size(), 1);
+  EXPECT_EQ(ran.stream_id().empty() ? ran.steps(0).operation().stream_id() : ran.stream_id(),
+            default_stream_);
+
+  ASSIGN_OR_FAIL(v1::ListStreamsResponse streams_after, alice_->ListStreams());
+  EXPECT_EQ(streams_after.DebugString(), streams_before.DebugString());
 }
 
 }  // namespace
