@@ -116,7 +116,8 @@ TEST_F(ServerOpsTest, StreamsCreateListSynchronizeDelete) {
   EXPECT_EQ(c().DeleteStream(default_id).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c().DeleteStream("str-00000000000000000000000000000000").code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(c().DeleteStream("").code(), absl::StatusCode::kNotFound);
+  // A request that names no stream is invalid, not a stream that is missing.
+  EXPECT_EQ(c().DeleteStream("").code(), absl::StatusCode::kInvalidArgument);
   ASSIGN_OR_FAIL(auto still3, c().ListStreams());
   EXPECT_EQ(still3.streams_size(), 3);
   // Delete B while work is queued on it: the work finishes.
