@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "server/metrics/http_endpoint.h"
 #include "server/server.h"
@@ -156,8 +158,21 @@ TEST_F(MetricsServerTest, SeriesAfterAKnownWorkload) {
   create.set_dtype(v1::DTYPE_INT32);
   create.add_shape(5);
   ASSERT_TRUE(odd->CreateBuffer(create).ok());
+  // A buffer created without fill is zeroed on its stream: wait for that, so that nothing
+  // is queued or running when the scrape is taken.
+  ASSERT_TRUE(odd->SynchronizeStream("").ok());
 
-  const std::string text = ScrapeText();
+  // The gauges follow the executor's completion, which may trail the stream's by a moment.
+  std::string text = ScrapeText();
+  for (int i = 0; i < 200; ++i) {
+    const Scrape gauges = Parse(text);
+    if (gauges.at("gpucompute_operations_running{device=\"0\"}") == 0 &&
+        gauges.at("gpucompute_operations_queued{device=\"0\"}") == 0) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+    text = ScrapeText();
+  }
   const Scrape s = Parse(text);
   ExpectWellFormed(s);
   EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"elementwise\",outcome=\"succeeded\"}"), 3);
