@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -40,14 +41,49 @@
 
 namespace gpucompute {
 
-bool IsLoopbackListenAddress(absl::string_view listen) {
-  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return true;
-  absl::string_view host = listen;
-  if (absl::ConsumePrefix(&host, "[")) {
-    host = host.substr(0, host.find(']'));
-  } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
-    host = host.substr(0, colon);
+namespace {
+
+// A listen address taken apart: unix:PATH or unix-abstract:NAME (`scheme` set, `host` the
+// rest), or HOST:PORT / [V6]:PORT (`port` set where a port follows the host).
+struct ListenParts {
+  absl::string_view scheme;
+  absl::string_view host;
+  std::optional<absl::string_view> port;
+  bool bracketed = false;
+};
+
+ListenParts SplitListenAddress(absl::string_view listen) {
+  ListenParts parts;
+  for (absl::string_view scheme : {"unix:", "unix-abstract:"}) {
+    if (absl::StartsWith(listen, scheme)) {
+      parts.scheme = scheme;
+      parts.host = listen.substr(scheme.size());
+      return parts;
+    }
   }
+  absl::string_view rest = listen;
+  if (absl::ConsumePrefix(&rest, "[")) {
+    parts.bracketed = true;
+    const size_t close = rest.find(']');
+    parts.host = rest.substr(0, close);
+    if (close != absl::string_view::npos && absl::StartsWith(rest.substr(close + 1), ":")) {
+      parts.port = rest.substr(close + 2);
+    }
+  } else if (const size_t colon = rest.rfind(':'); colon != absl::string_view::npos) {
+    parts.host = rest.substr(0, colon);
+    parts.port = rest.substr(colon + 1);
+  } else {
+    parts.host = rest;
+  }
+  return parts;
+}
+
+}  // namespace
+
+bool IsLoopbackListenAddress(absl::string_view listen) {
+  const ListenParts parts = SplitListenAddress(listen);
+  if (!parts.scheme.empty()) return true;
+  const absl::string_view host = parts.host;
   if (host == "localhost" || host == "::1") return true;
   // 127.0.0.0/8, written as a dotted quad.
   int a = 0, b = 0, c = 0, d = 0;
@@ -63,25 +99,15 @@ absl::Status ValidateListenAddress(absl::string_view listen) {
         absl::StrCat("--listen '", listen, "' ", what,
                      "; write HOST:PORT (e.g. 127.0.0.1:50051), [V6]:PORT or unix:PATH"));
   };
-  for (absl::string_view scheme : {"unix:", "unix-abstract:"}) {
-    if (absl::StartsWith(listen, scheme)) {
-      return listen.size() > scheme.size() ? absl::OkStatus() : refuse("names no socket");
-    }
+  const ListenParts parts = SplitListenAddress(listen);
+  if (!parts.scheme.empty()) {
+    return parts.host.empty() ? refuse("names no socket") : absl::OkStatus();
   }
-  absl::string_view host = listen;
-  absl::string_view port;
-  if (absl::ConsumePrefix(&host, "[")) {
-    const size_t end = host.find("]:");
-    if (end == absl::string_view::npos) return refuse("has no port after the bracketed host");
-    port = host.substr(end + 2);
-    host = host.substr(0, end);
-  } else {
-    const size_t colon = host.rfind(':');
-    if (colon == absl::string_view::npos) return refuse("has no port");
-    port = host.substr(colon + 1);
-    host = host.substr(0, colon);
+  if (!parts.port.has_value()) {
+    return refuse(parts.bracketed ? "has no port after the bracketed host" : "has no port");
   }
-  if (host.empty()) return refuse("has no host");
+  if (parts.host.empty()) return refuse("has no host");
+  const absl::string_view port = *parts.port;
   uint32_t number = 0;
   if (port.empty()) return refuse("has no port");
   if (!std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
