@@ -140,6 +140,16 @@ grpc::ServerUnaryReactor* SubmitCopy(ServiceContext& ctx, grpc::CallbackServerCo
 
 // OK when `size` bytes from `region_offset` lie in the copy's region, and a CUDA IPC
 // region is on the buffer's device.
+// [offset, offset + size) of a region, read into a staging block on this thread, where a
+// shrunk object fails the read (ReadRegion) rather than faulting in a backend thread, where
+// it would end the server.
+absl::StatusOr<HostStagingPool::Block> StageRegion(HostStagingPool& staging, const Region& region,
+                                                   uint64_t offset, uint64_t size) {
+  ASSIGN_OR_RETURN(HostStagingPool::Block block, staging.Acquire(size));
+  RETURN_IF_ERROR(ReadRegion(region, offset, block->data(), size));
+  return block;
+}
+
 absl::Status CheckRegionSide(const RegionCopy& copy, uint64_t region_offset, uint64_t size) {
   RETURN_IF_ERROR(CheckByteRange(region_offset, size, copy.region->size,
                                  absl::StrCat("region ", copy.region->id)));
@@ -208,10 +218,8 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
     } else if (region->mapping->dma()) {
       s = backend.CopyFromPinnedHost(stream, src + region_offset, buffer->memory, offset, size);
     } else {
-      // The region is read here, where a shrunk object fails the copy (ReadRegion), not
-      // by the backend's own threads, where it would end the server.
-      ASSIGN_OR_RETURN(HostStagingPool::Block block, staging.Acquire(size));
-      RETURN_IF_ERROR(ReadRegion(*region, region_offset, block->data(), size));
+      ASSIGN_OR_RETURN(HostStagingPool::Block block,
+                       StageRegion(staging, *region, region_offset, size));
       s = backend.CopyFromPinnedHost(stream, block->data(), buffer->memory, offset, size);
       // The block goes back once the copy out of it is done.
       if (s.ok()) s = stream.OnComplete([block = std::move(block)](absl::Status) {});
@@ -368,13 +376,9 @@ grpc::ServerUnaryReactor* ServeCopyIntoUpload(ServiceContext& ctx, UploadTransfe
                     });
     return reactor;
   }
-  // Read on this thread, where a shrunk object fails the upload (ReadRegion), not by the
-  // backend's own threads, where it would end the server.
-  absl::StatusOr<HostStagingPool::Block> block = ctx.staging->Acquire(size);
+  absl::StatusOr<HostStagingPool::Block> block =
+      StageRegion(*ctx.staging, source, region_offset, size);
   if (!block.ok()) return fail(block.status());
-  if (absl::Status s = ReadRegion(source, region_offset, (*block)->data(), size); !s.ok()) {
-    return fail(s);
-  }
   const void* staged = (*block)->data();
   transfer->Write(offset, staged, UploadTransfer::HostMemory::kStaging, size,
                   [transfer, block = *std::move(block)](absl::Status) { transfer->RangeDone(); });
