@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -11,7 +12,6 @@
 #include <openssl/x509.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -236,6 +236,53 @@ class HealthSink {
   grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
+// The calls in flight, counted by an interceptor that lives as long as its call: the
+// shutdown's grace waits for these, not for gRPC's own count, which also waits for idle
+// connections to close.
+class CallCount {
+ public:
+  void Add(int64_t delta) {
+    absl::MutexLock lock(&mu_);
+    calls_ += delta;
+  }
+  // Whether no call is in flight, waiting until `deadline` for that.
+  bool WaitNone(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(
+        absl::Condition(+[](int64_t* calls) { return *calls == 0; }, &calls_), deadline);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class CallCountingInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit CallCountingInterceptor(std::shared_ptr<CallCount> count) : count_(std::move(count)) {
+    count_->Add(1);
+  }
+  ~CallCountingInterceptor() override { count_->Add(-1); }
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<CallCount> count_;
+};
+
+class CallCountingFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCountingFactory(std::shared_ptr<CallCount> count) : count_(std::move(count)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo*) override {
+    return new CallCountingInterceptor(count_);
+  }
+
+ private:
+  const std::shared_ptr<CallCount> count_;
+};
+
 }  // namespace
 
 struct Server::Impl {
@@ -267,7 +314,10 @@ struct Server::Impl {
   absl::Duration shutdown_grace;
   absl::Duration lease_sweep_interval;
   std::unique_ptr<BufferPersister> persister;
-  std::atomic<bool> persisted{false};  // the shutdown's write is done (or under way)
+  std::shared_ptr<CallCount> calls = std::make_shared<CallCount>();
+  // Held by the one Shutdown that runs; a later call waits for it, then returns.
+  absl::Mutex shutdown_mu;
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 
   // Reclaims expired leases now and then, on the timer thread, until the timer is gone.
   // A sweep schedules the next one through the Timer it runs on, never through `timer`:
@@ -482,6 +532,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
     factories.push_back(MakeRequestIdInterceptorFactory(impl->auth.get()));
+    factories.push_back(std::make_unique<CallCountingFactory>(impl->calls));
     builder.experimental().SetInterceptorCreators(std::move(factories));
   }
   builder.RegisterService(impl->buffers.get());
@@ -537,35 +588,57 @@ absl::Status Server::Reload() {
 
 void Server::Shutdown() {
   if (impl_->grpc_server == nullptr) return;
+  absl::MutexLock once(&impl_->shutdown_mu);
+  if (impl_->shut_down) return;
+  impl_->shut_down = true;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + impl_->shutdown_grace;
   impl_->health_sink->Report(false);
-  const absl::Time deadline = absl::Now() + impl_->shutdown_grace;
-  // New calls are refused from here on; those in flight have until the deadline.
-  impl_->grpc_server->Shutdown(absl::ToChronoTime(deadline));
+  // New calls and connections are refused from here on. gRPC's own Shutdown(deadline)
+  // would also wait for every connection to close, and an idle channel or a connection
+  // that never sends the HTTP/2 preface holds it to the deadline: the grace is counted
+  // here on the calls and the operations alone, and gRPC is told to stop at once after.
+  grpc_completion_queue* shut_down = grpc_completion_queue_create_for_pluck(nullptr);
+  int shut_down_tag = 0;
+  grpc_server_shutdown_and_notify(impl_->grpc_server->c_server(), shut_down, &shut_down_tag);
+  // The grace: calls in flight and operations queued or running (waited for or not) may
+  // finish.
+  const bool calls_done = impl_->calls->WaitNone(deadline);
+  if (!impl_->executor->WaitIdle(deadline) || !calls_done) {
+    const absl::Status stopping = absl::UnavailableError("the server is shutting down");
+    const size_t cancelled = impl_->executor->CancelQueued(stopping);
+    Log(LogLevel::kWarning,
+        absl::StrCat(cancelled,
+                     " queued operations did not start within the shutdown grace; cancelled"),
+        {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
+  }
   // Multi-range uploads that no call carries any more free their memory now.
   impl_->buffers->uploads()->FailAll(absl::UnavailableError("the server is shutting down"));
-  // Operations submitted without a call waiting on them get the same time.
-  if (!impl_->executor->WaitIdle(deadline)) {
-    const size_t cancelled =
-        impl_->executor->CancelQueued(absl::UnavailableError("the server is shutting down"));
-    if (cancelled > 0) {
-      Log(LogLevel::kWarning,
-          absl::StrCat(cancelled,
-                       " queued operations did not start within the shutdown grace; "
-                       "cancelled"),
-          {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
-    }
-  }
-  if (impl_->persister != nullptr && !impl_->persisted.exchange(true)) {
+  // Cancels the calls left and closes every connection, idle ones included.
+  impl_->grpc_server->Shutdown(absl::ToChronoTime(absl::Now()));
+  // Shut down by now: the notice is there to take.
+  grpc_completion_queue_pluck(shut_down, &shut_down_tag, gpr_inf_future(GPR_CLOCK_REALTIME),
+                              nullptr);
+  grpc_completion_queue_shutdown(shut_down);
+  grpc_completion_queue_destroy(shut_down);
+  if (impl_->persister != nullptr) {
+    // After the cancellation, however long the write takes: the named buffers are the
+    // promise that outlives the process. It waits for the work that writes them.
     impl_->persister->StopPeriodic();
+    const absl::Time write_start = absl::Now();
     absl::StatusOr<size_t> written = impl_->persister->Snapshot();
+    const std::string took = absl::FormatDuration(absl::Now() - write_start);
     if (written.ok()) {
-      Log(LogLevel::kInfo,
-          absl::StrCat("wrote ", *written, " named buffers to ", impl_->persister->dir()));
+      Log(LogLevel::kInfo, absl::StrCat("wrote ", *written, " named buffers to ",
+                                        impl_->persister->dir(), " in ", took));
     } else {
       Log(LogLevel::kError, absl::StrCat("writing the named buffers to ", impl_->persister->dir(),
-                                         " failed: ", written.status().message()));
+                                         " failed after ", took, ": ", written.status().message()));
     }
   }
+  Log(LogLevel::kInfo, "shut down",
+      {{"took", absl::FormatDuration(absl::Now() - start)},
+       {"grace", absl::FormatDuration(impl_->shutdown_grace)}});
 }
 
 absl::StatusOr<size_t> Server::Snapshot() {

@@ -1,7 +1,9 @@
 // Leases (expiry, renewal by use and by RenewLease, validation) and persistence across
 // restarts (--persist-dir): in-process servers over a real socket, and the real
 // gpucompute-server program restarted under load.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -627,6 +629,57 @@ TEST_F(PersistTest, RestartUnderLoadLosesNoNamedBuffer) {
   fs::remove(first.log);
   fs::remove(second.log);
 }
+
+// A TCP connection to `port` on 127.0.0.1 that never says a word (never sends the HTTP/2
+// preface); its descriptor, or -1.
+int ConnectSilently(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Idle connections, a client channel with no call in flight and a TCP connection that
+// never sends the preface, do not hold the shutdown: with nothing to do it ends at once,
+// not at the end of the grace.
+TEST_F(PersistTest, IdleConnectionsDoNotHoldTheShutdown) {
+  fs::create_directories(dir_);
+  const fs::path log = dir_.parent_path() / (dir_.filename().string() + ".log");
+  Program server = Spawn({"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=2",
+                          "--shutdown-grace=5s", "--persist-dir=" + dir_.string()},
+                         log);
+  const int port = PortOf(server);
+  ASSERT_NE(port, 0) << ReadAll(log);
+  auto idle = ConnectTo(port, "idle");
+  ASSERT_NE(idle, nullptr);
+  absl::StatusOr<v1::BufferInfo> kept =
+      UploadRaw(*idle, v1::DTYPE_INT32, {2}, v1::LAYOUT_C, "kept", Pattern(3, 8));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const int raw = ConnectSilently(port);
+  ASSERT_GE(raw, 0);
+
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Terminate(server), 0) << ReadAll(log);
+  const absl::Duration took = absl::Now() - start;
+  close(raw);
+  std::printf("shutdown: idle, SIGTERM to exit took %s with a grace of 5s\n",
+              absl::FormatDuration(took).c_str());
+  const std::string text = ReadAll(log);
+  EXPECT_LT(took, absl::Seconds(2)) << text;
+  EXPECT_EQ(text.find("did not start within the shutdown grace"), std::string::npos) << text;
+  EXPECT_NE(text.find("wrote 1 named buffers to " + dir_.string() + " in "), std::string::npos)
+      << text;
+  EXPECT_TRUE(fs::exists(dir_ / (kept->id() + kPersistSuffix)));
+  fs::remove(log);
+}
+
 #endif  // GPUCOMPUTE_SERVER_BIN
 
 }  // namespace
