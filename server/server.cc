@@ -30,6 +30,7 @@
 #include "server/tenancy/admission.h"
 #include "server/tenancy/auth.h"
 #include "server/core/backend_loader.h"
+#include "server/cpu/cpu_backend.h"
 #include "server/config/cgroup_limits.h"
 #include "server/util/log.h"
 #include "server/metrics/server_metrics.h"
@@ -607,6 +608,12 @@ void Server::Shutdown() {
   if (!impl_->executor->WaitIdle(deadline) || !calls_done) {
     const absl::Status stopping = absl::UnavailableError("the server is shutting down");
     const size_t cancelled = impl_->executor->CancelQueued(stopping);
+    // A running CPU operation stops between chunks; a launched CUDA kernel cannot be
+    // stopped, and what the executor already handed the device runs.
+    // Reached through the CPU backend's own type: the Backend interface has no such call.
+    if (auto* cpu = dynamic_cast<cpu::CpuBackend*>(impl_->backend.get())) {
+      cpu->StopKernels(stopping);
+    }
     Log(LogLevel::kWarning,
         absl::StrCat(cancelled,
                      " queued operations did not start within the shutdown grace; cancelled"),

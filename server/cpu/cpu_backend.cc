@@ -11,6 +11,7 @@
 #include <fstream>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -54,8 +55,8 @@ class CpuEvent final : public Event {
 // A thread draining a FIFO of tasks: the CPU image of a CUDA stream.
 class CpuStream final : public Stream {
  public:
-  explicit CpuStream(int device)
-      : device_(device), thread_([this] {
+  CpuStream(int device, std::shared_ptr<CpuBackend::KernelStop> kernel_stop)
+      : device_(device), kernel_stop_(std::move(kernel_stop)), thread_([this] {
           NameThisThread("cpu-stream");
           Run();
         }) {}
@@ -84,8 +85,28 @@ class CpuStream final : public Stream {
   }
 
   absl::Status OnComplete(absl::AnyInvocable<void(absl::Status) &&> fn) override {
-    Enqueue([fn = std::move(fn)]() mutable { std::move(fn)(absl::OkStatus()); });
+    Enqueue([this, fn = std::move(fn)]() mutable {
+      absl::Status status;
+      if (std::exchange(kernel_stopped_, false)) {
+        absl::MutexLock lock(&kernel_stop_->mu);
+        status = kernel_stop_->status;
+      }
+      std::move(fn)(std::move(status));
+    });
     return absl::OkStatus();
+  }
+
+  // Enqueues a kernel, which CpuBackend::StopKernels skips or stops between chunks.
+  void EnqueueKernel(absl::AnyInvocable<void() &&> kernel) {
+    Enqueue([this, kernel = std::move(kernel)]() mutable {
+      const std::atomic<bool>& stopped = kernel_stop_->stopped;
+      if (!stopped.load(std::memory_order_acquire)) {
+        ThreadPool::StopScope scope(&stopped);
+        std::move(kernel)();
+      }
+      // Read again after: a stop that came while it ran may have cut it short.
+      if (stopped.load(std::memory_order_acquire)) kernel_stopped_ = true;
+    });
   }
 
   void Enqueue(absl::AnyInvocable<void() &&> task) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -114,6 +135,10 @@ class CpuStream final : public Stream {
   }
 
   const int device_;
+  const std::shared_ptr<CpuBackend::KernelStop> kernel_stop_;
+  // A kernel was skipped or stopped since the last completion: the next one reports it.
+  // Only the stream's thread touches it.
+  bool kernel_stopped_ = false;
   absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -163,6 +188,14 @@ CpuBackend::CpuBackend(size_t threads)
 
 CpuBackend::~CpuBackend() = default;
 
+void CpuBackend::StopKernels(absl::Status status) {
+  {
+    absl::MutexLock lock(&kernel_stop_->mu);
+    kernel_stop_->status = std::move(status);
+  }
+  kernel_stop_->stopped.store(true, std::memory_order_release);
+}
+
 absl::StatusOr<DeviceMemory> CpuBackend::Allocate(int device, uint64_t bytes) {
   if (device != 0) return absl::InvalidArgumentError(absl::StrCat("no device ", device));
   // aligned_alloc needs a size that is a multiple of the alignment, and a non-zero one.
@@ -208,7 +241,7 @@ absl::StatusOr<std::unique_ptr<Stream>> CpuBackend::CreateStream(int device) {
   // Each stream is a thread, which the system may refuse (a thread or address-space
   // limit): that is the caller's RESOURCE_EXHAUSTED, not the server's end.
   try {
-    return std::make_unique<CpuStream>(device);
+    return std::make_unique<CpuStream>(device, kernel_stop_);
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start the thread of a CPU stream: ", e.what()));
@@ -318,7 +351,7 @@ absl::Status CpuBackend::Copy(Stream& stream, const DeviceMemory& src, uint64_t 
 absl::Status CpuBackend::Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
                               int64_t count) {
   char* d = Bytes(dst);
-  AsCpu(stream).Enqueue([this, d, dtype, value_bits, count] {
+  AsCpu(stream).EnqueueKernel([this, d, dtype, value_bits, count] {
     VisitDType(dtype, [&](auto zero) {
       using T = std::conditional_t<std::is_same_v<decltype(zero), bool>, uint8_t, decltype(zero)>;
       T value;
@@ -340,7 +373,7 @@ absl::StatusOr<LaunchInfo> CpuBackend::Elementwise(Stream& stream, const expr::P
   for (const DeviceMemory* m : inputs) ptrs.push_back(m == nullptr ? nullptr : m->data());
   void* o = out.data();
   // The Program is copied into the task: the caller's may not outlive the enqueue.
-  AsCpu(stream).Enqueue([this, program, ptrs = std::move(ptrs), o, out_dtype, n] {
+  AsCpu(stream).EnqueueKernel([this, program, ptrs = std::move(ptrs), o, out_dtype, n] {
     EvaluateElementwise(program, ptrs, o, out_dtype, n, *pool_);
   });
   return LaunchInfo{};
@@ -352,7 +385,7 @@ absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
   const void* i = in.data();
   void* o = out.data();
   const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
-  AsCpu(stream).Enqueue([this, kind, in_dtype, i, shape, o, arg] {
+  AsCpu(stream).EnqueueKernel([this, kind, in_dtype, i, shape, o, arg] {
     if (arg && shape.f_order_rows > 0) {
       *static_cast<int64_t*>(o) =
           ArgExtremeInCOrder(kind == ReduceKind::kArgmin, in_dtype, i, shape.f_order_rows,
@@ -370,7 +403,7 @@ absl::Status CpuBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shap
   const void* pa = a.data();
   const void* px = x.data();
   void* py = y.data();
-  AsCpu(stream).Enqueue([this, dtype, shape, alpha, pa, px, beta, py] {
+  AsCpu(stream).EnqueueKernel([this, dtype, shape, alpha, pa, px, beta, py] {
     cpu::Gemv(dtype, shape, alpha, pa, px, beta, py, *pool_);
   });
   return absl::OkStatus();
@@ -379,7 +412,8 @@ absl::Status CpuBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shap
 absl::Status CpuBackend::Random(Stream& stream, const RandomParams& params, DType dtype,
                                 DeviceMemory& out, int64_t n) {
   void* o = out.data();
-  AsCpu(stream).Enqueue([this, params, dtype, o, n] { cpu::Random(params, dtype, o, n, *pool_); });
+  AsCpu(stream).EnqueueKernel(
+      [this, params, dtype, o, n] { cpu::Random(params, dtype, o, n, *pool_); });
   return absl::OkStatus();
 }
 

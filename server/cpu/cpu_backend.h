@@ -9,6 +9,8 @@
 #include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/core/backend.h"
 #include "server/core/backend_health.h"
 #include "server/cpu/block_cache.h"
@@ -62,6 +64,20 @@ class CpuBackend final : public Backend {
   }
   void ReportFailure(absl::Status status) override { health_.ReportFailure(std::move(status)); }
 
+  // From now on kernels (elementwise, reduce, gemv, random, fill) stop: one running ends
+  // after the chunks under way, one not yet started is skipped, and the completion that
+  // follows either on its stream reports `status`; copies still run. For the shutdown,
+  // once the grace is over: a long CPU operation need not hold it.
+  void StopKernels(absl::Status status);
+
+  // What the streams share of StopKernels; shared with them, which may outlive the
+  // backend's own reference.
+  struct KernelStop {
+    std::atomic<bool> stopped{false};
+    absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+
  private:
   // Index of the first minimum (or maximum) of an F-layout rows x cols array in C order,
   // as numpy.argmin gives; NaN counts as the extreme.
@@ -79,6 +95,7 @@ class CpuBackend final : public Backend {
       std::make_shared<std::atomic<uint64_t>>(0);
   // Freed large blocks; shared with the deleters as well.
   std::shared_ptr<BlockCache> blocks_;
+  const std::shared_ptr<KernelStop> kernel_stop_ = std::make_shared<KernelStop>();
 };
 
 }  // namespace gpucompute::cpu

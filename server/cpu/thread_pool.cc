@@ -14,11 +14,19 @@ namespace gpucompute::cpu {
 
 namespace {
 
+// The stop flag of the innermost ThreadPool::StopScope on this thread; null: none.
+thread_local const std::atomic<bool>* current_stop = nullptr;
+
+bool Stopped(const std::atomic<bool>* stop) {
+  return stop != nullptr && stop->load(std::memory_order_relaxed);
+}
+
 struct Job {
   int64_t n;
   int64_t grain;
   int64_t chunks;
   const std::function<void(int64_t, int64_t)>* body;
+  const std::atomic<bool>* stop = nullptr;  // the caller's StopScope's
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> finished{0};
   std::mutex mu;
@@ -31,7 +39,8 @@ struct Job {
       const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
       if (c >= chunks) break;
       const int64_t begin = c * grain;
-      (*body)(begin, std::min(n, begin + grain));
+      // A stopped job's chunks are claimed and counted as done without running.
+      if (!Stopped(stop)) (*body)(begin, std::min(n, begin + grain));
       if (finished.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) finished_last = true;
     }
     return finished_last;
@@ -88,6 +97,12 @@ ThreadPool::~ThreadPool() {
   for (auto& t : impl_->workers) t.join();
 }
 
+ThreadPool::StopScope::StopScope(const std::atomic<bool>* stop) : outer_(current_stop) {
+  current_stop = stop;
+}
+
+ThreadPool::StopScope::~StopScope() { current_stop = outer_; }
+
 size_t ThreadPool::size() const { return impl_->workers.size() + 1; }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
@@ -96,7 +111,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunks = (n + grain - 1) / grain;
   if (chunks == 1 || impl_->workers.empty()) {
-    for (int64_t b = 0; b < n; b += grain) body(b, std::min(n, b + grain));
+    for (int64_t b = 0; b < n && !Stopped(current_stop); b += grain) {
+      body(b, std::min(n, b + grain));
+    }
     return;
   }
   auto job = std::make_shared<Job>();
@@ -104,6 +121,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   job->grain = grain;
   job->chunks = chunks;
   job->body = &body;
+  job->stop = current_stop;
   {
     std::lock_guard lock(impl_->mu);
     impl_->jobs.push_back(job);

@@ -2,6 +2,7 @@
 #ifndef GPUCOMPUTE_SERVER_CPU_THREAD_POOL_H_
 #define GPUCOMPUTE_SERVER_CPU_THREAD_POOL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,20 @@ namespace gpucompute::cpu {
 // in chunk order is deterministic. Several threads may call ParallelFor at once.
 class ThreadPool {
  public:
+  // While one lives on a thread, the ParallelFor calls made on that thread start no more
+  // chunks once `*stop` is set, and return when the chunks under way are done: a kernel
+  // stopped at shutdown ends within a chunk, its output part written.
+  class StopScope {
+   public:
+    explicit StopScope(const std::atomic<bool>* stop);
+    ~StopScope();
+    StopScope(const StopScope&) = delete;
+    StopScope& operator=(const StopScope&) = delete;
+
+   private:
+    const std::atomic<bool>* const outer_;
+  };
+
   // threads == 0 means one per hardware thread.
   explicit ThreadPool(size_t threads = 0);
   ~ThreadPool();

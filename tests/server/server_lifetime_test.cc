@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -646,11 +647,24 @@ int ConnectSilently(int port) {
   return fd;
 }
 
+// SIGTERM to `server`, which exits 0; then closes `raw`. Returns (and prints) how long
+// the program took to exit under `grace`.
+absl::Duration TimeShutdown(Program& server, int raw, absl::Duration grace) {
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Terminate(server), 0) << ReadAll(server.log);
+  const absl::Duration took = absl::Now() - start;
+  close(raw);
+  std::printf("shutdown: SIGTERM to exit took %s with a grace of %s\n",
+              absl::FormatDuration(took).c_str(), absl::FormatDuration(grace).c_str());
+  return took;
+}
+
 // Idle connections, a client channel with no call in flight and a TCP connection that
 // never sends the preface, do not hold the shutdown: with nothing to do it ends at once,
 // not at the end of the grace.
 TEST_F(PersistTest, IdleConnectionsDoNotHoldTheShutdown) {
   fs::create_directories(dir_);
+  constexpr absl::Duration kGrace = absl::Seconds(5);
   const fs::path log = dir_.parent_path() / (dir_.filename().string() + ".log");
   Program server = Spawn({"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=2",
                           "--shutdown-grace=5s", "--persist-dir=" + dir_.string()},
@@ -665,12 +679,7 @@ TEST_F(PersistTest, IdleConnectionsDoNotHoldTheShutdown) {
   const int raw = ConnectSilently(port);
   ASSERT_GE(raw, 0);
 
-  const absl::Time start = absl::Now();
-  EXPECT_EQ(Terminate(server), 0) << ReadAll(log);
-  const absl::Duration took = absl::Now() - start;
-  close(raw);
-  std::printf("shutdown: idle, SIGTERM to exit took %s with a grace of 5s\n",
-              absl::FormatDuration(took).c_str());
+  const absl::Duration took = TimeShutdown(server, raw, kGrace);
   const std::string text = ReadAll(log);
   EXPECT_LT(took, absl::Seconds(2)) << text;
   EXPECT_EQ(text.find("did not start within the shutdown grace"), std::string::npos) << text;
@@ -680,6 +689,113 @@ TEST_F(PersistTest, IdleConnectionsDoNotHoldTheShutdown) {
   fs::remove(log);
 }
 
+// An expression of `terms` transcendental terms in x: long enough work on a large buffer.
+v1::SubmitRequest LongExpression(const std::string& x, const std::string& stream, int terms) {
+  std::string expression = "x";
+  for (int i = 0; i < terms; ++i) absl::StrAppend(&expression, " + sin(x * ", i, ") * exp(x)");
+  v1::SubmitRequest submit;
+  submit.set_stream_id(stream);
+  v1::ElementwiseOp* op = submit.mutable_elementwise();
+  op->set_expression(expression);
+  (*op->mutable_inputs())["x"].set_buffer(x);
+  return submit;
+}
+
+// SIGTERM with long operations queued on four streams, an idle client channel and a raw
+// TCP connection that never sends the HTTP/2 preface: the program exits within its
+// stated bound (the grace, then the cancelled work's current chunk, then the snapshot),
+// not when the work would have ended, and the named buffers are written.
+TEST_F(PersistTest, ShutdownKeepsItsGraceWithLongWorkAndIdleConnections) {
+  fs::create_directories(dir_);
+  constexpr absl::Duration kGrace = absl::Seconds(2);
+  const fs::path log = dir_.parent_path() / (dir_.filename().string() + ".log");
+  Program server = Spawn({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=1GiB",
+                          "--cpu-threads=2", "--shutdown-grace=2s",
+                          "--persist-dir=" + dir_.string()},
+                         log);
+  const int port = PortOf(server);
+  ASSERT_NE(port, 0) << ReadAll(log);
+  auto client = ConnectTo(port, "worker");
+  ASSERT_NE(client, nullptr);
+  const std::string kept_bytes = Pattern(7, 4096);
+  absl::StatusOr<v1::BufferInfo> kept =
+      UploadRaw(*client, v1::DTYPE_FLOAT32, {1024}, v1::LAYOUT_C, "kept", kept_bytes);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  v1::CreateBufferRequest create;
+  create.set_dtype(v1::DTYPE_FLOAT64);
+  create.add_shape(uint64_t{1} << 20);
+  create.set_name("x");
+  absl::StatusOr<v1::BufferInfo> x = client->CreateBuffer(create);
+  ASSERT_TRUE(x.ok()) << x.status();
+
+  // Terms enough for about a second an operation on this machine.
+  int terms = 4;
+  for (;;) {
+    v1::SubmitRequest probe = LongExpression(x->id(), "", terms);
+    probe.set_wait(true);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<v1::Operation> done = client->Submit(probe);
+    ASSERT_TRUE(done.ok()) << done.status();
+    const absl::Duration took = absl::Now() - start;
+    if (took >= absl::Milliseconds(800) || terms >= 512) {
+      std::printf("shutdown: %d terms take %s an operation\n", terms,
+                  absl::FormatDuration(took).c_str());
+      break;
+    }
+    terms = std::min(512, static_cast<int>(terms * std::max(1.5, 1000 / ToDoubleMilliseconds(
+                                                                       took + absl::Milliseconds(1)))));
+  }
+  // Four streams, four operations each: 16 s of work or more, 4 s a stream.
+  for (int s = 0; s < 4; ++s) {
+    absl::StatusOr<v1::StreamInfo> stream = client->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    for (int i = 0; i < 4; ++i) {
+      absl::StatusOr<v1::Operation> queued =
+          client->Submit(LongExpression(x->id(), stream->id(), terms));
+      ASSERT_TRUE(queued.ok()) << queued.status();
+    }
+  }
+  // A second client channel, used once and then idle.
+  auto idle = ConnectTo(port, "idle");
+  ASSERT_NE(idle, nullptr);
+  ASSERT_TRUE(idle->GetServerInfo().ok());
+  const int raw = ConnectSilently(port);
+  ASSERT_GE(raw, 0);
+
+  const absl::Duration took = TimeShutdown(server, raw, kGrace);
+  const std::string text = ReadAll(log);
+  // The grace, then at most a chunk of each running operation and the snapshot; twice the
+  // grace leaves a loaded machine room, and is less than the queued work alone would take.
+  EXPECT_LT(took, 2 * kGrace) << text;
+  EXPECT_GE(took, kGrace) << text;
+  // The operations behind each stream's running one and the one ready after it.
+  std::smatch cancelled_count;
+  ASSERT_TRUE(std::regex_search(
+      text, cancelled_count,
+      std::regex("\"(\\d+) queued operations did not start within the shutdown grace")))
+      << text;
+  const int cancelled = std::stoi(cancelled_count[1]);
+  EXPECT_GE(cancelled, 4) << text;
+  EXPECT_LE(cancelled, 12) << text;
+  EXPECT_NE(text.find("wrote 2 named buffers to " + dir_.string() + " in "), std::string::npos)
+      << text;
+  // Both come back; the one the stopped operations only read, byte for byte.
+  Program again = Spawn({"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=2",
+                         "--persist-dir=" + dir_.string()},
+                        log);
+  const int port2 = PortOf(again);
+  ASSERT_NE(port2, 0) << ReadAll(log);
+  auto back = ConnectTo(port2, "worker");
+  ASSERT_NE(back, nullptr);
+  absl::StatusOr<std::string> bytes = DownloadBytes(*back, kept->id());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(*bytes == kept_bytes) << "the bytes differ";
+  absl::StatusOr<v1::BufferInfo> x_back = back->GetBuffer("x");
+  ASSERT_TRUE(x_back.ok()) << x_back.status();
+  EXPECT_EQ(x_back->id(), x->id());
+  EXPECT_EQ(Terminate(again), 0) << ReadAll(log);
+  fs::remove(log);
+}
 #endif  // GPUCOMPUTE_SERVER_BIN
 
 }  // namespace
