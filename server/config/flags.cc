@@ -173,8 +173,10 @@ ABSL_FLAG(std::optional<absl::Duration>, lane_spin, std::nullopt,
           "after each, kept warm for the next call (e.g. 500us, 2ms); 0 runs them on the "
           "calls' own threads; default: 2ms with at least 8 CPUs, else 0");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "on SIGTERM, how long calls in flight and queued operations get to finish (e.g. "
-          "10s, 500ms); then calls are cancelled and operations not yet started fail");
+          "on SIGTERM, how long calls and operations in flight get to finish (e.g. 10s, "
+          "500ms); then calls are cancelled, queued operations fail and running CPU ones "
+          "stop. It exits within this + the device work already launched (CUDA) + the "
+          "time to write the named buffers (--persist-dir)");
 ABSL_FLAG(gpucompute::NonNegative, default_device, {},
           "device for buffers and streams whose request names none");
 ABSL_FLAG(gpucompute::ByteSize, pool_initial, {},
