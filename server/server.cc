@@ -608,16 +608,17 @@ void Server::Shutdown() {
   if (!impl_->executor->WaitIdle(deadline) || !calls_done) {
     const absl::Status stopping = absl::UnavailableError("the server is shutting down");
     const size_t cancelled = impl_->executor->CancelQueued(stopping);
-    // A running CPU operation stops between chunks; a launched CUDA kernel cannot be
-    // stopped, and what the executor already handed the device runs.
-    // Reached through the CPU backend's own type: the Backend interface has no such call.
+    // A running CPU operation stops between chunks (the Backend interface has no such
+    // call, hence the CPU backend's own type); a launched CUDA kernel cannot be stopped,
+    // and what the executor already handed the device runs.
     if (auto* cpu = dynamic_cast<cpu::CpuBackend*>(impl_->backend.get())) {
       cpu->StopKernels(stopping);
     }
     Log(LogLevel::kWarning,
         absl::StrCat(cancelled,
                      " queued operations did not start within the shutdown grace; cancelled"),
-        {{"grace", absl::FormatDuration(impl_->shutdown_grace)}});
+        {{"grace", absl::FormatDuration(impl_->shutdown_grace)},
+         {"calls", calls_done ? "done" : "cancelled"}});
   }
   // Multi-range uploads that no call carries any more free their memory now.
   impl_->buffers->uploads()->FailAll(absl::UnavailableError("the server is shutting down"));
