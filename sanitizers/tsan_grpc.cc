@@ -1,6 +1,6 @@
-// gRPC's completion-queue contract as ThreadSanitizer needs to see it. Linked into every
-// program of a ThreadSanitizer build, and only there (see CMakeLists.txt in this
-// directory).
+// gRPC's completion-queue contract, and the order of a callback call's OnCancel and OnDone,
+// as ThreadSanitizer needs to see them. Linked into every program of a ThreadSanitizer build,
+// and only there (see CMakeLists.txt in this directory).
 //
 // Why: gRPC promises that what a thread did before it started a batch of operations with a
 // tag (grpc_call_start_batch, grpc_server_request_call) happens before that tag comes out
@@ -16,9 +16,37 @@
 // dlsym(RTLD_NEXT), and adds the edge gRPC promises: a release on the tag where a batch
 // starts, an acquire on it where the tag is taken from the queue. Nothing else is ordered:
 // two accesses that gRPC does not order are still reported.
+//
+// The same holds for a callback call's OnCancel and OnDone. gRPC counts what each waits
+// for in an atomic of the call (ServerCallbackCall's on_cancel_conditions_remaining_ and
+// callbacks_outstanding_), each condition met by a fetch_sub (acq_rel), and the fetch_sub
+// that takes a count to zero calls ServerCallbackCall::CallOnCancel or ScheduleOnDone,
+// which run the reaction or hand it to gRPC's executor (grpc_core::Executor::Run). Some
+// of those fetch_subs are compiled into our objects from gRPC's headers, and TSan sees
+// them; others are inside libgrpc++, and it does not. OnCancel, for one, waits for the
+// handler to have returned its reactor and for the call to have ended cancelled:
+//   handler thread: reactor constructed -> SetupReactor -> MaybeCallOnCancel: fetch_sub
+//     (in our objects: TSan sees its release)
+//   completion-queue thread: CompletionOp::FinalizeResult -> MaybeCallOnCancel: fetch_sub
+//     (inside libgrpc++: TSan misses its acquire) -> CallOnCancel -> Executor::Run,
+//     which queues the closure under a gpr_mu, an absl::Mutex (tsan_absl_mutex.cc)
+//   executor thread: takes the closure under that gpr_mu -> reactor->OnCancel()
+// When the handler's fetch_sub came last, TSan saw every step. When the CompletionOp's
+// did, TSan saw the reactor's constructor write and OnCancel read with nothing in between,
+// and reported a race in the reactor. OnDone likewise, when the last of the call's
+// references went in libgrpc++ (the closure that ran OnCancel drops one). The program's
+// own CallOnCancel and ScheduleOnDone below make the acquire that the last fetch_sub made,
+// on its counter, before they call libgrpc++'s: a reaction is ordered after what came
+// before the counts it waited for, and after nothing else.
 #include <dlfcn.h>
 #include <grpc/grpc.h>
+#include <grpcpp/support/server_callback.h>
+#include <grpcpp/version_info.h>
 #include <sanitizer/tsan_interface.h>
+
+#if GRPC_CPP_VERSION_MAJOR != 1 || GRPC_CPP_VERSION_MINOR != 51
+#error "CallOnCancel and ScheduleOnDone are gRPC 1.51's: check them against server_callback.h."
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -96,3 +124,23 @@ grpc_event grpc_completion_queue_pluck(grpc_completion_queue* cq, void* tag, gpr
 }
 
 }  // extern "C"
+
+namespace grpc::internal {
+
+// Both are called through the PLT: by libgrpc++ and by the code that
+// grpcpp/impl/codegen/server_callback_handlers.h compiles into our objects.
+void ServerCallbackCall::CallOnCancel(ServerReactor* reactor) {
+  static const auto call_on_cancel = Find<void (*)(ServerCallbackCall*, ServerReactor*)>(
+      "_ZN4grpc8internal18ServerCallbackCall12CallOnCancelEPNS0_13ServerReactorE");
+  __tsan_acquire(&on_cancel_conditions_remaining_);
+  call_on_cancel(this, reactor);
+}
+
+void ServerCallbackCall::ScheduleOnDone(bool inline_ondone) {
+  static const auto schedule_on_done = Find<void (*)(ServerCallbackCall*, bool)>(
+      "_ZN4grpc8internal18ServerCallbackCall14ScheduleOnDoneEb");
+  __tsan_acquire(&callbacks_outstanding_);
+  schedule_on_done(this, inline_ondone);
+}
+
+}  // namespace grpc::internal
