@@ -608,12 +608,9 @@ void Server::Shutdown() {
   if (!impl_->executor->WaitIdle(deadline) || !calls_done) {
     const absl::Status stopping = absl::UnavailableError("the server is shutting down");
     const size_t cancelled = impl_->executor->CancelQueued(stopping);
-    // A running CPU operation stops between chunks (the Backend interface has no such
-    // call, hence the CPU backend's own type); a launched CUDA kernel cannot be stopped,
-    // and what the executor already handed the device runs.
-    if (auto* cpu = dynamic_cast<cpu::CpuBackend*>(impl_->backend.get())) {
-      cpu->StopKernels(stopping);
-    }
+    // A running CPU operation stops between chunks; a launched CUDA kernel cannot be
+    // stopped, and what the executor already handed the device runs.
+    impl_->backend->StopKernels(stopping);
     Log(LogLevel::kWarning,
         absl::StrCat(cancelled,
                      " queued operations did not start within the shutdown grace; cancelled"),

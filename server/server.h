@@ -138,10 +138,11 @@ class Server {
   // Blocks until Shutdown is called from another thread.
   void Wait();
   // Reports NOT_SERVING, takes no new calls, and gives the calls in flight and the
-  // queued operations ServerOptions::shutdown_grace to finish; then cancels the calls
-  // and fails the operations not yet on the device (UNAVAILABLE). Returns once the calls
-  // are over; the destructor waits for the device. With ServerOptions::persist_dir, it
-  // then writes the named buffers there (once, however often it is called).
+  // queued operations ServerOptions::shutdown_grace to finish; then cancels the calls,
+  // fails the operations not yet on the device (UNAVAILABLE) and stops the kernels the
+  // backend can stop (Backend::StopKernels). With ServerOptions::persist_dir, it then
+  // writes the named buffers there, once, after the work that writes them. Returns when
+  // all of that is done; a second call waits for the first.
   void Shutdown();
   // With ServerOptions::persist_dir: writes the named buffers now, as the periodic
   // snapshot does; returns how many. FAILED_PRECONDITION without a persist_dir.

@@ -209,6 +209,12 @@ class Backend {
   // their completion; the rest wait in the executor, where a shutdown can still cancel
   // them. Deep enough to keep the device busy between the executor's turns.
   virtual int DispatchWindow() const { return 64; }
+  // For the shutdown, once its grace is over: kernels stop where the backend can stop
+  // them, and the operations they belong to fail with `status`; copies still run (the
+  // final snapshot reads through them). The CPU backend stops a running kernel between
+  // chunks and skips those not started; a launched device kernel cannot be stopped, so a
+  // backend without the means does nothing and its launched work runs to its end.
+  virtual void StopKernels(absl::Status status) {}
   // Runs, on the calling thread, the completion callbacks (Stream::OnComplete, OnEvent)
   // whose work is done, rather than leaving them for the backend's own threads to notice:
   // for a thread that spins anyway (server/util/warm_lane.h). Returns at once when another

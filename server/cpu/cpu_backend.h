@@ -68,7 +68,7 @@ class CpuBackend final : public Backend {
   // after the chunks under way, one not yet started is skipped, and the completion that
   // follows either on its stream reports `status`; copies still run. For the shutdown,
   // once the grace is over: a long CPU operation need not hold it.
-  void StopKernels(absl::Status status);
+  void StopKernels(absl::Status status) override;
 
   // What the streams share of StopKernels; shared with them, which may outlive the
   // backend's own reference.
