@@ -436,29 +436,59 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
     target = created->id();
     offset = 0;
   }
+  absl::StatusOr<v1::CopyRegionResponse> total = CopyPiecesIn(target, offset, size_bytes, reader,
+                                                             progress);
+  // A new buffer goes once no copy into it is left in flight (CopyPiecesIn waits for them).
+  if (!total.ok() && header.has_create()) client_.DeleteBuffer(target).IgnoreError();
+  return total;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyPiecesIn(
+    const std::string& buffer, uint64_t offset, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress) {
+  const Pipeline pipeline = PlanPipeline(size_, size_bytes, PieceBytes());
+  const uint64_t pieces = (size_bytes + pipeline.piece - 1) / pipeline.piece;
+  AsyncCopies<v1::CopyFromRegionRequest> calls(
+      client_, *stub_, &v1::SharedMemoryService::StubInterface::async_interface::CopyFromRegion);
   v1::CopyRegionResponse total;
-  for (uint64_t done = 0; done < size_bytes;) {
-    const uint64_t piece = std::min(size_, size_bytes - done);
-    absl::Status status = Fill(reader, 0, piece);
-    v1::CopyRegionResponse response;
-    if (status.ok()) {
-      v1::CopyFromRegionRequest request;
-      request.set_region_id(region_id_);
-      request.set_size_bytes(piece);
-      request.set_buffer(target);
-      request.set_offset_bytes(offset + done);
-      absl::StatusOr<v1::CopyRegionResponse> copied = CopyFromRegion(request);
-      if (copied.ok()) response = *std::move(copied);
-      status = copied.status();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_answer = start;
+  // Takes the answer of piece `k`, the oldest in flight.
+  auto answered = [&](uint64_t k) -> absl::Status {
+    absl::StatusOr<v1::CopyRegionResponse> response = calls.Wait(k);
+    if (!response.ok()) return response.status();
+    last_answer = std::chrono::steady_clock::now();
+    *total.mutable_buffer() = response->buffer();
+    AddTransfer(response->transfer(), total.mutable_transfer());
+    if (progress) progress(std::min(size_bytes, (k + 1) * pipeline.piece), size_bytes);
+    return absl::OkStatus();
+  };
+  // Piece k goes through slot k % slots; it is read in only once piece k - in_flight,
+  // and so every earlier piece in its slot, has been copied out by the server.
+  for (uint64_t k = 0; k < pieces; ++k) {
+    if (k >= pipeline.in_flight) {
+      if (absl::Status s = answered(k - pipeline.in_flight); !s.ok()) return s;
     }
-    if (!status.ok()) {
-      if (header.has_create()) client_.DeleteBuffer(target).IgnoreError();
-      return status;
-    }
-    *total.mutable_buffer() = response.buffer();
-    AddTransfer(response.transfer(), total.mutable_transfer());
-    done += piece;
-    if (progress) progress(done, size_bytes);
+    const uint64_t done = k * pipeline.piece;
+    const uint64_t bytes = std::min(pipeline.piece, size_bytes - done);
+    const uint64_t slot_offset = k % pipeline.slots * pipeline.piece;
+    if (absl::Status s = Fill(reader, slot_offset, bytes); !s.ok()) return s;
+    v1::CopyFromRegionRequest request;
+    request.set_region_id(region_id_);
+    request.set_region_offset_bytes(slot_offset);
+    request.set_size_bytes(bytes);
+    request.set_buffer(buffer);
+    request.set_offset_bytes(offset + done);
+    calls.Start(std::move(request));
+  }
+  for (uint64_t k = pieces > pipeline.in_flight ? pieces - pipeline.in_flight : 0; k < pieces;
+       ++k) {
+    if (absl::Status s = answered(k); !s.ok()) return s;
+  }
+  if (pipeline.in_flight > 1) {
+    // The pieces' copies overlap: the whole, as the client saw it.
+    SetSeconds(std::chrono::duration<double>(last_answer - start).count(),
+               total.mutable_transfer());
   }
   return total;
 }
@@ -593,6 +623,12 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
         return absl::OkStatus();
       },
       {});
+}
+
+SharedMemoryTransport::Options SharedMemoryTransport::Bounded(uint64_t segment_bytes) {
+  const uint64_t segment = std::max(segment_bytes, kMinRegionBytes);
+  return Options{.max_region_bytes = segment,
+                 .piece_bytes = std::max<uint64_t>(1, segment / kOneShotSegmentPieces)};
 }
 
 uint64_t SharedMemoryTransport::PieceBytes() const {

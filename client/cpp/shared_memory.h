@@ -13,9 +13,10 @@
 //
 // A transfer that fits the segment is all or nothing: a new buffer appears, or an existing
 // range changes, only when every byte is in. The segment grows to fit each transfer, up to
-// Options::max_region_bytes; a larger transfer moves in pieces of that size, each one copy:
+// Options::max_region_bytes; a larger transfer moves through it in pieces, each one copy:
 // an upload into an existing buffer then changes it piece by piece, and an upload into a new
-// buffer creates it first and deletes it on failure.
+// buffer creates it first and deletes it on failure (a client killed midway leaves it, part
+// written). Such a transfer is pipelined as below, the segment's slots reused in turn.
 //
 // A transfer of at least two pieces (Options::piece_bytes) is pipelined, so that the
 // client's copy and the server's overlap. An upload that fits the segment is one
@@ -62,6 +63,16 @@ inline constexpr uint64_t kPipelinePieceBytes = uint64_t{32} << 20;
 // than an upload may have ranges (kMaxUploadRanges).
 inline constexpr uint64_t kMaxUploadPieces = 64;
 
+// The segment of a one-shot transfer (the `gpucompute` CLI's put and get): large enough
+// that the client's file read, the server's copies and the calls overlap, small enough
+// that making, mapping and pinning it costs little next to the transfer, whatever the
+// array's size: a segment the size of the array, made, mapped and pinned afresh by every
+// put or get, cost more than the array's transfer over gRPC.
+inline constexpr uint64_t kOneShotSegmentBytes = uint64_t{64} << 20;
+// The pieces such a segment is used in: the client fills one while the server copies
+// the others out.
+inline constexpr uint64_t kOneShotSegmentPieces = 4;
+
 class SharedMemoryTransport {
  public:
   struct Options {
@@ -71,6 +82,9 @@ class SharedMemoryTransport {
     // kPipelinePieceBytes.
     uint64_t piece_bytes = 0;
   };
+  // A segment of at most `segment_bytes` (at least a page), used in
+  // kOneShotSegmentPieces pieces: for a process that makes one transfer and exits.
+  static Options Bounded(uint64_t segment_bytes = kOneShotSegmentBytes);
 
   // `client` must outlive the transport. No segment exists until the first transfer.
   SharedMemoryTransport(Client& client, Options options);
@@ -141,10 +155,18 @@ class SharedMemoryTransport {
   absl::Status CheckWithinSegment(uint64_t offset, uint64_t bytes) const;
   // Fills the segment's bytes [offset, offset + bytes) from `reader`.
   absl::Status Fill(const UploadReader& reader, uint64_t offset, uint64_t bytes);
+  // Uploads more than the segment holds: a new buffer is created first.
   absl::StatusOr<v1::CopyRegionResponse> UploadInPieces(const v1::UploadHeader& header,
                                                         uint64_t size_bytes,
                                                         const UploadReader& reader,
                                                         const ProgressFn& progress);
+  // Copies `size_bytes` from `reader` into `buffer` at `offset` through the segment's
+  // slots, each piece its own copy, the next pieces read in while the server copies the
+  // last ones out; returns once no copy is in flight.
+  absl::StatusOr<v1::CopyRegionResponse> CopyPiecesIn(const std::string& buffer, uint64_t offset,
+                                                      uint64_t size_bytes,
+                                                      const UploadReader& reader,
+                                                      const ProgressFn& progress);
   // Uploads `size_bytes` (which fit the segment) in pieces of `piece` bytes as the ranges
   // of one multi-range upload.
   absl::StatusOr<v1::CopyRegionResponse> UploadPipelined(const v1::UploadHeader& header,
