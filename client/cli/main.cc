@@ -115,7 +115,7 @@ const std::vector<Command>& Commands() {
        "                   the file's data, as stored\n"
        "  --offset BYTES   where in BUFFER the data goes (default 0)\n"
        "  --transport T    auto (default), grpc or shm; see below\n"
-       "  --shm-segment SIZE  the most shared memory shm maps (default 64MiB, at least\n"
+       "  --shm-segment SIZE  the most shared memory shm maps (default 16MiB, at least\n"
        "                   a page): a larger file moves through it in pieces\n"
        "Prints the buffer, its dtype and shape, the bytes and the transfer rate. A\n"
        "progress bar appears on stderr for transfers over 8 MiB when it is a terminal.\n",
@@ -131,7 +131,7 @@ const std::vector<Command>& Commands() {
        "A failed download removes the partial file.\n"
        "  -o, --output FILE   the file to write\n"
        "  --transport T       auto (default), grpc or shm; see below\n"
-       "  --shm-segment SIZE  the most shared memory shm maps (default 64MiB, at least\n"
+       "  --shm-segment SIZE  the most shared memory shm maps (default 16MiB, at least\n"
        "                      a page): a larger buffer moves through it in pieces\n",
        kTransportDetails),
        {ValueFlag("--output", "-o"), kTransport, kShmSegment},

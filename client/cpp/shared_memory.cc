@@ -336,7 +336,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
   // Larger pieces for a larger upload, up to kMaxUploadPieces of them.
   const uint64_t piece =
       std::max(PieceBytes(), (size_bytes + kMaxUploadPieces - 1) / kMaxUploadPieces);
-  if (PlanPipeline(size_, size_bytes, piece).slots > 1) {
+  if (!options_.one_copy_when_it_fits && PlanPipeline(size_, size_bytes, piece).slots > 1) {
     return UploadPipelined(header, size_bytes, reader, progress, piece);
   }
   if (absl::Status s = Fill(reader, 0, size_bytes); !s.ok()) return s;
@@ -424,8 +424,20 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
     const ProgressFn& progress) {
   std::string target = header.buffer();
   uint64_t offset = header.offset_bytes();
+  // A new buffer without a lease of its own holds one until every piece is in, so that
+  // one left part written, by a client killed midway, is reclaimed. Each piece's copy
+  // renews it.
+  const bool upload_lease = header.has_create() && header.create().ttl_seconds() == 0;
   if (header.has_create()) {
-    absl::StatusOr<v1::BufferInfo> created = client_.CreateBuffer(header.create());
+    v1::CreateBufferRequest create = header.create();
+    if (upload_lease) {
+      absl::StatusOr<v1::ServerInfo> info = client_.GetServerInfo();
+      if (!info.ok()) return info.status();
+      const double longest = info->limits().max_ttl_seconds();
+      create.set_ttl_seconds(longest > 0 ? std::min(kUploadLeaseSeconds, longest)
+                                         : kUploadLeaseSeconds);
+    }
+    absl::StatusOr<v1::BufferInfo> created = client_.CreateBuffer(create);
     if (!created.ok()) return created.status();
     if (created->size_bytes() != size_bytes) {
       client_.DeleteBuffer(created->id()).IgnoreError();
@@ -438,6 +450,14 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
   }
   absl::StatusOr<v1::CopyRegionResponse> total = CopyPiecesIn(target, offset, size_bytes, reader,
                                                              progress);
+  if (total.ok() && upload_lease) {
+    absl::StatusOr<v1::BufferInfo> kept = client_.RenewLease(target, 0);
+    if (kept.ok()) {
+      *total->mutable_buffer() = *std::move(kept);
+    } else {
+      total = kept.status();
+    }
+  }
   // A new buffer goes once no copy into it is left in flight (CopyPiecesIn waits for them).
   if (!total.ok() && header.has_create()) client_.DeleteBuffer(target).IgnoreError();
   return total;
@@ -628,7 +648,8 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
 SharedMemoryTransport::Options SharedMemoryTransport::Bounded(uint64_t segment_bytes) {
   const uint64_t segment = std::max(segment_bytes, kMinRegionBytes);
   return Options{.max_region_bytes = segment,
-                 .piece_bytes = std::max<uint64_t>(1, segment / kOneShotSegmentPieces)};
+                 .piece_bytes = std::max<uint64_t>(1, segment / kOneShotSegmentPieces),
+                 .one_copy_when_it_fits = true};
 }
 
 uint64_t SharedMemoryTransport::PieceBytes() const {

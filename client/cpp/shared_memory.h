@@ -15,8 +15,10 @@
 // range changes, only when every byte is in. The segment grows to fit each transfer, up to
 // Options::max_region_bytes; a larger transfer moves through it in pieces, each one copy:
 // an upload into an existing buffer then changes it piece by piece, and an upload into a new
-// buffer creates it first and deletes it on failure (a client killed midway leaves it, part
-// written). Such a transfer is pipelined as below, the segment's slots reused in turn.
+// buffer creates it first and deletes it on failure. A client killed midway leaves such a
+// buffer part written; unless it was given a lease, it holds one of kUploadLeaseSeconds
+// (or the server's longest) until the last piece is in, so that the server reclaims it.
+// Such a transfer is pipelined as below, the segment's slots reused in turn.
 //
 // A transfer of at least two pieces (Options::piece_bytes) is pipelined, so that the
 // client's copy and the server's overlap. An upload that fits the segment is one
@@ -68,10 +70,14 @@ inline constexpr uint64_t kMaxUploadPieces = 64;
 // that making, mapping and pinning it costs little next to the transfer, whatever the
 // array's size: a segment the size of the array, made, mapped and pinned afresh by every
 // put or get, cost more than the array's transfer over gRPC.
-inline constexpr uint64_t kOneShotSegmentBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kOneShotSegmentBytes = uint64_t{16} << 20;
 // The pieces such a segment is used in: the client fills one while the server copies
 // the others out.
 inline constexpr uint64_t kOneShotSegmentPieces = 4;
+
+// The lease of a new buffer uploaded in pieces, renewed by each piece: long enough for
+// a slow reader, short enough that a buffer left by a killed client goes soon.
+inline constexpr double kUploadLeaseSeconds = 60;
 
 class SharedMemoryTransport {
  public:
@@ -81,9 +87,13 @@ class SharedMemoryTransport {
     // The pipeline's piece (any size, for tests as small as a few bytes); 0:
     // kPipelinePieceBytes.
     uint64_t piece_bytes = 0;
+    // An upload that fits the segment is one copy, not a pipelined multi-range upload.
+    bool one_copy_when_it_fits = false;
   };
   // A segment of at most `segment_bytes` (at least a page), used in
-  // kOneShotSegmentPieces pieces: for a process that makes one transfer and exits.
+  // kOneShotSegmentPieces pieces: for a process that makes one transfer and exits. An
+  // upload that fits so small a segment is one copy: the multi-range upload's calls
+  // would cost more than the overlap saves.
   static Options Bounded(uint64_t segment_bytes = kOneShotSegmentBytes);
 
   // `client` must outlive the transport. No segment exists until the first transfer.
