@@ -50,15 +50,17 @@ namespace gpucompute {
 absl::Status CheckSharedMemoryUsable(const v1::ServerInfo& info);
 
 // Copies `bytes` from `src` to `dst` (not overlapping) with several threads when it is
-// large: one core's memcpy moves about 8 GB/s, far below what memory and the PCIe link
-// take, and the copy into or out of the segment is the client's part of a transfer.
+// large: one core's memcpy moves far less than memory and the PCIe link take, and the
+// copy into or out of the segment is the client's part of a transfer. A large copy's
+// stores bypass the cache (x86-64): its destination is not read again soon, and such
+// stores do not first read each line they write.
 void ParallelCopy(void* dst, const void* src, size_t bytes);
 
 // The piece a transfer through the segment is pipelined in. Filling and draining the
 // pipeline costs about one piece's copy, small next to a transfer of some hundreds of
-// MiB; each piece costs a call (tens of microseconds), small next to its copy (about
-// 0.6 ms on the server at 50 GB/s).
-inline constexpr uint64_t kPipelinePieceBytes = uint64_t{32} << 20;
+// MiB; each piece costs a call (tens of microseconds), small next to its copy; and each
+// piece's copy starts its threads, so a piece gives each thread a share worth starting.
+inline constexpr uint64_t kPipelinePieceBytes = uint64_t{64} << 20;
 // Pieces of a pipelined upload at most; a larger upload takes larger pieces. Every
 // piece's call waits for the whole upload, so this many calls are in flight at once: far
 // fewer than a tenant may have (the server's --max-calls-per-tenant, 1024 by default) and

@@ -1026,6 +1026,27 @@ TEST_F(CliTest, SharedMemoryUploadInPiecesThatFailsLeavesNothing) {
   ExpectStopsCleanly(shm.process(), SIGTERM);
 }
 
+// ParallelCopy against memcpy: several threads, destinations at every alignment to the
+// 16 bytes its stores want, and sizes that end mid-line and mid-page.
+TEST(ParallelCopyTest, CopiesEveryByteAtAnyAlignment) {
+  const size_t bytes = (size_t{9} << 20) + 4099;
+  std::string source(bytes + 64, '\0');
+  std::mt19937 random(40);
+  for (char& c : source) c = static_cast<char>(random());
+  for (const size_t dst_offset : {0, 1, 7, 15, 16, 33}) {
+    for (const size_t src_offset : {0, 3}) {
+      for (const size_t n : {bytes, bytes - 4099, size_t{100}}) {
+        SCOPED_TRACE(absl::StrCat(dst_offset, " ", src_offset, " ", n));
+        std::string out(bytes + 64, '\x5a');
+        ParallelCopy(out.data() + dst_offset, source.data() + src_offset, n);
+        std::string expected(bytes + 64, '\x5a');
+        std::memcpy(expected.data() + dst_offset, source.data() + src_offset, n);
+        EXPECT_TRUE(out == expected);
+      }
+    }
+  }
+}
+
 class SharedMemoryKillTest : public CliTest {
  protected:
   // Kills shared-memory puts of a 32 MiB array at several moments of the transfer, with
