@@ -221,11 +221,11 @@ absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> ChooseTransport(Client& c
                                                                        const ParsedArgs& args,
                                                                        uint64_t bytes) {
   const std::string transport = args.Value("--transport").value_or("auto");
-  if (transport == "grpc") return nullptr;
-  if (transport != "auto" && transport != "shm") {
+  if (transport != "auto" && transport != "grpc" && transport != "shm") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport is auto, grpc or shm, not '", transport, "'"));
   }
+  // Read whatever the transport: a mistyped size is an error, not ignored.
   uint64_t segment_bytes = kOneShotSegmentBytes;
   if (std::optional<std::string> text = args.Value("--shm-segment"); text.has_value()) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(*text);
@@ -234,6 +234,7 @@ absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> ChooseTransport(Client& c
     }
     segment_bytes = *parsed;
   }
+  if (transport == "grpc") return nullptr;
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
   absl::Status usable = info.ok() ? CheckSharedMemoryUsable(*info) : info.status();
   auto shm = std::make_unique<SharedMemoryTransport>(client,

@@ -954,6 +954,12 @@ TEST_F(CliTest, SharedMemoryPutAndGetInPiecesReproduceTheData) {
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("--shm-segment: '8KiX' has an unknown unit"), std::string::npos)
       << bad.err;
+  Result bad_grpc =
+      Run("get patched -o " + ShellQuote(Path("bad.npy")) + " --transport=grpc --shm-segment=-1",
+          shm.target());
+  EXPECT_EQ(bad_grpc.exit_code, 2) << bad_grpc.err;
+  EXPECT_NE(bad_grpc.err.find("--shm-segment: "), std::string::npos) << bad_grpc.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("bad.npy")));
   absl::StatusOr<v1::ListBuffersResponse> list = shm.client().ListBuffers();
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->buffers_size(), static_cast<int>(cases.size()) + 1);
