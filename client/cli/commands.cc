@@ -16,6 +16,7 @@
 #include "client/cli/cli.h"
 #include "client/cpp/npy.h"
 #include "client/cpp/shared_memory.h"
+#include "common/byte_size.h"
 
 namespace gpucompute::cli {
 
@@ -214,19 +215,30 @@ std::string TransferSummary(const v1::TransferStats& transfer, std::string_view 
 // The shared-memory transport a put or get of `bytes` uses, or null for gRPC, as
 // --transport says: "grpc"; "shm", or an error saying why it cannot be used; "auto" (the
 // default), shared memory when the server allows it, runs on this host and can map this
-// process's memory, else gRPC.
+// process's memory, else gRPC. Its segment is bounded (--shm-segment): a larger array
+// moves through it in pieces.
 absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> ChooseTransport(Client& client,
                                                                        const ParsedArgs& args,
                                                                        uint64_t bytes) {
   const std::string transport = args.Value("--transport").value_or("auto");
-  if (transport == "grpc") return nullptr;
-  if (transport != "auto" && transport != "shm") {
+  if (transport != "auto" && transport != "grpc" && transport != "shm") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport is auto, grpc or shm, not '", transport, "'"));
   }
+  // Read whatever the transport: a mistyped size is an error, not ignored.
+  uint64_t segment_bytes = kOneShotSegmentBytes;
+  if (std::optional<std::string> text = args.Value("--shm-segment"); text.has_value()) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(*text);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--shm-segment: ", parsed.status().message()));
+    }
+    segment_bytes = *parsed;
+  }
+  if (transport == "grpc") return nullptr;
   absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
   absl::Status usable = info.ok() ? CheckSharedMemoryUsable(*info) : info.status();
-  auto shm = std::make_unique<SharedMemoryTransport>(client);
+  auto shm = std::make_unique<SharedMemoryTransport>(client,
+                                                     SharedMemoryTransport::Bounded(segment_bytes));
   if (usable.ok()) usable = shm->Reserve(bytes);
   if (usable.ok()) return shm;
   if (transport == "shm") return usable;
@@ -240,6 +252,11 @@ Outcome TransportFailure(std::string_view what, const absl::Status& status) {
 
 const char* TransportName(const std::unique_ptr<SharedMemoryTransport>& shm) {
   return shm != nullptr ? "shm" : "grpc";
+}
+
+// The bytes of shared memory the transfer mapped: 0 over gRPC.
+std::string SegmentBytes(const std::unique_ptr<SharedMemoryTransport>& shm) {
+  return absl::StrCat(shm != nullptr ? shm->region_bytes() : 0);
 }
 
 }  // namespace
@@ -556,7 +573,8 @@ Outcome RunPut(CliContext& context, const ParsedArgs& args) {
     context.Print(JsonObject({{"buffer", ToJson(response->buffer())},
                               {"transfer", ToJson(response->transfer())},
                               {"file", JsonString(path)},
-                              {"transport", JsonString(TransportName(*shm))}}));
+                              {"transport", JsonString(TransportName(*shm))},
+                              {"segment_bytes", SegmentBytes(*shm)}}));
   } else {
     const std::string where =
         into.has_value() ? absl::StrCat(" at offset ", offset->value_or(0)) : "";
@@ -637,7 +655,8 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
     context.Print(JsonObject({{"buffer", ToJson(response->buffer())},
                               {"transfer", ToJson(response->transfer())},
                               {"file", JsonString(*path)},
-                              {"transport", JsonString(TransportName(*shm))}}));
+                              {"transport", JsonString(TransportName(*shm))},
+                              {"segment_bytes", SegmentBytes(*shm)}}));
   } else {
     context.Print(absl::StrCat(FormatBufferRef(response->buffer()), "  downloaded to ", *path, "  ",
                                TransferSummary(response->transfer()), "  via ",

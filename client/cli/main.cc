@@ -33,11 +33,13 @@ constexpr FlagSpec kName = ValueFlag("--name");
 constexpr FlagSpec kDType = ValueFlag("--dtype");
 
 constexpr FlagSpec kTransport = ValueFlag("--transport");
+constexpr FlagSpec kShmSegment = ValueFlag("--shm-segment");
 constexpr absl::string_view kTransportDetails =
     "Transports: grpc streams the bytes over the connection; shm moves them through a\n"
     "POSIX shared-memory segment the server maps, for a server on this host started\n"
     "with --allow-shared-memory; auto takes shm when the server allows it and is on\n"
-    "this host, else grpc. The JSON output says which was used (\"transport\").\n";
+    "this host, else grpc. The JSON output says which was used (\"transport\") and\n"
+    "how much shared memory it mapped (\"segment_bytes\").\n";
 
 constexpr absl::string_view kOutputDetails =
     "  --out BUFFER   write into this existing buffer (id or name)\n"
@@ -101,7 +103,8 @@ const std::vector<Command>& Commands() {
        {ValueFlag("--ttl")},
        RunRenew},
       {"put",
-       "FILE.npy [--name N] [--ttl SECONDS] [--into BUFFER [--offset BYTES]] [--transport T]",
+       "FILE.npy [--name N] [--ttl SECONDS] [--into BUFFER [--offset BYTES]] [--transport T]"
+       " [--shm-segment SIZE]",
        "upload a .npy file into a new buffer, or into part of an existing one",
        absl::StrCat(
        "The file is streamed: it is never loaded whole. Supported: '<f4' '<f8' '<i4'\n"
@@ -112,22 +115,26 @@ const std::vector<Command>& Commands() {
        "                   the file's data, as stored\n"
        "  --offset BYTES   where in BUFFER the data goes (default 0)\n"
        "  --transport T    auto (default), grpc or shm; see below\n"
+       "  --shm-segment SIZE  the most shared memory shm maps (default 16MiB, at least\n"
+       "                   a page): a larger file moves through it in pieces\n"
        "Prints the buffer, its dtype and shape, the bytes and the transfer rate. A\n"
        "progress bar appears on stderr for transfers over 8 MiB when it is a terminal.\n",
        kTransportDetails),
        {ValueFlag("--name"), ValueFlag("--ttl"), ValueFlag("--into"), ValueFlag("--offset"),
-        kTransport},
+        kTransport, kShmSegment},
        RunPut},
       {"get",
-       "BUFFER -o FILE.npy [--transport T]",
+       "BUFFER -o FILE.npy [--transport T] [--shm-segment SIZE]",
        "download a buffer into a .npy file",
        absl::StrCat(
        "Writes the buffer's dtype and shape, and Fortran order for F-layout buffers.\n"
        "A failed download removes the partial file.\n"
        "  -o, --output FILE   the file to write\n"
-       "  --transport T       auto (default), grpc or shm; see below\n",
+       "  --transport T       auto (default), grpc or shm; see below\n"
+       "  --shm-segment SIZE  the most shared memory shm maps (default 16MiB, at least\n"
+       "                      a page): a larger buffer moves through it in pieces\n",
        kTransportDetails),
-       {ValueFlag("--output", "-o"), kTransport},
+       {ValueFlag("--output", "-o"), kTransport, kShmSegment},
        RunGet},
       {"eval",
        "EXPR NAME=VALUE... [--out BUFFER | --name N] [--dtype D] [--no-wait]",

@@ -5,6 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -234,7 +238,9 @@ absl::Status SharedMemoryTransport::Reserve(uint64_t bytes) {
     status = absl::ResourceExhaustedError(
         absl::StrCat("allocating ", want, " bytes of shared memory: ", std::strerror(error)));
   } else {
-    data = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // Populated now: the page tables filled in one go cost far less than a fault per
+    // page on the first write of each, which the client's first copy would pay.
+    data = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (data == MAP_FAILED) status = ErrnoError(absl::StrCat("mmap of ", name));
   }
   close(fd);
@@ -283,27 +289,61 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Copy(
   return response;
 }
 
+namespace {
+
+// memcpy, with stores that bypass the cache where there are such (SSE2, which every
+// x86-64 CPU has).
+void StreamingCopy(char* dst, const char* src, size_t bytes) {
+#if defined(__x86_64__)
+  // Streaming stores want 16-byte aligned destinations.
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  size_t done = head;
+  for (; bytes - done >= 64; done += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + done));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + done + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + done + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + done + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done + 48), d);
+  }
+  std::memcpy(dst + done, src + done, bytes - done);
+  // Streaming stores are weakly ordered: they are all visible before the copy returns
+  // (and before a thread that made them is joined).
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+}  // namespace
+
 void ParallelCopy(void* dst, const void* src, size_t bytes) {
-  // Below a few shares' worth, starting threads costs more than it saves. A share takes
-  // about a millisecond, starting its thread some microseconds; and a pipelined piece
-  // (kPipelinePieceBytes) is copied by 8 threads.
+  // Below a few shares' worth, starting threads costs more than it saves, and a small
+  // copy's destination may well be read soon, from the cache. A share takes far longer
+  // to copy than its thread to start; a pipelined piece (kPipelinePieceBytes) is copied
+  // by 16 threads where the host has the cores.
   constexpr size_t kShare = size_t{4} << 20;
-  const size_t threads = std::min<size_t>({bytes / kShare, 8, std::thread::hardware_concurrency()});
+  constexpr size_t kMaxThreads = 16;
+  const size_t threads =
+      std::min<size_t>({bytes / kShare, kMaxThreads, std::thread::hardware_concurrency()});
   if (threads <= 1) {
     std::memcpy(dst, src, bytes);
     return;
   }
+  char* const out = static_cast<char*>(dst);
+  const char* const in = static_cast<const char*>(src);
   // Shares end on 4 KiB boundaries, so no two threads write one page.
   const size_t per = (bytes / threads + 4095) / 4096 * 4096;
   std::vector<std::thread> workers;
   for (size_t t = 1; t < threads && t * per < bytes; ++t) {
     const size_t begin = t * per;
     const size_t n = std::min(per, bytes - begin);
-    workers.emplace_back([=] {
-      std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, n);
-    });
+    workers.emplace_back([=] { StreamingCopy(out + begin, in + begin, n); });
   }
-  std::memcpy(dst, src, std::min(per, bytes));
+  StreamingCopy(out, in, std::min(per, bytes));
   for (std::thread& w : workers) w.join();
 }
 
@@ -336,7 +376,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Upload(const v1::U
   // Larger pieces for a larger upload, up to kMaxUploadPieces of them.
   const uint64_t piece =
       std::max(PieceBytes(), (size_bytes + kMaxUploadPieces - 1) / kMaxUploadPieces);
-  if (PlanPipeline(size_, size_bytes, piece).slots > 1) {
+  if (!options_.one_copy_when_it_fits && PlanPipeline(size_, size_bytes, piece).slots > 1) {
     return UploadPipelined(header, size_bytes, reader, progress, piece);
   }
   if (absl::Status s = Fill(reader, 0, size_bytes); !s.ok()) return s;
@@ -424,8 +464,20 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
     const ProgressFn& progress) {
   std::string target = header.buffer();
   uint64_t offset = header.offset_bytes();
+  // A new buffer without a lease of its own holds one until every piece is in, so that
+  // one left part written, by a client killed midway, is reclaimed. Each piece's copy
+  // renews it.
+  const bool upload_lease = header.has_create() && header.create().ttl_seconds() == 0;
   if (header.has_create()) {
-    absl::StatusOr<v1::BufferInfo> created = client_.CreateBuffer(header.create());
+    v1::CreateBufferRequest create = header.create();
+    if (upload_lease) {
+      absl::StatusOr<v1::ServerInfo> info = client_.GetServerInfo();
+      if (!info.ok()) return info.status();
+      const double longest = info->limits().max_ttl_seconds();
+      create.set_ttl_seconds(longest > 0 ? std::min(kUploadLeaseSeconds, longest)
+                                         : kUploadLeaseSeconds);
+    }
+    absl::StatusOr<v1::BufferInfo> created = client_.CreateBuffer(create);
     if (!created.ok()) return created.status();
     if (created->size_bytes() != size_bytes) {
       client_.DeleteBuffer(created->id()).IgnoreError();
@@ -436,29 +488,67 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadInPieces(
     target = created->id();
     offset = 0;
   }
+  absl::StatusOr<v1::CopyRegionResponse> total = CopyPiecesIn(target, offset, size_bytes, reader,
+                                                             progress);
+  if (total.ok() && upload_lease) {
+    absl::StatusOr<v1::BufferInfo> kept = client_.RenewLease(target, 0);
+    if (kept.ok()) {
+      *total->mutable_buffer() = *std::move(kept);
+    } else {
+      total = kept.status();
+    }
+  }
+  // A new buffer goes once no copy into it is left in flight (CopyPiecesIn waits for them).
+  if (!total.ok() && header.has_create()) client_.DeleteBuffer(target).IgnoreError();
+  return total;
+}
+
+absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::CopyPiecesIn(
+    const std::string& buffer, uint64_t offset, uint64_t size_bytes, const UploadReader& reader,
+    const ProgressFn& progress) {
+  const Pipeline pipeline = PlanPipeline(size_, size_bytes, PieceBytes());
+  const uint64_t pieces = (size_bytes + pipeline.piece - 1) / pipeline.piece;
+  AsyncCopies<v1::CopyFromRegionRequest> calls(
+      client_, *stub_, &v1::SharedMemoryService::StubInterface::async_interface::CopyFromRegion);
   v1::CopyRegionResponse total;
-  for (uint64_t done = 0; done < size_bytes;) {
-    const uint64_t piece = std::min(size_, size_bytes - done);
-    absl::Status status = Fill(reader, 0, piece);
-    v1::CopyRegionResponse response;
-    if (status.ok()) {
-      v1::CopyFromRegionRequest request;
-      request.set_region_id(region_id_);
-      request.set_size_bytes(piece);
-      request.set_buffer(target);
-      request.set_offset_bytes(offset + done);
-      absl::StatusOr<v1::CopyRegionResponse> copied = CopyFromRegion(request);
-      if (copied.ok()) response = *std::move(copied);
-      status = copied.status();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_answer = start;
+  // Takes the answer of piece `k`, the oldest in flight.
+  auto answered = [&](uint64_t k) -> absl::Status {
+    absl::StatusOr<v1::CopyRegionResponse> response = calls.Wait(k);
+    if (!response.ok()) return response.status();
+    last_answer = std::chrono::steady_clock::now();
+    *total.mutable_buffer() = response->buffer();
+    AddTransfer(response->transfer(), total.mutable_transfer());
+    if (progress) progress(std::min(size_bytes, (k + 1) * pipeline.piece), size_bytes);
+    return absl::OkStatus();
+  };
+  // Piece k goes through slot k % slots; it is read in only once piece k - in_flight,
+  // and so every earlier piece in its slot, has been copied out by the server.
+  for (uint64_t k = 0; k < pieces; ++k) {
+    if (k >= pipeline.in_flight) {
+      if (absl::Status s = answered(k - pipeline.in_flight); !s.ok()) return s;
     }
-    if (!status.ok()) {
-      if (header.has_create()) client_.DeleteBuffer(target).IgnoreError();
-      return status;
-    }
-    *total.mutable_buffer() = response.buffer();
-    AddTransfer(response.transfer(), total.mutable_transfer());
-    done += piece;
-    if (progress) progress(done, size_bytes);
+    const uint64_t done = k * pipeline.piece;
+    const uint64_t bytes = std::min(pipeline.piece, size_bytes - done);
+    const uint64_t slot_offset = k % pipeline.slots * pipeline.piece;
+    if (absl::Status s = Fill(reader, slot_offset, bytes); !s.ok()) return s;
+    v1::CopyFromRegionRequest request;
+    request.set_region_id(region_id_);
+    request.set_region_offset_bytes(slot_offset);
+    request.set_size_bytes(bytes);
+    request.set_buffer(buffer);
+    request.set_offset_bytes(offset + done);
+    calls.Start(std::move(request));
+  }
+  for (uint64_t k = pieces > pipeline.in_flight ? pieces - pipeline.in_flight : 0; k < pieces;
+       ++k) {
+    if (absl::Status s = answered(k); !s.ok()) return s;
+  }
+  if (pipeline.in_flight > 1) {
+    // The pieces' copies overlap: the whole, as the client saw it.
+    SetSeconds(std::chrono::duration<double>(last_answer - start).count(),
+               total.mutable_transfer());
   }
   return total;
 }
@@ -593,6 +683,13 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
         return absl::OkStatus();
       },
       {});
+}
+
+SharedMemoryTransport::Options SharedMemoryTransport::Bounded(uint64_t segment_bytes) {
+  const uint64_t segment = std::max(segment_bytes, kMinRegionBytes);
+  return Options{.max_region_bytes = segment,
+                 .piece_bytes = std::max<uint64_t>(1, segment / kOneShotSegmentPieces),
+                 .one_copy_when_it_fits = true};
 }
 
 uint64_t SharedMemoryTransport::PieceBytes() const {

@@ -13,9 +13,12 @@
 //
 // A transfer that fits the segment is all or nothing: a new buffer appears, or an existing
 // range changes, only when every byte is in. The segment grows to fit each transfer, up to
-// Options::max_region_bytes; a larger transfer moves in pieces of that size, each one copy:
+// Options::max_region_bytes; a larger transfer moves through it in pieces, each one copy:
 // an upload into an existing buffer then changes it piece by piece, and an upload into a new
-// buffer creates it first and deletes it on failure.
+// buffer creates it first and deletes it on failure. A client killed midway leaves such a
+// buffer part written; unless it was given a lease, it holds one of kUploadLeaseSeconds
+// (or the server's longest) until the last piece is in, so that the server reclaims it.
+// Such a transfer is pipelined as below, the segment's slots reused in turn.
 //
 // A transfer of at least two pieces (Options::piece_bytes) is pipelined, so that the
 // client's copy and the server's overlap. An upload that fits the segment is one
@@ -47,20 +50,36 @@ namespace gpucompute {
 absl::Status CheckSharedMemoryUsable(const v1::ServerInfo& info);
 
 // Copies `bytes` from `src` to `dst` (not overlapping) with several threads when it is
-// large: one core's memcpy moves about 8 GB/s, far below what memory and the PCIe link
-// take, and the copy into or out of the segment is the client's part of a transfer.
+// large: one core's memcpy moves far less than memory and the PCIe link take, and the
+// copy into or out of the segment is the client's part of a transfer. A large copy's
+// stores bypass the cache (x86-64): its destination is not read again soon, and such
+// stores do not first read each line they write.
 void ParallelCopy(void* dst, const void* src, size_t bytes);
 
 // The piece a transfer through the segment is pipelined in. Filling and draining the
 // pipeline costs about one piece's copy, small next to a transfer of some hundreds of
-// MiB; each piece costs a call (tens of microseconds), small next to its copy (about
-// 0.6 ms on the server at 50 GB/s).
-inline constexpr uint64_t kPipelinePieceBytes = uint64_t{32} << 20;
+// MiB; each piece costs a call (tens of microseconds), small next to its copy; and each
+// piece's copy starts its threads, so a piece gives each thread a share worth starting.
+inline constexpr uint64_t kPipelinePieceBytes = uint64_t{64} << 20;
 // Pieces of a pipelined upload at most; a larger upload takes larger pieces. Every
 // piece's call waits for the whole upload, so this many calls are in flight at once: far
 // fewer than a tenant may have (the server's --max-calls-per-tenant, 1024 by default) and
 // than an upload may have ranges (kMaxUploadRanges).
 inline constexpr uint64_t kMaxUploadPieces = 64;
+
+// The segment of a one-shot transfer (the `gpucompute` CLI's put and get): large enough
+// that the client's file read, the server's copies and the calls overlap, small enough
+// that making, mapping and pinning it costs little next to the transfer, whatever the
+// array's size: a segment the size of the array, made, mapped and pinned afresh by every
+// put or get, cost more than the array's transfer over gRPC.
+inline constexpr uint64_t kOneShotSegmentBytes = uint64_t{16} << 20;
+// The pieces such a segment is used in: the client fills one while the server copies
+// the others out.
+inline constexpr uint64_t kOneShotSegmentPieces = 4;
+
+// The lease of a new buffer uploaded in pieces, renewed by each piece: long enough for
+// a slow reader, short enough that a buffer left by a killed client goes soon.
+inline constexpr double kUploadLeaseSeconds = 60;
 
 class SharedMemoryTransport {
  public:
@@ -70,7 +89,14 @@ class SharedMemoryTransport {
     // The pipeline's piece (any size, for tests as small as a few bytes); 0:
     // kPipelinePieceBytes.
     uint64_t piece_bytes = 0;
+    // An upload that fits the segment is one copy, not a pipelined multi-range upload.
+    bool one_copy_when_it_fits = false;
   };
+  // A segment of at most `segment_bytes` (at least a page), used in
+  // kOneShotSegmentPieces pieces: for a process that makes one transfer and exits. An
+  // upload that fits so small a segment is one copy: the multi-range upload's calls
+  // would cost more than the overlap saves.
+  static Options Bounded(uint64_t segment_bytes = kOneShotSegmentBytes);
 
   // `client` must outlive the transport. No segment exists until the first transfer.
   SharedMemoryTransport(Client& client, Options options);
@@ -141,10 +167,18 @@ class SharedMemoryTransport {
   absl::Status CheckWithinSegment(uint64_t offset, uint64_t bytes) const;
   // Fills the segment's bytes [offset, offset + bytes) from `reader`.
   absl::Status Fill(const UploadReader& reader, uint64_t offset, uint64_t bytes);
+  // Uploads more than the segment holds: a new buffer is created first.
   absl::StatusOr<v1::CopyRegionResponse> UploadInPieces(const v1::UploadHeader& header,
                                                         uint64_t size_bytes,
                                                         const UploadReader& reader,
                                                         const ProgressFn& progress);
+  // Copies `size_bytes` from `reader` into `buffer` at `offset` through the segment's
+  // slots, each piece its own copy, the next pieces read in while the server copies the
+  // last ones out; returns once no copy is in flight.
+  absl::StatusOr<v1::CopyRegionResponse> CopyPiecesIn(const std::string& buffer, uint64_t offset,
+                                                      uint64_t size_bytes,
+                                                      const UploadReader& reader,
+                                                      const ProgressFn& progress);
   // Uploads `size_bytes` (which fit the segment) in pieces of `piece` bytes as the ranges
   // of one multi-range upload.
   absl::StatusOr<v1::CopyRegionResponse> UploadPipelined(const v1::UploadHeader& header,
