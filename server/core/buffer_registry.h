@@ -110,9 +110,15 @@ struct BufferMeta {
 // A buffer's lease: a time-to-live, and the steady-clock deadline at which the buffer
 // expires unless something renews it first. Atomic because lookups renew it under the
 // registry's shared lock; a ttl of 0 means no lease.
+//
+// While operations that write the buffer are queued or running, the lease does not run:
+// a result cannot expire before it exists, however long its operation waits or runs.
+// The Executor holds the lease from the submission of each such operation and lets go
+// at its completion, which starts the lease afresh.
 struct Lease {
   std::atomic<int64_t> ttl_nanos{0};
   std::atomic<int64_t> deadline_nanos{0};  // steady clock, since its epoch
+  std::atomic<int32_t> writers{0};         // operations holding it (Hold)
 
   // Sets the ttl (0 ends the lease) and renews it from `now`.
   void Set(int64_t ttl, int64_t now) {
@@ -123,7 +129,18 @@ struct Lease {
     const int64_t ttl = ttl_nanos.load();
     if (ttl > 0) deadline_nanos.store(now + ttl);
   }
-  bool ExpiredAt(int64_t now) const { return ttl_nanos.load() > 0 && deadline_nanos.load() <= now; }
+  void Hold() { writers.fetch_add(1); }
+  // Renews first: a sweep that finds no writer left then finds the new deadline too.
+  void Unhold(int64_t now) {
+    Renew(now);
+    writers.fetch_sub(1);
+  }
+  // Whether an operation that writes the buffer is queued or running: the deadline is
+  // not known yet.
+  bool held() const { return writers.load() > 0; }
+  bool ExpiredAt(int64_t now) const {
+    return ttl_nanos.load() > 0 && writers.load() == 0 && deadline_nanos.load() <= now;
+  }
 };
 
 // Nanoseconds on the steady clock, the clock of lease deadlines.

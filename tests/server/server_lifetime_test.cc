@@ -17,9 +17,12 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "gpucompute/v1/limits.h"
+#include "server/cpu/cpu_backend.h"
 #include "server/persistence/persist_format.h"
 #include "tests/support/spawn_server.h"
 #include "tests/support/test_server.h"
@@ -211,6 +214,134 @@ TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->ttl_seconds(), 0);
   EXPECT_TRUE(client->GetBuffer("x").ok());
+}
+
+// The CPU backend, whose elementwise operations start and then hold their stream until
+// the test opens the gate: an operation that runs as long as the test wants.
+class GatedBackend final : public Backend {
+ public:
+  GatedBackend() : cpu_(2) {}
+
+  // Lets every elementwise operation, held or to come, run.
+  void Open() {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+  }
+  // Waits until an elementwise operation has started (and is held); false after 30 s.
+  bool WaitStarted() { return started_.WaitForNotificationWithTimeout(absl::Seconds(30)); }
+
+  absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                         std::span<const DeviceMemory* const> inputs,
+                                         DeviceMemory& out, DType out_dtype, int64_t n) override {
+    absl::Status held = stream.OnComplete([this](absl::Status) {
+      if (!started_.HasBeenNotified()) started_.Notify();
+      gate_.WaitForNotification();
+    });
+    if (!held.ok()) return held;
+    return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
+  }
+
+  absl::string_view name() const override { return cpu_.name(); }
+  const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
+    return cpu_.Allocate(device, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
+    return cpu_.CreateStream(device);
+  }
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
+    return cpu_.ElapsedSeconds(start, end);
+  }
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                            uint64_t bytes) override {
+    return cpu_.CopyFromHost(stream, src, dst, dst_offset, bytes);
+  }
+  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                          uint64_t bytes) override {
+    return cpu_.CopyToHost(stream, src, src_offset, dst, bytes);
+  }
+  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                    uint64_t dst_offset, uint64_t bytes) override {
+    return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
+  }
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                    int64_t count) override {
+    return cpu_.Fill(stream, dst, dtype, value_bits, count);
+  }
+  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                      const ReduceShape& shape, DeviceMemory& out) override {
+    return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
+  }
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                    const DeviceMemory& a, const DeviceMemory& x, double beta,
+                    DeviceMemory& y) override {
+    return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
+  }
+  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                      int64_t n) override {
+    return cpu_.Random(stream, params, dtype, out, n);
+  }
+
+ private:
+  cpu::CpuBackend cpu_;
+  absl::Notification started_;
+  absl::Notification gate_;
+};
+
+// Whether ListBuffers, which renews no lease, lists buffer `id`.
+bool Listed(Client& client, const std::string& id) {
+  absl::StatusOr<v1::ListBuffersResponse> list = client.ListBuffers();
+  EXPECT_TRUE(list.ok()) << list.status();
+  if (!list.ok()) return false;
+  return std::any_of(list->buffers().begin(), list->buffers().end(),
+                     [&](const v1::BufferInfo& b) { return b.id() == id; });
+}
+
+// A lease counts from the completion of the operation that writes the buffer: an
+// operation held running for longer than the default ttl still leaves its result, which
+// then expires a ttl after the last use.
+TEST(LeaseTest, AResultsLeaseStartsWhenItsOperationCompletes) {
+  auto backend = std::make_unique<GatedBackend>();
+  GatedBackend* gate = backend.get();
+  auto server = TestServer::StartWith(std::move(backend), 64 * kMiB, 2, [](ServerOptions& o) {
+    o.lease_sweep_interval = kSweep;
+    o.default_result_ttl_seconds = 1;
+  });
+  ASSERT_NE(server, nullptr);
+  absl::Cleanup open = [gate] { gate->Open(); };  // the server waits for held work
+  auto client = server->Connect();
+  ASSERT_TRUE(UploadArray<double>(*client, {1, 2, 3}, {}, v1::LAYOUT_C, "x").ok());
+  v1::SubmitRequest submit = Double("x");
+  submit.set_wait(false);
+  absl::StatusOr<v1::Operation> op = client->Submit(submit);
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_EQ(op->outputs_size(), 1);
+  const std::string result = op->outputs(0).id();
+  ASSERT_TRUE(gate->WaitStarted());
+  // Longer than the ttl, with the sweep running every 20 ms.
+  absl::SleepFor(absl::Milliseconds(1600));
+  EXPECT_TRUE(Listed(*client, result));
+  const absl::Time opened = absl::Now();
+  gate->Open();
+  absl::StatusOr<v1::Operation> done = client->WaitOperation(op->id(), 30);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::Operation::STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<double>> y = DownloadArray<double>(*client, result);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(*y, (std::vector<double>{2, 4, 6}));
+  const absl::Time used = absl::Now();
+  // Then the lease runs: the result goes a ttl after its last use (the download), and
+  // not before a ttl after the operation could complete.
+  absl::Time gone = absl::InfiniteFuture();
+  while (absl::Now() < used + absl::Seconds(10)) {
+    if (!Listed(*client, result)) {
+      gone = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(gone - opened, absl::Seconds(1));
+  EXPECT_LE(gone - used, absl::Seconds(4));
+  EXPECT_EQ(client->GetBuffer(result).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A server goes away while its timer thread is inside a lease sweep: with sweeps back to
