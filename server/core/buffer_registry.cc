@@ -159,6 +159,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   entry->memory = std::move(memory);
   entry->exportable = exportable;
   entry->charge = std::move(charge);
+  entry->live_lease = std::shared_ptr<const Lease>(entry, &entry->lease);
   return entry;
 }
 

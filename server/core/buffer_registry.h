@@ -92,6 +92,8 @@ class MemoryLimiter {
   absl::flat_hash_map<std::string, uint64_t> tenant_used_ ABSL_GUARDED_BY(mu_);
 };
 
+struct Lease;
+
 // What a buffer is, without its memory: cheap to copy into results.
 struct BufferMeta {
   std::string id;
@@ -102,6 +104,10 @@ struct BufferMeta {
   Layout layout = Layout::kC;
   int device = 0;
   int64_t create_time_unix_nanos = 0;
+  // The buffer's lease (BufferEntry::lease), so that a copy reports the lease as it is
+  // when read, not as it was when copied; weak, so that a copy keeps nothing alive. Set
+  // by BufferRegistry::Allocate.
+  std::weak_ptr<const Lease> live_lease;
 
   uint64_t num_elements() const;
   uint64_t size_bytes() const { return num_elements() * DTypeSize(dtype); }

@@ -15,7 +15,9 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -287,14 +289,18 @@ class GatedBackend final : public Backend {
   absl::Notification gate_;
 };
 
-// Whether ListBuffers, which renews no lease, lists buffer `id`.
-bool Listed(Client& client, const std::string& id) {
+// The buffer `id` as ListBuffers, which renews no lease, lists it.
+std::optional<v1::BufferInfo> ListedInfo(Client& client, const std::string& id) {
   absl::StatusOr<v1::ListBuffersResponse> list = client.ListBuffers();
   EXPECT_TRUE(list.ok()) << list.status();
-  if (!list.ok()) return false;
-  return std::any_of(list->buffers().begin(), list->buffers().end(),
-                     [&](const v1::BufferInfo& b) { return b.id() == id; });
+  if (!list.ok()) return std::nullopt;
+  for (const v1::BufferInfo& b : list->buffers()) {
+    if (b.id() == id) return b;
+  }
+  return std::nullopt;
 }
+
+bool Listed(Client& client, const std::string& id) { return ListedInfo(client, id).has_value(); }
 
 // A lease counts from the completion of the operation that writes the buffer: an
 // operation held running for longer than the default ttl still leaves its result, which
@@ -342,6 +348,38 @@ TEST(LeaseTest, AResultsLeaseStartsWhenItsOperationCompletes) {
   EXPECT_GE(gone - opened, absl::Seconds(1));
   EXPECT_LE(gone - used, absl::Seconds(4));
   EXPECT_EQ(client->GetBuffer(result).status().code(), absl::StatusCode::kNotFound);
+}
+
+// An operation's outputs report the lease the buffer has, as the buffer service does:
+// the default result ttl, or the output's own.
+TEST(LeaseTest, OperationOutputsReportTheLeaseOfTheirBuffer) {
+  auto server = StartLeased(30);
+  auto client = server->Connect();
+  ASSERT_TRUE(CreateLeased(*client, 0, "x", 8).ok());
+  for (const auto& [name, ttl, expected] :
+       {std::tuple<std::string, double, double>{"", 0, 30}, {"own", 45, 45}}) {
+    SCOPED_TRACE(name);
+    v1::SubmitRequest submit = Double("x");
+    submit.mutable_elementwise()->mutable_output()->set_name(name);
+    submit.mutable_elementwise()->mutable_output()->set_ttl_seconds(ttl);
+    absl::StatusOr<v1::Operation> submitted = client->Submit(submit);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ASSERT_EQ(submitted->outputs_size(), 1);
+    absl::StatusOr<v1::Operation> got = client->GetOperation(submitted->id());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->outputs_size(), 1);
+    std::optional<v1::BufferInfo> listed = ListedInfo(*client, submitted->outputs(0).id());
+    ASSERT_TRUE(listed.has_value());
+    EXPECT_DOUBLE_EQ(listed->ttl_seconds(), expected);
+    EXPECT_GT(listed->lease_expire_time_unix_nanos(), absl::ToUnixNanos(absl::Now()));
+    for (const v1::Operation* op : {&*submitted, &*got}) {
+      const v1::BufferInfo& out = op->outputs(0);
+      EXPECT_DOUBLE_EQ(out.ttl_seconds(), expected);
+      // The same deadline, read through the wall clock at two moments.
+      EXPECT_NEAR(static_cast<double>(out.lease_expire_time_unix_nanos()),
+                  static_cast<double>(listed->lease_expire_time_unix_nanos()), 5e6);
+    }
+  }
 }
 
 // A server goes away while its timer thread is inside a lease sweep: with sweeps back to
