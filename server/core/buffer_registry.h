@@ -217,6 +217,8 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> Remove(absl::string_view client, absl::string_view ref);
   // The client's buffers, oldest first.
   std::vector<BufferHandle> List(absl::string_view client) const;
+  // The buffers of every client of `tenant` ("": the scopes of no tenant), oldest first.
+  std::vector<BufferHandle> ListTenant(absl::string_view tenant) const;
   // Every client's named buffers, in no particular order (for persistence).
   std::vector<BufferHandle> ListNamed() const;
   size_t size() const;
@@ -241,6 +243,9 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static std::string NameKey(absl::string_view client, absl::string_view name);
+  // The unexpired buffers `keep` picks, oldest first.
+  std::vector<BufferHandle> ListWhere(absl::FunctionRef<bool(const BufferEntry&)> keep) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void NotifyRemoved(const BufferEntry& entry) ABSL_LOCKS_EXCLUDED(mu_, listener_mu_);
 
   Backend& backend_;

@@ -23,9 +23,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/limits.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/persistence/persist_format.h"
+#include "server/tenancy/auth.h"
 #include "tests/support/spawn_server.h"
 #include "tests/support/test_server.h"
 
@@ -797,6 +799,201 @@ TEST_F(PersistTest, RestartUnderLoadLosesNoNamedBuffer) {
   fs::remove(second.log);
 }
 #endif  // GPUCOMPUTE_SERVER_BIN
+
+// ---------------------------------------------------------------------------
+// Buffers persisted without authentication, restored by a server with it.
+
+constexpr char kAliceToken[] = "alice-token-5d1f0e";
+constexpr char kAdminToken[] = "root-token-8b3c27";
+
+class UnauthenticatedPersistTest : public PersistTest {
+ protected:
+  void SetUp() override {
+    PersistTest::SetUp();
+    fs::create_directories(dir_);
+    tokens_ = dir_.parent_path() / (dir_.filename().string() + ".tokens");
+    WriteAll(tokens_, absl::StrCat(kAliceToken, " alice\n", kAdminToken, " ops admin\n"));
+  }
+  void TearDown() override {
+    fs::remove(tokens_);
+    for (int run = 0; run <= 2; ++run) fs::remove(Log(run));
+    PersistTest::TearDown();
+  }
+
+  // Starts the server program on dir_ with `flags` besides, logging to run `run`'s log.
+  Program Start(int run, const std::vector<std::string>& flags) {
+    std::vector<std::string> all = {"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=2",
+                                    "--persist-dir=" + dir_.string()};
+    all.insert(all.end(), flags.begin(), flags.end());
+    return Spawn(all, Log(run));
+  }
+  fs::path Log(int run) const {
+    return dir_.parent_path() / absl::StrCat(dir_.filename().string(), "_", run, ".log");
+  }
+  // Puts a named buffer into dir_ as a server without authentication persists it, from
+  // client "lab"; returns its id.
+  std::string PersistWithoutAuthentication(const std::string& name) {
+    Program p = Start(0, {});
+    const int port = PortOf(p);
+    EXPECT_NE(port, 0) << ReadAll(p.log);
+    auto client = ConnectTo(port, "lab");
+    absl::StatusOr<v1::BufferInfo> b =
+        client == nullptr ? absl::UnavailableError("no client")
+                          : UploadArray<double>(*client, kData, {}, v1::LAYOUT_C, name);
+    EXPECT_TRUE(b.ok()) << b.status();
+    client.reset();
+    EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+    return b.ok() ? b->id() : std::string();
+  }
+  std::unique_ptr<Client> Connect(int port, const std::string& token, const std::string& name) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", port);
+    options.client_name = name;
+    options.token = token;
+    options.timeout = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static inline const std::vector<double> kData = {1.5, -2, 3.25};
+  fs::path tokens_;
+};
+
+// ListBuffers and DeleteBuffer naming a tenant, as the caller of `token`.
+class TenantBufferCalls {
+ public:
+  TenantBufferCalls(int port, std::string token)
+      : stub_(v1::BufferService::NewStub(grpc::CreateChannel(
+            absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()))),
+        token_(std::move(token)) {}
+
+  absl::StatusOr<v1::ListBuffersResponse> List(const std::string& tenant) {
+    v1::ListBuffersRequest request;
+    request.set_tenant(tenant);
+    v1::ListBuffersResponse response;
+    auto context = Context();
+    grpc::Status s = stub_->ListBuffers(context.get(), request, &response);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    return response;
+  }
+  absl::Status Delete(const std::string& tenant, const std::string& buffer) {
+    v1::DeleteBufferRequest request;
+    request.set_tenant(tenant);
+    request.set_buffer(buffer);
+    v1::DeleteBufferResponse response;
+    auto context = Context();
+    grpc::Status s = stub_->DeleteBuffer(context.get(), request, &response);
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return context;
+  }
+
+  std::unique_ptr<v1::BufferService::Stub> stub_;
+  std::string token_;
+};
+
+// With --unauthenticated-tenant, the tenant named gets the buffers persisted without
+// authentication, under their clients' names, and keeps them across later restarts.
+TEST_F(UnauthenticatedPersistTest, TheNamedTenantGetsThem) {
+  const std::string id = PersistWithoutAuthentication("kept");
+  ASSERT_FALSE(id.empty());
+  for (int run = 1; run <= 2; ++run) {
+    SCOPED_TRACE(run);
+    // The second run has no flag: the buffer was written back as alice's.
+    std::vector<std::string> flags = {"--tokens-file=" + tokens_.string()};
+    if (run == 1) flags.push_back("--unauthenticated-tenant=alice");
+    Program p = Start(run, flags);
+    const int port = PortOf(p);
+    ASSERT_NE(port, 0) << ReadAll(p.log);
+    EXPECT_FALSE(absl::StrContains(ReadAll(p.log), "persisted without authentication"));
+    auto alice = Connect(port, kAliceToken, "lab");
+    ASSERT_NE(alice, nullptr);
+    absl::StatusOr<std::vector<double>> got = DownloadArray<double>(*alice, "kept");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, kData);
+    absl::StatusOr<v1::BufferInfo> info = alice->GetBuffer(id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->name(), "kept");
+    absl::StatusOr<v1::ListBuffersResponse> none =
+        TenantBufferCalls(port, kAdminToken).List(std::string(kUnauthenticatedTenantName));
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->buffers_size(), 0);
+    alice.reset();
+    EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+  }
+}
+
+// Without the flag they are restored into no tenant: the start says how many and how to
+// reach them, no tenant sees them, and the admin lists and deletes them; then the next
+// start restores nothing.
+TEST_F(UnauthenticatedPersistTest, TheAdminListsAndDeletesThemWithoutTheFlag) {
+  const std::string id = PersistWithoutAuthentication("stray");
+  ASSERT_FALSE(id.empty());
+  const std::vector<std::string> flags = {"--tokens-file=" + tokens_.string()};
+  Program p = Start(1, flags);
+  const int port = PortOf(p);
+  ASSERT_NE(port, 0) << ReadAll(p.log);
+  const std::string log = ReadAll(p.log);
+  EXPECT_TRUE(absl::StrContains(
+      log, "buffers persisted without authentication and restored into no tenant, which no token "
+           "reaches: 1."))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "naming tenant '(unauthenticated)'")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--unauthenticated-tenant=NAME")) << log;
+
+  auto alice = Connect(port, kAliceToken, "lab");
+  ASSERT_NE(alice, nullptr);
+  EXPECT_EQ(alice->GetBuffer(id).status().code(), absl::StatusCode::kNotFound);
+  TenantBufferCalls as_alice(port, kAliceToken);
+  TenantBufferCalls as_admin(port, kAdminToken);
+  const std::string unauthenticated(kUnauthenticatedTenantName);
+  absl::StatusOr<v1::ListBuffersResponse> refused = as_alice.List(unauthenticated);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.status().message(),
+            "listing a tenant's buffers needs an admin token; tenant 'alice' is not an admin");
+  absl::Status not_hers = as_alice.Delete(unauthenticated, id);
+  EXPECT_EQ(not_hers.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(not_hers.message(),
+            "deleting a tenant's buffer needs an admin token; tenant 'alice' is not an admin");
+
+  absl::StatusOr<v1::ListBuffersResponse> listed = as_admin.List(unauthenticated);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->buffers_size(), 1);
+  EXPECT_EQ(listed->buffers(0).id(), id);
+  EXPECT_EQ(listed->buffers(0).name(), "stray");
+  EXPECT_EQ(listed->total_bytes(), kData.size() * sizeof(double));
+  // By name it is refused, and nothing goes.
+  absl::Status by_name = as_admin.Delete(unauthenticated, "stray");
+  EXPECT_EQ(by_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(by_name.message(), "name the buffer by its id")) << by_name;
+  ASSERT_TRUE(as_admin.List(unauthenticated).ok());
+  EXPECT_EQ(as_admin.List(unauthenticated)->buffers_size(), 1);
+
+  EXPECT_TRUE(as_admin.Delete(unauthenticated, id).ok());
+  absl::StatusOr<v1::ListBuffersResponse> after = as_admin.List(unauthenticated);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->buffers_size(), 0);
+  alice.reset();
+  EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+  EXPECT_TRUE(Files().empty());
+
+  Program q = Start(2, flags);
+  const int again = PortOf(q);
+  ASSERT_NE(again, 0) << ReadAll(q.log);
+  EXPECT_TRUE(absl::StrContains(ReadAll(q.log), "restored 0 buffers")) << ReadAll(q.log);
+  EXPECT_FALSE(absl::StrContains(ReadAll(q.log), "persisted without authentication"));
+  absl::StatusOr<v1::ListBuffersResponse> gone = TenantBufferCalls(again, kAdminToken).List(unauthenticated);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->buffers_size(), 0);
+  EXPECT_EQ(Terminate(q), 0) << ReadAll(q.log);
+}
 
 }  // namespace
 }  // namespace gpucompute::testing
