@@ -995,5 +995,34 @@ TEST_F(UnauthenticatedPersistTest, TheAdminListsAndDeletesThemWithoutTheFlag) {
   EXPECT_EQ(Terminate(q), 0) << ReadAll(q.log);
 }
 
+// --unauthenticated-tenant names a tenant and needs what it applies to: a persist
+// directory and authentication.
+TEST_F(UnauthenticatedPersistTest, TheFlagIsRefusedWhereItCannotApply) {
+  const struct {
+    std::string tenant;
+    bool tokens;
+    std::string persist_dir;
+    std::string says;
+  } cases[] = {
+      {"no tenant!", true, dir_.string(),
+       "unauthenticated tenant 'no tenant!': a tenant name must be 1 to 64 characters"},
+      {"alice", false, dir_.string(), "this server has no authentication"},
+      {"alice", true, "", "this server has no --persist-dir"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.says);
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.backend = "cpu";
+    options.measure_copy_ceiling = false;
+    options.unauthenticated_tenant = c.tenant;
+    options.persist_dir = c.persist_dir;
+    if (c.tokens) options.tokens_file = tokens_.string();
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(server.status().message(), c.says)) << server.status();
+  }
+}
+
 }  // namespace
 }  // namespace gpucompute::testing
