@@ -412,6 +412,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         "configure --tokens-file or --tls-client-ca, listen on a loopback address, or pass "
         "--allow-insecure-remote to serve without authentication anyway"));
   }
+  if (!options.unauthenticated_tenant.empty()) {
+    if (absl::Status s = ValidateTenantName(options.unauthenticated_tenant); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("unauthenticated tenant '",
+                                                     options.unauthenticated_tenant,
+                                                     "': ", s.message()));
+    }
+    if (!authenticated || options.persist_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "an unauthenticated tenant applies to buffers restored from --persist-dir by a server "
+          "with authentication (--tokens-file or --tls-client-ca); this server has no " +
+          std::string(options.persist_dir.empty() ? "--persist-dir" : "authentication"));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    ListenCredentials(options));
   auto impl = std::make_unique<Impl>();
@@ -475,9 +488,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // Restored before the server serves: clients that come back find their buffers.
     impl->persister = std::make_unique<BufferPersister>(*impl->backend, *impl->executor,
                                                         *impl->registry, options.persist_dir);
-    ASSIGN_OR_RETURN(const size_t restored, impl->persister->Restore());
+    ASSIGN_OR_RETURN(const BufferPersister::Restored restored,
+                     impl->persister->Restore(authenticated, options.unauthenticated_tenant));
     Log(LogLevel::kInfo,
-        absl::StrCat("restored ", restored, " buffers from ", options.persist_dir));
+        absl::StrCat("restored ", restored.buffers, " buffers from ", options.persist_dir));
+    if (restored.stranded != 0) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("buffers persisted without authentication and restored into no tenant, "
+                       "which no token reaches: ",
+                       restored.stranded,
+                       ". An admin lists and deletes them with ListBuffers and DeleteBuffer "
+                       "naming tenant '",
+                       kUnauthenticatedTenantName,
+                       "'; or restart with --unauthenticated-tenant=NAME to restore them into "
+                       "tenant NAME"));
+    }
     impl->ctx->persistence_enabled = true;
   }
   if (options.measure_copy_ceiling) {

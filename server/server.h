@@ -101,6 +101,11 @@ struct ServerOptions {
   std::string persist_dir;
   // With persist_dir: also write named buffers this often; zero only at shutdown.
   absl::Duration snapshot_interval = absl::ZeroDuration();
+  // With persist_dir and authentication: the tenant that the buffers persisted without
+  // authentication are restored into, each client keeping its name. Empty leaves them in
+  // no tenant, where an admin lists and deletes them (kUnauthenticatedTenantName), and
+  // the start logs how many there are.
+  std::string unauthenticated_tenant;
 
   // TLS: PEM files of the server's certificate chain and private key; both or neither.
   // With tls_client_ca_file (PEM) set as well, clients must present a certificate it

@@ -199,6 +199,10 @@ ABSL_FLAG(gpucompute::Seconds, default_result_ttl, {},
 ABSL_FLAG(std::string, persist_dir, "",
           "write every named buffer to this directory at shutdown (after in-flight work) "
           "and restore them at start; empty persists nothing");
+ABSL_FLAG(std::string, unauthenticated_tenant, "",
+          "with --persist-dir and authentication: restore the buffers persisted without "
+          "authentication into this tenant; empty leaves them to an admin, as tenant "
+          "'(unauthenticated)'");
 ABSL_FLAG(absl::Duration, snapshot_interval, absl::ZeroDuration(),
           "with --persist-dir, also write the named buffers this often (e.g. 5m); 0 only "
           "at shutdown");
@@ -276,6 +280,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"default_result_ttl", "SECONDS"},
     {"persist_dir", "DIR"},
     {"snapshot_interval", "DURATION"},
+    {"unauthenticated_tenant", "NAME"},
     {"tls_cert", "PATH"},
     {"tls_key", "PATH"},
     {"tls_client_ca", "PATH"},
@@ -516,6 +521,7 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   }
   o.persist_dir = absl::GetFlag(FLAGS_persist_dir);
   o.snapshot_interval = absl::GetFlag(FLAGS_snapshot_interval);
+  o.unauthenticated_tenant = absl::GetFlag(FLAGS_unauthenticated_tenant);
   if (o.snapshot_interval < absl::ZeroDuration()) {
     parsed.outcome = ParsedCommandLine::Outcome::kError;
     parsed.error = "--snapshot-interval: must not be negative";

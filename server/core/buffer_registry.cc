@@ -159,6 +159,7 @@ absl::StatusOr<BufferHandle> BufferRegistry::Allocate(absl::string_view client,
   entry->memory = std::move(memory);
   entry->exportable = exportable;
   entry->charge = std::move(charge);
+  entry->live_lease = std::shared_ptr<const Lease>(entry, &entry->lease);
   return entry;
 }
 
@@ -310,12 +311,22 @@ void BufferRegistry::NotifyRemoved(const BufferEntry& entry) {
 }
 
 std::vector<BufferHandle> BufferRegistry::List(absl::string_view client) const {
+  return ListWhere([client](const BufferEntry& entry) { return entry.client == client; });
+}
+
+std::vector<BufferHandle> BufferRegistry::ListTenant(absl::string_view tenant) const {
+  return ListWhere(
+      [tenant](const BufferEntry& entry) { return TenantOfScope(entry.client) == tenant; });
+}
+
+std::vector<BufferHandle> BufferRegistry::ListWhere(
+    absl::FunctionRef<bool(const BufferEntry&)> keep) const {
   std::vector<BufferHandle> out;
   {
     absl::ReaderMutexLock lock(&mu_);
     const int64_t now = SteadyNanos();
     for (const auto& [id, entry] : by_id_) {
-      if (entry->client == client && !entry->lease.ExpiredAt(now)) out.push_back(entry);
+      if (keep(*entry) && !entry->lease.ExpiredAt(now)) out.push_back(entry);
     }
   }
   std::sort(out.begin(), out.end(), [](const BufferHandle& a, const BufferHandle& b) {

@@ -92,6 +92,8 @@ class MemoryLimiter {
   absl::flat_hash_map<std::string, uint64_t> tenant_used_ ABSL_GUARDED_BY(mu_);
 };
 
+struct Lease;
+
 // What a buffer is, without its memory: cheap to copy into results.
 struct BufferMeta {
   std::string id;
@@ -102,6 +104,10 @@ struct BufferMeta {
   Layout layout = Layout::kC;
   int device = 0;
   int64_t create_time_unix_nanos = 0;
+  // The buffer's lease (BufferEntry::lease), so that a copy reports the lease as it is
+  // when read, not as it was when copied; weak, so that a copy keeps nothing alive. Set
+  // by BufferRegistry::Allocate.
+  std::weak_ptr<const Lease> live_lease;
 
   uint64_t num_elements() const;
   uint64_t size_bytes() const { return num_elements() * DTypeSize(dtype); }
@@ -110,9 +116,15 @@ struct BufferMeta {
 // A buffer's lease: a time-to-live, and the steady-clock deadline at which the buffer
 // expires unless something renews it first. Atomic because lookups renew it under the
 // registry's shared lock; a ttl of 0 means no lease.
+//
+// While operations that write the buffer are queued or running, the lease does not run:
+// a result cannot expire before it exists, however long its operation waits or runs.
+// The Executor holds the lease from the submission of each such operation and lets go
+// at its completion, which starts the lease afresh.
 struct Lease {
   std::atomic<int64_t> ttl_nanos{0};
   std::atomic<int64_t> deadline_nanos{0};  // steady clock, since its epoch
+  std::atomic<int32_t> writers{0};         // operations holding it (Hold)
 
   // Sets the ttl (0 ends the lease) and renews it from `now`.
   void Set(int64_t ttl, int64_t now) {
@@ -123,7 +135,18 @@ struct Lease {
     const int64_t ttl = ttl_nanos.load();
     if (ttl > 0) deadline_nanos.store(now + ttl);
   }
-  bool ExpiredAt(int64_t now) const { return ttl_nanos.load() > 0 && deadline_nanos.load() <= now; }
+  void Hold() { writers.fetch_add(1); }
+  // Renews first: a sweep that finds no writer left then finds the new deadline too.
+  void Unhold(int64_t now) {
+    Renew(now);
+    writers.fetch_sub(1);
+  }
+  // Whether an operation that writes the buffer is queued or running: the deadline is
+  // not known yet.
+  bool held() const { return writers.load() > 0; }
+  bool ExpiredAt(int64_t now) const {
+    return ttl_nanos.load() > 0 && writers.load() == 0 && deadline_nanos.load() <= now;
+  }
 };
 
 // Nanoseconds on the steady clock, the clock of lease deadlines.
@@ -194,6 +217,8 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> Remove(absl::string_view client, absl::string_view ref);
   // The client's buffers, oldest first.
   std::vector<BufferHandle> List(absl::string_view client) const;
+  // The buffers of every client of `tenant` ("": the scopes of no tenant), oldest first.
+  std::vector<BufferHandle> ListTenant(absl::string_view tenant) const;
   // Every client's named buffers, in no particular order (for persistence).
   std::vector<BufferHandle> ListNamed() const;
   size_t size() const;
@@ -218,6 +243,9 @@ class BufferRegistry {
   absl::StatusOr<BufferHandle> LookupLocked(absl::string_view client, absl::string_view ref) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static std::string NameKey(absl::string_view client, absl::string_view name);
+  // The unexpired buffers `keep` picks, oldest first.
+  std::vector<BufferHandle> ListWhere(absl::FunctionRef<bool(const BufferEntry&)> keep) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void NotifyRemoved(const BufferEntry& entry) ABSL_LOCKS_EXCLUDED(mu_, listener_mu_);
 
   Backend& backend_;

@@ -508,6 +508,12 @@ absl::Status Executor::SubmitLocked(absl::string_view client, const SubmitItem& 
   op->stream_state_ = s;
   op->submit_time_ = Clock::now();
   TrackHazardsLocked(op, spec.accesses);
+  // What it writes cannot expire until it is done (CompleteLocked starts the lease).
+  for (const Access& a : spec.accesses) {
+    if (!a.write) continue;
+    a.buffer->lease.Hold();
+    op->held_leases_.push_back(&a.buffer->lease);
+  }
 
   s->pending.push_back(op);
   s->last = op;

@@ -201,6 +201,9 @@ class Operation final : public Work {
   TenantTally* tenant_ = nullptr;  // set at submission
   std::shared_ptr<StreamState> stream_state_;
   std::vector<BufferHandle> buffers_;  // kept alive until the operation completes
+  // The leases of the buffers it writes, held from its submission to its completion
+  // (Lease::Hold); buffers_ keeps them alive.
+  std::vector<Lease*> held_leases_;
   absl::AnyInvocable<absl::StatusOr<LaunchInfo>(Stream&, OpResult&)> launch_;
   bool capturable_ = false;  // OpSpec::capturable
   // The profiler range of its launch: "elementwise buf-a buf-b -> buf-c".

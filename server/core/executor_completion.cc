@@ -49,6 +49,10 @@ void Executor::CompleteLocked(const std::shared_ptr<Operation>& op, absl::Status
   st.state = status.ok() ? OperationStatus::State::kSucceeded : OperationStatus::State::kFailed;
   st.error = status;
   if (!status.ok()) st.result = OpResult{};
+  // The leases of what it wrote start now, when the results exist, not at submission.
+  const int64_t now = SteadyNanos();
+  for (Lease* lease : op->held_leases_) lease->Unhold(now);
+  op->held_leases_.clear();
 
   // Each of the API's operations it stands for, with an even share of the time.
   OperationMember one;

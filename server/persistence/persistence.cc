@@ -19,6 +19,7 @@
 #include "common/crc32c.h"
 #include "server/util/log.h"
 #include "server/persistence/persist_format.h"
+#include "server/tenancy/auth.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute {
@@ -99,7 +100,8 @@ std::string Join(const std::string& dir, absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<size_t> BufferPersister::Restore() {
+absl::StatusOr<BufferPersister::Restored> BufferPersister::Restore(
+    bool authenticated, absl::string_view unauthenticated_tenant) {
   if (mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) return Errno("cannot create", dir_);
   std::vector<std::string> names;
   {
@@ -110,7 +112,7 @@ absl::StatusOr<size_t> BufferPersister::Restore() {
   }
   // In name order: the same files restore the same way, whatever the directory's order.
   std::sort(names.begin(), names.end());
-  size_t restored = 0;
+  Restored restored;
   absl::MutexLock lock(&mu_);
   for (const std::string& name : names) {
     const std::string path = Join(dir_, name);
@@ -122,17 +124,22 @@ absl::StatusOr<size_t> BufferPersister::Restore() {
       unlink(path.c_str());
       continue;
     }
-    if (absl::Status s = RestoreFile(path); !s.ok()) {
+    bool stranded = false;
+    if (absl::Status s = RestoreFile(path, authenticated, unauthenticated_tenant, &stranded);
+        !s.ok()) {
       Log(LogLevel::kWarning, absl::StrCat(path, ": not restored: ", s.message()));
       continue;
     }
     known_files_.insert(name);
-    ++restored;
+    ++restored.buffers;
+    restored.stranded += stranded;
   }
   return restored;
 }
 
-absl::Status BufferPersister::RestoreFile(const std::string& path) {
+absl::Status BufferPersister::RestoreFile(const std::string& path, bool authenticated,
+                                          absl::string_view unauthenticated_tenant,
+                                          bool* stranded) {
   Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Errno("cannot open", path);
   struct stat st;
@@ -149,6 +156,11 @@ absl::Status BufferPersister::RestoreFile(const std::string& path) {
   RETURN_IF_ERROR(ReadFull(fd.get(), header.data() + kPersistPrefixBytes,
                            header_bytes - kPersistPrefixBytes, path));
   ASSIGN_OR_RETURN(PersistedHeader h, DecodePersistHeader(header));
+  // Persisted without authentication: its scope is its client's name alone.
+  const bool unauthenticated = authenticated && TenantOfScope(h.scope).empty();
+  if (unauthenticated && !unauthenticated_tenant.empty()) {
+    h.scope = ScopeOf(unauthenticated_tenant, h.scope);
+  }
   const uint64_t rest = file_bytes - header_bytes;
   if (rest < 4 || rest - 4 != h.payload_bytes) {
     return absl::InvalidArgumentError(
@@ -192,7 +204,9 @@ absl::Status BufferPersister::RestoreFile(const std::string& path) {
       return absl::DataLossError("the payload's CRC32C does not match: the file is corrupt");
     }
   }
-  return registry_.Register(entry);
+  RETURN_IF_ERROR(registry_.Register(entry));
+  *stranded = unauthenticated && unauthenticated_tenant.empty();
+  return absl::OkStatus();
 }
 
 absl::Status BufferPersister::WriteBuffer(const BufferHandle& buffer) {

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -33,8 +34,20 @@ class BufferPersister {
   // (foreign, corrupt, truncated, of another format version, its id or name taken, over
   // the memory limit) is reported on stderr, naming the file and why, and left as it
   // is; so is a temporary file of an interrupted write, which is removed. Fails only
-  // when the directory cannot be used. Returns the buffers restored.
-  absl::StatusOr<size_t> Restore();
+  // when the directory cannot be used.
+  //
+  // A server without authentication files every buffer in the one unnamed tenant ""
+  // (server/tenancy/auth.h). When this server authenticates its callers
+  // (`authenticated`), such a buffer is restored into `unauthenticated_tenant`, its
+  // client's name kept (and is written back there), or, with no such tenant, into the
+  // unnamed tenant, which no token names: only an admin reaches it there, as
+  // kUnauthenticatedTenantName, and it is counted as stranded.
+  struct Restored {
+    size_t buffers = 0;
+    size_t stranded = 0;  // of them, left in the unnamed tenant behind authentication
+  };
+  absl::StatusOr<Restored> Restore(bool authenticated = false,
+                                   absl::string_view unauthenticated_tenant = "");
 
   // Writes every named buffer (after the work writing it that was queued before), each
   // atomically: a temporary file in the directory, fsync, rename, fsync of the
@@ -51,7 +64,10 @@ class BufferPersister {
   const std::string& dir() const { return dir_; }
 
  private:
-  absl::Status RestoreFile(const std::string& path);
+  // Restores one file; *stranded tells whether the buffer was left in the unnamed tenant
+  // behind authentication (see Restore).
+  absl::Status RestoreFile(const std::string& path, bool authenticated,
+                           absl::string_view unauthenticated_tenant, bool* stranded);
   absl::Status WriteBuffer(const BufferHandle& buffer);
 
   Backend& backend_;

@@ -5,14 +5,35 @@
 #include <chrono>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/wire_format.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
 #include "server/service/transfer_reactors.h"
+#include "server/tenancy/auth.h"
+#include "server/util/status_macros.h"
 
 namespace gpucompute {
+namespace {
+
+// The tenant a request of an admin names, as the registry files it ("" for
+// kUnauthenticatedTenantName). PERMISSION_DENIED, saying `what` was refused, for a caller
+// that is not an admin; INVALID_ARGUMENT for a name that is no tenant's.
+absl::StatusOr<std::string> NamedTenant(const Caller& caller, absl::string_view tenant,
+                                        absl::string_view what) {
+  RETURN_IF_ERROR(RequireAdmin(caller, what));
+  if (tenant == kUnauthenticatedTenantName) return std::string();
+  if (absl::Status s = ValidateTenantName(tenant); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant: ", s.message(), ", or '", kUnauthenticatedTenantName,
+        "' for the buffers persisted without authentication"));
+  }
+  return std::string(tenant);
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* BufferServiceImpl::CreateBuffer(grpc::CallbackServerContext* context,
                                                           const v1::CreateBufferRequest* request,
@@ -113,8 +134,17 @@ grpc::ServerUnaryReactor* BufferServiceImpl::ListBuffers(grpc::CallbackServerCon
                                                          v1::ListBuffersResponse* response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
+  std::vector<BufferHandle> buffers;
+  if (request->tenant().empty()) {
+    buffers = ctx_.registry.List(caller->scope);
+  } else {
+    absl::StatusOr<std::string> tenant =
+        NamedTenant(*caller, request->tenant(), "listing a tenant's buffers");
+    if (!tenant.ok()) return FinishNow(context, tenant.status());
+    buffers = ctx_.registry.ListTenant(*tenant);
+  }
   uint64_t total = 0;
-  for (const BufferHandle& b : ctx_.registry.List(caller->scope)) {
+  for (const BufferHandle& b : buffers) {
     ToProto(*b, response->add_buffers());
     total += b->size_bytes();
   }
@@ -127,7 +157,22 @@ grpc::ServerUnaryReactor* BufferServiceImpl::DeleteBuffer(grpc::CallbackServerCo
                                                           v1::DeleteBufferResponse* response) {
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return FinishNow(context, caller.status());
-  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(caller->scope, request->buffer());
+  std::string scope = caller->scope;
+  if (!request->tenant().empty()) {
+    absl::StatusOr<std::string> tenant =
+        NamedTenant(*caller, request->tenant(), "deleting a tenant's buffer");
+    if (!tenant.ok()) return FinishNow(context, tenant.status());
+    if (!request->buffer().empty() && !absl::StartsWith(request->buffer(), "buf-")) {
+      return FinishNow(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "with a tenant, name the buffer by its id ('buf-...'), not '",
+                                    request->buffer(),
+                                    "': names belong to a client; ListBuffers with the tenant "
+                                    "shows the ids")));
+    }
+    // A scope of the tenant with no client: an id resolves in every client of its tenant.
+    scope = ScopeOf(*tenant, "");
+  }
+  absl::StatusOr<BufferHandle> buffer = ctx_.registry.Remove(scope, request->buffer());
   if (!buffer.ok()) return FinishNow(context, buffer.status());
   // Answer once the work queued on the buffer is done; the memory goes with the last handle.
   auto* reactor = new DeferredReactor(caller->admission);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -124,14 +125,25 @@ void ToProto(const BufferMeta& meta, v1::BufferInfo* info) {
   info->set_create_time_unix_nanos(meta.create_time_unix_nanos);
 }
 
-void ToProto(const BufferEntry& entry, v1::BufferInfo* info) {
-  ToProto(static_cast<const BufferMeta&>(entry), info);
-  const int64_t ttl = entry.lease.ttl_nanos.load();
+namespace {
+
+// Sets info's ttl and expiry from `lease`; neither without a lease.
+void LeaseToProto(const Lease& lease, v1::BufferInfo* info) {
+  const int64_t ttl = lease.ttl_nanos.load();
   if (ttl == 0) return;
   info->set_ttl_seconds(static_cast<double>(ttl) / 1e9);
+  // A lease held by a writer starts when the writer completes: a ttl from now at the
+  // earliest.
+  const int64_t remaining = lease.held() ? ttl : lease.deadline_nanos.load() - SteadyNanos();
   // The deadline is on the steady clock; the API speaks wall-clock time.
-  const int64_t remaining = entry.lease.deadline_nanos.load() - SteadyNanos();
   info->set_lease_expire_time_unix_nanos(absl::ToUnixNanos(absl::Now()) + remaining);
+}
+
+}  // namespace
+
+void ToProto(const BufferEntry& entry, v1::BufferInfo* info) {
+  ToProto(static_cast<const BufferMeta&>(entry), info);
+  LeaseToProto(entry.lease, info);
 }
 
 v1::Operation::State ToProto(OperationStatus::State s) {
@@ -173,7 +185,12 @@ void ToProto(const OperationStatus& status, v1::Operation* op) {
   op->set_id(status.id);
   op->set_kind(ToProto(status.kind));
   op->set_stream_id(status.stream_id);
-  for (const BufferMeta& m : status.outputs) ToProto(m, op->add_outputs());
+  for (const BufferMeta& m : status.outputs) {
+    v1::BufferInfo* info = op->add_outputs();
+    ToProto(m, info);
+    // As GetBuffer reports it now: the lease has run since the operation was queued.
+    if (std::shared_ptr<const Lease> lease = m.live_lease.lock()) LeaseToProto(*lease, info);
+  }
   ToProtoOutcome(status, op);
 }
 

@@ -37,6 +37,7 @@ v1::OperationKind ToProto(OperationKind kind);
 void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
 // As above, with the buffer's lease.
 void ToProto(const BufferEntry& entry, v1::BufferInfo* info);
+// With each output's lease as it is now, as GetBuffer reports it.
 void ToProto(const OperationStatus& status, v1::Operation* op);
 v1::Operation::State ToProto(OperationStatus::State state);
 // What ToProto sets but the id, kind, stream and outputs, which are known once the

@@ -31,6 +31,11 @@ namespace gpucompute {
 
 inline constexpr char kScopeSeparator = '\x1f';
 inline constexpr size_t kMaxTenantNameBytes = 64;
+// What an admin calls the one unnamed tenant "" (ListBuffersRequest.tenant): with
+// authentication on, it holds the buffers persisted by a server without authentication
+// that no --unauthenticated-tenant gave a tenant, and no token names it. Not a tenant name
+// (ValidateTenantName refuses it), so no tenant of the tokens file can be taken for it.
+inline constexpr absl::string_view kUnauthenticatedTenantName = "(unauthenticated)";
 
 // The caller of one RPC, as IdentifyCaller (server/service/service_context.h) finds it.
 struct Caller {

@@ -750,6 +750,25 @@ void BadInputMatrixTest::AddBufferCases() {
         "ttl_seconds must be a finite number from 0 to 2592000");
   OtherTenantUnary(renew, "alice's buffer, with a new ttl", a_, kNoBuffer,
                    "buffer: $0 ttl_seconds: 1", "not found");
+
+  // A tenant named: for an admin alone, and only as a tenant name or "(unauthenticated)".
+  Unary("BufferService.ListBuffers", kNonAdmin, "another tenant's buffers, no admin", kAlice,
+        "tenant: \"bob\"", StatusCode::PERMISSION_DENIED,
+        "listing a tenant's buffers needs an admin token; tenant 'alice' is not an admin");
+  Unary("BufferService.ListBuffers", kMalformed, "a tenant that is no tenant name", kAdmin,
+        "tenant: \"bob smith\"", StatusCode::INVALID_ARGUMENT,
+        "tenant: a tenant name must be 1 to 64 characters of A-Z a-z 0-9 . _ -, or "
+        "'(unauthenticated)' for the buffers persisted without authentication");
+  Unary("BufferService.DeleteBuffer", kNonAdmin, "a buffer of no tenant, no admin", kAlice,
+        absl::Substitute("tenant: \"(unauthenticated)\" buffer: $0", Quoted(a_)),
+        StatusCode::PERMISSION_DENIED,
+        "deleting a tenant's buffer needs an admin token; tenant 'alice' is not an admin");
+  Unary("BufferService.DeleteBuffer", kWrongType, "a tenant's buffer by name", kAdmin,
+        "tenant: \"alice\" buffer: \"a\"", StatusCode::INVALID_ARGUMENT,
+        "with a tenant, name the buffer by its id ('buf-...'), not 'a'");
+  Unary("BufferService.DeleteBuffer", kOtherTenant, "alice's buffer, as bob's", kAdmin,
+        absl::Substitute("tenant: \"bob\" buffer: $0", Quoted(a_)), StatusCode::NOT_FOUND,
+        absl::StrCat("buffer ", a_, " not found"));
 }
 
 // The cases of an RPC whose request names one buffer in its field `buffer` and needs

@@ -17,13 +17,20 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <thread>
+#include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
+#include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/limits.h"
+#include "server/cpu/cpu_backend.h"
 #include "server/persistence/persist_format.h"
+#include "server/tenancy/auth.h"
 #include "tests/support/spawn_server.h"
 #include "tests/support/test_server.h"
 
@@ -214,6 +221,170 @@ TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->ttl_seconds(), 0);
   EXPECT_TRUE(client->GetBuffer("x").ok());
+}
+
+// The CPU backend, whose elementwise operations start and then hold their stream until
+// the test opens the gate: an operation that runs as long as the test wants.
+class GatedBackend final : public Backend {
+ public:
+  GatedBackend() : cpu_(2) {}
+
+  // Lets every elementwise operation, held or to come, run.
+  void Open() {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+  }
+  // Waits until an elementwise operation has started (and is held); false after 30 s.
+  bool WaitStarted() { return started_.WaitForNotificationWithTimeout(absl::Seconds(30)); }
+
+  absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
+                                         std::span<const DeviceMemory* const> inputs,
+                                         DeviceMemory& out, DType out_dtype, int64_t n) override {
+    absl::Status held = stream.OnComplete([this](absl::Status) {
+      if (!started_.HasBeenNotified()) started_.Notify();
+      gate_.WaitForNotification();
+    });
+    if (!held.ok()) return held;
+    return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
+  }
+
+  absl::string_view name() const override { return cpu_.name(); }
+  const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
+  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
+    return cpu_.Allocate(device, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
+    return cpu_.CreateStream(device);
+  }
+  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
+    return cpu_.ElapsedSeconds(start, end);
+  }
+  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
+                            uint64_t bytes) override {
+    return cpu_.CopyFromHost(stream, src, dst, dst_offset, bytes);
+  }
+  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
+                          uint64_t bytes) override {
+    return cpu_.CopyToHost(stream, src, src_offset, dst, bytes);
+  }
+  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
+                    uint64_t dst_offset, uint64_t bytes) override {
+    return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
+  }
+  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
+                    int64_t count) override {
+    return cpu_.Fill(stream, dst, dtype, value_bits, count);
+  }
+  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
+                      const ReduceShape& shape, DeviceMemory& out) override {
+    return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
+  }
+  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
+                    const DeviceMemory& a, const DeviceMemory& x, double beta,
+                    DeviceMemory& y) override {
+    return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
+  }
+  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
+                      int64_t n) override {
+    return cpu_.Random(stream, params, dtype, out, n);
+  }
+
+ private:
+  cpu::CpuBackend cpu_;
+  absl::Notification started_;
+  absl::Notification gate_;
+};
+
+// The buffer `id` as ListBuffers, which renews no lease, lists it.
+std::optional<v1::BufferInfo> ListedInfo(Client& client, const std::string& id) {
+  absl::StatusOr<v1::ListBuffersResponse> list = client.ListBuffers();
+  EXPECT_TRUE(list.ok()) << list.status();
+  if (!list.ok()) return std::nullopt;
+  for (const v1::BufferInfo& b : list->buffers()) {
+    if (b.id() == id) return b;
+  }
+  return std::nullopt;
+}
+
+bool Listed(Client& client, const std::string& id) { return ListedInfo(client, id).has_value(); }
+
+// A lease counts from the completion of the operation that writes the buffer: an
+// operation held running for longer than the default ttl still leaves its result, which
+// then expires a ttl after the last use.
+TEST(LeaseTest, AResultsLeaseStartsWhenItsOperationCompletes) {
+  auto backend = std::make_unique<GatedBackend>();
+  GatedBackend* gate = backend.get();
+  auto server = TestServer::StartWith(std::move(backend), 64 * kMiB, 2, [](ServerOptions& o) {
+    o.lease_sweep_interval = kSweep;
+    o.default_result_ttl_seconds = 1;
+  });
+  ASSERT_NE(server, nullptr);
+  absl::Cleanup open = [gate] { gate->Open(); };  // the server waits for held work
+  auto client = server->Connect();
+  ASSERT_TRUE(UploadArray<double>(*client, {1, 2, 3}, {}, v1::LAYOUT_C, "x").ok());
+  v1::SubmitRequest submit = Double("x");
+  submit.set_wait(false);
+  absl::StatusOr<v1::Operation> op = client->Submit(submit);
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_EQ(op->outputs_size(), 1);
+  const std::string result = op->outputs(0).id();
+  ASSERT_TRUE(gate->WaitStarted());
+  // Longer than the ttl, with the sweep running every 20 ms.
+  absl::SleepFor(absl::Milliseconds(1600));
+  EXPECT_TRUE(Listed(*client, result));
+  const absl::Time opened = absl::Now();
+  gate->Open();
+  absl::StatusOr<v1::Operation> done = client->WaitOperation(op->id(), 30);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::Operation::STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<double>> y = DownloadArray<double>(*client, result);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(*y, (std::vector<double>{2, 4, 6}));
+  const absl::Time used = absl::Now();
+  // Then the lease runs: the result goes a ttl after its last use (the download), and
+  // not before a ttl after the operation could complete.
+  absl::Time gone = absl::InfiniteFuture();
+  while (absl::Now() < used + absl::Seconds(10)) {
+    if (!Listed(*client, result)) {
+      gone = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(gone - opened, absl::Seconds(1));
+  EXPECT_LE(gone - used, absl::Seconds(4));
+  EXPECT_EQ(client->GetBuffer(result).status().code(), absl::StatusCode::kNotFound);
+}
+
+// An operation's outputs report the lease the buffer has, as the buffer service does:
+// the default result ttl, or the output's own.
+TEST(LeaseTest, OperationOutputsReportTheLeaseOfTheirBuffer) {
+  auto server = StartLeased(30);
+  auto client = server->Connect();
+  ASSERT_TRUE(CreateLeased(*client, 0, "x", 8).ok());
+  for (const auto& [name, ttl, expected] :
+       {std::tuple<std::string, double, double>{"", 0, 30}, {"own", 45, 45}}) {
+    SCOPED_TRACE(name);
+    v1::SubmitRequest submit = Double("x");
+    submit.mutable_elementwise()->mutable_output()->set_name(name);
+    submit.mutable_elementwise()->mutable_output()->set_ttl_seconds(ttl);
+    absl::StatusOr<v1::Operation> submitted = client->Submit(submit);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ASSERT_EQ(submitted->outputs_size(), 1);
+    absl::StatusOr<v1::Operation> got = client->GetOperation(submitted->id());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->outputs_size(), 1);
+    std::optional<v1::BufferInfo> listed = ListedInfo(*client, submitted->outputs(0).id());
+    ASSERT_TRUE(listed.has_value());
+    EXPECT_DOUBLE_EQ(listed->ttl_seconds(), expected);
+    EXPECT_GT(listed->lease_expire_time_unix_nanos(), absl::ToUnixNanos(absl::Now()));
+    for (const v1::Operation* op : {&*submitted, &*got}) {
+      const v1::BufferInfo& out = op->outputs(0);
+      EXPECT_DOUBLE_EQ(out.ttl_seconds(), expected);
+      // The same deadline, read through the wall clock at two moments.
+      EXPECT_NEAR(static_cast<double>(out.lease_expire_time_unix_nanos()),
+                  static_cast<double>(listed->lease_expire_time_unix_nanos()), 5e6);
+    }
+  }
 }
 
 // A server goes away while its timer thread is inside a lease sweep: with sweeps back to
@@ -824,6 +995,230 @@ TEST_F(PersistTest, ShutdownKeepsItsGraceWithLongWorkAndIdleConnections) {
   fs::remove(log);
 }
 #endif  // GPUCOMPUTE_SERVER_BIN
+
+// ---------------------------------------------------------------------------
+// Buffers persisted without authentication, restored by a server with it.
+
+constexpr char kAliceToken[] = "alice-token-5d1f0e";
+constexpr char kAdminToken[] = "root-token-8b3c27";
+
+class UnauthenticatedPersistTest : public PersistTest {
+ protected:
+  void SetUp() override {
+    PersistTest::SetUp();
+    fs::create_directories(dir_);
+    tokens_ = dir_.parent_path() / (dir_.filename().string() + ".tokens");
+    WriteAll(tokens_, absl::StrCat(kAliceToken, " alice\n", kAdminToken, " ops admin\n"));
+  }
+  void TearDown() override {
+    fs::remove(tokens_);
+    for (int run = 0; run <= 2; ++run) fs::remove(Log(run));
+    PersistTest::TearDown();
+  }
+
+  // Starts the server program on dir_ with `flags` besides, logging to run `run`'s log.
+  Program Start(int run, const std::vector<std::string>& flags) {
+    std::vector<std::string> all = {"--listen=127.0.0.1:0", "--backend=cpu", "--cpu-threads=2",
+                                    "--persist-dir=" + dir_.string()};
+    all.insert(all.end(), flags.begin(), flags.end());
+    return Spawn(all, Log(run));
+  }
+  fs::path Log(int run) const {
+    return dir_.parent_path() / absl::StrCat(dir_.filename().string(), "_", run, ".log");
+  }
+  // Puts a named buffer into dir_ as a server without authentication persists it, from
+  // client "lab"; returns its id.
+  std::string PersistWithoutAuthentication(const std::string& name) {
+    Program p = Start(0, {});
+    const int port = PortOf(p);
+    EXPECT_NE(port, 0) << ReadAll(p.log);
+    auto client = ConnectTo(port, "lab");
+    absl::StatusOr<v1::BufferInfo> b =
+        client == nullptr ? absl::UnavailableError("no client")
+                          : UploadArray<double>(*client, kData, {}, v1::LAYOUT_C, name);
+    EXPECT_TRUE(b.ok()) << b.status();
+    client.reset();
+    EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+    return b.ok() ? b->id() : std::string();
+  }
+  std::unique_ptr<Client> Connect(int port, const std::string& token, const std::string& name) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", port);
+    options.client_name = name;
+    options.token = token;
+    options.timeout = absl::Seconds(30);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static inline const std::vector<double> kData = {1.5, -2, 3.25};
+  fs::path tokens_;
+};
+
+// ListBuffers and DeleteBuffer naming a tenant, as the caller of `token`.
+class TenantBufferCalls {
+ public:
+  TenantBufferCalls(int port, std::string token)
+      : stub_(v1::BufferService::NewStub(grpc::CreateChannel(
+            absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()))),
+        token_(std::move(token)) {}
+
+  absl::StatusOr<v1::ListBuffersResponse> List(const std::string& tenant) {
+    v1::ListBuffersRequest request;
+    request.set_tenant(tenant);
+    v1::ListBuffersResponse response;
+    auto context = Context();
+    grpc::Status s = stub_->ListBuffers(context.get(), request, &response);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    return response;
+  }
+  absl::Status Delete(const std::string& tenant, const std::string& buffer) {
+    v1::DeleteBufferRequest request;
+    request.set_tenant(tenant);
+    request.set_buffer(buffer);
+    v1::DeleteBufferResponse response;
+    auto context = Context();
+    grpc::Status s = stub_->DeleteBuffer(context.get(), request, &response);
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return context;
+  }
+
+  std::unique_ptr<v1::BufferService::Stub> stub_;
+  std::string token_;
+};
+
+// With --unauthenticated-tenant, the tenant named gets the buffers persisted without
+// authentication, under their clients' names, and keeps them across later restarts.
+TEST_F(UnauthenticatedPersistTest, TheNamedTenantGetsThem) {
+  const std::string id = PersistWithoutAuthentication("kept");
+  ASSERT_FALSE(id.empty());
+  for (int run = 1; run <= 2; ++run) {
+    SCOPED_TRACE(run);
+    // The second run has no flag: the buffer was written back as alice's.
+    std::vector<std::string> flags = {"--tokens-file=" + tokens_.string()};
+    if (run == 1) flags.push_back("--unauthenticated-tenant=alice");
+    Program p = Start(run, flags);
+    const int port = PortOf(p);
+    ASSERT_NE(port, 0) << ReadAll(p.log);
+    EXPECT_FALSE(absl::StrContains(ReadAll(p.log), "persisted without authentication"));
+    auto alice = Connect(port, kAliceToken, "lab");
+    ASSERT_NE(alice, nullptr);
+    absl::StatusOr<std::vector<double>> got = DownloadArray<double>(*alice, "kept");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, kData);
+    absl::StatusOr<v1::BufferInfo> info = alice->GetBuffer(id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->name(), "kept");
+    absl::StatusOr<v1::ListBuffersResponse> none =
+        TenantBufferCalls(port, kAdminToken).List(std::string(kUnauthenticatedTenantName));
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->buffers_size(), 0);
+    alice.reset();
+    EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+  }
+}
+
+// Without the flag they are restored into no tenant: the start says how many and how to
+// reach them, no tenant sees them, and the admin lists and deletes them; then the next
+// start restores nothing.
+TEST_F(UnauthenticatedPersistTest, TheAdminListsAndDeletesThemWithoutTheFlag) {
+  const std::string id = PersistWithoutAuthentication("stray");
+  ASSERT_FALSE(id.empty());
+  const std::vector<std::string> flags = {"--tokens-file=" + tokens_.string()};
+  Program p = Start(1, flags);
+  const int port = PortOf(p);
+  ASSERT_NE(port, 0) << ReadAll(p.log);
+  const std::string log = ReadAll(p.log);
+  EXPECT_TRUE(absl::StrContains(
+      log, "buffers persisted without authentication and restored into no tenant, which no token "
+           "reaches: 1."))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "naming tenant '(unauthenticated)'")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--unauthenticated-tenant=NAME")) << log;
+
+  auto alice = Connect(port, kAliceToken, "lab");
+  ASSERT_NE(alice, nullptr);
+  EXPECT_EQ(alice->GetBuffer(id).status().code(), absl::StatusCode::kNotFound);
+  TenantBufferCalls as_alice(port, kAliceToken);
+  TenantBufferCalls as_admin(port, kAdminToken);
+  const std::string unauthenticated(kUnauthenticatedTenantName);
+  absl::StatusOr<v1::ListBuffersResponse> refused = as_alice.List(unauthenticated);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.status().message(),
+            "listing a tenant's buffers needs an admin token; tenant 'alice' is not an admin");
+  absl::Status not_hers = as_alice.Delete(unauthenticated, id);
+  EXPECT_EQ(not_hers.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(not_hers.message(),
+            "deleting a tenant's buffer needs an admin token; tenant 'alice' is not an admin");
+
+  absl::StatusOr<v1::ListBuffersResponse> listed = as_admin.List(unauthenticated);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->buffers_size(), 1);
+  EXPECT_EQ(listed->buffers(0).id(), id);
+  EXPECT_EQ(listed->buffers(0).name(), "stray");
+  EXPECT_EQ(listed->total_bytes(), kData.size() * sizeof(double));
+  // By name it is refused, and nothing goes.
+  absl::Status by_name = as_admin.Delete(unauthenticated, "stray");
+  EXPECT_EQ(by_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(by_name.message(), "name the buffer by its id")) << by_name;
+  ASSERT_TRUE(as_admin.List(unauthenticated).ok());
+  EXPECT_EQ(as_admin.List(unauthenticated)->buffers_size(), 1);
+
+  EXPECT_TRUE(as_admin.Delete(unauthenticated, id).ok());
+  absl::StatusOr<v1::ListBuffersResponse> after = as_admin.List(unauthenticated);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->buffers_size(), 0);
+  alice.reset();
+  EXPECT_EQ(Terminate(p), 0) << ReadAll(p.log);
+  EXPECT_TRUE(Files().empty());
+
+  Program q = Start(2, flags);
+  const int again = PortOf(q);
+  ASSERT_NE(again, 0) << ReadAll(q.log);
+  EXPECT_TRUE(absl::StrContains(ReadAll(q.log), "restored 0 buffers")) << ReadAll(q.log);
+  EXPECT_FALSE(absl::StrContains(ReadAll(q.log), "persisted without authentication"));
+  absl::StatusOr<v1::ListBuffersResponse> gone = TenantBufferCalls(again, kAdminToken).List(unauthenticated);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->buffers_size(), 0);
+  EXPECT_EQ(Terminate(q), 0) << ReadAll(q.log);
+}
+
+// --unauthenticated-tenant names a tenant and needs what it applies to: a persist
+// directory and authentication.
+TEST_F(UnauthenticatedPersistTest, TheFlagIsRefusedWhereItCannotApply) {
+  const struct {
+    std::string tenant;
+    bool tokens;
+    std::string persist_dir;
+    std::string says;
+  } cases[] = {
+      {"no tenant!", true, dir_.string(),
+       "unauthenticated tenant 'no tenant!': a tenant name must be 1 to 64 characters"},
+      {"alice", false, dir_.string(), "this server has no authentication"},
+      {"alice", true, "", "this server has no --persist-dir"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.says);
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.backend = "cpu";
+    options.measure_copy_ceiling = false;
+    options.unauthenticated_tenant = c.tenant;
+    options.persist_dir = c.persist_dir;
+    if (c.tokens) options.tokens_file = tokens_.string();
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(server.status().message(), c.says)) << server.status();
+  }
+}
 
 }  // namespace
 }  // namespace gpucompute::testing
