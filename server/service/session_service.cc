@@ -20,8 +20,8 @@ using SessionStream = grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionRes
 // done, on a thread of its own.
 class SessionReactor final : public SessionStream, private SessionIo {
  public:
-  SessionReactor(ServiceContext& ctx, Caller caller)
-      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope),
+  SessionReactor(ServiceContext& ctx, Caller caller, Credential credential)
+      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope), std::move(credential),
                                             static_cast<SessionIo*>(this))),
         admission_(std::move(caller.admission)) {
     core_->Start();
@@ -51,8 +51,15 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionService
   using Refuse = Refusal<SessionStream>;
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
+  // The session checks its token's standing before each request it acts on.
+  Credential credential;
+  if (ctx_.auth != nullptr) {
+    absl::StatusOr<Identity> identity = ctx_.auth->AuthenticateCall(*context);
+    if (!identity.ok()) return new Refuse(identity.status());
+    credential = identity->credential;
+  }
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  return new SessionReactor(ctx_, *std::move(caller));
+  return new SessionReactor(ctx_, *std::move(caller), std::move(credential));
 }
 
 }  // namespace gpucompute

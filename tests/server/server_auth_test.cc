@@ -930,7 +930,7 @@ bool InfoBecomes(Client& client, const std::function<bool(const v1::ServerInfo&)
   });
 }
 
-// A Session stream of a raw stub that sends nothing until destroyed.
+// A Session stream of a raw stub, held open until destroyed; AddOne sends one request.
 class HeldSession {
  public:
   HeldSession(const std::shared_ptr<grpc::Channel>& channel, const std::string& token)
@@ -940,14 +940,91 @@ class HeldSession {
   }
   ~HeldSession() {
     context_.TryCancel();
-    (void)stream_->Finish();
+    if (!finished_) (void)stream_->Finish();
+  }
+
+  // Sends `buffer` = `buffer` + 1 as one request, tagged `tag`, and reads its answer;
+  // when the call ends instead, returns its status.
+  absl::StatusOr<v1::Operation> AddOne(const std::string& buffer, const std::string& tag) {
+    v1::SessionRequest request;
+    v1::ChainStep* step = request.add_ops();
+    step->set_tag(tag);
+    v1::ElementwiseOp* add = step->mutable_op()->mutable_elementwise();
+    add->set_expression("x + 1");
+    (*add->mutable_inputs())["x"].set_buffer(buffer);
+    add->mutable_output()->set_buffer(buffer);
+    stream_->Write(request);
+    v1::SessionResponse response;
+    if (!stream_->Read(&response)) {
+      finished_ = true;
+      const grpc::Status status = stream_->Finish();
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    if (response.answers_size() != 1) return absl::InternalError("not one answer");
+    return response.answers(0).operation();
   }
 
  private:
   std::unique_ptr<v1::SessionService::Stub> stub_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  bool finished_ = false;
 };
+
+TEST_F(TokenTest, AReloadThatDropsATokenEndsTheSessionsItOpenedAtTheirNextRequest) {
+  absl::StatusOr<v1::BufferInfo> a = UploadArray(*alice_, std::vector<int32_t>{1, 2, 3});
+  absl::StatusOr<v1::BufferInfo> b = UploadArray(*bob_, std::vector<int32_t>{10, 20});
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  HeldSession alice_session(server_->RawChannel(), kAliceToken);
+  HeldSession bob_session(server_->RawChannel(), kBobToken);
+  absl::StatusOr<v1::Operation> ran = alice_session.AddOne(a->id(), "a1");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ran = bob_session.AddOne(b->id(), "b1");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+
+  // alice's token goes; a second token of hers comes, to look at her buffer afterwards.
+  dir_.Write("tokens", "bob-token-77d2e0 bob\nroot-token-c0ffee ops admin\nalice-token-2 alice\n");
+  ASSERT_OK(server_->server().Reload());
+  const Snapshot before = TakeSnapshot(*root_);
+  absl::StatusOr<v1::Operation> refused = alice_session.AddOne(a->id(), "a2");
+  EXPECT_EQ(refused.status(),
+            absl::UnauthenticatedError(
+                "the token this call was opened with was revoked (a reload of the server's "
+                "tokens file dropped it); open a new call with a token the file lists"));
+  // Nothing ran: alice's buffer holds what the first request left.
+  std::unique_ptr<Client> alice_again = As("alice-token-2");
+  ExpectValue(DownloadArray<int32_t>(*alice_again, a->id()), std::vector<int32_t>{2, 3, 4});
+  EXPECT_EQ(TakeSnapshot(*root_), before);
+
+  // bob's token stayed, and so does his session.
+  ran = bob_session.AddOne(b->id(), "b2");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ExpectValue(DownloadArray<int32_t>(*bob_, b->id()), std::vector<int32_t>{12, 22});
+
+  // alice's old token listed again is a new grant, which a new session works with.
+  dir_.Write("tokens", kTokens);
+  ASSERT_OK(server_->server().Reload());
+  HeldSession new_session(server_->RawChannel(), kAliceToken);
+  ran = new_session.AddOne(a->id(), "a3");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ExpectValue(DownloadArray<int32_t>(*alice_, a->id()), std::vector<int32_t>{3, 4, 5});
+}
+
+TEST_F(TokenTest, AReloadThatGivesATokenAnotherTenantRevokesItToo) {
+  HeldSession session(server_->RawChannel(), kBobToken);
+  absl::StatusOr<v1::BufferInfo> b = UploadArray(*bob_, std::vector<int32_t>{7});
+  ASSERT_OK(b);
+  ASSERT_OK(session.AddOne(b->id(), "b1"));
+  dir_.Write("tokens", "bob-token-77d2e0 carol\nroot-token-c0ffee ops admin\n");
+  ASSERT_OK(server_->server().Reload());
+  EXPECT_EQ(session.AddOne(b->id(), "b2").status().code(), absl::StatusCode::kUnauthenticated);
+}
 
 // An Upload stream of a raw stub that sends its header and then holds the upload open,
 // sending nothing, until Cancel or destruction.
