@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "server/service/proto_conversions.h"
@@ -65,6 +66,29 @@ class Refusal final : public Reactor {
   explicit Refusal(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
 };
+
+// Parses `bytes` into `message` as gRPC would, without copying them (a ByteBuffer's copy
+// refs its slices). INVALID_ARGUMENT "a malformed gpucompute.v1.X message", the words of
+// every RPC served raw, for bytes that do not parse.
+inline absl::Status ParseRequest(const grpc::ByteBuffer& bytes,
+                                 google::protobuf::MessageLite* message) {
+  grpc::ByteBuffer view = bytes;
+  if (grpc::SerializationTraits<google::protobuf::MessageLite>::Deserialize(&view, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("a malformed ", message->GetTypeName(), " message"));
+}
+
+// `message` serialized as gRPC would serialize it (into slices of its own, no copy after).
+inline grpc::ByteBuffer SerializeResponse(const google::protobuf::MessageLite& message) {
+  grpc::ByteBuffer bytes;
+  bool own_buffer = false;
+  // Fails only past protobuf's 2 GiB, which no response of this API comes near.
+  (void)grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(message, &bytes,
+                                                                            &own_buffer);
+  return bytes;
+}
 
 // Upload and Download are served in their raw form (grpc::ByteBuffer messages), so that
 // their reactors read and write chunk bytes without protobuf's copies; the wire format is
@@ -229,14 +253,15 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response);
 
-// SessionService on gRPC's callback API (session_service.cc).
+// SessionService on gRPC's callback API (session_service.cc), both methods raw: a
+// session parses its requests itself (ParseRequest) and a chain is known by its bytes.
 class SessionServiceImpl final
-    : public v1::SessionService::WithRawCallbackMethod_RunChain<
-          v1::SessionService::CallbackService> {
+    : public v1::SessionService::WithRawCallbackMethod_Session<
+          v1::SessionService::WithRawCallbackMethod_RunChain<v1::SessionService::Service>> {
  public:
   explicit SessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
 
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,

@@ -51,6 +51,11 @@ void SessionCore::OnReadDone(bool ok) {
   ReadFinished(ok, std::move(refusal));
 }
 
+void SessionCore::OnReadRefused(absl::Status why) {
+  request_.Clear();
+  ReadFinished(true, std::move(why));
+}
+
 void SessionCore::ReadFinished(bool ok, absl::Status refusal) {
   Actions actions;
   {

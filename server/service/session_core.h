@@ -45,6 +45,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   void Start();
   void OnReadDone(bool ok);
+  // The read completed with a message that cannot be served (`why`, e.g. bytes that do
+  // not parse): the session ends with that status once its operations are done.
+  void OnReadRefused(absl::Status why);
   void OnWriteDone(bool ok);
   void OnCancel();
   // The stream is gone (the call is over): nothing may call it any more.

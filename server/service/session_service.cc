@@ -14,10 +14,12 @@
 namespace gpucompute {
 namespace {
 
-using SessionStream = grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>;
+using SessionStream = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // Serves a session through the callback API: gRPC calls back when a read or a write is
-// done, on a thread of its own.
+// done, on a thread of its own. Served raw, so that a request that does not parse ends
+// the session with INVALID_ARGUMENT; gRPC's own parsing would report it as the end of
+// the requests.
 class SessionReactor final : public SessionStream, private SessionIo {
  public:
   SessionReactor(ServiceContext& ctx, Caller caller, Credential credential)
@@ -27,7 +29,14 @@ class SessionReactor final : public SessionStream, private SessionIo {
     core_->Start();
   }
 
-  void OnReadDone(bool ok) override { core_->OnReadDone(ok); }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (absl::Status parsed = ParseRequest(read_bytes_, request_); !parsed.ok()) {
+        return core_->OnReadRefused(std::move(parsed));
+      }
+    }
+    core_->OnReadDone(ok);
+  }
   void OnWriteDone(bool ok) override { core_->OnWriteDone(ok); }
   void OnCancel() override { core_->OnCancel(); }
   void OnDone() override {
@@ -36,17 +45,27 @@ class SessionReactor final : public SessionStream, private SessionIo {
   }
 
  private:
-  void Read(v1::SessionRequest* request) override { StartRead(request); }
-  void Write(const v1::SessionResponse* response) override { StartWrite(response); }
+  void Read(v1::SessionRequest* request) override {
+    request_ = request;
+    StartRead(&read_bytes_);
+  }
+  void Write(const v1::SessionResponse* response) override {
+    write_bytes_ = SerializeResponse(*response);
+    StartWrite(&write_bytes_);
+  }
   void End(grpc::Status status) override { Finish(std::move(status)); }
 
   std::shared_ptr<SessionCore> core_;
   std::shared_ptr<const void> admission_;  // the call's, until OnDone
+  // One read and one write at most are outstanding (SessionIo), each with its bytes.
+  v1::SessionRequest* request_ = nullptr;
+  grpc::ByteBuffer read_bytes_;
+  grpc::ByteBuffer write_bytes_;
 };
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionServiceImpl::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SessionServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   using Refuse = Refusal<SessionStream>;
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);

@@ -642,6 +642,7 @@ class BadInputMatrixTest : public ::testing::Test {
   void AddSharedMemoryCases();
   void AddSessionCases();
   void AddAuthenticationCases();
+  void AddUnparsableCases();
 
   std::string tokens_file_, quota_file_;
   std::unique_ptr<TestServer> server_;
@@ -1548,6 +1549,21 @@ void BadInputMatrixTest::AddAuthenticationCases() {
   }
 }
 
+// Bytes that parse as no message: a Session answers INVALID_ARGUMENT naming the type, as
+// the RPCs served raw always did (not a session ended OK as if the client had closed it).
+void BadInputMatrixTest::AddUnparsableCases() {
+  const std::string garbage = "\xff\xff";
+  const std::string session = "SessionService.Session";
+  Stream(session, kMalformed, "bytes that parse as no SessionRequest", kAlice, {garbage},
+         StatusCode::INVALID_ARGUMENT, "a malformed gpucompute.v1.SessionRequest message");
+  cases_.back().exact = true;
+  const std::string sum = "ops { tag: \"t\" op { reduce { input: \"a\" kind: REDUCE_KIND_SUM } } }";
+  Stream(session, kMalformed, "a good request, then bytes that parse as no SessionRequest", kAlice,
+         {Request(session, sum), garbage}, StatusCode::INVALID_ARGUMENT,
+         "a malformed gpucompute.v1.SessionRequest message");
+  cases_.back().exact = true;
+}
+
 // ---------------------------------------------------------------------------
 
 TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
@@ -1559,6 +1575,7 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
   AddSharedMemoryCases();
   AddSessionCases();
   AddAuthenticationCases();
+  AddUnparsableCases();
 
   const WorldSnapshot initial = TakeWorldSnapshot();
   WorldSnapshot before = initial;
