@@ -1549,10 +1549,19 @@ void BadInputMatrixTest::AddAuthenticationCases() {
   }
 }
 
-// Bytes that parse as no message: a Session answers INVALID_ARGUMENT naming the type, as
-// the RPCs served raw always did (not a session ended OK as if the client had closed it).
+// Bytes that parse as no message: every unary RPC and a Session answer INVALID_ARGUMENT
+// naming the type, as the RPCs served raw always did (not gRPC's UNIMPLEMENTED with no
+// message, nor a session ended OK as if the client had closed it).
 void BadInputMatrixTest::AddUnparsableCases() {
   const std::string garbage = "\xff\xff";
+  for (const std::string& rpc : AllRpcs()) {
+    const google::protobuf::MethodDescriptor* method = FindRpc(rpc);
+    if (method->client_streaming() || method->server_streaming()) continue;
+    Stream(rpc, kMalformed, "bytes that parse as no request", kAlice, {garbage},
+           StatusCode::INVALID_ARGUMENT,
+           absl::StrCat("a malformed ", method->input_type()->full_name(), " message"));
+    cases_.back().exact = true;
+  }
   const std::string session = "SessionService.Session";
   Stream(session, kMalformed, "bytes that parse as no SessionRequest", kAlice, {garbage},
          StatusCode::INVALID_ARGUMENT, "a malformed gpucompute.v1.SessionRequest message");
