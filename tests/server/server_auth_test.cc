@@ -1044,6 +1044,14 @@ class HeldUpload {
   }
   ~HeldUpload() { Cancel(); }
   bool ok() const { return ok_; }
+  // Half-closes the stream and waits for the server's answer (a refused header's).
+  grpc::Status Close() {
+    if (writer_ == nullptr) return status_;
+    writer_->WritesDone();
+    status_ = writer_->Finish();
+    writer_.reset();
+    return status_;
+  }
   // Ends the stream; returns the status the server answered it with.
   grpc::Status Cancel() {
     if (writer_ == nullptr) return status_;
@@ -1230,6 +1238,60 @@ TEST(TenantAdmissionTest, PlacesAreBoundedPerTenantAndKindAndGivenBack) {
   EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 1000u);
   many.clear();
   EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 0u);
+}
+
+TEST(TenantAdmissionTest, OneTenantsUploadsReserveAtMostHalfTheMemoryAndOthersStillAllocate) {
+  TempDir dir;
+  const std::string tokens = dir.Write("tokens", kTokens);
+  std::unique_ptr<TestServer> server = TestServer::StartWith(
+      nullptr, 64 * kMiB, 1, [&](ServerOptions& o) { o.tokens_file = tokens; });
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  std::unique_ptr<Client> bob = ConnectAs(*server, kBobToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+  const Snapshot at_rest = TakeSnapshot(*alice);
+
+  // A header that declares the whole memory limit reserves nothing: refused at once.
+  HeldUpload whole(server->RawChannel(), kAliceToken, 16 * kMiB);  // int32: 64 MiB
+  grpc::Status refused = whole.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "tenant 'alice' has 0 bytes reserved by uploads under way; this upload's 67108864 "
+            "more would pass the 33554432 bytes one tenant may reserve while others share the "
+            "server (--max-reserved-fraction-per-tenant=0.5 of the memory limit); wait for "
+            "those uploads to finish, or upload in parts");
+  EXPECT_EQ(TakeSnapshot(*alice), at_rest);
+
+  // 24 MiB fits, and is held; 12 MiB more would pass the bound.
+  HeldUpload held(server->RawChannel(), kAliceToken, 6 * kMiB);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(InfoBecomes(
+      *alice, [](const v1::ServerInfo& info) { return info.tenant_uploads_in_flight() == 1; }));
+  const Snapshot holding = TakeSnapshot(*alice);
+  HeldUpload more(server->RawChannel(), kAliceToken, 3 * kMiB);
+  refused = more.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("has 25165824 bytes reserved by uploads under way; "
+                                         "this upload's 12582912 more would pass the 33554432"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(TakeSnapshot(*alice), holding);
+
+  // bob allocates what alice's reservation leaves, while it is open.
+  v1::CreateBufferRequest create;
+  create.set_dtype(v1::DTYPE_FLOAT64);
+  create.add_shape(4 * kMiB);  // 32 MiB
+  absl::StatusOr<v1::BufferInfo> made = bob->CreateBuffer(create);
+  ASSERT_OK(made);
+  ASSERT_OK(bob->DeleteBuffer(made->id()));
+
+  // Given up, alice's reservation goes, and the bound holds for what is left.
+  EXPECT_EQ(held.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 0 && info.tenant_memory_used_bytes() == 0;
+  }));
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>(8 * kMiB, 3)));  // 32 MiB, the bound
 }
 
 TEST(TenantAdmissionTest, CallsAndUploadsInFlightAreBoundedPerTenantEndToEnd) {
