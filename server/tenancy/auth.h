@@ -55,9 +55,7 @@ class Credential {
   Credential() = default;  // never revoked
   explicit Credential(std::shared_ptr<const std::atomic<bool>> revoked)
       : revoked_(std::move(revoked)) {}
-  bool revoked() const {
-    return revoked_ != nullptr && revoked_->load(std::memory_order_acquire);
-  }
+  bool revoked() const { return revoked_ != nullptr && revoked_->load(std::memory_order_acquire); }
 
  private:
   std::shared_ptr<const std::atomic<bool>> revoked_;
