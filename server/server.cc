@@ -468,8 +468,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->ctx->auth = impl->auth.get();
   impl->ctx->quotas = impl->quotas.get();
-  impl->admission = std::make_unique<TenantAdmission>(
-      TenantAdmission::Limits{options.max_calls_per_tenant, options.max_uploads_per_tenant});
+  const double fraction = options.max_reserved_fraction_per_tenant;
+  if (!(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-reserved-fraction-per-tenant must be greater than 0 and at most 1, not ", fraction));
+  }
+  TenantAdmission::Limits admission{options.max_calls_per_tenant, options.max_uploads_per_tenant};
+  if (impl->auth != nullptr && fraction < 1) {
+    // At least a byte: 0 would be no bound.
+    admission.reserved_bytes =
+        std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(limit) * fraction));
+    admission.reserved_fraction = fraction;
+  }
+  impl->admission = std::make_unique<TenantAdmission>(admission);
   impl->ctx->admission = impl->admission.get();
   impl->registry->SetQuotas(impl->quotas.get());
   impl->executor->SetQuotas(impl->quotas.get());

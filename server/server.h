@@ -55,6 +55,10 @@ struct ServerOptions {
   // Calls in flight and uploads under way per tenant (server/tenancy/admission.h); 0: no bound.
   uint64_t max_calls_per_tenant = 1024;
   uint64_t max_uploads_per_tenant = 64;
+  // With authentication, the fraction of the memory limit one tenant's uploads under way
+  // may reserve together, in (0, 1]; 1 is no bound. Without it the server is one tenant,
+  // whom a bound would protect from no one.
+  double max_reserved_fraction_per_tenant = 0.5;
   // What one request may ask for: message size, dimensions, elements, expression length
   // and depth (server/tenancy/request_limits.h). Start refuses bounds outside their ranges.
   RequestLimits limits;

@@ -89,6 +89,21 @@ bool AbslParseFlag(absl::string_view text, NonNegative* n, std::string* error) {
 
 std::string AbslUnparseFlag(NonNegative n) { return absl::StrCat(n.value); }
 
+// A fraction in (0, 1].
+struct Fraction {
+  double value = 1;
+};
+
+bool AbslParseFlag(absl::string_view text, Fraction* f, std::string* error) {
+  if (!absl::SimpleAtod(text, &f->value) || !(f->value > 0 && f->value <= 1)) {
+    *error = "needs a fraction greater than 0 and at most 1";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(Fraction f) { return absl::StrCat(f.value); }
+
 // A count that may exceed an int.
 struct Count {
   uint64_t value = 0;
@@ -215,6 +230,9 @@ ABSL_FLAG(gpucompute::NonNegative, max_calls_per_tenant, {1024},
 ABSL_FLAG(gpucompute::NonNegative, max_uploads_per_tenant, {64},
           "uploads one tenant may have under way, each holding memory reserved from its "
           "header on; 0 is no bound");
+ABSL_FLAG(gpucompute::Fraction, max_reserved_fraction_per_tenant, {0.5},
+          "with authentication, the fraction of the memory limit that one tenant's uploads "
+          "under way may reserve together, so that others can still allocate; 1 is no bound");
 ABSL_FLAG(gpucompute::ByteSize, max_message_bytes, {gpucompute::kMaxMessageBytes},
           "largest gRPC message either way, from 4160KiB (the clients' default 4MiB chunks and "
           "their framing) to 64MiB; upload and download chunks stay 64KiB below it "
@@ -290,6 +308,7 @@ constexpr FlagDoc kFlagDocs[] = {
     {"upload_idle_timeout", "SECONDS"},
     {"max_calls_per_tenant", "N"},
     {"max_uploads_per_tenant", "N"},
+    {"max_reserved_fraction_per_tenant", "FRACTION"},
     {"max_message_bytes", "SIZE"},
     {"max_dimensions", "N"},
     {"max_elements", "N"},
@@ -535,6 +554,7 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.upload_idle_timeout_seconds = absl::GetFlag(FLAGS_upload_idle_timeout).value;
   o.max_calls_per_tenant = absl::GetFlag(FLAGS_max_calls_per_tenant).value;
   o.max_uploads_per_tenant = absl::GetFlag(FLAGS_max_uploads_per_tenant).value;
+  o.max_reserved_fraction_per_tenant = absl::GetFlag(FLAGS_max_reserved_fraction_per_tenant).value;
   o.log_format = absl::GetFlag(FLAGS_log_format);
   RequestLimits& limits = o.limits;
   limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;

@@ -1,15 +1,23 @@
 // The gRPC services of gpucompute.v1, one class per RPC family, all on the callback
 // API. Handlers validate, hand work to the executor and return; none blocks on compute.
+// Every method is served raw (bytes in and out), so that a request that does not parse
+// is INVALID_ARGUMENT naming its type; the unary ones keep their typed handlers
+// (ParsedUnaryService).
 #ifndef GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
 #define GPUCOMPUTE_SERVER_SERVICE_SERVICES_H_
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "server/service/proto_conversions.h"
@@ -66,15 +74,160 @@ class Refusal final : public Reactor {
   void OnDone() override { delete this; }
 };
 
+// Parses `bytes` into `message` as gRPC would, without copying them (a ByteBuffer's copy
+// refs its slices). INVALID_ARGUMENT "a malformed gpucompute.v1.X message", the words of
+// every RPC served raw, for bytes that do not parse.
+inline absl::Status ParseRequest(const grpc::ByteBuffer& bytes,
+                                 google::protobuf::MessageLite* message) {
+  grpc::ByteBuffer view = bytes;
+  if (grpc::SerializationTraits<google::protobuf::MessageLite>::Deserialize(&view, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("a malformed ", message->GetTypeName(), " message"));
+}
+
+// `message` serialized as gRPC would serialize it (into slices of its own, no copy after).
+inline grpc::ByteBuffer SerializeResponse(const google::protobuf::MessageLite& message) {
+  grpc::ByteBuffer bytes;
+  bool own_buffer = false;
+  // Fails only past protobuf's 2 GiB, which no response of this API comes near.
+  (void)grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(message, &bytes,
+                                                                            &own_buffer);
+  return bytes;
+}
+
+// Serves a unary method raw (bytes in and out) around its typed handler, so that a
+// request that does not parse is answered INVALID_ARGUMENT naming its type, where gRPC's
+// typed handler would answer UNIMPLEMENTED with no message. Otherwise the handler and its
+// reactor run as they would typed: the request is parsed once and the response
+// serialized once, as gRPC would; the handler's reactor is bound to a relay whose Finish
+// serializes the response and finishes the real call, and the real call's events
+// (OnCancel, OnDone) are passed on to it.
+template <typename Request, typename Response>
+class ParsedUnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // `handler(context, request, response)` returns the typed handler's reactor.
+  template <typename Handler>
+  static grpc::ServerUnaryReactor* Start(const Handler& handler,
+                                         grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request_bytes,
+                                         grpc::ByteBuffer* response_bytes) {
+    auto* self = new ParsedUnaryReactor(response_bytes);
+    if (absl::Status parsed = ParseRequest(*request_bytes, &self->request_); !parsed.ok()) {
+      self->Finish(ToGrpcStatus(parsed));
+      return self;
+    }
+    self->typed_ = handler(context, &self->request_, &self->response_);
+    self->relay_.Bind(self->typed_);
+    return self;
+  }
+
+  void OnSendInitialMetadataDone(bool ok) override {
+    if (typed_ != nullptr) typed_->OnSendInitialMetadataDone(ok);
+  }
+  void OnCancel() override {
+    if (typed_ != nullptr) typed_->OnCancel();
+  }
+  void OnDone() override {
+    if (typed_ != nullptr) typed_->OnDone();
+    delete this;
+  }
+
+ private:
+  // The call the typed reactor is bound to.
+  class Relay final : public grpc::ServerCallbackUnary {
+   public:
+    explicit Relay(ParsedUnaryReactor* outer) : outer_(outer) {}
+    void Bind(grpc::ServerUnaryReactor* reactor) { BindReactor(reactor); }
+    void Finish(grpc::Status status) override { outer_->FinishTyped(std::move(status)); }
+    void SendInitialMetadata() override { outer_->StartSendInitialMetadata(); }
+
+   private:
+    // The real call counts the callbacks and calls OnDone; the relay never does.
+    grpc::internal::ServerReactor* reactor() override { return outer_; }
+    void CallOnDone() override {}
+
+    ParsedUnaryReactor* const outer_;
+  };
+
+  explicit ParsedUnaryReactor(grpc::ByteBuffer* response_bytes)
+      : response_bytes_(response_bytes), relay_(this) {}
+
+  void FinishTyped(grpc::Status status) {
+    if (status.ok()) *response_bytes_ = SerializeResponse(response_);
+    Finish(std::move(status));
+  }
+
+  Request request_;
+  Response response_;
+  grpc::ByteBuffer* const response_bytes_;  // the call's, valid until OnDone
+  grpc::ServerUnaryReactor* typed_ = nullptr;
+  Relay relay_;
+};
+
+// The index gRPC registers unary `method` of `service` under (the order of the .proto
+// file, as the generated code registers them). Aborts, naming them, unless the API has
+// such a method taking `request`: a mistake of the code, met by every test at start.
+inline int UnaryMethodIndex(const char* service, const char* method,
+                            const google::protobuf::Descriptor* request) {
+  const google::protobuf::ServiceDescriptor* s =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+  const google::protobuf::MethodDescriptor* m =
+      s == nullptr ? nullptr : s->FindMethodByName(method);
+  if (m == nullptr || m->client_streaming() || m->server_streaming() ||
+      m->input_type() != request) {
+    std::fprintf(stderr, "%s has no unary method %s taking %s\n", service, method,
+                 std::string(request->full_name()).c_str());
+    std::abort();
+  }
+  return m->index();
+}
+
+// A service of the API (`Api`, e.g. v1::BufferService) whose unary methods its
+// constructor serves through ParsedUnaryReactor (ServeParsed), on `Base`.
+template <typename Api, typename Base>
+class ParsedUnaryService : public Base {
+ protected:
+  // Serves `method` raw, its typed `handler` (a member function of `Self`) unchanged.
+  template <typename Self, typename Request, typename Response>
+  void ServeParsed(const char* method,
+                   grpc::ServerUnaryReactor* (Self::*handler)(grpc::CallbackServerContext*,
+                                                              const Request*, Response*)) {
+    Self* self = static_cast<Self*>(this);
+    auto typed = [self, handler](grpc::CallbackServerContext* context, const Request* request,
+                                 Response* response) {
+      return (self->*handler)(context, request, response);
+    };
+    this->MarkMethodRawCallback(
+        UnaryMethodIndex(Api::service_full_name(), method, Request::descriptor()),
+        new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+            [typed](grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                    grpc::ByteBuffer* response) {
+              return ParsedUnaryReactor<Request, Response>::Start(typed, context, request,
+                                                                  response);
+            }));
+  }
+};
+
 // Upload and Download are served in their raw form (grpc::ByteBuffer messages), so that
 // their reactors read and write chunk bytes without protobuf's copies; the wire format is
 // the generated messages' all the same.
 class BufferServiceImpl final
-    : public v1::BufferService::WithRawCallbackMethod_Upload<
-          v1::BufferService::WithRawCallbackMethod_Download<v1::BufferService::CallbackService>> {
+    : public ParsedUnaryService<v1::BufferService,
+                                v1::BufferService::WithRawCallbackMethod_Upload<
+                                    v1::BufferService::WithRawCallbackMethod_Download<
+                                        v1::BufferService::CallbackService>>> {
  public:
   explicit BufferServiceImpl(ServiceContext& ctx)
-      : ctx_(ctx), uploads_(std::make_shared<UploadTransferTable>()) {}
+      : ctx_(ctx), uploads_(std::make_shared<UploadTransferTable>()) {
+    ServeParsed("CreateBuffer", &BufferServiceImpl::CreateBuffer);
+    ServeParsed("BeginUpload", &BufferServiceImpl::BeginUpload);
+    ServeParsed("GetBuffer", &BufferServiceImpl::GetBuffer);
+    ServeParsed("ListBuffers", &BufferServiceImpl::ListBuffers);
+    ServeParsed("DeleteBuffer", &BufferServiceImpl::DeleteBuffer);
+    ServeParsed("RenewLease", &BufferServiceImpl::RenewLease);
+  }
 
   // The multi-range uploads in progress, whose ranges SharedMemoryService's copies may
   // carry too.
@@ -111,9 +264,15 @@ class BufferServiceImpl final
   const std::shared_ptr<UploadTransferTable> uploads_;
 };
 
-class StreamServiceImpl final : public v1::StreamService::CallbackService {
+class StreamServiceImpl final
+    : public ParsedUnaryService<v1::StreamService, v1::StreamService::CallbackService> {
  public:
-  explicit StreamServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+  explicit StreamServiceImpl(ServiceContext& ctx) : ctx_(ctx) {
+    ServeParsed("CreateStream", &StreamServiceImpl::CreateStream);
+    ServeParsed("DeleteStream", &StreamServiceImpl::DeleteStream);
+    ServeParsed("SynchronizeStream", &StreamServiceImpl::SynchronizeStream);
+    ServeParsed("ListStreams", &StreamServiceImpl::ListStreams);
+  }
 
   grpc::ServerUnaryReactor* CreateStream(grpc::CallbackServerContext* context,
                                          const v1::CreateStreamRequest* request,
@@ -132,9 +291,14 @@ class StreamServiceImpl final : public v1::StreamService::CallbackService {
   ServiceContext& ctx_;
 };
 
-class OperationServiceImpl final : public v1::OperationService::CallbackService {
+class OperationServiceImpl final
+    : public ParsedUnaryService<v1::OperationService, v1::OperationService::CallbackService> {
  public:
-  explicit OperationServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+  explicit OperationServiceImpl(ServiceContext& ctx) : ctx_(ctx) {
+    ServeParsed("Submit", &OperationServiceImpl::Submit);
+    ServeParsed("GetOperation", &OperationServiceImpl::GetOperation);
+    ServeParsed("WaitOperation", &OperationServiceImpl::WaitOperation);
+  }
 
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
                                    const v1::SubmitRequest* request,
@@ -164,9 +328,16 @@ class OperationServiceImpl final : public v1::OperationService::CallbackService 
   ServiceContext& ctx_;
 };
 
-class ServerServiceImpl final : public v1::ServerService::CallbackService {
+class ServerServiceImpl final
+    : public ParsedUnaryService<v1::ServerService, v1::ServerService::CallbackService> {
  public:
-  explicit ServerServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
+  explicit ServerServiceImpl(ServiceContext& ctx) : ctx_(ctx) {
+    ServeParsed("GetServerInfo", &ServerServiceImpl::GetServerInfo);
+    ServeParsed("GetStats", &ServerServiceImpl::GetStats);
+    ServeParsed("TrimMemoryPool", &ServerServiceImpl::TrimMemoryPool);
+    ServeParsed("StartProfiler", &ServerServiceImpl::StartProfiler);
+    ServeParsed("StopProfiler", &ServerServiceImpl::StopProfiler);
+  }
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
@@ -190,11 +361,19 @@ class ServerServiceImpl final : public v1::ServerService::CallbackService {
 
 // SharedMemoryService: regions of shared memory and CUDA IPC, and copies between them and
 // buffers (shared_memory_service.cc).
-class SharedMemoryServiceImpl final : public v1::SharedMemoryService::CallbackService {
+class SharedMemoryServiceImpl final
+    : public ParsedUnaryService<v1::SharedMemoryService, v1::SharedMemoryService::CallbackService> {
  public:
   // `uploads`: BufferService's multi-range uploads, whose ranges CopyFromRegion may carry.
   SharedMemoryServiceImpl(ServiceContext& ctx, std::shared_ptr<UploadTransferTable> uploads)
-      : ctx_(ctx), uploads_(std::move(uploads)) {}
+      : ctx_(ctx), uploads_(std::move(uploads)) {
+    ServeParsed("RegisterRegion", &SharedMemoryServiceImpl::RegisterRegion);
+    ServeParsed("UnregisterRegion", &SharedMemoryServiceImpl::UnregisterRegion);
+    ServeParsed("ListRegions", &SharedMemoryServiceImpl::ListRegions);
+    ServeParsed("CopyFromRegion", &SharedMemoryServiceImpl::CopyFromRegion);
+    ServeParsed("CopyToRegion", &SharedMemoryServiceImpl::CopyToRegion);
+    ServeParsed("ExportBuffer", &SharedMemoryServiceImpl::ExportBuffer);
+  }
 
   grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
                                            const v1::RegisterRegionRequest* request,
@@ -229,14 +408,15 @@ grpc::ServerUnaryReactor* RunChainCall(ServiceContext& ctx, grpc::CallbackServer
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response);
 
-// SessionService on gRPC's callback API (session_service.cc).
+// SessionService on gRPC's callback API (session_service.cc), both methods raw: a
+// session parses its requests itself (ParseRequest) and a chain is known by its bytes.
 class SessionServiceImpl final
-    : public v1::SessionService::WithRawCallbackMethod_RunChain<
-          v1::SessionService::CallbackService> {
+    : public v1::SessionService::WithRawCallbackMethod_Session<
+          v1::SessionService::WithRawCallbackMethod_RunChain<v1::SessionService::Service>> {
  public:
   explicit SessionServiceImpl(ServiceContext& ctx) : ctx_(ctx) {}
 
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RunChain(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,

@@ -25,11 +25,19 @@ void SessionCore::Start() {
 }
 
 void SessionCore::OnReadDone(bool ok) {
-  // The bound on what a session holds is checked between messages, so one message may
-  // not carry more than it.
+  absl::Status refusal;
   const int ops = ok ? request_.ops_size() : 0;
-  const bool too_many = ops > static_cast<int>(kMaxSessionInFlight);
-  if (ok && !too_many) {
+  if (ok && credential_.revoked()) {
+    // Checked per message, not per operation: one atomic load.
+    refusal = TokenRevokedError();
+  } else if (ops > static_cast<int>(kMaxSessionInFlight)) {
+    // The bound on what a session holds is checked between messages, so one message may
+    // not carry more than it.
+    refusal = absl::InvalidArgumentError(
+        absl::StrCat("a session request carried ", ops, " operations; at most ",
+                     kMaxSessionInFlight, " (Limits.max_session_in_flight) fit in one"));
+  }
+  if (ok && refusal.ok()) {
     // A message's operations are launched together once all are queued.
     Executor::LaunchBatch batch(ctx_.executor);
     for (const v1::ChainStep& step : request_.ops()) {
@@ -40,14 +48,21 @@ void SessionCore::OnReadDone(bool ok) {
     SubmitAccepted();
   }
   request_.Clear();
+  ReadFinished(ok, std::move(refusal));
+}
+
+void SessionCore::OnReadRefused(absl::Status why) {
+  request_.Clear();
+  ReadFinished(true, std::move(why));
+}
+
+void SessionCore::ReadFinished(bool ok, absl::Status refusal) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
     reading_ = false;
-    if (too_many) {
-      refused_ = absl::InvalidArgumentError(
-          absl::StrCat("a session request carried ", ops, " operations; at most ",
-                       kMaxSessionInFlight, " (Limits.max_session_in_flight) fit in one"));
+    if (!refusal.ok()) {
+      refused_ = std::move(refusal);
       DropQueuedLocked();
     } else if (ok) {
       want_read_ = true;

@@ -38,11 +38,16 @@ class SessionIo {
 // mutex and made after it is released (Run), one write and one read at a time.
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
-  SessionCore(ServiceContext& ctx, std::string client, SessionIo* io)
-      : ctx_(ctx), client_(std::move(client)), io_(io) {}
+  // `credential`: the token the session was opened with, whose revocation refuses the
+  // requests after it.
+  SessionCore(ServiceContext& ctx, std::string client, Credential credential, SessionIo* io)
+      : ctx_(ctx), client_(std::move(client)), credential_(std::move(credential)), io_(io) {}
 
   void Start();
   void OnReadDone(bool ok);
+  // The read completed with a message that cannot be served (`why`, e.g. bytes that do
+  // not parse): the session ends with that status once its operations are done.
+  void OnReadRefused(absl::Status why);
   void OnWriteDone(bool ok);
   void OnCancel();
   // The stream is gone (the call is over): nothing may call it any more.
@@ -81,6 +86,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Plans one operation and adds it to accepted_ (reads come one at a time, so never
   // concurrently).
   void Accept(const v1::ChainStep& step);
+  // After a read: stops the session with `refusal` unless it is OK, else reads on (`ok`)
+  // or takes the end of the client's requests.
+  void ReadFinished(bool ok, absl::Status refusal) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues accepted_ in order, under one hold of the executor's mutex (SubmitAll); those
   // after a refused one are queued one by one, or refused if they depend on it.
   void SubmitAccepted();
@@ -106,6 +114,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   ServiceContext& ctx_;
   const std::string client_;
+  const Credential credential_;
   // Valid until Detach; only Run calls it, and never after it has called End.
   SessionIo* io_;
   // Filled by the read in flight; read only by OnReadDone.
@@ -131,7 +140,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;   // a write failed: the client is gone
-  absl::Status refused_ ABSL_GUARDED_BY(mu_);  // the client broke the protocol
+  // The client broke the protocol, or its token was revoked.
+  absl::Status refused_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 

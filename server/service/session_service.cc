@@ -14,20 +14,29 @@
 namespace gpucompute {
 namespace {
 
-using SessionStream = grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>;
+using SessionStream = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // Serves a session through the callback API: gRPC calls back when a read or a write is
-// done, on a thread of its own.
+// done, on a thread of its own. Served raw, so that a request that does not parse ends
+// the session with INVALID_ARGUMENT; gRPC's own parsing would report it as the end of
+// the requests.
 class SessionReactor final : public SessionStream, private SessionIo {
  public:
-  SessionReactor(ServiceContext& ctx, Caller caller)
-      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope),
+  SessionReactor(ServiceContext& ctx, Caller caller, Credential credential)
+      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope), std::move(credential),
                                             static_cast<SessionIo*>(this))),
         admission_(std::move(caller.admission)) {
     core_->Start();
   }
 
-  void OnReadDone(bool ok) override { core_->OnReadDone(ok); }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (absl::Status parsed = ParseRequest(read_bytes_, request_); !parsed.ok()) {
+        return core_->OnReadRefused(std::move(parsed));
+      }
+    }
+    core_->OnReadDone(ok);
+  }
   void OnWriteDone(bool ok) override { core_->OnWriteDone(ok); }
   void OnCancel() override { core_->OnCancel(); }
   void OnDone() override {
@@ -36,23 +45,40 @@ class SessionReactor final : public SessionStream, private SessionIo {
   }
 
  private:
-  void Read(v1::SessionRequest* request) override { StartRead(request); }
-  void Write(const v1::SessionResponse* response) override { StartWrite(response); }
+  void Read(v1::SessionRequest* request) override {
+    request_ = request;
+    StartRead(&read_bytes_);
+  }
+  void Write(const v1::SessionResponse* response) override {
+    write_bytes_ = SerializeResponse(*response);
+    StartWrite(&write_bytes_);
+  }
   void End(grpc::Status status) override { Finish(std::move(status)); }
 
   std::shared_ptr<SessionCore> core_;
   std::shared_ptr<const void> admission_;  // the call's, until OnDone
+  // One read and one write at most are outstanding (SessionIo), each with its bytes.
+  v1::SessionRequest* request_ = nullptr;
+  grpc::ByteBuffer read_bytes_;
+  grpc::ByteBuffer write_bytes_;
 };
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* SessionServiceImpl::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SessionServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   using Refuse = Refusal<SessionStream>;
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
+  // The session checks its token's standing before each request it acts on.
+  Credential credential;
+  if (ctx_.auth != nullptr) {
+    absl::StatusOr<Identity> identity = ctx_.auth->AuthenticateCall(*context);
+    if (!identity.ok()) return new Refuse(identity.status());
+    credential = identity->credential;
+  }
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  return new SessionReactor(ctx_, *std::move(caller));
+  return new SessionReactor(ctx_, *std::move(caller), std::move(credential));
 }
 
 }  // namespace gpucompute

@@ -10,8 +10,28 @@
 #include "server/util/status_macros.h"
 
 namespace gpucompute {
+namespace {
+
+// The bytes a new buffer of `request` takes, its dtype and shape checked as
+// AllocateFromRequest checks them (so a bad one gets the same answer).
+absl::StatusOr<uint64_t> CreatedBytes(const ServiceContext& ctx,
+                                      const v1::CreateBufferRequest& request) {
+  BufferMeta meta;
+  ASSIGN_OR_RETURN(meta.dtype, FromProto(request.dtype()));
+  meta.shape.assign(request.shape().begin(), request.shape().end());
+  RETURN_IF_ERROR(CheckShape(ctx.limits, meta.shape));
+  return meta.size_bytes();  // at most 2^48 elements of 16 bytes: no overflow
+}
+
+}  // namespace
 
 using Clock = std::chrono::steady_clock;
+
+absl::Status UploadTransfer::ReserveBytes(uint64_t bytes) {
+  if (ctx_.admission == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(reservation_, ctx_.admission->Reserve(TenantOfScope(client_), bytes));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
     ServiceContext& ctx, std::string client, const v1::UploadHeader& header) {
@@ -31,6 +51,8 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
       if (header.create().has_fill()) {
         return absl::InvalidArgumentError("an upload provides the contents; 'fill' is not allowed");
       }
+      ASSIGN_OR_RETURN(const uint64_t bytes, CreatedBytes(ctx, header.create()));
+      RETURN_IF_ERROR(t->ReserveBytes(bytes));
       ASSIGN_OR_RETURN(BufferHandle b, AllocateFromRequest(ctx, t->client_, header.create()));
       const uint64_t size = b->size_bytes();
       if (header.size_bytes() != 0 && header.size_bytes() != size) {
@@ -51,6 +73,7 @@ absl::StatusOr<std::shared_ptr<UploadTransfer>> UploadTransfer::Start(
                                                        header.size_bytes(), ") are outside buffer ",
                                                        b->id, " of ", size, " bytes"));
       }
+      RETURN_IF_ERROR(t->ReserveBytes(header.size_bytes()));
       ASSIGN_OR_RETURN(t->staging_charge_, ctx.registry.ChargeFor(t->client_, header.size_bytes()));
       ASSIGN_OR_RETURN(t->device_staging_, ctx.backend.Allocate(b->device, header.size_bytes()));
       t->target_ = std::move(b);
@@ -268,6 +291,7 @@ void UploadTransfer::FinishLocked(absl::Status status) {
   device_staging_ = DeviceMemory();
   staging_charge_ = MemoryLimiter::Charge();
   place_.reset();
+  reservation_.reset();
   std::vector<Listener> listeners = std::move(listeners_);
   listeners_.clear();
   ctx_.timer.Post([listeners = std::move(listeners), status = std::move(status),

@@ -48,7 +48,8 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // Checks `header` (an Upload header or BeginUpload's: a target, no transfer id), takes
   // a place among the tenant's uploads under way (RESOURCE_EXHAUSTED at
   // --max-uploads-per-tenant) and reserves the memory the upload writes into, charged
-  // to the tenant from now on.
+  // to the tenant from now on and counted against its bound on reservations
+  // (RESOURCE_EXHAUSTED past --max-reserved-fraction-per-tenant of the memory limit).
   static absl::StatusOr<std::shared_ptr<UploadTransfer>> Start(ServiceContext& ctx,
                                                                std::string client,
                                                                const v1::UploadHeader& header);
@@ -82,6 +83,9 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
  private:
   UploadTransfer(ServiceContext& ctx, std::string client) : ctx_(ctx), client_(std::move(client)) {}
 
+  // Counts `bytes` against the tenant's bound on reservations, until the upload finishes.
+  absl::Status ReserveBytes(uint64_t bytes);
+
   void CopyDone(const absl::Status& status);
   // May commit or finish; call after any change.
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -106,6 +110,8 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   DeviceMemory* destination_ = nullptr;
   // The upload's place among its tenant's uploads (TenantAdmission), until it finishes.
   std::shared_ptr<const void> place_;
+  // Its bytes among its tenant's reservations (TenantAdmission::Reserve), as long.
+  std::shared_ptr<const void> reservation_;
 
   absl::Mutex mu_;
   std::shared_ptr<UploadTransferTable> table_ ABSL_GUARDED_BY(mu_);

@@ -33,6 +33,12 @@ absl::Status Unauthenticated(absl::string_view why) {
 
 }  // namespace
 
+absl::Status TokenRevokedError() {
+  return absl::UnauthenticatedError(
+      "the token this call was opened with was revoked (a reload of the server's tokens file "
+      "dropped it); open a new call with a token the file lists");
+}
+
 absl::Status ValidateTenantName(absl::string_view tenant) {
   const bool ok = !tenant.empty() && tenant.size() <= kMaxTenantNameBytes &&
                   std::all_of(tenant.begin(), tenant.end(), [](char c) {
@@ -107,6 +113,20 @@ const TokenTable::Entry* TokenTable::Find(absl::string_view token) const {
   return found;
 }
 
+void TokenTable::Succeed(const TokenTable& old) {
+  // A reload is rare and a tokens file short: pairs compared plainly.
+  for (const Entry& before : old.entries_) {
+    auto kept = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
+      return e.digest == before.digest && e.tenant == before.tenant && e.admin == before.admin;
+    });
+    if (kept != entries_.end()) {
+      kept->revoked = before.revoked;
+    } else {
+      before.revoked->store(true, std::memory_order_release);
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(std::string tokens_file,
                                                                      bool client_certificates) {
   std::unique_ptr<Authenticator> auth(
@@ -118,9 +138,10 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(std::string
 absl::Status Authenticator::Reload() {
   if (tokens_file_.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(TokenTable table, TokenTable::Load(tokens_file_));
-  auto shared = std::make_shared<const TokenTable>(std::move(table));
   absl::MutexLock lock(&mu_);
-  table_ = std::move(shared);
+  // Under the lock, so that two reloads at once hand the flags on in order.
+  if (table_ != nullptr) table.Succeed(*table_);
+  table_ = std::make_shared<const TokenTable>(std::move(table));
   return absl::OkStatus();
 }
 
@@ -173,14 +194,14 @@ absl::StatusOr<Identity> Authenticator::Authenticate(
     }
     const TokenTable::Entry* entry = table == nullptr ? nullptr : table->Find(token);
     if (entry == nullptr) return Unauthenticated("the bearer token is not valid");
-    return Identity{entry->tenant, entry->admin};
+    return Identity{entry->tenant, entry->admin, Credential(entry->revoked)};
   }
   if (client_certificates_ && certificate_cn.has_value()) {
     if (absl::Status s = ValidateTenantName(*certificate_cn); !s.ok()) {
       return absl::UnauthenticatedError(
           absl::StrCat("the client certificate's common name cannot name a tenant: ", s.message()));
     }
-    return Identity{std::string(*certificate_cn), false};
+    return Identity{std::string(*certificate_cn), false, Credential()};
   }
   return Unauthenticated("this server requires authentication and the call carries none");
 }

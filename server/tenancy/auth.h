@@ -11,6 +11,7 @@
 #define GPUCOMPUTE_SERVER_TENANCY_AUTH_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -49,6 +50,25 @@ struct Caller {
   std::shared_ptr<const void> admission;
 };
 
+// Whether the credential a call was authenticated with still stands. A reload of the
+// tokens file revokes a token it drops (or gives another tenant or admin right), and a
+// call that acts long after it was admitted (a session) checks this before each request
+// it acts on: one atomic load. Never revoked for a client certificate or without
+// authentication.
+class Credential {
+ public:
+  Credential() = default;  // never revoked
+  explicit Credential(std::shared_ptr<const std::atomic<bool>> revoked)
+      : revoked_(std::move(revoked)) {}
+  bool revoked() const { return revoked_ != nullptr && revoked_->load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<const std::atomic<bool>> revoked_;
+};
+
+// UNAUTHENTICATED: what a call whose token was revoked hears.
+absl::Status TokenRevokedError();
+
 // INVALID_ARGUMENT unless `tenant` is 1 to kMaxTenantNameBytes of [A-Za-z0-9._-].
 absl::Status ValidateTenantName(absl::string_view tenant);
 std::string ScopeOf(absl::string_view tenant, absl::string_view client);
@@ -69,6 +89,8 @@ class TokenTable {
     std::array<uint8_t, 32> digest;
     std::string tenant;
     bool admin = false;
+    // Set once a reload drops the entry or changes what it grants (Credential).
+    std::shared_ptr<std::atomic<bool>> revoked = std::make_shared<std::atomic<bool>>(false);
   };
 
   // INVALID_ARGUMENT naming the line (never its token) for a malformed line or a token
@@ -79,6 +101,10 @@ class TokenTable {
   // The entry of `token`, or null.
   const Entry* Find(absl::string_view token) const;
   size_t size() const { return entries_.size(); }
+  // Takes over from `old`, the table in use until now: an entry `old` has too, granting
+  // the same, keeps its revocation flag, so that the calls it authenticated go on; every
+  // other entry of `old` is revoked.
+  void Succeed(const TokenTable& old);
 
  private:
   std::vector<Entry> entries_;
@@ -88,6 +114,7 @@ class TokenTable {
 struct Identity {
   std::string tenant;
   bool admin = false;
+  Credential credential;
 };
 
 // Checks the credentials of calls: a bearer token from the tokens file and, with mutual
@@ -100,7 +127,8 @@ class Authenticator {
                                                                bool client_certificates);
 
   // Reads the tokens file again. On error the table in use stays, and the error says
-  // why (never quoting a token).
+  // why (never quoting a token). A token the new file drops, or lists for another tenant
+  // or admin right, is revoked: the calls it opened are refused from their next request.
   absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
 
   // `authorization` is the call's "authorization" metadata, if any; `certificate_cn`

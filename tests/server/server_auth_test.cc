@@ -930,7 +930,7 @@ bool InfoBecomes(Client& client, const std::function<bool(const v1::ServerInfo&)
   });
 }
 
-// A Session stream of a raw stub that sends nothing until destroyed.
+// A Session stream of a raw stub, held open until destroyed; AddOne sends one request.
 class HeldSession {
  public:
   HeldSession(const std::shared_ptr<grpc::Channel>& channel, const std::string& token)
@@ -940,14 +940,91 @@ class HeldSession {
   }
   ~HeldSession() {
     context_.TryCancel();
-    (void)stream_->Finish();
+    if (!finished_) (void)stream_->Finish();
+  }
+
+  // Sends `buffer` = `buffer` + 1 as one request, tagged `tag`, and reads its answer;
+  // when the call ends instead, returns its status.
+  absl::StatusOr<v1::Operation> AddOne(const std::string& buffer, const std::string& tag) {
+    v1::SessionRequest request;
+    v1::ChainStep* step = request.add_ops();
+    step->set_tag(tag);
+    v1::ElementwiseOp* add = step->mutable_op()->mutable_elementwise();
+    add->set_expression("x + 1");
+    (*add->mutable_inputs())["x"].set_buffer(buffer);
+    add->mutable_output()->set_buffer(buffer);
+    stream_->Write(request);
+    v1::SessionResponse response;
+    if (!stream_->Read(&response)) {
+      finished_ = true;
+      const grpc::Status status = stream_->Finish();
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    if (response.answers_size() != 1) return absl::InternalError("not one answer");
+    return response.answers(0).operation();
   }
 
  private:
   std::unique_ptr<v1::SessionService::Stub> stub_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  bool finished_ = false;
 };
+
+TEST_F(TokenTest, AReloadThatDropsATokenEndsTheSessionsItOpenedAtTheirNextRequest) {
+  absl::StatusOr<v1::BufferInfo> a = UploadArray(*alice_, std::vector<int32_t>{1, 2, 3});
+  absl::StatusOr<v1::BufferInfo> b = UploadArray(*bob_, std::vector<int32_t>{10, 20});
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  HeldSession alice_session(server_->RawChannel(), kAliceToken);
+  HeldSession bob_session(server_->RawChannel(), kBobToken);
+  absl::StatusOr<v1::Operation> ran = alice_session.AddOne(a->id(), "a1");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ran = bob_session.AddOne(b->id(), "b1");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+
+  // alice's token goes; a second token of hers comes, to look at her buffer afterwards.
+  dir_.Write("tokens", "bob-token-77d2e0 bob\nroot-token-c0ffee ops admin\nalice-token-2 alice\n");
+  ASSERT_OK(server_->server().Reload());
+  const Snapshot before = TakeSnapshot(*root_);
+  absl::StatusOr<v1::Operation> refused = alice_session.AddOne(a->id(), "a2");
+  EXPECT_EQ(refused.status(),
+            absl::UnauthenticatedError(
+                "the token this call was opened with was revoked (a reload of the server's "
+                "tokens file dropped it); open a new call with a token the file lists"));
+  // Nothing ran: alice's buffer holds what the first request left.
+  std::unique_ptr<Client> alice_again = As("alice-token-2");
+  ExpectValue(DownloadArray<int32_t>(*alice_again, a->id()), std::vector<int32_t>{2, 3, 4});
+  EXPECT_EQ(TakeSnapshot(*root_), before);
+
+  // bob's token stayed, and so does his session.
+  ran = bob_session.AddOne(b->id(), "b2");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ExpectValue(DownloadArray<int32_t>(*bob_, b->id()), std::vector<int32_t>{12, 22});
+
+  // alice's old token listed again is a new grant, which a new session works with.
+  dir_.Write("tokens", kTokens);
+  ASSERT_OK(server_->server().Reload());
+  HeldSession new_session(server_->RawChannel(), kAliceToken);
+  ran = new_session.AddOne(a->id(), "a3");
+  ASSERT_OK(ran);
+  EXPECT_EQ(ran->state(), v1::Operation::STATE_SUCCEEDED) << ran->error_message();
+  ExpectValue(DownloadArray<int32_t>(*alice_, a->id()), std::vector<int32_t>{3, 4, 5});
+}
+
+TEST_F(TokenTest, AReloadThatGivesATokenAnotherTenantRevokesItToo) {
+  HeldSession session(server_->RawChannel(), kBobToken);
+  absl::StatusOr<v1::BufferInfo> b = UploadArray(*bob_, std::vector<int32_t>{7});
+  ASSERT_OK(b);
+  ASSERT_OK(session.AddOne(b->id(), "b1"));
+  dir_.Write("tokens", "bob-token-77d2e0 carol\nroot-token-c0ffee ops admin\n");
+  ASSERT_OK(server_->server().Reload());
+  EXPECT_EQ(session.AddOne(b->id(), "b2").status().code(), absl::StatusCode::kUnauthenticated);
+}
 
 // An Upload stream of a raw stub that sends its header and then holds the upload open,
 // sending nothing, until Cancel or destruction.
@@ -967,6 +1044,14 @@ class HeldUpload {
   }
   ~HeldUpload() { Cancel(); }
   bool ok() const { return ok_; }
+  // Half-closes the stream and waits for the server's answer (a refused header's).
+  grpc::Status Close() {
+    if (writer_ == nullptr) return status_;
+    writer_->WritesDone();
+    status_ = writer_->Finish();
+    writer_.reset();
+    return status_;
+  }
   // Ends the stream; returns the status the server answered it with.
   grpc::Status Cancel() {
     if (writer_ == nullptr) return status_;
@@ -1153,6 +1238,60 @@ TEST(TenantAdmissionTest, PlacesAreBoundedPerTenantAndKindAndGivenBack) {
   EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 1000u);
   many.clear();
   EXPECT_EQ(unbounded.InUse(Kind::kCall, "alice"), 0u);
+}
+
+TEST(TenantAdmissionTest, OneTenantsUploadsReserveAtMostHalfTheMemoryAndOthersStillAllocate) {
+  TempDir dir;
+  const std::string tokens = dir.Write("tokens", kTokens);
+  std::unique_ptr<TestServer> server = TestServer::StartWith(
+      nullptr, 64 * kMiB, 1, [&](ServerOptions& o) { o.tokens_file = tokens; });
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> alice = ConnectAs(*server, kAliceToken);
+  std::unique_ptr<Client> bob = ConnectAs(*server, kBobToken);
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+  const Snapshot at_rest = TakeSnapshot(*alice);
+
+  // A header that declares the whole memory limit reserves nothing: refused at once.
+  HeldUpload whole(server->RawChannel(), kAliceToken, 16 * kMiB);  // int32: 64 MiB
+  grpc::Status refused = whole.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "tenant 'alice' has 0 bytes reserved by uploads under way; this upload's 67108864 "
+            "more would pass the 33554432 bytes one tenant may reserve while others share the "
+            "server (--max-reserved-fraction-per-tenant=0.5 of the memory limit); wait for "
+            "those uploads to finish, or upload in parts");
+  EXPECT_EQ(TakeSnapshot(*alice), at_rest);
+
+  // 24 MiB fits, and is held; 12 MiB more would pass the bound.
+  HeldUpload held(server->RawChannel(), kAliceToken, 6 * kMiB);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(InfoBecomes(
+      *alice, [](const v1::ServerInfo& info) { return info.tenant_uploads_in_flight() == 1; }));
+  const Snapshot holding = TakeSnapshot(*alice);
+  HeldUpload more(server->RawChannel(), kAliceToken, 3 * kMiB);
+  refused = more.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("has 25165824 bytes reserved by uploads under way; "
+                                         "this upload's 12582912 more would pass the 33554432"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(TakeSnapshot(*alice), holding);
+
+  // bob allocates what alice's reservation leaves, while it is open.
+  v1::CreateBufferRequest create;
+  create.set_dtype(v1::DTYPE_FLOAT64);
+  create.add_shape(4 * kMiB);  // 32 MiB
+  absl::StatusOr<v1::BufferInfo> made = bob->CreateBuffer(create);
+  ASSERT_OK(made);
+  ASSERT_OK(bob->DeleteBuffer(made->id()));
+
+  // Given up, alice's reservation goes, and the bound holds for what is left.
+  EXPECT_EQ(held.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(InfoBecomes(*alice, [](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 0 && info.tenant_memory_used_bytes() == 0;
+  }));
+  ASSERT_OK(UploadArray(*alice, std::vector<int32_t>(8 * kMiB, 3)));  // 32 MiB, the bound
 }
 
 TEST(TenantAdmissionTest, CallsAndUploadsInFlightAreBoundedPerTenantEndToEnd) {

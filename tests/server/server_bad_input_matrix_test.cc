@@ -642,6 +642,7 @@ class BadInputMatrixTest : public ::testing::Test {
   void AddSharedMemoryCases();
   void AddSessionCases();
   void AddAuthenticationCases();
+  void AddUnparsableCases();
 
   std::string tokens_file_, quota_file_;
   std::unique_ptr<TestServer> server_;
@@ -1567,6 +1568,30 @@ void BadInputMatrixTest::AddAuthenticationCases() {
   }
 }
 
+// Bytes that parse as no message: every unary RPC and a Session answer INVALID_ARGUMENT
+// naming the type, as the RPCs served raw always did (not gRPC's UNIMPLEMENTED with no
+// message, nor a session ended OK as if the client had closed it).
+void BadInputMatrixTest::AddUnparsableCases() {
+  const std::string garbage = "\xff\xff";
+  for (const std::string& rpc : AllRpcs()) {
+    const google::protobuf::MethodDescriptor* method = FindRpc(rpc);
+    if (method->client_streaming() || method->server_streaming()) continue;
+    Stream(rpc, kMalformed, "bytes that parse as no request", kAlice, {garbage},
+           StatusCode::INVALID_ARGUMENT,
+           absl::StrCat("a malformed ", method->input_type()->full_name(), " message"));
+    cases_.back().exact = true;
+  }
+  const std::string session = "SessionService.Session";
+  Stream(session, kMalformed, "bytes that parse as no SessionRequest", kAlice, {garbage},
+         StatusCode::INVALID_ARGUMENT, "a malformed gpucompute.v1.SessionRequest message");
+  cases_.back().exact = true;
+  const std::string sum = "ops { tag: \"t\" op { reduce { input: \"a\" kind: REDUCE_KIND_SUM } } }";
+  Stream(session, kMalformed, "a good request, then bytes that parse as no SessionRequest", kAlice,
+         {Request(session, sum), garbage}, StatusCode::INVALID_ARGUMENT,
+         "a malformed gpucompute.v1.SessionRequest message");
+  cases_.back().exact = true;
+}
+
 // ---------------------------------------------------------------------------
 
 TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
@@ -1578,6 +1603,7 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
   AddSharedMemoryCases();
   AddSessionCases();
   AddAuthenticationCases();
+  AddUnparsableCases();
 
   const WorldSnapshot initial = TakeWorldSnapshot();
   WorldSnapshot before = initial;
