@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "server/util/ids.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
@@ -106,19 +107,32 @@ void UploadTransfer::WatchIdle(std::chrono::nanoseconds idle_timeout) {
   ScheduleIdleCheckLocked();
 }
 
+std::chrono::nanoseconds UploadTransfer::IdleTimeoutLocked() const {
+  // Once a range has joined, the client's death cancels its call, which fails the
+  // upload. Before that (a client killed right after BeginUpload, or whose calls never
+  // reached the server) only this timeout gives the memory back, and the client's own
+  // (a minute by default) must not hold it past the operator's bound.
+  const std::chrono::nanoseconds server = absl::ToChronoNanoseconds(ctx_.upload_idle_timeout);
+  if (ranges_.empty() && server > std::chrono::nanoseconds::zero() && server < idle_timeout_) {
+    return server;
+  }
+  return idle_timeout_;
+}
+
 void UploadTransfer::ScheduleIdleCheckLocked() {
   std::weak_ptr<UploadTransfer> weak = weak_from_this();
-  ctx_.timer.Schedule(last_activity_ + idle_timeout_, [weak] {
+  ctx_.timer.Schedule(last_activity_ + IdleTimeoutLocked(), [weak] {
     std::shared_ptr<UploadTransfer> self = weak.lock();
     if (self == nullptr) return;
     absl::MutexLock lock(&self->mu_);
     if (self->finished_ || self->committing_ || !self->error_.ok()) return;
-    if (Clock::now() - self->last_activity_ < self->idle_timeout_) {
+    const std::chrono::nanoseconds idle_timeout = self->IdleTimeoutLocked();
+    if (Clock::now() - self->last_activity_ < idle_timeout) {
       return self->ScheduleIdleCheckLocked();
     }
     self->error_ = absl::DeadlineExceededError(absl::StrCat(
         "upload ", self->id_.empty() ? "" : absl::StrCat(self->id_, " "), "received no data for ",
-        std::chrono::duration<double>(self->idle_timeout_).count(),
+        std::chrono::duration<double>(idle_timeout).count(),
         " s (the server's idle timeout); its memory was released and nothing was changed"));
     self->MaybeFinishLocked();
   });

@@ -62,7 +62,8 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // without data.
   void Publish(std::shared_ptr<UploadTransferTable> table, std::chrono::nanoseconds idle_timeout);
   // Fails the upload with DEADLINE_EXCEEDED once it has received nothing (no range, no
-  // chunk) for `idle_timeout`; zero: never. Call once, before data arrives.
+  // chunk) for `idle_timeout`, or, before its first range, for the server's
+  // --upload-idle-timeout if that is shorter; zero: never. Call once, before data arrives.
   void WatchIdle(std::chrono::nanoseconds idle_timeout);
 
   // Claims bytes [offset, offset + size) of the upload for a stream. NOT_FOUND if the
@@ -93,6 +94,7 @@ class UploadTransfer : public std::enable_shared_from_this<UploadTransfer> {
   // Frees the memory, leaves the table and tells every stream.
   void FinishLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleIdleCheckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::chrono::nanoseconds IdleTimeoutLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ServiceContext& ctx_;
   const std::string client_;

@@ -1047,6 +1047,95 @@ TEST_F(SharedMemoryTest, IdleRegionsAreReleased) {
   EXPECT_TRUE(absl::IsNotFound(raw.CopyTo(CopyOut("x", 0, 8, region.id(), 0)).status()));
 }
 
+// A client that dies mid-way through a multi-range upload from shared memory (its
+// connection gone: every call of it cancelled at once) right after the header, with
+// copies in flight, or after its last range but before the commit, leaves nothing once
+// the server's --upload-idle-timeout has passed: no buffer, no reserved memory, no upload
+// under way for its tenant; and the server still stops at once. The upload asks for no
+// idle timeout of its own, as SharedMemoryTransport's do. The kill points are repeated
+// to catch a race with the copies.
+TEST_F(SharedMemoryTest, ClientGoneMidUploadLeavesNothing) {
+  client_.reset();
+  server_ = TestServer::StartWith(nullptr, 256 * kMiB, 2, [](ServerOptions& options) {
+    options.allow_shared_memory = true;
+    options.upload_idle_timeout_seconds = 0.3;
+  });
+  ASSERT_NE(server_, nullptr);
+  client_ = server_->Connect("shm-test");
+  ASSERT_NE(client_, nullptr);
+  constexpr uint64_t kPiece = 512 << 10;
+  constexpr int kPieces = 6;
+  Segment segment(kPiece * kPieces);
+  RawShm raw(*server_, "shm-test");
+  ASSIGN_OR_FAIL(v1::RegionInfo region, raw.Register(segment.name(), 0, segment.size()));
+  const Snapshot before = TakeSnapshot(*client_);
+  ASSIGN_OR_FAIL(v1::ServerInfo info_before, client_->GetServerInfo());
+  struct Copy {
+    grpc::ClientContext context;
+    v1::CopyFromRegionRequest request;
+    v1::CopyRegionResponse response;
+    grpc::Status status;
+    absl::Notification answered;
+  };
+  const auto kill_upload_midway = [&](int trial) {
+    const int copies = trial % (kPieces + 1);  // 0: after the header; kPieces: every range
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ", killed after ", copies, " copies"));
+    // A connection of its own, which goes with the client.
+    grpc::ChannelArguments arguments;
+    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(server_->target(), grpc::InsecureChannelCredentials(), arguments);
+    std::unique_ptr<v1::BufferService::Stub> buffers = v1::BufferService::NewStub(channel);
+    std::unique_ptr<v1::SharedMemoryService::Stub> shm = v1::SharedMemoryService::NewStub(channel);
+    v1::BeginUploadRequest begin;
+    *begin.mutable_header() = CreateFloat64(kPiece * kPieces / 8, absl::StrCat("killed-", trial));
+    v1::BeginUploadResponse started;
+    grpc::ClientContext begin_context;
+    begin_context.AddMetadata(kClientMetadataKey, "shm-test");
+    const grpc::Status begun = buffers->BeginUpload(&begin_context, begin, &started);
+    ASSERT_TRUE(begun.ok()) << begun.error_message();
+    std::vector<std::unique_ptr<Copy>> calls;
+    for (int k = 0; k < copies; ++k) {
+      auto& call = calls.emplace_back(std::make_unique<Copy>());
+      call->context.AddMetadata(kClientMetadataKey, "shm-test");
+      call->request =
+          IntoUpload(region.id(), k * kPiece, started.transfer_id(), k * kPiece, kPiece);
+      shm->async()->CopyFromRegion(&call->context, &call->request, &call->response,
+                                   [c = call.get()](grpc::Status s) {
+                                     c->status = std::move(s);
+                                     c->answered.Notify();
+                                   });
+    }
+    absl::SleepFor(absl::Microseconds(trial % 5 * 300));
+    for (auto& call : calls) call->context.TryCancel();
+    for (auto& call : calls) call->answered.WaitForNotification();
+  };
+  for (int trial = 0; trial < 140; ++trial) kill_upload_midway(trial);
+  // Past the idle timeout. A kill that came after the commit left a whole buffer.
+  absl::SleepFor(absl::Milliseconds(600));
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, client_->ListBuffers());
+  int too_late = 0;
+  for (const v1::BufferInfo& buffer : list.buffers()) {
+    if (!absl::StartsWith(buffer.name(), "killed-")) continue;
+    ++too_late;
+    ASSERT_OK(client_->DeleteBuffer(buffer.id()));
+  }
+  EXPECT_LT(too_late, 20) << "the kills came after the commit, so this test tested little";
+  EXPECT_EQ(WaitForMemoryUsed(*client_, before.memory_used_bytes, absl::Seconds(2)),
+            before.memory_used_bytes)
+      << "an upload's reservation was left behind";
+  EXPECT_EQ(TakeSnapshot(*client_), before);
+  ASSIGN_OR_FAIL(v1::ServerInfo info, client_->GetServerInfo());
+  EXPECT_EQ(info.tenant_memory_used_bytes(), info_before.tenant_memory_used_bytes());
+  EXPECT_EQ(info.tenant_uploads_in_flight(), 0u);
+  // Killed again, and the server stopped at once, well within its grace (10 s).
+  for (int trial = 0; trial < 14; ++trial) kill_upload_midway(trial);
+  client_.reset();
+  const absl::Time stopping = absl::Now();
+  server_.reset();
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(5));
+}
+
 TEST_F(SharedMemoryTest, ShutdownReleasesRegions) {
   RawShm raw(*server_, "shm-test");
   Segment segment(4096);
