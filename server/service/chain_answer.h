@@ -4,7 +4,9 @@
 // device is done, while the caller waits.
 //
 // So what does not change from run to run, each step's tag, kind, outputs and traffic,
-// is encoded once, when the chain is prepared. A run encodes what is its own once: its
+// is encoded once, when the chain is prepared. The outputs' leases do change: each run
+// reads them when it answers (an atomic load each) and encodes them after the rest of
+// their output, as GetBuffer reports them. A run encodes what is its own once: its
 // id and stream in the answer's own fields (ChainResponse.operation_id), which the
 // steps leave empty; its state, error and queueing time, the same for every step; and
 // each distinct timing (a step's share of the device time and the rates that follow
@@ -15,11 +17,13 @@
 #ifndef GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
 #define GPUCOMPUTE_SERVER_SERVICE_CHAIN_ANSWER_H_
 
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "server/core/buffer_registry.h"
 #include "server/core/executor.h"
 
 namespace gpucompute {
@@ -38,12 +42,20 @@ class ChainAnswer {
                      bool planned) const;
 
  private:
+  // An output a step reports, all but its lease, and the lease, read at each answer.
+  struct Output {
+    std::string info;  // BufferInfo
+    // Of its buffer, which the chain's run holds anyway; null: none to report.
+    std::shared_ptr<const Lease> lease;
+  };
   struct Step {
     std::string result;     // ChainStepResult: its tag
-    std::string operation;  // Operation: its kind and outputs
-    size_t timing = 0;      // its index in timings_
+    std::string operation;  // Operation: its kind
+    std::vector<Output> outputs;
+    size_t timing = 0;  // its index in timings_
   };
   std::vector<Step> steps_;
+  size_t outputs_ = 0;  // of all the steps
   // Each distinct Timing template of the steps (traffic, compile time and
   // graph_operations), encoded once per run: the steps share the run's device time
   // evenly, so steps of the same traffic (most of a chain of small steps) have the same

@@ -10,14 +10,26 @@
 
 namespace gpucompute {
 
+bool ReportsOutput(const ChainStepPlan& step, const BufferMeta& output) {
+  return !step.temporary || output.id != step.written->id;
+}
+
 void BeginStepResult(const ChainStepPlan& step, v1::ChainResponse* response) {
   v1::ChainStepResult* result = response->add_steps();
   result->set_tag(step.tag);
   v1::Operation* op = result->mutable_operation();
   op->set_kind(ToProto(step.plan.spec.kind));
   for (const BufferMeta& m : step.plan.spec.outputs) {
-    if (step.temporary && m.id == step.written->id) continue;
-    ToProto(m, op->add_outputs());
+    if (ReportsOutput(step, m)) ToProto(m, op->add_outputs());
+  }
+}
+
+void ReportStepLeases(const ChainStepPlan& step, const OperationStatus& status, v1::Operation* op) {
+  int k = 0;
+  for (const BufferMeta& m : status.outputs) {
+    if (ReportsOutput(step, m) && k < op->outputs_size()) {
+      LiveLeaseToProto(m, op->mutable_outputs(k++));
+    }
   }
 }
 

@@ -49,9 +49,15 @@ struct ChainStepPlan {
   std::vector<size_t> deps;  // indices of the steps it refers to by tag
 };
 
-// Starts the answer of `step`: all but the outcome (ToProtoOutcome). A temporary is not
-// reported as an output.
+// Whether the answer of `step` reports `output`, one of its outputs: a temporary is not
+// reported.
+bool ReportsOutput(const ChainStepPlan& step, const BufferMeta& output);
+// Starts the answer of `step`: all but the outcome (ToProtoOutcome) and the outputs'
+// leases, which are read when the chain answers (ReportStepLeases).
 void BeginStepResult(const ChainStepPlan& step, v1::ChainResponse* response);
+// Sets the leases of the outputs BeginStepResult reported in `op` as they are now, from
+// `status`, the step's finished operation.
+void ReportStepLeases(const ChainStepPlan& step, const OperationStatus& status, v1::Operation* op);
 
 // A chain planned once, with its temporaries, run again as one executor operation.
 class PreparedChain {

@@ -127,7 +127,9 @@ struct ChainRun {
       std::vector<absl::Status> errors(steps.size());
       for (size_t i = 0; i < steps.size(); ++i) {
         v1::Operation* op = response.mutable_steps(i)->mutable_operation();
-        ToProtoOutcome(Executor::FinalStatus(*ops[i]), op);
+        const OperationStatus& status = Executor::FinalStatus(*ops[i]);
+        ToProtoOutcome(status, op);
+        ReportStepLeases(steps[i], status, op);
         for (size_t d : steps[i].deps) {
           if (errors[d].ok()) continue;
           MarkFailed(FailedDependencyError(steps[d].tag, errors[d]), op);

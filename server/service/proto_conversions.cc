@@ -125,18 +125,26 @@ void ToProto(const BufferMeta& meta, v1::BufferInfo* info) {
   info->set_create_time_unix_nanos(meta.create_time_unix_nanos);
 }
 
+LeaseClocks LeaseClocks::Now() { return {SteadyNanos(), absl::ToUnixNanos(absl::Now())}; }
+
+LeaseReport ReportLease(const Lease& lease, const LeaseClocks& now) {
+  const int64_t ttl = lease.ttl_nanos.load();
+  if (ttl == 0) return {};
+  // A lease held by a writer starts when the writer completes: a ttl from now at the
+  // earliest.
+  const int64_t remaining = lease.held() ? ttl : lease.deadline_nanos.load() - now.steady_nanos;
+  // The deadline is on the steady clock; the API speaks wall-clock time.
+  return {static_cast<double>(ttl) / 1e9, now.unix_nanos + remaining};
+}
+
 namespace {
 
 // Sets info's ttl and expiry from `lease`; neither without a lease.
 void LeaseToProto(const Lease& lease, v1::BufferInfo* info) {
-  const int64_t ttl = lease.ttl_nanos.load();
-  if (ttl == 0) return;
-  info->set_ttl_seconds(static_cast<double>(ttl) / 1e9);
-  // A lease held by a writer starts when the writer completes: a ttl from now at the
-  // earliest.
-  const int64_t remaining = lease.held() ? ttl : lease.deadline_nanos.load() - SteadyNanos();
-  // The deadline is on the steady clock; the API speaks wall-clock time.
-  info->set_lease_expire_time_unix_nanos(absl::ToUnixNanos(absl::Now()) + remaining);
+  const LeaseReport report = ReportLease(lease, LeaseClocks::Now());
+  if (report.ttl_seconds == 0) return;
+  info->set_ttl_seconds(report.ttl_seconds);
+  info->set_lease_expire_time_unix_nanos(report.expire_time_unix_nanos);
 }
 
 }  // namespace
@@ -144,6 +152,10 @@ void LeaseToProto(const Lease& lease, v1::BufferInfo* info) {
 void ToProto(const BufferEntry& entry, v1::BufferInfo* info) {
   ToProto(static_cast<const BufferMeta&>(entry), info);
   LeaseToProto(entry.lease, info);
+}
+
+void LiveLeaseToProto(const BufferMeta& meta, v1::BufferInfo* info) {
+  if (std::shared_ptr<const Lease> lease = meta.live_lease.lock()) LeaseToProto(*lease, info);
 }
 
 v1::Operation::State ToProto(OperationStatus::State s) {
@@ -189,7 +201,7 @@ void ToProto(const OperationStatus& status, v1::Operation* op) {
     v1::BufferInfo* info = op->add_outputs();
     ToProto(m, info);
     // As GetBuffer reports it now: the lease has run since the operation was queued.
-    if (std::shared_ptr<const Lease> lease = m.live_lease.lock()) LeaseToProto(*lease, info);
+    LiveLeaseToProto(m, info);
   }
   ToProtoOutcome(status, op);
 }

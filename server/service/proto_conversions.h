@@ -37,6 +37,23 @@ v1::OperationKind ToProto(OperationKind kind);
 void ToProto(const BufferMeta& meta, v1::BufferInfo* info);
 // As above, with the buffer's lease.
 void ToProto(const BufferEntry& entry, v1::BufferInfo* info);
+// A buffer's lease as the API reports it (BufferInfo.ttl_seconds and
+// lease_expire_time_unix_nanos; both 0 without a lease), as GetBuffer reports it.
+struct LeaseReport {
+  double ttl_seconds = 0;
+  int64_t expire_time_unix_nanos = 0;
+};
+// The clocks a report reads: the steady clock of the deadlines and the API's wall clock.
+// Read once for the leases of one answer.
+struct LeaseClocks {
+  int64_t steady_nanos = 0;
+  int64_t unix_nanos = 0;
+  static LeaseClocks Now();
+};
+LeaseReport ReportLease(const Lease& lease, const LeaseClocks& now);
+// Sets info's lease from the lease of `meta`'s buffer as it is now; none once the
+// buffer is gone.
+void LiveLeaseToProto(const BufferMeta& meta, v1::BufferInfo* info);
 // With each output's lease as it is now, as GetBuffer reports it.
 void ToProto(const OperationStatus& status, v1::Operation* op);
 v1::Operation::State ToProto(OperationStatus::State state);

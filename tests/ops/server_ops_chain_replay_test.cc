@@ -3,6 +3,7 @@
 // name, their temporaries freed once a buffer they name goes, and the refusals of a
 // planned run.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -419,6 +420,76 @@ TEST_F(ChainReplayTest, TheServerKeepsAtMost64ChainsAndTheirTemporaries) {
   // Deleting x forgets them all.
   ASSERT_OK(c().DeleteBuffer("x"));
   ExpectMemoryReturnsTo(c(), before.memory_used_bytes() - kN * sizeof(double));
+}
+
+
+// Expects each step of `response` whose tag `ttls` names to report one output, with the
+// lease ListBuffers (which renews none) reports for its buffer: that ttl and the same
+// expiry, read through the wall clock at two moments. The other steps report none.
+void ExpectOutputLeases(Client& client, const v1::ChainResponse& response,
+                        const std::map<std::string, double>& ttls) {
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse list, client.ListBuffers());
+  for (const v1::ChainStepResult& step : response.steps()) {
+    SCOPED_TRACE(step.tag());
+    const v1::Operation& op = step.operation();
+    auto ttl = ttls.find(step.tag());
+    if (ttl == ttls.end()) {
+      EXPECT_EQ(op.outputs_size(), 0);
+      continue;
+    }
+    ASSERT_EQ(op.outputs_size(), 1);
+    const v1::BufferInfo& out = op.outputs(0);
+    auto listed = std::find_if(list.buffers().begin(), list.buffers().end(),
+                               [&](const v1::BufferInfo& b) { return b.id() == out.id(); });
+    ASSERT_NE(listed, list.buffers().end()) << out.id();
+    EXPECT_DOUBLE_EQ(listed->ttl_seconds(), ttl->second);
+    EXPECT_DOUBLE_EQ(out.ttl_seconds(), ttl->second);
+    EXPECT_GT(listed->lease_expire_time_unix_nanos(), absl::ToUnixNanos(absl::Now()));
+    EXPECT_NEAR(static_cast<double>(out.lease_expire_time_unix_nanos()),
+                static_cast<double>(listed->lease_expire_time_unix_nanos()), 5e6);
+  }
+}
+
+// A step's outputs report their buffers' leases as GetBuffer and ListBuffers do, as
+// they are when the chain answers: the server's default result ttl or the buffer's own,
+// in a planned run and in every run of a prepared chain.
+TEST(ChainLeaseTest, StepOutputsReportTheLeasesOfTheirBuffers) {
+  auto server = TestServer::StartWith(nullptr, 256 * kMiB, 2, [](ServerOptions& o) {
+    o.default_result_ttl_seconds = 30;
+  });
+  ASSERT_NE(server, nullptr);
+  auto client = server->Connect();
+  ASSERT_OK(UploadArray(*client, std::vector<double>(kN, 1), {}, v1::LAYOUT_C, "x"));
+  // New buffers: an unnamed result kept (the default ttl) and a named one with its own.
+  Chain creating;
+  creating.Add(Elementwise("x * 2", {{"x", BufferOperand("x")}}), "default");
+  v1::Output own = NewOutput("own");
+  own.set_ttl_seconds(45);
+  creating.Add(Elementwise("x * 3", {{"x", BufferOperand("x")}}, own), "own");
+  creating.Keep("default");
+  ASSIGN_OR_FAIL(v1::ChainResponse created, creating.Run(*client));
+  ASSERT_NO_FATAL_FAILURE(ExpectOutputLeases(*client, created, {{"default", 30}, {"own", 45}}));
+
+  // Writing into them, with a temporary, which is no output: planned at the first run,
+  // then prepared (the run that prepares it, then runs of the kept chain).
+  ASSERT_EQ(created.steps(0).operation().outputs_size(), 1);
+  const std::string unnamed = created.steps(0).operation().outputs(0).id();
+  Chain writing;
+  writing.Add(Elementwise("x + 1", {{"x", BufferOperand("x")}}), "temporary");
+  writing.Add(Elementwise("t * 2", {{"t", Tagged("temporary")}}, ExistingOutput(unnamed)),
+              "default");
+  writing.Add(Elementwise("t * 3", {{"t", Tagged("temporary")}}, ExistingOutput("own")), "own");
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    // Each run renews the leases: a lease kept from an earlier run would be this late.
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSIGN_OR_FAIL(v1::ChainResponse response, writing.Run(*client));
+    std::set<std::string> ids;
+    for (const v1::ChainStepResult& step : response.steps()) ids.insert(step.operation().id());
+    EXPECT_EQ(ids.size(), run == 0 ? 3u : 1u);
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectOutputLeases(*client, response, {{"default", 30}, {"own", 45}}));
+  }
 }
 
 }  // namespace

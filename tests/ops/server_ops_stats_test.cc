@@ -22,6 +22,7 @@
 #include "server/core/backend.h"
 #include "server/cpu/cpu_backend.h"
 #include "tests/ops/server_ops_fixture.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/test_server.h"
 
 namespace gpucompute::testing {
@@ -131,9 +132,9 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
 
 // The CPU backend, with PrepareElementwise that fails on demand or reports a compile
 // time, and PushRange/PopRange recorded.
-class InstrumentedBackend final : public Backend {
+class InstrumentedBackend final : public ForwardingBackend {
  public:
-  InstrumentedBackend() : cpu_(2) {}
+  InstrumentedBackend() : ForwardingBackend(std::make_unique<cpu::CpuBackend>(2)) {}
 
   // While set, PrepareElementwise fails with it.
   void FailPrepare(absl::Status status) {
@@ -163,7 +164,6 @@ class InstrumentedBackend final : public Backend {
     if (!prepare_error_.ok()) return prepare_error_;
     return kCompileSeconds;
   }
-  PoolUsage MemoryPoolUsage(int device) const override { return cpu_.MemoryPoolUsage(device); }
   void PushRange(const std::string& name) override {
     ++pushes_;
     std::lock_guard lock(mu_);
@@ -171,33 +171,6 @@ class InstrumentedBackend final : public Backend {
   }
   void PopRange() override { ++pops_; }
 
-  absl::string_view name() const override { return cpu_.name(); }
-  const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
-  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
-    return cpu_.Allocate(device, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
-    return cpu_.CreateStream(device);
-  }
-  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
-    return cpu_.ElapsedSeconds(start, end);
-  }
-  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
-                            uint64_t bytes) override {
-    return cpu_.CopyFromHost(stream, src, dst, dst_offset, bytes);
-  }
-  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
-                          uint64_t bytes) override {
-    return cpu_.CopyToHost(stream, src, src_offset, dst, bytes);
-  }
-  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
-                    uint64_t dst_offset, uint64_t bytes) override {
-    return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
-  }
-  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
-                    int64_t count) override {
-    return cpu_.Fill(stream, dst, dtype, value_bits, count);
-  }
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
                                          std::span<const DeviceMemory* const> inputs,
                                          DeviceMemory& out, DType out_dtype, int64_t n) override {
@@ -205,24 +178,10 @@ class InstrumentedBackend final : public Backend {
       std::lock_guard lock(mu_);
       if (!elementwise_error_.ok()) return elementwise_error_;
     }
-    return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
-  }
-  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
-                      const ReduceShape& shape, DeviceMemory& out) override {
-    return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
-  }
-  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
-                    const DeviceMemory& a, const DeviceMemory& x, double beta,
-                    DeviceMemory& y) override {
-    return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
-  }
-  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
-                      int64_t n) override {
-    return cpu_.Random(stream, params, dtype, out, n);
+    return ForwardingBackend::Elementwise(stream, program, inputs, out, out_dtype, n);
   }
 
  private:
-  cpu::CpuBackend cpu_;
   mutable std::mutex mu_;
   absl::Status prepare_error_;
   absl::Status elementwise_error_;

@@ -31,6 +31,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/persistence/persist_format.h"
 #include "server/tenancy/auth.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/spawn_server.h"
 #include "tests/support/test_server.h"
 
@@ -225,9 +226,9 @@ TEST(LeaseTest, DefaultResultTtlAppliesToUnnamedResultsOnly) {
 
 // The CPU backend, whose elementwise operations start and then hold their stream until
 // the test opens the gate: an operation that runs as long as the test wants.
-class GatedBackend final : public Backend {
+class GatedBackend final : public ForwardingBackend {
  public:
-  GatedBackend() : cpu_(2) {}
+  GatedBackend() : ForwardingBackend(std::make_unique<cpu::CpuBackend>(2)) {}
 
   // Lets every elementwise operation, held or to come, run.
   void Open() {
@@ -244,52 +245,10 @@ class GatedBackend final : public Backend {
       gate_.WaitForNotification();
     });
     if (!held.ok()) return held;
-    return cpu_.Elementwise(stream, program, inputs, out, out_dtype, n);
-  }
-
-  absl::string_view name() const override { return cpu_.name(); }
-  const std::vector<DeviceDescription>& devices() const override { return cpu_.devices(); }
-  absl::StatusOr<DeviceMemory> Allocate(int device, uint64_t bytes) override {
-    return cpu_.Allocate(device, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(int device) override {
-    return cpu_.CreateStream(device);
-  }
-  absl::StatusOr<double> ElapsedSeconds(const Event& start, const Event& end) override {
-    return cpu_.ElapsedSeconds(start, end);
-  }
-  absl::Status CopyFromHost(Stream& stream, const void* src, DeviceMemory& dst, uint64_t dst_offset,
-                            uint64_t bytes) override {
-    return cpu_.CopyFromHost(stream, src, dst, dst_offset, bytes);
-  }
-  absl::Status CopyToHost(Stream& stream, const DeviceMemory& src, uint64_t src_offset, void* dst,
-                          uint64_t bytes) override {
-    return cpu_.CopyToHost(stream, src, src_offset, dst, bytes);
-  }
-  absl::Status Copy(Stream& stream, const DeviceMemory& src, uint64_t src_offset, DeviceMemory& dst,
-                    uint64_t dst_offset, uint64_t bytes) override {
-    return cpu_.Copy(stream, src, src_offset, dst, dst_offset, bytes);
-  }
-  absl::Status Fill(Stream& stream, DeviceMemory& dst, DType dtype, uint64_t value_bits,
-                    int64_t count) override {
-    return cpu_.Fill(stream, dst, dtype, value_bits, count);
-  }
-  absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
-                      const ReduceShape& shape, DeviceMemory& out) override {
-    return cpu_.Reduce(stream, kind, in_dtype, in, shape, out);
-  }
-  absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
-                    const DeviceMemory& a, const DeviceMemory& x, double beta,
-                    DeviceMemory& y) override {
-    return cpu_.Gemv(stream, dtype, shape, alpha, a, x, beta, y);
-  }
-  absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
-                      int64_t n) override {
-    return cpu_.Random(stream, params, dtype, out, n);
+    return ForwardingBackend::Elementwise(stream, program, inputs, out, out_dtype, n);
   }
 
  private:
-  cpu::CpuBackend cpu_;
   absl::Notification started_;
   absl::Notification gate_;
 };
