@@ -1,5 +1,7 @@
 #include "common/grpc_tuning.h"
 
+#include <grpc/grpc.h>
+
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
@@ -35,5 +37,7 @@ absl::StatusOr<GrpcIntArgs> GrpcArgsFromEnvironment() {
   }
   return args;
 }
+
+void HoldGrpcUntilExit() { grpc_init(); }
 
 }  // namespace gpucompute

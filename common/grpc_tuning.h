@@ -26,6 +26,13 @@ absl::StatusOr<GrpcIntArgs> ParseGrpcArgs(absl::string_view text);
 // naming the variable when it does not parse.
 absl::StatusOr<GrpcIntArgs> GrpcArgsFromEnvironment();
 
+// Holds a reference to the gRPC library until the process exits, for a program's main.
+// Without it, the last gRPC object to go (the server, or the client's channel) calls the
+// last grpc_shutdown(), which joins gRPC's executor threads; one of them can sit in a poll
+// for up to about 10 s (gRPC 1.51), and a program that is about to exit would wait for it
+// after its own work is done: past a shutdown's stated bound, for the server.
+void HoldGrpcUntilExit();
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_COMMON_GRPC_TUNING_H_

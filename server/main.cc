@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_tuning.h"
 #include "common/transfer_memory.h"
 #include "server/config/flags.h"
 #include "server/util/log.h"
@@ -108,6 +109,8 @@ int main(int argc, char** argv) {
   // catch a lock-order cycle.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const sigset_t stop_signals = BlockStopSignals();
+  // After the signals are blocked: gRPC starts threads, and they inherit the mask.
+  gpucompute::HoldGrpcUntilExit();
   const gpucompute::ParsedCommandLine command_line =
       gpucompute::ParseServerCommandLine(std::vector<std::string>(argv + 1, argv + argc));
   switch (command_line.outcome) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cli/cli.h"
+#include "common/grpc_tuning.h"
 #include "common/transfer_memory.h"
 
 namespace gpucompute::cli {
@@ -460,6 +461,7 @@ const Command* FindCommand(std::string_view name) {
 
 int main(int argc, char** argv) {
   gpucompute::RetainTransferMemory();
+  gpucompute::HoldGrpcUntilExit();
   // As the server does (server/main.cc): the client library's locks are absl::Mutex too.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return gpucompute::cli::Main(argc, argv);
