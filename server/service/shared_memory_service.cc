@@ -215,7 +215,8 @@ absl::StatusOr<RegionCopy> PlanCopyFromRegion(ServiceContext& ctx, const std::st
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
       s = backend.Copy(stream, region->ipc_memory, region_offset, buffer->memory, offset, size);
-    } else if (region->mapping->dma()) {
+    } else if (DmaCopy(*region, size)) {
+      RETURN_IF_ERROR(CheckRegionHolds(*region, region_offset, size));
       s = backend.CopyFromPinnedHost(stream, src + region_offset, buffer->memory, offset, size);
     } else {
       ASSIGN_OR_RETURN(HostStagingPool::Block block,
@@ -261,7 +262,8 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
     absl::Status s;
     if (region->kind == RegionKind::kCudaIpc) {
       s = backend.Copy(stream, buffer->memory, offset, region->ipc_memory, region_offset, size);
-    } else if (region->mapping->dma()) {
+    } else if (DmaCopy(*region, size)) {
+      RETURN_IF_ERROR(CheckRegionHolds(*region, region_offset, size));
       s = backend.CopyToPinnedHost(stream, buffer->memory, offset, dst + region_offset, size);
     } else {
       ASSIGN_OR_RETURN(*staged, staging.Acquire(size));
@@ -366,7 +368,10 @@ grpc::ServerUnaryReactor* ServeCopyIntoUpload(ServiceContext& ctx, UploadTransfe
   if (!region.ok()) return fail(region.status());
   const Region& source = **region;
   const uint64_t region_offset = request.region_offset_bytes();
-  if (source.mapping->dma()) {
+  if (DmaCopy(source, size)) {
+    if (absl::Status holds = CheckRegionHolds(source, region_offset, size); !holds.ok()) {
+      return fail(holds);
+    }
     transfer->Write(offset, source.mapping->data() + region_offset,
                     UploadTransfer::HostMemory::kPinned, size,
                     [transfer, region = *std::move(region)](absl::Status) {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
@@ -85,6 +86,7 @@ class ScopedFd {
     if (fd_ >= 0) close(fd_);
   }
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -154,15 +156,19 @@ bool GuardedCopy(void* dst, const void* src, size_t bytes) {
   return true;
 }
 
-absl::Status CopyWithRegion(const Region& region, uint64_t offset, uint64_t bytes, void* dst,
-                            const void* src) {
-  RETURN_IF_ERROR(CheckByteRange(offset, bytes, region.size, absl::StrCat("region ", region.id)));
-  if (GuardedCopy(dst, src, bytes)) return absl::OkStatus();
+absl::Status Truncated(const Region& region, uint64_t offset, uint64_t bytes) {
   return absl::FailedPreconditionError(absl::StrCat(
       "region ", region.id, ": shared-memory object '", region.shm_name,
       "' no longer holds its bytes [", region.shm_offset + offset, ", +", bytes,
       "), which the region maps: it was truncated after the region was registered. "
       "Unregister the region, and register it again once the object has its size"));
+}
+
+absl::Status CopyWithRegion(const Region& region, uint64_t offset, uint64_t bytes, void* dst,
+                            const void* src) {
+  RETURN_IF_ERROR(CheckByteRange(offset, bytes, region.size, absl::StrCat("region ", region.id)));
+  if (GuardedCopy(dst, src, bytes)) return absl::OkStatus();
+  return Truncated(region, offset, bytes);
 }
 
 }  // namespace
@@ -173,6 +179,23 @@ absl::Status ReadRegion(const Region& region, uint64_t offset, void* dst, uint64
 
 absl::Status WriteRegion(const Region& region, uint64_t offset, const void* src, uint64_t bytes) {
   return CopyWithRegion(region, offset, bytes, region.mapping->data() + offset, src);
+}
+
+bool DmaCopy(const Region& region, uint64_t bytes) {
+  return region.mapping != nullptr && region.mapping->dma() && bytes >= kMinDmaCopyBytes;
+}
+
+absl::Status CheckRegionHolds(const Region& region, uint64_t offset, uint64_t bytes) {
+  RETURN_IF_ERROR(CheckByteRange(offset, bytes, region.size, absl::StrCat("region ", region.id)));
+  struct stat st;
+  if (fstat(region.mapping->fd(), &st) != 0) {
+    return ErrnoStatus(errno, "fstat", region.shm_name);
+  }
+  // offset + bytes <= region.size, and shm_offset + region.size fit at registration.
+  if (region.shm_offset + offset + bytes > static_cast<uint64_t>(st.st_size)) {
+    return Truncated(region, offset, bytes);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckByteRange(uint64_t offset, uint64_t size, uint64_t total,
@@ -231,6 +254,8 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
     // The CPU backend pins nothing (its default PinHostMemory succeeds doing nothing):
     // its copies are memcpys by its own threads.
     mapping->dma_ = backend.name() != "cpu";
+    // Kept for CheckRegionHolds; only a DMA copy needs it.
+    if (mapping->dma_) mapping->fd_ = fd.release();
   } else {
     Log(LogLevel::kWarning, "not pinning a shared-memory object",
         {{"path", path}, {"error", pinned.ToString()}});
@@ -241,6 +266,7 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Open(Backend& back
 SharedMapping::~SharedMapping() {
   if (pinned_) backend_.UnpinHostMemory(base_);
   munmap(base_, length_);
+  if (fd_ >= 0) close(fd_);
 }
 
 RegionRegistry::RegionRegistry(absl::Duration idle_timeout) : idle_timeout_(idle_timeout) {

@@ -68,15 +68,19 @@ class SharedMapping {
   // CopyToPinnedHost. Otherwise (the CPU backend, an unpinned mapping) every copy stages
   // through ReadRegion and WriteRegion below.
   //
-  // On CUDA, a client that shrinks the object takes the pages past its new end out of
-  // its file, but they stay pinned for the GPU until the server unpins them: a DMA then
-  // reads stale bytes or writes bytes the client no longer sees, and nothing faults in
-  // the server. (Stated from how page pinning works; no test here has a GPU.)
+  // A client that shrinks the object takes the pages past its new end out of its file
+  // and out of every mapping, but they stay pinned for the GPU until the server unpins
+  // them: a DMA would read stale bytes or write bytes the client no longer sees, so a
+  // DMA copy checks the object's size first (CheckRegionHolds). And the CPU must never
+  // touch them, which the CUDA driver does for a small copy: see DmaCopy.
   bool dma() const { return dma_; }
+  // The object's descriptor, kept open for its size (fstat) at each DMA copy.
+  int fd() const { return fd_; }
 
  private:
   SharedMapping(Backend& backend, void* base, size_t length, char* data, uint64_t size)
       : backend_(backend), base_(base), length_(length), data_(data), size_(size) {}
+  int fd_ = -1;
 
   Backend& backend_;
   void* const base_;     // the page-aligned mapping
@@ -124,6 +128,20 @@ using RegionHandle = std::shared_ptr<Region>;
 // Whenever the server's CPU touches a region's mapping, it is through one of them.
 absl::Status ReadRegion(const Region& region, uint64_t offset, void* dst, uint64_t bytes);
 absl::Status WriteRegion(const Region& region, uint64_t offset, const void* src, uint64_t bytes);
+
+// Copies of at least this many bytes between a DMA-capable mapping (SharedMapping::dma)
+// and the device go by DMA, straight from or to the mapping. Smaller ones stage through
+// ReadRegion and WriteRegion: the CUDA driver moves a small copy from pinned host memory
+// with the CPU, through its command buffer, where a page the client truncated away would
+// raise SIGBUS inside the driver, past any guard.
+inline constexpr uint64_t kMinDmaCopyBytes = uint64_t{1} << 20;
+// Whether a copy of `bytes` with `region` goes by DMA (see kMinDmaCopyBytes).
+bool DmaCopy(const Region& region, uint64_t bytes);
+// Before a DMA copy of bytes [offset, offset + bytes) of a system region: whether the
+// object still holds them (its size, now). FAILED_PRECONDITION as ReadRegion's if not.
+// A client that shrinks the object after the check only gets stale bytes, or loses what
+// the copy writes: no CPU touches the pages, so the server does not fault.
+absl::Status CheckRegionHolds(const Region& region, uint64_t offset, uint64_t bytes);
 
 class RegionRegistry {
  public:
