@@ -53,12 +53,13 @@ for ((run = 1; run <= runs; run++)); do
     streams+=("$("${g[@]}" stream create)")
     "${g[@]}" create --shape $((1 << log2n)) --dtype float64 --name "y$s" > /dev/null
   done
-  # Idle connections: a raw TCP connection that sends nothing, and a gRPC channel with no call.
+  # Idle connections: a TCP connection that sends nothing, and an HTTP/2 one with no call.
   exec 3<> "/dev/tcp/127.0.0.1/$port"
-  "${PYTHON:-/usr/bin/python3}" -c "
-import grpc, sys, time
-channel = grpc.insecure_channel('127.0.0.1:$port')
-grpc.channel_ready_future(channel).result(timeout=30)
+  # The channel: an HTTP/2 connection, its preface and settings sent, then nothing.
+  python3 -c "
+import socket, time
+s = socket.create_connection(('127.0.0.1', $port))
+s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
 time.sleep(600)" &
   idle_channel=$!
   for s in 1 2 3 4; do
@@ -77,6 +78,6 @@ time.sleep(600)" &
   snapshot=$(sed -n 's/.*wrote [0-9]* named buffers to .* in \([^ ",]*\).*/\1/p' "$work/server.log" | head -1 || true)
   shut=$(grep '"shut down"' "$work/server.log" | sed -n 's/.*"took":"\([^"]*\)".*/\1/p' | tail -1 || true)
   printf '%-8s %-6s %-8s %-10.2f %-10.2f %-9s %-12s %s\n' "$backend" "$grace" "$ops" \
-    "$(echo "$start - $queued_at" | bc)" "$(echo "$end - $start" | bc)" "${cancelled:-0}" \
+    "$(awk "BEGIN { print $start - $queued_at }")" "$(awk "BEGIN { print $end - $start }")" "${cancelled:-0}" \
     "${snapshot:--}" "$shut"
 done
