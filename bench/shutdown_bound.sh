@@ -50,7 +50,7 @@ for ((run = 1; run <= runs; run++)); do
   "${g[@]}" rand uniform --out x > /dev/null
   streams=()
   for s in 1 2 3 4; do
-    streams+=("$("${g[@]}" stream create)")
+    streams+=("$("${g[@]}" stream create | awk '{ print $1 }')")
     "${g[@]}" create --shape $((1 << log2n)) --dtype float64 --name "y$s" > /dev/null
   done
   # Idle connections: a TCP connection that sends nothing, and an HTTP/2 one with no call.
