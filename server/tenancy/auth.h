@@ -38,18 +38,6 @@ inline constexpr size_t kMaxTenantNameBytes = 64;
 // (ValidateTenantName refuses it), so no tenant of the tokens file can be taken for it.
 inline constexpr absl::string_view kUnauthenticatedTenantName = "(unauthenticated)";
 
-// The caller of one RPC, as IdentifyCaller (server/service/service_context.h) finds it.
-struct Caller {
-  std::string tenant;  // "" without authentication
-  std::string client;  // metadata "gpucompute-client", "default" when absent
-  bool admin = false;  // may see server-wide figures and manage the server
-  std::string scope;   // ScopeOf(tenant, client)
-  // The call's place among its tenant's calls in flight (TenantAdmission in
-  // server/tenancy/admission.h), given back when the last holder lets go: whatever serves the
-  // call past its handler (a reactor) keeps it.
-  std::shared_ptr<const void> admission;
-};
-
 // Whether the credential a call was authenticated with still stands. A reload of the
 // tokens file revokes a token it drops (or gives another tenant or admin right), and a
 // call that acts long after it was admitted (a session) checks this before each request
@@ -64,6 +52,20 @@ class Credential {
 
  private:
   std::shared_ptr<const std::atomic<bool>> revoked_;
+};
+
+// The caller of one RPC, as IdentifyCaller (server/service/service_context.h) finds it.
+struct Caller {
+  std::string tenant;  // "" without authentication
+  std::string client;  // metadata "gpucompute-client", "default" when absent
+  bool admin = false;  // may see server-wide figures and manage the server
+  std::string scope;   // ScopeOf(tenant, client)
+  // The call's place among its tenant's calls in flight (TenantAdmission in
+  // server/tenancy/admission.h), given back when the last holder lets go: whatever serves the
+  // call past its handler (a reactor) keeps it.
+  std::shared_ptr<const void> admission;
+  // The token the call was authenticated with; never revoked without authentication.
+  Credential credential;
 };
 
 // UNAUTHENTICATED: what a call whose token was revoked hears.
