@@ -40,9 +40,9 @@ inline constexpr absl::string_view kUnauthenticatedTenantName = "(unauthenticate
 
 // Whether the credential a call was authenticated with still stands. A reload of the
 // tokens file revokes a token it drops (or gives another tenant or admin right), and a
-// call that acts long after it was admitted (a session) checks this before each request
-// it acts on: one atomic load. Never revoked for a client certificate or without
-// authentication.
+// call that acts long after it was admitted (a session, an upload stream) checks this
+// before each request or message it acts on: one atomic load. Never revoked for a client
+// certificate or without authentication.
 class Credential {
  public:
   Credential() = default;  // never revoked

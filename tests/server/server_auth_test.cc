@@ -1044,6 +1044,13 @@ class HeldUpload {
   }
   ~HeldUpload() { Cancel(); }
   bool ok() const { return ok_; }
+  const v1::UploadResponse& response() const { return response_; }
+  // Sends `values` as the next chunk; false once the stream is over.
+  bool Send(const std::vector<int32_t>& values) {
+    v1::UploadRequest request;
+    request.set_chunk(values.data(), values.size() * sizeof(int32_t));
+    return writer_->Write(request);
+  }
   // Half-closes the stream and waits for the server's answer (a refused header's).
   grpc::Status Close() {
     if (writer_ == nullptr) return status_;
@@ -1069,6 +1076,49 @@ class HeldUpload {
   grpc::Status status_;
   bool ok_ = false;
 };
+
+TEST_F(TokenTest, AReloadThatDropsATokenFailsTheUploadsItOpenedAtTheirNextChunk) {
+  const auto alice_bytes = [&](Client& client) -> uint64_t {
+    absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+    EXPECT_OK(info);
+    return info.ok() ? info->tenant_memory_used_bytes() : 0;
+  };
+  const uint64_t alice_before = alice_bytes(*alice_);
+  // Each declares 4 elements and sends the first 2 before the reload.
+  HeldUpload alice_upload(server_->RawChannel(), kAliceToken, 4);
+  HeldUpload bob_upload(server_->RawChannel(), kBobToken, 4);
+  ASSERT_TRUE(alice_upload.ok());
+  ASSERT_TRUE(bob_upload.ok());
+  ASSERT_TRUE(alice_upload.Send({1, 2}));
+  ASSERT_TRUE(bob_upload.Send({5, 6}));
+  ASSERT_TRUE(InfoBecomes(*alice_, [&](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 1 &&
+           info.tenant_memory_used_bytes() == alice_before + 16;
+  }));
+
+  dir_.Write("tokens", "bob-token-77d2e0 bob\nroot-token-c0ffee ops admin\nalice-token-2 alice\n");
+  ASSERT_OK(server_->server().Reload());
+  (void)alice_upload.Send({3, 4});  // the server may have ended the call before it arrives
+  const grpc::Status refused = alice_upload.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(refused.error_message(),
+            "the token this call was opened with was revoked (a reload of the server's tokens "
+            "file dropped it); open a new call with a token the file lists");
+  // Nothing was created, and the memory the header reserved is free again.
+  std::unique_ptr<Client> alice_again = As("alice-token-2");
+  ASSERT_NE(alice_again, nullptr);
+  ASSERT_TRUE(InfoBecomes(*alice_again, [](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 0;
+  }));
+  EXPECT_EQ(alice_bytes(*alice_again), alice_before);
+  EXPECT_EQ(TakeSnapshot(*alice_again).buffers, std::vector<std::string>{});
+
+  // bob's token stayed, and his upload completes.
+  ASSERT_TRUE(bob_upload.Send({7, 8}));
+  ASSERT_TRUE(bob_upload.Close().ok());
+  ExpectValue(DownloadArray<int32_t>(*bob_, bob_upload.response().buffer().id()),
+              std::vector<int32_t>{5, 6, 7, 8});
+}
 
 TEST(QuotaTest, ReloadAppliesNewQuotasAndKeepsTheOldOnesOnError) {
   TempDir dir;
