@@ -108,6 +108,7 @@ absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
     ASSIGN_OR_RETURN(Identity identity, ctx.auth->AuthenticateCall(context));
     caller.tenant = std::move(identity.tenant);
     caller.admin = identity.admin;
+    caller.credential = std::move(identity.credential);
   }
   ASSIGN_OR_RETURN(caller.client, ClientName(context));
   caller.scope = ScopeOf(caller.tenant, caller.client);

@@ -22,8 +22,9 @@ using SessionStream = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer
 // the requests.
 class SessionReactor final : public SessionStream, private SessionIo {
  public:
-  SessionReactor(ServiceContext& ctx, Caller caller, Credential credential)
-      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope), std::move(credential),
+  SessionReactor(ServiceContext& ctx, Caller caller)
+      : core_(std::make_shared<SessionCore>(ctx, std::move(caller.scope),
+                                            std::move(caller.credential),
                                             static_cast<SessionIo*>(this))),
         admission_(std::move(caller.admission)) {
     core_->Start();
@@ -70,15 +71,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SessionServiceImpl:
   using Refuse = Refusal<SessionStream>;
   absl::StatusOr<Caller> caller = IdentifyCaller(ctx_, *context);
   if (!caller.ok()) return new Refuse(caller.status());
-  // The session checks its token's standing before each request it acts on.
-  Credential credential;
-  if (ctx_.auth != nullptr) {
-    absl::StatusOr<Identity> identity = ctx_.auth->AuthenticateCall(*context);
-    if (!identity.ok()) return new Refuse(identity.status());
-    credential = identity->credential;
-  }
   if (absl::Status s = CheckBackendHealthy(ctx_.backend); !s.ok()) return new Refuse(s);
-  return new SessionReactor(ctx_, *std::move(caller), std::move(credential));
+  return new SessionReactor(ctx_, *std::move(caller));
 }
 
 }  // namespace gpucompute

@@ -26,7 +26,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   UploadReactor(ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
                 grpc::CallbackServerContext* context, Caller caller, grpc::ByteBuffer* response)
       : state_(std::make_shared<State>(ctx, std::move(table), context, std::move(caller.scope),
-                                       response)),
+                                       std::move(caller.credential), response)),
         admission_(std::move(caller.admission)) {
     absl::MutexLock lock(&state_->mu);
     state_->reactor = this;
@@ -74,12 +74,18 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   };
   struct State {
     State(ServiceContext& c, std::shared_ptr<UploadTransferTable> t,
-          grpc::CallbackServerContext* cx, std::string cl, grpc::ByteBuffer* r)
-        : ctx(c), table(std::move(t)), context(cx), client(std::move(cl)), response(r) {}
+          grpc::CallbackServerContext* cx, std::string cl, Credential cr, grpc::ByteBuffer* r)
+        : ctx(c),
+          table(std::move(t)),
+          context(cx),
+          client(std::move(cl)),
+          credential(std::move(cr)),
+          response(r) {}
     ServiceContext& ctx;
     const std::shared_ptr<UploadTransferTable> table;
     grpc::CallbackServerContext* const context;  // valid while reactor is set
     const std::string client;
+    const Credential credential;  // the token the stream was opened with
     grpc::ByteBuffer* const response;
     absl::Mutex mu;
     UploadReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once the call is over
@@ -167,6 +173,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::Status parsed = wire::ParseUploadRequest(slot.message, &slot.parsed);
     slot.message.Clear();  // the parsed slices keep the bytes
     if (!parsed.ok()) return parsed;
+    // Per message, header and chunk alike (one atomic load): a stream outlives the reload
+    // that revokes its token, and the upload it belongs to fails with it.
+    if (s->credential.revoked()) return TokenRevokedError();
     const wire::UploadMessage& msg = slot.parsed;
     if (!s->have_header) {
       if (msg.kind != wire::UploadMessage::Kind::kHeader) {

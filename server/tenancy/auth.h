@@ -38,6 +38,22 @@ inline constexpr size_t kMaxTenantNameBytes = 64;
 // (ValidateTenantName refuses it), so no tenant of the tokens file can be taken for it.
 inline constexpr absl::string_view kUnauthenticatedTenantName = "(unauthenticated)";
 
+// Whether the credential a call was authenticated with still stands. A reload of the
+// tokens file revokes a token it drops (or gives another tenant or admin right), and a
+// call that acts long after it was admitted (a session, an upload stream) checks this
+// before each request or message it acts on: one atomic load. Never revoked for a client
+// certificate or without authentication.
+class Credential {
+ public:
+  Credential() = default;  // never revoked
+  explicit Credential(std::shared_ptr<const std::atomic<bool>> revoked)
+      : revoked_(std::move(revoked)) {}
+  bool revoked() const { return revoked_ != nullptr && revoked_->load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<const std::atomic<bool>> revoked_;
+};
+
 // The caller of one RPC, as IdentifyCaller (server/service/service_context.h) finds it.
 struct Caller {
   std::string tenant;  // "" without authentication
@@ -48,22 +64,8 @@ struct Caller {
   // server/tenancy/admission.h), given back when the last holder lets go: whatever serves the
   // call past its handler (a reactor) keeps it.
   std::shared_ptr<const void> admission;
-};
-
-// Whether the credential a call was authenticated with still stands. A reload of the
-// tokens file revokes a token it drops (or gives another tenant or admin right), and a
-// call that acts long after it was admitted (a session) checks this before each request
-// it acts on: one atomic load. Never revoked for a client certificate or without
-// authentication.
-class Credential {
- public:
-  Credential() = default;  // never revoked
-  explicit Credential(std::shared_ptr<const std::atomic<bool>> revoked)
-      : revoked_(std::move(revoked)) {}
-  bool revoked() const { return revoked_ != nullptr && revoked_->load(std::memory_order_acquire); }
-
- private:
-  std::shared_ptr<const std::atomic<bool>> revoked_;
+  // The token the call was authenticated with; never revoked without authentication.
+  Credential credential;
 };
 
 // UNAUTHENTICATED: what a call whose token was revoked hears.

@@ -1032,18 +1032,34 @@ class HeldUpload {
  public:
   HeldUpload(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
              uint64_t elements)
+      : HeldUpload(channel, token, CreateHeader(elements)) {}
+  // A stream with `header` of its own: a range stream's, say.
+  HeldUpload(const std::shared_ptr<grpc::Channel>& channel, const std::string& token,
+             const v1::UploadHeader& header)
       : stub_(v1::BufferService::NewStub(channel)) {
     context_.AddMetadata("authorization", absl::StrCat("Bearer ", token));
     writer_ = stub_->Upload(&context_, &response_);
     v1::UploadRequest request;
-    v1::UploadHeader* header = request.mutable_header();
-    header->mutable_create()->set_dtype(v1::DTYPE_INT32);
-    header->mutable_create()->add_shape(elements);
-    header->set_size_bytes(elements * 4);
+    *request.mutable_header() = header;
     ok_ = writer_->Write(request);
+  }
+  // Creates an int32 array of `elements`.
+  static v1::UploadHeader CreateHeader(uint64_t elements) {
+    v1::UploadHeader header;
+    header.mutable_create()->set_dtype(v1::DTYPE_INT32);
+    header.mutable_create()->add_shape(elements);
+    header.set_size_bytes(elements * 4);
+    return header;
   }
   ~HeldUpload() { Cancel(); }
   bool ok() const { return ok_; }
+  const v1::UploadResponse& response() const { return response_; }
+  // Sends `values` as the next chunk; false once the stream is over.
+  bool Send(const std::vector<int32_t>& values) {
+    v1::UploadRequest request;
+    request.set_chunk(values.data(), values.size() * sizeof(int32_t));
+    return writer_->Write(request);
+  }
   // Half-closes the stream and waits for the server's answer (a refused header's).
   grpc::Status Close() {
     if (writer_ == nullptr) return status_;
@@ -1069,6 +1085,83 @@ class HeldUpload {
   grpc::Status status_;
   bool ok_ = false;
 };
+
+uint64_t TenantMemoryUsed(Client& client) {
+  absl::StatusOr<v1::ServerInfo> info = client.GetServerInfo();
+  EXPECT_OK(info);
+  return info.ok() ? info->tenant_memory_used_bytes() : 0;
+}
+
+// After the reload that revoked its token: `upload`'s next chunk fails it UNAUTHENTICATED,
+// and `tenant` (a client of another token of the same tenant) holds no buffer and the
+// memory it held before, `before`.
+void ExpectTheNextChunkFailsTheUpload(HeldUpload& upload, Client& tenant, uint64_t before) {
+  (void)upload.Send({3, 4});  // the server may have ended the call before it arrives
+  const grpc::Status refused = upload.Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(refused.error_message(),
+            "the token this call was opened with was revoked (a reload of the server's tokens "
+            "file dropped it); open a new call with a token the file lists");
+  // Nothing was created, and the memory the header reserved is free again.
+  EXPECT_TRUE(InfoBecomes(
+      tenant, [](const v1::ServerInfo& info) { return info.tenant_uploads_in_flight() == 0; }));
+  EXPECT_EQ(TenantMemoryUsed(tenant), before);
+  EXPECT_EQ(TakeSnapshot(tenant).buffers, std::vector<std::string>{});
+}
+
+constexpr char kTokensWithoutAlicesFirst[] =
+    "bob-token-77d2e0 bob\nroot-token-c0ffee ops admin\nalice-token-2 alice\n";
+
+TEST_F(TokenTest, AReloadThatDropsATokenFailsTheUploadsItOpenedAtTheirNextChunk) {
+  const uint64_t alice_before = TenantMemoryUsed(*alice_);
+  // Each declares 4 elements and sends the first 2 before the reload.
+  HeldUpload alice_upload(server_->RawChannel(), kAliceToken, 4);
+  HeldUpload bob_upload(server_->RawChannel(), kBobToken, 4);
+  ASSERT_TRUE(alice_upload.ok());
+  ASSERT_TRUE(bob_upload.ok());
+  ASSERT_TRUE(alice_upload.Send({1, 2}));
+  ASSERT_TRUE(bob_upload.Send({5, 6}));
+  ASSERT_TRUE(InfoBecomes(*alice_, [&](const v1::ServerInfo& info) {
+    return info.tenant_uploads_in_flight() == 1 &&
+           info.tenant_memory_used_bytes() == alice_before + 16;
+  }));
+
+  dir_.Write("tokens", kTokensWithoutAlicesFirst);
+  ASSERT_OK(server_->server().Reload());
+  std::unique_ptr<Client> alice_again = As("alice-token-2");
+  ASSERT_NE(alice_again, nullptr);
+  ExpectTheNextChunkFailsTheUpload(alice_upload, *alice_again, alice_before);
+
+  // bob's token stayed, and his upload completes.
+  ASSERT_TRUE(bob_upload.Send({7, 8}));
+  ASSERT_TRUE(bob_upload.Close().ok());
+  ExpectValue(DownloadArray<int32_t>(*bob_, bob_upload.response().buffer().id()),
+              std::vector<int32_t>{5, 6, 7, 8});
+}
+
+TEST_F(TokenTest, AReloadThatDropsATokenFailsTheMultiRangeUploadsItsRangeStreamsWrite) {
+  const uint64_t alice_before = TenantMemoryUsed(*alice_);
+  v1::BeginUploadRequest begin;
+  *begin.mutable_header() = HeldUpload::CreateHeader(4);
+  absl::StatusOr<v1::BeginUploadResponse> started = alice_->BeginUpload(begin);
+  ASSERT_OK(started);
+  // One range stream for all 16 bytes, 8 of them sent before the reload.
+  v1::UploadHeader range;
+  range.set_transfer_id(started->transfer_id());
+  range.set_size_bytes(16);
+  HeldUpload range_stream(server_->RawChannel(), kAliceToken, range);
+  ASSERT_TRUE(range_stream.ok());
+  ASSERT_TRUE(range_stream.Send({1, 2}));
+  ASSERT_TRUE(InfoBecomes(*alice_, [&](const v1::ServerInfo& info) {
+    return info.tenant_memory_used_bytes() == alice_before + 16;
+  }));
+
+  dir_.Write("tokens", kTokensWithoutAlicesFirst);
+  ASSERT_OK(server_->server().Reload());
+  std::unique_ptr<Client> alice_again = As("alice-token-2");
+  ASSERT_NE(alice_again, nullptr);
+  ExpectTheNextChunkFailsTheUpload(range_stream, *alice_again, alice_before);
+}
 
 TEST(QuotaTest, ReloadAppliesNewQuotasAndKeepsTheOldOnesOnError) {
   TempDir dir;
