@@ -298,10 +298,16 @@ TEST_F(ObserverTest, QueuedRunningAndDone) {
   EXPECT_EQ(s.at("gpucompute_buffer_bytes{device=\"0\",client=\"c\"}"), 8080);
 
   let_go();
-  // Completions are counted a moment after the work is done.
+  // Completions are counted a moment after the work is done, each series on its own (a
+  // scrape may see the count before the gauge and the histograms): wait for all of them.
   for (int i = 0; i < 1000; ++i) {
     s = Read();
-    if (s.at("gpucompute_operations_total{kind=\"fill\",outcome=\"succeeded\"}") == 3) break;
+    if (s.at("gpucompute_operations_total{kind=\"fill\",outcome=\"succeeded\"}") == 3 &&
+        s.at("gpucompute_operations_running{device=\"0\"}") == 0 &&
+        s.at("gpucompute_operation_device_seconds_count{kind=\"fill\"}") == 3 &&
+        s.at("gpucompute_operation_latency_seconds_count{kind=\"fill\"}") == 3) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(s.at("gpucompute_operations_queued{device=\"0\"}"), 0);
