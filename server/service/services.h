@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -126,8 +127,13 @@ class ParsedUnaryReactor final : public grpc::ServerUnaryReactor {
   void OnSendInitialMetadataDone(bool ok) override {
     if (typed_ != nullptr) typed_->OnSendInitialMetadataDone(ok);
   }
+  // A typed reactor that has finished has nothing left to give up, so it is not told of a
+  // cancellation. That also keeps OnCancel off the context's default reactor, which the
+  // handlers that answer at once return, and which gRPC destroys with the context.
   void OnCancel() override {
-    if (typed_ != nullptr) typed_->OnCancel();
+    if (typed_ != nullptr && !typed_finished_.load(std::memory_order_acquire)) {
+      typed_->OnCancel();
+    }
   }
   void OnDone() override {
     if (typed_ != nullptr) typed_->OnDone();
@@ -155,6 +161,7 @@ class ParsedUnaryReactor final : public grpc::ServerUnaryReactor {
       : response_bytes_(response_bytes), relay_(this) {}
 
   void FinishTyped(grpc::Status status) {
+    typed_finished_.store(true, std::memory_order_release);
     if (status.ok()) *response_bytes_ = SerializeResponse(response_);
     Finish(std::move(status));
   }
@@ -163,6 +170,7 @@ class ParsedUnaryReactor final : public grpc::ServerUnaryReactor {
   Response response_;
   grpc::ByteBuffer* const response_bytes_;  // the call's, valid until OnDone
   grpc::ServerUnaryReactor* typed_ = nullptr;
+  std::atomic<bool> typed_finished_{false};
   Relay relay_;
 };
 
