@@ -162,6 +162,40 @@
 #endif
 
 namespace gpucompute::bench {
+
+// ---------------------------------------------------------------------------
+// Device timing through the Backend API
+
+// Waits for the work enqueued on `stream` so far and returns the stream's error state.
+absl::Status Synchronize(Stream& stream) {
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = done->get_future();
+  RETURN_IF_ERROR(stream.OnComplete([done](absl::Status s) mutable { done->set_value(s); }));
+  return result.get();
+}
+
+// Runs `enqueue` once as a warm-up (first-use costs: page faults, kernel compilation),
+// then `repeat` times between events on `stream`, and returns the median device seconds.
+absl::StatusOr<double> MedianDeviceSeconds(Backend& backend, Stream& stream, int repeat,
+                                           const std::function<absl::Status()>& enqueue) {
+  RETURN_IF_ERROR(enqueue());
+  RETURN_IF_ERROR(Synchronize(stream));
+  std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> events;
+  for (int r = 0; r < repeat; ++r) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Event> start, stream.Record());
+    RETURN_IF_ERROR(enqueue());
+    ASSIGN_OR_RETURN(std::shared_ptr<Event> end, stream.Record());
+    events.emplace_back(std::move(start), std::move(end));
+  }
+  RETURN_IF_ERROR(Synchronize(stream));
+  std::vector<double> seconds;
+  for (const auto& [start, end] : events) {
+    ASSIGN_OR_RETURN(double s, backend.ElapsedSeconds(*start, *end));
+    seconds.push_back(s);
+  }
+  return Median(std::move(seconds));
+}
+
 namespace {
 
 constexpr const char* kExpression = "sqrt(abs(exp(-sin(x*x)) / (sqrt(abs(x))*tanh(x))))";
@@ -205,9 +239,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   // The lists are read as text, so that an empty one ("--gemv=") means none.
-  std::string sections = "kernels,transfers,buffers,e2e,sessions";
+  std::string sections = "kernels,arrays,transfers,buffers,e2e,sessions";
   app.add_option("--sections", sections,
-                 "comma-separated, of kernels, transfers, buffers, e2e, sessions (default: all)")
+                 "comma-separated, of kernels, arrays, transfers, buffers, e2e, sessions "
+                 "(default: all)")
       ->expected(0, 1);
   app.add_option("--threads", o->threads, "CPU backend worker threads, 0: one per hardware thread")
       ->check(CLI::Range(0, 4096))
@@ -248,9 +283,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
   o->dtypes = dtype == "float64"   ? std::vector<DType>{DType::kFloat64}
               : dtype == "float32" ? std::vector<DType>{DType::kFloat32}
                                    : std::vector<DType>{DType::kFloat64, DType::kFloat32};
-  o->kernels = o->transfers = o->buffers = o->e2e = o->sessions = false;
+  o->kernels = o->arrays = o->transfers = o->buffers = o->e2e = o->sessions = false;
   for (absl::string_view section : absl::StrSplit(sections, ',', absl::SkipEmpty())) {
     bool* wanted = section == "kernels"     ? &o->kernels
+                   : section == "arrays"    ? &o->arrays
                    : section == "transfers" ? &o->transfers
                    : section == "buffers"   ? &o->buffers
                    : section == "e2e"       ? &o->e2e
@@ -258,8 +294,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* o) {
                                             : nullptr;
     if (wanted == nullptr) {
       std::fprintf(stderr,
-                   "--sections: unknown section '%s' (use kernels, transfers, buffers, e2e, "
-                   "sessions)\n",
+                   "--sections: unknown section '%s' (use kernels, arrays, transfers, buffers, "
+                   "e2e, sessions)\n",
                    std::string(section).c_str());
       return 2;
     }
@@ -303,39 +339,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Options& options) {
 
 // ---------------------------------------------------------------------------
 // Tables and statistics
-
-// ---------------------------------------------------------------------------
-// Device timing through the Backend API
-
-// Waits for the work enqueued on `stream` so far and returns the stream's error state.
-absl::Status Synchronize(Stream& stream) {
-  auto done = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> result = done->get_future();
-  RETURN_IF_ERROR(stream.OnComplete([done](absl::Status s) mutable { done->set_value(s); }));
-  return result.get();
-}
-
-// Runs `enqueue` once as a warm-up (first-use costs: page faults, kernel compilation),
-// then `repeat` times between events on `stream`, and returns the median device seconds.
-absl::StatusOr<double> MedianDeviceSeconds(Backend& backend, Stream& stream, int repeat,
-                                           const std::function<absl::Status()>& enqueue) {
-  RETURN_IF_ERROR(enqueue());
-  RETURN_IF_ERROR(Synchronize(stream));
-  std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> events;
-  for (int r = 0; r < repeat; ++r) {
-    ASSIGN_OR_RETURN(std::shared_ptr<Event> start, stream.Record());
-    RETURN_IF_ERROR(enqueue());
-    ASSIGN_OR_RETURN(std::shared_ptr<Event> end, stream.Record());
-    events.emplace_back(std::move(start), std::move(end));
-  }
-  RETURN_IF_ERROR(Synchronize(stream));
-  std::vector<double> seconds;
-  for (const auto& [start, end] : events) {
-    ASSIGN_OR_RETURN(double s, backend.ElapsedSeconds(*start, *end));
-    seconds.push_back(s);
-  }
-  return Median(std::move(seconds));
-}
 
 // ---------------------------------------------------------------------------
 // Section: kernels
@@ -617,6 +620,7 @@ absl::Status Run(const Options& options) {
   std::fflush(stdout);
 
   if (options.kernels) RETURN_IF_ERROR(RunKernels(options, *backend));
+  if (options.arrays) RETURN_IF_ERROR(RunArrays(options, *backend));
   if (!options.transfers && !options.buffers && !options.e2e && !options.sessions) {
     return absl::OkStatus();
   }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@ struct Options {
   std::vector<DType> dtypes = {DType::kFloat64, DType::kFloat32};
   int repeat = 5;
   bool kernels = true;
+  bool arrays = true;
   bool transfers = true;
   bool buffers = true;
   bool e2e = true;
@@ -111,6 +113,19 @@ inline double Percentile(std::vector<double> v, double p) {
 inline double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+// ---------------------------------------------------------------------------
+// Device timing through the Backend API (benchmark.cc)
+
+// Waits for the work enqueued on `stream` so far and returns the stream's error state.
+absl::Status Synchronize(Stream& stream);
+// Runs `enqueue` once as a warm-up (first-use costs: page faults, kernel compilation),
+// then `repeat` times between events on `stream`, and returns the median device seconds.
+absl::StatusOr<double> MedianDeviceSeconds(Backend& backend, Stream& stream, int repeat,
+                                           const std::function<absl::Status()>& enqueue);
+
+// The arrays section (arrays.cc): NumPy's array semantics on the device.
+absl::Status RunArrays(const Options& options, Backend& backend);
 
 // ---------------------------------------------------------------------------
 // The transfers, buffers and e2e sections (server_sections.cc)

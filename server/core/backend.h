@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
+#include "server/arrays/strided_layout.h"
 #include "server/expression/expression.h"
 
 namespace gpucompute {
@@ -138,6 +139,29 @@ struct DeviceDescription {
   int compute_units = 0;
 };
 
+// An array read by a strided operation: device memory and where the elements lie in it.
+// Null memory stands for a scalar input of an expression (its value is in the Program).
+struct StridedInput {
+  const DeviceMemory* memory = nullptr;
+  StridedLayout layout;
+};
+
+// A reduction over some axes of the values of an elementwise expression, or of one array.
+// The values are program(inputs) at every index of `shape` (each input's layout has that
+// shape: broadcasting is already in its strides), or, without a program, inputs[0]'s
+// elements. The output holds one result per index of the kept axes, in C order, of dtype
+// ReduceResultDType(kind, value dtype).
+struct StridedReduce {
+  ReduceKind kind = ReduceKind::kSum;
+  const expr::Program* program = nullptr;
+  std::vector<StridedInput> inputs;
+  std::vector<int64_t> shape;
+  // The reduced axes of `shape`: sorted, without repeats. All of them for a whole-array
+  // reduction; none reduces each value alone.
+  std::vector<int32_t> axes;
+  double ddof = 0;  // kVar, kStd
+};
+
 // What a kernel launch reports besides its device time.
 struct LaunchInfo {
   double compile_seconds = 0;  // time spent compiling before launching
@@ -195,6 +219,26 @@ class Backend {
                             DeviceMemory& y) = 0;
   virtual absl::Status Random(Stream& stream, const RandomParams& params, DType dtype,
                               DeviceMemory& out, int64_t n) = 0;
+  // As Elementwise over strided arrays: out[idx] = program(inputs[..][idx]) for every index
+  // idx of the iteration space, the shape every layout here has (inputs broadcast to it
+  // with stride 0, `out_layout` included; the caller has coalesced them). `out` may be
+  // one of the inputs only with exactly that input's layout.
+  virtual absl::StatusOr<LaunchInfo> ElementwiseStrided(Stream& stream,
+                                                        const expr::Program& program,
+                                                        std::span<const StridedInput> inputs,
+                                                        DeviceMemory& out,
+                                                        const StridedLayout& out_layout,
+                                                        DType out_dtype) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend has no strided elementwise kernels"));
+  }
+  // See StridedReduce. The combination order is a function of the shape and the axes
+  // alone (kernels/reduce_ops.h), so results are bitwise the same run to run.
+  virtual absl::StatusOr<LaunchInfo> ReduceStrided(Stream& stream, const StridedReduce& reduce,
+                                                   DeviceMemory& out) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend has no strided reductions"));
+  }
 
   // --- Optional services; the defaults suit a backend without them.
 
