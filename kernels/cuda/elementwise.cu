@@ -1,4 +1,4 @@
-// ElementwiseAsync: the entry point and its dispatch. The kernels are generated at run
+// ElementwiseAsync and ElementwiseStridedAsync: the entry points and their dispatch. The kernels are generated at run
 // time from kernels/cuda/elementwise/ (ElementwiseKernelSource) and compiled with NVRTC by
 // the server, which loads them and passes them here; this file only launches them.
 #include <cuda_runtime_api.h>
@@ -29,6 +29,16 @@ unsigned ElementwiseGrid(int64_t work, int64_t threads, int64_t blocks_per_sm, i
   const int64_t blocks = std::max<int64_t>(
       1, std::min(CeilDiv(work, threads), int64_t{sm_count} * blocks_per_sm * kWaves));
   return static_cast<unsigned>(blocks);
+}
+
+// The strided kernel's 2-D blocks: x threads along a row's packs and y rows, x * y =
+// `threads` (a power of two). x covers the row's packs (a power of two up to the whole
+// block), so that short rows do not leave most of a block idle: rows of one pack get one
+// thread each.
+dim3 StridedBlock(int64_t packs_per_row, int threads) {
+  int64_t x = 1;
+  while (x < packs_per_row && x < threads) x *= 2;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(threads / x));
 }
 
 }  // namespace
@@ -79,6 +89,75 @@ cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
   const cudaKernel_t function = aligned ? kernels.vector_kernel : kernels.scalar_kernel;
   return cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(grid),
                           dim3(static_cast<unsigned>(threads)), args.data(), 0, stream);
+}
+
+FastDivisor MakeFastDivisor(int64_t d) {
+  // shift = ceil(log2 d); magic = floor(2^(64 + shift) / d) - 2^64 + 1, which fits 64 bits.
+  __extension__ typedef unsigned __int128 Uint128;
+  FastDivisor divisor;
+  const auto u = static_cast<uint64_t>(std::max<int64_t>(d, 1));
+  while (divisor.shift < 63 && (uint64_t{1} << divisor.shift) < u) ++divisor.shift;
+  const Uint128 quotient = (Uint128{1} << (64 + divisor.shift)) / u;
+  divisor.magic = static_cast<uint64_t>(quotient - (Uint128{1} << 64) + 1);
+  return divisor;
+}
+
+cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
+                                    const StridedSpecialization& specialization,
+                                    cudaKernel_t kernel, int blocks_per_sm, const int64_t* shape,
+                                    const StridedArray* arrays, const StridedArray& out,
+                                    const uint64_t* parameters, int sm_count,
+                                    cudaStream_t stream) {
+  const int dims = specialization.dims;
+  if (dims < 1 || dims > kElementwiseMaxDims || sm_count <= 0 || blocks_per_sm <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  for (int d = 0; d < dims; ++d) {
+    if (shape[d] < 0) return cudaErrorInvalidValue;
+    if (shape[d] == 0) return cudaSuccess;
+  }
+  const ElementwiseSignature& sig = signature;
+  const size_t num_arrays = sig.array_inputs.size();
+  const size_t num_parameters = sig.parameter_dtypes.size();
+
+  // Args of strided.cuh.in, word by word.
+  std::vector<int64_t> words;
+  words.reserve(3 * dims + 1 + (num_arrays + 1) * (dims + 1));
+  words.insert(words.end(), shape, shape + dims);
+  std::vector<FastDivisor> divisors;
+  for (int d = 0; d < dims; ++d) divisors.push_back(MakeFastDivisor(shape[d]));
+  for (const FastDivisor& f : divisors) words.push_back(static_cast<int64_t>(f.magic));
+  for (const FastDivisor& f : divisors) words.push_back(f.shift);
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < dims; ++d) rows *= shape[d];
+  words.push_back(rows);
+  auto append_layout = [&](const StridedArray& array) {
+    words.insert(words.end(), array.strides, array.strides + dims);
+    words.push_back(array.offset);
+  };
+  for (size_t a = 0; a < num_arrays; ++a) append_layout(arrays[a]);
+  append_layout(out);
+
+  // The grid: every pack of every row, at most kWaves waves of resident blocks; the
+  // kernel's loops cover the rest. Rows beyond the grid's y limit loop too.
+  const int64_t packs_per_row = detail::CeilDiv(shape[dims - 1], sig.elements_per_pack);
+  const dim3 block = detail::StridedBlock(packs_per_row, sig.threads_per_block);
+  const int64_t max_blocks = int64_t{sm_count} * blocks_per_sm * detail::kWaves;
+  const int64_t grid_x = std::min(detail::CeilDiv(packs_per_row, block.x), max_blocks);
+  const int64_t grid_y = std::clamp<int64_t>(
+      std::min(detail::CeilDiv(rows, block.y), max_blocks / grid_x), 1, 65535);
+
+  std::vector<void*> args;
+  args.reserve(num_arrays + 2 + num_parameters);
+  for (size_t a = 0; a < num_arrays; ++a) args.push_back(const_cast<const void**>(&arrays[a].data));
+  args.push_back(const_cast<const void**>(&out.data));
+  args.push_back(words.data());
+  for (size_t p = 0; p < num_parameters; ++p) {
+    args.push_back(const_cast<uint64_t*>(&parameters[p]));
+  }
+  return cudaLaunchKernel(reinterpret_cast<const void*>(kernel),
+                          dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), block,
+                          args.data(), 0, stream);
 }
 
 }  // namespace gpucompute::cuda

@@ -158,6 +158,93 @@ cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
                              void* out, int64_t n, const uint64_t* parameters, int sm_count,
                              cudaStream_t stream);
 
+// ---- Strided elementwise expressions (kernels/cuda/elementwise/strided.cuh.in) ----
+//
+// The same per-element function over arrays reached through strides (views, broadcast
+// operands), in the same three layers: the kernel template strided.cuh.in, filled by
+// ElementwiseStridedKernelSource; the dispatch in ElementwiseStridedAsync (the grid, the
+// divisors); the entry point ElementwiseStridedAsync. A kernel is specialised on what a
+// launch's layouts have in common with others (StridedSpecialization), never on sizes.
+
+// Axes of a strided iteration space, at most.
+inline constexpr int kElementwiseMaxDims = 8;
+// extern "C" name of the kernel of every generated strided source.
+inline constexpr char kElementwiseStridedKernel[] = "gpucompute_elementwise_strided";
+
+// How an array steps along the innermost axis (the row).
+enum class RowStep : uint8_t {
+  kUnit,       // stride 1: vector loads where the row start is 16-byte aligned
+  kBroadcast,  // stride 0: one value per row
+  kGather,     // any other stride
+  kConstant,   // stride 0 on every axis (a 0-d array): one value per thread
+};
+
+// What a strided kernel is compiled for, besides the expression and the dtypes: the
+// number of axes and each array's row step.
+struct StridedSpecialization {
+  int dims = 1;                    // 1 to kElementwiseMaxDims
+  std::vector<RowStep> in_steps;   // parallel to ElementwiseSignature::array_inputs
+  RowStep out_step = RowStep::kUnit;  // kUnit or kGather
+  // A short text naming the specialisation, for cache keys and generated comments.
+  std::string Name() const;
+};
+
+// The row step of an array from its strides over `dims` axes (`is_output`: the output,
+// which is never broadcast: only kUnit or kGather).
+RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output);
+
+// Bytes of kernel arguments a strided launch passes: the pointers, the layouts (Args in
+// strided.cuh.in) and the parameters.
+int64_t StridedArgumentBytes(const ElementwiseSignature& signature,
+                             const StridedSpecialization& specialization);
+
+// The CUDA C++ source, for NVRTC, of kElementwiseStridedKernel for `signature` (planned by
+// PlanElementwiseKernel; its elements_per_pack is the strided kernel's pack) and
+// `specialization`, with `header` and `element_body` as for ElementwiseKernelSource. Its
+// kernel arguments: the array pointers and the output pointer as for the contiguous
+// kernels, then the layouts (by value), then the parameters.
+std::string ElementwiseStridedKernelSource(const ElementwiseSignature& signature,
+                                           const StridedSpecialization& specialization,
+                                           std::string_view header,
+                                           std::string_view element_body);
+
+// Division by an invariant divisor: n / d == (umulhi(magic, n) + n) >> shift for every
+// 0 <= n < 2^63 (Granlund and Montgomery, 1994), as the strided kernel divides a row
+// number by an extent. Host code, so that the arithmetic is tested without a GPU.
+struct FastDivisor {
+  uint64_t magic = 1;
+  int shift = 0;
+};
+FastDivisor MakeFastDivisor(int64_t d);  // d >= 1
+inline int64_t FastDivide(int64_t n, const FastDivisor& divisor) {
+  __extension__ typedef unsigned __int128 Uint128;
+  const auto u = static_cast<uint64_t>(n);
+  const auto high = static_cast<uint64_t>((Uint128{divisor.magic} * u) >> 64);
+  return static_cast<int64_t>((high + u) >> divisor.shift);
+}
+
+// One array of a strided launch: element idx lies at data + (offset + sum_d idx[d] *
+// strides[d]) elements.
+struct StridedArray {
+  const void* data = nullptr;
+  int64_t offset = 0;
+  int64_t strides[kElementwiseMaxDims] = {};
+};
+
+// out[idx] = Element(arrays...[idx], parameters...) for every index idx of `shape`
+// (specialization.dims extents, each above 0, none overflowing int64 in product), with
+// `arrays` and `parameters` as for ElementwiseAsync and every layout matching the
+// specialisation the kernel was compiled for. `kernel` is the loaded
+// kElementwiseStridedKernel and `blocks_per_sm` its residency (ElementwiseBlocksPerSm).
+// `out` may be an input with the same layout (in place); other overlaps are the caller's
+// to avoid. cudaErrorInvalidValue for a bad dims, shape or sm_count.
+cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
+                                    const StridedSpecialization& specialization,
+                                    cudaKernel_t kernel, int blocks_per_sm, const int64_t* shape,
+                                    const StridedArray* arrays, const StridedArray& out,
+                                    const uint64_t* parameters, int sm_count,
+                                    cudaStream_t stream);
+
 // Launches a kernel that stores through a null pointer, leaving the context with a sticky
 // error (cudaErrorIllegalAddress). For tests of the backend's failure handling only.
 cudaError_t IllegalAddressForTestingAsync(cudaStream_t stream);

@@ -12,9 +12,11 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda/kernels.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/detail/cuda_backend_impl.h"
@@ -243,6 +245,104 @@ absl::StatusOr<LaunchInfo> CudaBackend::Elementwise(Stream& stream, const expr::
     return s;
   }
   return info;
+}
+
+absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
+                                                           const expr::Program& program,
+                                                           std::span<const StridedInput> inputs,
+                                                           DeviceMemory& out,
+                                                           const StridedLayout& out_layout,
+                                                           DType out_dtype) {
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
+  const Device& d = *devices_[stream.device()];
+  if (inputs.size() != program.inputs().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the program has ", program.inputs().size(),
+                                                   " inputs but ", inputs.size(), " were given"));
+  }
+  // The layouts arrive coalesced (backend.h); any layout is computed right all the same.
+  std::vector<StridedLayout> layouts;
+  std::vector<StridedLayout*> arrays_layouts;  // those of arrays, and the output's
+  for (const StridedInput& input : inputs) layouts.push_back(input.layout);
+  layouts.push_back(out_layout);
+  int64_t elements = 1;
+  for (int64_t extent : out_layout.shape) elements *= extent;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    const StridedLayout& l = layouts[k];
+    if (k < inputs.size() && inputs[k].memory == nullptr) continue;
+    if (l.shape != out_layout.shape || l.strides.size() != l.shape.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an array's layout has shape (", absl::StrJoin(l.shape, ", "), ") and ",
+          l.strides.size(), " strides; the operation's shape is (",
+          absl::StrJoin(out_layout.shape, ", "), ")"));
+    }
+    arrays_layouts.push_back(&layouts[k]);
+  }
+  LaunchInfo info;
+  if (elements == 0) return info;
+  std::vector<int64_t> shape = out_layout.shape;
+  if (shape.empty()) {
+    // One element: a 1-D layout of it, which the contiguous kernels take.
+    shape = {1};
+    for (StridedLayout* layout : arrays_layouts) layout->strides = {1};
+  }
+  const int dims = static_cast<int>(shape.size());
+  if (dims > kElementwiseMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the strided elementwise operation has ", dims, " axes after merging those that allow it; "
+        "the CUDA backend handles at most ", kElementwiseMaxDims));
+  }
+  auto data = [](const DeviceMemory* memory) -> const char* {
+    return memory == nullptr ? nullptr : static_cast<const char*>(memory->data());
+  };
+  auto to_array = [&](const char* base, const StridedLayout& layout) {
+    StridedArray array;
+    array.data = base;
+    if (base == nullptr) return array;  // a scalar input: its layout means nothing
+    array.offset = layout.offset;
+    std::copy(layout.strides.begin(), layout.strides.end(), array.strides);
+    return array;
+  };
+  const StridedArray out_array = to_array(Bytes(out), layouts.back());
+  std::vector<StridedArray> arrays;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    arrays.push_back(to_array(data(inputs[k].memory), layouts[k]));
+  }
+  auto launched = [&](absl::Status s) -> absl::StatusOr<LaunchInfo> {
+    if (!s.ok()) {
+      // A launch error may be sticky; the launcher reports it as a status only.
+      Check(cudaPeekAtLastError(), "elementwise launch", __FILE__, __LINE__).IgnoreError();
+      return s;
+    }
+    return info;
+  };
+
+  // Every array unit-stride along one axis: the contiguous kernels, from each array's
+  // first element.
+  const bool contiguous =
+      dims == 1 && std::all_of(arrays_layouts.begin(), arrays_layouts.end(),
+                               [](const StridedLayout* l) { return l->strides[0] == 1; });
+  if (contiguous) {
+    ASSIGN_OR_RETURN(
+        const CompiledElementwise* kernel,
+        elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds));
+    std::vector<const void*> pointers;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const auto* array = std::get_if<expr::ArrayInput>(&program.input_types()[k]);
+      pointers.push_back(array == nullptr || arrays[k].data == nullptr
+                             ? nullptr
+                             : data(inputs[k].memory) + arrays[k].offset * DTypeSize(array->dtype));
+    }
+    return launched(LaunchElementwise(*kernel, program, pointers,
+                                      Bytes(out) + out_array.offset * DTypeSize(out_dtype),
+                                      shape[0], d.sm_count, AsCuda(stream).get()));
+  }
+  const StridedSpecialization spec = SpecializationOf(program, arrays, out_array, dims);
+  ASSIGN_OR_RETURN(const CompiledStridedElementwise* kernel,
+                   elementwise_->GetStrided(program, out_dtype, spec, d.compute_capability,
+                                            &info.compile_seconds));
+  return launched(LaunchElementwiseStrided(*kernel, program, arrays, out_array, shape, d.sm_count,
+                                           AsCuda(stream).get()));
 }
 
 absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,

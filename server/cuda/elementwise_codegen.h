@@ -37,10 +37,25 @@ struct ElementwiseSource {
   ElementwiseSignature signature;
 };
 
+struct StridedElementwiseSource {
+  std::string source;  // CUDA C++ for NVRTC; includes no headers
+  std::string kernel;  // kElementwiseStridedKernel
+  ElementwiseSignature signature;
+  StridedSpecialization specialization;
+};
+
 // The source is a function of program.canonical() and out_dtype alone (never of parameter
 // values or of the IR's node numbering), so it may be cached under those. `out_dtype` may differ
 // from program.result_dtype(); the caller has checked that casting is allowed.
 ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype);
+
+// The strided kernel of the same per-element function (kernels/cuda/elementwise/
+// strided.cuh.in), specialised as `specialization` says (its in_steps parallel to the
+// signature's array inputs, which are the program's array inputs in order). A function of
+// program.canonical(), out_dtype and the specialisation alone.
+StridedElementwiseSource GenerateElementwiseStrided(const expr::Program& program,
+                                                    DType out_dtype,
+                                                    const StridedSpecialization& specialization);
 
 }  // namespace gpucompute::cuda
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -72,152 +73,37 @@ absl::Status LaunchKernel(const CompiledElementwise& kernel, const std::vector<c
   return absl::OkStatus();
 }
 
-}  // namespace
-
-struct ElementwiseKernels::Slot {
-  absl::Notification done;
-  // Written once, before `done` is notified; read only after.
-  absl::Status status;
-  std::unique_ptr<CompiledElementwise> kernel;
-};
-
-size_t ElementwiseKernels::KeyHash::Hash(const KeyView& k) {
-  return absl::Hash<std::tuple<absl::string_view, DType, int>>()(
-      std::make_tuple(k.canonical, k.out_dtype, k.arch));
+// INVALID_ARGUMENT when a kernel of `signature` would need more than
+// kMaxElementwiseArgumentBytes of kernel arguments (`bytes`).
+absl::Status CheckArgumentBytes(const ElementwiseSignature& signature, int64_t bytes) {
+  if (bytes <= kMaxElementwiseArgumentBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the expression needs ", bytes, " bytes of CUDA kernel arguments (",
+      signature.array_inputs.size(), " arrays, ", signature.parameter_dtypes.size(),
+      " uses of scalar inputs); at most ", kMaxElementwiseArgumentBytes,
+      " are supported. Use fewer scalar inputs, or pass some values as arrays."));
 }
 
-ElementwiseKernels::ElementwiseKernels(std::string disk_cache_dir)
-    : compiler_(std::move(disk_cache_dir)) {}
-
-ElementwiseKernels::~ElementwiseKernels() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [key, slot] : slots_) {
-    if (!slot->done.HasBeenNotified() || slot->kernel == nullptr) continue;
-    const cudaError_t error = cudaLibraryUnload(slot->kernel->library);
-    // At process exit the runtime may already be gone, taking the libraries with it.
-    if (error != cudaErrorCudartUnloading)
-      LogIfFailed(error, "cudaLibraryUnload of an elementwise kernel");
-  }
-}
-
-absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::Program& program,
-                                                                   DType out_dtype, int arch,
-                                                                   double* compile_seconds) {
-  if (compile_seconds != nullptr) *compile_seconds = 0;
-  const KeyView key{program.canonical(), out_dtype, arch};
-  std::shared_ptr<Slot> slot;
-  bool build = false;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = slots_.find(key);
-    if (it != slots_.end()) {
-      // Set under the lock once built, and never taken back: the common case ends here.
-      if (it->second->kernel != nullptr) return it->second->kernel.get();
-    } else {
-      it =
-          slots_.emplace(Key{std::string(key.canonical), out_dtype, arch}, std::make_shared<Slot>())
-              .first;
-      build = true;
-    }
-    slot = it->second;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  if (!build) {
-    const bool hit = slot->done.HasBeenNotified();
-    slot->done.WaitForNotification();
-    if (!hit && compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
-    RETURN_IF_ERROR(slot->status);
-    return slot->kernel.get();
-  }
-
-  // This call builds; concurrent callers of the same key wait on `slot->done`.
-  auto kernel = std::make_unique<CompiledElementwise>();
-  absl::Status status = [&]() -> absl::Status {
-    ElementwiseSource generated = GenerateElementwise(program, out_dtype);
-    if (generated.signature.argument_bytes > kMaxElementwiseArgumentBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the expression needs ", generated.signature.argument_bytes,
-                       " bytes of CUDA kernel arguments (", generated.signature.array_inputs.size(),
-                       " arrays, ", generated.signature.parameter_dtypes.size(),
-                       " uses of scalar inputs); at most ", kMaxElementwiseArgumentBytes,
-                       " are supported. Use fewer scalar inputs, or pass some values as arrays."));
-    }
-    ASSIGN_OR_RETURN(const std::string cubin, compiler_.Compile(generated.source, arch));
-    kernel->canonical = program.canonical();
-    kernel->out_dtype = out_dtype;
-    kernel->arch = arch;
-    kernel->signature = std::move(generated.signature);
-    // The runtime copies the image (cudaLibraryBinaryIsPreserved is not set), so the
-    // CUBIN need not outlive the call.
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryLoadData(&kernel->library, cubin.data(), nullptr,
-                                                        nullptr, 0, nullptr, nullptr, 0));
-    absl::Status found = [&]() -> absl::Status {
-      ElementwiseKernelPair& pair = kernel->kernels;
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.vector_kernel, kernel->library,
-                                                           generated.vector_kernel.c_str()));
-      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.scalar_kernel, kernel->library,
-                                                           generated.scalar_kernel.c_str()));
-      const int threads = kernel->signature.threads_per_block;
-      pair.vector_blocks_per_sm = ElementwiseBlocksPerSm(pair.vector_kernel, threads);
-      pair.scalar_blocks_per_sm = ElementwiseBlocksPerSm(pair.scalar_kernel, threads);
-      return absl::OkStatus();
-    }();
-    if (!found.ok()) {
-      cudaLibraryUnload(kernel->library);
-      kernel->library = nullptr;
-    }
-    return found;
-  }();
-
-  {
-    absl::MutexLock lock(&mu_);
-    if (status.ok()) {
-      slot->kernel = std::move(kernel);
-    } else {
-      slot->status = status;
-      slots_.erase(key);  // not remembered: a later call tries again
-    }
-  }
-  slot->done.Notify();
-  if (compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
-  RETURN_IF_ERROR(status);
-  return slot->kernel.get();
-}
-
-absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Program& program,
-                               std::span<const void* const> inputs, void* out, int64_t n,
-                               int sm_count, cudaStream_t stream) {
-  if (program.canonical() != kernel.canonical) {
+// INVALID_ARGUMENT unless `program` is the one `canonical` was compiled from and `inputs`
+// (that many) is parallel to its inputs.
+absl::Status CheckProgram(const std::string& canonical, const expr::Program& program,
+                          size_t inputs) {
+  if (program.canonical() != canonical) {
     return absl::InvalidArgumentError(absl::StrCat("the compiled elementwise kernel is for ",
-                                                   kernel.canonical, ", not for the program ",
+                                                   canonical, ", not for the program ",
                                                    program.canonical()));
   }
-  if (inputs.size() != program.inputs().size()) {
+  if (inputs != program.inputs().size()) {
     return absl::InvalidArgumentError(absl::StrCat("the program has ", program.inputs().size(),
-                                                   " inputs but ", inputs.size(),
+                                                   " inputs but ", inputs,
                                                    " pointers were given"));
   }
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("negative element count ", n));
-  if (sm_count <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("sm_count must be positive, got ", sm_count));
-  }
-  if (n == 0) return absl::OkStatus();
-  if (out == nullptr) return absl::InvalidArgumentError("the output pointer is null");
-  // Byte sizes below are at most 8n; larger n cannot be memory anyway.
-  if (n > std::numeric_limits<int64_t>::max() / 16) {
-    return absl::InvalidArgumentError(absl::StrCat("element count ", n, " is too large"));
-  }
+  return absl::OkStatus();
+}
 
-  const ElementwiseSignature& sig = kernel.signature;
-  std::vector<const void*> arrays(sig.array_inputs.size());
-  for (size_t a = 0; a < arrays.size(); ++a) {
-    arrays[a] = inputs[sig.array_inputs[a]];
-    if (arrays[a] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("input '",
-                                                     program.inputs()[sig.array_inputs[a]],
-                                                     "' is an array but its pointer is null"));
-    }
-  }
+// The values of the program's parameters, as the kernel arguments of `signature`.
+absl::StatusOr<std::vector<uint64_t>> Parameters(const ElementwiseSignature& sig,
+                                                 const expr::Program& program) {
   std::vector<uint64_t> parameters(sig.parameter_dtypes.size());
   size_t found = 0;
   for (const expr::Node& node : program.ir().nodes) {
@@ -234,6 +120,206 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
   if (found != parameters.size()) {
     return absl::InternalError("the program's parameters do not match its compiled kernel");
   }
+  return parameters;
+}
+
+absl::Status NullArrayError(const expr::Program& program, int32_t input) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "input '", program.inputs()[input], "' is an array but its pointer is null"));
+}
+
+}  // namespace
+
+struct ElementwiseKernels::Slot {
+  absl::Notification done;
+  // Written once, before `done` is notified; read only after. One of the two kernels is
+  // set once built, as the key says.
+  absl::Status status;
+  std::unique_ptr<CompiledElementwise> kernel;
+  std::unique_ptr<CompiledStridedElementwise> strided;
+  bool built() const { return kernel != nullptr || strided != nullptr; }
+};
+
+size_t ElementwiseKernels::KeyHash::Hash(const KeyView& k) {
+  return absl::Hash<std::tuple<absl::string_view, DType, int, absl::string_view>>()(
+      std::make_tuple(k.canonical, k.out_dtype, k.arch, k.specialization));
+}
+
+ElementwiseKernels::ElementwiseKernels(std::string disk_cache_dir)
+    : compiler_(std::move(disk_cache_dir)) {}
+
+ElementwiseKernels::~ElementwiseKernels() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, slot] : slots_) {
+    if (!slot->done.HasBeenNotified() || !slot->built()) continue;
+    const cudaError_t error = cudaLibraryUnload(slot->kernel != nullptr ? slot->kernel->library
+                                                                        : slot->strided->library);
+    // At process exit the runtime may already be gone, taking the libraries with it.
+    if (error != cudaErrorCudartUnloading)
+      LogIfFailed(error, "cudaLibraryUnload of an elementwise kernel");
+  }
+}
+
+absl::StatusOr<const ElementwiseKernels::Slot*> ElementwiseKernels::FindOrBuild(
+    const KeyView& key, absl::FunctionRef<absl::Status(Slot&)> build, double* compile_seconds) {
+  if (compile_seconds != nullptr) *compile_seconds = 0;
+  std::shared_ptr<Slot> slot;
+  bool builds = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = slots_.find(key);
+    if (it != slots_.end()) {
+      // Set under the lock once built, and never taken back: the common case ends here.
+      if (it->second->built()) return it->second.get();
+    } else {
+      it = slots_
+               .emplace(Key{std::string(key.canonical), key.out_dtype, key.arch,
+                            std::string(key.specialization)},
+                        std::make_shared<Slot>())
+               .first;
+      builds = true;
+    }
+    slot = it->second;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (!builds) {
+    const bool hit = slot->done.HasBeenNotified();
+    slot->done.WaitForNotification();
+    if (!hit && compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
+    RETURN_IF_ERROR(slot->status);
+    return slot.get();
+  }
+
+  // This call builds, into a Slot of its own that is published under the lock;
+  // concurrent callers of the same key wait on `slot->done`.
+  Slot built;
+  const absl::Status status = build(built);
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      slot->kernel = std::move(built.kernel);
+      slot->strided = std::move(built.strided);
+    } else {
+      slot->status = status;
+      slots_.erase(key);  // not remembered: a later call tries again
+    }
+  }
+  slot->done.Notify();
+  if (compile_seconds != nullptr) *compile_seconds = SecondsSince(start);
+  RETURN_IF_ERROR(status);
+  return slot.get();
+}
+
+absl::Status ElementwiseKernels::Load(const std::string& source, int arch,
+                                      cudaLibrary_t* library) {
+  ASSIGN_OR_RETURN(const std::string cubin, compiler_.Compile(source, arch));
+  // The runtime copies the image (cudaLibraryBinaryIsPreserved is not set), so the
+  // CUBIN need not outlive the call.
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(
+      cudaLibraryLoadData(library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::Program& program,
+                                                                   DType out_dtype, int arch,
+                                                                   double* compile_seconds) {
+  auto build = [&](Slot& slot) -> absl::Status {
+    auto kernel = std::make_unique<CompiledElementwise>();
+    ElementwiseSource generated = GenerateElementwise(program, out_dtype);
+    RETURN_IF_ERROR(CheckArgumentBytes(generated.signature, generated.signature.argument_bytes));
+    RETURN_IF_ERROR(Load(generated.source, arch, &kernel->library));
+    kernel->canonical = program.canonical();
+    kernel->out_dtype = out_dtype;
+    kernel->arch = arch;
+    kernel->signature = std::move(generated.signature);
+    absl::Status found = [&]() -> absl::Status {
+      ElementwiseKernelPair& pair = kernel->kernels;
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.vector_kernel, kernel->library,
+                                                           generated.vector_kernel.c_str()));
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR(cudaLibraryGetKernel(&pair.scalar_kernel, kernel->library,
+                                                           generated.scalar_kernel.c_str()));
+      const int threads = kernel->signature.threads_per_block;
+      pair.vector_blocks_per_sm = ElementwiseBlocksPerSm(pair.vector_kernel, threads);
+      pair.scalar_blocks_per_sm = ElementwiseBlocksPerSm(pair.scalar_kernel, threads);
+      return absl::OkStatus();
+    }();
+    if (!found.ok()) {
+      cudaLibraryUnload(kernel->library);
+      return found;
+    }
+    slot.kernel = std::move(kernel);
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(const Slot* slot,
+                   FindOrBuild({program.canonical(), out_dtype, arch, ""}, build, compile_seconds));
+  return slot->kernel.get();
+}
+
+absl::StatusOr<const CompiledStridedElementwise*> ElementwiseKernels::GetStrided(
+    const expr::Program& program, DType out_dtype, const StridedSpecialization& specialization,
+    int arch, double* compile_seconds) {
+  const StridedSpecialization& spec = specialization;
+  if (spec.dims < 1 || spec.dims > kElementwiseMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat("strided kernels have 1 to ",
+                                                   kElementwiseMaxDims, " axes, not ", spec.dims));
+  }
+  auto build = [&](Slot& slot) -> absl::Status {
+    auto kernel = std::make_unique<CompiledStridedElementwise>();
+    StridedElementwiseSource generated = GenerateElementwiseStrided(program, out_dtype, spec);
+    if (generated.specialization.in_steps.size() != generated.signature.array_inputs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the specialisation gives ", spec.in_steps.size(), " row steps for ",
+          generated.signature.array_inputs.size(), " array inputs"));
+    }
+    RETURN_IF_ERROR(
+        CheckArgumentBytes(generated.signature, StridedArgumentBytes(generated.signature, spec)));
+    RETURN_IF_ERROR(Load(generated.source, arch, &kernel->library));
+    kernel->canonical = program.canonical();
+    kernel->out_dtype = out_dtype;
+    kernel->arch = arch;
+    kernel->signature = std::move(generated.signature);
+    kernel->specialization = spec;
+    const cudaError_t got =
+        cudaLibraryGetKernel(&kernel->kernel, kernel->library, generated.kernel.c_str());
+    if (got != cudaSuccess) {
+      cudaLibraryUnload(kernel->library);
+      return CudaStatus(got, "cudaLibraryGetKernel", __FILE__, __LINE__);
+    }
+    kernel->blocks_per_sm =
+        ElementwiseBlocksPerSm(kernel->kernel, kernel->signature.threads_per_block);
+    slot.strided = std::move(kernel);
+    return absl::OkStatus();
+  };
+  // The name is short; built per call, like the key's view of it.
+  const std::string name = spec.Name();
+  ASSIGN_OR_RETURN(const Slot* slot,
+                   FindOrBuild({program.canonical(), out_dtype, arch, name}, build,
+                               compile_seconds));
+  return slot->strided.get();
+}
+
+absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Program& program,
+                               std::span<const void* const> inputs, void* out, int64_t n,
+                               int sm_count, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckProgram(kernel.canonical, program, inputs.size()));
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("negative element count ", n));
+  if (sm_count <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sm_count must be positive, got ", sm_count));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (out == nullptr) return absl::InvalidArgumentError("the output pointer is null");
+  // Byte sizes below are at most 8n; larger n cannot be memory anyway.
+  if (n > std::numeric_limits<int64_t>::max() / 16) {
+    return absl::InvalidArgumentError(absl::StrCat("element count ", n, " is too large"));
+  }
+
+  const ElementwiseSignature& sig = kernel.signature;
+  std::vector<const void*> arrays(sig.array_inputs.size());
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    arrays[a] = inputs[sig.array_inputs[a]];
+    if (arrays[a] == nullptr) return NullArrayError(program, sig.array_inputs[a]);
+  }
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters, Parameters(sig, program));
 
   // Every element is read and written by the same thread, reads first, so out == input
   // with equal element sizes is safe. Any other overlap (a different element size, or an
@@ -265,6 +351,59 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
     status = CudaStatus(freed, "cudaFreeAsync(temp)", __FILE__, __LINE__);
   }
   return status;
+}
+
+StridedSpecialization SpecializationOf(const expr::Program& program,
+                                       std::span<const StridedArray> inputs,
+                                       const StridedArray& out, int dims) {
+  StridedSpecialization spec;
+  spec.dims = dims;
+  for (size_t k = 0; k < inputs.size() && k < program.input_types().size(); ++k) {
+    if (!std::holds_alternative<expr::ArrayInput>(program.input_types()[k])) continue;
+    spec.in_steps.push_back(ClassifyRowStep(inputs[k].strides, dims, /*is_output=*/false));
+  }
+  spec.out_step = ClassifyRowStep(out.strides, dims, /*is_output=*/true);
+  return spec;
+}
+
+absl::Status LaunchElementwiseStrided(const CompiledStridedElementwise& kernel,
+                                      const expr::Program& program,
+                                      std::span<const StridedArray> inputs,
+                                      const StridedArray& out, std::span<const int64_t> shape,
+                                      int sm_count, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckProgram(kernel.canonical, program, inputs.size()));
+  const StridedSpecialization& spec = kernel.specialization;
+  if (static_cast<int>(shape.size()) != spec.dims) {
+    return absl::InvalidArgumentError(absl::StrCat("the strided kernel is for ", spec.dims,
+                                                   " axes, not ", shape.size()));
+  }
+  for (int64_t extent : shape) {
+    if (extent < 0) return absl::InvalidArgumentError(absl::StrCat("negative extent ", extent));
+    if (extent == 0) return absl::OkStatus();
+  }
+  if (sm_count <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sm_count must be positive, got ", sm_count));
+  }
+  if (out.data == nullptr) return absl::InvalidArgumentError("the output pointer is null");
+  // A layout of another specialisation would be read wrongly (a broadcast row read as
+  // unit stride, say): the caller must ask for the kernel of these very layouts.
+  const StridedSpecialization given =
+      SpecializationOf(program, inputs, out, static_cast<int>(shape.size()));
+  if (given.in_steps != spec.in_steps || given.out_step != spec.out_step) {
+    return absl::InvalidArgumentError(absl::StrCat("the layouts are of the strided specialisation ",
+                                                   given.Name(), ", the kernel of ", spec.Name()));
+  }
+  const ElementwiseSignature& sig = kernel.signature;
+  std::vector<StridedArray> arrays(sig.array_inputs.size());
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    arrays[a] = inputs[sig.array_inputs[a]];
+    if (arrays[a].data == nullptr) return NullArrayError(program, sig.array_inputs[a]);
+  }
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters, Parameters(sig, program));
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR(ElementwiseStridedAsync(
+      sig, spec, kernel.kernel, kernel.blocks_per_sm, shape.data(), arrays.data(), out,
+      parameters.data(), sm_count, stream));
+  return absl::OkStatus();
 }
 
 }  // namespace gpucompute::cuda

@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,6 +46,19 @@ struct CompiledElementwise {
   ElementwiseKernelPair kernels;
 };
 
+// One loaded strided kernel (kernels/cuda/elementwise/strided.cuh.in), owned as
+// CompiledElementwise is.
+struct CompiledStridedElementwise {
+  std::string canonical;
+  DType out_dtype = DType::kFloat64;
+  int arch = 0;
+  ElementwiseSignature signature;
+  StridedSpecialization specialization;
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t kernel = nullptr;
+  int blocks_per_sm = 8;  // of signature.threads_per_block threads
+};
+
 class ElementwiseKernels {
  public:
   // `disk_cache_dir`: where CUBINs persist across restarts; empty for none.
@@ -68,23 +82,35 @@ class ElementwiseKernels {
   absl::StatusOr<const CompiledElementwise*> Get(const expr::Program& program, DType out_dtype,
                                                  int arch, double* compile_seconds);
 
+  // As Get, for the strided kernel of `specialization` (SpecializationOf). One kernel
+  // serves every size and offset of layouts with that specialisation. Errors as Get's.
+  absl::StatusOr<const CompiledStridedElementwise*> GetStrided(
+      const expr::Program& program, DType out_dtype, const StridedSpecialization& specialization,
+      int arch, double* compile_seconds);
+
   // NVRTC runs so far (disk-cache hits excluded), for tests and statistics.
   int64_t nvrtc_compilations() const { return compiler_.nvrtc_compilations(); }
 
  private:
   struct Slot;
-  // What a kernel is built for. Looked up as a KeyView, so that a call that finds its
-  // kernel built (every launch, and the planning before it) allocates nothing.
+  // What a kernel is built for: `specialization` is empty for the contiguous pair, else
+  // the strided kernel's StridedSpecialization::Name(). Looked up as a KeyView, so that a
+  // call that finds its kernel built (every launch, and the planning before it) allocates
+  // nothing.
   struct Key {
     std::string canonical;
     DType out_dtype;
     int arch;
+    std::string specialization;
   };
   struct KeyView {
     absl::string_view canonical;
     DType out_dtype;
     int arch;
-    static KeyView Of(const Key& k) { return {k.canonical, k.out_dtype, k.arch}; }
+    absl::string_view specialization;
+    static KeyView Of(const Key& k) {
+      return {k.canonical, k.out_dtype, k.arch, k.specialization};
+    }
     static KeyView Of(const KeyView& k) { return k; }
   };
   struct KeyHash {
@@ -100,9 +126,18 @@ class ElementwiseKernels {
     template <typename A, typename B>
     bool operator()(const A& a, const B& b) const {
       const KeyView x = KeyView::Of(a), y = KeyView::Of(b);
-      return x.canonical == y.canonical && x.out_dtype == y.out_dtype && x.arch == y.arch;
+      return x.canonical == y.canonical && x.out_dtype == y.out_dtype && x.arch == y.arch &&
+             x.specialization == y.specialization;
     }
   };
+
+  // The built slot of `key`, building it with `build` when there is none (concurrent
+  // callers of one key wait for one build); *compile_seconds as Get's.
+  absl::StatusOr<const Slot*> FindOrBuild(const KeyView& key,
+                                          absl::FunctionRef<absl::Status(Slot&)> build,
+                                          double* compile_seconds);
+  // Compiles `source` for `arch` and loads it; *library is set only on success.
+  absl::Status Load(const std::string& source, int arch, cudaLibrary_t* library);
 
   NvrtcCompiler compiler_;
   absl::Mutex mu_;
@@ -121,6 +156,28 @@ class ElementwiseKernels {
 absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Program& program,
                                std::span<const void* const> inputs, void* out, int64_t n,
                                int sm_count, cudaStream_t stream);
+
+// The specialisation that layouts of `dims` axes (strides of each array over those axes)
+// need: `inputs` parallel to program.inputs() (data null for scalar inputs, which are
+// skipped).
+StridedSpecialization SpecializationOf(const expr::Program& program,
+                                       std::span<const StridedArray> inputs,
+                                       const StridedArray& out, int dims);
+
+// Enqueues out[idx] = program(inputs...[idx]) for every index idx of `shape` on `stream`
+// (the current device, of the kernel's architecture), as LaunchElementwise does for
+// contiguous arrays. `inputs` is parallel to program.inputs() (data null for scalar
+// inputs); every array's strides cover shape.size() axes and its elements lie within its
+// memory (the caller has checked the spans). `out` may be an input with the same layout;
+// any other overlap is the caller's to avoid. Returns without waiting. Errors:
+// INVALID_ARGUMENT for arguments that do not match the kernel (another canonical(), a
+// layout of another specialisation, a null array pointer, a negative extent); CUDA errors
+// as statuses.
+absl::Status LaunchElementwiseStrided(const CompiledStridedElementwise& kernel,
+                                      const expr::Program& program,
+                                      std::span<const StridedArray> inputs,
+                                      const StridedArray& out, std::span<const int64_t> shape,
+                                      int sm_count, cudaStream_t stream);
 
 }  // namespace gpucompute::cuda
 

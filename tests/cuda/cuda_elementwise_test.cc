@@ -27,8 +27,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/thread_pool.h"
+#include "server/core/backend.h"
+#include "server/cuda/cuda_backend.h"
 #include "server/cuda/elementwise_kernels.h"
 #include "server/expression/expression.h"
 #include "tests/support/test_util.h"
@@ -728,6 +731,389 @@ TEST_F(CudaElementwiseTest, LaunchArgumentErrors) {
   EXPECT_EQ(ElementwiseAsync((*k)->signature, (*k)->kernels, pointers.data(), out.data(), 4,
                              no_parameters, 0, stream_),
             cudaErrorInvalidValue);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// ---- strided arrays: views and broadcast operands (the strided kernel) ----
+
+// An array read or written through a layout over a buffer of `memory` elements (offsets
+// and strides in elements, as StridedLayout's). A 16-byte-aligned buffer: an offset that
+// is not a multiple of the pack misaligns the row starts.
+struct StridedOperand {
+  int64_t memory = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+};
+
+// The C-order element positions of `op` over `shape`, by brute force.
+std::vector<int64_t> Positions(const std::vector<int64_t>& shape, const StridedOperand& op) {
+  int64_t n = 1;
+  for (int64_t extent : shape) n *= extent;
+  std::vector<int64_t> positions(n);
+  std::vector<int64_t> index(shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t position = op.offset;
+    for (size_t d = 0; d < shape.size(); ++d) position += index[d] * op.strides[d];
+    positions[i] = position;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return positions;
+}
+
+// A C-contiguous operand of `shape`.
+StridedOperand Dense(const std::vector<int64_t>& shape) {
+  StridedOperand op;
+  op.strides.resize(shape.size());
+  int64_t stride = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    op.strides[d] = stride;
+    stride *= shape[d];
+  }
+  op.memory = stride;
+  return op;
+}
+
+struct StridedRun {
+  std::vector<int64_t> shape;
+  std::vector<StridedOperand> inputs;  // parallel to program.inputs(); scalars' are ignored
+  StridedOperand out;
+  int in_place = -1;  // the output goes into this input's buffer (its memory, same dtype)
+};
+
+// A backend of its own for the tests that go through Backend::ElementwiseStrided; never
+// destroyed, like Kernels().
+Backend& CudaBackendForTests() {
+  static Backend* backend = [] {
+    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCudaBackend({});
+    EXPECT_OK(created);
+    return created.ok() ? created->release() : nullptr;
+  }();
+  return *backend;
+}
+
+class CudaStridedTest : public CudaElementwiseTest {
+ protected:
+  // Runs `program` over the layouts of `run` on the GPU, through the kernel library
+  // (`through_backend` false: the strided kernel of the layouts' specialisation, as given)
+  // or through CudaBackend::ElementwiseStrided, and compares the whole output buffer
+  // with the CPU evaluator's results over the inputs gathered by a brute-force strided
+  // loop, scattered the same way: elements outside the output layout keep their values.
+  void RunStrided(const Program& program, DType out_dtype, const StridedRun& run,
+                  bool through_backend, int ulps = 0) {
+    const std::string what =
+        absl::StrCat(program.canonical(), " -> ", DTypeName(out_dtype), " over ",
+                     absl::StrJoin(run.shape, "x"), through_backend ? " (backend)" : " (kernel)");
+    SCOPED_TRACE(what);
+    int64_t n = 1;
+    for (int64_t extent : run.shape) n *= extent;
+    int64_t memory = run.out.memory;
+    for (const StridedOperand& op : run.inputs) memory = std::max(memory, op.memory);
+    const std::vector<HostArray> memories = MakeInputs(program, memory, 11);
+
+    // The reference: gathered inputs, evaluated contiguously, scattered.
+    std::vector<HostArray> gathered(memories.size());
+    std::vector<const void*> host_pointers(memories.size(), nullptr);
+    for (size_t k = 0; k < memories.size(); ++k) {
+      if (memories[k].bytes.empty()) continue;
+      const size_t size = DTypeSize(memories[k].dtype);
+      gathered[k] = HostArray(memories[k].dtype, n);
+      const std::vector<int64_t> positions = Positions(run.shape, run.inputs[k]);
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(gathered[k].bytes.data() + i * size,
+                    memories[k].bytes.data() + positions[i] * size, size);
+      }
+      host_pointers[k] = gathered[k].bytes.data();
+    }
+    static cpu::ThreadPool* pool = new cpu::ThreadPool(0);
+    HostArray results(out_dtype, n);
+    cpu::EvaluateElementwise(program, host_pointers, results.bytes.data(), out_dtype, n, *pool);
+    HostArray want(out_dtype, run.out.memory);
+    if (run.in_place >= 0) {
+      ASSERT_EQ(memories[run.in_place].dtype, out_dtype);
+      want = memories[run.in_place];
+      want.n = run.out.memory;
+      want.bytes.resize(run.out.memory * DTypeSize(out_dtype));
+    } else {
+      std::mt19937_64 rng(5);
+      FillRandom(want, rng);  // what the output buffer holds before
+    }
+    const HostArray before = want;
+    const size_t out_size = DTypeSize(out_dtype);
+    const std::vector<int64_t> out_positions = Positions(run.shape, run.out);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(want.bytes.data() + out_positions[i] * out_size,
+                  results.bytes.data() + i * out_size, out_size);
+    }
+
+    // The GPU: a buffer per array input, and the output's (or the in-place input's).
+    Backend* backend = through_backend ? &CudaBackendForTests() : nullptr;
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    std::vector<DeviceMemory> backend_memories;
+    backend_memories.reserve(memories.size() + 1);
+    auto allocate = [&](const HostArray& contents) -> char* {
+      const size_t bytes = std::max<size_t>(contents.bytes.size(), 1);
+      char* p = nullptr;
+      if (backend != nullptr) {
+        absl::StatusOr<DeviceMemory> m = backend->Allocate(0, bytes);
+        EXPECT_OK(m);
+        if (!m.ok()) return nullptr;
+        backend_memories.push_back(*std::move(m));
+        p = static_cast<char*>(backend_memories.back().data());
+      } else {
+        buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
+        p = buffers.back()->data();
+      }
+      EXPECT_EQ(cudaMemcpy(p, contents.bytes.data(), contents.bytes.size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      return p;
+    };
+    std::vector<char*> device(memories.size(), nullptr);
+    std::vector<const DeviceMemory*> device_memories(memories.size(), nullptr);
+    for (size_t k = 0; k < memories.size(); ++k) {
+      if (memories[k].bytes.empty()) continue;
+      device[k] = allocate(memories[k]);
+      ASSERT_NE(device[k], nullptr);
+      if (backend != nullptr) device_memories[k] = &backend_memories.back();
+    }
+    char* out = nullptr;
+    DeviceMemory* out_memory = nullptr;
+    if (run.in_place >= 0) {
+      out = device[run.in_place];
+      if (backend != nullptr) out_memory = const_cast<DeviceMemory*>(device_memories[run.in_place]);
+    } else {
+      out = allocate(before);
+      ASSERT_NE(out, nullptr);
+      if (backend != nullptr) out_memory = &backend_memories.back();
+    }
+
+    if (backend != nullptr) {
+      std::vector<StridedInput> inputs(memories.size());
+      for (size_t k = 0; k < memories.size(); ++k) {
+        if (device_memories[k] == nullptr) continue;
+        inputs[k].memory = device_memories[k];
+        inputs[k].layout = {run.shape, run.inputs[k].strides, run.inputs[k].offset};
+      }
+      absl::StatusOr<std::unique_ptr<Stream>> stream = backend->CreateStream(0);
+      ASSERT_OK(stream);
+      const StridedLayout out_layout{run.shape, run.out.strides, run.out.offset};
+      ASSERT_OK(backend->ElementwiseStrided(**stream, program, inputs, *out_memory, out_layout,
+                                            out_dtype));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    } else {
+      std::vector<StridedArray> arrays(memories.size());
+      for (size_t k = 0; k < memories.size(); ++k) {
+        if (device[k] == nullptr) continue;
+        arrays[k].data = device[k];
+        arrays[k].offset = run.inputs[k].offset;
+        std::copy(run.inputs[k].strides.begin(), run.inputs[k].strides.end(), arrays[k].strides);
+      }
+      StridedArray out_array;
+      out_array.data = out;
+      out_array.offset = run.out.offset;
+      std::copy(run.out.strides.begin(), run.out.strides.end(), out_array.strides);
+      const StridedSpecialization spec = SpecializationOf(
+          program, arrays, out_array, static_cast<int>(run.shape.size()));
+      double seconds = -1;
+      absl::StatusOr<const CompiledStridedElementwise*> kernel =
+          Kernels().GetStrided(program, out_dtype, spec, arch_, &seconds);
+      ASSERT_OK(kernel);
+      ASSERT_OK(LaunchElementwiseStrided(**kernel, program, arrays, out_array, run.shape,
+                                         sm_count_, stream_));
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    }
+    HostArray got(out_dtype, run.out.memory);
+    ASSERT_EQ(cudaMemcpy(got.bytes.data(), out, got.bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ExpectMatches(got, want, ulps, {}, what);
+  }
+
+  // Both ways (the kernel library's only for one axis or more).
+  void RunBoth(const Program& program, DType out_dtype, const StridedRun& run, int ulps = 0) {
+    if (!run.shape.empty()) RunStrided(program, out_dtype, run, /*through_backend=*/false, ulps);
+    RunStrided(program, out_dtype, run, /*through_backend=*/true, ulps);
+  }
+};
+
+// x - m with m of shape (n, 1), (1, m) and (), over rows with and without a tail, from
+// aligned and misaligned row starts.
+TEST_F(CudaStridedTest, Broadcasts) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  for (int64_t cols : {1000, 1001, 3}) {
+    const std::vector<int64_t> shape = {37, cols};
+    StridedOperand x = Dense(shape);
+    StridedOperand column{37, 0, {1, 0}};
+    StridedOperand row{cols, 0, {0, 1}};
+    StridedOperand zero_dim{8, 5, {0, 0}};
+    for (const StridedOperand& m : {column, row, zero_dim}) {
+      RunBoth(program, DType::kFloat32, {shape, {x, m}, Dense(shape)});
+    }
+    // Misaligned row starts: x[:, 1:] of (37, cols + 1), out and m likewise shifted.
+    StridedOperand shifted{37 * (cols + 1), 1, {cols + 1, 1}};
+    StridedOperand column_shifted{40, 3, {1, 0}};
+    RunBoth(program, DType::kFloat32, {shape, {shifted, column_shifted}, shifted});
+  }
+}
+
+// A transposed operand (innermost stride large), a transposed output, in float32 and
+// float64.
+TEST_F(CudaStridedTest, Transposes) {
+  const std::vector<int64_t> shape = {300, 200};
+  StridedOperand transposed{60000, 0, {1, 300}};
+  const Program f32 = MustCompile("f + g * 3", Only(MixedInputs(), {"f", "g"}));
+  RunBoth(f32, DType::kFloat32, {shape, {transposed, Dense(shape)}, Dense(shape)});
+  RunBoth(f32, DType::kFloat32, {shape, {Dense(shape), Dense(shape)}, transposed});
+  const Program f64 = MustCompile("d * e - d", Only(MixedInputs(), {"d", "e"}));
+  RunBoth(f64, DType::kFloat64, {shape, {transposed, transposed}, Dense(shape)});
+}
+
+// Negative strides, ::2 and ::3 steps, reversed and strided outputs (the elements between
+// stay as they were).
+TEST_F(CudaStridedTest, NegativeStridesAndSteps) {
+  const Program program = MustCompile("f * g - f", Only(MixedInputs(), {"f", "g"}));
+  // x[::-1, ::-2] of a (50, 80) array.
+  const std::vector<int64_t> shape = {50, 40};
+  StridedOperand reversed{4000, 49 * 80 + 79, {-80, -2}};
+  RunBoth(program, DType::kFloat32, {shape, {reversed, Dense(shape)}, Dense(shape)});
+  RunBoth(program, DType::kFloat32, {shape, {Dense(shape), Dense(shape)}, reversed});
+  // One axis: x[::2], y[::-1], out[::3].
+  const std::vector<int64_t> line = {1001};
+  RunBoth(program, DType::kFloat32,
+          {line, {{2002, 0, {2}}, {1001, 1000, {-1}}}, {3003, 0, {3}}});
+}
+
+// 0-d buffer operands beside scalar inputs; every operand 0-d (one element).
+TEST_F(CudaStridedTest, ZeroDimOperands) {
+  InputMap in = Only(MixedInputs(), {"d", "f", "g"});
+  in["a"] = ScalarInput{DType::kFloat64, 1.5};
+  const Program program = MustCompile("a * f + g - d", in);  // inputs a, d, f, g
+  const std::vector<int64_t> shape = {129, 67};
+  StridedOperand zero_dim{4, 3, {0, 0}};
+  RunBoth(program, DType::kFloat64, {shape, {{}, zero_dim, Dense(shape), zero_dim}, Dense(shape)});
+  RunBoth(program, DType::kFloat64, {{}, {{}, {4, 1, {}}, {4, 2, {}}, {4, 3, {}}}, {4, 1, {}}});
+}
+
+// out == input with the same layout: transposed, misaligned unit rows, a step.
+TEST_F(CudaStridedTest, InPlace) {
+  const Program program = MustCompile("f * 2 + g", Only(MixedInputs(), {"f", "g"}));
+  const std::vector<int64_t> shape = {64, 64};
+  StridedOperand transposed{4096, 0, {1, 64}};
+  RunBoth(program, DType::kFloat32, {shape, {transposed, Dense(shape)}, transposed, 0});
+  StridedOperand shifted{64 * 1001, 1, {1001, 1}};
+  const std::vector<int64_t> wide = {64, 1000};
+  RunBoth(program, DType::kFloat32, {wide, {shifted, Dense(wide)}, shifted, 0});
+  const std::vector<int64_t> line = {5000};
+  StridedOperand step{10000, 1, {2}};
+  RunBoth(program, DType::kFloat32, {line, {Dense(line), step}, step, 1});
+}
+
+// Three axes (one division per row) and eight (six), with permuted, broadcast and
+// contiguous operands, float64 and bool outputs.
+TEST_F(CudaStridedTest, ThreeAndEightAxes) {
+  const Program mixed = MustCompile("d - f", Only(MixedInputs(), {"d", "f"}));
+  // d: a (130, 7, 9) array seen as (7, 9, 130); f: (7, 1, 130) broadcast.
+  const std::vector<int64_t> shape3 = {7, 9, 130};
+  StridedOperand permuted{8190, 0, {9, 1, 63}};
+  StridedOperand broadcast{910, 0, {130, 0, 1}};
+  RunBoth(mixed, DType::kFloat64, {shape3, {permuted, broadcast}, Dense(shape3)});
+  RunBoth(mixed, DType::kFloat64, {shape3, {Dense(shape3), broadcast}, permuted});
+
+  const std::vector<int64_t> shape8 = {2, 3, 2, 3, 2, 3, 2, 35};
+  // d: the axes reversed; f: extent 1 on axes 1, 3 and 5.
+  StridedOperand reversed{15120, 0, {1, 2, 6, 12, 36, 72, 216, 432}};
+  StridedOperand stretched{560, 0, {280, 0, 140, 0, 70, 0, 35, 1}};
+  RunBoth(mixed, DType::kFloat64, {shape8, {reversed, stretched}, Dense(shape8)});
+  const Program test = MustCompile("d > f", Only(MixedInputs(), {"d", "f"}));
+  RunBoth(test, DType::kBool, {shape8, {stretched, reversed}, reversed});
+}
+
+// Bool, integer and float64 operands of different widths (16 elements per pack), with a
+// bool output, unit and strided.
+TEST_F(CudaStridedTest, BoolOutputsAndMixedWidths) {
+  const Program program =
+      MustCompile("where(b, d, f) > l", Only(MixedInputs(), {"b", "d", "f", "l"}));
+  const std::vector<int64_t> shape = {33, 517};
+  StridedOperand column{40, 1, {1, 0}};
+  StridedOperand transposed{33 * 517, 0, {1, 33}};
+  StridedOperand shifted{33 * 518, 1, {518, 1}};
+  StridedOperand zero_dim{2, 1, {0, 0}};
+  RunBoth(program, DType::kBool, {shape, {column, transposed, shifted, zero_dim}, Dense(shape)});
+  RunBoth(program, DType::kBool,
+          {shape, {column, transposed, shifted, zero_dim}, {33 * 1034, 0, {1034, 2}}});
+  const Program bools = MustCompile("max(b, c)", Only(MixedInputs(), {"b", "c"}));
+  RunBoth(bools, DType::kBool, {shape, {column, shifted}, shifted});
+}
+
+// Rows of one pack or less (a thread per row) and more rows than one grid's y extent.
+TEST_F(CudaStridedTest, ShortRowsAndManyRows) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{100003, 3}, std::vector<int64_t>{300007, 2},
+        std::vector<int64_t>{5, 1}}) {
+    StridedOperand column{shape[0], 0, {1, 0}};
+    RunBoth(program, DType::kFloat32, {shape, {Dense(shape), column}, Dense(shape)});
+  }
+}
+
+// An empty iteration space writes nothing.
+TEST_F(CudaStridedTest, EmptyShapeWritesNothing) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  const std::vector<int64_t> shape = {0, 5};
+  RunBoth(program, DType::kFloat32, {shape, {{10, 0, {5, 1}}, {10, 0, {5, 1}}}, {10, 0, {5, 1}}});
+}
+
+// One compiled kernel per specialisation, whatever the sizes and offsets.
+TEST_F(CudaStridedTest, OneKernelServesEverySize) {
+  const Program program = MustCompile("f * g + g", Only(MixedInputs(), {"f", "g"}));
+  const StridedSpecialization spec{2, {RowStep::kUnit, RowStep::kBroadcast}, RowStep::kUnit};
+  absl::StatusOr<const CompiledStridedElementwise*> first =
+      Kernels().GetStrided(program, DType::kFloat32, spec, arch_, nullptr);
+  ASSERT_OK(first);
+  const int64_t compiled = Kernels().nvrtc_compilations();
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{5, 7}, std::vector<int64_t>{1000, 4099},
+        std::vector<int64_t>{3, 100000}}) {
+    StridedOperand column{shape[0] + 9, 9, {1, 0}};
+    RunStrided(program, DType::kFloat32, {shape, {Dense(shape), column}, Dense(shape)}, false);
+  }
+  EXPECT_EQ(Kernels().nvrtc_compilations(), compiled);
+  double seconds = -1;
+  absl::StatusOr<const CompiledStridedElementwise*> again =
+      Kernels().GetStrided(program, DType::kFloat32, spec, arch_, &seconds);
+  ASSERT_OK(again);
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(seconds, 0);
+}
+
+// Layouts that do not match the kernel's specialisation are refused, not misread.
+TEST_F(CudaStridedTest, LaunchArgumentErrors) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  const StridedSpecialization spec{2, {RowStep::kUnit, RowStep::kBroadcast}, RowStep::kUnit};
+  absl::StatusOr<const CompiledStridedElementwise*> k =
+      Kernels().GetStrided(program, DType::kFloat32, spec, arch_, nullptr);
+  ASSERT_OK(k);
+  DeviceBuffer a(64), b(64), out(64);
+  StridedArray x{a.data(), 0, {4, 1}};
+  StridedArray column{b.data(), 0, {1, 0}};
+  StridedArray row{b.data(), 0, {0, 1}};
+  StridedArray y{out.data(), 0, {4, 1}};
+  const std::vector<int64_t> shape = {4, 4};
+  const std::vector<StridedArray> good = {x, column};
+  const std::vector<StridedArray> other = {x, row};
+  EXPECT_OK(LaunchElementwiseStrided(**k, program, good, y, shape, sm_count_, stream_));
+  absl::Status wrong = LaunchElementwiseStrided(**k, program, other, y, shape, sm_count_, stream_);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wrong.message(),
+            "the layouts are of the strided specialisation 2d:uu>u, the kernel of 2d:ub>u");
+  const std::vector<int64_t> three = {4, 4, 1};
+  EXPECT_EQ(LaunchElementwiseStrided(**k, program, good, y, three, sm_count_, stream_).message(),
+            "the strided kernel is for 2 axes, not 3");
+  const std::vector<StridedArray> null_input = {x, StridedArray{nullptr, 0, {1, 0}}};
+  EXPECT_EQ(
+      LaunchElementwiseStrided(**k, program, null_input, y, shape, sm_count_, stream_).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 

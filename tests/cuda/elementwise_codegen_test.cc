@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <ostream>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -26,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/cuda/elementwise_kernels.h"
 #include "server/cuda/nvrtc_compiler.h"
 #include "server/expression/expression.h"
 #include "server/expression/ir.h"
@@ -747,6 +750,174 @@ TEST(NvrtcCompilerTest, ScalarValuesShareOneCacheEntry) {
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(compiler.nvrtc_compilations(), 1);
   std::filesystem::remove_all(dir);
+}
+
+// ---- strided kernels (kernels/cuda/elementwise/strided.cuh.in) ----
+
+struct StridedCase {
+  std::string name;
+  std::string text;
+  int out;  // DType, or -1 for the program's result dtype
+  StridedSpecialization spec;
+};
+
+void PrintTo(const StridedCase& c, std::ostream* os) { *os << c.text << " " << c.spec.Name(); }
+
+constexpr RowStep kU = RowStep::kUnit;
+constexpr RowStep kB = RowStep::kBroadcast;
+constexpr RowStep kG = RowStep::kGather;
+constexpr RowStep kC = RowStep::kConstant;
+
+// Every row step for inputs and output, 1 to 8 axes, bool and float64 mixes, scalar
+// parameters and math-library calls. The program's array inputs are in name order.
+std::vector<StridedCase> StridedCases() {
+  const int kBool = static_cast<int>(DType::kBool);
+  const int kF64 = static_cast<int>(DType::kFloat64);
+  return {
+      {"ContiguousOneAxis", "f - g", -1, {1, {kU, kU}, kU}},
+      {"ZeroDimOperand", "f - g", -1, {1, {kU, kC}, kU}},
+      {"RowBroadcast", "f - g", -1, {2, {kU, kB}, kU}},
+      {"ColumnBroadcast", "f - g", -1, {2, {kU, kU}, kU}},
+      {"Transposed", "f + g", -1, {2, {kG, kU}, kU}},
+      {"TransposedOutput", "d * 2", -1, {2, {kU}, kG}},
+      {"StepSlice", "sf * f + g", -1, {1, {kG, kG}, kG}},
+      {"ThreeAxes", "(f - g) * f", kF64, {3, {kG, kB}, kU}},
+      {"FourAxesBoolOut", "d < e", kBool, {4, {kU, kB}, kG}},
+      {"FiveAxesWhere", "where(b, d, e) > l", kBool, {5, {kB, kU, kG, kC}, kU}},
+      {"SixAxesBools", "max(b, c)", kBool, {6, {kC, kU}, kU}},
+      {"SevenAxesMath", "sin(d) * f + exp(f)", -1, {7, {kG, kU}, kU}},
+      {"EightAxesMixed", "where(b, d, f) + i * l - si", kF64, {8, {kB, kU, kG, kC, kU}, kG}},
+      {"EightAxesAllConstant", "d + e", -1, {8, {kC, kC}, kU}},
+  };
+}
+
+class StridedCompileTest : public ::testing::TestWithParam<StridedCase> {};
+
+TEST_P(StridedCompileTest, GeneratesSourceThatNvrtcCompiles) {
+  const StridedCase& c = GetParam();
+  const Program program = MustCompile(c.text);
+  const DType out = c.out < 0 ? program.result_dtype() : static_cast<DType>(c.out);
+  const StridedElementwiseSource generated = GenerateElementwiseStrided(program, out, c.spec);
+  ASSERT_EQ(generated.signature.array_inputs.size(), c.spec.in_steps.size()) << c.text;
+  EXPECT_EQ(generated.kernel, kElementwiseStridedKernel);
+  EXPECT_EQ(generated.source.find("#include"), std::string::npos);
+  EXPECT_EQ(generated.source.find('@'), std::string::npos) << generated.source;
+  EXPECT_NE(generated.source.find(absl::StrCat("constexpr int kDims = ", c.spec.dims, ";")),
+            std::string::npos);
+  EXPECT_NE(generated.source.find(absl::StrCat("strided ", c.spec.Name())), std::string::npos);
+  EXPECT_NE(generated.source.find(
+                absl::StrCat("void __launch_bounds__(256)\n", generated.kernel, "(")),
+            std::string::npos);
+  EXPECT_LE(StridedArgumentBytes(generated.signature, c.spec), kMaxElementwiseArgumentBytes);
+  absl::StatusOr<std::string> cubin = SharedCompiler().Compile(generated.source, kArch);
+  ASSERT_OK(cubin) << "\n" << generated.source;
+  ASSERT_GE(cubin->size(), 4u);
+  EXPECT_EQ(cubin->substr(0, 4),
+            "\x7f"
+            "ELF");
+}
+
+INSTANTIATE_TEST_SUITE_P(Specializations, StridedCompileTest, ::testing::ValuesIn(StridedCases()),
+                         [](const ::testing::TestParamInfo<StridedCase>& info) {
+                           return info.param.name;
+                         });
+
+// The source is a function of the expression, the dtypes and the specialisation: each
+// of those changes it, and nothing else can reach it (sizes are kernel arguments).
+TEST(StridedSourceTest, SourceFollowsTheSpecialization) {
+  const Program program = MustCompile("f - g");
+  const StridedSpecialization row{2, {kU, kB}, kU};
+  const std::string a = GenerateElementwiseStrided(program, DType::kFloat32, row).source;
+  EXPECT_EQ(a, GenerateElementwiseStrided(program, DType::kFloat32, row).source);
+  std::set<std::string> sources = {a};
+  for (const StridedSpecialization& other : {StridedSpecialization{3, {kU, kB}, kU},
+                                             StridedSpecialization{2, {kU, kC}, kU},
+                                             StridedSpecialization{2, {kU, kB}, kG}}) {
+    EXPECT_TRUE(sources.insert(GenerateElementwiseStrided(program, DType::kFloat32, other).source)
+                    .second)
+        << other.Name();
+  }
+  EXPECT_NE(a, GenerateElementwiseStrided(program, DType::kFloat64, row).source);
+  // The contiguous kernels of the same program are another source (another cache entry).
+  EXPECT_NE(a, GenerateElementwise(program, DType::kFloat32).source);
+}
+
+TEST(StridedSourceTest, SpecializationNames) {
+  EXPECT_EQ((StridedSpecialization{2, {kU, kB}, kU}.Name()), "2d:ub>u");
+  EXPECT_EQ((StridedSpecialization{8, {kG, kC, kU}, kG}.Name()), "8d:gcu>g");
+  EXPECT_EQ((StridedSpecialization{1, {}, kU}.Name()), "1d:>u");
+}
+
+TEST(StridedSourceTest, RowSteps) {
+  const int64_t unit[] = {100, 1};
+  const int64_t row_broadcast[] = {1, 0};
+  const int64_t zero_dim[] = {0, 0};
+  const int64_t transposed[] = {1, 100};
+  const int64_t reversed[] = {-100, -1};
+  EXPECT_EQ(ClassifyRowStep(unit, 2, false), kU);
+  EXPECT_EQ(ClassifyRowStep(row_broadcast, 2, false), kB);
+  EXPECT_EQ(ClassifyRowStep(zero_dim, 2, false), kC);
+  EXPECT_EQ(ClassifyRowStep(transposed, 2, false), kG);
+  EXPECT_EQ(ClassifyRowStep(reversed, 2, false), kG);
+  EXPECT_EQ(ClassifyRowStep(unit, 2, true), kU);
+  EXPECT_EQ(ClassifyRowStep(transposed, 2, true), kG);
+  // An output is never read as broadcast: one element with stride 0 is gathered.
+  EXPECT_EQ(ClassifyRowStep(zero_dim, 2, true), kG);
+}
+
+// The kernel's row-number division, against the hardware's, for divisors of every size
+// and the dividends around their multiples, up to the largest int64.
+TEST(StridedSourceTest, FastDivisionIsExact) {
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> divisors = {1, 2, 3, 5, 7, 10, 255, 256, 257, 641, 65535, 65536, 65537,
+                                   (int64_t{1} << 31) - 1, int64_t{1} << 31, (int64_t{1} << 32) + 1,
+                                   (int64_t{1} << 62) + 1, std::numeric_limits<int64_t>::max()};
+  for (int i = 0; i < 200; ++i) {
+    const int bits = static_cast<int>(rng() % 63) + 1;
+    divisors.push_back(std::max<int64_t>(1, static_cast<int64_t>(rng() >> (64 - bits))));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int64_t d : divisors) {
+    const FastDivisor f = MakeFastDivisor(d);
+    std::vector<int64_t> dividends = {0, 1, d - 1, d, kMax, kMax - 1, kMax - d + 1, kMax / d * d,
+                                      kMax / d * d - 1};
+    for (int i = 0; i < 200; ++i) {
+      const int64_t n = static_cast<int64_t>(rng() >> 1);
+      dividends.push_back(n);
+      const int64_t m = n / d * d;
+      dividends.push_back(m);
+      if (m > 0) dividends.push_back(m - 1);
+    }
+    for (int64_t n : dividends) {
+      if (n < 0) continue;
+      ASSERT_EQ(FastDivide(n, f), n / d) << n << " / " << d;
+    }
+  }
+}
+
+// An expression of more arrays than the strided kernel's arguments allow at 8 axes is
+// refused before anything is compiled or loaded (no GPU needed).
+TEST(StridedSourceTest, TooManyArgumentBytesIsInvalidArgument) {
+  std::string text = "x0";
+  InputMap inputs = {{"x0", ArrayInput{DType::kFloat32}}};
+  for (int k = 1; k < 60; ++k) {
+    absl::StrAppend(&text, " + x", k);
+    inputs.emplace(absl::StrCat("x", k), ArrayInput{DType::kFloat32});
+  }
+  const Program program = MustCompile(text, inputs);
+  StridedSpecialization spec{8, std::vector<RowStep>(60, kU), kU};
+  ElementwiseKernels kernels("");
+  absl::StatusOr<const CompiledStridedElementwise*> k =
+      kernels.GetStrided(program, DType::kFloat32, spec, kArch, nullptr);
+  EXPECT_EQ(k.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(k.status().message(),
+            "the expression needs 5080 bytes of CUDA kernel arguments (60 arrays, 0 uses of "
+            "scalar inputs); at most 4096 are supported. Use fewer scalar inputs, or pass some "
+            "values as arrays.");
+  EXPECT_EQ(kernels.nvrtc_compilations(), 0);
+  spec.dims = 9;
+  EXPECT_EQ(kernels.GetStrided(program, DType::kFloat32, spec, kArch, nullptr).status().message(),
+            "strided kernels have 1 to 8 axes, not 9");
 }
 
 }  // namespace

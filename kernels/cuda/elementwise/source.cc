@@ -23,6 +23,10 @@ constexpr char kContiguousTemplate[] =
 #include "kernels/cuda/elementwise/contiguous.cuh.inc"
     ;
 
+constexpr char kStridedTemplate[] =
+#include "kernels/cuda/elementwise/strided.cuh.inc"
+    ;
+
 // The template's lines between these markers repeat once per array input.
 constexpr std::string_view kForEachArray = "//@for each array";
 constexpr std::string_view kEnd = "//@end";
@@ -147,77 +151,197 @@ void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signat
   sig.argument_bytes = arg_bytes;
 }
 
-std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::string_view header,
-                                    std::string_view element_body) {
-  const ElementwiseSignature& sig = signature;
-  const size_t num_arrays = sig.array_inputs.size();
-  const size_t num_parameters = sig.parameter_dtypes.size();
-  auto words = [&](DType t) {
+namespace {
+
+// What both templates fill in the same way: the per-element function's parameters, the
+// kernels' pointer and parameter arguments, and the call of Element() for one output
+// element.
+struct ElementCall {
+  const ElementwiseSignature& sig;
+
+  static std::string ParamName(size_t p) { return "p" + std::to_string(p); }
+  std::string Words(DType t) const {
     return std::to_string(static_cast<size_t>(sig.elements_per_pack) * DTypeSize(t) / 16);
-  };
-  auto param_name = [](size_t p) { return "p" + std::to_string(p); };
-
-  std::vector<std::string> element_parameters;
-  std::vector<std::string> kernel_parameters;
-  for (size_t a = 0; a < num_arrays; ++a) {
-    const std::string k = std::to_string(sig.array_inputs[a]);
-    element_parameters.push_back(std::string(ElementwiseValueType(sig.array_dtypes[a])) + " x" + k);
-    kernel_parameters.push_back("const " + std::string(StorageType(sig.array_dtypes[a])) + "* in" +
-                                k);
   }
-  kernel_parameters.push_back(std::string(StorageType(sig.out_dtype)) + "* out");
-  kernel_parameters.push_back("gc::i64 n");
-  for (size_t p = 0; p < num_parameters; ++p) {
-    const DType t = sig.parameter_dtypes[p];
-    element_parameters.push_back(std::string(ElementwiseValueType(t)) + " " + param_name(p));
-    kernel_parameters.push_back(std::string(StorageType(t)) + " " + param_name(p));
+  std::string ElementParameters() const {
+    std::vector<std::string> parameters;
+    for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
+      parameters.push_back(std::string(ElementwiseValueType(sig.array_dtypes[a])) + " x" +
+                           std::to_string(sig.array_inputs[a]));
+    }
+    for (size_t p = 0; p < sig.parameter_dtypes.size(); ++p) {
+      parameters.push_back(std::string(ElementwiseValueType(sig.parameter_dtypes[p])) + " " +
+                           ParamName(p));
+    }
+    return Join(parameters);
   }
-
+  // The pointers, then `middle` (more arguments, or none), then the parameters.
+  std::string KernelParameters(const std::vector<std::string>& middle) const {
+    std::vector<std::string> parameters;
+    for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
+      parameters.push_back("const " + std::string(StorageType(sig.array_dtypes[a])) + "* in" +
+                           std::to_string(sig.array_inputs[a]));
+    }
+    parameters.push_back(std::string(StorageType(sig.out_dtype)) + "* out");
+    parameters.insert(parameters.end(), middle.begin(), middle.end());
+    for (size_t p = 0; p < sig.parameter_dtypes.size(); ++p) {
+      parameters.push_back(std::string(StorageType(sig.parameter_dtypes[p])) + " " + ParamName(p));
+    }
+    return Join(parameters);
+  }
   // The call of Element() for one output element, where `element(a)` is array a's
   // element as stored: bools are stored as bytes and computed as bool.
-  auto element_call = [&](auto element) {
+  template <typename F>
+  std::string operator()(F element) const {
     std::vector<std::string> args;
-    for (size_t a = 0; a < num_arrays; ++a) {
+    for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
       std::string e = element(a);
       args.push_back(sig.array_dtypes[a] == DType::kBool ? "(" + e + " != 0)" : e);
     }
-    for (size_t p = 0; p < num_parameters; ++p) {
-      args.push_back(sig.parameter_dtypes[p] == DType::kBool ? "(" + param_name(p) + " != 0)"
-                                                             : param_name(p));
+    for (size_t p = 0; p < sig.parameter_dtypes.size(); ++p) {
+      args.push_back(sig.parameter_dtypes[p] == DType::kBool ? "(" + ParamName(p) + " != 0)"
+                                                             : ParamName(p));
     }
     std::string call = "Element(" + Join(args) + ")";
     return sig.out_dtype == DType::kBool ? "static_cast<gc::u8>(" + call + ")" : call;
-  };
-
-  const Values values = {
-      {"out_value_type", ElementwiseValueType(sig.out_dtype)},
-      {"element_parameters", Join(element_parameters)},
-      {"element_body", std::string(element_body)},
-      {"threads_per_block", std::to_string(sig.threads_per_block)},
-      {"vector_kernel", kElementwiseVectorKernel},
-      {"scalar_kernel", kElementwiseScalarKernel},
-      {"kernel_parameters", Join(kernel_parameters)},
-      {"elements_per_pack", std::to_string(sig.elements_per_pack)},
-      {"packs_per_thread", std::to_string(sig.packs_per_thread)},
-      {"out_type", StorageType(sig.out_dtype)},
-      {"out_words", words(sig.out_dtype)},
-      {"pack_element", element_call([&](size_t a) {
-         return "a" + std::to_string(sig.array_inputs[a]) + "[j].e[e]";
-       })},
-      {"element",
-       element_call([&](size_t a) { return "in" + std::to_string(sig.array_inputs[a]) + "[i]"; })},
-  };
-  std::vector<Values> arrays;
-  for (size_t a = 0; a < num_arrays; ++a) {
-    arrays.push_back({{"in", std::to_string(sig.array_inputs[a])},
-                      {"in_type", StorageType(sig.array_dtypes[a])},
-                      {"in_words", words(sig.array_dtypes[a])}});
   }
+  // The placeholders both templates share; `kernel_parameters` as KernelParameters gives.
+  Values Common(std::string_view element_body, std::string kernel_parameters) const {
+    return {
+        {"out_value_type", ElementwiseValueType(sig.out_dtype)},
+        {"element_parameters", ElementParameters()},
+        {"element_body", std::string(element_body)},
+        {"threads_per_block", std::to_string(sig.threads_per_block)},
+        {"kernel_parameters", std::move(kernel_parameters)},
+        {"elements_per_pack", std::to_string(sig.elements_per_pack)},
+        {"out_type", StorageType(sig.out_dtype)},
+        {"out_words", Words(sig.out_dtype)},
+    };
+  }
+  std::vector<Values> Arrays() const {
+    std::vector<Values> arrays;
+    for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
+      arrays.push_back({{"in", std::to_string(sig.array_inputs[a])},
+                        {"in_type", StorageType(sig.array_dtypes[a])},
+                        {"in_words", Words(sig.array_dtypes[a])}});
+    }
+    return arrays;
+  }
+};
 
+const char* RowStepName(RowStep step) {
+  switch (step) {
+    case RowStep::kUnit:
+      return "kUnit";
+    case RowStep::kBroadcast:
+      return "kBroadcast";
+    case RowStep::kGather:
+      return "kGather";
+    case RowStep::kConstant:
+      return "kConstant";
+  }
+  return "?";
+}
+
+// Int64 words of the strided kernel's Args: shape, magic and shift per axis, rows, then
+// strides per axis and the offset of each array and of the output.
+int64_t ArgsWords(size_t num_arrays, int dims) {
+  return 3 * int64_t{dims} + 1 + static_cast<int64_t>(num_arrays + 1) * (dims + 1);
+}
+
+}  // namespace
+
+std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::string_view header,
+                                    std::string_view element_body) {
+  const ElementwiseSignature& sig = signature;
+  const ElementCall call{sig};
+  Values values = call.Common(element_body, call.KernelParameters({"gc::i64 n"}));
+  values.insert(
+      values.end(),
+      {
+          {"vector_kernel", kElementwiseVectorKernel},
+          {"scalar_kernel", kElementwiseScalarKernel},
+          {"packs_per_thread", std::to_string(sig.packs_per_thread)},
+          {"pack_element", call([&](size_t a) {
+             return "a" + std::to_string(sig.array_inputs[a]) + "[j].e[e]";
+           })},
+          {"element",
+           call([&](size_t a) { return "in" + std::to_string(sig.array_inputs[a]) + "[i]"; })},
+      });
   std::string source(header);
   source += kPrelude;
   source += '\n';
-  AppendTemplate(kContiguousTemplate, values, arrays, &source);
+  AppendTemplate(kContiguousTemplate, values, call.Arrays(), &source);
+  return source;
+}
+
+std::string StridedSpecialization::Name() const {
+  // One letter per array, the output's after '>': u(nit), b(roadcast), g(ather), c(onstant).
+  constexpr char kLetters[] = "ubgc";
+  std::string name = std::to_string(dims) + "d:";
+  for (RowStep step : in_steps) name += kLetters[static_cast<int>(step)];
+  name += '>';
+  name += kLetters[static_cast<int>(out_step)];
+  return name;
+}
+
+RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output) {
+  const int64_t inner = dims > 0 ? strides[dims - 1] : 0;
+  if (inner == 1) return RowStep::kUnit;
+  if (is_output) return RowStep::kGather;
+  if (std::all_of(strides, strides + dims, [](int64_t s) { return s == 0; })) {
+    return RowStep::kConstant;
+  }
+  return inner == 0 ? RowStep::kBroadcast : RowStep::kGather;
+}
+
+int64_t StridedArgumentBytes(const ElementwiseSignature& signature,
+                             const StridedSpecialization& specialization) {
+  int64_t bytes = 8 * (static_cast<int64_t>(signature.array_inputs.size()) + 1);  // pointers
+  bytes += 8 * ArgsWords(signature.array_inputs.size(), specialization.dims);
+  for (DType t : signature.parameter_dtypes) {
+    const auto size = static_cast<int64_t>(DTypeSize(t));
+    bytes = AlignUp(bytes, size) + size;
+  }
+  return bytes;
+}
+
+std::string ElementwiseStridedKernelSource(const ElementwiseSignature& signature,
+                                           const StridedSpecialization& specialization,
+                                           std::string_view header,
+                                           std::string_view element_body) {
+  const ElementwiseSignature& sig = signature;
+  const StridedSpecialization& spec = specialization;
+  const ElementCall call{sig};
+  // Unit and gathered arrays come from their pack (or, in a row's tail, from memory);
+  // broadcast and constant ones from their value of the row or of the thread.
+  auto from_value = [&](size_t a) {
+    return spec.in_steps[a] == RowStep::kBroadcast || spec.in_steps[a] == RowStep::kConstant;
+  };
+  Values values = call.Common(element_body, call.KernelParameters({"const Args args"}));
+  values.insert(values.end(),
+                {
+                    {"strided_kernel", kElementwiseStridedKernel},
+                    {"dims", std::to_string(spec.dims)},
+                    {"out_step", RowStepName(spec.out_step)},
+                    {"args_words", std::to_string(ArgsWords(sig.array_inputs.size(), spec.dims))},
+                    {"pack_element", call([&](size_t a) {
+                       const std::string k = std::to_string(sig.array_inputs[a]);
+                       return from_value(a) ? "v" + k : "a" + k + ".e[e]";
+                     })},
+                    {"element", call([&](size_t a) {
+                       const std::string k = std::to_string(sig.array_inputs[a]);
+                       return from_value(a) ? "v" + k : "r" + k + "[c * s" + k + "]";
+                     })},
+                });
+  std::vector<Values> arrays = call.Arrays();
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    arrays[a].emplace_back("in_step", RowStepName(spec.in_steps[a]));
+  }
+  std::string source(header);
+  source += kPrelude;
+  source += '\n';
+  AppendTemplate(kStridedTemplate, values, arrays, &source);
   return source;
 }
 
