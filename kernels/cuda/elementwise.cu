@@ -31,15 +31,28 @@ unsigned ElementwiseGrid(int64_t work, int64_t threads, int64_t blocks_per_sm, i
   return static_cast<unsigned>(blocks);
 }
 
-// The strided kernel's 2-D blocks: x threads along a row's packs and y rows, x * y =
-// `threads` (a power of two). x covers the row's packs (a power of two up to the whole
-// block), so that short rows do not leave most of a block idle: rows of one pack get one
-// thread each.
-dim3 StridedBlock(int64_t packs_per_row, int threads) {
+// The strided kernel's 2-D blocks: x threads along a row and y rows, x * y = `threads`
+// (a power of two). x covers a row's thread-iterations (a power of two up to
+// `max_x`), so that short rows do not leave most of a block idle: rows of one pack get
+// one thread each.
+dim3 StridedBlock(int64_t iterations_per_row, int threads, int max_x) {
   int64_t x = 1;
-  while (x < packs_per_row && x < threads) x *= 2;
+  while (x < iterations_per_row && x < max_x) x *= 2;
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(threads / x));
 }
+
+// Blocks along one grid axis for `work` blocks' worth at most `limit`: as many passes as
+// the limit needs, each of the same number of blocks, so that no block has a pass more
+// than the others (8192 rows over 264 blocks would give some 32 passes and most 31).
+int64_t EvenGrid(int64_t work, int64_t limit) {
+  const int64_t passes = CeilDiv(work, limit);
+  return CeilDiv(work, passes);
+}
+
+// At most a warp along the row when an array gathers: the block's 8 rows then read (and
+// write) the neighbouring elements of each 32-byte sector of a transposed array at about
+// the same time, so that a sector fetched for one row serves the others from cache.
+constexpr int kGatherBlockX = 32;
 
 }  // namespace
 }  // namespace detail
@@ -141,11 +154,28 @@ cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
   // The grid: every pack of every row, at most kWaves waves of resident blocks; the
   // kernel's loops cover the rest. Rows beyond the grid's y limit loop too.
   const int64_t packs_per_row = detail::CeilDiv(shape[dims - 1], sig.elements_per_pack);
-  const dim3 block = detail::StridedBlock(packs_per_row, sig.threads_per_block);
+  const int64_t iterations_per_row = detail::CeilDiv(packs_per_row, sig.packs_per_thread);
+  bool gathers = specialization.out_step == RowStep::kGather;
+  for (RowStep step : specialization.in_steps) gathers = gathers || step == RowStep::kGather;
+  const bool tiled =
+      std::find(specialization.in_steps.begin(), specialization.in_steps.end(),
+                RowStep::kTransposed) != specialization.in_steps.end();
+  dim3 block = detail::StridedBlock(iterations_per_row, sig.threads_per_block,
+                                    gathers ? detail::kGatherBlockX : sig.threads_per_block);
   const int64_t max_blocks = int64_t{sm_count} * blocks_per_sm * detail::kWaves;
-  const int64_t grid_x = std::min(detail::CeilDiv(packs_per_row, block.x), max_blocks);
-  const int64_t grid_y = std::clamp<int64_t>(
-      std::min(detail::CeilDiv(rows, block.y), max_blocks / grid_x), 1, 65535);
+  int64_t grid_x = detail::EvenGrid(detail::CeilDiv(iterations_per_row, block.x), max_blocks);
+  int64_t grid_y = detail::EvenGrid(detail::CeilDiv(rows, block.y),
+                                    std::clamp<int64_t>(max_blocks / grid_x, 1, 65535));
+  if (tiled) {
+    // The tiled kernel's shape (kTile and kTileRows in strided.cuh.in): 32 x 32 tiles,
+    // blocks of 32 x 8 threads, a 1-D grid over the tiles.
+    constexpr int64_t kTile = 32;
+    block = dim3(kTile, static_cast<unsigned>(sig.threads_per_block / kTile));
+    const int64_t tiles =
+        detail::CeilDiv(rows, kTile) * detail::CeilDiv(shape[dims - 1], kTile);
+    grid_x = detail::EvenGrid(tiles, max_blocks);
+    grid_y = 1;
+  }
 
   std::vector<void*> args;
   args.reserve(num_arrays + 2 + num_parameters);

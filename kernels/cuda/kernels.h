@@ -177,7 +177,13 @@ enum class RowStep : uint8_t {
   kBroadcast,  // stride 0: one value per row
   kGather,     // any other stride
   kConstant,   // stride 0 on every axis (a 0-d array): one value per thread
+  // Unit stride along the next axis out (a transposed view): read through 32 x 32 tiles
+  // in shared memory, so that reads and writes both coalesce. Inputs only.
+  kTransposed,
 };
+// Inputs read through tiles, at most, so that the tiles fit the static shared memory
+// (32 x 33 elements each); further transposed inputs gather.
+inline constexpr int kMaxTiledInputs = 4;
 
 // What a strided kernel is compiled for, besides the expression and the dtypes: the
 // number of axes and each array's row step.
@@ -190,7 +196,7 @@ struct StridedSpecialization {
 };
 
 // The row step of an array from its strides over `dims` axes (`is_output`: the output,
-// which is never broadcast: only kUnit or kGather).
+// which is never broadcast or tiled: only kUnit or kGather).
 RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output);
 
 // Bytes of kernel arguments a strided launch passes: the pointers, the layouts (Args in

@@ -358,9 +358,12 @@ StridedSpecialization SpecializationOf(const expr::Program& program,
                                        const StridedArray& out, int dims) {
   StridedSpecialization spec;
   spec.dims = dims;
+  int tiled = 0;
   for (size_t k = 0; k < inputs.size() && k < program.input_types().size(); ++k) {
     if (!std::holds_alternative<expr::ArrayInput>(program.input_types()[k])) continue;
-    spec.in_steps.push_back(ClassifyRowStep(inputs[k].strides, dims, /*is_output=*/false));
+    RowStep step = ClassifyRowStep(inputs[k].strides, dims, /*is_output=*/false);
+    if (step == RowStep::kTransposed && ++tiled > kMaxTiledInputs) step = RowStep::kGather;
+    spec.in_steps.push_back(step);
   }
   spec.out_step = ClassifyRowStep(out.strides, dims, /*is_output=*/true);
   return spec;

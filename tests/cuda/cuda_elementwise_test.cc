@@ -967,6 +967,15 @@ TEST_F(CudaStridedTest, Transposes) {
   RunBoth(f32, DType::kFloat32, {shape, {Dense(shape), Dense(shape)}, transposed});
   const Program f64 = MustCompile("d * e - d", Only(MixedInputs(), {"d", "e"}));
   RunBoth(f64, DType::kFloat64, {shape, {transposed, transposed}, Dense(shape)});
+  // Five transposed inputs: four through tiles, the fifth gathered.
+  const Program five = MustCompile("b + d * e - f + l", Only(MixedInputs(), {"b", "d", "e", "f", "l"}));
+  RunBoth(five, DType::kFloat64,
+          {shape, {transposed, transposed, transposed, transposed, transposed}, transposed});
+  // Rows that are not whole tiles, over three axes: x.transpose(1, 0, 2)[..., ::-1] seen
+  // with its middle axis innermost-but-one.
+  const std::vector<int64_t> shape3 = {5, 37, 45};
+  StridedOperand swapped{5 * 37 * 45, 44 * 37, {45 * 37, 1, -37}};
+  RunBoth(f32, DType::kFloat32, {shape3, {swapped, Dense(shape3)}, Dense(shape3)});
 }
 
 // Negative strides, ::2 and ::3 steps, reversed and strided outputs (the elements between

@@ -767,6 +767,7 @@ constexpr RowStep kU = RowStep::kUnit;
 constexpr RowStep kB = RowStep::kBroadcast;
 constexpr RowStep kG = RowStep::kGather;
 constexpr RowStep kC = RowStep::kConstant;
+constexpr RowStep kT = RowStep::kTransposed;
 
 // Every row step for inputs and output, 1 to 8 axes, bool and float64 mixes, scalar
 // parameters and math-library calls. The program's array inputs are in name order.
@@ -788,6 +789,10 @@ std::vector<StridedCase> StridedCases() {
       {"SevenAxesMath", "sin(d) * f + exp(f)", -1, {7, {kG, kU}, kU}},
       {"EightAxesMixed", "where(b, d, f) + i * l - si", kF64, {8, {kB, kU, kG, kC, kU}, kG}},
       {"EightAxesAllConstant", "d + e", -1, {8, {kC, kC}, kU}},
+      {"TransposedTile", "f + g", -1, {2, {kT, kU}, kU}},
+      {"TransposedTilesMixed", "where(b, d, e) > l", kBool, {3, {kT, kT, kU, kC}, kG}},
+      {"TransposedTilesEightAxes", "d * f - i", -1, {8, {kT, kB, kT}, kG}},
+      {"FourTiles", "b + d + e + f + l", -1, {2, {kT, kT, kT, kT, kU}, kU}},
   };
 }
 
@@ -844,7 +849,7 @@ TEST(StridedSourceTest, SourceFollowsTheSpecialization) {
 
 TEST(StridedSourceTest, SpecializationNames) {
   EXPECT_EQ((StridedSpecialization{2, {kU, kB}, kU}.Name()), "2d:ub>u");
-  EXPECT_EQ((StridedSpecialization{8, {kG, kC, kU}, kG}.Name()), "8d:gcu>g");
+  EXPECT_EQ((StridedSpecialization{8, {kG, kC, kU, kT}, kG}.Name()), "8d:gcut>g");
   EXPECT_EQ((StridedSpecialization{1, {}, kU}.Name()), "1d:>u");
 }
 
@@ -857,7 +862,11 @@ TEST(StridedSourceTest, RowSteps) {
   EXPECT_EQ(ClassifyRowStep(unit, 2, false), kU);
   EXPECT_EQ(ClassifyRowStep(row_broadcast, 2, false), kB);
   EXPECT_EQ(ClassifyRowStep(zero_dim, 2, false), kC);
-  EXPECT_EQ(ClassifyRowStep(transposed, 2, false), kG);
+  const int64_t permuted[] = {1, 100, 10};
+  const int64_t step[] = {20, 2};
+  EXPECT_EQ(ClassifyRowStep(transposed, 2, false), kT);
+  EXPECT_EQ(ClassifyRowStep(permuted, 3, false), kG);
+  EXPECT_EQ(ClassifyRowStep(step, 2, false), kG);
   EXPECT_EQ(ClassifyRowStep(reversed, 2, false), kG);
   EXPECT_EQ(ClassifyRowStep(unit, 2, true), kU);
   EXPECT_EQ(ClassifyRowStep(transposed, 2, true), kG);

@@ -239,6 +239,8 @@ const char* RowStepName(RowStep step) {
       return "kGather";
     case RowStep::kConstant:
       return "kConstant";
+    case RowStep::kTransposed:
+      return "kTransposed";
   }
   return "?";
 }
@@ -276,8 +278,9 @@ std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::
 }
 
 std::string StridedSpecialization::Name() const {
-  // One letter per array, the output's after '>': u(nit), b(roadcast), g(ather), c(onstant).
-  constexpr char kLetters[] = "ubgc";
+  // One letter per array, the output's after '>': u(nit), b(roadcast), g(ather),
+  // c(onstant), t(ransposed).
+  constexpr char kLetters[] = "ubgct";
   std::string name = std::to_string(dims) + "d:";
   for (RowStep step : in_steps) name += kLetters[static_cast<int>(step)];
   name += '>';
@@ -292,7 +295,8 @@ RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output) {
   if (std::all_of(strides, strides + dims, [](int64_t s) { return s == 0; })) {
     return RowStep::kConstant;
   }
-  return inner == 0 ? RowStep::kBroadcast : RowStep::kGather;
+  if (inner == 0) return RowStep::kBroadcast;
+  return dims >= 2 && strides[dims - 2] == 1 ? RowStep::kTransposed : RowStep::kGather;
 }
 
 int64_t StridedArgumentBytes(const ElementwiseSignature& signature,
@@ -318,16 +322,23 @@ std::string ElementwiseStridedKernelSource(const ElementwiseSignature& signature
   auto from_value = [&](size_t a) {
     return spec.in_steps[a] == RowStep::kBroadcast || spec.in_steps[a] == RowStep::kConstant;
   };
+  const bool tiled = std::find(spec.in_steps.begin(), spec.in_steps.end(),
+                               RowStep::kTransposed) != spec.in_steps.end();
   Values values = call.Common(element_body, call.KernelParameters({"const Args args"}));
   values.insert(values.end(),
                 {
                     {"strided_kernel", kElementwiseStridedKernel},
                     {"dims", std::to_string(spec.dims)},
+                    {"packs_per_thread", std::to_string(sig.packs_per_thread)},
+                    {"tiled", tiled ? "true" : "false"},
+                    {"tiled_element", call([&](size_t a) {
+                       return "v" + std::to_string(sig.array_inputs[a]);
+                     })},
                     {"out_step", RowStepName(spec.out_step)},
                     {"args_words", std::to_string(ArgsWords(sig.array_inputs.size(), spec.dims))},
                     {"pack_element", call([&](size_t a) {
                        const std::string k = std::to_string(sig.array_inputs[a]);
-                       return from_value(a) ? "v" + k : "a" + k + ".e[e]";
+                       return from_value(a) ? "v" + k : "a" + k + "[j].e[e]";
                      })},
                     {"element", call([&](size_t a) {
                        const std::string k = std::to_string(sig.array_inputs[a]);
