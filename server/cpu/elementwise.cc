@@ -52,6 +52,8 @@ inline T Load(Storage<T> x) {
 }
 
 template <typename Op, typename T>
+using UnaryResult = decltype(Op::Apply(T{}));
+template <typename Op, typename T>
 using BinaryResult = decltype(Op::Apply(T{}, T{}));
 
 // src: operand pointers, already offset to the block; dst likewise; n: elements.
@@ -69,14 +71,16 @@ struct KernelPair {
 
 template <typename Op, typename T>
 [[gnu::always_inline]] inline void UnaryLoop(const Storage<T>* __restrict__ a,
-                                             Storage<T>* __restrict__ o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<Storage<T>>(Op::Apply(Load<T>(a[i])));
+                                             Storage<UnaryResult<Op, T>>* __restrict__ o,
+                                             int64_t n) {
+  using R = Storage<UnaryResult<Op, T>>;
+  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<R>(Op::Apply(Load<T>(a[i])));
 }
 
 template <typename Op, typename T, int64_t kN>
 void UnaryKernel(const void* const* src, void* dst, int64_t n) {
-  UnaryLoop<Op, T>(static_cast<const Storage<T>*>(src[0]), static_cast<Storage<T>*>(dst),
-                   kN > 0 ? kN : n);
+  UnaryLoop<Op, T>(static_cast<const Storage<T>*>(src[0]),
+                   static_cast<Storage<UnaryResult<Op, T>>*>(dst), kN > 0 ? kN : n);
 }
 
 template <typename Op, typename T, bool kScalarA, bool kScalarB>

@@ -16,12 +16,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "server/expression/ir.h"
+#include "server/expression/scalar_ops.h"
 
 namespace gpucompute::cuda {
 namespace {
 
 using expr::Node;
 using expr::OpKind;
+namespace ops = expr::ops;
 
 // The canonical text is repeated in a comment for whoever reads a dumped source; long
 // expressions are cut short there (the cache key holds the whole source anyway).
@@ -67,54 +69,44 @@ std::string Convert(DType from, DType to, const std::string& x) {
   return absl::StrCat("static_cast<", ElementwiseValueType(to), ">(", x, ")");
 }
 
-// The float function of a unary op, in the operand's precision.
-const char* FloatFunction(OpKind op, bool single) {
-  switch (op) {
-    case OpKind::kAbs:
-      return single ? "fabsf" : "fabs";
-    case OpKind::kSin:
-      return single ? "sinf" : "sin";
-    case OpKind::kCos:
-      return single ? "cosf" : "cos";
-    case OpKind::kTan:
-      return single ? "tanf" : "tan";
-    case OpKind::kExp:
-      return single ? "expf" : "exp";
-    case OpKind::kLog:
-      return single ? "logf" : "log";
-    case OpKind::kLog1p:
-      return single ? "log1pf" : "log1p";
-    case OpKind::kExpm1:
-      return single ? "expm1f" : "expm1";
-    case OpKind::kSqrt:  // IEEE, correctly rounded: never an approximation
-      return single ? "__fsqrt_rn" : "__dsqrt_rn";
-    case OpKind::kTanh:
-      return single ? "tanhf" : "tanh";
-    case OpKind::kSinh:
-      return single ? "sinhf" : "sinh";
-    case OpKind::kCosh:
-      return single ? "coshf" : "cosh";
-    case OpKind::kAsin:
-      return single ? "asinf" : "asin";
-    case OpKind::kAcos:
-      return single ? "acosf" : "acos";
-    case OpKind::kAtan:
-      return single ? "atanf" : "atan";
-    case OpKind::kFloor:
-      return single ? "floorf" : "floor";
-    case OpKind::kCeil:
-      return single ? "ceilf" : "ceil";
-    case OpKind::kPow:
-      return single ? "powf" : "pow";
-    case OpKind::kAtan2:
-      return single ? "atan2f" : "atan2";
-    default:
-      return "?";
+// The CUDA math function of a float op, in the operand's precision (the float32 one ends
+// in 'f'). rint, trunc, floor, ceil, copysign and fmod are exact, as on the CPU; sqrt is
+// the IEEE, correctly rounded intrinsic, never an approximation.
+std::string FloatFunction(OpKind op, bool single) {
+  if (op == OpKind::kSqrt) return single ? "__fsqrt_rn" : "__dsqrt_rn";
+  constexpr std::pair<OpKind, const char*> kFunctions[] = {
+      {OpKind::kAbs, "fabs"},    {OpKind::kSin, "sin"},           {OpKind::kCos, "cos"},
+      {OpKind::kTan, "tan"},     {OpKind::kExp, "exp"},           {OpKind::kLog, "log"},
+      {OpKind::kLog1p, "log1p"}, {OpKind::kExpm1, "expm1"},       {OpKind::kTanh, "tanh"},
+      {OpKind::kSinh, "sinh"},   {OpKind::kCosh, "cosh"},         {OpKind::kAsin, "asin"},
+      {OpKind::kAcos, "acos"},   {OpKind::kAtan, "atan"},         {OpKind::kFloor, "floor"},
+      {OpKind::kCeil, "ceil"},   {OpKind::kRint, "rint"},         {OpKind::kTrunc, "trunc"},
+      {OpKind::kExp2, "exp2"},   {OpKind::kLog2, "log2"},         {OpKind::kLog10, "log10"},
+      {OpKind::kCbrt, "cbrt"},   {OpKind::kAsinh, "asinh"},       {OpKind::kAcosh, "acosh"},
+      {OpKind::kAtanh, "atanh"}, {OpKind::kPow, "pow"},           {OpKind::kAtan2, "atan2"},
+      {OpKind::kHypot, "hypot"}, {OpKind::kCopysign, "copysign"}, {OpKind::kFmod, "fmod"},
+  };
+  for (const auto& [kind, name] : kFunctions) {
+    if (kind == op) return absl::StrCat(name, single ? "f" : "");
   }
+  return "?";
 }
 
-const char* ComparisonOperator(OpKind op) {
+// The C operator of a comparison, a bitwise or a logical op.
+const char* InfixOperator(OpKind op) {
   switch (op) {
+    case OpKind::kBitAnd:
+      return "&";
+    case OpKind::kBitOr:
+      return "|";
+    case OpKind::kBitXor:
+      return "^";
+    case OpKind::kLogicalAnd:
+      return "&&";
+    case OpKind::kLogicalOr:
+      return "||";
+    case OpKind::kLogicalXor:
+      return "!=";
     case OpKind::kLess:
       return "<";
     case OpKind::kLessEqual:
@@ -144,6 +136,9 @@ std::string Operation(const Node& node, const std::vector<Node>& nodes,
   const DType operand = node.num_args > 0 ? nodes[node.args[0]].dtype : node.dtype;
   const bool is_float = IsFloat(operand);
   const bool single = operand == DType::kFloat32;
+  if (node.op >= OpKind::kSin && node.op <= OpKind::kAtanh) {  // a float math function
+    return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ")");
+  }
   switch (node.op) {
     case OpKind::kCast:
       return Convert(operand, node.dtype, arg(0));
@@ -152,23 +147,37 @@ std::string Operation(const Node& node, const std::vector<Node>& nodes,
     case OpKind::kAbs:
       if (!is_float) return absl::StrCat("gc::Abs(", arg(0), ")");
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ")");
-    case OpKind::kSin:
-    case OpKind::kCos:
-    case OpKind::kTan:
-    case OpKind::kExp:
-    case OpKind::kLog:
-    case OpKind::kLog1p:
-    case OpKind::kExpm1:
-    case OpKind::kSqrt:
-    case OpKind::kTanh:
-    case OpKind::kSinh:
-    case OpKind::kCosh:
-    case OpKind::kAsin:
-    case OpKind::kAcos:
-    case OpKind::kAtan:
-    case OpKind::kFloor:
-    case OpKind::kCeil:
-      return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ")");
+    case OpKind::kDegrees:  // one correctly rounded multiply by ops' factor: exact match
+      return Rounded(single ? "__fmul_rn(" : "__dmul_rn(", arg(0),
+                     single ? Literal(operand, {0, ops::kDegreesPerRadian<float>})
+                            : Literal(operand, {0, ops::kDegreesPerRadian<double>}));
+    case OpKind::kRadians:
+      return Rounded(single ? "__fmul_rn(" : "__dmul_rn(", arg(0),
+                     single ? Literal(operand, {0, ops::kRadiansPerDegree<float>})
+                            : Literal(operand, {0, ops::kRadiansPerDegree<double>}));
+    case OpKind::kSign:
+      return absl::StrCat(is_float ? "gc::FloatSign(" : "gc::Sign(", arg(0), ")");
+    case OpKind::kSquare:
+      if (is_float) return Rounded(single ? "__fmul_rn(" : "__dmul_rn(", arg(0), arg(0));
+      return absl::StrCat("gc::Mul(", arg(0), ", ", arg(0), ")");
+    case OpKind::kReciprocal:
+      if (is_float)
+        return Rounded(single ? "__fdiv_rn(" : "__ddiv_rn(", single ? "1.0f" : "1.0", arg(0));
+      return absl::StrCat("gc::Reciprocal(", arg(0), ")");
+    case OpKind::kInvert:
+      return absl::StrCat(operand == DType::kBool ? "(!" : "(~", arg(0), ")");
+    case OpKind::kLogicalNot:
+      return absl::StrCat("(!", arg(0), ")");
+    // The float tests are constants for integers and bools (ops::IsNan, ...).
+    case OpKind::kIsNan:
+      return is_float ? absl::StrCat("(", arg(0), " != ", arg(0), ")") : "false";
+    case OpKind::kIsInf:
+      return is_float ? absl::StrCat("gc::IsInf(", arg(0), ")") : "false";
+    case OpKind::kIsFinite:
+      return is_float ? absl::StrCat("gc::IsFinite(", arg(0), ")") : "true";
+    case OpKind::kSignbit:
+      if (is_float) return absl::StrCat("gc::Signbit(", arg(0), ")");
+      return operand == DType::kBool ? "false" : absl::StrCat("(", arg(0), " < 0)");
     // Float + - * / as explicitly rounded intrinsics: the compiler never contracts them
     // into a fused multiply-add (which --fmad=true, kept for the math library's sake,
     // would do to plain operators), so a*x + y rounds twice, as on the CPU.
@@ -187,22 +196,43 @@ std::string Operation(const Node& node, const std::vector<Node>& nodes,
       if (!is_float) return absl::StrCat("gc::Pow(", arg(0), ", ", arg(1), ")");
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ", ", arg(1), ")");
     case OpKind::kAtan2:  // float only
+    case OpKind::kHypot:
+    case OpKind::kCopysign:
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ", ", arg(1), ")");
     case OpKind::kMin:
       return absl::StrCat(is_float ? "gc::FloatMin(" : "gc::IntMin(", arg(0), ", ", arg(1), ")");
     case OpKind::kMax:
       return absl::StrCat(is_float ? "gc::FloatMax(" : "gc::IntMax(", arg(0), ", ", arg(1), ")");
+    case OpKind::kFmin:
+      return absl::StrCat(is_float ? "gc::FloatFmin(" : "gc::IntMin(", arg(0), ", ", arg(1), ")");
+    case OpKind::kFmax:
+      return absl::StrCat(is_float ? "gc::FloatFmax(" : "gc::IntMax(", arg(0), ", ", arg(1), ")");
+    case OpKind::kFloorDiv:
+      return absl::StrCat("gc::FloorDiv(", arg(0), ", ", arg(1), ")");
+    case OpKind::kMod:
+      return absl::StrCat("gc::Mod(", arg(0), ", ", arg(1), ")");
+    case OpKind::kFmod:
+      return absl::StrCat("gc::Fmod(", arg(0), ", ", arg(1), ")");
+    case OpKind::kLeftShift:
+      return absl::StrCat("gc::LeftShift(", arg(0), ", ", arg(1), ")");
+    case OpKind::kRightShift:
+      return absl::StrCat("gc::RightShift(", arg(0), ", ", arg(1), ")");
+    case OpKind::kBitAnd:
+    case OpKind::kBitOr:
+    case OpKind::kBitXor:
+    case OpKind::kLogicalAnd:
+    case OpKind::kLogicalOr:
+    case OpKind::kLogicalXor:
     case OpKind::kLess:
     case OpKind::kLessEqual:
     case OpKind::kGreater:
     case OpKind::kGreaterEqual:
     case OpKind::kEqual:
     case OpKind::kNotEqual:
-      return absl::StrCat("(", arg(0), " ", ComparisonOperator(node.op), " ", arg(1), ")");
+      return absl::StrCat("(", arg(0), " ", InfixOperator(node.op), " ", arg(1), ")");
     case OpKind::kWhere:
       return absl::StrCat("(", arg(0), " ? ", arg(1), " : ", arg(2), ")");
-    case OpKind::kInput:
-    case OpKind::kConstant:
+    default:  // leaves, and the math functions handled above
       break;
   }
   return "?";
@@ -251,8 +281,19 @@ bool CallsMathLibrary(OpKind op) {
     case OpKind::kAsin:
     case OpKind::kAcos:
     case OpKind::kAtan:
+    case OpKind::kExp2:
+    case OpKind::kLog2:
+    case OpKind::kLog10:
+    case OpKind::kCbrt:
+    case OpKind::kAsinh:
+    case OpKind::kAcosh:
+    case OpKind::kAtanh:
     case OpKind::kPow:
     case OpKind::kAtan2:
+    case OpKind::kHypot:
+    case OpKind::kFloorDiv:  // float fmod is a loop
+    case OpKind::kMod:
+    case OpKind::kFmod:
       return true;
     default:
       return false;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "server/expression/lexer.h"
 #include "server/expression/promotion.h"
 #include "server/util/status_macros.h"
 
@@ -39,119 +40,132 @@ bool CanCastSameKind(DType from, DType to) {
   return IsFloat(to);                // float -> float only
 }
 
+using internal::Append;
+using internal::Cat;
 using internal::ConvertConstant;
+using internal::ErrorAt;
 using internal::FoldBinary;
 using internal::FoldUnary;
 using internal::FormatConstant;
+using internal::IsIdentifier;
+using internal::Lexer;
 using internal::Promote;
 using internal::Promoted;
+using internal::Quote;
+using internal::Tok;
+using internal::Token;
 using internal::Value;
 
 namespace {
 
-// String building for the compiler's messages, over std::string_view: the compiler is
-// plain C++ (common/string_view.h says why), and Abseil meets it only in the Status.
-inline void AppendOne(std::string& out, std::string_view s) { out.append(s); }
-inline void AppendOne(std::string& out, const char* s) { out.append(s); }
-inline void AppendOne(std::string& out, const std::string& s) { out.append(s); }
-template <typename T>
-requires std::is_integral_v<T>
-void AppendOne(std::string& out, T v) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  out.append(buf, r.ptr);
-}
-
-template <typename... Args>
-void Append(std::string& out, const Args&... args) {
-  (AppendOne(out, args), ...);
-}
-
-template <typename... Args>
-std::string Cat(const Args&... args) {
-  std::string out;
-  Append(out, args...);
-  return out;
-}
-
-absl::Status InvalidArgument(const std::string& message) {
-  return absl::InvalidArgumentError(message);
-}
-
-// ---------------------------------------------------------------------------------------
-// Tokens
-
-enum class Tok : uint8_t {
-  kEnd,
-  kNumber,
-  kName,
-  kPlus,
-  kMinus,
-  kStar,
-  kSlash,
-  kStarStar,
-  kLParen,
-  kRParen,
-  kComma,
-  kLess,
-  kLessEqual,
-  kGreater,
-  kGreaterEqual,
-  kEqualEqual,
-  kNotEqual,
-};
-
-struct Token {
-  Tok kind = Tok::kEnd;
-  int32_t pos = 0;
-  int32_t len = 0;
-};
-
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-bool IsIdentifier(std::string_view s) {
-  if (s.empty() || !IsNameStart(s[0])) return false;
-  return std::all_of(s.begin(), s.end(), IsNameChar);
-}
-
-// Text from the network may be long or binary; messages quote at most this much of it.
-std::string Quote(std::string_view s) {
-  constexpr size_t kMaxQuoted = 40;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxQuoted; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > kMaxQuoted) out += "...";
-  out += "'";
-  return out;
-}
+// How a function's call is compiled: most are one IR operation (kOp); the others are
+// built from several, or from none.
+enum class Form : uint8_t { kOp, kWhere, kClip, kRound, kPositive, kCast };
 
 struct FunctionInfo {
   std::string_view name;
   OpKind op;
-  int arity;
+  int8_t min_args;
+  int8_t max_args;
+  Form form = Form::kOp;
+  DType cast = DType::kFloat64;  // Form::kCast: the target
 };
 
+constexpr FunctionInfo Fn(std::string_view name, OpKind op, int8_t args) {
+  return {name, op, args, args};
+}
+
+// NumPy's names, and the short names of the first version of the language.
 constexpr FunctionInfo kFunctions[] = {
-    {"sin", OpKind::kSin, 1},     {"cos", OpKind::kCos, 1},   {"tan", OpKind::kTan, 1},
-    {"exp", OpKind::kExp, 1},     {"log", OpKind::kLog, 1},   {"log1p", OpKind::kLog1p, 1},
-    {"expm1", OpKind::kExpm1, 1}, {"sqrt", OpKind::kSqrt, 1}, {"abs", OpKind::kAbs, 1},
-    {"tanh", OpKind::kTanh, 1},   {"sinh", OpKind::kSinh, 1}, {"cosh", OpKind::kCosh, 1},
-    {"asin", OpKind::kAsin, 1},   {"acos", OpKind::kAcos, 1}, {"atan", OpKind::kAtan, 1},
-    {"floor", OpKind::kFloor, 1}, {"ceil", OpKind::kCeil, 1}, {"atan2", OpKind::kAtan2, 2},
-    {"pow", OpKind::kPow, 2},     {"min", OpKind::kMin, 2},   {"max", OpKind::kMax, 2},
-    {"where", OpKind::kWhere, 3},
+    Fn("sin", OpKind::kSin, 1),
+    Fn("cos", OpKind::kCos, 1),
+    Fn("tan", OpKind::kTan, 1),
+    Fn("exp", OpKind::kExp, 1),
+    Fn("log", OpKind::kLog, 1),
+    Fn("log1p", OpKind::kLog1p, 1),
+    Fn("expm1", OpKind::kExpm1, 1),
+    Fn("sqrt", OpKind::kSqrt, 1),
+    Fn("abs", OpKind::kAbs, 1),
+    Fn("absolute", OpKind::kAbs, 1),
+    Fn("negative", OpKind::kNeg, 1),
+    Fn("tanh", OpKind::kTanh, 1),
+    Fn("sinh", OpKind::kSinh, 1),
+    Fn("cosh", OpKind::kCosh, 1),
+    Fn("asin", OpKind::kAsin, 1),
+    Fn("arcsin", OpKind::kAsin, 1),
+    Fn("acos", OpKind::kAcos, 1),
+    Fn("arccos", OpKind::kAcos, 1),
+    Fn("atan", OpKind::kAtan, 1),
+    Fn("arctan", OpKind::kAtan, 1),
+    Fn("arcsinh", OpKind::kAsinh, 1),
+    Fn("arccosh", OpKind::kAcosh, 1),
+    Fn("arctanh", OpKind::kAtanh, 1),
+    Fn("floor", OpKind::kFloor, 1),
+    Fn("ceil", OpKind::kCeil, 1),
+    Fn("rint", OpKind::kRint, 1),
+    Fn("trunc", OpKind::kTrunc, 1),
+    Fn("exp2", OpKind::kExp2, 1),
+    Fn("log2", OpKind::kLog2, 1),
+    Fn("log10", OpKind::kLog10, 1),
+    Fn("cbrt", OpKind::kCbrt, 1),
+    Fn("degrees", OpKind::kDegrees, 1),
+    Fn("rad2deg", OpKind::kDegrees, 1),
+    Fn("radians", OpKind::kRadians, 1),
+    Fn("deg2rad", OpKind::kRadians, 1),
+    Fn("sign", OpKind::kSign, 1),
+    Fn("square", OpKind::kSquare, 1),
+    Fn("reciprocal", OpKind::kReciprocal, 1),
+    Fn("invert", OpKind::kInvert, 1),
+    Fn("bitwise_not", OpKind::kInvert, 1),
+    Fn("logical_not", OpKind::kLogicalNot, 1),
+    Fn("isnan", OpKind::kIsNan, 1),
+    Fn("isinf", OpKind::kIsInf, 1),
+    Fn("isfinite", OpKind::kIsFinite, 1),
+    Fn("signbit", OpKind::kSignbit, 1),
+    Fn("add", OpKind::kAdd, 2),
+    Fn("subtract", OpKind::kSub, 2),
+    Fn("multiply", OpKind::kMul, 2),
+    Fn("divide", OpKind::kDiv, 2),
+    Fn("true_divide", OpKind::kDiv, 2),
+    Fn("floor_divide", OpKind::kFloorDiv, 2),
+    Fn("mod", OpKind::kMod, 2),
+    Fn("remainder", OpKind::kMod, 2),
+    Fn("fmod", OpKind::kFmod, 2),
+    Fn("pow", OpKind::kPow, 2),
+    Fn("power", OpKind::kPow, 2),
+    Fn("atan2", OpKind::kAtan2, 2),
+    Fn("arctan2", OpKind::kAtan2, 2),
+    Fn("hypot", OpKind::kHypot, 2),
+    Fn("copysign", OpKind::kCopysign, 2),
+    Fn("min", OpKind::kMin, 2),
+    Fn("minimum", OpKind::kMin, 2),
+    Fn("max", OpKind::kMax, 2),
+    Fn("maximum", OpKind::kMax, 2),
+    Fn("fmin", OpKind::kFmin, 2),
+    Fn("fmax", OpKind::kFmax, 2),
+    Fn("bitwise_and", OpKind::kBitAnd, 2),
+    Fn("bitwise_or", OpKind::kBitOr, 2),
+    Fn("bitwise_xor", OpKind::kBitXor, 2),
+    Fn("left_shift", OpKind::kLeftShift, 2),
+    Fn("right_shift", OpKind::kRightShift, 2),
+    Fn("logical_and", OpKind::kLogicalAnd, 2),
+    Fn("logical_or", OpKind::kLogicalOr, 2),
+    Fn("logical_xor", OpKind::kLogicalXor, 2),
+    Fn("less", OpKind::kLess, 2),
+    Fn("less_equal", OpKind::kLessEqual, 2),
+    Fn("greater", OpKind::kGreater, 2),
+    Fn("greater_equal", OpKind::kGreaterEqual, 2),
+    Fn("equal", OpKind::kEqual, 2),
+    Fn("not_equal", OpKind::kNotEqual, 2),
+    {"where", OpKind::kWhere, 3, 3, Form::kWhere},
+    {"clip", OpKind::kMin, 3, 3, Form::kClip},
+    {"round", OpKind::kRint, 1, 2, Form::kRound},
+    {"positive", OpKind::kNeg, 1, 1, Form::kPositive},
+    {"bool", OpKind::kCast, 1, 1, Form::kCast, DType::kBool},
+    {"int32", OpKind::kCast, 1, 1, Form::kCast, DType::kInt32},
+    {"int64", OpKind::kCast, 1, 1, Form::kCast, DType::kInt64},
+    {"float32", OpKind::kCast, 1, 1, Form::kCast, DType::kFloat32},
+    {"float64", OpKind::kCast, 1, 1, Form::kCast, DType::kFloat64},
 };
 
 const FunctionInfo* FindFunction(std::string_view name) {
@@ -159,6 +173,58 @@ const FunctionInfo* FindFunction(std::string_view name) {
     if (f.name == name) return &f;
   }
   return nullptr;
+}
+
+// Python's `and`, `or` and `not` ask for one truth value, which an array does not have
+// (NumPy raises); the elementwise forms are functions and, on bools, operators.
+absl::Status KeywordError(std::string_view word, int32_t pos) {
+  const char* instead = word == "and"   ? "logical_and(a, b), or a & b on bools"
+                        : word == "or"  ? "logical_or(a, b), or a | b on bools"
+                        : word == "not" ? "logical_not(x), or ~x on bools"
+                                        : nullptr;
+  if (instead == nullptr) return absl::OkStatus();
+  return ErrorAt(pos, Cat(Quote(word),
+                          " is not supported (an array has no single truth value); use ", instead));
+}
+
+// The binary operators by precedence, loosest first, as in Python: | ^ & (<< >>) (+ -)
+// (* / // %). Comparisons bind looser still; unary - + ~ and ** tighter.
+struct BinaryOperator {
+  Tok tok;
+  int8_t precedence;
+  OpKind op;
+  std::string_view what;
+};
+
+constexpr BinaryOperator kBinaryOperators[] = {
+    {Tok::kBar, 1, OpKind::kBitOr, "operator '|'"},
+    {Tok::kCaret, 2, OpKind::kBitXor, "operator '^'"},
+    {Tok::kAmpersand, 3, OpKind::kBitAnd, "operator '&'"},
+    {Tok::kShiftLeft, 4, OpKind::kLeftShift, "operator '<<'"},
+    {Tok::kShiftRight, 4, OpKind::kRightShift, "operator '>>'"},
+    {Tok::kPlus, 5, OpKind::kAdd, "operator '+'"},
+    {Tok::kMinus, 5, OpKind::kSub, "operator '-'"},
+    {Tok::kStar, 6, OpKind::kMul, "operator '*'"},
+    {Tok::kSlash, 6, OpKind::kDiv, "operator '/'"},
+    {Tok::kSlashSlash, 6, OpKind::kFloorDiv, "operator '//'"},
+    {Tok::kPercent, 6, OpKind::kMod, "operator '%'"},
+};
+
+const BinaryOperator* FindBinaryOperator(Tok tok) {
+  for (const BinaryOperator& o : kBinaryOperators) {
+    if (o.tok == tok) return &o;
+  }
+  return nullptr;
+}
+
+// numpy.round's 10**n (power_of_ten in NumPy's multiarray/calculation.c): exact up to
+// 1e8, then repeated multiplication by 10, which rounds as NumPy's does.
+double PowerOfTen(uint64_t n) {
+  constexpr double kExact[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8};
+  if (n < 9) return kExact[n];
+  double r = 1e9;
+  for (; n > 9 && r != std::numeric_limits<double>::infinity(); --n) r *= 10.0;
+  return r;
 }
 
 // Identical nodes are merged, so a subexpression written twice is computed once.
@@ -202,27 +268,24 @@ struct Compiled {
 class Compiler {
  public:
   Compiler(std::string_view text, const InputMap& inputs, int max_depth)
-      : text_(text), inputs_(inputs), max_depth_(std::min(max_depth, kMaxNestingDepth)) {}
+      : text_(text),
+        inputs_(inputs),
+        max_depth_(std::min(max_depth, kMaxNestingDepth)),
+        lexer_(text) {}
 
   absl::StatusOr<Compiled> Run();
 
  private:
-  // Errors are built out of line, so the recursive functions keep small stack frames.
-  [[gnu::noinline, gnu::cold]] static absl::Status ErrorAt(size_t pos, std::string_view message) {
-    return InvalidArgument(Cat("at position ", pos, ": ", message));
-  }
   [[gnu::noinline, gnu::cold]] absl::Status Unexpected(std::string_view expected) const;
-  [[gnu::noinline, gnu::cold]] absl::Status LexError(size_t pos) const;
-  std::string_view TokenText() const { return text_.substr(tok_.pos, tok_.len); }
+  const Token& tok() const { return lexer_.token(); }
+  std::string_view TokenText() const { return lexer_.text(); }
   std::string DescribeToken() const;
 
-  absl::Status Advance();
-  absl::Status LexNumber(size_t pos);
+  absl::Status Advance() { return lexer_.Advance(); }
   absl::Status EnterLevel(int32_t pos);
 
   absl::StatusOr<Value> ParseComparison();
-  absl::StatusOr<Value> ParseSum();
-  absl::StatusOr<Value> ParseTerm();
+  absl::StatusOr<Value> ParseBinary(int min_precedence);
   absl::StatusOr<Value> ParseUnary();
   absl::StatusOr<Value> ParsePower();
   absl::StatusOr<Value> ParsePrimary();
@@ -234,6 +297,10 @@ class Compiler {
   absl::StatusOr<Value> Binary(OpKind op, const Value& a, const Value& b, int32_t pos,
                                std::string_view what);
   absl::StatusOr<Value> Where(const Value& c, const Value& a, const Value& b, int32_t pos);
+  absl::StatusOr<Value> Round(const Value& x, const Value& decimals, int32_t pos);
+  absl::StatusOr<Value> Cast(const Value& x, DType dtype, int32_t pos);
+  // `v` converted to `dtype`, staying weak if it is (for round's integer path).
+  Value CastWeakOrStrong(const Value& v, DType dtype);
 
   // The IR node holding `v` converted to `dtype`.
   absl::StatusOr<int32_t> Materialize(const Value& v, DType dtype);
@@ -257,10 +324,7 @@ class Compiler {
   std::vector<InputType> types_;
   std::vector<bool> used_;
 
-  Token tok_;
-  size_t next_pos_ = 0;  // where the token after tok_ starts looking
-  ConstantValue number_;
-  bool number_is_float_ = false;
+  Lexer lexer_;
   int depth_ = 0;
 
   std::vector<Node> nodes_;
@@ -281,171 +345,13 @@ class LevelGuard {
 };
 
 std::string Compiler::DescribeToken() const {
-  if (tok_.kind == Tok::kEnd) return "the end of the expression";
+  if (tok().kind == Tok::kEnd) return "the end of the expression";
   return Quote(TokenText());
 }
 
 absl::Status Compiler::Unexpected(std::string_view expected) const {
-  return ErrorAt(tok_.pos, Cat("expected ", expected, ", found ", DescribeToken()));
-}
-
-absl::Status Compiler::LexError(size_t pos) const {
-  const char c = text_[pos];
-  const char next = pos + 1 < text_.size() ? text_[pos + 1] : '\0';
-  if (c == '=') return ErrorAt(pos, "'=' is not an operator; use '==' to compare");
-  if (c == '!') return ErrorAt(pos, "unexpected character '!'; use '!=' for 'not equal'");
-  if (c == '^') return ErrorAt(pos, "unexpected character '^'; use '**' for powers");
-  if (c == '/' && next == '/') return ErrorAt(pos, "'//' (floor division) is not supported");
-  if (c == '%') return ErrorAt(pos, "'%' (remainder) is not supported");
-  if (c == '&' || c == '|' || c == '~') {
-    return ErrorAt(pos, Cat("unexpected character ", Quote(text_.substr(pos, 1)),
-                            "; logical and bitwise operators are not supported "
-                            "(use comparisons and where())"));
-  }
-  return ErrorAt(pos, Cat("unexpected character ", Quote(text_.substr(pos, 1))));
-}
-
-absl::Status Compiler::Advance() {
-  size_t p = next_pos_;
-  while (p < text_.size() && IsSpace(text_[p])) ++p;
-  tok_.pos = static_cast<int32_t>(p);
-  tok_.len = 1;
-  if (p == text_.size()) {
-    tok_.kind = Tok::kEnd;
-    tok_.len = 0;
-    next_pos_ = p;
-    return absl::OkStatus();
-  }
-  const char c = text_[p];
-  const char next = p + 1 < text_.size() ? text_[p + 1] : '\0';
-  if (IsDigit(c) || (c == '.' && IsDigit(next))) return LexNumber(p);
-  if (IsNameStart(c)) {
-    size_t q = p + 1;
-    while (q < text_.size() && IsNameChar(text_[q])) ++q;
-    tok_.kind = Tok::kName;
-    tok_.len = static_cast<int32_t>(q - p);
-    next_pos_ = q;
-    return absl::OkStatus();
-  }
-  switch (c) {
-    case '+':
-      tok_.kind = Tok::kPlus;
-      break;
-    case '-':
-      tok_.kind = Tok::kMinus;
-      break;
-    case '*':
-      tok_.kind = next == '*' ? Tok::kStarStar : Tok::kStar;
-      tok_.len = next == '*' ? 2 : 1;
-      break;
-    case '/':
-      if (next == '/') return LexError(p);
-      tok_.kind = Tok::kSlash;
-      break;
-    case '(':
-      tok_.kind = Tok::kLParen;
-      break;
-    case ')':
-      tok_.kind = Tok::kRParen;
-      break;
-    case ',':
-      tok_.kind = Tok::kComma;
-      break;
-    case '<':
-      tok_.kind = next == '=' ? Tok::kLessEqual : Tok::kLess;
-      tok_.len = next == '=' ? 2 : 1;
-      break;
-    case '>':
-      tok_.kind = next == '=' ? Tok::kGreaterEqual : Tok::kGreater;
-      tok_.len = next == '=' ? 2 : 1;
-      break;
-    case '=':
-      if (next != '=') return LexError(p);
-      tok_.kind = Tok::kEqualEqual;
-      tok_.len = 2;
-      break;
-    case '!':
-      if (next != '=') return LexError(p);
-      tok_.kind = Tok::kNotEqual;
-      tok_.len = 2;
-      break;
-    default:
-      return LexError(p);
-  }
-  next_pos_ = p + tok_.len;
-  return absl::OkStatus();
-}
-
-// digits ['.' digits] [('e' | 'E') ['+' | '-'] digits], or '.' digits [exponent].
-absl::Status Compiler::LexNumber(size_t pos) {
-  size_t q = pos;
-  bool is_float = false;
-  while (q < text_.size() && IsDigit(text_[q])) ++q;
-  if (q < text_.size() && text_[q] == '.') {
-    is_float = true;
-    ++q;
-    while (q < text_.size() && IsDigit(text_[q])) ++q;
-  }
-  int64_t exponent = 0;
-  size_t mantissa_end = q;
-  if (q < text_.size() && (text_[q] == 'e' || text_[q] == 'E')) {
-    is_float = true;
-    size_t e = q + 1;
-    bool negative = false;
-    if (e < text_.size() && (text_[e] == '+' || text_[e] == '-')) negative = text_[e++] == '-';
-    if (e >= text_.size() || !IsDigit(text_[e])) {
-      return ErrorAt(pos, Cat("malformed number ", Quote(text_.substr(pos, e - pos)),
-                              ": the exponent has no digits"));
-    }
-    q = e;
-    while (q < text_.size() && IsDigit(text_[q])) {
-      exponent = std::min<int64_t>(exponent * 10 + (text_[q] - '0'), 1 << 20);
-      ++q;
-    }
-    if (negative) exponent = -exponent;
-  }
-  if (q < text_.size() && (IsNameChar(text_[q]) || text_[q] == '.')) {
-    size_t end = q;
-    while (end < text_.size() && (IsNameChar(text_[end]) || text_[end] == '.')) ++end;
-    return ErrorAt(pos, Cat("invalid number literal ", Quote(text_.substr(pos, end - pos))));
-  }
-  const char* first = text_.data() + pos;
-  const char* last = text_.data() + q;
-  number_is_float_ = is_float;
-  number_ = {};
-  if (is_float) {
-    const auto r = std::from_chars(first, last, number_.f);
-    if (r.ec == std::errc::result_out_of_range) {
-      // Python reads such literals as inf or 0.0. from_chars does not say which, so
-      // estimate the decimal magnitude: digits before the point (or minus the zeros right
-      // after it) plus the exponent.
-      int64_t magnitude = 0;
-      size_t i = pos;
-      while (i < mantissa_end && (text_[i] == '0')) ++i;
-      if (i < mantissa_end && IsDigit(text_[i])) {
-        while (i < mantissa_end && IsDigit(text_[i])) ++i, ++magnitude;
-      } else if (i < mantissa_end && text_[i] == '.') {
-        ++i;
-        while (i < mantissa_end && text_[i] == '0') ++i, --magnitude;
-      }
-      number_.f = magnitude + exponent > 0 ? std::numeric_limits<double>::infinity() : 0.0;
-    } else if (r.ec != std::errc() || r.ptr != last) {
-      return ErrorAt(pos, Cat("invalid number literal ", Quote(text_.substr(pos, q - pos))));
-    }
-  } else {
-    const auto r = std::from_chars(first, last, number_.i);
-    if (r.ec == std::errc::result_out_of_range) {
-      return ErrorAt(pos, Cat("integer literal ", Quote(text_.substr(pos, q - pos)),
-                              " does not fit in int64"));
-    }
-    if (r.ec != std::errc() || r.ptr != last) {
-      return ErrorAt(pos, Cat("invalid number literal ", Quote(text_.substr(pos, q - pos))));
-    }
-  }
-  tok_.kind = Tok::kNumber;
-  tok_.len = static_cast<int32_t>(q - pos);
-  next_pos_ = q;
-  return absl::OkStatus();
+  if (tok().kind == Tok::kName) RETURN_IF_ERROR(KeywordError(TokenText(), tok().pos));
+  return ErrorAt(tok().pos, Cat("expected ", expected, ", found ", DescribeToken()));
 }
 
 absl::Status Compiler::EnterLevel(int32_t pos) {
@@ -495,29 +401,59 @@ absl::StatusOr<int32_t> Compiler::Materialize(const Value& v, DType dtype) {
                  v.parameter);
 }
 
+// How a Python scalar or an array dtype reads in a message.
+std::string_view TypeName(const Value& v) {
+  if (!v.weak) return DTypeName(v.dtype);
+  return v.dtype == DType::kBool ? "bool" : v.dtype == DType::kInt64 ? "int" : "float";
+}
+
+// Whether a one-argument op keeps an integer operand's dtype; the others compute in float64.
+bool KeepsIntegers(OpKind op) {
+  switch (op) {
+    case OpKind::kNeg:
+    case OpKind::kAbs:
+    case OpKind::kSign:
+    case OpKind::kSquare:
+    case OpKind::kReciprocal:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::StatusOr<Value> Compiler::Unary(OpKind op, const Value& a, int32_t pos,
                                       std::string_view what) {
-  if (a.dtype == DType::kBool) {
-    if (op == OpKind::kNeg) {
-      return ErrorAt(pos,
-                     "unary '-' cannot be applied to a bool; use where(b, -1, 0) or a "
-                     "comparison instead");
+  DType dtype = a.dtype;  // the operand's dtype, in which the op computes
+  if (op == OpKind::kLogicalNot) {
+    dtype = DType::kBool;
+  } else if (op == OpKind::kInvert) {
+    if (IsFloat(a.dtype)) {
+      return ErrorAt(pos, Cat("ufunc 'invert' not supported for the input type (", TypeName(a),
+                              "); ", what, " takes integers or bools"));
     }
-    return ErrorAt(pos, Cat(what,
-                            " cannot take a bool argument; convert it with "
-                            "where(b, 1.0, 0.0) first"));
+  } else if (!IsFloatTest(op)) {
+    if (a.dtype == DType::kBool) {
+      if (op == OpKind::kNeg) {
+        return ErrorAt(pos,
+                       "unary '-' cannot be applied to a bool; use where(b, -1, 0) or a "
+                       "comparison instead");
+      }
+      return ErrorAt(pos, Cat(what,
+                              " cannot take a bool argument; convert it with "
+                              "where(b, 1.0, 0.0) first"));
+    }
+    if (!KeepsIntegers(op) && !IsFloat(a.dtype)) dtype = DType::kFloat64;
   }
-  const DType dtype =
-      (op == OpKind::kNeg || op == OpKind::kAbs || IsFloat(a.dtype)) ? a.dtype : DType::kFloat64;
+  const DType result = IsFloatTest(op) ? DType::kBool : dtype;
   if (a.weak) {
     Value r = a;
     r.constant = FoldUnary(op, dtype, ConvertConstant(a.constant, a.dtype, dtype));
-    r.dtype = dtype;
+    r.dtype = result;
     return r;
   }
   ASSIGN_OR_RETURN(int32_t arg, Materialize(a, dtype));
   ++ops_;
-  return Strong(AddNode(op, dtype, {arg}), a.pos);
+  return Strong(AddNode(op, result, {arg}), a.pos);
 }
 
 absl::StatusOr<Value> Compiler::Binary(OpKind op, const Value& a, const Value& b, int32_t pos,
@@ -532,15 +468,36 @@ absl::StatusOr<Value> Compiler::Binary(OpKind op, const Value& a, const Value& b
     case OpKind::kDiv:
     case OpKind::kPow:
     case OpKind::kAtan2:
+    case OpKind::kFloorDiv:
+    case OpKind::kMod:
+    case OpKind::kFmod:
+    case OpKind::kHypot:
+    case OpKind::kCopysign:
+    case OpKind::kLeftShift:
+    case OpKind::kRightShift:
       if (both_bool) {
         return ErrorAt(pos, Cat(what,
                                 " cannot combine two bool operands; convert one "
                                 "to a number first, e.g. where(b, 1, 0)"));
       }
-      if ((op == OpKind::kDiv || op == OpKind::kAtan2) && !IsFloat(dtype)) dtype = DType::kFloat64;
+      if ((op == OpKind::kDiv || op == OpKind::kAtan2 || op == OpKind::kHypot ||
+           op == OpKind::kCopysign) &&
+          !IsFloat(dtype)) {
+        dtype = DType::kFloat64;
+      }
       break;
-    default:  // min, max and comparisons are defined for every dtype
+    case OpKind::kLogicalAnd:
+    case OpKind::kLogicalOr:
+    case OpKind::kLogicalXor:
+      dtype = DType::kBool;  // any operand, as its truth value (x != 0)
       break;
+    default:  // min, max, fmin, fmax, bitwise and comparisons are defined for every dtype
+      break;
+  }
+  if (IsFloat(dtype) && op >= OpKind::kBitAnd && op <= OpKind::kRightShift) {
+    return ErrorAt(
+        pos, Cat("ufunc ", Quote(OpName(op)), " not supported for the input types (", TypeName(a),
+                 ", ", TypeName(b), "); ", what, " takes integers or bools"));
   }
   const DType result = IsComparison(op) ? DType::kBool : dtype;
   if (promoted.weak) {
@@ -621,68 +578,59 @@ bool IsComparisonToken(Tok t) { return t >= Tok::kLess && t <= Tok::kNotEqual; }
 // Comparisons do not chain: Python's a < b < c means (a < b) and (b < c), and silently
 // computing (a < b) < c instead would be a trap.
 absl::StatusOr<Value> Compiler::ParseComparison() {
-  absl::StatusOr<Value> left = ParseSum();
-  if (!left.ok() || !IsComparisonToken(tok_.kind)) return left;
-  const OpKind op = ComparisonOp(tok_.kind);
-  const int32_t pos = tok_.pos;
+  absl::StatusOr<Value> left = ParseBinary(1);
+  if (!left.ok() || !IsComparisonToken(tok().kind)) return left;
+  const OpKind op = ComparisonOp(tok().kind);
+  const int32_t pos = tok().pos;
   const std::string what = Cat("operator ", Quote(TokenText()));
   RETURN_IF_ERROR(Advance());
-  absl::StatusOr<Value> right = ParseSum();
+  absl::StatusOr<Value> right = ParseBinary(1);
   if (!right.ok()) return right;
-  if (IsComparisonToken(tok_.kind)) {
-    return ErrorAt(tok_.pos,
+  if (IsComparisonToken(tok().kind)) {
+    return ErrorAt(tok().pos,
                    "comparisons cannot be chained (a < b < c); add parentheses, e.g. "
                    "(a < b) == (b < c)");
   }
   return Binary(op, *left, *right, pos, what);
 }
 
-absl::StatusOr<Value> Compiler::ParseSum() {
-  absl::StatusOr<Value> left = ParseTerm();
-  while (left.ok() && (tok_.kind == Tok::kPlus || tok_.kind == Tok::kMinus)) {
-    const bool plus = tok_.kind == Tok::kPlus;
-    const int32_t pos = tok_.pos;
-    RETURN_IF_ERROR(Advance());
-    absl::StatusOr<Value> right = ParseTerm();
-    if (!right.ok()) return right;
-    left = Binary(plus ? OpKind::kAdd : OpKind::kSub, *left, *right, pos,
-                  plus ? "operator '+'" : "operator '-'");
-  }
-  return left;
-}
-
-absl::StatusOr<Value> Compiler::ParseTerm() {
+// Precedence climbing: the operators of kBinaryOperators that bind at least as tightly as
+// `min_precedence`, left-associative. Recursion adds one frame per precedence level at
+// most, and none per operand of a chain.
+absl::StatusOr<Value> Compiler::ParseBinary(int min_precedence) {
   absl::StatusOr<Value> left = ParseUnary();
-  while (left.ok() && (tok_.kind == Tok::kStar || tok_.kind == Tok::kSlash)) {
-    const bool mul = tok_.kind == Tok::kStar;
-    const int32_t pos = tok_.pos;
+  for (;;) {
+    if (!left.ok()) return left;
+    const BinaryOperator* o = FindBinaryOperator(tok().kind);
+    if (o == nullptr || o->precedence < min_precedence) return left;
+    const int32_t pos = tok().pos;
     RETURN_IF_ERROR(Advance());
-    absl::StatusOr<Value> right = ParseUnary();
+    absl::StatusOr<Value> right = ParseBinary(o->precedence + 1);
     if (!right.ok()) return right;
-    left = Binary(mul ? OpKind::kMul : OpKind::kDiv, *left, *right, pos,
-                  mul ? "operator '*'" : "operator '/'");
+    left = Binary(o->op, *left, *right, pos, o->what);
   }
-  return left;
 }
 
 absl::StatusOr<Value> Compiler::ParseUnary() {
-  if (tok_.kind != Tok::kMinus && tok_.kind != Tok::kPlus) return ParsePower();
-  const bool minus = tok_.kind == Tok::kMinus;
-  const int32_t pos = tok_.pos;
+  const Tok kind = tok().kind;
+  if (kind != Tok::kMinus && kind != Tok::kPlus && kind != Tok::kTilde) return ParsePower();
+  const int32_t pos = tok().pos;
   RETURN_IF_ERROR(EnterLevel(pos));
   LevelGuard guard(&depth_);
   RETURN_IF_ERROR(Advance());
   absl::StatusOr<Value> operand = ParseUnary();
-  if (!operand.ok() || !minus) return operand;
-  absl::StatusOr<Value> r = Unary(OpKind::kNeg, *operand, pos, "unary '-'");
+  if (!operand.ok() || kind == Tok::kPlus) return operand;
+  absl::StatusOr<Value> r = kind == Tok::kMinus
+                                ? Unary(OpKind::kNeg, *operand, pos, "unary '-'")
+                                : Unary(OpKind::kInvert, *operand, pos, "operator '~'");
   if (r.ok()) r->pos = pos;
   return r;
 }
 
 absl::StatusOr<Value> Compiler::ParsePower() {
   absl::StatusOr<Value> base = ParsePrimary();
-  if (!base.ok() || tok_.kind != Tok::kStarStar) return base;
-  const int32_t pos = tok_.pos;
+  if (!base.ok() || tok().kind != Tok::kStarStar) return base;
+  const int32_t pos = tok().pos;
   RETURN_IF_ERROR(EnterLevel(pos));
   LevelGuard guard(&depth_);
   RETURN_IF_ERROR(Advance());
@@ -692,19 +640,19 @@ absl::StatusOr<Value> Compiler::ParsePower() {
 }
 
 absl::StatusOr<Value> Compiler::ParsePrimary() {
-  switch (tok_.kind) {
+  switch (tok().kind) {
     case Tok::kNumber:
       return ParseNumber();
     case Tok::kName:
       return ParseName();
     case Tok::kLParen: {
-      const int32_t open = tok_.pos;
+      const int32_t open = tok().pos;
       RETURN_IF_ERROR(EnterLevel(open));
       LevelGuard guard(&depth_);
       RETURN_IF_ERROR(Advance());
       absl::StatusOr<Value> inner = ParseComparison();
       if (!inner.ok()) return inner;
-      if (tok_.kind != Tok::kRParen) {
+      if (tok().kind != Tok::kRParen) {
         return Unexpected(Cat("')' to close '(' at position ", open));
       }
       RETURN_IF_ERROR(Advance());
@@ -719,18 +667,18 @@ absl::StatusOr<Value> Compiler::ParsePrimary() {
 absl::StatusOr<Value> Compiler::ParseNumber() {
   Value v;
   v.weak = true;
-  v.dtype = number_is_float_ ? DType::kFloat64 : DType::kInt64;
-  v.constant = number_;
-  v.pos = tok_.pos;
+  v.dtype = lexer_.number_is_float() ? DType::kFloat64 : DType::kInt64;
+  v.constant = lexer_.number();
+  v.pos = tok().pos;
   RETURN_IF_ERROR(Advance());
   return v;
 }
 
 absl::StatusOr<Value> Compiler::ParseName() {
   const std::string_view name = TokenText();
-  const int32_t pos = tok_.pos;
+  const int32_t pos = tok().pos;
   RETURN_IF_ERROR(Advance());
-  if (tok_.kind == Tok::kLParen) {
+  if (tok().kind == Tok::kLParen) {
     const FunctionInfo* f = FindFunction(name);
     if (f == nullptr) return ErrorAt(pos, Cat("unknown function ", Quote(name)));
     return ParseCall(*f, pos);
@@ -746,6 +694,7 @@ absl::StatusOr<Value> Compiler::ParseName() {
   const auto it = std::lower_bound(names_.begin(), names_.end(), name,
                                    [](const std::string& a, std::string_view b) { return a < b; });
   if (it == names_.end() || *it != name) {
+    RETURN_IF_ERROR(KeywordError(name, pos));
     if (FindFunction(name) != nullptr) {
       return ErrorAt(
           pos, Cat("function ", Quote(name), " must be called with its arguments in parentheses"));
@@ -776,19 +725,19 @@ absl::StatusOr<Value> Compiler::ParseName() {
 }
 
 absl::StatusOr<Value> Compiler::ParseCall(const FunctionInfo& f, int32_t name_pos) {
-  const int32_t open = tok_.pos;
+  const int32_t open = tok().pos;
   RETURN_IF_ERROR(EnterLevel(open));
   LevelGuard guard(&depth_);
   RETURN_IF_ERROR(Advance());
   std::vector<Value> args;
-  if (tok_.kind == Tok::kRParen) {
+  if (tok().kind == Tok::kRParen) {
     RETURN_IF_ERROR(Advance());
   } else {
     for (;;) {
       absl::StatusOr<Value> arg = ParseComparison();
       if (!arg.ok()) return arg;
       args.push_back(*arg);
-      const Tok t = tok_.kind;
+      const Tok t = tok().kind;
       if (t != Tok::kComma && t != Tok::kRParen) {
         return Unexpected(Cat("',' or ')' to close '(' at position ", open));
       }
@@ -797,20 +746,115 @@ absl::StatusOr<Value> Compiler::ParseCall(const FunctionInfo& f, int32_t name_po
     }
   }
   const std::string what = Cat("function ", Quote(f.name));
-  if (static_cast<int>(args.size()) != f.arity) {
-    return ErrorAt(name_pos, Cat(what, " takes ", f.arity,
-                                 f.arity == 1 ? " argument" : " arguments", ", got ", args.size()));
+  const auto count = static_cast<int>(args.size());
+  if (count < f.min_args || count > f.max_args) {
+    const std::string takes =
+        f.min_args == f.max_args ? Cat(f.min_args) : Cat(f.min_args, " or ", f.max_args);
+    return ErrorAt(name_pos, Cat(what, " takes ", takes,
+                                 f.max_args == 1 ? " argument" : " arguments", ", got ", count));
   }
   absl::StatusOr<Value> r;
-  if (f.op == OpKind::kWhere) {
-    r = Where(args[0], args[1], args[2], name_pos);
-  } else if (f.arity == 2) {
-    r = Binary(f.op, args[0], args[1], name_pos, what);
-  } else {
-    r = Unary(f.op, args[0], name_pos, what);
+  switch (f.form) {
+    case Form::kWhere:
+      r = Where(args[0], args[1], args[2], name_pos);
+      break;
+    case Form::kClip: {
+      // NumPy 2's clip: minimum(maximum(x, lo), hi), so a NaN anywhere propagates.
+      absl::StatusOr<Value> low = Binary(OpKind::kMax, args[0], args[1], name_pos, what);
+      if (!low.ok()) return low;
+      r = Binary(OpKind::kMin, *low, args[2], name_pos, what);
+      break;
+    }
+    case Form::kRound:
+      if (count == 2) {
+        r = Round(args[0], args[1], name_pos);
+      } else if (IsInteger(args[0].dtype)) {
+        r = args[0];  // NumPy's round of an integer is the integer
+      } else {
+        r = Unary(OpKind::kRint, args[0], name_pos, what);
+      }
+      break;
+    case Form::kPositive:
+      // A bool gets the error of every numeric function.
+      if (args[0].dtype == DType::kBool) return Unary(OpKind::kAbs, args[0], name_pos, what);
+      r = args[0];
+      break;
+    case Form::kCast:
+      r = Cast(args[0], f.cast, name_pos);
+      break;
+    case Form::kOp:
+      r = count == 2 ? Binary(f.op, args[0], args[1], name_pos, what)
+                     : Unary(f.op, args[0], name_pos, what);
+      break;
   }
   if (r.ok()) r->pos = name_pos;
   return r;
+}
+
+// numpy.round(x, decimals) as NumPy computes it: rint(x * 10**d) / 10**d, or for d < 0
+// rint(x / 10**-d) * 10**-d, in x's float dtype with 10**d rounded to it. An integer x
+// is itself for d >= 0; for d < 0 it goes through float64 and back, as in NumPy. A
+// decimals from a scalar input gives both forms and a where() on its sign, so that the
+// IR does not depend on its value.
+absl::StatusOr<Value> Compiler::Round(const Value& x, const Value& decimals, int32_t pos) {
+  if (!decimals.weak || decimals.dtype != DType::kInt64) {
+    return ErrorAt(decimals.pos,
+                   "the decimals of round() must be an integer literal or an integer scalar "
+                   "input");
+  }
+  if (x.dtype == DType::kBool) return Unary(OpKind::kRint, x, pos, "function 'round'");
+  const int64_t d = decimals.constant.i;
+  const uint64_t magnitude = d < 0 ? uint64_t{0} - static_cast<uint64_t>(d) : d;
+  Value scale;
+  scale.weak = true;
+  scale.parameter = decimals.parameter;
+  scale.dtype = DType::kFloat64;
+  scale.constant.f = PowerOfTen(magnitude);
+  scale.pos = decimals.pos;
+  const bool integer = IsInteger(x.dtype);
+  auto rounded = [&](bool non_negative) -> absl::StatusOr<Value> {
+    if (integer && non_negative) return x;
+    Value v = x;
+    if (integer) v = CastWeakOrStrong(x, DType::kFloat64);
+    const OpKind first = non_negative ? OpKind::kMul : OpKind::kDiv;
+    const OpKind second = non_negative ? OpKind::kDiv : OpKind::kMul;
+    ASSIGN_OR_RETURN(Value y, Binary(first, v, scale, pos, "function 'round'"));
+    ASSIGN_OR_RETURN(y, Unary(OpKind::kRint, y, pos, "function 'round'"));
+    ASSIGN_OR_RETURN(y, Binary(second, y, scale, pos, "function 'round'"));
+    return integer ? CastWeakOrStrong(y, x.dtype) : y;
+  };
+  if (!decimals.parameter) return rounded(d >= 0);
+  ASSIGN_OR_RETURN(Value up, rounded(true));
+  ASSIGN_OR_RETURN(Value down, rounded(false));
+  Value non_negative = decimals;
+  non_negative.dtype = DType::kBool;
+  non_negative.constant.i = d >= 0;
+  return Where(non_negative, up, down, pos);
+}
+
+Value Compiler::CastWeakOrStrong(const Value& v, DType dtype) {
+  if (v.dtype == dtype) return v;
+  Value r = v;
+  r.dtype = dtype;
+  if (v.weak) {
+    r.constant = ConvertConstant(v.constant, v.dtype, dtype);
+  } else {
+    r.node = AddNode(OpKind::kCast, dtype, {v.node});
+  }
+  return r;
+}
+
+// bool(x), int32(x), ...: NumPy's astype, where float to integer follows ops::Convert.
+// The result is a typed value, like np.float32(2.5): a Python scalar becomes a constant
+// of that dtype, no longer weak.
+absl::StatusOr<Value> Compiler::Cast(const Value& x, DType dtype, int32_t pos) {
+  if (x.weak && dtype == DType::kInt32 && x.dtype == DType::kInt64 &&
+      (x.constant.i < std::numeric_limits<int32_t>::min() ||
+       x.constant.i > std::numeric_limits<int32_t>::max())) {
+    return ErrorAt(pos, Cat("the integer ", x.constant.i, " does not fit in int32"));
+  }
+  ASSIGN_OR_RETURN(int32_t node, Materialize(x, dtype));
+  return Strong(node, pos);
 }
 
 // Keeps the nodes reachable from `root` (folding leaves some behind) and numbers the
@@ -887,7 +931,7 @@ absl::StatusOr<Compiled> Compiler::Run() {
   }
   for (const auto& [name, type] : inputs_) {
     if (!IsIdentifier(name) || name == "True" || name == "False") {
-      return InvalidArgument(
+      return absl::InvalidArgumentError(
           Cat("input name ", Quote(name),
               " is not a valid identifier ([A-Za-z_][A-Za-z0-9_]*, not True or False)"));
     }
@@ -897,15 +941,16 @@ absl::StatusOr<Compiled> Compiler::Run() {
   used_.assign(names_.size(), false);
 
   RETURN_IF_ERROR(Advance());
-  if (tok_.kind == Tok::kEnd) return ErrorAt(tok_.pos, "the expression is empty");
+  if (tok().kind == Tok::kEnd) return ErrorAt(tok().pos, "the expression is empty");
   ASSIGN_OR_RETURN(Value value, ParseComparison());
-  if (tok_.kind == Tok::kRParen) return ErrorAt(tok_.pos, "')' has no matching '('");
-  if (tok_.kind != Tok::kEnd) {
-    return ErrorAt(tok_.pos, Cat("unexpected ", DescribeToken(), " after a complete expression"));
+  if (tok().kind == Tok::kRParen) return ErrorAt(tok().pos, "')' has no matching '('");
+  if (tok().kind != Tok::kEnd) {
+    if (tok().kind == Tok::kName) RETURN_IF_ERROR(KeywordError(TokenText(), tok().pos));
+    return ErrorAt(tok().pos, Cat("unexpected ", DescribeToken(), " after a complete expression"));
   }
   for (size_t k = 0; k < names_.size(); ++k) {
     if (!used_[k]) {
-      return InvalidArgument(
+      return absl::InvalidArgumentError(
           Cat("input ", Quote(names_[k]), " is bound but not used by the expression"));
     }
   }

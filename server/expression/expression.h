@@ -3,16 +3,31 @@
 // into an immutable Program that any backend can evaluate (the CPU backend with
 // cpu::EvaluateElementwise, a GPU backend by generating code from Program::ir()).
 //
-// Syntax (Python's, restricted):
-//   comparison := sum [('<' | '<=' | '>' | '>=' | '==' | '!=') sum]   (chains rejected)
+// Syntax (Python's, restricted; docs/expressions.md is the user's list):
+//   comparison := bitor [('<' | '<=' | '>' | '>=' | '==' | '!=') bitor]   (chains rejected)
+//   bitor      := bitxor ('|' bitxor)*
+//   bitxor     := bitand ('^' bitand)*
+//   bitand     := shift ('&' shift)*
+//   shift      := sum (('<<' | '>>') sum)*
 //   sum        := term (('+' | '-') term)*
-//   term       := unary (('*' | '/') unary)*
-//   unary      := ('-' | '+') unary | power
+//   term       := unary (('*' | '/' | '//' | '%') unary)*
+//   unary      := ('-' | '+' | '~') unary | power
 //   power      := primary ['**' unary]              (right-assoc; -x**2 == -(x**2))
 //   primary    := number | 'True' | 'False' | name | name '(' args ')' | '(' comparison ')'
-// Numbers: `2`, `2.5`, `1e-3`, `.5`, `3.` (an integer literal must fit in int64).
-// Functions: sin cos tan exp log log1p expm1 sqrt abs tanh sinh cosh asin acos atan floor
-// ceil (one argument), atan2(y, x), pow(a, b), min(a, b), max(a, b), where(c, a, b).
+// Numbers: `2`, `2.5`, `1e-3`, `.5`, `3.` (an integer literal must fit in int64). Python's
+// `and`, `or` and `not` are errors (an array has no single truth value), as in NumPy.
+// Functions, under NumPy's names (and the short names of the first version):
+//   one argument: sin cos tan arcsin/asin arccos/acos arctan/atan sinh cosh tanh arcsinh
+//     arccosh arctanh exp exp2 expm1 log log2 log10 log1p sqrt cbrt square reciprocal
+//     floor ceil rint trunc sign absolute/abs negative positive degrees/rad2deg
+//     radians/deg2rad isnan isinf isfinite signbit logical_not invert/bitwise_not, and the
+//     casts bool int32 int64 float32 float64;
+//   two: add subtract multiply divide/true_divide floor_divide remainder/mod fmod
+//     power/pow arctan2/atan2 hypot copysign maximum/max minimum/min fmax fmin
+//     bitwise_and bitwise_or bitwise_xor left_shift right_shift logical_and logical_or
+//     logical_xor less less_equal greater greater_equal equal not_equal;
+//   round(x) or round(x, decimals) (decimals an integer literal or integer scalar input),
+//   clip(x, lo, hi), where(c, a, b).
 // A name followed by '(' is a function; any other name is an input, so an input may be
 // called `sin`. Limits, because the text comes from the network: at most
 // kMaxExpressionLength bytes and max_depth (at most kMaxNestingDepth) levels of nesting
@@ -30,17 +45,32 @@
 //  - weak op weak stays weak and is folded at compile time, in int64 (wrapping, unlike
 //    Python's unbounded ints) or float64; this applies to functions as well: sin(2) is a
 //    weak float. A result that is still weak at the end is int64, float64 or bool.
+//  - A cast gives a strong (typed) value, like np.float32(2.5): float32(2) + x is float64
+//    for a float64 x. Float to integer truncates; NaN gives 0 and values out of range
+//    saturate (ops::Convert), where NumPy's result depends on the CPU.
 //  - `/` is true division: integer / integer is float64. `**` and pow on integers give an
 //    integer, also for weak scalars (2**-1 is 0, not Python's 0.5): see ops::Pow.
-//  - sin..ceil (floor and ceil included) of an integer compute in float64, of float32 in
-//    float32; abs and unary minus of an integer stay integer (wrapping).
-//  - min, max, atan2 and comparisons promote like binary arithmetic (atan2 of integers is
-//    float64); comparisons give bool.
+//  - The float functions (sin..arctanh, floor, ceil, rint, trunc, exp2, log2, log10, cbrt,
+//    degrees, radians) of an integer compute in float64, of float32 in float32; abs, sign,
+//    square, reciprocal and unary minus of an integer stay integer (wrapping). round(x) of
+//    an integer is x; round(x, d) keeps x's dtype (NumPy's algorithm, see ops and
+//    docs/expressions.md).
+//  - Binary functions promote like binary arithmetic; atan2, hypot and copysign of
+//    integers are float64; //, % and fmod of integers stay integer (floor, and the
+//    divisor's sign for %; by zero they give 0, as in NumPy, without a trap); comparisons
+//    give bool. clip promotes its three arguments.
+//  - Bitwise operators and shifts take integers and bools only (a float is an error, as
+//    NumPy's "ufunc 'bitwise_and' not supported for the input types"); ~ of a bool is
+//    logical not. Shifts by a negative amount or the width or more give 0 (or -1 for >>
+//    of a negative value).
+//  - isnan, isinf, isfinite and signbit take any dtype and give bool; logical_* take any
+//    dtype (as x != 0, so NaN is true) and give bool.
 //  - where(c, a, b): a non-bool c means c != 0; the result is promote(a, b).
-//  - bool op bool for + - * / ** and pow, atan2 of two bools, unary minus of a bool and
-//    any one-argument function of a bool are errors (NumPy rejects or silently means
-//    logical or/and; neither is what a caller of `x + y` wants). min, max, comparisons and
-//    where accept bools.
+//  - bool op bool for + - * / // % ** << >> and pow, atan2, hypot, fmod, copysign of two
+//    bools, unary minus of a bool and any numeric one-argument function of a bool are
+//    errors (NumPy rejects or computes in int8 or float16, which we do not have). min,
+//    max, fmin, fmax, clip, comparisons, bitwise and logical functions, the float tests
+//    and where accept bools.
 // Integer + - * wrap around; integer true division by zero gives what float64 gives.
 //
 // Every error is INVALID_ARGUMENT. Errors found in the text say "at position P: ..." with P
@@ -97,8 +127,9 @@ class Program {
   const std::vector<InputType>& input_types() const;
   // Arithmetic operations, comparisons, function calls and where()s that run for each
   // element, counted as written (a repeated subexpression counts each time it appears;
-  // dtype conversions and work on scalars alone, which is folded at compile time, do not
-  // count). For GFLOP/s reporting.
+  // dtype conversions, casts included, and work on scalars alone, which is folded at
+  // compile time, do not count; clip counts as its maximum and minimum, round(x, d) as
+  // its multiply, rint and divide). For GFLOP/s reporting.
   int64_t ops_per_element() const;
   // A canonical, fully parenthesised and typed rendering of ir(), e.g.
   // `add<float32>(mul<float32>(param0<float32>, in1<float32>), in2<float32>)` for `a*x + y`

@@ -17,13 +17,14 @@ enum class OpKind : uint8_t {
   // Leaves.
   kInput,     // reads array input `Node::input` (an index into Program::inputs())
   kConstant,  // `Node::value`, already converted to `Node::dtype`
-  // Conversion with C++ static_cast semantics (bool reads as != 0). The type checker
-  // inserts these wherever NumPy promotion changes an operand's dtype.
+  // Conversion with ops::Convert semantics (bool reads as != 0; float to integer
+  // saturates, NaN gives 0). The type checker inserts these wherever NumPy promotion
+  // changes an operand's dtype, and for the casts bool(x), int32(x), ... of the language.
   kCast,
   // Unary, operand dtype == node dtype.
   kNeg,  // int (wrapping) or float
   kAbs,  // int (wrapping: abs(INT_MIN) == INT_MIN) or float
-  kSin,  // kSin..kCeil: float32 or float64 only
+  kSin,  // kSin..kRadians: float32 or float64 only
   kCos,
   kTan,
   kExp,
@@ -39,15 +40,51 @@ enum class OpKind : uint8_t {
   kAtan,
   kFloor,
   kCeil,
+  kRint,  // round half to even
+  kTrunc,
+  kExp2,
+  kLog2,
+  kLog10,
+  kCbrt,
+  kAsinh,
+  kAcosh,
+  kAtanh,
+  kDegrees,
+  kRadians,
+  kSign,        // int or float (NaN stays NaN)
+  kSquare,      // int (wrapping) or float
+  kReciprocal,  // int (see scalar_ops.h) or float
+  kInvert,      // int (~) or bool (logical not)
+  kLogicalNot,  // bool only
+  // Float tests: the operand has any dtype, the node's dtype is kBool.
+  kIsNan,
+  kIsInf,
+  kIsFinite,
+  kSignbit,
   // Binary, both operand dtypes == node dtype.
-  kAdd,    // int (wrapping) or float
-  kSub,    // int (wrapping) or float
-  kMul,    // int (wrapping) or float
-  kDiv,    // float only (integer true division is cast to float64 first)
-  kPow,    // int (see scalar_ops.h for negative exponents) or float
-  kMin,    // any dtype; NaN-propagating for floats (np.minimum)
-  kMax,    // any dtype; NaN-propagating for floats (np.maximum)
-  kAtan2,  // float only; args are (y, x)
+  kAdd,         // int (wrapping) or float
+  kSub,         // int (wrapping) or float
+  kMul,         // int (wrapping) or float
+  kDiv,         // float only (integer true division is cast to float64 first)
+  kPow,         // int (see scalar_ops.h for negative exponents) or float
+  kMin,         // any dtype; NaN-propagating for floats (np.minimum)
+  kMax,         // any dtype; NaN-propagating for floats (np.maximum)
+  kAtan2,       // float only; args are (y, x)
+  kFloorDiv,    // int (floor; / 0 gives 0) or float (npy_divmod)
+  kMod,         // int (sign of the divisor; % 0 gives 0) or float (npy_divmod)
+  kFmod,        // int (sign of the dividend; % 0 gives 0) or float (C fmod)
+  kHypot,       // float only
+  kCopysign,    // float only
+  kFmax,        // any dtype; a NaN operand yields the other (np.fmax)
+  kFmin,        // any dtype; a NaN operand yields the other (np.fmin)
+  kBitAnd,      // int or bool
+  kBitOr,       // int or bool
+  kBitXor,      // int or bool
+  kLeftShift,   // int only; shifts outside [0, bits) give 0
+  kRightShift,  // int only, arithmetic; shifts outside [0, bits) give 0 or -1
+  kLogicalAnd,  // bool only
+  kLogicalOr,   // bool only
+  kLogicalXor,  // bool only
   // Comparisons: both operands have the same dtype (any), the node's dtype is kBool.
   kLess,
   kLessEqual,
@@ -70,13 +107,25 @@ constexpr int OpArity(OpKind op) {
 
 constexpr bool IsComparison(OpKind op) { return op >= OpKind::kLess && op <= OpKind::kNotEqual; }
 
-// The lower-case name used in Program::canonical() (and the source name of functions).
+// The unary ops whose result is kBool whatever their operand's dtype.
+constexpr bool IsFloatTest(OpKind op) { return op >= OpKind::kIsNan && op <= OpKind::kSignbit; }
+
+// The lower-case name used in Program::canonical(): the source name of the older
+// functions, NumPy's ufunc name of the others.
 constexpr std::string_view OpName(OpKind op) {
   constexpr std::string_view kNames[] = {
-      "input", "const", "cast",  "neg",  "abs",  "sin",  "cos",  "tan",  "exp",
-      "log",   "log1p", "expm1", "sqrt", "tanh", "sinh", "cosh", "asin", "acos",
-      "atan",  "floor", "ceil",  "add",  "sub",  "mul",  "div",  "pow",  "min",
-      "max",   "atan2", "lt",    "le",   "gt",   "ge",   "eq",   "ne",   "where"};
+      "input",       "const",        "cast",        "neg",         "abs",         "sin",
+      "cos",         "tan",          "exp",         "log",         "log1p",       "expm1",
+      "sqrt",        "tanh",         "sinh",        "cosh",        "asin",        "acos",
+      "atan",        "floor",        "ceil",        "rint",        "trunc",       "exp2",
+      "log2",        "log10",        "cbrt",        "arcsinh",     "arccosh",     "arctanh",
+      "degrees",     "radians",      "sign",        "square",      "reciprocal",  "invert",
+      "logical_not", "isnan",        "isinf",       "isfinite",    "signbit",     "add",
+      "sub",         "mul",          "div",         "pow",         "min",         "max",
+      "atan2",       "floor_divide", "remainder",   "fmod",        "hypot",       "copysign",
+      "fmax",        "fmin",         "bitwise_and", "bitwise_or",  "bitwise_xor", "left_shift",
+      "right_shift", "logical_and",  "logical_or",  "logical_xor", "lt",          "le",
+      "gt",          "ge",           "eq",          "ne",          "where"};
   static_assert(std::size(kNames) == kNumOpKinds);
   return kNames[static_cast<int>(op)];
 }

@@ -51,7 +51,7 @@ ConstantValue FoldUnary(OpKind op, DType dtype, const ConstantValue& a) {
     using Op = decltype(o);
     VisitDType(dtype, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (Op::template kAccepts<T>) r = Put<T>(Op::Apply(Get<T>(a)));
+      if constexpr (Op::template kAccepts<T>) r = Put(Op::Apply(Get<T>(a)));
     });
   });
   return r;

@@ -462,6 +462,141 @@ TEST_F(ElementwiseTest, Int64ArithmeticWrapsAround) {
       "max-min");
 }
 
+// //, % and fmod against exact 128-bit references: floor and the divisor's sign for // and
+// %, the dividend's for fmod, 0 for division by zero, and MIN // -1 wrapping.
+template <typename T>
+void CheckIntegerDivision(ThreadPool& pool) {
+  constexpr T kMin = std::numeric_limits<T>::min();
+  constexpr T kMax = std::numeric_limits<T>::max();
+  const std::vector<T> values = {-7, -2, -1, 0, 1, 2, 7, kMin, kMax};
+  const DType dtype = std::is_same_v<T, int32_t> ? DType::kInt32 : DType::kInt64;
+  const int64_t n = static_cast<int64_t>(values.size() * values.size());
+  Array x(dtype, n), y(dtype, n);
+  std::vector<__int128> xs, ys;
+  for (T a : values) {
+    for (T b : values) {
+      x.SetInt(static_cast<int64_t>(xs.size()), a);
+      y.SetInt(static_cast<int64_t>(xs.size()), b);
+      xs.push_back(a);
+      ys.push_back(b);
+    }
+  }
+  const auto wrap = [](__int128 v) -> int64_t {
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(v));
+  };
+  const auto floor_div = [&](int64_t i) -> __int128 {
+    if (ys[i] == 0) return 0;
+    __int128 q = xs[i] / ys[i];
+    if (q * ys[i] != xs[i] && ((xs[i] < 0) != (ys[i] < 0))) --q;
+    return q;
+  };
+  Env env{n, {{"x", &x}, {"y", &y}}, {}};
+  ExpectInts(
+      Evaluate("x // y", env, pool), [&](int64_t i) { return wrap(floor_div(i)); }, "//");
+  ExpectInts(
+      Evaluate("x % y", env, pool),
+      [&](int64_t i) { return ys[i] == 0 ? 0 : wrap(xs[i] - floor_div(i) * ys[i]); }, "%");
+  ExpectInts(
+      Evaluate("fmod(x, y)", env, pool),
+      [&](int64_t i) { return ys[i] == 0 ? 0 : wrap(xs[i] - (xs[i] / ys[i]) * ys[i]); }, "fmod");
+}
+
+TEST_F(ElementwiseTest, IntegerDivisionFollowsNumPy) {
+  CheckIntegerDivision<int32_t>(pool_);
+  CheckIntegerDivision<int64_t>(pool_);
+}
+
+TEST_F(ElementwiseTest, ShiftsOutsideTheWidthShiftEverythingOut) {
+  const std::vector<int64_t> amounts = {-1, 0, 1, 31, 32, 33, 63, 64, 65};
+  const std::vector<int64_t> values = {5, -5, std::numeric_limits<int32_t>::min(), -1};
+  for (DType dtype : {DType::kInt32, DType::kInt64}) {
+    const int bits = dtype == DType::kInt32 ? 32 : 64;
+    const int64_t n = static_cast<int64_t>(amounts.size() * values.size());
+    Array x(dtype, n), y(dtype, n);
+    std::vector<int64_t> xs, ys;
+    for (int64_t v : values) {
+      for (int64_t a : amounts) {
+        x.SetInt(static_cast<int64_t>(xs.size()), v);
+        y.SetInt(static_cast<int64_t>(xs.size()), a);
+        xs.push_back(v);
+        ys.push_back(a);
+      }
+    }
+    const auto narrow = [&](uint64_t v) -> int64_t {
+      return bits == 32 ? static_cast<int32_t>(static_cast<uint32_t>(v)) : static_cast<int64_t>(v);
+    };
+    Env env{n, {{"x", &x}, {"y", &y}}, {}};
+    ExpectInts(
+        Evaluate("x << y", env, pool_),
+        [&](int64_t i) {
+          return ys[i] < 0 || ys[i] >= bits ? 0 : narrow(static_cast<uint64_t>(xs[i]) << ys[i]);
+        },
+        "<<");
+    ExpectInts(
+        Evaluate("x >> y", env, pool_),
+        [&](int64_t i) -> int64_t {
+          if (ys[i] < 0 || ys[i] >= bits) return xs[i] < 0 ? -1 : 0;
+          return xs[i] >> ys[i];
+        },
+        ">>");
+  }
+}
+
+// Predicates over more than one block, so that both the full-block and the tail kernels
+// write their bool results as 0 or 1.
+TEST_F(ElementwiseTest, FloatTestsAndLogicalFunctionsGiveBools) {
+  constexpr int64_t kN = 2500;
+  const double specials[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.5, -2.0, 5e-324};
+  Array x(DType::kFloat64, kN), i(DType::kInt32, kN);
+  for (int64_t k = 0; k < kN; ++k) {
+    x.Set(k, specials[k % 8]);
+    i.SetInt(k, k % 3 - 1);
+  }
+  Env env{kN, {{"x", &x}, {"i", &i}}, {}};
+  Env ex{kN, {{"x", &x}}, {}};
+  Env ei{kN, {{"i", &i}}, {}};
+  const auto at = [&](int64_t k) { return specials[k % 8]; };
+  ExpectMatches(
+      Evaluate("isnan(x)", ex, pool_), [&](int64_t k) { return std::isnan(at(k)); }, "isnan");
+  ExpectMatches(
+      Evaluate("isinf(x)", ex, pool_), [&](int64_t k) { return std::isinf(at(k)); }, "isinf");
+  ExpectMatches(
+      Evaluate("isfinite(x)", ex, pool_), [&](int64_t k) { return std::isfinite(at(k)); },
+      "isfinite");
+  ExpectMatches(
+      Evaluate("signbit(x)", ex, pool_), [&](int64_t k) { return std::signbit(at(k)); }, "signbit");
+  ExpectMatches(
+      Evaluate("signbit(i) | isnan(i)", ei, pool_), [&](int64_t k) { return k % 3 == 0; },
+      "signbit of ints");
+  // NaN is true, as in NumPy's logical functions.
+  ExpectMatches(
+      Evaluate("logical_and(x, i)", env, pool_),
+      [&](int64_t k) { return at(k) != 0 && k % 3 != 1; }, "logical_and");
+  ExpectMatches(
+      Evaluate("logical_not(x) ^ (i == 0)", env, pool_),
+      [&](int64_t k) { return (at(k) == 0) != (k % 3 == 1); }, "logical_not ^");
+}
+
+// round(x, d) with d from a scalar input: the same Program shape whatever d's sign, and
+// NumPy's results for each.
+TEST_F(ElementwiseTest, RoundWithScalarDecimals) {
+  const std::vector<double> xs = {1234.5678, -1250.0, 0.285, 2.5, -0.0, NAN, 1e300};
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Array x(DType::kFloat64, n);
+  for (int64_t k = 0; k < n; ++k) x.Set(k, xs[k]);
+  for (int64_t d : {2, 0, -2}) {
+    Env env{n, {{"x", &x}}, {{"d", ScalarInput{DType::kInt64, 0, d}}}};
+    const double scale = std::pow(10.0, static_cast<double>(std::llabs(d)));
+    ExpectMatches(
+        Evaluate("round(x, d)", env, pool_),
+        [&](int64_t k) {
+          return d >= 0 ? std::nearbyint(xs[k] * scale) / scale
+                        : std::nearbyint(xs[k] / scale) * scale;
+        },
+        "round(x, d)");
+  }
+}
+
 TEST_F(ElementwiseTest, IntegerPowerWithNegativeExponents) {
   std::vector<std::pair<int64_t, int64_t>> pairs;
   for (int64_t base = -3; base <= 3; ++base) {

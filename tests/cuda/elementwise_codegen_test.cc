@@ -124,6 +124,41 @@ std::string BinaryAll(const std::string& x, const std::string& y, bool is_float)
   return text;
 }
 
+// The float functions added with NumPy's names, and those of sign, square and reciprocal.
+std::string UfuncsFloat(const std::string& x) {
+  std::vector<std::string> terms;
+  for (const char* fn : {"rint", "trunc", "exp2", "log2", "log10", "cbrt", "degrees", "radians",
+                         "arcsinh", "arccosh", "arctanh", "sign", "square", "reciprocal"}) {
+    terms.push_back(absl::StrCat(fn, "(", x, ")"));
+  }
+  return absl::StrJoin(terms, " + ");
+}
+
+// Division, remainders, fmin/fmax and, for integers, shifts and bitwise operators.
+std::string UfuncsBinary(const std::string& x, const std::string& y, bool is_float) {
+  std::string text = absl::StrCat(x, " // ", y, " + ", x, " % ", y, " + fmod(", x, ", ", y,
+                                  ") + fmax(", x, ", ", y, ") - fmin(", x, ", ", y, ")");
+  if (is_float) {
+    absl::StrAppend(&text, " + hypot(", x, ", ", y, ") + copysign(", x, ", ", y, ")");
+  } else {
+    absl::StrAppend(&text, " + (", x, " << ", y, ") + (", x, " >> ", y, ") + (", x, " & ", y,
+                    ") + (", x, " | ", y, ") + (", x, " ^ ", y, ") + ~", x, " + sign(", x,
+                    ") + square(", x, ") + reciprocal(", x, ")");
+  }
+  return text;
+}
+
+// The float tests of every dtype, or-ed together.
+std::string FloatTests() {
+  std::vector<std::string> terms;
+  for (const char* x : {"b", "i", "l", "f", "d"}) {
+    for (const char* fn : {"isnan", "isinf", "isfinite", "signbit"}) {
+      terms.push_back(absl::StrCat(fn, "(", x, ")"));
+    }
+  }
+  return absl::StrJoin(terms, " | ");
+}
+
 int Out(DType t) { return static_cast<int>(t); }
 
 std::vector<Case> Cases() {
@@ -139,6 +174,16 @@ std::vector<Case> Cases() {
       {"Int32", BinaryAll("i", "j", false), Out(DType::kInt64)},
       {"Int64", BinaryAll("l", "m", false), Out(DType::kFloat32)},
       {"Int64ToInt32", BinaryAll("l", "m", false), Out(DType::kInt32)},
+      {"UfuncsFloat32", UfuncsFloat("f")},
+      {"UfuncsFloat64", UfuncsFloat("d")},
+      {"UfuncsBinaryFloat32", UfuncsBinary("f", "g", true)},
+      {"UfuncsBinaryFloat64", UfuncsBinary("d", "e", true)},
+      {"UfuncsInt32", UfuncsBinary("i", "j", false)},
+      {"UfuncsInt64", UfuncsBinary("l", "m", false)},
+      {"UfuncsBool",
+       "logical_and(b, c) | logical_or(b, c) ^ logical_xor(b, c) & (b & c) | fmax(b, c) | "
+       "fmin(b, c) | logical_not(b) | ~c | logical_not(d)"},
+      {"FloatTestsEveryDtype", FloatTests()},
       {"ComparisonsEveryDtype", comparisons},
       {"ComparisonsToInt32", AllComparisons("f", "g"), Out(DType::kInt32)},
       {"BoolMinMax", "max(min(b, c), b == c)"},
@@ -263,19 +308,97 @@ TEST(CodegenCoverageTest, CasesCoverEveryOpAndDtype) {
       EXPECT_TRUE(ops.count({op, t})) << expr::OpName(op) << "<" << DTypeName(t) << ">";
     }
   };
-  expect_op(OpKind::kInput, all);
-  for (OpKind op :
-       {OpKind::kNeg, OpKind::kAbs, OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kPow}) {
-    expect_op(op, numbers);
-  }
-  for (int op = static_cast<int>(OpKind::kSin); op <= static_cast<int>(OpKind::kCeil); ++op) {
-    expect_op(static_cast<OpKind>(op), floats);
-  }
-  expect_op(OpKind::kDiv, floats);
-  expect_op(OpKind::kAtan2, floats);
-  for (int op = static_cast<int>(OpKind::kMin); op < expr::kNumOpKinds; ++op) {
-    if (static_cast<OpKind>(op) == OpKind::kAtan2) continue;
-    expect_op(static_cast<OpKind>(op), all);
+  const std::vector<DType> ints = {DType::kInt32, DType::kInt64};
+  const std::vector<DType> ints_and_bool = {DType::kBool, DType::kInt32, DType::kInt64};
+  const std::vector<DType> bools = {DType::kBool};
+  // A switch without a default, so that a new OpKind is a compiler warning here until it
+  // is given its dtypes (and cases that reach them).
+  auto operand_dtypes = [&](OpKind op) -> const std::vector<DType>& {
+    switch (op) {
+      case OpKind::kInput:
+      case OpKind::kConstant:
+      case OpKind::kCast:
+      case OpKind::kMin:
+      case OpKind::kMax:
+      case OpKind::kFmin:
+      case OpKind::kFmax:
+      case OpKind::kIsNan:
+      case OpKind::kIsInf:
+      case OpKind::kIsFinite:
+      case OpKind::kSignbit:
+      case OpKind::kLess:
+      case OpKind::kLessEqual:
+      case OpKind::kGreater:
+      case OpKind::kGreaterEqual:
+      case OpKind::kEqual:
+      case OpKind::kNotEqual:
+      case OpKind::kWhere:
+        return all;
+      case OpKind::kNeg:
+      case OpKind::kAbs:
+      case OpKind::kSign:
+      case OpKind::kSquare:
+      case OpKind::kReciprocal:
+      case OpKind::kAdd:
+      case OpKind::kSub:
+      case OpKind::kMul:
+      case OpKind::kPow:
+      case OpKind::kFloorDiv:
+      case OpKind::kMod:
+      case OpKind::kFmod:
+        return numbers;
+      case OpKind::kSin:
+      case OpKind::kCos:
+      case OpKind::kTan:
+      case OpKind::kExp:
+      case OpKind::kLog:
+      case OpKind::kLog1p:
+      case OpKind::kExpm1:
+      case OpKind::kSqrt:
+      case OpKind::kTanh:
+      case OpKind::kSinh:
+      case OpKind::kCosh:
+      case OpKind::kAsin:
+      case OpKind::kAcos:
+      case OpKind::kAtan:
+      case OpKind::kFloor:
+      case OpKind::kCeil:
+      case OpKind::kRint:
+      case OpKind::kTrunc:
+      case OpKind::kExp2:
+      case OpKind::kLog2:
+      case OpKind::kLog10:
+      case OpKind::kCbrt:
+      case OpKind::kDegrees:
+      case OpKind::kRadians:
+      case OpKind::kAsinh:
+      case OpKind::kAcosh:
+      case OpKind::kAtanh:
+      case OpKind::kDiv:
+      case OpKind::kAtan2:
+      case OpKind::kHypot:
+      case OpKind::kCopysign:
+        return floats;
+      case OpKind::kInvert:
+      case OpKind::kBitAnd:
+      case OpKind::kBitOr:
+      case OpKind::kBitXor:
+        return ints_and_bool;
+      case OpKind::kLeftShift:
+      case OpKind::kRightShift:
+        return ints;
+      case OpKind::kLogicalNot:
+      case OpKind::kLogicalAnd:
+      case OpKind::kLogicalOr:
+      case OpKind::kLogicalXor:
+        return bools;
+    }
+    return all;
+  };
+  for (int op = 0; op < expr::kNumOpKinds; ++op) {
+    const auto kind = static_cast<OpKind>(op);
+    if (kind == OpKind::kCast) continue;  // checked below, pair by pair
+    expect_op(kind, operand_dtypes(kind));
   }
   for (DType t : all) {
     EXPECT_TRUE(parameters.count(t)) << "parameter " << DTypeName(t);
@@ -555,7 +678,7 @@ TEST(Sha256Test, KnownVectors) {
 // every kernel once. Update the digest only for a deliberate change to the generated code.
 TEST(CodegenSourceTest, AxpySourceDigest) {
   EXPECT_EQ(Sha256Hex(AxpySource()),
-            "dd6d0a8b9c075aee2f376715c6eae25cd2e76a72176b4a670ef8539b9592074c");
+            "0790ea22e503900f616cf0a73d91a83565ebc76d58647efaee22e4fd868663d0");
 }
 
 // NVRTC's defaults (IEEE division and square root, --fmad=true): no fast-math flag, and no

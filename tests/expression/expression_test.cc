@@ -90,14 +90,29 @@ void CheckIr(const Program& program) {
         if (IsComparison(node.op)) {
           ASSERT_EQ(node.dtype, DType::kBool);
           ASSERT_EQ(arg(0), arg(1));
+        } else if (IsFloatTest(node.op)) {
+          ASSERT_EQ(node.dtype, DType::kBool);
         } else {
           for (int a = 0; a < node.num_args; ++a) ASSERT_EQ(arg(a), node.dtype) << OpName(node.op);
-          if ((node.op >= OpKind::kSin && node.op <= OpKind::kCeil) || node.op == OpKind::kDiv ||
-              node.op == OpKind::kAtan2) {
-            ASSERT_TRUE(IsFloat(node.dtype)) << OpName(node.op);
+          const OpKind op = node.op;
+          if ((op >= OpKind::kSin && op <= OpKind::kRadians) || op == OpKind::kDiv ||
+              op == OpKind::kAtan2 || op == OpKind::kHypot || op == OpKind::kCopysign) {
+            ASSERT_TRUE(IsFloat(node.dtype)) << OpName(op);
           }
-          if (node.op != OpKind::kMin && node.op != OpKind::kMax) {
-            ASSERT_NE(node.dtype, DType::kBool) << OpName(node.op);
+          if (op >= OpKind::kBitAnd && op <= OpKind::kRightShift) {
+            ASSERT_FALSE(IsFloat(node.dtype)) << OpName(op);
+          }
+          const bool logical = op == OpKind::kLogicalNot || op == OpKind::kLogicalAnd ||
+                               op == OpKind::kLogicalOr || op == OpKind::kLogicalXor;
+          if (logical) {
+            ASSERT_EQ(node.dtype, DType::kBool) << OpName(op);
+          }
+          const bool takes_bool = logical || op == OpKind::kMin || op == OpKind::kMax ||
+                                  op == OpKind::kFmin || op == OpKind::kFmax ||
+                                  op == OpKind::kInvert || op == OpKind::kBitAnd ||
+                                  op == OpKind::kBitOr || op == OpKind::kBitXor;
+          if (!takes_bool) {
+            ASSERT_NE(node.dtype, DType::kBool) << OpName(op);
           }
         }
     }
@@ -179,12 +194,69 @@ INSTANTIATE_TEST_SUITE_P(
                   "(a < b) == (b < c)"},
         ErrorCase{"x = y", "at position 2: '=' is not an operator; use '==' to compare"},
         ErrorCase{"!b", "at position 0: unexpected character '!'; use '!=' for 'not equal'"},
-        ErrorCase{"x ^ 2", "at position 2: unexpected character '^'; use '**' for powers"},
-        ErrorCase{"x // 2", "at position 2: '//' (floor division) is not supported"},
-        ErrorCase{"x % 2", "at position 2: '%' (remainder) is not supported"},
-        ErrorCase{"b & c",
-                  "at position 2: unexpected character '&'; logical and bitwise operators are not "
-                  "supported (use comparisons and where())"},
+        // Bitwise operators and shifts take integers and bools, as NumPy's ufuncs do.
+        ErrorCase{"x ^ 2",
+                  "at position 2: ufunc 'bitwise_xor' not supported for the input types "
+                  "(float64, int); operator '^' takes integers or bools"},
+        ErrorCase{"f & i",
+                  "at position 2: ufunc 'bitwise_and' not supported for the input types "
+                  "(float32, int32); operator '&' takes integers or bools"},
+        ErrorCase{"i | 1.5",
+                  "at position 2: ufunc 'bitwise_or' not supported for the input types "
+                  "(int32, float); operator '|' takes integers or bools"},
+        ErrorCase{"left_shift(x, 1)",
+                  "at position 0: ufunc 'left_shift' not supported for the input types "
+                  "(float64, int); function 'left_shift' takes integers or bools"},
+        ErrorCase{"i >> f",
+                  "at position 2: ufunc 'right_shift' not supported for the input types "
+                  "(int32, float32); operator '>>' takes integers or bools"},
+        ErrorCase{"~x",
+                  "at position 0: ufunc 'invert' not supported for the input type (float64); "
+                  "operator '~' takes integers or bools"},
+        ErrorCase{"b << c",
+                  "at position 2: operator '<<' cannot combine two bool operands; convert one to "
+                  "a number first, e.g. where(b, 1, 0)"},
+        ErrorCase{"b // c",
+                  "at position 2: operator '//' cannot combine two bool operands; convert one to "
+                  "a number first, e.g. where(b, 1, 0)"},
+        ErrorCase{"True % b",
+                  "at position 5: operator '%' cannot combine two bool operands; convert one to "
+                  "a number first, e.g. where(b, 1, 0)"},
+        ErrorCase{"hypot(b, c)",
+                  "at position 0: function 'hypot' cannot combine two bool operands; convert one "
+                  "to a number first, e.g. where(b, 1, 0)"},
+        // Python's and/or/not need one truth value; NumPy arrays refuse them.
+        ErrorCase{"b and c",
+                  "at position 2: 'and' is not supported (an array has no single truth value); "
+                  "use logical_and(a, b), or a & b on bools"},
+        ErrorCase{"(b or c)",
+                  "at position 3: 'or' is not supported (an array has no single truth value); "
+                  "use logical_or(a, b), or a | b on bools"},
+        ErrorCase{"not b",
+                  "at position 0: 'not' is not supported (an array has no single truth value); "
+                  "use logical_not(x), or ~x on bools"},
+        ErrorCase{"where(b, 1, not c)",
+                  "at position 12: 'not' is not supported (an array has no single truth value); "
+                  "use logical_not(x), or ~x on bools"},
+        // round's decimals, argument counts, casts.
+        ErrorCase{"round(x, 1.5)",
+                  "at position 9: the decimals of round() must be an integer literal or an integer "
+                  "scalar input"},
+        ErrorCase{"round(x, i)",
+                  "at position 9: the decimals of round() must be an integer literal or an integer "
+                  "scalar input"},
+        ErrorCase{"round(x, sf)",
+                  "at position 9: the decimals of round() must be an integer literal or an integer "
+                  "scalar input"},
+        ErrorCase{"round(x, 1, 2)",
+                  "at position 0: function 'round' takes 1 or 2 arguments, got 3"},
+        ErrorCase{"clip(x, 1)", "at position 0: function 'clip' takes 3 arguments, got 2"},
+        ErrorCase{"isnan()", "at position 0: function 'isnan' takes 1 argument, got 0"},
+        ErrorCase{"int32(3000000000)",
+                  "at position 0: the integer 3000000000 does not fit in int32"},
+        ErrorCase{"float32",
+                  "at position 0: function 'float32' must be called with its arguments "
+                  "in parentheses"},
         ErrorCase{"x + @", "at position 4: unexpected character '@'"},
         ErrorCase{"x + \xc3\xa9", "at position 4: unexpected character '\\xc3'"},
         ErrorCase{std::string("x\0y", 3), "at position 1: unexpected character '\\x00'"},
@@ -222,6 +294,21 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"-b",
                   "at position 0: unary '-' cannot be applied to a bool; use where(b, -1, 0) or a "
                   "comparison instead"},
+        ErrorCase{"rint(b)",
+                  "at position 0: function 'rint' cannot take a bool argument; convert it with "
+                  "where(b, 1.0, 0.0) first"},
+        ErrorCase{"sign(True)",
+                  "at position 0: function 'sign' cannot take a bool argument; convert it with "
+                  "where(b, 1.0, 0.0) first"},
+        ErrorCase{"positive(b)",
+                  "at position 0: function 'positive' cannot take a bool argument; convert it with "
+                  "where(b, 1.0, 0.0) first"},
+        ErrorCase{"round(b, 1)",
+                  "at position 0: function 'round' cannot take a bool argument; convert it with "
+                  "where(b, 1.0, 0.0) first"},
+        ErrorCase{"square(x < y)",
+                  "at position 0: function 'square' cannot take a bool argument; convert it with "
+                  "where(b, 1.0, 0.0) first"},
         // NumPy 2 raises OverflowError for a Python int outside the array's integer dtype.
         ErrorCase{"i + 3000000000",
                   "at position 4: the integer 3000000000 does not fit in int32, the dtype of the "
@@ -435,7 +522,76 @@ INSTANTIATE_TEST_SUITE_P(
         PromotionCase{"where(True, i, 2.5)", DType::kFloat64,
                       "folded condition keeps the promotion"},
         PromotionCase{"where(sb, i, 1)", DType::kInt32, "scalar condition"},
-        PromotionCase{"where(x, b, c)", DType::kBool, "bool branches"}));
+        PromotionCase{"where(x, b, c)", DType::kBool, "bool branches"},
+        // Floor division and remainders keep integers; float ones promote as arithmetic.
+        PromotionCase{"i // j", DType::kInt32, "floor_divide of ints stays int"},
+        PromotionCase{"i % 2", DType::kInt32, "remainder with a weak int"},
+        PromotionCase{"l % i", DType::kInt64, "int32 with int64"},
+        PromotionCase{"f // 2", DType::kFloat32, "float32 // weak int"},
+        PromotionCase{"i // 2.0", DType::kFloat64, "int // weak float"},
+        PromotionCase{"fmod(i, f)", DType::kFloat64, "int32 with float32"},
+        PromotionCase{"b // 2", DType::kInt64, "bool with a weak int"},
+        // hypot and copysign promote like atan2; fmax and fmin like max.
+        PromotionCase{"hypot(i, j)", DType::kFloat64, "hypot of ints -> float64"},
+        PromotionCase{"copysign(f, 1)", DType::kFloat32, "float32 with weak int"},
+        PromotionCase{"fmax(b, c)", DType::kBool, "fmax of bools"},
+        PromotionCase{"fmin(i, f)", DType::kFloat64, "int32 with float32"},
+        PromotionCase{"maximum(i, l)", DType::kInt64, "NumPy's name of max"},
+        // Bitwise operators and shifts: integers and bools.
+        PromotionCase{"i & j", DType::kInt32, "same dtype"},
+        PromotionCase{"b | c", DType::kBool, "bool | bool stays bool"},
+        PromotionCase{"b ^ 1", DType::kInt64, "bool with a weak int -> default int"},
+        PromotionCase{"b & i", DType::kInt32, "bool with int32"},
+        PromotionCase{"i << 2", DType::kInt32, "weak shift amount"},
+        PromotionCase{"i >> l", DType::kInt64, "int32 with int64"},
+        PromotionCase{"~i", DType::kInt32, "invert keeps the dtype"},
+        PromotionCase{"~b", DType::kBool, "invert of bool is logical not"},
+        PromotionCase{"bitwise_not(l)", DType::kInt64, "NumPy 2's name of invert"},
+        // Logical functions take any dtype and give bool.
+        PromotionCase{"logical_and(x, i)", DType::kBool, "any dtype"},
+        PromotionCase{"logical_not(f)", DType::kBool, "any dtype"},
+        PromotionCase{"logical_xor(b, 2)", DType::kBool, "weak int"},
+        PromotionCase{"logical_or(1, 0)", DType::kBool, "weak only"},
+        // Float tests take any dtype and give bool.
+        PromotionCase{"isnan(i)", DType::kBool, "ints are never NaN, but accepted"},
+        PromotionCase{"signbit(x)", DType::kBool, "float"},
+        PromotionCase{"isfinite(b)", DType::kBool, "bool"},
+        PromotionCase{"isinf(sf)", DType::kBool, "weak float"},
+        // Float functions of integers compute in float64; sign, square and reciprocal keep
+        // integers.
+        PromotionCase{"rint(i)", DType::kFloat64, "float function of an int"},
+        PromotionCase{"trunc(f)", DType::kFloat32, "float32 stays"},
+        PromotionCase{"exp2(l)", DType::kFloat64, "float function of an int"},
+        PromotionCase{"log10(f)", DType::kFloat32, "float32 stays"},
+        PromotionCase{"degrees(i)", DType::kFloat64, "float function of an int"},
+        PromotionCase{"arctanh(f)", DType::kFloat32, "float32 stays"},
+        PromotionCase{"arcsin(x)", DType::kFloat64, "NumPy's name of asin"},
+        PromotionCase{"sign(i)", DType::kInt32, "sign keeps ints"},
+        PromotionCase{"square(l)", DType::kInt64, "square keeps ints"},
+        PromotionCase{"reciprocal(i)", DType::kInt32, "reciprocal keeps ints"},
+        PromotionCase{"absolute(i)", DType::kInt32, "NumPy's name of abs"},
+        PromotionCase{"positive(i)", DType::kInt32, "identity"},
+        PromotionCase{"true_divide(i, j)", DType::kFloat64, "NumPy's name of /"},
+        // round: rint for floats, the identity for ints, 10**d with the operand's dtype.
+        PromotionCase{"round(f)", DType::kFloat32, "rint of float32"},
+        PromotionCase{"round(i)", DType::kInt32, "round of an int is the int"},
+        PromotionCase{"round(x, 2)", DType::kFloat64, "float64"},
+        PromotionCase{"round(f, 2)", DType::kFloat32, "10**2 is a weak float"},
+        PromotionCase{"round(i, -1)", DType::kInt32, "through float64 and back"},
+        PromotionCase{"round(f, si)", DType::kFloat32, "decimals from a scalar input"},
+        // clip promotes its three operands.
+        PromotionCase{"clip(i, 0, 10)", DType::kInt32, "weak bounds"},
+        PromotionCase{"clip(i, 0, 2.5)", DType::kFloat64, "a weak float bound"},
+        PromotionCase{"clip(f, 0, 1)", DType::kFloat32, "float32"},
+        PromotionCase{"clip(i, l, f)", DType::kFloat64, "three arrays"},
+        // Casts give typed (strong) values, like np.float32(2.5).
+        PromotionCase{"float32(i)", DType::kFloat32, "cast"},
+        PromotionCase{"int64(x)", DType::kInt64, "cast"},
+        PromotionCase{"bool(x)", DType::kBool, "cast"},
+        PromotionCase{"float32(2) + x", DType::kFloat64, "a float32 scalar is strong"},
+        PromotionCase{"float32(2.5) * i", DType::kFloat64, "float32 with int32"},
+        PromotionCase{"int32(2) + 1", DType::kInt32, "strong int32 with a weak int"},
+        PromotionCase{"f + float64(1)", DType::kFloat64, "strong float64"}));
 
 std::string CanonicalOf(std::string_view text) {
   const absl::StatusOr<Program> program = CompileChecked(text, InputsFor(text));
@@ -485,6 +641,119 @@ TEST(Promotion, WeakFoldingFollowsIntegerRules) {
   EXPECT_EQ(value("max(3, 7.5)"), 7.5);
   EXPECT_EQ(value("abs(-3)"), 3);
   EXPECT_EQ(value("floor(2)"), 2.0);
+}
+
+// Python's precedence: | ^ & (<< >>) (+ -) (* / // %) (unary - + ~) **, comparisons
+// loosest; and NumPy's integer semantics where Python's unbounded ints differ.
+TEST(Operators, PrecedenceAndIntegerSemantics) {
+  const auto value = [](std::string_view text) {
+    const absl::StatusOr<Program> p = CompileChecked(text, {});
+    EXPECT_OK(p) << text;
+    if (!p.ok()) return -12345.0;
+    const Node& root = p->ir().nodes[p->ir().root];
+    EXPECT_EQ(root.op, OpKind::kConstant) << text;
+    return IsFloat(root.dtype) ? root.value.f : static_cast<double>(root.value.i);
+  };
+  EXPECT_EQ(value("1 | 2 ^ 3 & 4 << 1 + 1"), 3);  // 1 | (2 ^ (3 & (4 << 2)))
+  EXPECT_EQ(value("6 & 3 | 8"), 10);
+  EXPECT_EQ(value("6 ^ 3 ^ 1"), 4);
+  EXPECT_EQ(value("1 << 3 >> 1"), 4);    // left-assoc
+  EXPECT_EQ(value("1 + 2 < 4 & 7"), 1);  // (1 + 2) < (4 & 7)
+  EXPECT_EQ(value("7 // 2 * 3"), 9);
+  EXPECT_EQ(value("2 ** 3 // 3"), 2);
+  EXPECT_EQ(value("-7 // 2"), -4);  // floor, unary minus first
+  EXPECT_EQ(value("7 // -2"), -4);
+  EXPECT_EQ(value("-7 % 3"), 2);  // the divisor's sign
+  EXPECT_EQ(value("7 % -3"), -2);
+  EXPECT_EQ(value("-7 % -3"), -1);
+  EXPECT_EQ(value("fmod(-7, 3)"), -1);  // the dividend's sign
+  EXPECT_EQ(value("7 // 0"), 0);        // NumPy: 0, no trap
+  EXPECT_EQ(value("7 % 0"), 0);
+  EXPECT_EQ(value("(-9223372036854775807 - 1) // -1"), -9223372036854775807.0 - 1);  // wraps
+  EXPECT_EQ(value("-7.5 // 2"), -4.0);
+  EXPECT_EQ(value("-7.5 % 2"), 0.5);
+  EXPECT_EQ(value("~5"), -6);
+  EXPECT_EQ(value("-~5"), 6);
+  EXPECT_EQ(value("~True"), 0);    // invert of a bool is logical not
+  EXPECT_EQ(value("1 << 64"), 0);  // shifts out of range, as NumPy
+  EXPECT_EQ(value("-8 >> 70"), -1);
+  EXPECT_EQ(value("5 >> -1"), 0);
+  EXPECT_EQ(value("1 << -1"), 0);
+  EXPECT_EQ(value("(1 < 2) | (3 < 2)"), 1);
+  EXPECT_EQ(value("logical_xor(2, 0)"), 1);
+  EXPECT_EQ(value("round(2.5)"), 2.0);
+  EXPECT_TRUE(std::signbit(value("round(-0.5)")));
+  EXPECT_EQ(value("round(0.285, 2)"), 0.28);  // NumPy's algorithm: 28.499999... rounds down
+  EXPECT_EQ(value("round(2.675, 2)"), 2.68);  // 267.5 exactly, to even
+  EXPECT_EQ(value("round(1250, -2)"), 1200);  // half to even
+  EXPECT_EQ(value("round(1350, -2)"), 1400);
+  EXPECT_EQ(value("round(7, 3)"), 7);
+  EXPECT_EQ(value("clip(5, 0, 3)"), 3);
+  EXPECT_TRUE(std::isnan(value("clip(0.0 / 0.0, 0, 3)")));
+  EXPECT_EQ(value("sign(-3)"), -1);
+  EXPECT_EQ(value("square(3)"), 9);
+  EXPECT_EQ(value("reciprocal(2)"), 0);
+  EXPECT_EQ(value("reciprocal(-1)"), -1);
+  EXPECT_EQ(value("reciprocal(0)"), -9223372036854775807.0 - 1);
+  EXPECT_EQ(value("isnan(0.0 / 0.0)"), 1);
+  EXPECT_EQ(value("fmax(0.0 / 0.0, 1)"), 1.0);
+  EXPECT_EQ(value("degrees(3.141592653589793)"), 180.0);
+  // Casts of literals are typed constants, folded all the same.
+  EXPECT_EQ(value("int32(2.9)"), 2);
+  EXPECT_EQ(value("int32(-1e20)"), -2147483648.0);  // saturates (ops::Convert)
+  EXPECT_EQ(value("int64(0.0 / 0.0)"), 0);          // NaN gives 0
+  EXPECT_EQ(value("bool(0.5)"), 1);
+  EXPECT_EQ(value("float32(0.1)"), static_cast<double>(0.1f));
+}
+
+TEST(Operators, CanonicalUsesNumPyNames) {
+  EXPECT_EQ(CanonicalOf("i // j % 3"),
+            "remainder<int32>(floor_divide<int32>(in0<int32>, in1<int32>), 3<int32>)");
+  EXPECT_EQ(CanonicalOf("i & l | ~i"),
+            "bitwise_or<int64>(bitwise_and<int64>(cast<int64>(in0<int32>), in1<int64>), "
+            "cast<int64>(invert<int32>(in0<int32>)))");
+  EXPECT_EQ(CanonicalOf("logical_and(x, i)"),
+            "logical_and<bool>(cast<bool>(in1<float64>), cast<bool>(in0<int32>))");
+  EXPECT_EQ(CanonicalOf("isnan(f)"), "isnan<bool>(in0<float32>)");
+  EXPECT_EQ(CanonicalOf("clip(f, 0, 1)"),
+            "min<float32>(max<float32>(in0<float32>, 0<float32>), 1<float32>)");
+  EXPECT_EQ(CanonicalOf("round(f, 2)"),
+            "div<float32>(rint<float32>(mul<float32>(in0<float32>, 100<float32>)), 100<float32>)");
+  EXPECT_EQ(CanonicalOf("round(i, -1)"),
+            "cast<int32>(mul<float64>(rint<float64>(div<float64>(cast<float64>(in0<int32>), "
+            "10<float64>)), 10<float64>))");
+  EXPECT_EQ(CanonicalOf("float32(i) + 1"), "add<float32>(cast<float32>(in0<int32>), 1<float32>)");
+}
+
+TEST(Operators, RoundWithScalarDecimalsKeepsOneShape) {
+  // The sign of decimals picks the form at run time, so the IR (and canonical) do not
+  // depend on its value.
+  const auto canonical = [](int64_t decimals) {
+    const InputMap inputs = {{"f", ArrayInput{DType::kFloat32}},
+                             {"d", ScalarInput{DType::kInt64, 0, decimals}}};
+    const absl::StatusOr<Program> p = CompileChecked("round(f, d)", inputs);
+    EXPECT_OK(p);
+    return p.ok() ? p->canonical() : "";
+  };
+  EXPECT_EQ(canonical(2), canonical(-3));
+  EXPECT_EQ(canonical(2),
+            "where<float32>(param4<bool>, div<float32>(rint<float32>(mul<float32>(in1<float32>, "
+            "param0<float32>)), param1<float32>), mul<float32>(rint<float32>(div<float32>("
+            "in1<float32>, param2<float32>)), param3<float32>))");
+}
+
+TEST(Operators, OpsPerElementCountsTheOperationsEachCallBecomes) {
+  const auto ops = [](std::string_view text) {
+    const absl::StatusOr<Program> p = CompileChecked(text, InputsFor(text));
+    EXPECT_OK(p) << text;
+    return p.ok() ? p->ops_per_element() : -1;
+  };
+  EXPECT_EQ(ops("x // y"), 1);
+  EXPECT_EQ(ops("i << 2 | j"), 2);
+  EXPECT_EQ(ops("clip(x, 0, 1)"), 2);  // max, min
+  EXPECT_EQ(ops("round(x, 2)"), 3);    // mul, rint, div
+  EXPECT_EQ(ops("float32(x)"), 0);     // a conversion
+  EXPECT_EQ(ops("isnan(x) | ~b"), 3);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -601,8 +870,8 @@ TEST(ProgramCacheTest, ReusesOnlyWhatCompilesToTheSameProgram) {
   EXPECT_EQ(cache.size(), 1u);
   EXPECT_EQ(&again.ir(), &a.ir()) << "the second compile should come from the cache";
   // Another dtype, another text, another depth, another input name: other programs.
-  ASSIGN_OR_FAIL(Program f64, cache.Compile("x + 1", {{"x", ArrayInput{DType::kFloat64}}},
-                                            kMaxNestingDepth));
+  ASSIGN_OR_FAIL(Program f64,
+                 cache.Compile("x + 1", {{"x", ArrayInput{DType::kFloat64}}}, kMaxNestingDepth));
   EXPECT_EQ(f64.result_dtype(), DType::kFloat64);
   ASSERT_OK(cache.Compile("x + 2", f32, kMaxNestingDepth).status());
   ASSERT_OK(cache.Compile("x + 1", f32, 16).status());
@@ -611,16 +880,17 @@ TEST(ProgramCacheTest, ReusesOnlyWhatCompilesToTheSameProgram) {
   // Scalars are baked in: another value is another program.
   ScalarInput two{DType::kFloat64, 2.0, 0};
   ScalarInput three{DType::kFloat64, 3.0, 0};
-  ASSIGN_OR_FAIL(Program p2, cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}},
-                                                     {"a", two}}, kMaxNestingDepth));
-  ASSIGN_OR_FAIL(Program p3, cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}},
-                                                     {"a", three}}, kMaxNestingDepth));
+  ASSIGN_OR_FAIL(
+      Program p2,
+      cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}}, {"a", two}}, kMaxNestingDepth));
+  ASSIGN_OR_FAIL(
+      Program p3,
+      cache.Compile("x * a", {{"x", ArrayInput{DType::kFloat32}}, {"a", three}}, kMaxNestingDepth));
   EXPECT_NE(&p2.ir(), &p3.ir());
   EXPECT_EQ(cache.size(), 7u);
   // A depth that the text exceeds fails, though the same text compiled at a larger one.
   ASSERT_OK(cache.Compile("((x + 1))", f32, kMaxNestingDepth).status());
-  EXPECT_EQ(cache.Compile("((x + 1))", f32, 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Compile("((x + 1))", f32, 1).status().code(), absl::StatusCode::kInvalidArgument);
   // Errors are not kept, and come back the same each time.
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(cache.Compile("x +", f32, kMaxNestingDepth).status().code(),
