@@ -122,6 +122,11 @@ absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view wh
 
 absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
                               BufferResolver resolve, const v1::GemvOp& op) {
+  if (!op.a_view().empty() || !op.x_view().empty()) {
+    return absl::UnimplementedError(
+        "gemv does not read through views yet (a_view, x_view); copy the view into a new "
+        "buffer first (an elementwise 'x') and pass that");
+  }
   ASSIGN_OR_RETURN(BufferHandle a, Lookup(resolve, "gemv matrix 'a'", op.a()));
   ASSIGN_OR_RETURN(BufferHandle x, Lookup(resolve, "gemv vector 'x'", op.x()));
   const BufferEntry& A = *a;

@@ -1175,6 +1175,10 @@ void BadInputMatrixTest::AddOperationCases() {
      "elementwise { expression: \"s + 1\" inputs { key: \"s\" value { scalar { float_value: 1 } "
      "view { transpose {} } } } }",
      StatusCode::INVALID_ARGUMENT, "input 's' is a scalar; a view applies to a buffer");
+  op(kWrongType, "a gemv through a view", kAlice,
+     "gemv { a: \"m\" x: \"v\" a_view { transpose {} } }", StatusCode::UNIMPLEMENTED,
+     "gemv does not read through views yet (a_view, x_view); copy the view into a new buffer "
+     "first (an elementwise 'x') and pass that");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");
