@@ -382,6 +382,10 @@ absl::StatusOr<LaunchInfo> CpuBackend::Elementwise(Stream& stream, const expr::P
 absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
                                 const DeviceMemory& in, const ReduceShape& shape,
                                 DeviceMemory& out) {
+  if (!IsShapeReduceKind(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ReduceKindName(kind), " reductions take ReduceStrided, not a ReduceShape"));
+  }
   const void* i = in.data();
   void* o = out.data();
   const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;

@@ -16,7 +16,8 @@ namespace gpucompute::cpu {
 // o < shape.outer and i < shape.inner. `in` has dtype `in_dtype`, `out` has
 // ReduceResultDType(kind, in_dtype). extent must be >= 1 (the caller rejects empty
 // reductions of min, max, argmin and argmax). Argmin and argmax write the position r
-// (int64) of the first extreme; NaN counts as the extreme, as in NumPy.
+// (int64) of the first extreme; NaN counts as the extreme, as in NumPy. `kind` is one of
+// kShapeReduceKinds (kernels/ops.h); the others go through ReduceStrided only.
 // Deterministic: the summation order depends only on the shape, never on the thread
 // count. Float sums, means and norms accumulate in float64 over fixed blocks.
 void Reduce(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& shape, void* out,
