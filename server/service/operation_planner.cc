@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/philox.h"
 #include "server/expression/expression.h"
+#include "server/service/plan_matmul.h"
 #include "server/service/proto_conversions.h"
 #include "server/util/status_macros.h"
 
@@ -24,10 +25,8 @@ std::string Describe(const BufferMeta& b) {
                       DTypeName(b.dtype), ShapeString(b.shape), ")");
 }
 
-enum class CastRule { kExact, kSameKind };
+}  // namespace
 
-// The buffer an operation writes: an existing one, checked against the result's shape
-// and dtype, or a new, not yet registered one.
 absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
                                            BufferResolver resolve, const v1::Output& output,
                                            DType natural,
@@ -85,6 +84,8 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   out->lease.Set(ttl, SteadyNanos());
   return out;
 }
+
+namespace {
 
 absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view what,
                                     const std::string& ref) {
@@ -490,6 +491,8 @@ absl::StatusOr<Plan> PlanRequest(ServiceContext& ctx, absl::string_view client,
       return PlanReduce(ctx, client, resolve, request.reduce());
     case v1::SubmitRequest::kRandom:
       return PlanRandom(ctx, client, resolve, request.random());
+    case v1::SubmitRequest::kMatmul:
+      return PlanMatmul(ctx, client, resolve, request.matmul());
     case v1::SubmitRequest::OP_NOT_SET:
       break;
   }

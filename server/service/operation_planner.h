@@ -29,6 +29,20 @@ using BufferResolver = absl::FunctionRef<absl::StatusOr<BufferHandle>(absl::stri
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request, BufferResolver resolve);
 
+// How a result may be written into an existing output buffer: only as its own dtype, or
+// as any dtype NumPy's "same_kind" casting allows.
+enum class CastRule { kExact, kSameKind };
+
+// The buffer an operation writes: an existing one (output.buffer), checked against the
+// result's shape, dtype (`natural`, or output.dtype, under `rule`) and, beyond 1-D,
+// `layout`; or a new, not yet registered one of that shape, dtype and layout on `device`,
+// with output's name and lease. `*created` tells which.
+absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
+                                           BufferResolver resolve, const v1::Output& output,
+                                           DType natural, const std::vector<uint64_t>& shape,
+                                           Layout layout, int device, CastRule rule,
+                                           bool* created);
+
 // The buffer the planned operation writes (every operation writes one).
 BufferHandle WrittenBuffer(const Plan& plan);
 
