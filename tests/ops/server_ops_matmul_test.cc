@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "client/cpp/session.h"
 #include "tests/ops/server_ops_fixture.h"
 #include "tests/support/test_server.h"
 #include "tests/support/test_util.h"
@@ -287,6 +288,31 @@ TYPED_TEST(MatmulTypedTest, AlphaAndBetaIntoAnExistingC) {
   EXPECT_EQ(op.timing().bytes_read(), (m * k + k * n) * sizeof(T));
   ASSIGN_OR_FAIL(std::vector<T> got, DownloadArray<T>(this->c(), op.outputs(0).id()));
   ExpectMatmulClose(got, NumpyMatmul(a, b), k, "new c, beta ignored");
+}
+
+// In a session, a matmul's operand may be an earlier step's output, by its tag, before
+// that step has run: (A @ B) @ B2.
+TEST_F(ServerOpsTest, MatmulReadsATaggedOutputInASession) {
+  const Array a = RandomArray({12, 9}, 19);
+  const Array b = RandomArray({9, 7}, 20);
+  const Array b2 = RandomArray({7, 5}, 21);
+  ASSIGN_OR_FAIL(auto ba, Put<double>(c(), a));
+  ASSIGN_OR_FAIL(auto bb, Put<double>(c(), b));
+  ASSIGN_OR_FAIL(auto bb2, Put<double>(c(), b2));
+  ASSIGN_OR_FAIL(std::unique_ptr<Session> session, Session::Open(c()));
+  auto ab = session->Submit(Matmul(ba.id(), bb.id()), "ab");
+  auto abb = session->Submit(Matmul(ab.Ref(), bb2.id(), NewOutput("abb")), "abb");
+  ASSIGN_OR_FAIL(v1::Operation done, abb.result.Get());
+  EXPECT_EQ(done.state(), v1::Operation::STATE_SUCCEEDED) << done.error_message();
+  EXPECT_EQ(done.kind(), v1::OPERATION_KIND_MATMUL);
+  ASSERT_OK(session->Close());
+  const MatmulRef first = NumpyMatmul(a, b);
+  ASSIGN_OR_FAIL(std::vector<double> got, DownloadArray<double>(c(), "abb"));
+  // Two products: the first's rounding, scaled by |B2|, adds to the second's bound.
+  MatmulRef ref = NumpyMatmul(Array{first.c, {12, 7}}, b2);
+  const MatmulRef slack = NumpyMatmul(Array{first.scale, {12, 7}}, Array{b2.v, {7, 5}});
+  for (size_t i = 0; i < ref.scale.size(); ++i) ref.scale[i] += (9 + 3.0) / 10 * slack.scale[i];
+  ExpectMatmulClose(got, ref, 7, "(A @ B) @ B2");
 }
 
 TEST_F(ServerOpsTest, MatmulStatsReportKindMatmul) {
