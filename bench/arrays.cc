@@ -16,6 +16,7 @@ namespace {
 const std::vector<ArraysFamily>& Families() {
   static const auto* families = new std::vector<ArraysFamily>{
       &AppendElementwiseRows,
+      &AppendMatmulRows,
   };
   return *families;
 }

@@ -32,16 +32,17 @@ absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client
 
 // --- For the planner's rooms (plan_*.cc): each plans one kind of operation.
 
-// How a result's dtype may differ from the existing buffer it is written to.
+// How a result may be written into an existing output buffer: only as its own dtype, or
+// as any dtype NumPy's "same_kind" casting allows.
 enum class CastRule { kExact, kSameKind };
 
 // The buffer an operation writes: an existing one (output.buffer), checked against the
-// result's shape, `layout` and dtype, or a new, not yet registered one of `shape`,
-// `layout` and the result's dtype (or output.dtype), on `device`. *created tells which.
-// With `out_layout` (an operation that writes through strides), an existing output may
-// have any layout and be viewed through output.view, whose shape is then the one
-// checked; *out_layout receives where the result goes in the output's memory. Without
-// it, output.view is INVALID_ARGUMENT.
+// result's shape, `layout` and dtype (`natural`, or output.dtype, under `rule`), or a new,
+// not yet registered one of `shape`, `layout` and that dtype on `device`, with output's
+// name and lease. *created tells which. With `out_layout` (an operation that writes
+// through strides), an existing output may have any layout and be viewed through
+// output.view, whose shape is then the one checked; *out_layout receives where the
+// result goes in the output's memory. Without it, output.view is INVALID_ARGUMENT.
 absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
                                            BufferResolver resolve, const v1::Output& output,
                                            DType natural, const std::vector<uint64_t>& shape,
