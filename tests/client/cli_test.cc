@@ -1512,14 +1512,20 @@ TEST_F(CliTest, EvalBroadcastsAndWritesThroughAView) {
   ASSERT_EQ(Run("put " + ShellQuote(Path("eb_r.npy")) + " --name eb_r").exit_code, 0);
   Result sum = Run("eval 'm + r' m=eb_m r=eb_r --name eb_s");
   ASSERT_EQ(sum.exit_code, 0) << sum.err;
-  // The even columns, doubled, into the odd ones.
-  Result through = Run("eval 'x * 2' 'x=eb_s[:, ::2]' --out 'eb_s[:, 1::2]'");
+  // r[::2] = (10, 30), doubled and broadcast over rows 0 and 2, into columns 3 and 1.
+  Result through = Run("eval 'x * 2' 'x=eb_r[::2]' --out 'eb_s[::2, ::-2]'");
   ASSERT_EQ(through.exit_code, 0) << through.err;
+  const std::vector<double> written = {11, 60, 31, 20, 12, 22, 32, 42, 13, 60, 33, 20};
   ASSERT_EQ(Run("get eb_s -o " + ShellQuote(Path("eb_s.npy"))).exit_code, 0);
   NpyHeader header;
-  EXPECT_EQ(ReadNpyDoubles(Path("eb_s.npy"), &header),
-            (std::vector<double>{11, 22, 31, 62, 12, 24, 32, 64, 13, 26, 33, 66}));
+  EXPECT_EQ(ReadNpyDoubles(Path("eb_s.npy"), &header), written);
   EXPECT_EQ(header.shape, (std::vector<uint64_t>{3, 4}));
+  // An output that overlaps an input only partly (even columns into odd ones) is the
+  // server's INVALID_ARGUMENT, and writes nothing.
+  Result partial = Run("eval 'x * 2' 'x=eb_s[:, ::2]' --out 'eb_s[:, 1::2]'");
+  EXPECT_EQ(partial.exit_code, 13) << partial.err;
+  ASSERT_EQ(Run("get eb_s -o " + ShellQuote(Path("eb_s2.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("eb_s2.npy")), written);
   // A view operand and a 0-d view (a row's element) against a row.
   Result view_ops = Run("eval 'a - b' 'a=eb_r[::-1]' 'b=eb_m[2, 0]' --name eb_v");
   ASSERT_EQ(view_ops.exit_code, 0) << view_ops.err;
