@@ -1,6 +1,6 @@
 """matmul against numpy.matmul: random shapes (matrices, batches, a 2-D operand against
 a batch, vectors), both layouts, transposes, views, alpha and beta into an existing C,
-float32 and float64. A fixed seed and a bounded count."""
+float32 and float64; gemv of views. A fixed seed and a bounded count."""
 
 import numpy as np
 import pytest
@@ -104,3 +104,14 @@ def test_shapes_that_do_not_match_are_refused_and_create_nothing(client):
     with pytest.raises(gpucompute.InvalidArgumentError):
         client.matmul(a, ints, name="never")
     assert {buffer.id for buffer in client.buffers()} == before
+
+
+def test_gemv_reads_views(client):
+    rng = np.random.default_rng(SEED + 2)
+    a_host = rng.uniform(-1, 1, (8, 6))
+    x_host = rng.uniform(-1, 1, 10)
+    a, x = client.put(a_host), client.put(x_host)
+    y = client.gemv(a[::2, 1:], x[::-2], alpha=2.0)
+    np.testing.assert_allclose(y.get(), 2.0 * a_host[::2, 1:] @ x_host[::-2], rtol=1e-12)
+    y_t = client.gemv(a.T[1:5], x[0:4], transpose=True)
+    np.testing.assert_allclose(y_t.get(), a_host.T[1:5].T @ x_host[0:4], rtol=1e-12)
