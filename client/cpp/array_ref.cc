@@ -59,7 +59,7 @@ ArrayRef ArrayRef::With(v1::ViewStep step) const {
 ArrayRef ArrayRef::Index(std::vector<v1::IndexItem> items) const {
   v1::ViewStep step;
   for (v1::IndexItem& item : items) *step.mutable_index()->add_items() = std::move(item);
-  // x[] is not NumPy's x[()], which takes every axis: the step exists either way.
+  // Set even without items: x[] is an indexing step, every axis whole, as NumPy's x[()].
   step.mutable_index();
   return With(std::move(step));
 }
