@@ -379,6 +379,24 @@ absl::StatusOr<LaunchInfo> CpuBackend::Elementwise(Stream& stream, const expr::P
   return LaunchInfo{};
 }
 
+absl::StatusOr<LaunchInfo> CpuBackend::ElementwiseStrided(Stream& stream,
+                                                          const expr::Program& program,
+                                                          std::span<const StridedInput> inputs,
+                                                          DeviceMemory& out,
+                                                          const StridedLayout& out_layout,
+                                                          DType out_dtype) {
+  std::vector<StridedArray> arrays;
+  arrays.reserve(inputs.size());
+  for (const StridedInput& in : inputs) {
+    arrays.push_back({in.memory == nullptr ? nullptr : in.memory->data(), in.layout});
+  }
+  AsCpu(stream).EnqueueKernel([this, program, arrays = std::move(arrays), o = out.data(),
+                               out_layout, out_dtype] {
+    EvaluateElementwiseStrided(program, arrays, o, out_layout, out_dtype, *pool_);
+  });
+  return LaunchInfo{};
+}
+
 absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
                                 const DeviceMemory& in, const ReduceShape& shape,
                                 DeviceMemory& out) {

@@ -42,6 +42,10 @@ class CpuBackend final : public Backend {
   absl::StatusOr<LaunchInfo> Elementwise(Stream& stream, const expr::Program& program,
                                          std::span<const DeviceMemory* const> inputs,
                                          DeviceMemory& out, DType out_dtype, int64_t n) override;
+  absl::StatusOr<LaunchInfo> ElementwiseStrided(Stream& stream, const expr::Program& program,
+                                                std::span<const StridedInput> inputs,
+                                                DeviceMemory& out, const StridedLayout& out_layout,
+                                                DType out_dtype) override;
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                       const ReduceShape& shape, DeviceMemory& out) override;
   absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,

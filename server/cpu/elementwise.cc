@@ -391,43 +391,135 @@ std::byte* ThreadScratch(size_t bytes, std::unique_ptr<std::byte[]>& oversized) 
   return holder->get() + ((kAlign - address % kAlign) % kAlign);
 }
 
-void Run(const Plan& plan, std::span<const void* const> inputs, void* out, int64_t n,
-         ThreadPool& pool) {
+// Registers per block and their size: the block shrinks for programs with more live
+// registers (plus `extra_slots` blocks of the caller's) than the scratch budget holds.
+struct BlockGeometry {
   int64_t block = kBlock;
-  const size_t registers = static_cast<size_t>(std::max(plan.num_registers, 1));
-  if (registers * kBlock * 8 > kMaxScratchBytes) {
-    block = std::max<int64_t>(
-        16, static_cast<int64_t>(kMaxScratchBytes / (registers * 8)) & ~int64_t{15});
-  }
-  const size_t register_bytes = static_cast<size_t>(block) * 8;  // a multiple of kAlign
-  const int64_t grain = std::max(block * kBlocksPerChunk, (kMinGrain / block) * block);
+  size_t register_bytes = kBlock * 8;  // a multiple of kAlign
+  size_t slots = 1;
+};
 
-  pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+BlockGeometry Geometry(const Plan& plan, size_t extra_slots) {
+  BlockGeometry g;
+  g.slots = static_cast<size_t>(std::max(plan.num_registers, 1)) + extra_slots;
+  if (g.slots * kBlock * 8 > kMaxScratchBytes) {
+    g.block = std::max<int64_t>(16,
+                                static_cast<int64_t>(kMaxScratchBytes / (g.slots * 8)) & ~int64_t{15});
+  }
+  g.register_bytes = static_cast<size_t>(g.block) * 8;
+  return g;
+}
+
+int64_t Grain(const BlockGeometry& g) {
+  return std::max(g.block * kBlocksPerChunk, (kMinGrain / g.block) * g.block);
+}
+
+// Runs the program over `len` elements: in[k] points at input k's first element of the
+// block (contiguous), `out` at the output's.
+void RunBlock(const Plan& plan, const void* const* in, void* out, int64_t len, std::byte* scratch,
+              size_t register_bytes) {
+  const bool full = len == kBlock;
+  auto resolve = [&](const Operand& o) -> void* {
+    switch (o.kind) {
+      case Operand::Kind::kInput:
+        return const_cast<void*>(in[o.index]);
+      case Operand::Kind::kRegister:
+        return scratch + static_cast<size_t>(o.index) * register_bytes;
+      case Operand::Kind::kConstant:
+        return const_cast<unsigned char*>(plan.constants[o.index].bytes);
+      case Operand::Kind::kOutput:
+        break;
+    }
+    return out;
+  };
+  const void* src[3];
+  for (const Instruction& ins : plan.code) {
+    for (int k = 0; k < ins.num_src; ++k) src[k] = resolve(ins.src[k]);
+    (full ? ins.kernel.full : ins.kernel.tail)(src, resolve(ins.dst), len);
+  }
+}
+
+// Bytes per element of each input (0 for scalars, which the plan reads as constants).
+std::vector<size_t> InputSizes(const expr::Program& program) {
+  std::vector<size_t> sizes;
+  for (const expr::InputType& type : program.input_types()) {
+    const auto* array = std::get_if<expr::ArrayInput>(&type);
+    sizes.push_back(array == nullptr ? 0 : DTypeSize(array->dtype));
+  }
+  return sizes;
+}
+
+void Run(const Plan& plan, std::span<const void* const> inputs, std::span<const size_t> sizes,
+         void* out, size_t out_size, int64_t n, ThreadPool& pool) {
+  const BlockGeometry g = Geometry(plan, 0);
+  pool.ParallelFor(n, Grain(g), [&](int64_t begin, int64_t end) {
     std::unique_ptr<std::byte[]> oversized;
-    std::byte* scratch = ThreadScratch(registers * register_bytes, oversized);
-    const void* src[3];
-    for (int64_t b = begin; b < end; b += block) {
-      const int64_t len = std::min(block, end - b);
-      const bool full = len == kBlock;
-      auto resolve = [&](const Operand& o) -> void* {
-        switch (o.kind) {
-          case Operand::Kind::kInput:
-            return const_cast<char*>(static_cast<const char*>(inputs[o.index])) + b * o.elem_size;
-          case Operand::Kind::kRegister:
-            return scratch + static_cast<size_t>(o.index) * register_bytes;
-          case Operand::Kind::kConstant:
-            return const_cast<unsigned char*>(plan.constants[o.index].bytes);
-          case Operand::Kind::kOutput:
-            break;
-        }
-        return static_cast<char*>(out) + b * o.elem_size;
-      };
-      for (const Instruction& ins : plan.code) {
-        for (int k = 0; k < ins.num_src; ++k) src[k] = resolve(ins.src[k]);
-        (full ? ins.kernel.full : ins.kernel.tail)(src, resolve(ins.dst), len);
+    std::byte* scratch = ThreadScratch(g.slots * g.register_bytes, oversized);
+    std::vector<const void*> in(inputs.size());
+    for (int64_t b = begin; b < end; b += g.block) {
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        in[k] = inputs[k] == nullptr ? nullptr : static_cast<const char*>(inputs[k]) + b * sizes[k];
       }
+      RunBlock(plan, in.data(), static_cast<char*>(out) + b * out_size, std::min(g.block, end - b),
+               scratch, g.register_bytes);
     }
   });
+}
+
+// --- strided evaluation ---
+
+// Copies `n` elements of `size` bytes, `stride` elements apart (0: one value repeated),
+// into a contiguous block, and back.
+template <typename T>
+void GatherTyped(const T* src, int64_t stride, T* dst, int64_t n) {
+  if (stride == 0) {
+    std::fill(dst, dst + n, *src);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
+  }
+}
+
+void Gather(const char* src, int64_t stride, size_t size, void* dst, int64_t n) {
+  switch (size) {
+    case 1:
+      return GatherTyped(reinterpret_cast<const uint8_t*>(src), stride, static_cast<uint8_t*>(dst), n);
+    case 4:
+      return GatherTyped(reinterpret_cast<const uint32_t*>(src), stride, static_cast<uint32_t*>(dst),
+                         n);
+    default:
+      return GatherTyped(reinterpret_cast<const uint64_t*>(src), stride, static_cast<uint64_t*>(dst),
+                         n);
+  }
+}
+
+template <typename T>
+void ScatterTyped(const T* src, T* dst, int64_t stride, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i * stride] = src[i];
+}
+
+void Scatter(const void* src, size_t size, char* dst, int64_t stride, int64_t n) {
+  switch (size) {
+    case 1:
+      return ScatterTyped(static_cast<const uint8_t*>(src), reinterpret_cast<uint8_t*>(dst), stride, n);
+    case 4:
+      return ScatterTyped(static_cast<const uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), stride,
+                          n);
+    default:
+      return ScatterTyped(static_cast<const uint64_t*>(src), reinterpret_cast<uint64_t*>(dst), stride,
+                          n);
+  }
+}
+
+// The element offset of the first element of row `row` (the C-order index over every
+// axis but the last) of `layout`.
+int64_t RowOffset(const StridedLayout& layout, int64_t row) {
+  int64_t offset = layout.offset;
+  for (int d = layout.ndim() - 2; d >= 0; --d) {
+    const int64_t extent = layout.shape[d];
+    offset += (row % extent) * layout.strides[d];
+    row /= extent;
+  }
+  return offset;
 }
 
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -444,6 +536,7 @@ void EvaluateElementwise(const expr::Program& program, std::span<const void* con
   if (n <= 0) return;
   const size_t out_size = DTypeSize(out_dtype);
   const size_t out_bytes = static_cast<size_t>(n) * out_size;
+  const std::vector<size_t> sizes = InputSizes(program);
 
   // Blocks are independent, so an output that is exactly an input of the same element size
   // is safe as long as no instruction reads and writes it at once. Any other overlap would
@@ -466,12 +559,94 @@ void EvaluateElementwise(const expr::Program& program, std::span<const void* con
   if (other_overlap) {
     auto temp = std::make_unique_for_overwrite<std::byte[]>(out_bytes);
     const Plan plan = PlanBuilder(program.ir(), out_dtype, /*write_output_directly=*/true).Build();
-    Run(plan, inputs, temp.get(), n, pool);
+    Run(plan, inputs, sizes, temp.get(), out_size, n, pool);
     std::memmove(out, temp.get(), out_bytes);
     return;
   }
   const Plan plan = PlanBuilder(program.ir(), out_dtype, !exact_alias).Build();
-  Run(plan, inputs, out, n, pool);
+  Run(plan, inputs, sizes, out, out_size, n, pool);
+}
+
+void EvaluateElementwiseStrided(const expr::Program& program,
+                                std::span<const StridedArray> inputs, void* out,
+                                const StridedLayout& out_layout, DType out_dtype,
+                                ThreadPool& pool) {
+  assert(inputs.size() == program.inputs().size());
+  const int64_t n = out_layout.num_elements();
+  if (n <= 0) return;
+  const int ndim = out_layout.ndim();
+  const int64_t row_length = ndim == 0 ? 1 : out_layout.shape[ndim - 1];
+  const auto inner_stride = [&](const StridedLayout& l) {
+    return ndim == 0 ? int64_t{1} : l.strides[ndim - 1];
+  };
+  const std::vector<size_t> sizes = InputSizes(program);
+  const size_t out_size = DTypeSize(out_dtype);
+
+  // The caller lets the output share memory with an input only where both are the same
+  // elements in the same order: every element is then read before it is written, in the
+  // same block, and no block reaches another's elements. The last conversion must still
+  // not read and write one buffer in one loop.
+  bool aliased = false;
+  for (const StridedArray& in : inputs) aliased = aliased || (in.data != nullptr && in.data == out);
+  const Plan plan = PlanBuilder(program.ir(), out_dtype, !aliased).Build();
+  // One block of the caller's per array input (its gathered elements) and one for the
+  // output's, beside the registers.
+  const size_t gather_slots = inputs.size() + 1;
+  const BlockGeometry g = Geometry(plan, gather_slots);
+
+  // Split over the C-order positions, not over rows: the chunks depend on the shape
+  // alone, and a long single row is still spread over the pool.
+  pool.ParallelFor(n, Grain(g), [&](int64_t begin, int64_t end) {
+    std::unique_ptr<std::byte[]> oversized;
+    std::byte* scratch = ThreadScratch(g.slots * g.register_bytes, oversized);
+    std::byte* gathered = scratch + (g.slots - gather_slots) * g.register_bytes;
+    std::vector<const void*> in(inputs.size());
+    // A broadcast value (stride 0 along rows) is spread over its block once, and again
+    // only when a row reads another one.
+    std::vector<const char*> filled_from(inputs.size(), nullptr);
+    std::vector<int64_t> filled_length(inputs.size(), 0);
+    std::byte* out_block = gathered + inputs.size() * g.register_bytes;
+    for (int64_t p = begin; p < end;) {
+      const int64_t row = p / row_length;
+      const int64_t column = p % row_length;
+      const int64_t row_end = std::min(end, p - column + row_length);
+      for (int64_t b = p; b < row_end; b += g.block) {
+        const int64_t len = std::min(g.block, row_end - b);
+        const int64_t col = column + (b - p);
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          if (inputs[k].data == nullptr) {
+            in[k] = nullptr;
+            continue;
+          }
+          const StridedLayout& l = inputs[k].layout;
+          const int64_t stride = inner_stride(l);
+          const char* first = static_cast<const char*>(inputs[k].data) +
+                              (RowOffset(l, row) + col * stride) * static_cast<int64_t>(sizes[k]);
+          if (stride == 1) {
+            in[k] = first;
+            continue;
+          }
+          std::byte* block = gathered + k * g.register_bytes;
+          if (stride != 0 || filled_from[k] != first || filled_length[k] < len) {
+            Gather(first, stride, sizes[k], block, len);
+            filled_from[k] = stride == 0 ? first : nullptr;
+            filled_length[k] = len;
+          }
+          in[k] = block;
+        }
+        const int64_t out_stride = inner_stride(out_layout);
+        char* out_first = static_cast<char*>(out) + (RowOffset(out_layout, row) + col * out_stride) *
+                                                        static_cast<int64_t>(out_size);
+        if (out_stride == 1) {
+          RunBlock(plan, in.data(), out_first, len, scratch, g.register_bytes);
+        } else {
+          RunBlock(plan, in.data(), out_block, len, scratch, g.register_bytes);
+          Scatter(out_block, out_size, out_first, out_stride, len);
+        }
+      }
+      p = row_end;
+    }
+  });
 }
 
 }  // namespace gpucompute::cpu

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "kernels/dtype.h"
+#include "server/arrays/strided_layout.h"
 #include "server/cpu/thread_pool.h"
 #include "server/expression/expression.h"
 
@@ -25,6 +26,28 @@ namespace gpucompute::cpu {
 // result does not depend on the thread count or on how the range is split.
 void EvaluateElementwise(const expr::Program& program, std::span<const void* const> inputs,
                          void* out, DType out_dtype, int64_t n, ThreadPool& pool);
+
+// An array operand of EvaluateElementwiseStrided: element i lies at `data` plus
+// layout offset(i) elements. Null data stands for a scalar input.
+struct StridedArray {
+  const void* data = nullptr;
+  StridedLayout layout;
+};
+
+// As EvaluateElementwise over strided arrays: out at out_layout(i) = program(inputs at
+// their layout(i)) for every index i of out_layout's shape, which every input layout has
+// too (broadcast axes with stride 0). Works along the last axis (the caller coalesces the
+// layouts so that it is as long as can be): each input's row is read in place when its
+// stride is 1 and gathered into a block otherwise, and the result is scattered when the
+// output's stride is not 1. `out` may share memory with an input only where their layouts
+// are the same (x += 1 through a view); out_layout must not broadcast.
+//
+// Per element it computes exactly what EvaluateElementwise does, and the split over the
+// pool depends on the shape alone, so results do not depend on the thread count.
+void EvaluateElementwiseStrided(const expr::Program& program,
+                                std::span<const StridedArray> inputs, void* out,
+                                const StridedLayout& out_layout, DType out_dtype,
+                                ThreadPool& pool);
 
 }  // namespace gpucompute::cpu
 

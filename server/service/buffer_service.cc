@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/wire_format.h"
+#include "server/service/download_view.h"
 #include "server/service/operation_planner.h"
 #include "server/service/proto_conversions.h"
 #include "server/service/services.h"
@@ -101,6 +102,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
   v1::DownloadRequest parsed;
   if (absl::Status s = wire::Parse(*raw_request, &parsed); !s.ok()) return new Refuse(s);
   const v1::DownloadRequest* request = &parsed;
+  const uint64_t chunk = request->chunk_bytes() == 0
+                             ? kDefaultChunkBytes
+                             : std::clamp<uint64_t>(request->chunk_bytes(), 4096,
+                                                   ctx_.limits.max_chunk_bytes());
+  if (!request->view().empty()) {
+    absl::StatusOr<DownloadSource> source = DownloadView(ctx_, caller->scope, *request);
+    if (!source.ok()) return new Refuse(source.status());
+    return NewDownloadReactor(ctx_, *std::move(source), chunk, request->crc32c(),
+                              std::move(caller->admission));
+  }
   absl::StatusOr<BufferHandle> buffer = ctx_.registry.Lookup(caller->scope, request->buffer());
   if (!buffer.ok()) return new Refuse(buffer.status());
   const uint64_t size = (*buffer)->size_bytes();
@@ -111,11 +122,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BufferServiceImpl::Download(
                      (*buffer)->id, " of ", size, " bytes")));
   }
   const uint64_t length = request->size_bytes() == 0 ? size - offset : request->size_bytes();
-  const uint64_t chunk = request->chunk_bytes() == 0
-                             ? kDefaultChunkBytes
-                             : std::clamp<uint64_t>(request->chunk_bytes(), 4096,
-                                                   ctx_.limits.max_chunk_bytes());
-  return NewDownloadReactor(ctx_, *std::move(buffer), offset, length, chunk, request->crc32c(),
+  DownloadSource source;
+  source.buffer = *std::move(buffer);
+  source.offset = offset;
+  source.size = length;
+  return NewDownloadReactor(ctx_, std::move(source), chunk, request->crc32c(),
                             std::move(caller->admission));
 }
 

@@ -25,9 +25,9 @@ using Clock = std::chrono::steady_clock;
 // which the slice keeps alive until gRPC is done with it.
 class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  DownloadReactor(ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size,
-                  uint64_t chunk, bool checksums, std::shared_ptr<const void> admission)
-      : state_(std::make_shared<State>(ctx, std::move(buffer), offset, size, chunk, checksums)),
+  DownloadReactor(ServiceContext& ctx, DownloadSource source, uint64_t chunk, bool checksums,
+                  std::shared_ptr<const void> admission)
+      : state_(std::make_shared<State>(ctx, std::move(source), chunk, checksums)),
         admission_(std::move(admission)) {
     {
       absl::MutexLock lock(&state_->mu);
@@ -85,23 +85,29 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     bool filled = false;
   };
   struct State {
-    State(ServiceContext& c, BufferHandle b, uint64_t off, uint64_t sz, uint64_t ch, bool crc)
+    State(ServiceContext& c, DownloadSource source, uint64_t ch, bool crc)
         : ctx(c),
-          buffer(std::move(b)),
+          buffer(std::move(source.buffer)),
+          named(std::move(source.named)),
+          view_shape(std::move(source.view_shape)),
           scope(buffer->client),
-          offset(off),
-          end(off + sz),
+          offset(source.offset),
+          end(source.offset + source.size),
+          origin(source.origin),
           chunk(ch),
           checksums(crc),
           range_name(absl::StrCat("download ", buffer->id)),
-          next(off) {}
+          next(source.offset) {}
     ServiceContext& ctx;
     BufferHandle buffer;
+    BufferHandle named;  // reported instead of `buffer` when set (a view's download)
+    const std::optional<std::vector<uint64_t>> view_shape;  // reported with `named`
     // The buffer's owner, whose tenant the transfer is counted for (the buffer itself is
     // let go before the last answer).
     const std::string scope;
     const uint64_t offset;
     const uint64_t end;
+    const uint64_t origin;  // offsets are reported from here
     const uint64_t chunk;
     const bool checksums;
     const std::string range_name;  // "download buf-..." around each chunk's copy
@@ -190,8 +196,9 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         s->ctx.executor.RecordTransfer(s->scope, OperationKind::kDownload, bytes);
       }
       v1::BufferInfo info;
-      if (w.first) ToProto(*s->buffer, &info);
-      BuildMessage(s->checksums, w, w.first ? &info : nullptr, last ? &stats : nullptr);
+      if (w.first) DescribeSource(*s, &info);
+      BuildMessage(s->checksums, w, s->origin, w.first ? &info : nullptr,
+                   last ? &stats : nullptr);
       s->writing = true;
       s->reactor->StartWrite(&w.message);
       return;
@@ -204,14 +211,30 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       // then a no-op).
       if (s->access != nullptr) s->ctx.executor.Release(s->access);
       s->buffer.reset();
+      s->named.reset();
       FinishLocked(s, grpc::Status::OK);
     }
   }
 
+  // The buffer read, as the first message reports it: for a view, the named buffer as
+  // the view, whose bytes the download counts.
+  static void DescribeSource(const State& s, v1::BufferInfo* info) {
+    ToProto(s.named != nullptr ? *s.named : *s.buffer, info);
+    if (!s.view_shape.has_value()) return;
+    info->clear_shape();
+    uint64_t bytes = DTypeSize(s.buffer->dtype);
+    for (uint64_t extent : *s.view_shape) {
+      info->add_shape(extent);
+      bytes *= extent;  // within the buffer's size: a view never reaches outside it
+    }
+    info->set_layout(v1::LAYOUT_C);
+    info->set_size_bytes(bytes);
+  }
+
   // The slot's message: its data is a slice over the staging block, holding a
   // reference to it, so the block outlives any use gRPC makes of the slice.
-  static void BuildMessage(bool checksums, Slot& slot, const v1::BufferInfo* info,
-                           const v1::TransferStats* stats) {
+  static void BuildMessage(bool checksums, Slot& slot, uint64_t origin,
+                           const v1::BufferInfo* info, const v1::TransferStats* stats) {
     grpc::Slice data;
     std::optional<uint32_t> crc;
     if (slot.bytes != 0) {
@@ -222,7 +245,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     } else if (checksums) {
       crc = 0;
     }
-    slot.message = wire::DownloadChunk(info, slot.offset, stats, crc, data);
+    slot.message = wire::DownloadChunk(info, slot.offset - origin, stats, crc, data);
   }
 
   StatePtr state_;
@@ -232,10 +255,9 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(
-    ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk,
-    bool checksums, std::shared_ptr<const void> admission) {
-  return new DownloadReactor(ctx, std::move(buffer), offset, size, chunk, checksums,
-                             std::move(admission));
+    ServiceContext& ctx, DownloadSource source, uint64_t chunk, bool checksums,
+    std::shared_ptr<const void> admission) {
+  return new DownloadReactor(ctx, std::move(source), chunk, checksums, std::move(admission));
 }
 
 }  // namespace gpucompute

@@ -9,6 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "kernels/philox.h"
 #include "server/expression/expression.h"
+#include "server/service/array_refs.h"
+#include "server/service/plan_elementwise.h"
 #include "server/service/proto_conversions.h"
 #include "server/util/status_macros.h"
 
@@ -24,15 +26,14 @@ std::string Describe(const BufferMeta& b) {
                       DTypeName(b.dtype), ShapeString(b.shape), ")");
 }
 
-enum class CastRule { kExact, kSameKind };
+}  // namespace
 
-// The buffer an operation writes: an existing one, checked against the result's shape
-// and dtype, or a new, not yet registered one.
 absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
                                            BufferResolver resolve, const v1::Output& output,
                                            DType natural,
                                            const std::vector<uint64_t>& shape, Layout layout,
-                                           int device, CastRule rule, bool* created) {
+                                           int device, CastRule rule, bool* created,
+                                           StridedLayout* out_layout) {
   std::optional<DType> requested;
   if (output.dtype() != v1::DTYPE_UNSPECIFIED) {
     ASSIGN_OR_RETURN(DType d, FromProto(output.dtype()));
@@ -52,9 +53,27 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
       return absl::InvalidArgumentError(
           "output.ttl_seconds applies to a new buffer; renew an existing one with RenewLease");
     }
-    ASSIGN_OR_RETURN(BufferHandle out, resolve(output.buffer()));
+    if (out_layout == nullptr && !output.view().empty()) {
+      return absl::InvalidArgumentError(
+          "output.view applies to elementwise operations only; write the whole buffer");
+    }
+    ArrayRef target;
+    if (output.view().empty()) {
+      ASSIGN_OR_RETURN(target.buffer, resolve(output.buffer()));
+      target.layout = BufferLayout(*target.buffer);
+    } else {
+      ASSIGN_OR_RETURN(target, ResolveArray(resolve, "output", output.buffer(), output.view()));
+    }
+    BufferHandle out = target.buffer;
     const BufferEntry& b = *out;
-    if (b.shape != shape) {
+    if (!output.view().empty()) {
+      const std::vector<int64_t> result(shape.begin(), shape.end());
+      if (target.layout.shape != result) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "output ", DescribeArray(target), " has shape ", NumpyShape(target.layout.shape),
+            " but the result has shape ", NumpyShape(result)));
+      }
+    } else if (b.shape != shape) {
       return absl::InvalidArgumentError(
           absl::StrCat("output ", Describe(b), " has shape ", ShapeString(b.shape),
                        " but the result has shape ", ShapeString(shape)));
@@ -64,13 +83,19 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
                                                      " differs from the existing output ",
                                                      Describe(b)));
     }
-    if (b.shape.size() >= 2 && b.layout != layout) {
+    // An operation that writes through strides (out_layout) takes any layout.
+    if (out_layout == nullptr && b.shape.size() >= 2 && b.layout != layout) {
       return absl::InvalidArgumentError(
           absl::StrCat("output ", Describe(b), " has a different layout than the result"));
     }
     RETURN_IF_ERROR(check_cast(b.dtype));
     *created = false;
+    if (out_layout != nullptr) *out_layout = std::move(target.layout);
     return out;
+  }
+  if (!output.view().empty()) {
+    return absl::InvalidArgumentError(
+        "output.view applies to an existing output.buffer; a new buffer is written whole");
   }
   const DType dtype = requested.value_or(natural);
   RETURN_IF_ERROR(check_cast(dtype));
@@ -83,8 +108,11 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
   // An unnamed result nobody downloads would otherwise live until the server stops.
   if (ttl == 0 && output.name().empty()) ttl = ctx.default_result_ttl_nanos;
   out->lease.Set(ttl, SteadyNanos());
+  if (out_layout != nullptr) *out_layout = BufferLayout(*out);
   return out;
 }
+
+namespace {
 
 absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view what,
                                     const std::string& ref) {
@@ -92,119 +120,13 @@ absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view wh
   return resolve(ref);
 }
 
-absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
-                                     BufferResolver resolve, const v1::ElementwiseOp& op) {
-  if (op.expression().size() > ctx.limits.max_expression_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expression is ", op.expression().size(), " bytes; the server allows at most ",
-        ctx.limits.max_expression_bytes, " (--max-expression-bytes)"));
-  }
-  std::map<std::string, expr::InputType, std::less<>> types;
-  std::map<std::string, BufferHandle, std::less<>> arrays;
-  const BufferEntry* first = nullptr;
-  for (const auto& [name, operand] : op.inputs()) {
-    switch (operand.value_case()) {
-      case v1::Operand::kBuffer: {
-        absl::StatusOr<BufferHandle> b = resolve(operand.buffer());
-        if (!b.ok())
-          return absl::Status(b.status().code(),
-                              absl::StrCat("input '", name, "': ", b.status().message()));
-        if (first == nullptr) {
-          first = b->get();
-        } else if ((*b)->shape != first->shape) {
-          return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
-                                                         " does not have the shape of ",
-                                                         Describe(*first)));
-        } else if ((*b)->shape.size() >= 2 && (*b)->layout != first->layout) {
-          return absl::InvalidArgumentError(absl::StrCat("input '", name, "' ", Describe(**b),
-                                                         " has a different layout than ",
-                                                         Describe(*first)));
-        }
-        types.emplace(name, expr::ArrayInput{(*b)->dtype});
-        arrays.emplace(name, *b);
-        break;
-      }
-      case v1::Operand::kScalar: {
-        const v1::Scalar& s = operand.scalar();
-        expr::ScalarInput in;
-        switch (s.value_case()) {
-          case v1::Scalar::kFloatValue:
-            in.dtype = DType::kFloat64;
-            in.f = s.float_value();
-            break;
-          case v1::Scalar::kIntValue:
-            in.dtype = DType::kInt64;
-            in.i = s.int_value();
-            break;
-          case v1::Scalar::kBoolValue:
-            in.dtype = DType::kBool;
-            in.i = s.bool_value();
-            break;
-          case v1::Scalar::VALUE_NOT_SET:
-            return absl::InvalidArgumentError(
-                absl::StrCat("input '", name, "' is a scalar with no value"));
-        }
-        types.emplace(name, in);
-        break;
-      }
-      case v1::Operand::VALUE_NOT_SET:
-        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
-    }
-  }
-  ASSIGN_OR_RETURN(expr::Program program,
-                   ctx.programs->Compile(op.expression(), types,
-                                         static_cast<int>(ctx.limits.max_expression_depth)));
-
-  const std::vector<uint64_t> shape = first != nullptr ? first->shape : std::vector<uint64_t>{};
-  const Layout layout = first != nullptr ? first->layout : Layout::kC;
-  const int device = first != nullptr ? first->device : ctx.executor.default_device();
-  Plan plan;
-  bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle out,
-                   ResolveOutput(ctx, client, resolve, op.output(), program.result_dtype(), shape, layout,
-                                 device, CastRule::kSameKind, &created));
-  // Compiling may take long, so it happens here, outside the executor's lock. On error
-  // the output this call allocated (not yet registered) is freed with `out`.
-  ASSIGN_OR_RETURN(double compile_seconds, ctx.backend.PrepareElementwise(program, out->dtype));
-  if (created) plan.created = out;
-
-  Executor::OpSpec& spec = plan.spec;
-  spec.kind = OperationKind::kElementwise;
-  spec.compile_seconds = compile_seconds;
-  const uint64_t n = out->num_elements();
-  std::vector<BufferHandle> inputs;  // parallel to program.inputs(); null for scalars
-  for (const std::string& name : program.inputs()) {
-    auto it = arrays.find(name);
-    if (it == arrays.end()) {
-      inputs.push_back(nullptr);
-      continue;
-    }
-    inputs.push_back(it->second);
-    const bool seen =
-        std::any_of(spec.accesses.begin(), spec.accesses.end(),
-                    [&](const Executor::Access& a) { return a.buffer == it->second; });
-    if (!seen) {
-      spec.accesses.push_back({it->second, false});
-      spec.bytes_read += it->second->size_bytes();
-    }
-  }
-  spec.accesses.push_back({out, true});
-  spec.bytes_written = out->size_bytes();
-  spec.flops = static_cast<uint64_t>(program.ops_per_element()) * n;
-  spec.outputs.push_back(*out);
-  spec.capturable = true;  // one kernel
-  spec.launch = [&backend = ctx.backend, program = std::move(program), inputs = std::move(inputs),
-                 out = out, n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
-    std::vector<const DeviceMemory*> memories;
-    for (const BufferHandle& b : inputs) memories.push_back(b == nullptr ? nullptr : &b->memory);
-    return backend.Elementwise(stream, program, memories, out->memory, out->dtype,
-                               static_cast<int64_t>(n));
-  };
-  return plan;
-}
-
 absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
                               BufferResolver resolve, const v1::GemvOp& op) {
+  if (!op.a_view().empty() || !op.x_view().empty()) {
+    return absl::UnimplementedError(
+        "gemv does not read through views yet (a_view, x_view); copy the view into a new "
+        "buffer first (an elementwise 'x') and pass that");
+  }
   ASSIGN_OR_RETURN(BufferHandle a, Lookup(resolve, "gemv matrix 'a'", op.a()));
   ASSIGN_OR_RETURN(BufferHandle x, Lookup(resolve, "gemv vector 'x'", op.x()));
   const BufferEntry& A = *a;

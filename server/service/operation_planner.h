@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "server/arrays/strided_layout.h"
 #include "server/service/service_context.h"
 
 namespace gpucompute {
@@ -28,6 +29,24 @@ using BufferResolver = absl::FunctionRef<absl::StatusOr<BufferHandle>(absl::stri
 // the client's buffers (sessions and chains resolve "tag:<t>" themselves).
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request, BufferResolver resolve);
+
+// --- For the planner's rooms (plan_*.cc): each plans one kind of operation.
+
+// How a result's dtype may differ from the existing buffer it is written to.
+enum class CastRule { kExact, kSameKind };
+
+// The buffer an operation writes: an existing one (output.buffer), checked against the
+// result's shape, `layout` and dtype, or a new, not yet registered one of `shape`,
+// `layout` and the result's dtype (or output.dtype), on `device`. *created tells which.
+// With `out_layout` (an operation that writes through strides), an existing output may
+// have any layout and be viewed through output.view, whose shape is then the one
+// checked; *out_layout receives where the result goes in the output's memory. Without
+// it, output.view is INVALID_ARGUMENT.
+absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
+                                           BufferResolver resolve, const v1::Output& output,
+                                           DType natural, const std::vector<uint64_t>& shape,
+                                           Layout layout, int device, CastRule rule,
+                                           bool* created, StridedLayout* out_layout = nullptr);
 
 // The buffer the planned operation writes (every operation writes one).
 BufferHandle WrittenBuffer(const Plan& plan);

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -27,12 +29,25 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewUploadReactor(
     ServiceContext& ctx, std::shared_ptr<UploadTransferTable> table,
     grpc::CallbackServerContext* context, Caller caller, grpc::ByteBuffer* response);
 
-// Streams bytes [offset, offset + size) of `buffer` in DownloadResponse messages of
-// `chunk` bytes, with a CRC32C of each when `checksums`. The range must already be
-// checked against the buffer's size.
+// What a download streams: bytes [offset, offset + size) of `buffer`, checked against
+// its size. For a view of a buffer, `buffer` holds the view's elements in C order from
+// byte `origin` (the buffer itself, when they lie so there, or a temporary copy), the
+// messages count their offsets from `origin`, and the first reports `named`, the buffer
+// the client named, as the view: its shape, C layout and size.
+struct DownloadSource {
+  BufferHandle buffer;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint64_t origin = 0;
+  BufferHandle named;  // null: `buffer`
+  std::optional<std::vector<uint64_t>> view_shape;
+};
+
+// Streams `source` in DownloadResponse messages of `chunk` bytes, with a CRC32C of each
+// when `checksums`.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewDownloadReactor(
-    ServiceContext& ctx, BufferHandle buffer, uint64_t offset, uint64_t size, uint64_t chunk,
-    bool checksums, std::shared_ptr<const void> admission);
+    ServiceContext& ctx, DownloadSource source, uint64_t chunk, bool checksums,
+    std::shared_ptr<const void> admission);
 
 // Fills a transfer's statistics: `bytes` moved since `start`.
 void SetTransferStats(uint64_t bytes, std::chrono::steady_clock::time_point start,

@@ -518,7 +518,8 @@ TEST_F(SessionTest, AChainWhoseLateStepTheExecutorWouldRefuseIsRejectedWhole) {
 
 TEST_F(SessionTest, AnInvalidChainStepRejectsTheWholeChain) {
   ASSERT_OK(UploadArray(c(), std::vector<double>{1, 2, 3}, {}, v1::LAYOUT_C, "x"));
-  ASSERT_OK(UploadArray(c(), std::vector<double>{9}, {}, v1::LAYOUT_C, "taken"));
+  // Two elements: its shape does not broadcast with x's.
+  ASSERT_OK(UploadArray(c(), std::vector<double>{9, 8}, {}, v1::LAYOUT_C, "taken"));
   const Snapshot before = TakeSnapshot(c());
   const uint64_t ran_before = CompletedCount(c(), v1::OPERATION_KIND_ELEMENTWISE);
   auto expect_rejected = [&](const Chain& chain, absl::StatusCode code, std::string_view needle) {

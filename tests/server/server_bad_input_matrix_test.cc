@@ -734,6 +734,15 @@ void BadInputMatrixTest::AddBufferCases() {
   Unary(download, kOutOfRange, "a range whose end overflows", kAlice,
         absl::Substitute("buffer: $0 offset_bytes: 8 size_bytes: 18446744073709551615", Quoted(a_)),
         StatusCode::INVALID_ARGUMENT, "bytes [8, +18446744073709551615) are outside buffer");
+  Unary(download, kOutOfRange, "a view index out of bounds", kAlice,
+        "buffer: \"m\" view { index { items { slice {} } items { index: -5 } } }",
+        StatusCode::INVALID_ARGUMENT,
+        "download 'm' (float64(3,4)): view step 0 (index) of shape (3,4): index -5 is out of "
+        "bounds for axis 1 with size 4");
+  Unary(download, kOutOfRange, "a range past the end of a view", kAlice,
+        "buffer: \"m\" view { index { items { index: 1 } } } offset_bytes: 8 size_bytes: 32",
+        StatusCode::INVALID_ARGUMENT,
+        "bytes [8, +32) are outside the view of 'm' (float64(3,4)) viewed as (4,) of 32 bytes");
 
   AddBufferReferenceCases("BufferService.GetBuffer", operation_);
   AddBufferReferenceCases("BufferService.DeleteBuffer", region_);
@@ -1069,10 +1078,11 @@ void BadInputMatrixTest::AddOperationCases() {
      "elementwise { expression: \"x\" inputs { key: \"x\" value { buffer: \"v\" } } "
      "output { dtype: 99 } }",
      StatusCode::INVALID_ARGUMENT, "unknown dtype 99");
-  op(kWrongType, "inputs of different shapes", kAlice,
+  op(kWrongType, "inputs whose shapes do not broadcast", kAlice,
      "elementwise { expression: \"x + y\" inputs { key: \"x\" value { buffer: \"v\" } } "
-     "inputs { key: \"y\" value { buffer: \"m\" } } }",
-     StatusCode::INVALID_ARGUMENT, "does not have the shape of");
+     "inputs { key: \"y\" value { buffer: \"m\" view { transpose {} } } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "operands could not be broadcast together with shapes (4,) (4,3)");
   op(kWrongType, "an output of another shape", kAlice, ElementwiseText("x", "v", "m"),
      StatusCode::INVALID_ARGUMENT, "has shape [3, 4] but the result has shape [4]");
   op(kWrongType, "a shape that differs from the random output's", kAlice,
@@ -1109,6 +1119,66 @@ void BadInputMatrixTest::AddOperationCases() {
      "random { output { dtype: DTYPE_FLOAT64 ttl_seconds: -1 } distribution: DISTRIBUTION_UNIFORM "
      "shape: 4 }",
      StatusCode::INVALID_ARGUMENT, "ttl_seconds must be a finite number");
+  // Views and broadcasting.
+  const auto viewed = [](const std::string& expression, const std::string& x_view,
+                         const std::string& output) {
+    return absl::Substitute(
+        "elementwise { expression: $0 inputs { key: \"x\" value { buffer: \"m\" $1 } } $2 }",
+        Quoted(expression), x_view, output);
+  };
+  op(kWrongType, "an output view that broadcasts", kAlice,
+     viewed("x * 0", "",
+            "output { buffer: \"m\" view { index { items { index: 0 } } } "
+            "view { broadcast_to { extents: [3, 4] } } }"),
+     StatusCode::INVALID_ARGUMENT,
+     "output 'm' (float64(3,4)) broadcasts (stride 0 on an axis longer than 1): it may be read, "
+     "not written");
+  op(kWrongType, "an output view that overlaps an input partly", kAlice,
+     viewed("x + 1", "view { index { items { slice {} } items { slice { stop: -1 } } } }",
+            "output { buffer: \"m\" view { index { items { slice {} } items { slice { start: 1 } "
+            "} } } }"),
+     StatusCode::INVALID_ARGUMENT,
+     "output view 'm' (float64(3,4)) viewed as (3,3) overlaps input 'x' 'm' (float64(3,4)) "
+     "viewed as (3,3) only partly; NumPy's result would depend on the order of the writes");
+  op(kOutOfRange, "a view index out of bounds", kAlice,
+     viewed("x + 1", "view { index { items { index: 3 } } }", ""), StatusCode::INVALID_ARGUMENT,
+     "input 'x' 'm' (float64(3,4)): view step 0 (index) of shape (3,4): index 3 is out of bounds "
+     "for axis 0 with size 3");
+  op(kOutOfRange, "a view slice of step 0", kAlice,
+     viewed("x + 1", "view { index { items { slice { step: 0 } } } }", ""),
+     StatusCode::INVALID_ARGUMENT,
+     "input 'x' 'm' (float64(3,4)): view step 0 (index) of shape (3,4): slice step cannot be zero");
+  op(kWrongType, "a reshape the strides do not allow", kAlice,
+     viewed("x + 1", "view { reshape { extents: 12 } }", ""), StatusCode::INVALID_ARGUMENT,
+     "view step 0 (reshape) of shape (3,4): cannot reshape a view of shape (3,4) into shape "
+     "(12,) without copying its elements; copy it into a new buffer first (an elementwise 'x')");
+  std::string many_steps;
+  for (int k = 0; k < 65; ++k) many_steps += "view { transpose {} } ";
+  op(kOversized, "65 view steps", kAlice, viewed("x + 1", many_steps, ""),
+     StatusCode::INVALID_ARGUMENT,
+     "input 'x' 'm' (float64(3,4)): a view has 65 steps; the server allows at most 64");
+  op(kOversized, "a view of 9 dimensions", kAlice,
+     viewed("x + 1", "view { expand_dims { axes: [0, 1, 2, 3, 4, 5, 6] } }", ""),
+     StatusCode::INVALID_ARGUMENT,
+     "the view would have 9 dimensions; the server allows at most 8");
+  op(kWrongType, "a transpose that is no permutation", kAlice,
+     viewed("x + 1", "view { transpose { axes: [1, 1] } }", ""), StatusCode::INVALID_ARGUMENT,
+     "view step 0 (transpose) of shape (3,4): repeated axis in transpose");
+  op(kMalformed, "an output view of a new buffer", kAlice,
+     viewed("x + 1", "", "output { view { transpose {} } }"), StatusCode::INVALID_ARGUMENT,
+     "output.view applies to an existing output.buffer; a new buffer is written whole");
+  op(kMalformed, "an output view of a gemv", kAlice,
+     "gemv { a: \"m\" x: \"v\" y { buffer: \"v\" view { transpose {} } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "output.view applies to elementwise operations only; write the whole buffer");
+  op(kMalformed, "a view of a scalar operand", kAlice,
+     "elementwise { expression: \"s + 1\" inputs { key: \"s\" value { scalar { float_value: 1 } "
+     "view { transpose {} } } } }",
+     StatusCode::INVALID_ARGUMENT, "input 's' is a scalar; a view applies to a buffer");
+  op(kWrongType, "a gemv through a view", kAlice,
+     "gemv { a: \"m\" x: \"v\" a_view { transpose {} } }", StatusCode::UNIMPLEMENTED,
+     "gemv does not read through views yet (a_view, x_view); copy the view into a new buffer "
+     "first (an elementwise 'x') and pass that");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");

@@ -1,0 +1,222 @@
+#include "server/service/plan_elementwise.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/expression/expression.h"
+#include "server/service/array_refs.h"
+#include "server/tenancy/request_limits.h"
+#include "server/util/status_macros.h"
+
+namespace gpucompute {
+namespace {
+
+absl::StatusOr<expr::ScalarInput> ScalarFromProto(const std::string& name, const v1::Scalar& s) {
+  expr::ScalarInput in;
+  switch (s.value_case()) {
+    case v1::Scalar::kFloatValue:
+      in.dtype = DType::kFloat64;
+      in.f = s.float_value();
+      return in;
+    case v1::Scalar::kIntValue:
+      in.dtype = DType::kInt64;
+      in.i = s.int_value();
+      return in;
+    case v1::Scalar::kBoolValue:
+      in.dtype = DType::kBool;
+      in.i = s.bool_value();
+      return in;
+    case v1::Scalar::VALUE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
+}
+
+// An array operand, and its layout broadcast to the result's shape.
+struct ArrayOperand {
+  std::string name;
+  ArrayRef array;
+  StridedLayout broadcast;
+};
+
+// The layout of a new output: a whole buffer of the result's shape, C-ordered unless every
+// operand is a whole buffer of that shape in one layout (then that one, as before views).
+Layout NewOutputLayout(const std::map<std::string, ArrayOperand, std::less<>>& arrays,
+                       const std::vector<int64_t>& shape) {
+  if (arrays.empty()) return Layout::kC;
+  const Layout first = arrays.begin()->second.array.buffer->layout;
+  for (const auto& [name, operand] : arrays) {
+    if (!operand.array.IsWholeBuffer() || operand.array.layout.shape != shape ||
+        operand.array.buffer->layout != first) {
+      return Layout::kC;
+    }
+  }
+  return first;
+}
+
+// An output written through a view may not write one element twice, nor overlap an input
+// in a way that makes the result depend on the order of the writes.
+absl::Status CheckOutputAliasing(const ArrayRef& out,
+                                 const std::map<std::string, ArrayOperand, std::less<>>& arrays) {
+  if (out.layout.HasBroadcast()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output ", DescribeArray(out),
+        " broadcasts (stride 0 on an axis longer than 1): it may be read, not written"));
+  }
+  for (const auto& [name, operand] : arrays) {
+    if (operand.array.buffer != out.buffer) continue;
+    if (CompareOverlap(out.layout, operand.broadcast) == Overlap::kPartial) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output view ", DescribeArray(out), " overlaps input '", name, "' ",
+          DescribeArray(operand.array),
+          " only partly; NumPy's result would depend on the order of the writes (write to a "
+          "new buffer, or through exactly the input's view)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
+                                     BufferResolver resolve, const v1::ElementwiseOp& op) {
+  if (op.expression().size() > ctx.limits.max_expression_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expression is ", op.expression().size(), " bytes; the server allows at most ",
+        ctx.limits.max_expression_bytes, " (--max-expression-bytes)"));
+  }
+  std::map<std::string, expr::InputType, std::less<>> types;
+  std::map<std::string, ArrayOperand, std::less<>> arrays;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& [name, operand] : op.inputs()) {
+    switch (operand.value_case()) {
+      case v1::Operand::kBuffer: {
+        ASSIGN_OR_RETURN(ArrayRef array, ResolveArray(resolve, absl::StrCat("input '", name, "'"),
+                                                      operand.buffer(), operand.view()));
+        types.emplace(name, expr::ArrayInput{array.dtype()});
+        shapes.push_back(array.layout.shape);
+        arrays.emplace(name, ArrayOperand{name, std::move(array), {}});
+        break;
+      }
+      case v1::Operand::kScalar: {
+        if (!operand.view().empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("input '", name, "' is a scalar; a view applies to a buffer"));
+        }
+        ASSIGN_OR_RETURN(expr::ScalarInput in, ScalarFromProto(name, operand.scalar()));
+        types.emplace(name, in);
+        break;
+      }
+      case v1::Operand::VALUE_NOT_SET:
+        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> shape, BroadcastShapes(shapes));
+  for (auto& [name, operand] : arrays) {
+    ASSIGN_OR_RETURN(operand.broadcast, BroadcastToView(operand.array.layout, shape,
+                                                        static_cast<int>(kMaxDimensions)));
+  }
+  ASSIGN_OR_RETURN(expr::Program program,
+                   ctx.programs->Compile(op.expression(), types,
+                                         static_cast<int>(ctx.limits.max_expression_depth)));
+
+  const int device =
+      arrays.empty() ? ctx.executor.default_device() : arrays.begin()->second.array.buffer->device;
+  Plan plan;
+  bool created = false;
+  ArrayRef out;
+  ASSIGN_OR_RETURN(out.buffer,
+                   ResolveOutput(ctx, client, resolve, op.output(), program.result_dtype(),
+                                 std::vector<uint64_t>(shape.begin(), shape.end()),
+                                 NewOutputLayout(arrays, shape), device, CastRule::kSameKind,
+                                 &created, &out.layout));
+  RETURN_IF_ERROR(CheckOutputAliasing(out, arrays));
+
+  // The flat pass, exactly as before views: the same kernels and compiled-kernel keys.
+  bool flat = out.IsWholeBuffer();
+  for (const auto& [name, operand] : arrays) {
+    flat = flat && operand.array.IsWholeBuffer() && operand.array.layout == out.layout;
+  }
+  double compile_seconds = 0;
+  if (flat) {
+    // Compiling may take long, so it happens here, outside the executor's lock. On error
+    // the output this call allocated (not yet registered) is freed with `out`.
+    ASSIGN_OR_RETURN(compile_seconds, ctx.backend.PrepareElementwise(program, out.dtype()));
+  }
+  if (created) plan.created = out.buffer;
+
+  Executor::OpSpec& spec = plan.spec;
+  spec.kind = OperationKind::kElementwise;
+  spec.compile_seconds = compile_seconds;
+  // Traffic: each distinct view read once, at its own size (a broadcast operand is not
+  // re-read per use), and the output's elements written.
+  std::vector<const ArrayRef*> counted;
+  for (const auto& [name, operand] : arrays) {
+    const ArrayRef& a = operand.array;
+    const bool seen = std::any_of(counted.begin(), counted.end(), [&](const ArrayRef* c) {
+      return c->buffer == a.buffer && c->layout == a.layout;
+    });
+    if (!seen) {
+      counted.push_back(&a);
+      spec.bytes_read += static_cast<uint64_t>(a.layout.num_elements()) * DTypeSize(a.dtype());
+    }
+    // The executor orders on base buffers; one both read and written is listed once, as
+    // the write.
+    const bool listed =
+        a.buffer == out.buffer ||
+        std::any_of(spec.accesses.begin(), spec.accesses.end(),
+                    [&](const Executor::Access& access) { return access.buffer == a.buffer; });
+    if (!listed) spec.accesses.push_back({a.buffer, false});
+  }
+  spec.accesses.push_back({out.buffer, true});
+  const auto n = static_cast<uint64_t>(out.layout.num_elements());
+  spec.bytes_written = n * DTypeSize(out.dtype());
+  spec.flops = static_cast<uint64_t>(program.ops_per_element()) * n;
+  spec.outputs.push_back(*out.buffer);
+  spec.capturable = true;  // one kernel
+
+  // Per program input: the buffer and the layout it is read through (null for scalars).
+  std::vector<BufferHandle> buffers;
+  std::vector<StridedLayout> layouts;
+  for (const std::string& name : program.inputs()) {
+    auto it = arrays.find(name);
+    buffers.push_back(it == arrays.end() ? nullptr : it->second.array.buffer);
+    layouts.push_back(it == arrays.end() ? StridedLayout{} : it->second.broadcast);
+  }
+  if (flat) {
+    spec.launch = [&backend = ctx.backend, program = std::move(program),
+                   buffers = std::move(buffers), out = out.buffer,
+                   n](Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+      std::vector<const DeviceMemory*> memories;
+      for (const BufferHandle& b : buffers) memories.push_back(b == nullptr ? nullptr : &b->memory);
+      return backend.Elementwise(stream, program, memories, out->memory, out->dtype,
+                                 static_cast<int64_t>(n));
+    };
+    return plan;
+  }
+  StridedLayout out_layout = out.layout;
+  std::vector<StridedLayout*> all;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    if (buffers[k] != nullptr) all.push_back(&layouts[k]);
+  }
+  all.push_back(&out_layout);
+  CoalesceAxes(all);
+  spec.launch = [&backend = ctx.backend, program = std::move(program), buffers = std::move(buffers),
+                 layouts = std::move(layouts), out = out.buffer,
+                 out_layout = std::move(out_layout)](
+                    Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
+    std::vector<StridedInput> inputs;
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      inputs.push_back({buffers[k] == nullptr ? nullptr : &buffers[k]->memory, layouts[k]});
+    }
+    return backend.ElementwiseStrided(stream, program, inputs, out->memory, out_layout,
+                                      out->dtype);
+  };
+  return plan;
+}
+
+}  // namespace gpucompute
