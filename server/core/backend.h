@@ -153,6 +153,8 @@ struct StridedInput {
 // ReduceResultDType(kind, value dtype).
 struct StridedReduce {
   ReduceKind kind = ReduceKind::kSum;
+  // The values' dtype: program->result_dtype() with a program, else inputs[0]'s.
+  DType dtype = DType::kFloat32;
   const expr::Program* program = nullptr;
   std::vector<StridedInput> inputs;
   std::vector<int64_t> shape;
