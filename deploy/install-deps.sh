@@ -17,6 +17,8 @@ build=(
   libcli11-dev
   # The serving programs' malloc, tcmalloc (GPUCOMPUTE_ALLOCATOR in CMakeLists.txt).
   libgoogle-perftools-dev
+  # The CPU backend's matmul: the system's BLAS, OpenBLAS (server/cpu/matmul.cc).
+  libopenblas-dev
 )
 test=(
   libgtest-dev libgmock-dev

@@ -164,6 +164,49 @@ struct StridedReduce {
   double ddof = 0;  // kVar, kStd
 };
 
+// Where the elements of a matrix operand of Matmul lie in its memory, in elements:
+// element (i, j) of matrix b of a batch is at offset + b * batch_stride + i * row_stride
+// + j * col_stride. One of row_stride and col_stride is 1 (an axis of extent 1 may have
+// any stride), and the other, the BLAS leading dimension, is at least the extent of that
+// unit-stride axis; batch_stride 0 uses one matrix for every matrix of the batch.
+struct MatrixLayout {
+  int64_t offset = 0;
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+  int64_t batch_stride = 0;
+};
+
+// C[b] = alpha * A[b] @ B[b] + beta * C[b] for b < batch: A[b] is m x k, B[b] is k x n
+// and C[b] is m x n, each laid out as its MatrixLayout says (a transposed operand is a
+// layout with its strides swapped). C's matrices do not overlap each other or A or B.
+struct MatmulShape {
+  int64_t batch = 1;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  MatrixLayout a, b, c;
+  // float32 only: products may round their inputs to TF32 (10 mantissa bits) where the
+  // backend has tensor cores for it; otherwise they keep full float32 precision.
+  bool allow_tf32 = false;
+};
+
+// How BLAS (column-major) sees a rows x cols matrix laid out with these strides: stored
+// as itself with leading dimension `ld`, or, when `transposed`, as its cols x rows
+// transpose. For a layout Matmul accepts (see MatrixLayout).
+struct BlasMatrix {
+  bool transposed = false;
+  int64_t ld = 1;
+};
+inline BlasMatrix ToBlasMatrix(int64_t rows, int64_t cols, int64_t row_stride,
+                               int64_t col_stride) {
+  // A single row or column is a matrix of one stored row, whose leading dimension is
+  // its elements' stride, whatever that is.
+  if (rows == 1) return {false, std::max<int64_t>(col_stride, 1)};
+  if (cols == 1 && row_stride != 1) return {true, std::max<int64_t>(row_stride, 1)};
+  if (row_stride == 1) return {false, cols == 1 ? rows : col_stride};
+  return {true, row_stride};
+}
+
 // What a kernel launch reports besides its device time.
 struct LaunchInfo {
   double compile_seconds = 0;  // time spent compiling before launching
@@ -233,6 +276,14 @@ class Backend {
                                                         DType out_dtype) {
     return absl::UnimplementedError(
         absl::StrCat("the ", name(), " backend has no strided elementwise kernels"));
+  }
+  // See MatmulShape; dtype is float32 or float64, that of a, b and c alike. When beta is
+  // 0, C is not read (NaN in it does not propagate); when k is 0, C = beta * C. Bitwise
+  // the same run to run for a given shape, layouts and backend configuration.
+  virtual absl::StatusOr<LaunchInfo> Matmul(Stream& stream, DType dtype, const MatmulShape& shape,
+                                            double alpha, const DeviceMemory& a,
+                                            const DeviceMemory& b, double beta, DeviceMemory& c) {
+    return absl::UnimplementedError(absl::StrCat("the ", name(), " backend has no matmul"));
   }
   // See StridedReduce. The combination order is a function of the shape and the axes
   // alone (kernels/reduce_ops.h), so results are bitwise the same run to run.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "server/config/cgroup_limits.h"
 #include "server/cpu/elementwise.h"
 #include "server/cpu/kernels.h"
+#include "server/cpu/matmul.h"
 #include "server/util/thread_name.h"
 
 namespace gpucompute::cpu {
@@ -458,6 +460,32 @@ absl::Status CpuBackend::Random(Stream& stream, const RandomParams& params, DTyp
   AsCpu(stream).EnqueueKernel(
       [this, params, dtype, o, n] { cpu::Random(params, dtype, o, n, *pool_); });
   return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchInfo> CpuBackend::Matmul(Stream& stream, DType dtype,
+                                              const MatmulShape& shape, double alpha,
+                                              const DeviceMemory& a, const DeviceMemory& b,
+                                              double beta, DeviceMemory& c) {
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul takes float32 or float64, not ", DTypeName(dtype)));
+  }
+  constexpr int64_t kBlasMax = std::numeric_limits<int32_t>::max();
+  for (int64_t v : {shape.k, shape.a.row_stride, shape.a.col_stride, shape.b.row_stride,
+                    shape.b.col_stride, shape.c.row_stride, shape.c.col_stride}) {
+    if (v > kBlasMax) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "matmul on the CPU backend takes an inner dimension and leading dimensions up to ",
+          kBlasMax, " (its BLAS has 32-bit sizes); got ", v));
+    }
+  }
+  const void* pa = a.data();
+  const void* pb = b.data();
+  void* pc = c.data();
+  AsCpu(stream).EnqueueKernel([this, dtype, shape, alpha, pa, pb, beta, pc] {
+    cpu::Matmul(dtype, shape, alpha, pa, pb, beta, pc, *pool_);
+  });
+  return LaunchInfo{};
 }
 
 }  // namespace gpucompute::cpu

@@ -55,6 +55,11 @@ class CpuBackend final : public Backend {
                     DeviceMemory& y) override;
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                       int64_t n) override;
+  // OpenBLAS (server/cpu/matmul.h), whose 32-bit BLAS interface takes k and the
+  // leading dimensions below 2^31: larger ones are OUT_OF_RANGE.
+  absl::StatusOr<LaunchInfo> Matmul(Stream& stream, DType dtype, const MatmulShape& shape,
+                                    double alpha, const DeviceMemory& a, const DeviceMemory& b,
+                                    double beta, DeviceMemory& c) override;
 
   // Used: the bytes live allocations asked for; reserved adds the freed blocks kept for
   // reuse (BlockCache), which TrimMemoryPool frees.

@@ -1,6 +1,6 @@
 // The CUDA backend: device memory from a stream-ordered pool per GPU, one persistent CUDA
 // stream per Stream, CUDA events for ordering and timing, pinned staging for transfers,
-// NVRTC-compiled fused elementwise kernels, cuBLAS gemv, CUB reductions and Philox
+// NVRTC-compiled fused elementwise kernels, cuBLAS gemv and matmul, CUB reductions and Philox
 // random fills (kernels/cuda/). Host code: it builds with the host compiler.
 #ifndef GPUCOMPUTE_SERVER_CUDA_CUDA_BACKEND_H_
 #define GPUCOMPUTE_SERVER_CUDA_CUDA_BACKEND_H_

@@ -117,6 +117,10 @@ class CudaBackend final : public Backend {
                     DeviceMemory& y) override;
   absl::Status Random(Stream& stream, const RandomParams& params, DType dtype, DeviceMemory& out,
                       int64_t n) override;
+  // cuBLAS GemmEx / GemmStridedBatchedEx (server/cuda/matmul.cc).
+  absl::StatusOr<LaunchInfo> Matmul(Stream& stream, DType dtype, const MatmulShape& shape,
+                                    double alpha, const DeviceMemory& a, const DeviceMemory& b,
+                                    double beta, DeviceMemory& c) override;
 
   absl::StatusOr<double> PrepareElementwise(const expr::Program& program, DType out_dtype) override;
   PoolUsage MemoryPoolUsage(int device) const override;

@@ -1,0 +1,124 @@
+// Matmul on the CPU backend, through the system's BLAS (OpenBLAS's cblas_sgemm and
+// cblas_dgemm); no GEMM of our own.
+//
+// Threads. The backend runs its kernels on its ThreadPool, and several streams may run
+// kernels at once. OpenBLAS has a thread pool of its own, and letting both run would
+// oversubscribe the cores (OpenBLAS's threads also spin for a while after each call,
+// taking cores from the pool's next kernel), make a long product impossible to stop
+// between chunks at shutdown, and make the rounding depend on how OpenBLAS split the
+// work among its threads. So OpenBLAS runs one thread per call (openblas_set_num_threads
+// (1), process-wide, once), and the parallelism is the pool's: C is cut into tiles, each
+// tile of each matrix of the batch one chunk of a ParallelFor and one BLAS call over the
+// whole of k. The tiles depend on the shape alone, so results do not depend on the
+// thread count. OpenBLAS's single-threaded calls are safe from several threads at once.
+#include "server/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+namespace gpucompute::cpu {
+namespace {
+
+// The largest tile edge, and the smallest: tiles shrink from the largest until the batch
+// has kMinTiles of them, so that a product of a few large matrices still spreads over
+// many threads, while each BLAS call stays large enough to run at its full speed.
+constexpr int64_t kMaxTileEdge = 512;
+constexpr int64_t kMinTileEdge = 128;
+constexpr int64_t kMinTiles = 64;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t TileEdge(const MatmulShape& shape) {
+  int64_t edge = kMaxTileEdge;
+  while (edge > kMinTileEdge &&
+         shape.batch * CeilDiv(shape.m, edge) * CeilDiv(shape.n, edge) < kMinTiles) {
+    edge /= 2;
+  }
+  return edge;
+}
+
+CBLAS_TRANSPOSE Op(bool transposed) { return transposed ? CblasTrans : CblasNoTrans; }
+
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, double beta, float* c,
+          int64_t ldc) {
+  cblas_sgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), static_cast<float>(alpha), a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), static_cast<float>(beta), c, static_cast<blasint>(ldc));
+}
+
+void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc) {
+  cblas_dgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// One tile: C[r0:r0+rows, c0:c0+cols] of one matrix of the batch, whose operands start
+// at a, b and c.
+template <typename T>
+void Tile(const MatmulShape& s, double alpha, const T* a, const T* b, double beta, T* c,
+          int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+  a += r0 * s.a.row_stride;
+  b += c0 * s.b.col_stride;
+  c += r0 * s.c.row_stride + c0 * s.c.col_stride;
+  BlasMatrix ma = ToBlasMatrix(rows, s.k, s.a.row_stride, s.a.col_stride);
+  BlasMatrix mb = ToBlasMatrix(s.k, cols, s.b.row_stride, s.b.col_stride);
+  const BlasMatrix mc = ToBlasMatrix(rows, cols, s.c.row_stride, s.c.col_stride);
+  if (s.k == 0) {
+    // Nothing of A or B is read, but BLAS still checks their leading dimensions.
+    ma = {false, std::max<int64_t>(rows, 1)};
+    mb = {false, 1};
+  }
+  if (!mc.transposed) {
+    Gemm(Op(ma.transposed), Op(mb.transposed), rows, cols, s.k, alpha, a, ma.ld, b, mb.ld, beta,
+         c, mc.ld);
+  } else {
+    // C is stored transposed (row-major): C^T = B^T A^T, in which an operand stored as
+    // itself is the one to transpose.
+    Gemm(Op(!mb.transposed), Op(!ma.transposed), cols, rows, s.k, alpha, b, mb.ld, a, ma.ld, beta,
+         c, mc.ld);
+  }
+}
+
+template <typename T>
+void TypedMatmul(const MatmulShape& s, double alpha, const T* a, const T* b, double beta, T* c,
+                 ThreadPool& pool) {
+  const int64_t edge = TileEdge(s);
+  const int64_t tile_rows = CeilDiv(s.m, edge);
+  const int64_t tile_cols = CeilDiv(s.n, edge);
+  const int64_t per_matrix = tile_rows * tile_cols;
+  pool.ParallelFor(s.batch * per_matrix, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t batch = task / per_matrix;
+      const int64_t r0 = (task % per_matrix) / tile_cols * edge;
+      const int64_t c0 = (task % per_matrix) % tile_cols * edge;
+      Tile(s, alpha, a + s.a.offset + batch * s.a.batch_stride,
+           b + s.b.offset + batch * s.b.batch_stride, beta,
+           c + s.c.offset + batch * s.c.batch_stride, r0, std::min(edge, s.m - r0), c0,
+           std::min(edge, s.n - c0));
+    }
+  });
+}
+
+}  // namespace
+
+void Matmul(DType dtype, const MatmulShape& shape, double alpha, const void* a, const void* b,
+            double beta, void* c, ThreadPool& pool) {
+  static std::once_flag single_threaded;
+  std::call_once(single_threaded, [] { openblas_set_num_threads(1); });
+  if (shape.batch == 0 || shape.m == 0 || shape.n == 0) return;
+  if (dtype == DType::kFloat32) {
+    TypedMatmul(shape, alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta,
+                static_cast<float*>(c), pool);
+  } else {
+    TypedMatmul(shape, alpha, static_cast<const double*>(a), static_cast<const double*>(b), beta,
+                static_cast<double*>(c), pool);
+  }
+}
+
+}  // namespace gpucompute::cpu
