@@ -1,10 +1,11 @@
 // Pieces of the `gpucompute` command-line tool shared by its source files: exit
 // outcomes (outcome.cc), the flag parser (flag_parser.cc, on CLI11), the reading of
 // argument values (values.cc), output formatting (format.cc) and the subcommands
-// (commands.cc, run.cc, bench.cc), tied together by the command table in main.cc.
+// (commands.cc, operands.cc, run.cc, bench.cc), tied together by the command table in main.cc.
 #ifndef GPUCOMPUTE_CLIENT_CLI_CLI_H_
 #define GPUCOMPUTE_CLIENT_CLI_CLI_H_
 
+#include <google/protobuf/map.h>
 #include <google/protobuf/message.h>
 
 #include <cstdint>
@@ -100,6 +101,23 @@ absl::StatusOr<std::vector<uint64_t>> ParseShape(std::string_view text);
 std::optional<v1::Scalar> ParseScalar(std::string_view text);
 absl::StatusOr<v1::DType> ParseProtoDType(std::string_view name);
 absl::StatusOr<v1::Layout> ParseLayout(std::string_view text);
+
+// ---------------------------------------------------------------------------
+// Operands (operands.cc)
+
+// A buffer reference in the view syntax (client/cpp/view_syntax.h): "x", "x[::2].T", ...
+absl::StatusOr<ArrayRef> ParseReference(std::string_view text);
+// Binds positionals[first...], each NAME=VALUE, into `inputs`: VALUE is a scalar when
+// ParseScalar reads it, else a buffer reference in the view syntax. Errors are usage.
+Outcome BindOperands(const ParsedArgs& args, size_t first,
+                     google::protobuf::Map<std::string, v1::Operand>* inputs);
+// Where an operation writes: an existing buffer or a view of one (`buffer_flag`, e.g.
+// --out) or a new one (--name, --dtype).
+absl::StatusOr<v1::Output> OutputFromFlags(const ParsedArgs& args, std::string_view buffer_flag);
+// The usage error a status describes.
+Outcome UsageFrom(const absl::Status& status);
+// Nullopt when the number of positional arguments is within [min, max].
+std::optional<Outcome> CheckPositional(const ParsedArgs& args, size_t min, size_t max);
 
 // ---------------------------------------------------------------------------
 // Output
@@ -205,7 +223,8 @@ struct Command {
   std::string details;
   std::vector<FlagSpec> flags;
   CommandFn run;
-  // Operation commands only (eval, gemv, reduce, rand): the request alone, for `run`.
+  // Operation commands only (eval, gemv, reduce, matmul, rand): the request alone, for
+  // `run`.
   BuildRequestFn build = nullptr;
 };
 
@@ -225,6 +244,7 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args);
 Outcome RunEval(CliContext& context, const ParsedArgs& args);
 Outcome RunGemv(CliContext& context, const ParsedArgs& args);
 Outcome RunReduce(CliContext& context, const ParsedArgs& args);
+Outcome RunMatmul(CliContext& context, const ParsedArgs& args);
 Outcome RunRandom(CliContext& context, const ParsedArgs& args);
 Outcome RunWait(CliContext& context, const ParsedArgs& args);
 Outcome RunOperation(CliContext& context, const ParsedArgs& args);
@@ -235,6 +255,7 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args);
 Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request);
 Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request);
 Outcome BuildReduce(const ParsedArgs& args, v1::SubmitRequest* request);
+Outcome BuildMatmul(const ParsedArgs& args, v1::SubmitRequest* request);
 Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request);
 
 }  // namespace gpucompute::cli

@@ -80,20 +80,6 @@ std::string JsonStringArray(const std::vector<std::string>& items) {
                       "]");
 }
 
-Outcome UsageFrom(const absl::Status& status) {
-  return Outcome::Usage(std::string(status.message()));
-}
-
-// Nullopt when the number of positional arguments is within [min, max].
-std::optional<Outcome> CheckPositional(const ParsedArgs& args, size_t min, size_t max) {
-  const size_t count = args.positional().size();
-  if (count < min) return Outcome::Usage("missing arguments");
-  if (count > max) {
-    return Outcome::Usage(absl::StrCat("unexpected argument '", args.positional()[max], "'"));
-  }
-  return std::nullopt;
-}
-
 // The connection, or why the global flags do not allow one.
 absl::StatusOr<Client*> Connect(CliContext& context) {
   absl::StatusOr<Client*> client = context.client();
@@ -124,31 +110,6 @@ absl::StatusOr<std::optional<double>> TtlFlag(const ParsedArgs& args) {
         absl::StrCat("--ttl needs a number of seconds, not '", *text, "'"));
   }
   return std::optional<double>(seconds);
-}
-
-// Where an operation writes: an existing buffer (`buffer_flag`, e.g. --out) or a new
-// one (--name, --dtype).
-absl::StatusOr<v1::Output> OutputFromFlags(const ParsedArgs& args, std::string_view buffer_flag) {
-  v1::Output output;
-  std::optional<std::string> buffer = args.Value(buffer_flag);
-  std::optional<std::string> name = args.Value("--name");
-  std::optional<std::string> dtype = args.Value("--dtype");
-  if (buffer.has_value() && name.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "give ", ToAbsl(buffer_flag), " (an existing buffer) or --name (a new one), not both"));
-  }
-  if (buffer.has_value() && dtype.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dtype applies to new buffers; ", ToAbsl(buffer_flag), " keeps its dtype"));
-  }
-  if (buffer.has_value()) output.set_buffer(*buffer);
-  if (name.has_value()) output.set_name(*name);
-  if (dtype.has_value()) {
-    absl::StatusOr<v1::DType> parsed = ParseProtoDType(*dtype);
-    if (!parsed.ok()) return parsed.status();
-    output.set_dtype(*parsed);
-  }
-  return output;
 }
 
 Outcome ReportOperation(CliContext& context, std::string_view what,
@@ -590,17 +551,26 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
   const std::string& buffer_ref = args.positional()[0];
   std::optional<std::string> path = args.Value("--output");
   if (!path.has_value() || path->empty()) return Outcome::Usage("-o FILE.npy is required");
+  absl::StatusOr<ArrayRef> array = ParseReference(buffer_ref);
+  if (!array.ok()) return UsageFrom(array.status());
+  if (array->is_view() && args.Value("--transport") == "shm") {
+    return Outcome::Usage("a view downloads over grpc: shm copies whole byte ranges");
+  }
   const std::string what = absl::StrCat("get ", buffer_ref);
   absl::StatusOr<Client*> client = Connect(context);
   if (!client.ok()) return UsageFrom(client.status());
 
-  absl::StatusOr<v1::BufferInfo> info = (*client)->GetBuffer(buffer_ref);
+  absl::StatusOr<v1::BufferInfo> info = (*client)->GetBuffer(array->buffer());
   if (!info.ok()) return Outcome::Server(what, info.status());
   absl::StatusOr<DType> dtype = FromProtoDType(info->dtype());
   if (!dtype.ok()) return Outcome::Local(what, dtype.status());
-  NpyHeader npy{*dtype,
-                {info->shape().begin(), info->shape().end()},
-                info->layout() == v1::LAYOUT_F && info->shape_size() >= 2};
+  // A view's elements come in C order, in the view's shape; the file's header needs that
+  // shape before the first byte arrives. A view that does not apply is the server's
+  // INVALID_ARGUMENT, said here.
+  absl::StatusOr<std::vector<uint64_t>> shape = ViewShape(ShapeOf(info->shape()), array->steps());
+  if (!shape.ok()) return Outcome::Server(what, shape.status());
+  NpyHeader npy{*dtype, *std::move(shape),
+                !array->is_view() && info->layout() == v1::LAYOUT_F && info->shape_size() >= 2};
 
   absl::StatusOr<NpyWriter> writer = NpyWriter::Create(*path, npy);
   if (!writer.ok()) return Outcome::Local(what, writer.status());
@@ -617,16 +587,16 @@ Outcome RunGet(CliContext& context, const ParsedArgs& args) {
     if (!status.ok()) write_failed = true;
     return status;
   };
-  v1::DownloadRequest request;
   // By id: the name could be rebound between the two calls.
-  request.set_buffer(info->id());
+  const v1::DownloadRequest request = DownloadOf(ArrayRef(info->id(), array->steps()));
   absl::StatusOr<std::unique_ptr<SharedMemoryTransport>> shm =
-      ChooseTransport(**client, args, info->size_bytes());
+      array->is_view() ? std::unique_ptr<SharedMemoryTransport>()
+                       : ChooseTransport(**client, args, info->size_bytes());
   if (!shm.ok()) {
     discard();
     return TransportFailure(what, shm.status());
   }
-  ProgressBar progress("get", info->size_bytes());
+  ProgressBar progress("get", ViewBytes(*info, array->steps()).value_or(0));
   absl::StatusOr<v1::DownloadResponse> response;
   if (*shm != nullptr) {
     absl::StatusOr<v1::CopyRegionResponse> copied =
@@ -672,25 +642,8 @@ Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 1, SIZE_MAX)) return *usage;
   v1::ElementwiseOp* op = request->mutable_elementwise();
   op->set_expression(args.positional()[0]);
-  for (size_t i = 1; i < args.positional().size(); ++i) {
-    const std::string& binding = args.positional()[i];
-    const size_t equals = binding.find('=');
-    if (equals == std::string::npos || equals == 0) {
-      return Outcome::Usage(absl::StrCat("'", binding, "' is not NAME=VALUE"));
-    }
-    const std::string name = binding.substr(0, equals);
-    const std::string value = binding.substr(equals + 1);
-    if (op->inputs().contains(name)) {
-      return Outcome::Usage(absl::StrCat("'", name, "' is bound twice"));
-    }
-    v1::Operand& operand = (*op->mutable_inputs())[name];
-    if (std::optional<v1::Scalar> scalar = ParseScalar(value)) {
-      *operand.mutable_scalar() = *scalar;
-    } else if (!value.empty()) {
-      operand.set_buffer(value);
-    } else {
-      return Outcome::Usage(absl::StrCat("'", name, "' is bound to nothing"));
-    }
+  if (Outcome bound = BindOperands(args, 1, op->mutable_inputs()); bound.exit_code != kExitOk) {
+    return bound;
   }
   absl::StatusOr<v1::Output> output = OutputFromFlags(args, "--out");
   if (!output.ok()) return UsageFrom(output.status());
@@ -706,35 +659,12 @@ Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (!beta.ok()) return UsageFrom(beta.status());
   absl::StatusOr<v1::Output> y = OutputFromFlags(args, "--y");
   if (!y.ok()) return UsageFrom(y.status());
-  *request =
-      Gemv(args.positional()[0], args.positional()[1], *std::move(y), args.Has("--transpose"),
-           alpha->value_or(1.0), beta->value_or(0.0));
-  return Outcome::Ok();
-}
-
-Outcome BuildReduce(const ParsedArgs& args, v1::SubmitRequest* request) {
-  if (auto usage = CheckPositional(args, 2, 2)) return *usage;
-  static constexpr std::pair<std::string_view, v1::ReduceKind> kKinds[] = {
-      {"sum", v1::REDUCE_KIND_SUM},       {"prod", v1::REDUCE_KIND_PROD},
-      {"min", v1::REDUCE_KIND_MIN},       {"max", v1::REDUCE_KIND_MAX},
-      {"mean", v1::REDUCE_KIND_MEAN},     {"norm2", v1::REDUCE_KIND_NORM2},
-      {"argmin", v1::REDUCE_KIND_ARGMIN}, {"argmax", v1::REDUCE_KIND_ARGMAX},
-  };
-  const std::string& kind_name = args.positional()[0];
-  const auto kind = std::find_if(std::begin(kKinds), std::end(kKinds),
-                                 [&](const auto& entry) { return entry.first == kind_name; });
-  if (kind == std::end(kKinds)) {
-    return Outcome::Usage(absl::StrCat("unknown reduction '", kind_name,
-                                       "' (sum prod min max mean norm2 argmin argmax)"));
-  }
-  absl::StatusOr<std::optional<int64_t>> axis = args.Int("--axis");
-  if (!axis.ok()) return UsageFrom(axis.status());
-  absl::StatusOr<v1::Output> output = OutputFromFlags(args, "--out");
-  if (!output.ok()) return UsageFrom(output.status());
-  std::optional<int> axis_value;
-  if (axis->has_value()) axis_value = static_cast<int>(**axis);
-  *request =
-      Reduce(kind->second, args.positional()[1], axis_value, *std::move(output));
+  absl::StatusOr<ArrayRef> a = ParseReference(args.positional()[0]);
+  if (!a.ok()) return UsageFrom(a.status());
+  absl::StatusOr<ArrayRef> x = ParseReference(args.positional()[1]);
+  if (!x.ok()) return UsageFrom(x.status());
+  *request = Gemv(*a, *x, *std::move(y), args.Has("--transpose"), alpha->value_or(1.0),
+                  beta->value_or(0.0));
   return Outcome::Ok();
 }
 
@@ -808,6 +738,10 @@ Outcome RunGemv(CliContext& context, const ParsedArgs& args) {
 
 Outcome RunReduce(CliContext& context, const ParsedArgs& args) {
   return BuildAndSubmit(context, "reduce", args, BuildReduce);
+}
+
+Outcome RunMatmul(CliContext& context, const ParsedArgs& args) {
+  return BuildAndSubmit(context, "matmul", args, BuildMatmul);
 }
 
 Outcome RunRandom(CliContext& context, const ParsedArgs& args) {

@@ -43,7 +43,7 @@ constexpr absl::string_view kTransportDetails =
     "how much shared memory it mapped (\"segment_bytes\").\n";
 
 constexpr absl::string_view kOutputDetails =
-    "  --out BUFFER   write into this existing buffer (id or name)\n"
+    "  --out BUFFER   write into this existing buffer (id or name; eval: or a view)\n"
     "  --name NAME    name the new result buffer (default: unnamed)\n"
     "  --no-wait      print the operation id and return at once\n";
 
@@ -126,9 +126,11 @@ const std::vector<Command>& Commands() {
        RunPut},
       {"get",
        "BUFFER -o FILE.npy [--transport T] [--shm-segment SIZE]",
-       "download a buffer into a .npy file",
+       "download a buffer, or a view of one, into a .npy file",
        absl::StrCat(
        "Writes the buffer's dtype and shape, and Fortran order for F-layout buffers.\n"
+       "BUFFER may be a view ('x[::2].T'; see 'gpucompute help'): the file then holds\n"
+       "its elements in C order, in its shape, downloaded over grpc.\n"
        "A failed download removes the partial file.\n"
        "  -o, --output FILE   the file to write\n"
        "  --transport T       auto (default), grpc or shm; see below\n"
@@ -144,7 +146,8 @@ const std::vector<Command>& Commands() {
            "EXPR uses + - * / ** (power), comparisons, where(c, a, b) and functions such as\n"
            "sin exp log sqrt abs min max; every name in it is bound with NAME=VALUE. VALUE\n"
            "is a number (an integer if it parses as one, else a float), True or False (a\n"
-           "scalar), or else a buffer id or name.\n"
+           "scalar), or else a buffer id or name, or a view of one ('x[::2].T').\n"
+           "Buffers of different shapes broadcast as in NumPy.\n"
            "  --dtype D      dtype of a new result (default: NumPy 2's promotion)\n",
            kOutputDetails),
        {kOut, kName, kDType, kNoWait},
@@ -153,6 +156,7 @@ const std::vector<Command>& Commands() {
       {"gemv",
        "A X [--y BUFFER | --name N] [--transpose] [--alpha V] [--beta V] [--no-wait]",
        "y = alpha * op(A) * x + beta * y",
+       "A and X are buffers or views of them ('A[:, 0:8]', 'v[::2]').\n"
        "  --y BUFFER     accumulate into this existing 1-D buffer (else a new one)\n"
        "  --name N       name the new y\n"
        "  --transpose    use A transposed\n"
@@ -164,17 +168,41 @@ const std::vector<Command>& Commands() {
        RunGemv,
        BuildGemv},
       {"reduce",
-       "KIND BUFFER [--axis N] [--out BUFFER | --name N] [--dtype D] [--no-wait]",
-       "reduce a buffer: sum prod min max mean norm2 argmin argmax",
+       "KIND INPUT|EXPR NAME=VALUE... [--axis A] [--keepdims] [--ddof D]"
+       " [--out BUFFER | --name N] [--dtype D] [--no-wait]",
+       "reduce a buffer, a view or an expression over any axes",
        absl::StrCat(
-           "Reduces all elements, or along --axis (0, 1, -1 or -2) of a 2-D buffer. Results\n"
-           "of up to the server's inline limit are printed as `value V` or `values [...]`.\n"
-           "  --axis N       reduce along this axis\n"
+           "KIND: sum prod min max mean norm2 argmin argmax var std any all.\n"
+           "Reduces INPUT (a buffer or a view of one, 'x[:, ::2]'), or the values of an\n"
+           "expression bound as eval binds it (reduce sum 'x*y' x=a y=b), in one pass.\n"
+           "Over every axis, or over --axis. Results of up to the server's inline limit\n"
+           "are printed as `value V` or `values [...]`.\n"
+           "  --axis A       one axis (1, -1), or several: 0,2 (\"()\" reduces none)\n"
+           "  --keepdims     keep the reduced axes with length 1\n"
+           "  --ddof D       var and std divide by N - D (default 0)\n"
            "  --dtype D      dtype of a new result (default: NumPy's)\n",
            kOutputDetails),
-       {ValueFlag("--axis"), kOut, kName, kDType, kNoWait},
+       {ValueFlag("--axis"), SwitchFlag("--keepdims"), ValueFlag("--ddof"), kOut, kName, kDType,
+        kNoWait},
        RunReduce,
        BuildReduce},
+      {"matmul",
+       "A B [--out C | --name N] [--transpose-a] [--transpose-b] [--alpha V] [--beta V]"
+       " [--tf32] [--no-wait]",
+       "C = alpha * op(A) @ op(B) + beta * C, as numpy.matmul",
+       "A and B are float32 or float64 buffers or views of them ('A.T', 'B[0:64]'):\n"
+       "2-D multiply as matrices, 3-D are batches over their first axis, 1-D are vectors.\n"
+       "  --out C        accumulate into this existing buffer (else a new one)\n"
+       "  --name N       name the new C\n"
+       "  --transpose-a, --transpose-b   use A or B transposed in its last two axes\n"
+       "  --alpha V      default 1\n"
+       "  --beta V       default 0; needs --out\n"
+       "  --tf32         float32 on CUDA: allow TF32 tensor cores (fewer mantissa bits)\n"
+       "  --no-wait      print the operation id and return at once\n",
+       {kOut, kName, SwitchFlag("--transpose-a"), SwitchFlag("--transpose-b"),
+        ValueFlag("--alpha"), ValueFlag("--beta"), SwitchFlag("--tf32"), kNoWait},
+       RunMatmul,
+       BuildMatmul},
       {"rand",
        "uniform|normal|integers --shape S --dtype D [--seed N] [--offset N] [FLAGS]",
        "fill a buffer with counter-based random numbers (Philox4x32-10)",
@@ -196,7 +224,7 @@ const std::vector<Command>& Commands() {
        "FILE",
        "run a file of operations through one session",
        "FILE (or - for stdin) holds one operation per line, written as the eval, gemv,\n"
-       "reduce and rand commands take them (quotes group words; # starts a comment).\n"
+       "reduce, matmul and rand commands take them (quotes group words; # starts a comment).\n"
        "All of them go to the server at once through one session and run in order of\n"
        "their dependencies; each completion is printed as it arrives, after its tag.\n"
        "A line's tag is its line number, or NAME when the line starts with @NAME. A\n"
@@ -311,6 +339,11 @@ std::string MainHelp() {
       "this text, or 'help COMMAND' for one command\n",
       "\n"
       "Buffers are named by id (buf-...) or by the name given when they were made.\n"
+      "Where a command reads a buffer, a view of it may stand instead, in NumPy's\n"
+      "syntax (quote it for the shell): x[0:10, ::2]  x[-1]  x[..., None]  x.T\n"
+      "x.transpose(1, 0, 2)  x.reshape(2, -1)  x.squeeze()  x.expand_dims(0)\n"
+      "x.broadcast_to(4, 3), chained in any order ('x[0:10, ::2].T'). A view is\n"
+      "not a copy and costs no memory.\n"
       "Operations wait for their result unless --no-wait is given, and print one line:\n"
       "  ID KIND  STATE  device T  queued T  read B  wrote B  R GB/s  [R GFLOP/s]\n"
       "  [-> OUTPUT BUFFERS]  [value V | values [...]]  [next_offset N]\n"

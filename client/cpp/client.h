@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/gpucompute.grpc.pb.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "client/cpp/array_ref.h"
 #include "common/grpc_status.h"
 #include "common/grpc_tuning.h"
 #include "gpucompute/v1/limits.h"
@@ -282,27 +283,64 @@ class Client {
 };
 
 // Builders for the common requests. The results can be adjusted (stream_id, wait,
-// wait_timeout_seconds) before submitting.
+// wait_timeout_seconds) before submitting. Wherever they take an ArrayRef, a buffer id or
+// name works as before, and a view (array_ref.h) is sent as the request's view steps.
 
-// An operand bound to a buffer (id or name), or to a scalar.
-v1::Operand BufferOperand(std::string_view buffer);
+// An operand bound to a buffer (id or name) or a view of one, or to a scalar.
+v1::Operand BufferOperand(const ArrayRef& buffer);
 v1::Operand ScalarOperand(double value);
 v1::Operand ScalarOperand(int64_t value);
 v1::Operand ScalarOperand(int value);
 v1::Operand ScalarOperand(bool value);
-// Output into an existing buffer (id or name).
-v1::Output ExistingOutput(std::string_view buffer);
+// Output into an existing buffer (id or name), or through a view of one (elementwise
+// operations only).
+v1::Output ExistingOutput(const ArrayRef& buffer);
 // Output into a new buffer, optionally named, of `dtype` or the natural dtype.
 v1::Output NewOutput(std::string_view name = {}, v1::DType dtype = v1::DTYPE_UNSPECIFIED);
 
-v1::SubmitRequest Elementwise(
-    std::string_view expression,
-    std::initializer_list<std::pair<std::string_view, v1::Operand>> inputs, v1::Output output = {});
-v1::SubmitRequest Reduce(v1::ReduceKind kind, std::string_view input, std::optional<int> axis = {},
+using NamedOperands = std::initializer_list<std::pair<std::string_view, v1::Operand>>;
+
+v1::SubmitRequest Elementwise(std::string_view expression, NamedOperands inputs,
+                              v1::Output output = {});
+// A reduction over every axis, or over `axis`.
+v1::SubmitRequest Reduce(v1::ReduceKind kind, const ArrayRef& input, std::optional<int> axis = {},
                          v1::Output output = {});
+
+// How a reduction reduces (ReduceOp): over `axes` (negative counting from the end; none
+// given: every axis; an empty list: none), keeping them with length 1 when `keepdims`,
+// and for var and std dividing by N - ddof.
+struct ReduceOptions {
+  std::optional<std::vector<int32_t>> axes;
+  bool keepdims = false;
+  double ddof = 0;
+};
+v1::SubmitRequest ReduceOver(v1::ReduceKind kind, const ArrayRef& input,
+                             const ReduceOptions& options, v1::Output output = {});
+// A reduction of the values of an elementwise expression, in one pass without a
+// temporary: ReduceExpression(v1::REDUCE_KIND_SUM, "x*y", {{"x", BufferOperand("a")},
+// {"y", BufferOperand("b")}}).
+v1::SubmitRequest ReduceExpression(v1::ReduceKind kind, std::string_view expression,
+                                   NamedOperands inputs, const ReduceOptions& options = {},
+                                   v1::Output output = {});
 // y = alpha * op(A) * x + beta * y.
-v1::SubmitRequest Gemv(std::string_view a, std::string_view x, v1::Output y = {},
+v1::SubmitRequest Gemv(const ArrayRef& a, const ArrayRef& x, v1::Output y = {},
                        bool transpose = false, double alpha = 1, double beta = 0);
+
+struct MatmulOptions {
+  bool transpose_a = false;
+  bool transpose_b = false;
+  double alpha = 1;
+  // Applies with an existing `c` only.
+  double beta = 0;
+  // float32 on CUDA: TF32 tensor cores (MatmulOp.allow_tf32).
+  bool allow_tf32 = false;
+};
+// C = alpha * op(A) @ op(B) + beta * C, as numpy.matmul (MatmulOp); into a new buffer
+// unless `c` names one. Submit, SubmitAsync, a Session or a Chain run it as any other.
+v1::SubmitRequest Matmul(const ArrayRef& a, const ArrayRef& b, v1::Output c = {},
+                         const MatmulOptions& options = {});
+// A download of `array` (whole elements in C order for a view).
+v1::DownloadRequest DownloadOf(const ArrayRef& array);
 // A fill of a new buffer with `shape` and `dtype`; distribution parameters (mean,
 // stddev, low, high, offset) can be set on the returned request's random op.
 v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64_t>& shape,

@@ -227,9 +227,10 @@ OperationFuture Client::SubmitAsync(v1::SubmitRequest request) {
   return future;
 }
 
-v1::Operand BufferOperand(std::string_view buffer) {
+v1::Operand BufferOperand(const ArrayRef& buffer) {
   v1::Operand operand;
-  operand.set_buffer(std::string(buffer));
+  operand.set_buffer(buffer.buffer());
+  *operand.mutable_view() = buffer.steps();
   return operand;
 }
 
@@ -253,9 +254,10 @@ v1::Operand ScalarOperand(bool value) {
   return operand;
 }
 
-v1::Output ExistingOutput(std::string_view buffer) {
+v1::Output ExistingOutput(const ArrayRef& buffer) {
   v1::Output output;
-  output.set_buffer(std::string(buffer));
+  output.set_buffer(buffer.buffer());
+  *output.mutable_view() = buffer.steps();
   return output;
 }
 
@@ -266,9 +268,8 @@ v1::Output NewOutput(std::string_view name, v1::DType dtype) {
   return output;
 }
 
-v1::SubmitRequest Elementwise(
-    std::string_view expression,
-    std::initializer_list<std::pair<std::string_view, v1::Operand>> inputs, v1::Output output) {
+v1::SubmitRequest Elementwise(std::string_view expression, NamedOperands inputs,
+                              v1::Output output) {
   v1::SubmitRequest request;
   v1::ElementwiseOp* op = request.mutable_elementwise();
   op->set_expression(std::string(expression));
@@ -279,27 +280,94 @@ v1::SubmitRequest Elementwise(
   return request;
 }
 
-v1::SubmitRequest Reduce(v1::ReduceKind kind, std::string_view input, std::optional<int> axis,
+v1::SubmitRequest Reduce(v1::ReduceKind kind, const ArrayRef& input, std::optional<int> axis,
                          v1::Output output) {
   v1::SubmitRequest request;
   v1::ReduceOp* op = request.mutable_reduce();
-  op->set_input(std::string(input));
+  op->set_input(input.buffer());
+  *op->mutable_input_view() = input.steps();
   op->set_kind(kind);
   if (axis.has_value()) op->set_axis(*axis);
   *op->mutable_output() = std::move(output);
   return request;
 }
 
-v1::SubmitRequest Gemv(std::string_view a, std::string_view x, v1::Output y, bool transpose,
+namespace {
+
+// The ReduceOp of `kind` with `options` and `output`; its input is the caller's to set.
+v1::SubmitRequest ReduceRequest(v1::ReduceKind kind, const ReduceOptions& options,
+                                v1::Output output) {
+  v1::SubmitRequest request;
+  v1::ReduceOp* op = request.mutable_reduce();
+  op->set_kind(kind);
+  if (options.axes.has_value()) {
+    // Present even when empty: axis=() reduces nothing.
+    op->mutable_axes()->mutable_axes()->Add(options.axes->begin(), options.axes->end());
+  }
+  op->set_keepdims(options.keepdims);
+  op->set_ddof(options.ddof);
+  *op->mutable_output() = std::move(output);
+  return request;
+}
+
+}  // namespace
+
+v1::SubmitRequest ReduceOver(v1::ReduceKind kind, const ArrayRef& input,
+                             const ReduceOptions& options, v1::Output output) {
+  v1::SubmitRequest request = ReduceRequest(kind, options, std::move(output));
+  request.mutable_reduce()->set_input(input.buffer());
+  *request.mutable_reduce()->mutable_input_view() = input.steps();
+  return request;
+}
+
+v1::SubmitRequest ReduceExpression(v1::ReduceKind kind, std::string_view expression,
+                                   NamedOperands inputs, const ReduceOptions& options,
+                                   v1::Output output) {
+  v1::SubmitRequest request = ReduceRequest(kind, options, std::move(output));
+  v1::ReduceOp* op = request.mutable_reduce();
+  op->set_expression(std::string(expression));
+  for (const auto& [name, operand] : inputs) {
+    (*op->mutable_inputs())[std::string(name)] = operand;
+  }
+  return request;
+}
+
+v1::SubmitRequest Gemv(const ArrayRef& a, const ArrayRef& x, v1::Output y, bool transpose,
                        double alpha, double beta) {
   v1::SubmitRequest request;
   v1::GemvOp* op = request.mutable_gemv();
-  op->set_a(std::string(a));
-  op->set_x(std::string(x));
+  op->set_a(a.buffer());
+  *op->mutable_a_view() = a.steps();
+  op->set_x(x.buffer());
+  *op->mutable_x_view() = x.steps();
   *op->mutable_y() = std::move(y);
   op->set_transpose(transpose);
   op->set_alpha(alpha);
   op->set_beta(beta);
+  return request;
+}
+
+v1::SubmitRequest Matmul(const ArrayRef& a, const ArrayRef& b, v1::Output c,
+                         const MatmulOptions& options) {
+  v1::SubmitRequest request;
+  v1::MatmulOp* op = request.mutable_matmul();
+  op->set_a(a.buffer());
+  *op->mutable_a_view() = a.steps();
+  op->set_b(b.buffer());
+  *op->mutable_b_view() = b.steps();
+  *op->mutable_c() = std::move(c);
+  op->set_transpose_a(options.transpose_a);
+  op->set_transpose_b(options.transpose_b);
+  op->set_alpha(options.alpha);
+  op->set_beta(options.beta);
+  op->set_allow_tf32(options.allow_tf32);
+  return request;
+}
+
+v1::DownloadRequest DownloadOf(const ArrayRef& array) {
+  v1::DownloadRequest request;
+  request.set_buffer(array.buffer());
+  *request.mutable_view() = array.steps();
   return request;
 }
 

@@ -36,6 +36,13 @@ constexpr uint64_t kMinRegionBytes = 4096;
 // copies an earlier one out: two keep both sides busy, a few more absorb a late answer.
 constexpr uint64_t kDownloadPiecesInFlight = 4;
 
+// CopyToRegion copies a byte range of the buffer; a view's elements come over gRPC.
+absl::Status RefuseView(const v1::DownloadRequest& request) {
+  if (request.view().empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "a view of a buffer downloads over gRPC; shared memory copies whole byte ranges");
+}
+
 absl::Status ErrnoError(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
@@ -441,6 +448,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::UploadStaged(
 absl::StatusOr<std::span<const std::byte>> SharedMemoryTransport::DownloadStaged(
     const v1::DownloadRequest& request, uint64_t offset, v1::CopyRegionResponse* response) {
   if (data_ == nullptr) return absl::FailedPreconditionError("no segment yet: call Staging");
+  if (absl::Status s = RefuseView(request); !s.ok()) return s;
   v1::CopyToRegionRequest copy;
   copy.set_buffer(request.buffer());
   copy.set_offset_bytes(request.offset_bytes());
@@ -615,6 +623,7 @@ absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::Download(
 absl::StatusOr<v1::CopyRegionResponse> SharedMemoryTransport::DownloadPieces(
     const v1::DownloadRequest& request, const std::function<void(uint64_t)>& on_length,
     const DownloadSink& sink, const ProgressFn& progress) {
+  if (absl::Status s = RefuseView(request); !s.ok()) return s;
   absl::StatusOr<v1::BufferInfo> info = client_.GetBuffer(request.buffer());
   if (!info.ok()) return info.status();
   const uint64_t size = info->size_bytes();

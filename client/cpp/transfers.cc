@@ -375,14 +375,18 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
     if (!local_status.ok()) break;
     if (first) {
       first = false;
-      if (!message.has_buffer || request.offset_bytes() > message.buffer.size_bytes()) {
+      // The bytes the request reads: the buffer's, or its view's (elements in C order).
+      absl::StatusOr<uint64_t> readable =
+          message.has_buffer ? ViewBytes(message.buffer, request.view())
+                             : absl::InternalError("no buffer");
+      if (!readable.ok() || request.offset_bytes() > *readable) {
         local_status =
             absl::InternalError("the server's first download message does not describe the buffer");
         break;
       }
       *result.mutable_buffer() = message.buffer;
       total = request.size_bytes() != 0 ? request.size_bytes()
-                                        : message.buffer.size_bytes() - request.offset_bytes();
+                                        : *readable - request.offset_bytes();
       if (on_info) {
         local_status = on_info(result.buffer(), total);
         if (!local_status.ok()) break;
@@ -501,7 +505,9 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
   }
   absl::StatusOr<v1::BufferInfo> info = GetBuffer(request.buffer());
   if (!info.ok()) return absl::UnimplementedError("one stream");
-  const uint64_t size = info->size_bytes();
+  absl::StatusOr<uint64_t> readable = ViewBytes(*info, request.view());
+  if (!readable.ok()) return absl::UnimplementedError("one stream");
+  const uint64_t size = *readable;
   const uint64_t offset = request.offset_bytes();
   if (offset > size || request.size_bytes() > size - offset) {
     return absl::UnimplementedError("one stream");

@@ -1402,5 +1402,266 @@ TEST_F(CliTest, NonLoopbackListenNeedsAuthenticationOrTheFlag) {
   ExpectStopsCleanly(allowed, SIGTERM);
 }
 
+// ---------------------------------------------------------------------------
+// Views, broadcasting, reductions over axes and of expressions, matmul
+
+// Values 0, 1, 2, ... of `shape` in C order.
+std::vector<double> Iota(size_t n) {
+  std::vector<double> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = static_cast<double>(i);
+  return values;
+}
+
+// A malformed view, flag or kind is a usage error (exit 2) naming the problem, and
+// nothing reaches the server: no buffer, no file.
+TEST_F(CliTest, ViewSyntaxAndTheNewFlagsAreCheckedBeforeAnythingIsSent) {
+  ASSERT_EQ(Run("create --shape 4,6 --name vs_x").exit_code, 0);
+  const std::string file = Path("vs_never.npy");
+  Result get = Run("get " + ShellQuote("vs_x[0") + " -o " + ShellQuote(file));
+  EXPECT_EQ(get.exit_code, 2);
+  EXPECT_NE(get.err.find("gpucompute: get: in 'vs_x[0' at position 7: expected ',' or ']', "
+                         "found the end"),
+            std::string::npos)
+      << get.err;
+  EXPECT_FALSE(std::filesystem::exists(file));
+
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"eval 'x + 1' 'x=vs_x[::0]' --name vs_never",
+       "in 'vs_x[::0]' at position 8: expected a nonzero slice step, found '0'"},
+      {"eval 'x + 1' x=vs_x --out 'vs_x.T.foo'",
+       "in 'vs_x.T.foo' at position 8: expected '[', '.T' or a method"},
+      {"reduce median vs_x",
+       "unknown reduction 'median' (sum prod min max mean norm2 argmin argmax var std any all)"},
+      {"reduce sum vs_x --ddof 1", "--ddof applies to var and std only"},
+      {"reduce sum vs_x --axis 0,x",
+       "--axis needs an axis or a comma-separated list of them, e.g. 0,2, not '0,x'"},
+      {"reduce sum 'x*y' x=vs_x y", "'y' is not NAME=VALUE"},
+      {"reduce sum vs_x 'vs_x.reshape(2 3)'", "'vs_x.reshape(2 3)' is not NAME=VALUE"},
+      {"matmul vs_x 'vs_x.transpose(1, 0' --name vs_never",
+       "in 'vs_x.transpose(1, 0' at position 20: expected ',' or ')', found the end"},
+      {"matmul vs_x vs_x --beta 1", "--beta scales an existing C: give it with --out"},
+      {"gemv 'vs_x[' vs_x", "in 'vs_x[' at position 6: expected an integer, a slice"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    Result r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+  Result ls = Run("--json ls");
+  EXPECT_EQ(ls.out.find("vs_never"), std::string::npos) << ls.out;
+  EXPECT_EQ(Run("rm vs_x").exit_code, 0);
+}
+
+// get of a view writes the view's shape and its elements in C order, whatever the
+// buffer's layout and the view's strides.
+TEST_F(CliTest, GetDownloadsAViewInItsShape) {
+  // x[i][j] = 6i + j, stored in C order and in F order.
+  std::vector<double> f_order(24);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 6; ++j) f_order[j * 4 + i] = 6 * i + j;
+  }
+  WriteNpy(Path("gv_c.npy"), Iota(24), {4, 6}, false);
+  WriteNpy(Path("gv_f.npy"), f_order, {4, 6}, true);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("gv_c.npy")) + " --name gv_c").exit_code, 0);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("gv_f.npy")) + " --name gv_f").exit_code, 0);
+  struct Case {
+    std::string view;
+    std::vector<uint64_t> shape;
+    std::vector<double> values;
+  };
+  const std::vector<Case> cases = {
+      {"[::2].T", {6, 2}, {0, 12, 1, 13, 2, 14, 3, 15, 4, 16, 5, 17}},
+      {"[-1, ::-2]", {3}, {23, 21, 19}},
+      {"[1:3, None, 4:]", {2, 1, 2}, {10, 11, 16, 17}},
+      {"[2].reshape(3, -1)", {3, 2}, {12, 13, 14, 15, 16, 17}},
+      {"[0, 0:3].broadcast_to(2, 3)", {2, 3}, {0, 1, 2, 0, 1, 2}},
+      {".T[5].expand_dims(0)", {1, 4}, {5, 11, 17, 23}},
+      {"[..., 0]", {4}, {0, 6, 12, 18}},
+  };
+  for (const char* buffer : {"gv_c", "gv_f"}) {
+    for (const Case& c : cases) {
+      const std::string ref = absl::StrCat(buffer, c.view);
+      SCOPED_TRACE(ref);
+      const std::string out = Path("gv_out.npy");
+      Result get = Run("get " + ShellQuote(ref) + " -o " + ShellQuote(out));
+      ASSERT_EQ(get.exit_code, 0) << get.err;
+      NpyHeader header;
+      EXPECT_EQ(ReadNpyDoubles(out, &header), c.values);
+      EXPECT_EQ(header.shape, c.shape);
+      EXPECT_FALSE(header.fortran_order);
+    }
+  }
+  // A view that does not apply: INVALID_ARGUMENT naming the step, and no file.
+  Result bad = Run("get " + ShellQuote("gv_c[4]") + " -o " + ShellQuote(Path("gv_bad.npy")));
+  EXPECT_EQ(bad.exit_code, 13) << bad.err;
+  EXPECT_NE(bad.err.find("index 4 is out of range for axis 0 of length 4"), std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("gv_bad.npy")));
+}
+
+// eval reads views and broadcasts its operands, and writes through a view with --out.
+TEST_F(CliTest, EvalBroadcastsAndWritesThroughAView) {
+  WriteNpy(Path("eb_m.npy"), {1, 2, 3}, {3, 1}, false);
+  WriteNpy(Path("eb_r.npy"), {10, 20, 30, 40}, {4}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("eb_m.npy")) + " --name eb_m").exit_code, 0);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("eb_r.npy")) + " --name eb_r").exit_code, 0);
+  Result sum = Run("eval 'm + r' m=eb_m r=eb_r --name eb_s");
+  ASSERT_EQ(sum.exit_code, 0) << sum.err;
+  // r[::2] = (10, 30), doubled and broadcast over rows 0 and 2, into columns 3 and 1.
+  Result through = Run("eval 'x * 2' 'x=eb_r[::2]' --out 'eb_s[::2, ::-2]'");
+  ASSERT_EQ(through.exit_code, 0) << through.err;
+  const std::vector<double> written = {11, 60, 31, 20, 12, 22, 32, 42, 13, 60, 33, 20};
+  ASSERT_EQ(Run("get eb_s -o " + ShellQuote(Path("eb_s.npy"))).exit_code, 0);
+  NpyHeader header;
+  EXPECT_EQ(ReadNpyDoubles(Path("eb_s.npy"), &header), written);
+  EXPECT_EQ(header.shape, (std::vector<uint64_t>{3, 4}));
+  // An output that overlaps an input only partly (even columns into odd ones) is the
+  // server's INVALID_ARGUMENT, and writes nothing.
+  Result partial = Run("eval 'x * 2' 'x=eb_s[:, ::2]' --out 'eb_s[:, 1::2]'");
+  EXPECT_EQ(partial.exit_code, 13) << partial.err;
+  ASSERT_EQ(Run("get eb_s -o " + ShellQuote(Path("eb_s2.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("eb_s2.npy")), written);
+  // A view operand and a 0-d view (a row's element) against a row.
+  Result view_ops = Run("eval 'a - b' 'a=eb_r[::-1]' 'b=eb_m[2, 0]' --name eb_v");
+  ASSERT_EQ(view_ops.exit_code, 0) << view_ops.err;
+  ASSERT_EQ(Run("get eb_v -o " + ShellQuote(Path("eb_v.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("eb_v.npy")), (std::vector<double>{37, 27, 17, 7}));
+  // Shapes that do not broadcast: the server's INVALID_ARGUMENT, nothing created.
+  Result bad = Run("eval 'x + y' x=eb_r 'y=eb_m.T' --name eb_never");
+  EXPECT_EQ(bad.exit_code, 13) << bad.err;
+  EXPECT_EQ(Run("--json ls").out.find("eb_never"), std::string::npos);
+}
+
+// reduce over axis lists with --keepdims and --ddof, the new kinds, a view input and
+// an expression, against values computed here.
+TEST_F(CliTest, ReduceOverAxesOfViewsAndExpressions) {
+  const std::vector<double> x = RandomValues(2 * 3 * 4, 11);
+  auto at = [&](int i, int j, int k) { return x[(i * 3 + j) * 4 + k]; };
+  WriteNpy(Path("rx.npy"), x, {2, 3, 4}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("rx.npy")) + " --name rdx").exit_code, 0);
+
+  Result var = Run("--json reduce var rdx --axis 0,2 --keepdims --ddof 1 --name rd_var");
+  ASSERT_EQ(var.exit_code, 0) << var.err;
+  v1::Operation op = ParseJson<v1::Operation>(var.out);
+  ASSERT_EQ(op.values_size(), 3);
+  ASSERT_EQ(op.outputs_size(), 1);
+  EXPECT_EQ(std::vector<uint64_t>(op.outputs(0).shape().begin(), op.outputs(0).shape().end()),
+            (std::vector<uint64_t>{1, 3, 1}));
+  for (int j = 0; j < 3; ++j) {
+    double mean = 0;
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < 4; ++k) mean += at(i, j, k) / 8;
+    }
+    double squares = 0;
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < 4; ++k) squares += (at(i, j, k) - mean) * (at(i, j, k) - mean);
+    }
+    EXPECT_NEAR(op.values(j).float_value(), squares / 7, 1e-12) << j;
+  }
+
+  // max over the last axis of a view: x[:, ::-1, 1:].
+  Result max = Run("--json reduce max 'rdx[:, ::-1, 1:]' --axis -1");
+  ASSERT_EQ(max.exit_code, 0) << max.err;
+  op = ParseJson<v1::Operation>(max.out);
+  ASSERT_EQ(op.values_size(), 6);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      const double want = std::max({at(i, 2 - j, 1), at(i, 2 - j, 2), at(i, 2 - j, 3)});
+      EXPECT_EQ(op.values(i * 3 + j).float_value(), want) << i << "," << j;
+    }
+  }
+
+  // sum(x * y) with y = x[0] broadcast against x, in one pass.
+  Result dot = Run("--json reduce sum 'x*y' x=rdx 'y=rdx[0]'");
+  ASSERT_EQ(dot.exit_code, 0) << dot.err;
+  op = ParseJson<v1::Operation>(dot.out);
+  double want = 0;
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      for (int k = 0; k < 4; ++k) want += at(i, j, k) * at(0, j, k);
+    }
+  }
+  ASSERT_EQ(op.values_size(), 1);
+  EXPECT_NEAR(op.values(0).float_value(), want, 1e-12 * std::abs(want));
+
+  bool any = false;
+  bool all = true;
+  for (double v : x) {
+    any = any || v > 2.5;
+    all = all && v > -3;
+  }
+  Result any_op = Run("--json reduce any 'x > 2.5' x=rdx");
+  ASSERT_EQ(any_op.exit_code, 0) << any_op.err;
+  op = ParseJson<v1::Operation>(any_op.out);
+  ASSERT_EQ(op.values_size(), 1);
+  EXPECT_EQ(op.values(0).bool_value(), any);
+  Result all_op = Run("--json reduce all 'x > -3' x=rdx");
+  ASSERT_EQ(all_op.exit_code, 0) << all_op.err;
+  op = ParseJson<v1::Operation>(all_op.out);
+  ASSERT_EQ(op.values_size(), 1);
+  EXPECT_EQ(op.values(0).bool_value(), all);
+
+  // std of one column over the rows, NumPy's ddof 0.
+  Result std_op = Run("--json reduce std 'rdx[1, :, 2]'");
+  ASSERT_EQ(std_op.exit_code, 0) << std_op.err;
+  op = ParseJson<v1::Operation>(std_op.out);
+  const double m = (at(1, 0, 2) + at(1, 1, 2) + at(1, 2, 2)) / 3;
+  double squares = 0;
+  for (int j = 0; j < 3; ++j) squares += (at(1, j, 2) - m) * (at(1, j, 2) - m);
+  ASSERT_EQ(op.values_size(), 1);
+  EXPECT_NEAR(op.values(0).float_value(), std::sqrt(squares / 3), 1e-12);
+
+  // A repeated axis: INVALID_ARGUMENT from the server, nothing created.
+  Result bad = Run("reduce sum rdx --axis 1,-2 --name rd_never");
+  EXPECT_EQ(bad.exit_code, 13) << bad.err;
+  EXPECT_EQ(Run("--json ls").out.find("rd_never"), std::string::npos);
+}
+
+TEST_F(CliTest, MatmulMultipliesBuffersAndViews) {
+  // A (2 x 3), B (3 x 4): A[i][k] = 3i + k, B[k][j] = 4k + j.
+  WriteNpy(Path("mm_a.npy"), Iota(6), {2, 3}, false);
+  WriteNpy(Path("mm_b.npy"), Iota(12), {3, 4}, false);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("mm_a.npy")) + " --name mm_a").exit_code, 0);
+  ASSERT_EQ(Run("put " + ShellQuote(Path("mm_b.npy")) + " --name mm_b").exit_code, 0);
+  std::vector<double> ab(8, 0);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      for (int k = 0; k < 3; ++k) ab[i * 4 + j] += (3 * i + k) * (4 * k + j);
+    }
+  }
+  Result c = Run("--json matmul mm_a mm_b --name mm_c");
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(ParseJson<v1::Operation>(c.out).kind(), v1::OPERATION_KIND_MATMUL);
+  ASSERT_EQ(Run("get mm_c -o " + ShellQuote(Path("mm_c.npy"))).exit_code, 0);
+  NpyHeader header;
+  EXPECT_EQ(ReadNpyDoubles(Path("mm_c.npy"), &header), ab);
+  EXPECT_EQ(header.shape, (std::vector<uint64_t>{2, 4}));
+
+  // C = 2 * op(A.T) @ B + 0.5 * C, with A.T a view transposed back by --transpose-a.
+  Result acc = Run("matmul 'mm_a.T' mm_b --transpose-a --alpha 2 --beta 0.5 --out mm_c");
+  ASSERT_EQ(acc.exit_code, 0) << acc.err;
+  ASSERT_EQ(Run("get mm_c -o " + ShellQuote(Path("mm_c2.npy"))).exit_code, 0);
+  std::vector<double> want = ab;
+  for (double& v : want) v *= 2.5;
+  EXPECT_EQ(ReadNpyDoubles(Path("mm_c2.npy")), want);
+
+  // A row of A (1-D, the result drops its axis) times B's even columns.
+  Result row = Run("matmul 'mm_a[1]' 'mm_b[:, ::2]' --name mm_r");
+  ASSERT_EQ(row.exit_code, 0) << row.err;
+  ASSERT_EQ(Run("get mm_r -o " + ShellQuote(Path("mm_r.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("mm_r.npy"), &header), (std::vector<double>{ab[4], ab[6]}));
+  EXPECT_EQ(header.shape, (std::vector<uint64_t>{2}));
+
+  // Shapes that do not match: INVALID_ARGUMENT, nothing created.
+  Result bad = Run("matmul mm_b mm_a --name mm_never");
+  EXPECT_EQ(bad.exit_code, 13) << bad.err;
+  EXPECT_EQ(Run("--json ls").out.find("mm_never"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gpucompute

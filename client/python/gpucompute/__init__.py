@@ -7,6 +7,8 @@ CPU) backend.
     y = c.eval("a*x + 1", a=2.0, x=x)
     print(c.reduce("sum", y).value, y.timing.gbps)
     host = y.get()                      # or np.asarray(y)
+    v = y[::2].reshape(-1, 4).T         # a View: no copy, no server call
+    c.reduce("var", v, axis=1, ddof=1)  # views stand wherever a buffer is read
 
 `gpucompute.aio` has the same client for asyncio. The message classes of the API are
 in `gpucompute.v1` (e.g. gpucompute.v1.SubmitRequest), built at import from the
@@ -14,6 +16,7 @@ shipped descriptor.
 """
 
 from ._proto import v1
+from ._views import View
 from .client import Client, RemoteArray, connect
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -26,5 +29,5 @@ __all__ = [
     "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "UnauthenticatedError",
-    "UnavailableError", "connect", "v1",
+    "UnavailableError", "View", "connect", "v1",
 ]

@@ -8,6 +8,7 @@ import numbers
 import numpy as np
 
 from ._proto import enum_name, v1
+from ._views import View, ViewMethods
 
 _DTYPES = {
     np.dtype(np.float32): v1.DTYPE_FLOAT32,
@@ -51,9 +52,15 @@ def layout_enum(layout):
 
 
 def buffer_ref(value):
-    """A buffer's id or name, from a handle or a string."""
+    """A buffer's id or name, from a handle or a string (or a View that is its whole
+    buffer); where a view cannot stand, a View of it is a TypeError."""
     if isinstance(value, RemoteArrayInfo):
         return value.id
+    if isinstance(value, View):
+        if value.steps:
+            raise TypeError("a view cannot stand here: pass its buffer, or copy the view "
+                            "into a new buffer with eval('x', x=view)")
+        return buffer_ref(value.base)
     if isinstance(value, str):
         return value
     if isinstance(value, (np.ndarray, list, tuple)):
@@ -112,7 +119,7 @@ def host_bytes(array):
     return number, array.shape, layout, data
 
 
-class RemoteArrayInfo:
+class RemoteArrayInfo(ViewMethods):
     """What a handle knows of its remote array, without asking the server.
 
     id, name, shape, dtype (NumPy), layout ("C" or "F"), size, nbytes, device; the
@@ -120,6 +127,9 @@ class RemoteArrayInfo:
     timing; transfer: the TransferStats (bytes, seconds, GB/s) of the handle's last
     upload or download through get() (None before one); value: a reduction's result
     as the server returned it inline (a NumPy scalar, or an array along an axis).
+
+    Indexing and NumPy's shape functions (x[0:10, ::2], x.T, x.reshape(2, -1), ...)
+    make Views of it (gpucompute._views), without a server call.
     """
 
     def __init__(self, client, info, operation=None, transfer=None):
@@ -127,6 +137,9 @@ class RemoteArrayInfo:
         self.info = info
         self.operation = operation
         self.transfer = transfer
+
+    def _view_parts(self):
+        return self, (), self.shape, self._client
 
     @property
     def id(self):

@@ -4,7 +4,8 @@ reading of a finished operation.
 """
 
 from ._proto import v1
-from ._requests import elementwise_request, gemv_request, random_request, reduce_request
+from ._requests import (elementwise_request, gemv_request, matmul_request, random_request,
+                        reduce_request)
 from .errors import error_for
 
 
@@ -24,28 +25,51 @@ def output_of(operation):
 
 
 class Operations:
-    """eval, reduce, gemv and rand.*, on top of the client's submit(request, wait)."""
+    """eval, reduce, gemv, matmul and rand.*, on top of the client's submit(request, wait).
+    Wherever they read a buffer, a View of one may stand (x[::2], x.T, ...)."""
 
     def eval(self, expression, inputs=None, *, out=None, name=None, dtype=None, stream=None,
              wait=True, **named_inputs):
         """out = expression(inputs), elementwise, in one fused pass.
 
-        Inputs are remote arrays (handles, ids or names) and scalars, given as keyword
+        Inputs are remote arrays (handles, Views, ids or names) and scalars, whose shapes
+        broadcast as NumPy's do, given as keyword
         arguments (`eval("a*x + 1", a=2.0, x=x)`) or, for names that clash with this
         method's own keywords, in the `inputs` mapping. The result goes to a new buffer
         (optionally named, of `dtype` or the expression's NumPy 2 result type), or
-        into `out`.
+        into `out` (a buffer, or a View of one to write through).
         """
         bound = dict(inputs or {})
         bound.update(named_inputs)
         return self.submit(elementwise_request(expression, bound, out, name, dtype, stream),
                            wait=wait)
 
-    def reduce(self, kind, x, axis=None, *, out=None, name=None, dtype=None, stream=None,
-               wait=True):
-        """sum prod min max mean norm2 argmin argmax over the whole array, or along `axis`
-        of a 2-D one. The handle's `value` holds the result (up to 4096 values)."""
-        return self.submit(reduce_request(kind, x, axis, out, name, dtype, stream), wait=wait)
+    def reduce(self, kind, x, /, axis=None, *, keepdims=False, ddof=0, out=None, name=None,
+               dtype=None, stream=None, wait=True, inputs=None, **named_inputs):
+        """sum prod min max mean norm2 argmin argmax var std any all of `x` (a remote
+        array or a View), over every axis or over `axis` (an int or a tuple, negative
+        counting from the end), keeping them with length 1 when `keepdims`; var and std
+        divide by N - ddof. The handle's `value` holds the result (up to 4096 values).
+
+        With inputs, `x` is an expression over them, as eval's, reduced in one pass
+        without a temporary: reduce("sum", "x*y", x=a, y=b) (names that clash with
+        this method's keywords go in the `inputs` mapping).
+        """
+        bound = dict(inputs or {})
+        bound.update(named_inputs)
+        request = reduce_request(kind, x, axis, out, name, dtype, stream, keepdims=keepdims,
+                                 ddof=ddof, inputs=bound)
+        return self.submit(request, wait=wait)
+
+    def matmul(self, a, b, c=None, *, transpose_a=False, transpose_b=False, alpha=1.0,
+               beta=0.0, allow_tf32=False, name=None, stream=None, wait=True):
+        """c = alpha * op(a) @ op(b) + beta * c, as numpy.matmul (2-D matrices, 3-D
+        batches over the first axis, 1-D vectors), into `c` or a new buffer. float32 or
+        float64; a and b may be Views (a.T, b[:, ::2]). allow_tf32: float32 on CUDA may
+        use TF32 tensor cores."""
+        request = matmul_request(a, b, c, transpose_a, transpose_b, alpha, beta, allow_tf32,
+                                 name, stream)
+        return self.submit(request, wait=wait)
 
     def gemv(self, a, x, y=None, *, transpose=False, alpha=1.0, beta=0.0, name=None,
              stream=None, wait=True):

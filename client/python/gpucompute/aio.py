@@ -13,7 +13,7 @@ import asyncio
 import grpc
 import grpc.aio
 
-from . import _arrays, _connection, _operations, _requests, _shm, _transfers
+from . import _arrays, _connection, _operations, _requests, _shm, _transfers, _views
 from ._proto import v1
 from .errors import Error, NotFoundError, from_rpc_error
 
@@ -130,7 +130,7 @@ class Client(_operations.Operations):
         return (await self._download(buffer, progress, transport))[0]
 
     async def _download(self, buffer, progress, transport):
-        transport = self.options.transport_for(transport)
+        transport = _views.download_transport(buffer, self.options.transport_for(transport))
         if transport != "grpc":
             setting = self.options.progress_for(progress)
             async with self._shm_lock:
@@ -138,9 +138,8 @@ class Client(_operations.Operations):
                     self._shm.download(transport, _arrays.buffer_ref(buffer), setting))
             if result is not None:
                 return result
-        request = v1.DownloadRequest(buffer=_arrays.buffer_ref(buffer),
-                                     chunk_bytes=self.options.chunk_bytes)
-        assembler = _transfers.DownloadAssembler(self.options, progress)
+        request = _requests.download_request(buffer, self.options.chunk_bytes)
+        assembler = _transfers.DownloadAssembler(self.options, progress, request.view)
         call = self._rpc.Download(request, metadata=self.options.metadata)
         with _transfers.streaming_call(call, assembler):
             async for message, data in call:

@@ -6,7 +6,7 @@ import threading
 
 import grpc
 
-from . import _arrays, _connection, _operations, _requests, _shm, _transfers
+from . import _arrays, _connection, _operations, _requests, _shm, _transfers, _views
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -169,12 +169,12 @@ class Client(_operations.Operations):
 
     def download(self, buffer, *, progress=None, transport=None):
         """Downloads a buffer (handle, id or name) into a new NumPy array; `transport` as
-        for put."""
+        for put. A View downloads as a C-ordered array of its shape, over gRPC."""
         return self._download(buffer, progress, transport)[0]
 
     def _download(self, buffer, progress, transport):
         """The array and the download's TransferStats."""
-        transport = self.options.transport_for(transport)
+        transport = _views.download_transport(buffer, self.options.transport_for(transport))
         self._submissions.wait_idle()
         if transport != "grpc":
             setting = self.options.progress_for(progress)
@@ -183,9 +183,8 @@ class Client(_operations.Operations):
                     self._shm.download(transport, _arrays.buffer_ref(buffer), setting))
             if result is not None:
                 return result
-        request = v1.DownloadRequest(buffer=_arrays.buffer_ref(buffer),
-                                     chunk_bytes=self.options.chunk_bytes)
-        assembler = _transfers.DownloadAssembler(self.options, progress)
+        request = _requests.download_request(buffer, self.options.chunk_bytes)
+        assembler = _transfers.DownloadAssembler(self.options, progress, request.view)
         call = self._rpc.Download(request, metadata=self.options.metadata)
         with _transfers.streaming_call(call, assembler):
             for message, data in call:
