@@ -36,6 +36,8 @@ constexpr int64_t kMinGrain = 8192;
 // ones: ~128 at once) runs with shorter blocks instead.
 constexpr size_t kMaxScratchBytes = size_t{1} << 20;
 constexpr size_t kAlign = 64;
+// Rows of a transposed operand gathered together (see EvaluateElementwiseStrided).
+constexpr int64_t kTileRows = 32;
 
 // Bool is one byte holding 0 or 1 in registers; arrays from users may hold any byte, so
 // every read of a bool goes through Load (x != 0).
@@ -514,6 +516,36 @@ void Scatter(const void* src, size_t size, char* dst, int64_t stride, int64_t n)
   }
 }
 
+// A tile of `rows` rows of `n` elements each, from a layout whose rows are `row_stride`
+// elements apart and whose elements are `stride` apart: read along the rows' axis, which
+// is the contiguous one where this is used (a transposed operand), and written row by
+// row into `dst`, `pitch` bytes apart.
+template <typename T>
+void GatherTileTyped(const T* src, int64_t row_stride, int64_t stride, std::byte* dst,
+                     size_t pitch, int64_t rows, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      reinterpret_cast<T*>(dst + static_cast<size_t>(r) * pitch)[i] =
+          src[r * row_stride + i * stride];
+    }
+  }
+}
+
+void GatherTile(const char* src, int64_t row_stride, int64_t stride, size_t size, std::byte* dst,
+                size_t pitch, int64_t rows, int64_t n) {
+  switch (size) {
+    case 1:
+      return GatherTileTyped(reinterpret_cast<const uint8_t*>(src), row_stride, stride, dst,
+                             pitch, rows, n);
+    case 4:
+      return GatherTileTyped(reinterpret_cast<const uint32_t*>(src), row_stride, stride, dst,
+                             pitch, rows, n);
+    default:
+      return GatherTileTyped(reinterpret_cast<const uint64_t*>(src), row_stride, stride, dst,
+                             pitch, rows, n);
+  }
+}
+
 // The element offset of the first element of row `row` (the C-order index over every
 // axis but the last) of `layout`.
 int64_t RowOffset(const StridedLayout& layout, int64_t row) {
@@ -598,9 +630,37 @@ void EvaluateElementwiseStrided(const expr::Program& program,
   const size_t gather_slots = inputs.size() + 1;
   const BlockGeometry g = Geometry(plan, gather_slots);
 
+  // An input whose rows are far apart in memory along the last axis but next to each
+  // other along the axis before it (a transposed operand) is read a tile of rows at a
+  // time, along that axis, rather than a cache line per element.
+  std::vector<bool> tiled(inputs.size(), false);
+  std::vector<int64_t> tile_slot(inputs.size(), 0);
+  int64_t tiled_count = 0;
+  for (size_t k = 0; k < inputs.size() && ndim >= 2; ++k) {
+    const StridedLayout& l = inputs[k].layout;
+    if (inputs[k].data == nullptr) continue;
+    const int64_t inner = l.strides[ndim - 1];
+    if ((inner > 1 || inner < -1) && (l.strides[ndim - 2] == 1 || l.strides[ndim - 2] == -1)) {
+      tiled[k] = true;
+      tile_slot[k] = tiled_count++;
+    }
+  }
+
   // Split over the C-order positions, not over rows: the chunks depend on the shape
   // alone, and a long single row is still spread over the pool.
-  pool.ParallelFor(n, Grain(g), [&](int64_t begin, int64_t end) {
+  // A cache line beyond a block, so that the rows of a tile, written together, do not
+  // all fall into the same cache sets.
+  const size_t tile_pitch = g.register_bytes + kAlign;
+  // Chunks of whole tiles where there are tiles to gather (still a function of the
+  // shape alone).
+  const int64_t grain =
+      tiled_count > 0 && row_length <= (int64_t{1} << 20) / kTileRows
+          ? std::max(Grain(g), kTileRows * row_length)
+          : Grain(g);
+  pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+    const size_t tile_bytes = static_cast<size_t>(tiled_count * kTileRows) * tile_pitch;
+    const std::unique_ptr<std::byte[]> tiles =
+        tile_bytes == 0 ? nullptr : std::make_unique_for_overwrite<std::byte[]>(tile_bytes);
     std::unique_ptr<std::byte[]> oversized;
     std::byte* scratch = ThreadScratch(g.slots * g.register_bytes, oversized);
     std::byte* gathered = scratch + (g.slots - gather_slots) * g.register_bytes;
@@ -610,43 +670,75 @@ void EvaluateElementwiseStrided(const expr::Program& program,
     std::vector<const char*> filled_from(inputs.size(), nullptr);
     std::vector<int64_t> filled_length(inputs.size(), 0);
     std::byte* out_block = gathered + inputs.size() * g.register_bytes;
+    // Runs the block of `len` elements from column `col` of row `row`; an input gathered
+    // into a tile reads its row `tile_row` there instead.
+    const auto run = [&](int64_t row, int64_t col, int64_t len, int64_t tile_row) {
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        if (inputs[k].data == nullptr) {
+          in[k] = nullptr;
+          continue;
+        }
+        if (tile_row >= 0 && tiled[k]) {
+          in[k] = tiles.get() + (tile_slot[k] * kTileRows + tile_row) * tile_pitch;
+          continue;
+        }
+        const StridedLayout& l = inputs[k].layout;
+        const int64_t stride = inner_stride(l);
+        const char* first = static_cast<const char*>(inputs[k].data) +
+                            (RowOffset(l, row) + col * stride) * static_cast<int64_t>(sizes[k]);
+        if (stride == 1) {
+          in[k] = first;
+          continue;
+        }
+        std::byte* block = gathered + k * g.register_bytes;
+        if (stride != 0 || filled_from[k] != first || filled_length[k] < len) {
+          Gather(first, stride, sizes[k], block, len);
+          filled_from[k] = stride == 0 ? first : nullptr;
+          filled_length[k] = len;
+        }
+        in[k] = block;
+      }
+      const int64_t out_stride = inner_stride(out_layout);
+      char* out_first = static_cast<char*>(out) + (RowOffset(out_layout, row) + col * out_stride) *
+                                                      static_cast<int64_t>(out_size);
+      if (out_stride == 1) {
+        RunBlock(plan, in.data(), out_first, len, scratch, g.register_bytes);
+      } else {
+        RunBlock(plan, in.data(), out_block, len, scratch, g.register_bytes);
+        Scatter(out_block, out_size, out_first, out_stride, len);
+      }
+    };
     for (int64_t p = begin; p < end;) {
       const int64_t row = p / row_length;
       const int64_t column = p % row_length;
+      // Whole rows of one outer index, all in this chunk: tiled when an input needs it.
+      const int64_t rows_here =
+          column != 0 || tiles == nullptr
+              ? 0
+              : std::min({kTileRows, (end - p) / row_length,
+                          out_layout.shape[ndim - 2] - row % out_layout.shape[ndim - 2]});
+      if (rows_here >= 2) {
+        for (int64_t col = 0; col < row_length; col += g.block) {
+          const int64_t len = std::min(g.block, row_length - col);
+          for (size_t k = 0; k < inputs.size(); ++k) {
+            if (!tiled[k]) continue;
+            const StridedLayout& l = inputs[k].layout;
+            const char* first =
+                static_cast<const char*>(inputs[k].data) +
+                (RowOffset(l, row) + col * inner_stride(l)) * static_cast<int64_t>(sizes[k]);
+            // Row r of input k's tile lies in a register-sized slot of its own.
+            GatherTile(first, l.strides[ndim - 2], inner_stride(l), sizes[k],
+                       tiles.get() + tile_slot[k] * kTileRows * tile_pitch, tile_pitch,
+                       rows_here, len);
+          }
+          for (int64_t r = 0; r < rows_here; ++r) run(row + r, col, len, r);
+        }
+        p += rows_here * row_length;
+        continue;
+      }
       const int64_t row_end = std::min(end, p - column + row_length);
       for (int64_t b = p; b < row_end; b += g.block) {
-        const int64_t len = std::min(g.block, row_end - b);
-        const int64_t col = column + (b - p);
-        for (size_t k = 0; k < inputs.size(); ++k) {
-          if (inputs[k].data == nullptr) {
-            in[k] = nullptr;
-            continue;
-          }
-          const StridedLayout& l = inputs[k].layout;
-          const int64_t stride = inner_stride(l);
-          const char* first = static_cast<const char*>(inputs[k].data) +
-                              (RowOffset(l, row) + col * stride) * static_cast<int64_t>(sizes[k]);
-          if (stride == 1) {
-            in[k] = first;
-            continue;
-          }
-          std::byte* block = gathered + k * g.register_bytes;
-          if (stride != 0 || filled_from[k] != first || filled_length[k] < len) {
-            Gather(first, stride, sizes[k], block, len);
-            filled_from[k] = stride == 0 ? first : nullptr;
-            filled_length[k] = len;
-          }
-          in[k] = block;
-        }
-        const int64_t out_stride = inner_stride(out_layout);
-        char* out_first = static_cast<char*>(out) + (RowOffset(out_layout, row) + col * out_stride) *
-                                                        static_cast<int64_t>(out_size);
-        if (out_stride == 1) {
-          RunBlock(plan, in.data(), out_first, len, scratch, g.register_bytes);
-        } else {
-          RunBlock(plan, in.data(), out_block, len, scratch, g.register_bytes);
-          Scatter(out_block, out_size, out_first, out_stride, len);
-        }
+        run(row, column + (b - p), std::min(g.block, row_end - b), -1);
       }
       p = row_end;
     }

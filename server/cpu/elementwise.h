@@ -38,7 +38,8 @@ struct StridedArray {
 // their layout(i)) for every index i of out_layout's shape, which every input layout has
 // too (broadcast axes with stride 0). Works along the last axis (the caller coalesces the
 // layouts so that it is as long as can be): each input's row is read in place when its
-// stride is 1 and gathered into a block otherwise, and the result is scattered when the
+// stride is 1 and gathered into a block otherwise (a transposed input, contiguous along
+// the axis before, a tile of rows at a time), and the result is scattered when the
 // output's stride is not 1. `out` may share memory with an input only where their layouts
 // are the same (x += 1 through a view); out_layout must not broadcast.
 //
