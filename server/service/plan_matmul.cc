@@ -120,6 +120,14 @@ absl::Status CheckOperand(const ArrayRef& x, absl::string_view name, int index, 
   return absl::OkStatus();
 }
 
+// The elements of an operand the product reads: a matrix repeated over the batch
+// (batch stride 0) is read once.
+uint64_t ElementsRead(const MatrixStack& s) {
+  const int64_t matrices = s.batch == 0 ? 0 : (s.layout.batch_stride == 0 ? 1 : s.batch);
+  return static_cast<uint64_t>(matrices) * static_cast<uint64_t>(s.rows) *
+         static_cast<uint64_t>(s.cols);
+}
+
 uint64_t Flops(const MatmulShape& s) {
   // 2 m n k per matrix; saturates rather than wraps for the (empty-free) extremes.
   const unsigned __int128 flops = static_cast<unsigned __int128>(2) * s.batch * s.m * s.n * s.k;
@@ -223,9 +231,8 @@ absl::StatusOr<Plan> PlanMatmul(ServiceContext& ctx, absl::string_view client,
   if (b.buffer != a.buffer) spec.accesses.push_back({b.buffer, false});
   spec.accesses.push_back({c, true});
   const uint64_t element = DTypeSize(dtype);
-  spec.bytes_read = static_cast<uint64_t>(a.layout.num_elements() + b.layout.num_elements()) *
-                        element +
-                    (beta != 0 ? c->size_bytes() : 0);
+  spec.bytes_read =
+      (ElementsRead(sa) + ElementsRead(sb)) * element + (beta != 0 ? c->size_bytes() : 0);
   spec.bytes_written = c->size_bytes();
   spec.flops = Flops(shape);
   spec.outputs.push_back(*c);

@@ -132,10 +132,12 @@ v1::ViewStep Columns(int64_t start, int64_t stop) {
   return step;
 }
 
-// Runs `request` and checks its result against `ref`: kind, shape, dtype, flops, values.
+// Runs `request` and checks its result against `ref`: kind, shape, dtype, flops, values,
+// and the elements read when `elements_read` is given.
 template <typename T>
 void RunAndCheck(Client& client, const v1::SubmitRequest& request, const MatmulRef& ref,
-                 const std::vector<uint64_t>& shape, int64_t k, std::string_view what) {
+                 const std::vector<uint64_t>& shape, int64_t k, std::string_view what,
+                 uint64_t elements_read = 0) {
   SCOPED_TRACE(what);
   ASSIGN_OR_FAIL(v1::Operation op, RunOp(client, request));
   EXPECT_EQ(op.kind(), v1::OPERATION_KIND_MATMUL);
@@ -144,6 +146,9 @@ void RunAndCheck(Client& client, const v1::SubmitRequest& request, const MatmulR
   EXPECT_EQ(std::vector<uint64_t>(op.outputs(0).shape().begin(), op.outputs(0).shape().end()),
             shape);
   EXPECT_EQ(op.timing().flops(), 2 * ref.c.size() * static_cast<uint64_t>(k));
+  if (elements_read != 0) {
+    EXPECT_EQ(op.timing().bytes_read(), elements_read * sizeof(T));
+  }
   ASSIGN_OR_FAIL(std::vector<T> got, DownloadArray<T>(client, op.outputs(0).id()));
   ExpectMatmulClose(got, ref, k, what);
 }
@@ -221,12 +226,20 @@ TYPED_TEST(MatmulTypedTest, BatchesAndBroadcasting) {
   ASSIGN_OR_FAIL(auto ba1, Put<T>(this->c(), a1));
   RunAndCheck<T>(this->c(), Waiting(Matmul(ba3.id(), bb3.id())), NumpyMatmul(a3, b3),
                  {batch, m, n}, k, "3-D x 3-D");
+  // A matrix used for every matrix of the batch is read once.
   RunAndCheck<T>(this->c(), Waiting(Matmul(ba3.id(), bb2.id())), NumpyMatmul(a3, b2),
-                 {batch, m, n}, k, "3-D x 2-D");
+                 {batch, m, n}, k, "3-D x 2-D", batch * m * k + k * n);
   RunAndCheck<T>(this->c(), Waiting(Matmul(ba3.id(), bb2f.id())), NumpyMatmul(a3, b2),
                  {batch, m, n}, k, "3-D x 2-D F");
   RunAndCheck<T>(this->c(), Waiting(Matmul(ba1.id(), bb3.id())), NumpyMatmul(a1, b3),
-                 {batch, m, n}, k, "a batch of 1 x 3-D");
+                 {batch, m, n}, k, "a batch of 1 x 3-D", m * k + batch * k * n);
+  // Broadcast to a batch through a view: still one matrix read.
+  v1::SubmitRequest broadcast = Matmul(ba1.id(), bb3.id());
+  v1::ViewStep to_batch;
+  for (int64_t d : {batch, m, k}) to_batch.mutable_broadcast_to()->add_extents(d);
+  *broadcast.mutable_matmul()->add_a_view() = to_batch;
+  RunAndCheck<T>(this->c(), Waiting(broadcast), NumpyMatmul(a1, b3), {batch, m, n}, k,
+                 "broadcast_to view x 3-D", m * k + batch * k * n);
 }
 
 TYPED_TEST(MatmulTypedTest, OneDOperandsDropTheirAxis) {
