@@ -10,12 +10,14 @@
 #include "server/util/status_macros.h"
 
 namespace gpucompute::bench {
+
 namespace {
 
 // The families, in the order their rows print.
 const std::vector<ArraysFamily>& Families() {
   static const auto* families = new std::vector<ArraysFamily>{
       &AppendElementwiseRows,
+      &AppendReduceRows,
       &AppendMatmulRows,
   };
   return *families;
