@@ -1109,6 +1109,18 @@ void BadInputMatrixTest::AddOperationCases() {
      "random { output { dtype: DTYPE_FLOAT64 ttl_seconds: -1 } distribution: DISTRIBUTION_UNIFORM "
      "shape: 4 }",
      StatusCode::INVALID_ARGUMENT, "ttl_seconds must be a finite number");
+  op(kWrongType, "a shift by a float", kAlice, ElementwiseText("x << 1.5", "a"),
+     StatusCode::INVALID_ARGUMENT,
+     "at position 2: ufunc 'left_shift' not supported for the input types (int32, float); "
+     "operator '<<' takes integers or bools");
+  op(kMalformed, "Python's 'and' between arrays", kAlice, ElementwiseText("x > 1 and x < 3", "a"),
+     StatusCode::INVALID_ARGUMENT,
+     "at position 6: 'and' is not supported (an array has no single truth value); use "
+     "logical_and(a, b), or a & b on bools");
+  op(kWrongType, "round() to a float number of decimals", kAlice,
+     ElementwiseText("round(x, 0.5)", "a"), StatusCode::INVALID_ARGUMENT,
+     "at position 9: the decimals of round() must be an integer literal or an integer scalar "
+     "input");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");
