@@ -469,7 +469,48 @@ std::vector<OpCase> OpCases() {
     // Every output conversion, including float -> int (saturating) and anything -> bool.
     for (DType out : AllDtypes()) {
       add(absl::StrCat("convert_to_", DTypeName(out)), "x", t, out, 0);
+      // The casts of the language follow the same rule.
+      add(absl::StrCat("cast_to_", DTypeName(out)), absl::StrCat(DTypeName(out), "(x)"), t, out, 0);
     }
+  }
+  // NumPy's functions added with their names. rint, trunc, degrees, radians, copysign, the
+  // divisions and remainders (npy_divmod is exact steps), sign, square, reciprocal and
+  // everything on integers and bools are exact on both sides and must match bit for bit;
+  // the math library's functions within CUDA's documented error plus glibc's ulp.
+  for (DType t : {DType::kFloat32, DType::kFloat64}) {
+    for (std::string fn : {"rint", "trunc", "degrees", "radians"}) {
+      add(fn, absl::StrCat(fn, "(x)"), t, t, 0);
+    }
+    for (std::string fn : {"exp2", "log2", "log10", "cbrt", "arcsinh", "arccosh", "arctanh"}) {
+      add(fn, absl::StrCat(fn, "(x)"), t, t, fn == "arccosh" && t == DType::kFloat32 ? 5 : 4);
+    }
+    add("hypot", "hypot(x, y)", t, t, 4);
+    add("copysign", "copysign(x, y)", t, t, 0);
+    add("round_2", "round(x, 2)", t, t, 0);
+  }
+  for (DType t : {DType::kInt32, DType::kInt64, DType::kFloat32, DType::kFloat64}) {
+    add("floor_divide", "x // y", t, t, 0);
+    add("remainder", "x % y", t, t, 0);
+    add("fmod", "fmod(x, y)", t, t, 0);
+    add("sign", "sign(x)", t, t, 0);
+    add("square", "square(x)", t, t, 0);
+    add("reciprocal", "reciprocal(x)", t, t, 0);
+    add("round_minus_1", "round(x, -1)", t, t, 0);
+  }
+  for (DType t : {DType::kInt32, DType::kInt64}) {
+    add("left_shift", "x << y", t, t, 0);
+    add("right_shift", "x >> y", t, t, 0);
+  }
+  for (DType t : {DType::kBool, DType::kInt32, DType::kInt64}) {
+    add("bitwise", "(x & y) ^ (x | ~y)", t, t, 0);
+  }
+  for (DType t : AllDtypes()) {
+    add("fmax", "fmax(x, y)", t, t, 0);
+    add("fmin", "fmin(x, y)", t, t, 0);
+    add("clip", "clip(x, y, x)", t, t, 0);
+    add("float_tests", "isnan(x) | isinf(x) ^ isfinite(y) & signbit(y)", t, DType::kBool, 0);
+    add("logical", "logical_and(x, y) ^ logical_or(x, y) | logical_xor(x, y) | logical_not(x)", t,
+        DType::kBool, 0);
   }
   return cases;
 }

@@ -1180,6 +1180,18 @@ void BadInputMatrixTest::AddOperationCases() {
      "gemv { a: \"m\" x: \"v\" a_view { transpose {} } }", StatusCode::UNIMPLEMENTED,
      "gemv does not read through views yet (a_view, x_view); copy the view into a new buffer "
      "first (an elementwise 'x') and pass that");
+  op(kWrongType, "a shift by a float", kAlice, ElementwiseText("x << 1.5", "a"),
+     StatusCode::INVALID_ARGUMENT,
+     "at position 2: ufunc 'left_shift' not supported for the input types (int32, float); "
+     "operator '<<' takes integers or bools");
+  op(kMalformed, "Python's 'and' between arrays", kAlice, ElementwiseText("x > 1 and x < 3", "a"),
+     StatusCode::INVALID_ARGUMENT,
+     "at position 6: 'and' is not supported (an array has no single truth value); use "
+     "logical_and(a, b), or a & b on bools");
+  op(kWrongType, "round() to a float number of decimals", kAlice,
+     ElementwiseText("round(x, 0.5)", "a"), StatusCode::INVALID_ARGUMENT,
+     "at position 9: the decimals of round() must be an integer literal or an integer scalar "
+     "input");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");
