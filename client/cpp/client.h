@@ -304,7 +304,9 @@ v1::SubmitRequest Reduce(v1::ReduceKind kind, std::string_view input, std::optio
 v1::SubmitRequest Gemv(std::string_view a, std::string_view x, v1::Output y = {},
                        bool transpose = false, double alpha = 1, double beta = 0);
 // A fill of a new buffer with `shape` and `dtype`; distribution parameters (mean,
-// stddev, low, high, offset) can be set on the returned request's random op.
+// stddev, low, high, offset) can be set on the returned request's random op. Normals use
+// the newest transform, NORMAL_TRANSFORM_V2; set_normal_transform(NORMAL_TRANSFORM_V1) on
+// the op reproduces fills made before it existed.
 v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64_t>& shape,
                          v1::DType dtype, uint64_t seed, v1::Output output = {});
 

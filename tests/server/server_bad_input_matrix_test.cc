@@ -1109,6 +1109,12 @@ void BadInputMatrixTest::AddOperationCases() {
      "random { output { dtype: DTYPE_FLOAT64 ttl_seconds: -1 } distribution: DISTRIBUTION_UNIFORM "
      "shape: 4 }",
      StatusCode::INVALID_ARGUMENT, "ttl_seconds must be a finite number");
+  op(kWrongType, "normal transform 3", kAlice,
+     "random { output { dtype: DTYPE_FLOAT64 } distribution: DISTRIBUTION_NORMAL shape: 4 "
+     "normal_transform: 3 }",
+     StatusCode::INVALID_ARGUMENT,
+     "unknown normal_transform 3; there are NORMAL_TRANSFORM_V1 (1, also the default 0) and "
+     "NORMAL_TRANSFORM_V2 (2)");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");
