@@ -120,6 +120,14 @@ struct GemvShape {
 
 enum class Distribution : uint8_t { kUniform, kNormal, kIntegers };
 
+// Which transform turns Philox words into normals (kernels/philox.h defines each). A
+// version, once published, keeps its bits: requests that name it (or, for v1, name none)
+// get the same numbers for ever.
+enum class NormalTransform : uint8_t {
+  kBoxMullerV1 = 1,  // the original: libm's logf/sqrtf/cosf/sinf, equal to a few ulp
+  kBoxMullerV2 = 2,  // fused polynomials: bitwise equal on every backend, cheaper on GPUs
+};
+
 // A counter-based random fill. Element i of the output is drawn from Philox4x32-10 with
 // key (seed low 32 bits, seed high 32 bits) and counter (offset + i / k, 0, 0) as a
 // 128-bit little-endian number, taking lane i % k of that block, where k =
@@ -132,6 +140,7 @@ struct RandomParams {
   double stddev = 1.0;  // normal
   int64_t low = 0;      // integers: [low, high)
   int64_t high = 0;
+  NormalTransform normal_transform = NormalTransform::kBoxMullerV1;  // normal
 };
 
 }  // namespace gpucompute

@@ -23,7 +23,8 @@
 //
 //   uniform  float32  k=4  (w_j >> 8) * 2^-24                               in [0, 1)
 //   uniform  float64  k=2  (((w_{2j+1} << 32) | w_{2j}) >> 11) * 2^-53       in [0, 1)
-//   normal   float32  k=4  Box-Muller in float32 on the pair (w_a, w_b) = (w0, w1) for
+//   normal   float32  k=4  (transform v1, NormalTransform::kBoxMullerV1, the default)
+//                          Box-Muller in float32 on the pair (w_a, w_b) = (w0, w1) for
 //                          lanes 0 and 1, (w2, w3) for lanes 2 and 3:
 //                            u1 = ((w_a >> 8) + 1) * 2^-24                  in (0, 1]
 //                            u2 = (w_b >> 8) * 2^-24                        in [0, 1)
@@ -34,6 +35,22 @@
 //                            u1 = ((((w1 << 32) | w0) >> 11) + 1) * 2^-53   in (0, 1]
 //                            u2 = (((w3 << 32) | w2) >> 11) * 2^-53         in [0, 1)
 //                          lane 0 = mean + stddev * r*cos(t), lane 1 = ... r*sin(t).
+//   normal   both     k    transform v2 (NormalTransform::kBoxMullerV2): the same words,
+//                          u1 and u2 as v1, and
+//                            r  = sqrt(-2 ln u1),  (c, s) = (cos, sin)(2 pi u2)
+//                            even lane = mean + (stddev * r) * c, odd lane = ... * s
+//                          computed by NormalRadius*V2 and CosSinTurn*V2 below: the angle
+//                          is reduced exactly (4 u2 = j + y in integers), ln and the
+//                          trigonometric functions are fixed polynomials, and every step
+//                          is a correctly rounded fma, multiply or square root. Each
+//                          standard normal (mean 0, stddev 1) is within 4 ulp of the exact
+//                          Box-Muller value of its u1 and u2 (tests/cpu/philox_test.cc
+//                          checks every float32 radius and angle, and samples of pairs:
+//                          the worst seen are 3.4 ulp for float32 and 3.3 for float64).
+//
+// Versions: a transform, once published, never changes a bit; a different one is a new
+// version. RandomParams (and the API's RandomOp) default to v1, so requests from before
+// v2 existed keep their numbers; the clients ask for the newest.
 //   integers int32/   k=2  x = (w_{2j+1} << 32) | w_{2j}, range = high - low as uint64
 //            int64         (exact even for low = INT64_MIN, high = INT64_MAX), and
 //                          out = low + floor(x * range / 2^64)              in [low, high)
@@ -52,18 +69,19 @@
 // advances offset by that amount never reuses a block.
 //
 // Determinism: uniforms and integers are exact integer arithmetic plus multiplications
-// by powers of two, so every backend produces them bit-identically. Normals go through
-// logf/sqrtf/cosf/sinf (log/sqrt/cos/sin for float64), whose last-bit rounding differs
-// between math libraries (glibc vs CUDA's libdevice, which document errors of 1-2 ulp),
-// and a compiler may contract mean + stddev * z into a fused multiply-add; normals are
-// therefore identical across runs and thread counts of one build, and agree across
-// backends to a few ulp only (uniforms and integers are equal across backends; the
-// conformance suite bounds the normals' difference).
+// by powers of two, and normal v2 is exact operations only, so every backend produces
+// them bit-identically. Normal v1 goes through logf/sqrtf/cosf/sinf (log/sqrt/cos/sin for
+// float64), whose last-bit rounding differs between math libraries (glibc vs CUDA's
+// libdevice, which document errors of 1-2 ulp), and a compiler may contract mean +
+// stddev * z into a fused multiply-add; v1 normals are therefore identical across runs
+// and thread counts of one build, and agree across backends to a few ulp only (the
+// conformance suite bounds the difference, and holds the others to bitwise equality).
 #ifndef GPUCOMPUTE_KERNELS_PHILOX_H_
 #define GPUCOMPUTE_KERNELS_PHILOX_H_
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/dtype.h"
 #include "kernels/host_device.h"
@@ -86,34 +104,59 @@ struct PhiloxKey {
   uint32_t k[2];
 };
 
-// Philox4x32-10: a bijection of the 128-bit counter for each key.
-GPUCOMPUTE_HD PhiloxWords Philox4x32(PhiloxWords ctr, PhiloxKey key) {
+// One round: two 32x32->64-bit products, their high halves mixed into the other words
+// with the round's key.
+GPUCOMPUTE_HD PhiloxWords PhiloxRound(const PhiloxWords& ctr, uint32_t k0, uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * ctr.w[0];
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * ctr.w[2];
+  return {{static_cast<uint32_t>(p1 >> 32) ^ ctr.w[1] ^ k0, static_cast<uint32_t>(p1),
+           static_cast<uint32_t>(p0 >> 32) ^ ctr.w[3] ^ k1, static_cast<uint32_t>(p0)}};
+}
+
+// The key schedule: round r uses key + r * (W0, W1). It depends on the seed alone, so a
+// fill computes it once, and a CUDA kernel takes it as a parameter, read straight from
+// the constant bank by the xor that uses it.
+struct PhiloxRoundKeys {
+  uint32_t k[kPhiloxRounds][2];
+};
+
+GPUCOMPUTE_HD PhiloxRoundKeys PhiloxRoundKeysFor(PhiloxKey key) {
+  PhiloxRoundKeys keys;
   for (int round = 0; round < kPhiloxRounds; ++round) {
-    if (round > 0) {
-      key.k[0] += kPhiloxW0;
-      key.k[1] += kPhiloxW1;
-    }
-    const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * ctr.w[0];
-    const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * ctr.w[2];
-    const PhiloxWords next = {{
-        static_cast<uint32_t>(p1 >> 32) ^ ctr.w[1] ^ key.k[0],
-        static_cast<uint32_t>(p1),
-        static_cast<uint32_t>(p0 >> 32) ^ ctr.w[3] ^ key.k[1],
-        static_cast<uint32_t>(p0),
-    }};
-    ctr = next;
+    keys.k[round][0] = key.k[0] + static_cast<uint32_t>(round) * kPhiloxW0;
+    keys.k[round][1] = key.k[1] + static_cast<uint32_t>(round) * kPhiloxW1;
+  }
+  return keys;
+}
+
+// Philox4x32-10: a bijection of the 128-bit counter for each key.
+GPUCOMPUTE_HD PhiloxWords Philox4x32(PhiloxWords ctr, const PhiloxRoundKeys& keys) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    ctr = PhiloxRound(ctr, keys.k[round][0], keys.k[round][1]);
   }
   return ctr;
+}
+
+GPUCOMPUTE_HD PhiloxWords Philox4x32(PhiloxWords ctr, PhiloxKey key) {
+  return Philox4x32(ctr, PhiloxRoundKeysFor(key));
 }
 
 GPUCOMPUTE_HD PhiloxKey PhiloxKeyFromSeed(uint64_t seed) {
   return {{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
 }
 
-// Block `q` of a fill with `seed`: counter (q low, q high, 0, 0).
-GPUCOMPUTE_HD PhiloxWords PhiloxBlock(uint64_t seed, uint64_t q) {
+// Block `q` of a fill: counter (q low, q high, 0, 0).
+GPUCOMPUTE_HD PhiloxWords PhiloxBlock(const PhiloxRoundKeys& keys, uint64_t q) {
   const PhiloxWords ctr = {{static_cast<uint32_t>(q), static_cast<uint32_t>(q >> 32), 0u, 0u}};
-  return Philox4x32(ctr, PhiloxKeyFromSeed(seed));
+  return Philox4x32(ctr, keys);
+}
+
+// Block `q` of a fill with `seed`.
+GPUCOMPUTE_HD PhiloxWords PhiloxBlock(uint64_t seed, uint64_t q) {
+  return PhiloxBlock(PhiloxRoundKeysFor(PhiloxKeyFromSeed(seed)), q);
 }
 
 // Elements of `dtype` drawn from one Philox block, or 0 where the fill does not support
@@ -191,11 +234,239 @@ GPUCOMPUTE_HD int64_t IntegerInRange(uint32_t lo, uint32_t hi, int64_t low, uint
   return static_cast<int64_t>(static_cast<uint64_t>(low) + MulHi64(JoinWords(lo, hi), range));
 }
 
+// ---- Normal transform v2: Box-Muller in fused polynomials, the same bits everywhere. ----
+//
+// Every step below is exact integer arithmetic, an exact conversion or power-of-two
+// scaling, or one correctly rounded fma, multiply, subtraction or square root, each
+// spelled out (never `a * b + c`, which a compiler may contract or not), so that the CPU
+// and a GPU compute the same bits. No libm call is involved.
+
+// The bits of a float or double as an unsigned integer of its size, and back.
+template <typename To, typename From>
+GPUCOMPUTE_HD To BitCast(From x) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To y;
+  memcpy(&y, &x, sizeof(y));
+  return y;
+}
+
+GPUCOMPUTE_HD uint32_t FloatBits(float x) { return BitCast<uint32_t>(x); }
+GPUCOMPUTE_HD float BitsToFloat(uint32_t bits) { return BitCast<float>(bits); }
+GPUCOMPUTE_HD uint64_t DoubleBits(double x) { return BitCast<uint64_t>(x); }
+GPUCOMPUTE_HD double BitsToDouble(uint64_t bits) { return BitCast<double>(bits); }
+
+// Correctly rounded a * b + c, a * b and sqrt(a) for T = float or double, never
+// contracted with a neighbouring operation.
+template <typename T>
+GPUCOMPUTE_HD T ExactFma(T a, T b, T c) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(float))
+    return __fmaf_rn(a, b, c);
+  else
+    return __fma_rn(a, b, c);
+#else
+  if constexpr (sizeof(T) == sizeof(float))
+    return fmaf(a, b, c);
+  else
+    return fma(a, b, c);
+#endif
+}
+
+template <typename T>
+GPUCOMPUTE_HD T ExactMul(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(float))
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+template <typename T>
+GPUCOMPUTE_HD T ExactSqrt(T a) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(float))
+    return __fsqrt_rn(a);
+  else
+    return __dsqrt_rn(a);
+#else
+  if constexpr (sizeof(T) == sizeof(float))
+    return sqrtf(a);
+  else
+    return sqrt(a);
+#endif
+}
+
+// c[0] + x * (c[1] + x * (... + x * c[N-1])), one fma a step.
+template <typename T, int N>
+GPUCOMPUTE_HD T Horner(const T (&c)[N], T x) {
+  T p = c[N - 1];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = N - 2; k >= 0; --k) p = ExactFma(p, x, c[k]);
+  return p;
+}
+
+// The polynomials, coefficients low degree first: Chebyshev fits (near-minimax) rounded
+// to the type, kept in local arrays so that device code folds them into immediates.
+// With f = m - 1 for m in [sqrt(1/2), sqrt(2)), -2 log1p(f) = -2 f + f^2 * Minus2Log1pTail(f);
+// with y in [-1/2, 1/2] and s = y^2, sin(pi y / 2) = y * SinHalfPiOverY(s) and
+// cos(pi y / 2) = CosHalfPi(s).
+GPUCOMPUTE_HD float Minus2Log1pTail(float f) {
+  const float c[] = {0x1.0p+0f,      -0x1.55554ep-1f, 0x1.000008p-1f, -0x1.99a13p-2f,
+                     0x1.5559e6p-2f, -0x1.237a56p-2f, 0x1.fcc1aep-3f, -0x1.e3d33ap-3f,
+                     0x1.d962f2p-3f, -0x1.15425cp-3f};
+  return Horner(c, f);
+}
+
+GPUCOMPUTE_HD double Minus2Log1pTail(double f) {
+  const double c[] = {0x1.0p+0,
+                      -0x1.555555555555cp-1,
+                      0x1.fffffffffff34p-2,
+                      -0x1.999999999772bp-2,
+                      0x1.5555555561dddp-2,
+                      -0x1.249249261f2ccp-2,
+                      0x1.fffffff7e955cp-3,
+                      -0x1.c71c70c1303cbp-3,
+                      0x1.99999a6364b62p-3,
+                      -0x1.745d460eacbc4p-3,
+                      0x1.55556c388aeddp-3,
+                      -0x1.3b0eda8f5d75cp-3,
+                      0x1.248b2a78bff2p-3,
+                      -0x1.115b4daceee38p-3,
+                      0x1.00b0e81fd59f4p-3,
+                      -0x1.dd3093b701211p-4,
+                      0x1.b635ac30a3dacp-4,
+                      -0x1.bb08e0be73d94p-4,
+                      0x1.fc84a09888c57p-4,
+                      -0x1.ceab3eecb74d9p-4,
+                      0x1.8e8f5f6d78efbp-5};
+  return Horner(c, f);
+}
+
+GPUCOMPUTE_HD float SinHalfPiOverY(float s) {
+  const float c[] = {0x1.921fb6p+0f, -0x1.4abbbap-1f, 0x1.465ec4p-4f, -0x1.2d9b4p-8f};
+  return Horner(c, s);
+}
+
+GPUCOMPUTE_HD double SinHalfPiOverY(double s) {
+  const double c[] = {0x1.921fb54442d18p+0,  -0x1.4abbce625be41p-1, 0x1.466bc677587f8p-4,
+                      -0x1.32d2cce2e5b19p-8, 0x1.50782fda12d96p-13, -0x1.e30071afc3e59p-19,
+                      0x1.e3f38399551bfp-25};
+  return Horner(c, s);
+}
+
+GPUCOMPUTE_HD float CosHalfPi(float s) {
+  const float c[] = {0x1.0p+0f, -0x1.3bd3ccp+0f, 0x1.03c1dcp-2f, -0x1.55c57ap-6f, 0x1.d9c2e8p-11f};
+  return Horner(c, s);
+}
+
+GPUCOMPUTE_HD double CosHalfPi(double s) {
+  const double c[] = {0x1.0p+0,
+                      -0x1.3bd3cc9be45dep+0,
+                      0x1.03c1f081b5aacp-2,
+                      -0x1.55d3c7e3c90f8p-6,
+                      0x1.e1f5068355e15p-11,
+                      -0x1.a6d1ec7906c2p-16,
+                      0x1.f9cc41140bb6p-22,
+                      -0x1.b264ba152378ap-28};
+  return Horner(c, s);
+}
+
+// -2 ln 2 = hi + lo, with hi short enough that e * hi is exact for every exponent e used.
+inline constexpr float kMinus2Ln2HiFloat32 = -0x1.62e4p+0f;
+inline constexpr float kMinus2Ln2LoFloat32 = -0x1.7f7d1cp-19f;
+inline constexpr double kMinus2Ln2HiFloat64 = -0x1.62e42feep+0;
+inline constexpr double kMinus2Ln2LoFloat64 = -0x1.a39ef35793c76p-32;
+
+// r = sqrt(-2 ln u1) for u1 = x * 2^-24, x = (wa >> 8) + 1 in [1, 2^24] (v1's u1).
+// x = 2^e * m with m in [sqrt(1/2), sqrt(2)) is read off the bits of float(x) (exact),
+// so ln u1 = (e - 24) ln 2 + log1p(m - 1) with m - 1 exact and small.
+GPUCOMPUTE_HD float NormalRadiusFloat32V2(uint32_t wa) {
+  const uint32_t bits = FloatBits(static_cast<float>((wa >> 8) + 1u));
+  const uint32_t e = (bits - 0x3f3504f3u) >> 23;  // bits >= 1.0f's, so no borrow
+  const float f = BitsToFloat(bits - (e << 23)) - 1.0f;
+  const float minus2_log1p = ExactFma(ExactMul(f, f), Minus2Log1pTail(f), -2.0f * f);
+  const float scale = static_cast<float>(static_cast<int32_t>(e) - 24);
+  return ExactSqrt(
+      ExactFma(scale, kMinus2Ln2HiFloat32, ExactFma(scale, kMinus2Ln2LoFloat32, minus2_log1p)));
+}
+
+// The same for float64: x = (((w1 << 32) | w0) >> 11) + 1 in [1, 2^53], u1 = x * 2^-53.
+GPUCOMPUTE_HD double NormalRadiusFloat64V2(uint32_t w0, uint32_t w1) {
+  const uint64_t bits = DoubleBits(static_cast<double>((JoinWords(w0, w1) >> 11) + 1u));
+  const uint64_t e = (bits - 0x3fe6a09e667f3bcdu) >> 52;
+  const double f = BitsToDouble(bits - (e << 52)) - 1.0;
+  const double minus2_log1p = ExactFma(ExactMul(f, f), Minus2Log1pTail(f), -2.0 * f);
+  const double scale = static_cast<double>(static_cast<int64_t>(e) - 53);
+  return ExactSqrt(
+      ExactFma(scale, kMinus2Ln2HiFloat64, ExactFma(scale, kMinus2Ln2LoFloat64, minus2_log1p)));
+}
+
+// cos and sin of (pi / 2) * (j + y) for a quadrant j (any integer) and y in [-1/2, 1/2].
+template <typename T>
+GPUCOMPUTE_HD void CosSinQuarterTurns(uint32_t j, T y, T* cos_t, T* sin_t) {
+  const T s = ExactMul(y, y);
+  const T sin_y = ExactMul(y, SinHalfPiOverY(s));
+  const T cos_y = CosHalfPi(s);
+  // A quarter turn maps (cos, sin) to (-sin, cos).
+  const T a = (j & 1u) != 0 ? sin_y : cos_y;
+  const T b = (j & 1u) != 0 ? cos_y : sin_y;
+  *cos_t = ((j + 1u) & 2u) != 0 ? -a : a;
+  *sin_t = (j & 2u) != 0 ? -b : b;
+}
+
+// cos and sin of 2 pi u2 for v1's u2 = (wb >> 8) * 2^-24: 4 u2 = j + y with j the
+// nearest integer, found exactly in integers, so no angle is ever rounded.
+// y = (t mod 2^22) * 2^-22 - 1/2 is read off as the float 1 + (t mod 2^22) * 2^-22, built
+// from bits, less 3/2: exact, and no integer-to-float conversion.
+GPUCOMPUTE_HD void CosSinTurnFloat32V2(uint32_t wb, float* cos_t, float* sin_t) {
+  const uint32_t t = (wb >> 8) + (1u << 21);  // 4 u2 * 2^22, plus a half
+  const float y = BitsToFloat(0x3f800000u | ((t & 0x3fffffu) << 1)) - 1.5f;
+  CosSinQuarterTurns(t >> 22, y, cos_t, sin_t);
+}
+
+// The same for float64's u2 = (((w3 << 32) | w2) >> 11) * 2^-53.
+GPUCOMPUTE_HD void CosSinTurnFloat64V2(uint32_t w2, uint32_t w3, double* cos_t, double* sin_t) {
+  const uint64_t t = (JoinWords(w2, w3) >> 11) + (uint64_t{1} << 50);
+  const double y = BitsToDouble(0x3ff0000000000000u | ((t & ((uint64_t{1} << 51) - 1)) << 1)) - 1.5;
+  CosSinQuarterTurns(static_cast<uint32_t>(t >> 51), y, cos_t, sin_t);
+}
+
+// Two normals of v2 from a pair of words (float32) or a whole block (float64):
+// mean + (stddev * r) * cos(2 pi u2) and the same with sin, each with one rounding.
+GPUCOMPUTE_HD void NormalPairFloat32V2(uint32_t wa, uint32_t wb, float mean, float stddev,
+                                       float* even, float* odd) {
+  const float radius = ExactMul(stddev, NormalRadiusFloat32V2(wa));
+  float c, s;
+  CosSinTurnFloat32V2(wb, &c, &s);
+  *even = ExactFma(radius, c, mean);
+  *odd = ExactFma(radius, s, mean);
+}
+
+GPUCOMPUTE_HD void NormalPairFloat64V2(const PhiloxWords& b, double mean, double stddev,
+                                       double* even, double* odd) {
+  const double radius = ExactMul(stddev, NormalRadiusFloat64V2(b.w[0], b.w[1]));
+  double c, s;
+  CosSinTurnFloat64V2(b.w[2], b.w[3], &c, &s);
+  *even = ExactFma(radius, c, mean);
+  *odd = ExactFma(radius, s, mean);
+}
+
 // ---- Whole blocks: every lane of one Philox block, as the fill writes them. ----
 
 // The 4 float32 values of block `b` (uniform or normal).
 GPUCOMPUTE_HD void Float32Lanes(const PhiloxWords& b, const RandomParams& p, float out[4]) {
-  if (p.distribution == Distribution::kNormal) {
+  if (p.distribution == Distribution::kNormal &&
+      p.normal_transform == NormalTransform::kBoxMullerV2) {
+    const float mean = static_cast<float>(p.mean);
+    const float stddev = static_cast<float>(p.stddev);
+    NormalPairFloat32V2(b.w[0], b.w[1], mean, stddev, &out[0], &out[1]);
+    NormalPairFloat32V2(b.w[2], b.w[3], mean, stddev, &out[2], &out[3]);
+  } else if (p.distribution == Distribution::kNormal) {
     const float mean = static_cast<float>(p.mean);
     const float stddev = static_cast<float>(p.stddev);
     float z[4];
@@ -209,7 +480,10 @@ GPUCOMPUTE_HD void Float32Lanes(const PhiloxWords& b, const RandomParams& p, flo
 
 // The 2 float64 values of block `b` (uniform or normal).
 GPUCOMPUTE_HD void Float64Lanes(const PhiloxWords& b, const RandomParams& p, double out[2]) {
-  if (p.distribution == Distribution::kNormal) {
+  if (p.distribution == Distribution::kNormal &&
+      p.normal_transform == NormalTransform::kBoxMullerV2) {
+    NormalPairFloat64V2(b, p.mean, p.stddev, &out[0], &out[1]);
+  } else if (p.distribution == Distribution::kNormal) {
     double z0, z1;
     BoxMullerFloat64(b, &z0, &z1);
     out[0] = p.mean + p.stddev * z0;

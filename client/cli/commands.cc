@@ -672,18 +672,24 @@ Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 1, 1)) return *usage;
   const std::string& distribution = args.positional()[0];
   v1::RandomOp* op = request->mutable_random();
+  // "normal" is the newest transform; "normal-v1" reproduces fills made before v2.
   if (distribution == "uniform") {
     op->set_distribution(v1::DISTRIBUTION_UNIFORM);
-  } else if (distribution == "normal") {
+  } else if (distribution == "normal" || distribution == "normal-v2") {
     op->set_distribution(v1::DISTRIBUTION_NORMAL);
+    op->set_normal_transform(v1::NORMAL_TRANSFORM_V2);
+  } else if (distribution == "normal-v1") {
+    op->set_distribution(v1::DISTRIBUTION_NORMAL);
+    op->set_normal_transform(v1::NORMAL_TRANSFORM_V1);
   } else if (distribution == "integers") {
     op->set_distribution(v1::DISTRIBUTION_INTEGERS);
   } else {
-    return Outcome::Usage(
-        absl::StrCat("unknown distribution '", distribution, "' (uniform normal integers)"));
+    return Outcome::Usage(absl::StrCat("unknown distribution '", distribution,
+                                       "' (uniform normal normal-v1 normal-v2 integers)"));
   }
+  const bool normal = op->distribution() == v1::DISTRIBUTION_NORMAL;
   for (std::string_view flag : {"--mean", "--std"}) {
-    if (args.Has(flag) && distribution != "normal") {
+    if (args.Has(flag) && !normal) {
       return Outcome::Usage(absl::StrCat(ToAbsl(flag), " applies to normal only"));
     }
   }

@@ -376,6 +376,7 @@ v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64
   v1::SubmitRequest request;
   v1::RandomOp* op = request.mutable_random();
   op->set_distribution(distribution);
+  if (distribution == v1::DISTRIBUTION_NORMAL) op->set_normal_transform(v1::NORMAL_TRANSFORM_V2);
   for (uint64_t dimension : shape) op->add_shape(dimension);
   op->set_seed(seed);
   if (output.dtype() == v1::DTYPE_UNSPECIFIED) output.set_dtype(dtype);

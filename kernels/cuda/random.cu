@@ -1,9 +1,10 @@
 // RandomAsync: the entry point and its dispatch; the kernel is in
-// detail/random_kernels.cuh. One kernel per (dtype, distribution) the fill defines: six.
+// detail/random_kernels.cuh. One kernel per (dtype, distribution, normal transform) the
+// fill defines: eight.
 //
 // Determinism: element i depends only on (params, dtype, i), never on the launch, so the
-// fill is bitwise identical run to run; uniforms and integers are also bitwise identical
-// to the CPU backend (see kernels/philox.h).
+// fill is bitwise identical run to run; uniforms, integers and normal v2 are also bitwise
+// identical to the CPU backend (see kernels/philox.h).
 #include <cstdint>
 
 #include "kernels/cuda/detail/launch.cuh"
@@ -21,7 +22,8 @@ namespace {
 // is sized to keep every SM at full occupancy: 8 resident 256-thread blocks, 4 waves.
 constexpr int kRandomBlocksPerSm = 32;
 
-template <typename T, Distribution kDist>
+template <typename T, Distribution kDist,
+          NormalTransform kTransform = NormalTransform::kBoxMullerV1>
 cudaError_t RandomDispatch(const RandomParams& params, void* out_bytes, int64_t n,
                            cudaStream_t stream) {
   constexpr int k = ElementsPerCounter(kDist, DTypeOf<T>::value);
@@ -30,8 +32,23 @@ cudaError_t RandomDispatch(const RandomParams& params, void* out_bytes, int64_t 
   unsigned grid = 0;
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(CeilDiv(n, k), kBlockThreads), kRandomBlocksPerSm, &grid));
-  RandomKernel<T, kDist><<<grid, kBlockThreads, 0, stream>>>(params, out, n, vector_store);
+  const PhiloxRoundKeys keys = PhiloxRoundKeysFor(PhiloxKeyFromSeed(params.seed));
+  RandomKernel<T, kDist, kTransform>
+      <<<grid, kBlockThreads, 0, stream>>>(params, keys, out, n, vector_store);
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t NormalDispatch(const RandomParams& params, void* out, int64_t n, cudaStream_t stream) {
+  switch (params.normal_transform) {
+    case NormalTransform::kBoxMullerV1:
+      return RandomDispatch<T, Distribution::kNormal, NormalTransform::kBoxMullerV1>(params, out, n,
+                                                                                     stream);
+    case NormalTransform::kBoxMullerV2:
+      return RandomDispatch<T, Distribution::kNormal, NormalTransform::kBoxMullerV2>(params, out, n,
+                                                                                     stream);
+  }
+  return cudaErrorInvalidValue;  // a transform this build does not know
 }
 
 }  // namespace
@@ -50,12 +67,8 @@ cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int6
       }
       break;
     case Distribution::kNormal:
-      if (dtype == DType::kFloat32) {
-        return detail::RandomDispatch<float, Distribution::kNormal>(params, out, n, stream);
-      }
-      if (dtype == DType::kFloat64) {
-        return detail::RandomDispatch<double, Distribution::kNormal>(params, out, n, stream);
-      }
+      if (dtype == DType::kFloat32) return detail::NormalDispatch<float>(params, out, n, stream);
+      if (dtype == DType::kFloat64) return detail::NormalDispatch<double>(params, out, n, stream);
       break;
     case Distribution::kIntegers:
       if (params.low >= params.high) break;  // an empty range

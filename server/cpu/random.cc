@@ -3,8 +3,8 @@
 // Element i depends only on (params, dtype, i): each task computes the Philox blocks
 // of its own elements from their counters, with no generator state shared between
 // tasks, so the output is bit-identical across runs and thread counts. The per-block
-// functions are the ones a CUDA kernel calls, so uniforms and integers also match other
-// backends bit for bit (normals to a few ulp; see philox.h).
+// functions are the ones a CUDA kernel calls, so uniforms, integers and normal v2 also
+// match other backends bit for bit (normal v1 to a few ulp; see philox.h).
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
@@ -27,9 +27,10 @@ constexpr int64_t kBlocksPerChunk = int64_t{1} << 14;
 template <typename T, typename V, int kLanes, typename Lanes>
 void Fill(const RandomParams& params, T* out, int64_t n, ThreadPool& pool, Lanes lanes) {
   const int64_t blocks = n / kLanes + (n % kLanes != 0 ? 1 : 0);
+  const PhiloxRoundKeys keys = PhiloxRoundKeysFor(PhiloxKeyFromSeed(params.seed));
   pool.ParallelFor(blocks, kBlocksPerChunk, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const PhiloxWords words = PhiloxBlock(params.seed, params.offset + static_cast<uint64_t>(b));
+      const PhiloxWords words = PhiloxBlock(keys, params.offset + static_cast<uint64_t>(b));
       V values[kLanes];
       lanes(words, params, values);
       T* dst = out + b * kLanes;

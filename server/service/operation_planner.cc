@@ -207,6 +207,20 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
   params.stddev = op.has_stddev() ? op.stddev() : 1.0;
   params.low = op.low();
   params.high = op.high();
+  // Checked for every distribution, so that a typo fails rather than being ignored.
+  switch (op.normal_transform()) {
+    case v1::NORMAL_TRANSFORM_UNSPECIFIED:
+    case v1::NORMAL_TRANSFORM_V1:
+      params.normal_transform = NormalTransform::kBoxMullerV1;
+      break;
+    case v1::NORMAL_TRANSFORM_V2:
+      params.normal_transform = NormalTransform::kBoxMullerV2;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown normal_transform ", static_cast<int>(op.normal_transform()),
+          "; there are NORMAL_TRANSFORM_V1 (1, also the default 0) and NORMAL_TRANSFORM_V2 (2)"));
+  }
 
   // The target: an existing buffer decides shape and dtype; a new one takes them from the request.
   std::vector<uint64_t> shape(op.shape().begin(), op.shape().end());

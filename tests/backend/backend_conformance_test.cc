@@ -1522,10 +1522,18 @@ TEST_P(BackendConformance, GemvFloat64) { CheckGemvAll<double>(backend(), stream
 
 // Element i of a fill, computed here from the definition at the top of kernels/philox.h:
 // only the Philox block itself (PhiloxBlock, checked against Random123's known answers
-// in tests/cpu/philox_test.cc) comes from the header.
+// in tests/cpu/philox_test.cc) comes from the header. Normal v2 is defined by the
+// header's arithmetic itself (tests/cpu/philox_test.cc holds it to 4 ulp of the exact
+// Box-Muller value), so its definition here is the header's RandomElement.
 template <typename T>
 T DefinedRandomElement(const RandomParams& p, uint64_t i) {
   constexpr DType kT = DTypeOf<T>::value;
+  if constexpr (!std::is_integral_v<T>) {
+    if (p.distribution == Distribution::kNormal &&
+        p.normal_transform == NormalTransform::kBoxMullerV2) {
+      return RandomElement<T>(p, i);
+    }
+  }
   const int k = kT == DType::kFloat32 ? 4 : 2;
   const PhiloxWords b = PhiloxBlock(p.seed, p.offset + i / k);
   const int j = static_cast<int>(i % k);
@@ -1561,15 +1569,19 @@ T DefinedRandomElement(const RandomParams& p, uint64_t i) {
   }
 }
 
-// Whether `got` matches the defined value `want` of a fill: bit for bit for integers and
-// uniforms; for normals, which go through log/sqrt/cos/sin whose last bits differ between
-// math libraries, within 4 float32 ulp or 1e-12 (float64) of |mean| + |stddev * z|.
+// Whether `got` matches the defined value `want` of a fill: bit for bit for integers,
+// uniforms and normal v2 (exact operations only, the same on every backend); for normal
+// v1, which goes through log/sqrt/cos/sin whose last bits differ between math libraries,
+// within 4 float32 ulp or 1e-12 (float64) of |mean| + |stddev * z|.
 template <typename T>
 bool RandomMatches(const RandomParams& p, T got, T want) {
   if constexpr (std::is_integral_v<T>) {
     return got == want;
   } else {
-    if (p.distribution == Distribution::kUniform) return SameBits(got, want);
+    if (p.distribution == Distribution::kUniform ||
+        p.normal_transform == NormalTransform::kBoxMullerV2) {
+      return SameBits(got, want);
+    }
     const double scale = std::fabs(p.mean) + std::fabs(static_cast<double>(want) - p.mean);
     if constexpr (std::is_same_v<T, float>) {
       const float s = static_cast<float>(scale);
@@ -1585,10 +1597,10 @@ bool RandomMatches(const RandomParams& p, T got, T want) {
 template <typename T>
 void CheckRandom(Backend& backend, Stream& stream, const RandomParams& p, int64_t n) {
   constexpr DType kT = DTypeOf<T>::value;
-  SCOPED_TRACE(absl::StrCat("random ", DTypeName(kT), " distribution ",
-                            static_cast<int>(p.distribution), " seed ", p.seed, " offset ",
-                            p.offset, " mean ", p.mean, " stddev ", p.stddev, " [", p.low, ", ",
-                            p.high, ") n ", n));
+  SCOPED_TRACE(absl::StrCat(
+      "random ", DTypeName(kT), " distribution ", static_cast<int>(p.distribution), " seed ",
+      p.seed, " offset ", p.offset, " mean ", p.mean, " stddev ", p.stddev, " normal v",
+      static_cast<int>(p.normal_transform), " [", p.low, ", ", p.high, ") n ", n));
   ASSERT_NE(ElementsPerCounter(p.distribution, kT), 0);
   const T guard = GuardValue<T>();
   DeviceMemory out;
@@ -1639,6 +1651,12 @@ RandomParams Normal(uint64_t seed, uint64_t offset, double mean, double stddev) 
   return p;
 }
 
+RandomParams NormalV2(uint64_t seed, uint64_t offset, double mean, double stddev) {
+  RandomParams p = Normal(seed, offset, mean, stddev);
+  p.normal_transform = NormalTransform::kBoxMullerV2;
+  return p;
+}
+
 RandomParams Integers(uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
   RandomParams p = Uniform(seed, offset);
   p.distribution = Distribution::kIntegers;
@@ -1666,19 +1684,23 @@ TEST_P(BackendConformance, RandomUniformMatchesPhilox) {
   CheckRandom<double>(backend(), stream(), Uniform(7, 0), 1000003);
 }
 
+// v1 to a few ulp of the definition, v2 bit for bit (an agreement bound of 0 ulp between
+// backends).
 TEST_P(BackendConformance, RandomNormalMatchesPhilox) {
-  for (uint64_t seed : kSeeds) {
-    for (uint64_t offset : kOffsets) {
-      for (int64_t n : kRandomSizes) {
-        CheckRandom<float>(backend(), stream(), Normal(seed, offset, 0, 1), n);
-        CheckRandom<double>(backend(), stream(), Normal(seed, offset, 0, 1), n);
-        CheckRandom<float>(backend(), stream(), Normal(seed, offset, 3, 0.5), n);
-        CheckRandom<double>(backend(), stream(), Normal(seed, offset, -1e3, 1e-2), n);
+  for (auto normal : {Normal, NormalV2}) {
+    for (uint64_t seed : kSeeds) {
+      for (uint64_t offset : kOffsets) {
+        for (int64_t n : kRandomSizes) {
+          CheckRandom<float>(backend(), stream(), normal(seed, offset, 0, 1), n);
+          CheckRandom<double>(backend(), stream(), normal(seed, offset, 0, 1), n);
+          CheckRandom<float>(backend(), stream(), normal(seed, offset, 3, 0.5), n);
+          CheckRandom<double>(backend(), stream(), normal(seed, offset, -1e3, 1e-2), n);
+        }
       }
     }
+    CheckRandom<float>(backend(), stream(), normal(7, 0, 1, 2), 1000003);
+    CheckRandom<double>(backend(), stream(), normal(7, 0, 1, 2), 1000003);
   }
-  CheckRandom<float>(backend(), stream(), Normal(7, 0, 1, 2), 1000003);
-  CheckRandom<double>(backend(), stream(), Normal(7, 0, 1, 2), 1000003);
 }
 
 TEST_P(BackendConformance, RandomIntegersMatchPhilox) {
@@ -1740,6 +1762,8 @@ TEST_P(BackendConformance, RandomOffsetContinuesAFill) {
   CheckOffsetContinuation<double>(backend(), stream(), Uniform(9, 0));
   CheckOffsetContinuation<float>(backend(), stream(), Normal(9, 0, 0, 1));
   CheckOffsetContinuation<double>(backend(), stream(), Normal(9, 0, 0, 1));
+  CheckOffsetContinuation<float>(backend(), stream(), NormalV2(9, 0, 0, 1));
+  CheckOffsetContinuation<double>(backend(), stream(), NormalV2(9, 0, 0, 1));
   CheckOffsetContinuation<int32_t>(backend(), stream(), Integers(9, 0, -7, 1000));
   CheckOffsetContinuation<int64_t>(backend(), stream(), Integers(9, 0, -7, int64_t{1} << 50));
 }

@@ -33,6 +33,8 @@
 #include "client/cpp/npy.h"
 #include "client/cpp/shared_memory.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "kernels/ops.h"
+#include "kernels/philox.h"
 #include "tests/support/test_util.h"
 
 namespace gpucompute {
@@ -373,6 +375,40 @@ TEST_F(CliTest, RandIsReproducibleAndContinues) {
   EXPECT_EQ(ParseJson<v1::Operation>(tail.out).next_offset(), 500u);
   ASSERT_EQ(Run("get u3 -o " + ShellQuote(Path("u3.npy"))).exit_code, 0);
   EXPECT_EQ(ReadNpyDoubles(Path("u3.npy")), std::vector<double>(u.begin() + 500, u.end()));
+}
+
+// "rand normal" is the newest transform, v2, bit for bit as kernels/philox.h defines it;
+// "rand normal-v1" reproduces the original one.
+TEST_F(CliTest, RandNormalUsesV2AndCanAskForV1) {
+  const auto fill = [&](const std::string& distribution, const std::string& name) {
+    EXPECT_EQ(Run("rand " + distribution + " --shape 64 --dtype float64 --seed 5 --name " + name)
+                  .exit_code,
+              0);
+    EXPECT_EQ(Run("get " + name + " -o " + ShellQuote(Path(name + ".npy"))).exit_code, 0);
+    return ReadNpyDoubles(Path(name + ".npy"));
+  };
+  const std::vector<double> v2 = fill("normal", "n2");
+  const std::vector<double> v1_values = fill("normal-v1", "n1");
+  ASSERT_EQ(v2.size(), 64u);
+  ASSERT_EQ(v1_values.size(), 64u);
+  RandomParams p;
+  p.distribution = Distribution::kNormal;
+  p.seed = 5;
+  for (uint64_t i = 0; i < 64; ++i) {
+    p.normal_transform = NormalTransform::kBoxMullerV2;
+    EXPECT_EQ(v2[i], RandomElement<double>(p, i)) << i;
+    p.normal_transform = NormalTransform::kBoxMullerV1;
+    EXPECT_NEAR(v1_values[i], RandomElement<double>(p, i), 1e-12) << i;
+  }
+  EXPECT_NE(v2, v1_values);
+  Result unknown = Run("rand normal-v3 --shape 4 --dtype float64");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
+  EXPECT_NE(unknown.err.find("unknown distribution 'normal-v3' (uniform normal normal-v1 "
+                             "normal-v2 integers)"),
+            std::string::npos)
+      << unknown.err;
+  Result mean_of_uniform = Run("rand uniform --shape 4 --dtype float64 --mean 1");
+  EXPECT_EQ(mean_of_uniform.exit_code, 2) << mean_of_uniform.err;
 }
 
 TEST_F(CliTest, ListAndRemove) {

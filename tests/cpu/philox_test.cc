@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -232,6 +234,212 @@ TEST(PhiloxTest, NormalTransforms) {
   EXPECT_TRUE(std::isfinite(z0));
 }
 
+// ---- Normal transform v2 ----
+
+constexpr long double kPiL = 3.141592653589793238462643383279502884L;
+
+// The exact Box-Muller pair r cos(2 pi u2), r sin(2 pi u2) with r = sqrt(-2 ln u1), in
+// long double (64-bit significand). The angle is reduced exactly, 4 u2 = j + y with j the
+// nearest integer, so that values near the zeros of cos and sin keep their relative
+// accuracy.
+void ExactBoxMuller(long double u1, long double u2, long double* even, long double* odd) {
+  const long double r = std::sqrt(-2 * std::log(u1));
+  const long double t = 4 * u2;
+  const long double j = std::nearbyint(t);
+  const long double c = std::cos(kPiL / 2 * (t - j)), s = std::sin(kPiL / 2 * (t - j));
+  switch (static_cast<int>(j) & 3) {
+    case 0:
+      *even = r * c, *odd = r * s;
+      break;
+    case 1:
+      *even = -r * s, *odd = r * c;
+      break;
+    case 2:
+      *even = -r * c, *odd = -r * s;
+      break;
+    default:
+      *even = r * s, *odd = -r * c;
+      break;
+  }
+}
+
+// The exact pair of v2 for a Philox block, from the definition's u1 and u2.
+void ExactPairFloat32(uint32_t wa, uint32_t wb, long double* even, long double* odd) {
+  ExactBoxMuller(((wa >> 8) + 1) * 0x1.0p-24L, (wb >> 8) * 0x1.0p-24L, even, odd);
+}
+
+void ExactPairFloat64(const PhiloxWords& b, long double* even, long double* odd) {
+  const uint64_t x1 = ((uint64_t{b.w[1]} << 32) | b.w[0]) >> 11;
+  const uint64_t x2 = ((uint64_t{b.w[3]} << 32) | b.w[2]) >> 11;
+  ExactBoxMuller((x1 + 1) * 0x1.0p-53L, x2 * 0x1.0p-53L, even, odd);
+}
+
+// |got - want| in units of T's ulp at |want| (the spacing of T's values in [2^e, 2^e+1)
+// that holds |want|).
+template <typename T>
+double UlpsFrom(T got, long double want) {
+  int exponent = 0;
+  std::frexp(std::fabs(want), &exponent);
+  long double ulp = std::ldexp(1.0L, exponent - std::numeric_limits<T>::digits);
+  ulp = std::max<long double>(ulp, std::numeric_limits<T>::denorm_min());
+  return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+}
+
+// The bound kernels/philox.h states for v2's standard normals.
+constexpr double kNormalV2MaxUlps = 4;
+
+RandomParams NormalV2(double mean = 0, double stddev = 1) {
+  RandomParams p = Params(Distribution::kNormal);
+  p.normal_transform = NormalTransform::kBoxMullerV2;
+  p.mean = mean;
+  p.stddev = stddev;
+  return p;
+}
+
+TEST(PhiloxTest, NormalV1StaysTheDefault) {
+  static_assert(RandomParams{}.normal_transform == NormalTransform::kBoxMullerV1);
+  // The v1 values of seed 0, block 0 (NormalTransforms above checks them in detail).
+  EXPECT_NEAR(RandomElement<double>(Params(Distribution::kNormal), 0), -0.39766753844418223, 1e-14);
+}
+
+TEST(PhiloxTest, NormalV2KnownAnswers) {
+  // Seed 0, block 0: the words kW. Lanes (0, 1) come from (w0, w1), lanes (2, 3) from
+  // (w2, w3); float64 takes all four words for its two lanes.
+  long double want[4];
+  ExactPairFloat32(kW[0], kW[1], &want[0], &want[1]);
+  ExactPairFloat32(kW[2], kW[3], &want[2], &want[3]);
+  for (int i = 0; i < 4; ++i) {
+    const float got = RandomElement<float>(NormalV2(), i);
+    EXPECT_LE(UlpsFrom(got, want[i]), kNormalV2MaxUlps) << "lane " << i << " " << got;
+  }
+  const PhiloxWords block = {{kW[0], kW[1], kW[2], kW[3]}};
+  ExactPairFloat64(block, &want[0], &want[1]);
+  EXPECT_NEAR(static_cast<double>(want[0]), -0.39766753844418223, 1e-14);  // v1's, to 1e-14
+  for (int i = 0; i < 2; ++i) {
+    const double got = RandomElement<double>(NormalV2(), i);
+    EXPECT_LE(UlpsFrom(got, want[i]), kNormalV2MaxUlps) << "lane " << i << " " << got;
+  }
+  // mean + (stddev * r) * cos: one more rounding of the product and one of the sum.
+  for (int i = 0; i < 2; ++i) {
+    const double got = RandomElement<double>(NormalV2(3, 0.5), i);
+    EXPECT_NEAR(got, 3 + 0.5 * static_cast<double>(want[i]), 8 * 0x1.0p-52 * 4);
+  }
+  // The published bits: v2 is frozen, so these never change (a change is a v3).
+  const uint32_t float32_bits[4] = {0x3f7dbb30u, 0xbf6cb6b3u, 0xbf1e1ba1u, 0xbef6d1aau};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(FloatBits(RandomElement<float>(NormalV2(), i)), float32_bits[i]) << "lane " << i;
+  }
+  const uint64_t float64_bits[2] = {0xbfd973628c131c05u, 0xbfd3dd84ff91e709u};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(DoubleBits(RandomElement<double>(NormalV2(), i)), float64_bits[i]) << "lane " << i;
+  }
+}
+
+// The edges of the inputs: u1 = 1 (r = 0), u1 = 2^-24 or 2^-53 (the largest radius),
+// angles on the quadrant boundaries and at the nearest-quadrant switch (y = +-1/2).
+TEST(PhiloxTest, NormalV2Edges) {
+  float even, odd;
+  NormalPairFloat32V2(0xffffffffu, 0, 0.0f, 1.0f, &even, &odd);
+  EXPECT_EQ(even, 0.0f);
+  EXPECT_EQ(odd, 0.0f);
+  for (uint32_t wb : {0u, 0x40000000u, 0x80000000u, 0xc0000000u, 0x20000000u, 0x1fffff00u,
+                      0xffffff00u, 0x00000100u}) {
+    long double want_even, want_odd;
+    ExactPairFloat32(0, wb, &want_even, &want_odd);
+    NormalPairFloat32V2(0, wb, 0.0f, 1.0f, &even, &odd);
+    EXPECT_LE(UlpsFrom(even, want_even), kNormalV2MaxUlps) << std::hex << wb;
+    EXPECT_LE(UlpsFrom(odd, want_odd), kNormalV2MaxUlps) << std::hex << wb;
+    // Exact zeros of cos and sin come out as zeros, not as rounding noise.
+    if (want_even == 0) EXPECT_EQ(even, 0.0f) << std::hex << wb;
+    if (want_odd == 0) EXPECT_EQ(odd, 0.0f) << std::hex << wb;
+  }
+  EXPECT_NEAR(NormalRadiusFloat32V2(0), std::sqrt(48 * std::log(2.0)), 1e-6);
+  EXPECT_NEAR(NormalRadiusFloat64V2(0, 0), std::sqrt(106 * std::log(2.0)), 1e-14);
+  EXPECT_EQ(NormalRadiusFloat64V2(0xffffffffu, 0xffffffffu), 0.0);
+}
+
+// Every float32 radius and angle (2^24 of each, all there are) within the bound's share,
+// and the float64 ones and whole pairs of both on a sample.
+TEST(PhiloxTest, NormalV2WithinStatedUlps) {
+  double worst_radius = 0, worst_cos = 0, worst_sin = 0;
+  for (uint32_t v = 0; v < (1u << 24) - 1; v += 3) {
+    const long double u1 = (v + 1) * 0x1.0p-24L;
+    worst_radius = std::max(worst_radius,
+                            UlpsFrom(NormalRadiusFloat32V2(v << 8), std::sqrt(-2 * std::log(u1))));
+    long double c, s;
+    ExactBoxMuller(std::exp(-0.5L), v * 0x1.0p-24L, &c, &s);  // r = 1
+    float got_c, got_s;
+    CosSinTurnFloat32V2(v << 8, &got_c, &got_s);
+    if (c != 0) worst_cos = std::max(worst_cos, UlpsFrom(got_c, c));
+    if (s != 0) worst_sin = std::max(worst_sin, UlpsFrom(got_s, s));
+  }
+  EXPECT_LE(worst_radius, 1.5);
+  EXPECT_LE(worst_cos, 2);
+  EXPECT_LE(worst_sin, 2);
+
+  double worst32 = 0, worst64 = 0;
+  for (uint64_t q = 0; q < (1u << 18); ++q) {
+    const PhiloxWords b = PhiloxBlock(0x5eed, q);
+    long double want[2];
+    float got32[4];
+    Float32Lanes(b, NormalV2(), got32);
+    for (int pair = 0; pair < 2; ++pair) {
+      ExactPairFloat32(b.w[2 * pair], b.w[2 * pair + 1], &want[0], &want[1]);
+      for (int j = 0; j < 2; ++j) {
+        if (want[j] != 0) worst32 = std::max(worst32, UlpsFrom(got32[2 * pair + j], want[j]));
+      }
+    }
+    double got64[2];
+    Float64Lanes(b, NormalV2(), got64);
+    ExactPairFloat64(b, &want[0], &want[1]);
+    for (int j = 0; j < 2; ++j) {
+      if (want[j] != 0) worst64 = std::max(worst64, UlpsFrom(got64[j], want[j]));
+    }
+  }
+  EXPECT_LE(worst32, kNormalV2MaxUlps);
+  EXPECT_LE(worst64, kNormalV2MaxUlps);
+}
+
+// Mean, variance and the fraction beyond 4 sigma of 2^22 draws against N(0, 1)'s. Each
+// bound is at least 6 standard errors wide: a correct generator fails it with probability
+// below 1e-8, while a transform that is off by a few percent anywhere fails it.
+template <typename T>
+void ExpectStandardNormalStatistics() {
+  constexpr int64_t kDraws = int64_t{1} << 22;
+  constexpr int k = std::is_same_v<T, float> ? 4 : 2;
+  RandomParams p = NormalV2();
+  p.seed = 0x0ddba11;
+  const PhiloxRoundKeys keys = PhiloxRoundKeysFor(PhiloxKeyFromSeed(p.seed));
+  double sum = 0, sum2 = 0;
+  int64_t beyond4 = 0;
+  for (int64_t q = 0; q < kDraws / k; ++q) {
+    T v[k];
+    if constexpr (k == 4) {
+      Float32Lanes(PhiloxBlock(keys, q), p, v);
+    } else {
+      Float64Lanes(PhiloxBlock(keys, q), p, v);
+    }
+    for (T x : v) {
+      sum += x;
+      sum2 += static_cast<double>(x) * x;
+      beyond4 += std::fabs(x) > 4;
+    }
+  }
+  const double mean = sum / kDraws;
+  const double variance = sum2 / kDraws - mean * mean;
+  EXPECT_LE(std::fabs(mean), 6 / std::sqrt(static_cast<double>(kDraws)));  // sd 1/sqrt(N)
+  EXPECT_LE(std::fabs(variance - 1), 6 * std::sqrt(2.0 / kDraws));         // sd sqrt(2/N)
+  // P(|Z| > 4) = erfc(4 / sqrt(2)) = 6.334e-5: 265.7 expected, Poisson sd 16.3.
+  const double expected = std::erfc(4 / std::sqrt(2.0)) * kDraws;
+  EXPECT_LE(std::fabs(static_cast<double>(beyond4) - expected), 6 * std::sqrt(expected))
+      << beyond4 << " beyond 4 sigma, " << expected << " expected";
+}
+
+TEST(PhiloxTest, NormalV2Statistics) {
+  ExpectStandardNormalStatistics<float>();
+  ExpectStandardNormalStatistics<double>();
+}
+
 // Element i of a fill lives in block offset + i / k only: a fill at offset o equals the
 // tail of a fill at offset 0 starting at element o * k.
 template <typename T>
@@ -268,6 +476,9 @@ TEST(PhiloxTest, OffsetSelectsCounters) {
   ExpectOffsetIsTail<float>(p, 4);
   ExpectOffsetIsTail<double>(p, 2);
   p.distribution = Distribution::kNormal;
+  ExpectOffsetIsTail<float>(p, 4);
+  ExpectOffsetIsTail<double>(p, 2);
+  p.normal_transform = NormalTransform::kBoxMullerV2;
   ExpectOffsetIsTail<float>(p, 4);
   ExpectOffsetIsTail<double>(p, 2);
   p.distribution = Distribution::kIntegers;

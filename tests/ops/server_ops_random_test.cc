@@ -1,6 +1,7 @@
-// End-to-end tests of Submit's random fills: every distribution and dtype against the
-// Philox4x32-10 definition in kernels/philox.h, element by element, continuation at
-// next_offset, and rejected requests that change nothing.
+// End-to-end tests of Submit's random fills: every distribution, dtype and normal
+// transform against the Philox4x32-10 definition in kernels/philox.h, element by element,
+// continuation at next_offset, v1 for requests that name no transform, and rejected
+// requests that change nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,8 +34,15 @@ T ReferenceRandom(const RandomParams& p, uint64_t i) {
   const int k = ElementsPerCounter(p.distribution, kDType);
   const PhiloxWords b = PhiloxBlock(p.seed, p.offset + i / static_cast<uint64_t>(k));
   const int lane = static_cast<int>(i % static_cast<uint64_t>(k));
+  const bool v2 = p.normal_transform == NormalTransform::kBoxMullerV2;
   if constexpr (std::is_same_v<T, float>) {
     if (p.distribution == Distribution::kUniform) return UniformFloat32(b.w[lane]);
+    if (v2) {
+      float v[2];
+      NormalPairFloat32V2(b.w[lane & 2], b.w[(lane & 2) + 1], static_cast<float>(p.mean),
+                          static_cast<float>(p.stddev), &v[0], &v[1]);
+      return v[lane & 1];
+    }
     float z[4];
     BoxMullerFloat32(b.w[0], b.w[1], &z[0], &z[1]);
     BoxMullerFloat32(b.w[2], b.w[3], &z[2], &z[3]);
@@ -42,6 +50,11 @@ T ReferenceRandom(const RandomParams& p, uint64_t i) {
   } else if constexpr (std::is_same_v<T, double>) {
     if (p.distribution == Distribution::kUniform)
       return UniformFloat64(b.w[2 * lane], b.w[2 * lane + 1]);
+    if (v2) {
+      double v[2];
+      NormalPairFloat64V2(b, p.mean, p.stddev, &v[0], &v[1]);
+      return v[lane];
+    }
     double z[2];
     BoxMullerFloat64(b, &z[0], &z[1]);
     return p.mean + p.stddev * z[lane];
@@ -71,6 +84,11 @@ v1::SubmitRequest RandomRequest(v1::Distribution dist, uint64_t n, v1::DType dty
   if (set_stddev) op->set_stddev(p.stddev);
   op->set_low(p.low);
   op->set_high(p.high);
+  if (dist == v1::DISTRIBUTION_NORMAL) {
+    op->set_normal_transform(p.normal_transform == NormalTransform::kBoxMullerV2
+                                 ? v1::NORMAL_TRANSFORM_V2
+                                 : v1::NORMAL_TRANSFORM_V1);
+  }
   return r;
 }
 
@@ -105,9 +123,9 @@ void CheckRandomFill(Client& client, v1::Distribution dist, const RandomParams& 
     const T want = ReferenceRandom<T>(p, i);
     bool ok;
     if constexpr (std::is_floating_point_v<T>) {
-      if (dist == v1::DISTRIBUTION_NORMAL) {
-        // Box-Muller goes through log/sqrt/cos/sin, whose last bit may differ between
-        // builds (see philox.h): a few ulp of the scale.
+      if (dist == v1::DISTRIBUTION_NORMAL && p.normal_transform == NormalTransform::kBoxMullerV1) {
+        // Box-Muller v1 goes through log/sqrt/cos/sin, whose last bit may differ between
+        // builds (see philox.h): a few ulp of the scale. v2 is bit-exact, like uniforms.
         const double ulp = std::is_same_v<T, float> ? 0x1.0p-23 : 0x1.0p-52;
         const double scale = std::max(std::fabs(static_cast<double>(want)), p.stddev);
         ok = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want)) <= 8 * ulp * scale;
@@ -162,23 +180,28 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
     SCOPED_TRACE("uniform float64");
     CheckRandomFill<double>(c(), v1::DISTRIBUTION_UNIFORM, p, n);
   }
-  {
-    SCOPED_TRACE("normal float32");
-    p.distribution = Distribution::kNormal;
-    p.mean = 3;
-    p.stddev = 0.5;
-    CheckRandomFill<float>(c(), v1::DISTRIBUTION_NORMAL, p, n);
+  for (NormalTransform transform : {NormalTransform::kBoxMullerV1, NormalTransform::kBoxMullerV2}) {
+    SCOPED_TRACE(absl::StrCat("normal transform v", static_cast<int>(transform)));
+    p.normal_transform = transform;
+    {
+      SCOPED_TRACE("normal float32");
+      p.distribution = Distribution::kNormal;
+      p.mean = 3;
+      p.stddev = 0.5;
+      CheckRandomFill<float>(c(), v1::DISTRIBUTION_NORMAL, p, n);
+    }
+    {
+      SCOPED_TRACE("normal float64");
+      CheckRandomFill<double>(c(), v1::DISTRIBUTION_NORMAL, p, n);
+    }
+    {
+      SCOPED_TRACE("normal float64, stddev left unset (1)");
+      p.mean = -1;
+      p.stddev = 1;
+      CheckRandomFill<double>(c(), v1::DISTRIBUTION_NORMAL, p, n, /*set_stddev=*/false);
+    }
   }
-  {
-    SCOPED_TRACE("normal float64");
-    CheckRandomFill<double>(c(), v1::DISTRIBUTION_NORMAL, p, n);
-  }
-  {
-    SCOPED_TRACE("normal float64, stddev left unset (1)");
-    p.mean = -1;
-    p.stddev = 1;
-    CheckRandomFill<double>(c(), v1::DISTRIBUTION_NORMAL, p, n, /*set_stddev=*/false);
-  }
+  p.normal_transform = NormalTransform::kBoxMullerV1;
   p.distribution = Distribution::kIntegers;
   p.mean = 0;
   for (auto [low, high] : std::vector<std::pair<int64_t, int64_t>>{
@@ -209,6 +232,47 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
   std::map<int32_t, int> histogram;
   for (int32_t v : values) ++histogram[v];
   EXPECT_EQ(histogram.size(), 22u);
+}
+
+// A request that leaves normal_transform unset (every request from before the field)
+// gets v1's numbers, bit for bit the same as one naming v1; the C++ client asks for v2.
+TEST_F(ServerOpsTest, RandomNormalTransformUnsetIsV1) {
+  EXPECT_EQ(Random(v1::DISTRIBUTION_NORMAL, {4}, v1::DTYPE_FLOAT32, 1).random().normal_transform(),
+            v1::NORMAL_TRANSFORM_V2);
+  EXPECT_EQ(Random(v1::DISTRIBUTION_UNIFORM, {4}, v1::DTYPE_FLOAT32, 1).random().normal_transform(),
+            v1::NORMAL_TRANSFORM_UNSPECIFIED);
+  constexpr uint64_t n = 1001;
+  RandomParams p;
+  p.distribution = Distribution::kNormal;
+  p.seed = 99;
+  p.offset = 12;
+  p.mean = 1;
+  p.stddev = 3;
+  for (v1::DType dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    v1::SubmitRequest unset = RandomRequest(v1::DISTRIBUTION_NORMAL, n, dtype, p);
+    unset.mutable_random()->clear_normal_transform();
+    v1::SubmitRequest named_v1 = unset;
+    named_v1.mutable_random()->set_normal_transform(v1::NORMAL_TRANSFORM_V1);
+    v1::SubmitRequest named_v2 = unset;
+    named_v2.mutable_random()->set_normal_transform(v1::NORMAL_TRANSFORM_V2);
+    ASSIGN_OR_FAIL(auto op_unset, RunOp(c(), unset));
+    ASSIGN_OR_FAIL(auto op_v1, RunOp(c(), named_v1));
+    ASSIGN_OR_FAIL(auto op_v2, RunOp(c(), named_v2));
+    // The same counters whichever the transform.
+    EXPECT_EQ(op_unset.next_offset(), op_v2.next_offset());
+    ASSIGN_OR_FAIL(auto bytes_unset, DownloadBytes(c(), op_unset.outputs(0).id()));
+    ASSIGN_OR_FAIL(auto bytes_v1, DownloadBytes(c(), op_v1.outputs(0).id()));
+    ASSIGN_OR_FAIL(auto bytes_v2, DownloadBytes(c(), op_v2.outputs(0).id()));
+    EXPECT_TRUE(bytes_unset == bytes_v1) << "an unset transform is not v1";
+    EXPECT_FALSE(bytes_unset == bytes_v2) << "v1 and v2 gave the same numbers";
+    // And v1 is the definition's v1: the first element, from BoxMuller*.
+    if (dtype == v1::DTYPE_FLOAT64) {
+      double first;
+      std::memcpy(&first, bytes_unset.data(), sizeof(first));
+      EXPECT_NEAR(first, ReferenceRandom<double>(p, 0), 1e-12);
+    }
+  }
 }
 
 TEST_F(ServerOpsTest, RandomContinuesAtNextOffset) {
@@ -319,6 +383,11 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   p.mean = std::nan("");
   reject("normal with NaN mean", RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT32, p));
   p.mean = 0;
+  reject("normal with an unknown transform", [&] {
+    v1::SubmitRequest r = RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT32, p);
+    r.mutable_random()->set_normal_transform(static_cast<v1::NormalTransform>(3));
+    return r;
+  }());
   reject("no distribution", RandomRequest(v1::DISTRIBUTION_UNSPECIFIED, 10, v1::DTYPE_FLOAT32, p));
   reject("a new buffer without dtype",
          RandomRequest(v1::DISTRIBUTION_UNIFORM, 10, v1::DTYPE_UNSPECIFIED, p));

@@ -1192,6 +1192,12 @@ void BadInputMatrixTest::AddOperationCases() {
      ElementwiseText("round(x, 0.5)", "a"), StatusCode::INVALID_ARGUMENT,
      "at position 9: the decimals of round() must be an integer literal or an integer scalar "
      "input");
+  op(kWrongType, "normal transform 3", kAlice,
+     "random { output { dtype: DTYPE_FLOAT64 } distribution: DISTRIBUTION_NORMAL shape: 4 "
+     "normal_transform: 3 }",
+     StatusCode::INVALID_ARGUMENT,
+     "unknown normal_transform 3; there are NORMAL_TRANSFORM_V1 (1, also the default 0) and "
+     "NORMAL_TRANSFORM_V2 (2)");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");

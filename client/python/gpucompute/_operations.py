@@ -97,10 +97,15 @@ class Random:
         return self._fill("uniform", shape, dtype, seed, offset, out, name, layout, stream, wait)
 
     def normal(self, shape, dtype="float64", *, seed=0, offset=0, mean=0.0, stddev=1.0,
-               out=None, name=None, layout="C", stream=None, wait=True):
-        """Normal(mean, stddev), float32 or float64."""
+               transform="v2", out=None, name=None, layout="C", stream=None, wait=True):
+        """Normal(mean, stddev), float32 or float64. `transform` picks how Philox bits
+        become normals: "v2" (the default; bitwise equal on every backend) or "v1" (the
+        original, for numbers made before v2 existed)."""
+        if transform not in ("v1", "v2"):
+            raise ValueError(f"transform must be 'v1' or 'v2', not {transform!r}")
         return self._fill("normal", shape, dtype, seed, offset, out, name, layout, stream, wait,
-                          mean=float(mean), stddev=float(stddev))
+                          mean=float(mean), stddev=float(stddev),
+                          normal_transform=getattr(v1, f"NORMAL_TRANSFORM_{transform.upper()}"))
 
     def integers(self, shape, low, high, dtype="int64", *, seed=0, offset=0, out=None,
                  name=None, layout="C", stream=None, wait=True):

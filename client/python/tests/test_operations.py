@@ -142,6 +142,19 @@ def test_rand_normal_is_reproducible_and_continues(client):
     assert abs(values.mean() - 3.0) < 0.05 and abs(values.std() - 2.0) < 0.05
 
 
+def test_rand_normal_defaults_to_v2_and_can_ask_for_v1(client):
+    default = client.rand.normal((256,), "float32", seed=11).get()
+    v2 = client.rand.normal((256,), "float32", seed=11, transform="v2").get()
+    v1 = client.rand.normal((256,), "float32", seed=11, transform="v1").get()
+    np.testing.assert_array_equal(default, v2)
+    assert not np.array_equal(v1, v2)
+    # Both are Box-Muller on the same Philox words, to float32 rounding apart from the
+    # last bits of the math: the same numbers within a few ulp.
+    np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="transform must be 'v1' or 'v2'"):
+        client.rand.normal((4,), "float32", transform="v3")
+
+
 def test_rand_uniform_and_integers(client):
     u = client.rand.uniform(50_000, "float32", seed=3).get()
     assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1

@@ -2,12 +2,12 @@
 //
 // Element i of the fill is lane i % k of Philox block offset + i / k (kernels/philox.h).
 // Each thread computes whole blocks, through the very functions the CPU backend calls
-// (Float32Lanes, Float64Lanes, IntegerLanes), and stores a block's k elements with one
-// vector store. Every element depends only on (params, dtype, i): the output is the same
-// for any grid, bitwise identical run to run, and for uniforms and integers bitwise
-// identical to the CPU backend (normals to a few ulp: CUDA's logf/sincosf differ from
-// glibc's logf/sinf/cosf in the last bit, and nvcc contracts mean + stddev * z into an
-// FMA).
+// (Float32Lanes, Float64Lanes, IntegerLanes; normal v1 through the variants below), and
+// stores a block's k elements with one vector store. Every element depends only on
+// (params, dtype, i): the output is the same for any grid, bitwise identical run to run,
+// and for uniforms, integers and normal v2 bitwise identical to the CPU backend (normal
+// v1 to a few ulp: CUDA's logf/sincosf differ from glibc's logf/sinf/cosf in the last
+// bit, and nvcc contracts mean + stddev * z into an FMA).
 #ifndef GPUCOMPUTE_KERNELS_CUDA_DETAIL_RANDOM_KERNELS_CUH_
 #define GPUCOMPUTE_KERNELS_CUDA_DETAIL_RANDOM_KERNELS_CUH_
 
@@ -27,13 +27,13 @@ struct alignas(sizeof(T) * kLanes) BlockValues {
   T e[kLanes];
 };
 
-// Box-Muller as kernels/philox.h defines it (u1, u2 and t = 2pi * u2 computed and rounded
-// exactly as BoxMullerFloat32/64 do), but with one sincosf/sincos of t where philox.h
-// calls cosf(t) and sinf(t): one range reduction and one quadrant selection for both,
-// about 40% fewer instructions than two calls. CUDA documents the same error bound for
-// sincosf as for sinf and cosf, so the result stays within a few ulp of the CPU's glibc
-// values. t is in [0, 2pi), far below the 105615 (float32) and 2^31-ish (float64) at
-// which CUDA switches to Payne-Hanek reduction: that branch is compiled in (with its
+// Normal v1: Box-Muller as kernels/philox.h defines it (u1, u2 and t = 2pi * u2 computed
+// and rounded exactly as BoxMullerFloat32/64 do), but with one sincosf/sincos of t where
+// philox.h calls cosf(t) and sinf(t): one range reduction and one quadrant selection for
+// both, about 40% fewer instructions than two calls. CUDA documents the same error bound
+// for sincosf as for sinf and cosf, so the result stays within a few ulp of the CPU's
+// glibc values. t is in [0, 2pi), far below the 105615 (float32) and 2^31-ish (float64)
+// at which CUDA switches to Payne-Hanek reduction: that branch is compiled in (with its
 // local-memory frame) but never taken, costing one compare.
 //
 // sincospif(2 * u2) would skip rounding t and its range reduction altogether, but it
@@ -66,12 +66,14 @@ __device__ __forceinline__ void BoxMullerFloat64Fast(const PhiloxWords& b, doubl
   *z_odd = r * s;
 }
 
-template <typename T, Distribution kDist>
+template <typename T, Distribution kDist, NormalTransform kTransform>
 __device__ __forceinline__ BlockValues<T, ElementsPerCounter(kDist, DTypeOf<T>::value)>
 BlockElements(const PhiloxWords& w, const RandomParams& p) {
   constexpr int k = ElementsPerCounter(kDist, DTypeOf<T>::value);
+  constexpr bool kNormalV1 =
+      kDist == Distribution::kNormal && kTransform == NormalTransform::kBoxMullerV1;
   BlockValues<T, k> v;
-  if constexpr (kDist == Distribution::kNormal && DTypeOf<T>::value == DType::kFloat32) {
+  if constexpr (kNormalV1 && DTypeOf<T>::value == DType::kFloat32) {
     const float mean = static_cast<float>(p.mean);
     const float stddev = static_cast<float>(p.stddev);
     float z[4];
@@ -79,13 +81,13 @@ BlockElements(const PhiloxWords& w, const RandomParams& p) {
     BoxMullerFloat32Fast(w.w[2], w.w[3], &z[2], &z[3]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) v.e[j] = mean + stddev * z[j];
-  } else if constexpr (kDist == Distribution::kNormal) {
+  } else if constexpr (kNormalV1) {
     double z0, z1;
     BoxMullerFloat64Fast(w, &z0, &z1);
     v.e[0] = p.mean + p.stddev * z0;
     v.e[1] = p.mean + p.stddev * z1;
   } else if constexpr (DTypeOf<T>::value == DType::kFloat32) {
-    Float32Lanes(w, p, v.e);
+    Float32Lanes(w, p, v.e);  // uniform, or normal v2: philox.h's own arithmetic
   } else if constexpr (DTypeOf<T>::value == DType::kFloat64) {
     Float64Lanes(w, p, v.e);
   } else {
@@ -98,32 +100,40 @@ BlockElements(const PhiloxWords& w, const RandomParams& p) {
 }
 
 // Thread g computes blocks g, g + stride, ... of the fill (block b holds elements
-// [b * k, b * k + k)). `vector_store` says out is aligned to a whole block; the last,
-// partial block is always stored element by element.
-template <typename T, Distribution kDist>
+// [b * k, b * k + k)). Whole blocks of an aligned `out` go through the first loop, one
+// 16-byte store each (8 for int32), with the counter and the destination advanced in
+// place so that no index is multiplied inside it; the last, partial block, or every
+// block of an unaligned `out`, goes element by element through the second.
+//
+// The key schedule comes precomputed in `keys` (kernel parameters live in the constant
+// bank, which the xors read directly), and the distribution and transform are template
+// parameters, so the Lanes functions' branches fold away and the uniform kernels carry
+// none of Box-Muller's registers.
+template <typename T, Distribution kDist, NormalTransform kTransform>
 __global__ void __launch_bounds__(kBlockThreads)
-    RandomKernel(RandomParams params, T* __restrict__ out, int64_t n, bool vector_store) {
+    RandomKernel(RandomParams params, PhiloxRoundKeys keys, T* __restrict__ out, int64_t n,
+                 bool vector_store) {
   constexpr int k = ElementsPerCounter(kDist, DTypeOf<T>::value);
   static_assert(k > 0, "unsupported distribution and dtype");
-  // A compile-time distribution, so the Lanes functions' branch on it folds away and the
-  // uniform kernels carry none of Box-Muller's registers.
+  using Block = BlockValues<T, k>;
   params.distribution = kDist;
+  params.normal_transform = kTransform;
   const uint64_t blocks = static_cast<uint64_t>(n / k + (n % k != 0 ? 1 : 0));
-  const uint64_t full_blocks = static_cast<uint64_t>(n / k);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
-       b += stride) {
-    const BlockValues<T, k> v =
-        BlockElements<T, kDist>(PhiloxBlock(params.seed, params.offset + b), params);
-    T* dst = out + b * k;
-    if (vector_store && b < full_blocks) {
-      *reinterpret_cast<BlockValues<T, k>*>(dst) = v;
-    } else {
-      const int count = b < full_blocks ? k : static_cast<int>(n - static_cast<int64_t>(b) * k);
+  const uint64_t whole = vector_store ? static_cast<uint64_t>(n / k) : 0;
+  const uint32_t stride = gridDim.x * blockDim.x;
+  uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint64_t q = params.offset + b;  // wraps modulo 2^64, as the definition says
+  Block* dst = reinterpret_cast<Block*>(out) + b;
+  for (; b < whole; b += stride, q += stride, dst += stride) {
+    *dst = BlockElements<T, kDist, kTransform>(PhiloxBlock(keys, q), params);
+  }
+  for (; b < blocks; b += stride, q += stride) {
+    const Block v = BlockElements<T, kDist, kTransform>(PhiloxBlock(keys, q), params);
+    const int64_t first = static_cast<int64_t>(b) * k;
+    const int count = n - first < k ? static_cast<int>(n - first) : k;
 #pragma unroll
-      for (int j = 0; j < k; ++j) {
-        if (j < count) dst[j] = v.e[j];
-      }
+    for (int j = 0; j < k; ++j) {
+      if (j < count) out[first + j] = v.e[j];
     }
   }
 }
