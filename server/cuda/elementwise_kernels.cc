@@ -74,6 +74,27 @@ absl::Status LaunchKernel(const CompiledElementwise& kernel, const std::vector<c
 
 }  // namespace
 
+absl::StatusOr<std::vector<uint64_t>> KernelParameters(const expr::Program& program,
+                                                       const std::vector<DType>& dtypes) {
+  std::vector<uint64_t> parameters(dtypes.size());
+  size_t found = 0;
+  for (const expr::Node& node : program.ir().nodes) {
+    if (node.op != expr::OpKind::kConstant || node.parameter < 0) continue;
+    // Same canonical() implies the same parameters; checked anyway, since a mismatch
+    // would pass garbage to the kernel.
+    if (static_cast<size_t>(node.parameter) >= parameters.size() ||
+        dtypes[node.parameter] != node.dtype) {
+      return absl::InternalError("the program's parameters do not match its compiled kernel");
+    }
+    parameters[node.parameter] = ParameterBits(node.dtype, node.value);
+    ++found;
+  }
+  if (found != parameters.size()) {
+    return absl::InternalError("the program's parameters do not match its compiled kernel");
+  }
+  return parameters;
+}
+
 struct ElementwiseKernels::Slot {
   absl::Notification done;
   // Written once, before `done` is notified; read only after.
@@ -218,22 +239,8 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
                                                      "' is an array but its pointer is null"));
     }
   }
-  std::vector<uint64_t> parameters(sig.parameter_dtypes.size());
-  size_t found = 0;
-  for (const expr::Node& node : program.ir().nodes) {
-    if (node.op != expr::OpKind::kConstant || node.parameter < 0) continue;
-    // Same canonical() implies the same parameters; checked anyway, since a mismatch
-    // would pass garbage to the kernel.
-    if (static_cast<size_t>(node.parameter) >= parameters.size() ||
-        sig.parameter_dtypes[node.parameter] != node.dtype) {
-      return absl::InternalError("the program's parameters do not match its compiled kernel");
-    }
-    parameters[node.parameter] = ParameterBits(node.dtype, node.value);
-    ++found;
-  }
-  if (found != parameters.size()) {
-    return absl::InternalError("the program's parameters do not match its compiled kernel");
-  }
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters,
+                   KernelParameters(program, sig.parameter_dtypes));
 
   // Every element is read and written by the same thread, reads first, so out == input
   // with equal element sizes is safe. Any other overlap (a different element size, or an

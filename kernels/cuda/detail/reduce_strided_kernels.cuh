@@ -1,0 +1,317 @@
+// The kernels of a reduction over any axes of strided arrays (the kernel layer of
+// ReduceStridedAsync in kernels/cuda/reduce_strided.cu, and of the NVRTC-generated
+// reductions of expressions, kernels/cuda/reduce_expression.cu). Each is a template over
+// an operator of kernels/reduce_ops.h, the number of arrays read, and a Load functor that
+// turns the arrays' element offsets at one index into the value reduced: one array's
+// element for a plain reduction, the expression's Element(...) for a fused one. Both
+// kinds of reduction run these same bodies, so they chunk and combine alike.
+//
+// The iteration space, as the host planned it (StridedReduceGeometry): the kept axes
+// (the output's, outermost, C order) and the reduced axes (C order among themselves, as
+// in the input), each coalesced. Output o combines the `extent` values of the reduced
+// index space in C order: r = 0 .. extent - 1, cut into `chunks` chunks of `chunk_len`.
+//
+// Combination order (a function of the geometry and the constants of the dispatch alone,
+// never of the grid, the SM count or timing, so results are bitwise the same run to run
+// and on every GPU):
+//   * RowReduce (a warp per (output, chunk)): lane l combines r = begin + l, begin + l +
+//     32, ... in increasing order, the 32 lanes then merge by a fixed butterfly;
+//   * ColumnReduce (a thread per (output, chunk)): the thread combines its chunk's r in
+//     increasing order;
+//   * MergeChunks: chunk partials of an output combine as CombinePartials does: a lane
+//     (of a warp, or a thread of a block for many chunks) takes chunks l, l + width, ...
+//     in order, then a fixed butterfly or shared-memory tree.
+// argmin/argmax see r, the C-order position among the reduced axes: along one axis, the
+// index on it; over all axes, the flat C-order index.
+//
+// Device code that nvcc compiles (included by the .cu files) and that NVRTC compiles too
+// (embedded into every generated reduction): it includes nothing under NVRTC and uses
+// only `long long` and the operator's own types.
+#ifndef GPUCOMPUTE_KERNELS_CUDA_DETAIL_REDUCE_STRIDED_KERNELS_CUH_
+#define GPUCOMPUTE_KERNELS_CUDA_DETAIL_REDUCE_STRIDED_KERNELS_CUH_
+
+namespace gpucompute::cuda::detail {
+
+// At most this many axes of each kind after coalescing (the service allows 8 in all).
+constexpr int kStridedMaxDims = 8;
+// Threads per block of every kernel here.
+constexpr int kStridedThreads = 256;
+
+// The iteration space of one strided reduction of kArrays arrays; a kernel argument,
+// declared __grid_constant__ by the kernels, which pass it on by reference: otherwise
+// taking its address would copy its hundreds of bytes to every thread's local memory.
+// Strides and offsets in elements; input a's element at (kept index k, reduced index r) is
+// at offsets[a] + sum kept_strides[a][d] * k_d + sum reduced_strides[a][d] * r_d.
+template <int kArrays>
+struct StridedReduceGeometry {
+  int kept_ndim = 0;
+  int reduced_ndim = 0;  // at least 1
+  long long kept_shape[kStridedMaxDims] = {};
+  long long reduced_shape[kStridedMaxDims] = {};
+  long long kept_strides[kArrays][kStridedMaxDims] = {};
+  long long reduced_strides[kArrays][kStridedMaxDims] = {};
+  long long offsets[kArrays] = {};
+  long long outputs = 1;    // product of kept_shape
+  long long extent = 1;     // product of reduced_shape
+  long long chunk_len = 1;  // values of one chunk (the last may be shorter)
+  long long chunks = 1;     // with more than one, kernels write partials, not outputs
+  double ddof = 0;          // var, std
+};
+
+// Op::Finalize, with ddof for the operators that take it (kUsesDdof: var, std).
+template <class Op, class = void>
+struct UsesDdof {
+  static constexpr bool value = false;
+};
+template <class Op>
+struct UsesDdof<Op, decltype(void(Op::kUsesDdof))> {
+  static constexpr bool value = Op::kUsesDdof;
+};
+template <class Op>
+__host__ __device__ __forceinline__ typename Op::Out Finish(const typename Op::Acc& a,
+                                                            long long extent, double ddof) {
+  if constexpr (UsesDdof<Op>::value) {
+    return Op::Finalize(a, extent, ddof);
+  } else {
+    return Op::Finalize(a, extent);
+  }
+}
+
+#if defined(__CUDACC__)
+
+// The element offsets of every array at output o (the kept index decoded in C order).
+template <int kArrays>
+__device__ __forceinline__ void KeptOffsets(const StridedReduceGeometry<kArrays>& g, long long o,
+                                            long long* off) {
+#pragma unroll
+  for (int a = 0; a < kArrays; ++a) off[a] = g.offsets[a];
+  for (int d = g.kept_ndim - 1; d >= 0; --d) {
+    const long long q = o / g.kept_shape[d];
+    const long long k = o - q * g.kept_shape[d];
+    o = q;
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) off[a] += k * g.kept_strides[a][d];
+  }
+}
+
+// A position r in the reduced index space and every array's element offset there, with
+// the innermost digit in a register, so that stepping along a row costs a compare and adds.
+template <int kArrays>
+struct ReducedCursor {
+  long long inner;  // the innermost digit
+  long long off[kArrays];
+
+  // Positions the cursor at r, from the offsets `base` of the output's kept index.
+  __device__ __forceinline__ void Seek(const StridedReduceGeometry<kArrays>& g,
+                                       const long long* base, long long r) {
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) off[a] = base[a];
+    const int last = g.reduced_ndim - 1;
+    for (int d = last; d >= 0; --d) {
+      const long long q = r / g.reduced_shape[d];
+      const long long k = r - q * g.reduced_shape[d];
+      r = q;
+      if (d == last) inner = k;
+#pragma unroll
+      for (int a = 0; a < kArrays; ++a) off[a] += k * g.reduced_strides[a][d];
+    }
+  }
+
+  // Moves k positions on along the innermost axis, `moves` holding each array's offset
+  // for k positions; the caller keeps inner + k below its extent (and seeks otherwise).
+  __device__ __forceinline__ void Advance(long long k, const long long* moves) {
+    inner += k;
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) off[a] += moves[a];
+  }
+};
+
+// Merges the accumulators of the aligned groups of `width` lanes (a power of two up to
+// 32) by a butterfly; lane 0 of each group ends with its group's result in a fixed order.
+// Any accumulator type: it moves as 32-bit words.
+template <typename Acc>
+__device__ __forceinline__ Acc ShuffleXorAny(const Acc& v, int lane_mask) {
+  constexpr int kWords = (sizeof(Acc) + 3) / 4;
+  union {
+    Acc value;
+    unsigned int words[kWords];
+  } in, out;
+  in.value = v;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) out.words[w] = __shfl_xor_sync(0xffffffffu, in.words[w], lane_mask);
+  return out.value;
+}
+
+template <class Op>
+__device__ __forceinline__ typename Op::Acc WarpCombine(typename Op::Acc acc) {
+  for (int m = 16; m > 0; m /= 2) acc = Op::Combine(acc, ShuffleXorAny(acc, m));
+  return acc;
+}
+
+// Values per lane per step that a thread loads before it combines any of them.
+constexpr int kStridedUnroll = 4;
+
+// Combines, in increasing order, the values at r = first, first + step, ... < end of
+// output `o` (kept offsets `base`), starting from `acc`. Loads kStridedUnroll values
+// before combining them, for memory-level parallelism; the order stays sequential.
+template <class Op, int kArrays, class Load>
+__device__ __forceinline__ typename Op::Acc CombineStrided(const StridedReduceGeometry<kArrays>& g,
+                                                           const Load& load, const long long* base,
+                                                           long long first, long long end,
+                                                           long long step, typename Op::Acc acc) {
+  using In = typename Op::In;
+  if (first >= end) return acc;
+  // Loop invariants in registers, read from the geometry once.
+  const int last = g.reduced_ndim - 1;
+  const long long inner_extent = g.reduced_shape[last];
+  long long moves[kArrays];
+#pragma unroll
+  for (int a = 0; a < kArrays; ++a) moves[a] = step * g.reduced_strides[a][last];
+  ReducedCursor<kArrays> cursor;
+  cursor.Seek(g, base, first);
+  long long r = first;
+  // A step that stays on one row of the innermost axis only adds; one that leaves it
+  // decodes the position again (once per row for rows longer than the step).
+  auto next = [&]() {
+    r += step;
+    if (cursor.inner + step < inner_extent) {
+      cursor.Advance(step, moves);
+    } else if (r < end) {
+      cursor.Seek(g, base, r);
+    }
+  };
+  while (r + (kStridedUnroll - 1) * step < end) {
+    In x[kStridedUnroll];
+    long long rows[kStridedUnroll];
+#pragma unroll
+    for (int u = 0; u < kStridedUnroll; ++u) {
+      rows[u] = r;
+      x[u] = load(cursor.off);
+      next();
+    }
+#pragma unroll
+    for (int u = 0; u < kStridedUnroll; ++u) acc = Op::Combine(acc, Op::Convert(x[u], rows[u]));
+  }
+  while (r < end) {
+    acc = Op::Combine(acc, Op::Convert(load(cursor.off), r));
+    next();
+  }
+  return acc;
+}
+
+template <int kArrays>
+__device__ __forceinline__ long long ChunkEnd(const StridedReduceGeometry<kArrays>& g,
+                                              long long c) {
+  const long long end = (c + 1) * g.chunk_len;
+  return end < g.extent ? end : g.extent;
+}
+
+// Output o's result, or with several chunks the partial of work item `item`.
+template <class Op, int kArrays>
+__device__ __forceinline__ void Store(const StridedReduceGeometry<kArrays>& g,
+                                      const typename Op::Acc& acc, long long o, long long item,
+                                      typename Op::Acc* partial, typename Op::Out* out) {
+  if (g.chunks == 1) {
+    out[o] = Finish<Op>(acc, g.extent, g.ddof);
+  } else {
+    partial[item] = acc;
+  }
+}
+
+// A warp per work item (o, c), item = o * chunks + c; lanes stride the chunk by 32, so a
+// warp reads 32 neighbouring positions of the reduced space at a time: coalesced where
+// the innermost reduced axis has unit stride. Writes out[o], or partial[o * chunks + c].
+template <class Op, int kArrays, class Load>
+__device__ __forceinline__ void RowReduce(const StridedReduceGeometry<kArrays>& g, const Load& load,
+                                          typename Op::Acc* partial, typename Op::Out* out) {
+  using Acc = typename Op::Acc;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long warps = static_cast<long long>(gridDim.x) * (kStridedThreads / 32);
+  const long long items = g.outputs * g.chunks;
+  for (long long item = static_cast<long long>(blockIdx.x) * (kStridedThreads / 32) +
+                        threadIdx.x / 32;
+       item < items; item += warps) {
+    const long long o = item / g.chunks;
+    const long long c = item - o * g.chunks;
+    long long base[kArrays];
+    KeptOffsets(g, o, base);
+    Acc acc = CombineStrided<Op>(g, load, base, c * g.chunk_len + lane, ChunkEnd(g, c), 32,
+                                 Op::Identity());
+    acc = WarpCombine<Op>(acc);
+    if (lane == 0) Store<Op>(g, acc, o, item, partial, out);
+  }
+}
+
+// A thread per work item (o, c), item = c * outputs + o: neighbouring threads take
+// neighbouring outputs, coalesced where the innermost kept axis has unit stride. Writes
+// out[o], or partial[c * outputs + o].
+template <class Op, int kArrays, class Load>
+__device__ __forceinline__ void ColumnReduce(const StridedReduceGeometry<kArrays>& g,
+                                             const Load& load, typename Op::Acc* partial,
+                                             typename Op::Out* out) {
+  using Acc = typename Op::Acc;
+  const long long threads = static_cast<long long>(gridDim.x) * kStridedThreads;
+  const long long items = g.outputs * g.chunks;
+  for (long long item = static_cast<long long>(blockIdx.x) * kStridedThreads + threadIdx.x;
+       item < items; item += threads) {
+    const long long c = item / g.outputs;
+    const long long o = item - c * g.outputs;
+    long long base[kArrays];
+    KeptOffsets(g, o, base);
+    const Acc acc =
+        CombineStrided<Op>(g, load, base, c * g.chunk_len, ChunkEnd(g, c), 1, Op::Identity());
+    Store<Op>(g, acc, o, item, partial, out);
+  }
+}
+
+// out[j] = Finalize(partial[j * output_stride + c * chunk_stride] over c in chunk order,
+// extent), by a block per output (width kStridedThreads: lane t takes chunks t, t + 256,
+// ..., then a shared-memory tree) or a warp per output (width 32, then the butterfly).
+template <class Op>
+__device__ __forceinline__ void MergeChunks(const typename Op::Acc* __restrict__ partial,
+                                            long long outputs, long long chunks,
+                                            long long output_stride, long long chunk_stride,
+                                            int width, long long extent, double ddof,
+                                            typename Op::Out* __restrict__ out) {
+  using Acc = typename Op::Acc;
+  const int t = static_cast<int>(threadIdx.x);
+  const int lane = t % width;
+  const long long per_block = kStridedThreads / width;
+  __shared__ Acc tree[kStridedThreads];
+  for (long long first = static_cast<long long>(blockIdx.x) * per_block; first < outputs;
+       first += static_cast<long long>(gridDim.x) * per_block) {
+    const long long j = first + t / width;
+    Acc acc = Op::Identity();
+    if (j < outputs) {
+      long long c = lane;
+      // Four loads in flight before they combine, in order: partials are L2 reads.
+      for (; c + 3 * width < chunks; c += 4 * width) {
+        Acc x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = partial[j * output_stride + (c + u * width) * chunk_stride];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc = Op::Combine(acc, x[u]);
+      }
+      for (; c < chunks; c += width) acc = Op::Combine(acc, partial[j * output_stride + c * chunk_stride]);
+    }
+    if (width == 32) {
+      acc = WarpCombine<Op>(acc);
+    } else {
+      tree[t] = acc;
+      __syncthreads();
+      for (int h = kStridedThreads / 2; h > 0; h /= 2) {
+        if (t < h) tree[t] = Op::Combine(tree[t], tree[t + h]);
+        __syncthreads();
+      }
+      acc = tree[0];
+      __syncthreads();  // tree is reused by the next output
+    }
+    if (j < outputs && lane == 0) out[j] = Finish<Op>(acc, extent, ddof);
+  }
+}
+
+#endif  // defined(__CUDACC__)
+
+}  // namespace gpucompute::cuda::detail
+
+#endif  // GPUCOMPUTE_KERNELS_CUDA_DETAIL_REDUCE_STRIDED_KERNELS_CUH_
