@@ -70,12 +70,15 @@ enum class StridedReducePath : uint8_t {
   kColumns,  // a thread per output (chunk), threads along the kept axes
 };
 
-// The iteration space after the kept axes (outermost, in C order) and the reduced axes
-// were each coalesced, and how it is cut into work.
+// The iteration space after the kept axes (outermost) and the reduced axes (in C order)
+// were each coalesced, and how it is cut into work. For kColumns, the kept axis with the
+// smallest strides is moved innermost, so that neighbouring threads read neighbouring
+// elements; kept_out_strides keeps the outputs in C order.
 struct StridedReducePlan {
   StridedReducePath path = StridedReducePath::kRows;
   ReduceShape dense;  // kDense: ReduceAsync's shape, from operand 0's data + offset
   std::vector<int64_t> kept_shape;
+  std::vector<int64_t> kept_out_strides;  // parallel to kept_shape
   std::vector<int64_t> reduced_shape;  // never empty: [1] when nothing is reduced
   // Per operand, parallel to kept_shape / reduced_shape.
   std::vector<std::vector<int64_t>> kept_strides;

@@ -9,12 +9,13 @@
 //   * kDense: one array that is exactly ReduceAsync's [outer, extent, inner] from some
 //     offset (a C-contiguous array reduced over its last, first or middle axes, or a
 //     contiguous block of one): ReduceAsync's kernels, 16-byte loads and all.
-//   * kRows: no kept axes, or an innermost reduced stride no larger than the innermost
-//     kept one (row reductions, whole arrays): a warp per output and chunk, coalesced
-//     along unit-stride rows.
-//   * kColumns: otherwise (column reductions): a thread per output and chunk, neighbouring
-//     threads on neighbouring outputs, the reduced range cut into chunks when the outputs
-//     alone cannot fill the GPU.
+//   * kRows: no kept axes, or an innermost reduced stride no larger than any kept one
+//     (row reductions, whole arrays): a warp per output and chunk, coalesced along
+//     unit-stride rows.
+//   * kColumns: otherwise (column reductions): a thread per output and chunk, the kept
+//     axis of smallest stride innermost so that neighbouring threads read neighbouring
+//     elements, the reduced range cut into chunks when the outputs alone cannot fill the
+//     GPU.
 // Both general paths gather through any strides (negative, 0 for broadcast) with fixed
 // chunking, and merge chunk partials with MergeChunks.
 #include <algorithm>
@@ -244,6 +245,11 @@ cudaError_t PlanStridedReduce(const std::vector<int64_t>& shape, const std::vect
   kept = detail::Coalesce(std::move(kept));
   reduced = detail::Coalesce(std::move(reduced));
   if (reduced.empty()) reduced.push_back(Axis{1, std::vector<int64_t>(operands.size(), 0)});
+  // The outputs' C-order strides of the coalesced kept axes.
+  std::vector<int64_t> out_strides(kept.size(), 1);
+  for (int d = static_cast<int>(kept.size()) - 2; d >= 0; --d) {
+    out_strides[d] = out_strides[d + 1] * kept[d + 1].extent;
+  }
   for (const StridedOperand* operand : operands) p.offsets.push_back(operand->offset);
 
   if (allow_dense && operands.size() == 1 && detail::MatchDense(kept, reduced, &p.dense)) {
@@ -251,15 +257,22 @@ cudaError_t PlanStridedReduce(const std::vector<int64_t>& shape, const std::vect
   } else if (kept.empty()) {
     p.path = StridedReducePath::kRows;
   } else {
-    std::vector<int64_t> inner_kept, inner_reduced;
-    for (size_t a = 0; a < operands.size(); ++a) {
-      inner_kept.push_back(kept.back().strides[a]);
-      inner_reduced.push_back(reduced.back().strides[a]);
+    // Rows unless some kept axis has smaller strides than the innermost reduced one; then
+    // columns, threads along that kept axis.
+    size_t finest = 0;
+    for (size_t d = 1; d < kept.size(); ++d) {
+      if (detail::AbsSum(kept[d].strides) < detail::AbsSum(kept[finest].strides)) finest = d;
     }
-    p.path = detail::AbsSum(inner_reduced) <= detail::AbsSum(inner_kept)
+    p.path = detail::AbsSum(reduced.back().strides) <= detail::AbsSum(kept[finest].strides)
                  ? StridedReducePath::kRows
                  : StridedReducePath::kColumns;
+    if (p.path == StridedReducePath::kColumns) {
+      std::rotate(kept.begin() + finest, kept.begin() + finest + 1, kept.end());
+      std::rotate(out_strides.begin() + finest, out_strides.begin() + finest + 1,
+                  out_strides.end());
+    }
   }
+  p.kept_out_strides = out_strides;
   p.kept_strides.assign(operands.size(), {});
   p.reduced_strides.assign(operands.size(), {});
   for (const Axis& axis : kept) {
@@ -301,6 +314,7 @@ std::vector<uint64_t> StridedReduceGeometryBytes(const StridedReducePlan& plan, 
   };
   dims(plan.kept_shape);
   dims(plan.reduced_shape);
+  dims(plan.kept_out_strides);
   per_array(plan.kept_strides);
   per_array(plan.reduced_strides);
   for (int a = 0; a < arrays; ++a) {
@@ -317,10 +331,10 @@ std::vector<uint64_t> StridedReduceGeometryBytes(const StridedReducePlan& plan, 
 
 // The layout StridedReduceGeometryBytes writes.
 static_assert(offsetof(detail::StridedReduceGeometry<2>, kept_shape) == 8);
-static_assert(offsetof(detail::StridedReduceGeometry<2>, kept_strides) == 8 * 17);
-static_assert(offsetof(detail::StridedReduceGeometry<2>, offsets) == 8 * (17 + 4 * 8));
-static_assert(sizeof(detail::StridedReduceGeometry<2>) == 8 * (17 + 4 * 8 + 2 + 5));
-static_assert(sizeof(detail::StridedReduceGeometry<1>) == 8 * (17 + 2 * 8 + 1 + 5));
+static_assert(offsetof(detail::StridedReduceGeometry<2>, kept_strides) == 8 * 25);
+static_assert(offsetof(detail::StridedReduceGeometry<2>, offsets) == 8 * (25 + 4 * 8));
+static_assert(sizeof(detail::StridedReduceGeometry<2>) == 8 * (25 + 4 * 8 + 2 + 5));
+static_assert(sizeof(detail::StridedReduceGeometry<1>) == 8 * (25 + 2 * 8 + 1 + 5));
 
 cudaError_t RunStridedReduce(ReduceKind kind, DType value_dtype, const StridedReducePlan& plan,
                              StridedReduceLaunch launch, const void* context, void* out,

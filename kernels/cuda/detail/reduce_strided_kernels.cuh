@@ -48,6 +48,9 @@ struct StridedReduceGeometry {
   int reduced_ndim = 0;  // at least 1
   long long kept_shape[kStridedMaxDims] = {};
   long long reduced_shape[kStridedMaxDims] = {};
+  // The output's C-order stride of each kept axis: the plan may order the kept axes
+  // otherwise (the one with the smallest input stride innermost, for kColumns).
+  long long kept_out_strides[kStridedMaxDims] = {};
   long long kept_strides[kArrays][kStridedMaxDims] = {};
   long long reduced_strides[kArrays][kStridedMaxDims] = {};
   long long offsets[kArrays] = {};
@@ -79,23 +82,27 @@ __host__ __device__ __forceinline__ typename Op::Out Finish(const typename Op::A
 
 #if defined(__CUDACC__)
 
-// The element offsets of every array at output o (the kept index decoded in C order).
+// The element offsets of every array at work index o (the kept index decoded in the
+// plan's order), and the output's position of that kept index, which it returns.
 template <int kArrays>
-__device__ __forceinline__ void KeptOffsets(const StridedReduceGeometry<kArrays>& g, long long o,
-                                            long long* off) {
+__device__ __forceinline__ long long KeptOffsets(const StridedReduceGeometry<kArrays>& g,
+                                                 long long o, long long* off) {
 #pragma unroll
   for (int a = 0; a < kArrays; ++a) off[a] = g.offsets[a];
+  long long position = 0;
   for (int d = g.kept_ndim - 1; d >= 0; --d) {
     const long long q = o / g.kept_shape[d];
     const long long k = o - q * g.kept_shape[d];
     o = q;
+    position += k * g.kept_out_strides[d];
 #pragma unroll
     for (int a = 0; a < kArrays; ++a) off[a] += k * g.kept_strides[a][d];
   }
+  return position;
 }
 
-// A position r in the reduced index space and every array's element offset there, with
-// the innermost digit in a register, so that stepping along a row costs a compare and adds.
+// A position r in the reduced index space: its innermost digit and every array's element
+// offset there.
 template <int kArrays>
 struct ReducedCursor {
   long long inner;  // the innermost digit
@@ -117,13 +124,6 @@ struct ReducedCursor {
     }
   }
 
-  // Moves k positions on along the innermost axis, `moves` holding each array's offset
-  // for k positions; the caller keeps inner + k below its extent (and seeks otherwise).
-  __device__ __forceinline__ void Advance(long long k, const long long* moves) {
-    inner += k;
-#pragma unroll
-    for (int a = 0; a < kArrays; ++a) off[a] += moves[a];
-  }
 };
 
 // Merges the accumulators of the aligned groups of `width` lanes (a power of two up to
@@ -148,53 +148,55 @@ __device__ __forceinline__ typename Op::Acc WarpCombine(typename Op::Acc acc) {
   return acc;
 }
 
-// Values per lane per step that a thread loads before it combines any of them.
-constexpr int kStridedUnroll = 4;
+// Values a thread loads before it combines any of them: enough bytes in flight per SM
+// to cover the memory's latency at full bandwidth.
+constexpr int kStridedUnroll = 8;
 
-// Combines, in increasing order, the values at r = first, first + step, ... < end of
-// output `o` (kept offsets `base`), starting from `acc`. Loads kStridedUnroll values
-// before combining them, for memory-level parallelism; the order stays sequential.
+// Combines, in increasing order, the values at r = first, first + step, ... < end of one
+// output (kept offsets `base`), starting from `acc`. The positions are visited a row of
+// the innermost reduced axis at a time: along a row the offsets only add, and loads are
+// issued kStridedUnroll at a time before they combine (in order); between rows the
+// position is decoded again.
 template <class Op, int kArrays, class Load>
 __device__ __forceinline__ typename Op::Acc CombineStrided(const StridedReduceGeometry<kArrays>& g,
                                                            const Load& load, const long long* base,
                                                            long long first, long long end,
                                                            long long step, typename Op::Acc acc) {
   using In = typename Op::In;
-  if (first >= end) return acc;
-  // Loop invariants in registers, read from the geometry once.
   const int last = g.reduced_ndim - 1;
   const long long inner_extent = g.reduced_shape[last];
   long long moves[kArrays];
 #pragma unroll
   for (int a = 0; a < kArrays; ++a) moves[a] = step * g.reduced_strides[a][last];
   ReducedCursor<kArrays> cursor;
-  cursor.Seek(g, base, first);
-  long long r = first;
-  // A step that stays on one row of the innermost axis only adds; one that leaves it
-  // decodes the position again (once per row for rows longer than the step).
-  auto next = [&]() {
-    r += step;
-    if (cursor.inner + step < inner_extent) {
-      cursor.Advance(step, moves);
-    } else if (r < end) {
-      cursor.Seek(g, base, r);
-    }
-  };
-  while (r + (kStridedUnroll - 1) * step < end) {
-    In x[kStridedUnroll];
-    long long rows[kStridedUnroll];
+  for (long long r = first; r < end;) {
+    cursor.Seek(g, base, r);
+    // Positions left on this row, and before `end`.
+    long long count = (inner_extent - cursor.inner + step - 1) / step;
+    const long long before_end = (end - r + step - 1) / step;
+    count = count < before_end ? count : before_end;
+    long long j = 0;
+    for (; j + kStridedUnroll <= count; j += kStridedUnroll) {
+      In x[kStridedUnroll];
 #pragma unroll
-    for (int u = 0; u < kStridedUnroll; ++u) {
-      rows[u] = r;
-      x[u] = load(cursor.off);
-      next();
-    }
+      for (int u = 0; u < kStridedUnroll; ++u) {
+        long long off[kArrays];
 #pragma unroll
-    for (int u = 0; u < kStridedUnroll; ++u) acc = Op::Combine(acc, Op::Convert(x[u], rows[u]));
-  }
-  while (r < end) {
-    acc = Op::Combine(acc, Op::Convert(load(cursor.off), r));
-    next();
+        for (int a = 0; a < kArrays; ++a) off[a] = cursor.off[a] + (j + u) * moves[a];
+        x[u] = load(off);
+      }
+#pragma unroll
+      for (int u = 0; u < kStridedUnroll; ++u) {
+        acc = Op::Combine(acc, Op::Convert(x[u], r + (j + u) * step));
+      }
+    }
+    for (; j < count; ++j) {
+      long long off[kArrays];
+#pragma unroll
+      for (int a = 0; a < kArrays; ++a) off[a] = cursor.off[a] + j * moves[a];
+      acc = Op::Combine(acc, Op::Convert(load(off), r + j * step));
+    }
+    r += count * step;
   }
   return acc;
 }
@@ -206,21 +208,24 @@ __device__ __forceinline__ long long ChunkEnd(const StridedReduceGeometry<kArray
   return end < g.extent ? end : g.extent;
 }
 
-// Output o's result, or with several chunks the partial of work item `item`.
+// The result for output `position`, or with several chunks its partial of chunk c: at
+// partial[position * chunks + c] (kRows: an output's partials together) or
+// partial[c * outputs + position] (kColumns: a chunk's partials together).
 template <class Op, int kArrays>
 __device__ __forceinline__ void Store(const StridedReduceGeometry<kArrays>& g,
-                                      const typename Op::Acc& acc, long long o, long long item,
-                                      typename Op::Acc* partial, typename Op::Out* out) {
+                                      const typename Op::Acc& acc, long long position,
+                                      long long c, bool rows, typename Op::Acc* partial,
+                                      typename Op::Out* out) {
   if (g.chunks == 1) {
-    out[o] = Finish<Op>(acc, g.extent, g.ddof);
+    out[position] = Finish<Op>(acc, g.extent, g.ddof);
   } else {
-    partial[item] = acc;
+    partial[rows ? position * g.chunks + c : c * g.outputs + position] = acc;
   }
 }
 
 // A warp per work item (o, c), item = o * chunks + c; lanes stride the chunk by 32, so a
 // warp reads 32 neighbouring positions of the reduced space at a time: coalesced where
-// the innermost reduced axis has unit stride. Writes out[o], or partial[o * chunks + c].
+// the innermost reduced axis has unit stride. Writes output o's position, or its partial.
 template <class Op, int kArrays, class Load>
 __device__ __forceinline__ void RowReduce(const StridedReduceGeometry<kArrays>& g, const Load& load,
                                           typename Op::Acc* partial, typename Op::Out* out) {
@@ -234,17 +239,17 @@ __device__ __forceinline__ void RowReduce(const StridedReduceGeometry<kArrays>& 
     const long long o = item / g.chunks;
     const long long c = item - o * g.chunks;
     long long base[kArrays];
-    KeptOffsets(g, o, base);
+    const long long position = KeptOffsets(g, o, base);
     Acc acc = CombineStrided<Op>(g, load, base, c * g.chunk_len + lane, ChunkEnd(g, c), 32,
                                  Op::Identity());
     acc = WarpCombine<Op>(acc);
-    if (lane == 0) Store<Op>(g, acc, o, item, partial, out);
+    if (lane == 0) Store<Op>(g, acc, position, c, /*rows=*/true, partial, out);
   }
 }
 
 // A thread per work item (o, c), item = c * outputs + o: neighbouring threads take
-// neighbouring outputs, coalesced where the innermost kept axis has unit stride. Writes
-// out[o], or partial[c * outputs + o].
+// neighbouring outputs, coalesced where the innermost kept axis (of the plan's order) has
+// unit stride. Writes output o's position, or its partial.
 template <class Op, int kArrays, class Load>
 __device__ __forceinline__ void ColumnReduce(const StridedReduceGeometry<kArrays>& g,
                                              const Load& load, typename Op::Acc* partial,
@@ -257,10 +262,10 @@ __device__ __forceinline__ void ColumnReduce(const StridedReduceGeometry<kArrays
     const long long c = item / g.outputs;
     const long long o = item - c * g.outputs;
     long long base[kArrays];
-    KeptOffsets(g, o, base);
+    const long long position = KeptOffsets(g, o, base);
     const Acc acc =
         CombineStrided<Op>(g, load, base, c * g.chunk_len, ChunkEnd(g, c), 1, Op::Identity());
-    Store<Op>(g, acc, o, item, partial, out);
+    Store<Op>(g, acc, position, c, /*rows=*/false, partial, out);
   }
 }
 
