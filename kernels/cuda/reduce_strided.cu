@@ -131,14 +131,14 @@ struct ArrayLoad {
 };
 
 template <class Op>
-__global__ void __launch_bounds__(kStridedThreads)
+__global__ void __launch_bounds__(kStridedThreads, kStridedMinBlocksPerSm)
     RowKernel(const __grid_constant__ StridedReduceGeometry<1> g, ArrayLoad<typename Op::In> load,
               typename Op::Acc* __restrict__ partial, typename Op::Out* __restrict__ out) {
   RowReduce<Op>(g, load, partial, out);
 }
 
 template <class Op>
-__global__ void __launch_bounds__(kStridedThreads)
+__global__ void __launch_bounds__(kStridedThreads, kStridedMinBlocksPerSm)
     ColumnKernel(const __grid_constant__ StridedReduceGeometry<1> g,
                  ArrayLoad<typename Op::In> load,
                  typename Op::Acc* __restrict__ partial, typename Op::Out* __restrict__ out) {

@@ -34,8 +34,10 @@ namespace gpucompute::cuda::detail {
 
 // At most this many axes of each kind after coalescing (the service allows 8 in all).
 constexpr int kStridedMaxDims = 8;
-// Threads per block of every kernel here.
+// Threads per block of every kernel here, and the blocks that must fit on an SM at once
+// (at most 64 registers a thread): the gathers need many loads in flight.
 constexpr int kStridedThreads = 256;
+constexpr int kStridedMinBlocksPerSm = 4;
 
 // The iteration space of one strided reduction of kArrays arrays; a kernel argument,
 // declared __grid_constant__ by the kernels, which pass it on by reference: otherwise
@@ -91,7 +93,8 @@ __device__ __forceinline__ long long KeptOffsets(const StridedReduceGeometry<kAr
   for (int a = 0; a < kArrays; ++a) off[a] = g.offsets[a];
   long long position = 0;
   for (int d = g.kept_ndim - 1; d >= 0; --d) {
-    const long long q = o / g.kept_shape[d];
+    // The outermost digit is what is left: no 64-bit division for it.
+    const long long q = d > 0 ? o / g.kept_shape[d] : 0;
     const long long k = o - q * g.kept_shape[d];
     o = q;
     position += k * g.kept_out_strides[d];
@@ -115,7 +118,7 @@ struct ReducedCursor {
     for (int a = 0; a < kArrays; ++a) off[a] = base[a];
     const int last = g.reduced_ndim - 1;
     for (int d = last; d >= 0; --d) {
-      const long long q = r / g.reduced_shape[d];
+      const long long q = d > 0 ? r / g.reduced_shape[d] : 0;
       const long long k = r - q * g.reduced_shape[d];
       r = q;
       if (d == last) inner = k;
