@@ -8,11 +8,38 @@
 
 namespace gpucompute {
 
-enum class ReduceKind : uint8_t { kSum, kProd, kMin, kMax, kMean, kNorm2, kArgmin, kArgmax };
+enum class ReduceKind : uint8_t {
+  kSum,
+  kProd,
+  kMin,
+  kMax,
+  kMean,
+  kNorm2,
+  kArgmin,
+  kArgmax,
+  kVar,
+  kStd,
+  kAny,
+  kAll
+};
 
 inline constexpr ReduceKind kAllReduceKinds[] = {
+    ReduceKind::kSum,    ReduceKind::kProd,   ReduceKind::kMin, ReduceKind::kMax,
+    ReduceKind::kMean,   ReduceKind::kNorm2,  ReduceKind::kArgmin, ReduceKind::kArgmax,
+    ReduceKind::kVar,    ReduceKind::kStd,    ReduceKind::kAny, ReduceKind::kAll};
+
+// The kinds Backend::Reduce takes over a ReduceShape; every kind goes through
+// Backend::ReduceStrided.
+inline constexpr ReduceKind kShapeReduceKinds[] = {
     ReduceKind::kSum,  ReduceKind::kProd,  ReduceKind::kMin,    ReduceKind::kMax,
     ReduceKind::kMean, ReduceKind::kNorm2, ReduceKind::kArgmin, ReduceKind::kArgmax};
+
+constexpr bool IsShapeReduceKind(ReduceKind kind) {
+  for (ReduceKind k : kShapeReduceKinds) {
+    if (k == kind) return true;
+  }
+  return false;
+}
 
 constexpr const char* ReduceKindName(ReduceKind kind) {
   switch (kind) {
@@ -32,6 +59,14 @@ constexpr const char* ReduceKindName(ReduceKind kind) {
       return "argmin";
     case ReduceKind::kArgmax:
       return "argmax";
+    case ReduceKind::kVar:
+      return "var";
+    case ReduceKind::kStd:
+      return "std";
+    case ReduceKind::kAny:
+      return "any";
+    case ReduceKind::kAll:
+      return "all";
   }
   return "?";
 }
@@ -51,8 +86,8 @@ struct ReduceShape {
 };
 
 // NumPy's result dtypes: sum and prod of bool/int32/int64 give int64, of floats the same
-// float; mean and norm2 of integers give float64; min and max keep the dtype; argmin and
-// argmax give int64.
+// float; mean, norm2, var and std of bools and integers give float64; min and max keep the
+// dtype; argmin and argmax give int64; any and all give bool.
 constexpr DType ReduceResultDType(ReduceKind kind, DType in) {
   switch (kind) {
     case ReduceKind::kSum:
@@ -60,6 +95,8 @@ constexpr DType ReduceResultDType(ReduceKind kind, DType in) {
       return IsFloat(in) ? in : DType::kInt64;
     case ReduceKind::kMean:
     case ReduceKind::kNorm2:
+    case ReduceKind::kVar:
+    case ReduceKind::kStd:
       return IsFloat(in) ? in : DType::kFloat64;
     case ReduceKind::kMin:
     case ReduceKind::kMax:
@@ -67,6 +104,9 @@ constexpr DType ReduceResultDType(ReduceKind kind, DType in) {
     case ReduceKind::kArgmin:
     case ReduceKind::kArgmax:
       return DType::kInt64;
+    case ReduceKind::kAny:
+    case ReduceKind::kAll:
+      return DType::kBool;
   }
   return in;
 }

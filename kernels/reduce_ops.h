@@ -20,17 +20,40 @@
 //   min, max        the input type; a NaN anywhere makes the result NaN.
 //   argmin, argmax  int64: the position of the first NaN if there is one, else of the
 //                   first extreme.
+//   var, std  one pass over (count, mean, M2) triples in float64, merged by Chan, Golub and
+//          LeVeque's update: a new element x is (1, x, 0) and two triples merge as
+//          n = na + nb, d = mb - ma, mean = ma + d nb / n, M2 = M2a + M2b + d^2 na nb / n.
+//          Finalize divides M2 by max(n - ddof, 0) (so n - ddof <= 0 gives inf, or NaN
+//          for M2 = 0, as NumPy's division does) and std takes the square root. Output
+//          types as mean. Why one pass rather than NumPy's two (the mean, then the sum of
+//          squared deviations): a reduction of an expression evaluates its expression once,
+//          and every backend reads its input once; the merge is associative up to rounding,
+//          so each backend fixes its order by the shape as it does for sums. Accuracy: the
+//          merged M2 is as stable as the two-pass sum (each merge adds rounding errors
+//          relative to the partial M2s, never the catastrophic cancellation of
+//          sum(x^2) - n mean^2), so results agree with NumPy's float64 ones to within a
+//          small multiple of (log2 n) float64 ulps of the variance for well-conditioned
+//          data, and float32 results almost always round to the same float. An inf or NaN
+//          element makes the variance NaN, as in NumPy (an element's M2 is x - x, NaN for
+//          inf).
+//   any, all  bool: whether any / every element is nonzero; NaN is nonzero. Empty: any
+//          false, all true.
 // Bools are stored as one byte, and any nonzero byte reads as true (1).
 //
 // Determinism. Every Combine is associative, exactly for integers and selections and up
 // to rounding for float sums and products, and commutative up to the sign of zero and
 // NaN payloads. Each backend fixes its combination order as a function of the shape alone
 // (server/cpu/reduce.cc, kernels/cuda/detail/reduce_kernels.cuh), so every result is
-// bitwise the same run to run, for any thread count and on any GPU. Across backends:
+// bitwise the same run to run, for any thread count and on any GPU. Reductions over any
+// axes of strided arrays or of expressions (Backend::ReduceStrided) follow the same rule:
+// the order is a function of the shape and the reduced axes alone (server/cpu/
+// reduce_strided.cc, kernels/cuda/reduce_strided.cu). Across backends:
 //   * integer sums and products (wrapping, exact), argmin and argmax (a total order on
 //     (value, position)) are identical bit for bit on every backend;
 //   * min and max select an element, identical on every backend, except that which zero
-//     a tie between -0.0 and +0.0 gives follows the combination order;
+//     a tie between -0.0 and +0.0 gives follows the combination order; any and all are
+//     exact;
+//   * var and std: float64 merges in different orders, like float sums;
 //   * float sums, means and norms accumulate in float64: backends differ by float64
 //     roundings in different orders (about sqrt(n) float64 ulps), so float32 results,
 //     rounded once from nearly equal values, are almost always identical;
@@ -102,9 +125,11 @@ GPUCOMPUTE_HD Acc Widen(In x) {
 //   Acc Identity()                     neutral element of Combine
 //   Acc Convert(In x, int64_t row)     element x at extent position `row`
 //   Acc Combine(Acc a, Acc b)          a holds the earlier elements where order matters
-//   Out Finalize(Acc a, int64_t extent)
+//   kUsesDdof                          whether Finalize takes ddof (only var, std)
+//   Out Finalize(Acc a, int64_t extent) (var, std: Finalize(Acc a, int64_t extent, ddof))
 // A reduction is Finalize(Convert(x_0, 0) (+) ... (+) Convert(x_{n-1}, n - 1), n), with
-// (+) = Combine in some association order.
+// (+) = Combine in some association order; Finish below calls Finalize with ddof where
+// the operator takes it.
 
 // What sum and product share: elements widened to the accumulator, which is cast to the
 // output at the end.
@@ -114,6 +139,7 @@ struct WidenedOp {
   using Acc = AccT;
   using Out = OutT;
   static constexpr bool kUsesRow = false;
+  static constexpr bool kUsesDdof = false;
   GPUCOMPUTE_HD static Acc Convert(In x, int64_t) { return Widen<Acc>(x); }
   GPUCOMPUTE_HD static Out Finalize(Acc a, int64_t) { return static_cast<Out>(a); }
 };
@@ -167,6 +193,7 @@ struct ExtremeOp {
   using Acc = InT;
   using Out = InT;
   static constexpr bool kUsesRow = false;
+  static constexpr bool kUsesDdof = false;
   GPUCOMPUTE_HD static Acc Identity() { return ExtremeIdentity<In, kMax>(); }
   GPUCOMPUTE_HD static Acc Convert(In x, int64_t) { return Normalize(x); }
   GPUCOMPUTE_HD static Acc Combine(Acc a, Acc b) {
@@ -192,6 +219,7 @@ struct ArgOp {
   using Acc = ArgPair<InT>;
   using Out = int64_t;
   static constexpr bool kUsesRow = true;
+  static constexpr bool kUsesDdof = false;
   GPUCOMPUTE_HD static Acc Identity() {
     return {ExtremeIdentity<In, kMax>(), std::numeric_limits<int64_t>::max()};
   }
@@ -218,6 +246,69 @@ struct ArgOp {
   }
   GPUCOMPUTE_HD static Out Finalize(Acc a, int64_t) { return a.row; }
 };
+
+// (count, mean, M2) of some elements: M2 is the sum of their squared deviations from
+// their mean. Counts are float64, exact up to 2^53 elements.
+struct Moments {
+  double count;
+  double mean;
+  double m2;
+};
+
+// Variance (kStd false) or standard deviation, by merging Moments (see the file comment).
+// Merging with an empty side returns the other side unchanged, so the identity adds no
+// rounding.
+template <typename InT, typename OutT, bool kStd>
+struct VarOp {
+  using In = InT;
+  using Acc = Moments;
+  using Out = OutT;
+  static constexpr bool kUsesRow = false;
+  static constexpr bool kUsesDdof = true;
+  GPUCOMPUTE_HD static Acc Identity() { return {0.0, 0.0, 0.0}; }
+  GPUCOMPUTE_HD static Acc Convert(In x, int64_t) {
+    const double d = Widen<double>(x);
+    return {1.0, d, d - d};  // 0, or NaN for inf and NaN
+  }
+  GPUCOMPUTE_HD static Acc Combine(Acc a, Acc b) {
+    if (b.count == 0) return a;
+    if (a.count == 0) return b;
+    const double n = a.count + b.count;
+    const double delta = b.mean - a.mean;
+    const double wb = b.count / n;
+    return {n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.count * wb};
+  }
+  GPUCOMPUTE_HD static Out Finalize(Acc a, int64_t, double ddof = 0.0) {
+    const double divisor = a.count - ddof > 0 ? a.count - ddof : 0.0;
+    const double var = a.m2 / divisor;
+    return static_cast<Out>(kStd ? sqrt(var) : var);
+  }
+};
+
+// Any (kAll false) or all: OR or AND of x != 0, so NaN counts as true. Accumulated as a
+// byte 0 or 1, the stored form of bool.
+template <typename InT, bool kAll>
+struct LogicalOp {
+  using In = InT;
+  using Acc = uint8_t;
+  using Out = uint8_t;
+  static constexpr bool kUsesRow = false;
+  static constexpr bool kUsesDdof = false;
+  GPUCOMPUTE_HD static Acc Identity() { return kAll ? 1 : 0; }
+  GPUCOMPUTE_HD static Acc Convert(In x, int64_t) { return x != In{0}; }
+  GPUCOMPUTE_HD static Acc Combine(Acc a, Acc b) { return kAll ? (a & b) : (a | b); }
+  GPUCOMPUTE_HD static Out Finalize(Acc a, int64_t) { return a; }
+};
+
+// Op::Finalize with ddof for the operators that take it.
+template <class Op>
+GPUCOMPUTE_HD typename Op::Out Finish(const typename Op::Acc& a, int64_t extent, double ddof) {
+  if constexpr (Op::kUsesDdof) {
+    return Op::Finalize(a, extent, ddof);
+  } else {
+    return Op::Finalize(a, extent);
+  }
+}
 
 // ---- which operator each kind uses
 
@@ -261,6 +352,23 @@ struct OpFor<ReduceKind::kArgmax, T> {
   using type = ArgOp<Stored<T>, true>;
 };
 
+template <typename T>
+struct OpFor<ReduceKind::kVar, T> {
+  using type = VarOp<Stored<T>, FloatOr<T, T, double>, false>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kStd, T> {
+  using type = VarOp<Stored<T>, FloatOr<T, T, double>, true>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kAny, T> {
+  using type = LogicalOp<Stored<T>, false>;
+};
+template <typename T>
+struct OpFor<ReduceKind::kAll, T> {
+  using type = LogicalOp<Stored<T>, true>;
+};
+
 // The DType of a stored element type.
 template <typename S>
 constexpr DType StoredDType() {
@@ -279,9 +387,25 @@ decltype(auto) CallWithOp(Fn&& fn) {
   return fn(Op{});
 }
 
-// Calls fn(Op{}) with Op = OpFor<kind, T>::type and returns its result. Host code.
-template <typename T, typename Fn>
+// Calls fn(Op{}) with Op = OpFor<kind, T>::type and returns its result. Host code. With
+// kShapeKindsOnly, only the kinds of Backend::Reduce are instantiated (kShapeReduceKinds
+// in kernels/ops.h), and the caller must have checked IsShapeReduceKind(kind).
+template <typename T, bool kShapeKindsOnly = false, typename Fn>
 decltype(auto) VisitReduceOp(ReduceKind kind, Fn&& fn) {
+  if constexpr (!kShapeKindsOnly) {
+    switch (kind) {
+      case ReduceKind::kVar:
+        return CallWithOp<ReduceKind::kVar, T>(fn);
+      case ReduceKind::kStd:
+        return CallWithOp<ReduceKind::kStd, T>(fn);
+      case ReduceKind::kAny:
+        return CallWithOp<ReduceKind::kAny, T>(fn);
+      case ReduceKind::kAll:
+        return CallWithOp<ReduceKind::kAll, T>(fn);
+      default:
+        break;
+    }
+  }
   switch (kind) {
     case ReduceKind::kSum:
       return CallWithOp<ReduceKind::kSum, T>(fn);
@@ -297,7 +421,7 @@ decltype(auto) VisitReduceOp(ReduceKind kind, Fn&& fn) {
       return CallWithOp<ReduceKind::kMax, T>(fn);
     case ReduceKind::kArgmin:
       return CallWithOp<ReduceKind::kArgmin, T>(fn);
-    case ReduceKind::kArgmax:
+    default:
       break;
   }
   return CallWithOp<ReduceKind::kArgmax, T>(fn);

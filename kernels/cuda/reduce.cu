@@ -195,7 +195,7 @@ cudaError_t Dispatch(const void* in_bytes, const ReduceShape& shape, void* out_b
 
 cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& shape,
                         void* out, cudaMemPool_t pool, cudaStream_t stream) {
-  if (shape.f_order_rows != 0) return cudaErrorInvalidValue;
+  if (shape.f_order_rows != 0 || !IsShapeReduceKind(kind)) return cudaErrorInvalidValue;
   const bool selects = kind == ReduceKind::kMin || kind == ReduceKind::kMax ||
                        kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
   // Min, max, argmin and argmax of nothing are undefined; the caller rejects them.
@@ -203,7 +203,7 @@ cudaError_t ReduceAsync(ReduceKind kind, DType in_dtype, const void* in, const R
     return cudaErrorInvalidValue;
   }
   return VisitDType(in_dtype, [&](auto zero) {
-    return reduce::VisitReduceOp<decltype(zero)>(kind, [&](auto op) {
+    return reduce::VisitReduceOp<decltype(zero), /*kShapeKindsOnly=*/true>(kind, [&](auto op) {
       return detail::Dispatch<decltype(op)>(in, shape, out, pool, stream);
     });
   });

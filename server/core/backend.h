@@ -153,9 +153,8 @@ struct StridedInput {
 // ReduceResultDType(kind, value dtype).
 struct StridedReduce {
   ReduceKind kind = ReduceKind::kSum;
-  // Without a program: inputs[0]'s element dtype (with one, the values have the
-  // program's result_dtype()).
-  DType dtype = DType::kFloat64;
+  // The values' dtype: program->result_dtype() with a program, else inputs[0]'s.
+  DType dtype = DType::kFloat32;
   const expr::Program* program = nullptr;
   std::vector<StridedInput> inputs;
   std::vector<int64_t> shape;

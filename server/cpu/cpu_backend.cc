@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -382,6 +383,10 @@ absl::StatusOr<LaunchInfo> CpuBackend::Elementwise(Stream& stream, const expr::P
 absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
                                 const DeviceMemory& in, const ReduceShape& shape,
                                 DeviceMemory& out) {
+  if (!IsShapeReduceKind(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ReduceKindName(kind), " reductions take ReduceStrided, not a ReduceShape"));
+  }
   const void* i = in.data();
   void* o = out.data();
   const bool arg = kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
@@ -395,6 +400,26 @@ absl::Status CpuBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype,
     }
   });
   return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchInfo> CpuBackend::ReduceStrided(Stream& stream, const StridedReduce& reduce,
+                                                     DeviceMemory& out) {
+  std::vector<StridedOperand> inputs;
+  inputs.reserve(reduce.inputs.size());
+  for (const StridedInput& in : reduce.inputs) {
+    inputs.push_back({in.memory == nullptr ? nullptr : in.memory->data(), in.layout});
+  }
+  // The Program is copied into the task: the caller's may not outlive the enqueue.
+  std::optional<expr::Program> program;
+  if (reduce.program != nullptr) program = *reduce.program;
+  AsCpu(stream).EnqueueKernel([this, kind = reduce.kind, dtype = reduce.dtype,
+                               program = std::move(program), inputs = std::move(inputs),
+                               shape = reduce.shape, axes = reduce.axes, ddof = reduce.ddof,
+                               o = out.data()] {
+    cpu::ReduceStrided(kind, dtype, program.has_value() ? &*program : nullptr, inputs, shape, axes,
+                       ddof, o, *pool_);
+  });
+  return LaunchInfo{};
 }
 
 absl::Status CpuBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,

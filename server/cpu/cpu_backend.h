@@ -44,6 +44,8 @@ class CpuBackend final : public Backend {
                                          DeviceMemory& out, DType out_dtype, int64_t n) override;
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                       const ReduceShape& shape, DeviceMemory& out) override;
+  absl::StatusOr<LaunchInfo> ReduceStrided(Stream& stream, const StridedReduce& reduce,
+                                           DeviceMemory& out) override;
   absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
                     const DeviceMemory& a, const DeviceMemory& x, double beta,
                     DeviceMemory& y) override;

@@ -212,7 +212,7 @@ void Run(const void* in, const ReduceShape& shape, void* out, ThreadPool& pool) 
 void Reduce(ReduceKind kind, DType in_dtype, const void* in, const ReduceShape& shape, void* out,
             ThreadPool& pool) {
   VisitDType(in_dtype, [&](auto zero) {
-    reduce::VisitReduceOp<decltype(zero)>(
+    reduce::VisitReduceOp<decltype(zero), /*kShapeKindsOnly=*/true>(
         kind, [&](auto op) { Run<decltype(op)>(in, shape, out, pool); });
   });
 }

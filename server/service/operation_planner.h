@@ -29,6 +29,17 @@ using BufferResolver = absl::FunctionRef<absl::StatusOr<BufferHandle>(absl::stri
 absl::StatusOr<Plan> PlanOperation(ServiceContext& ctx, absl::string_view client,
                                    const v1::SubmitRequest& request, BufferResolver resolve);
 
+// For the planners of each operation (operation_planner.cc, plan_*.cc).
+// How a result may be written to an output of another dtype.
+enum class CastRule { kExact, kSameKind };
+// The buffer an operation writes: an existing one, checked against the result's shape
+// and dtype, or a new, not yet registered one (allocated on `device`).
+absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_view client,
+                                           BufferResolver resolve, const v1::Output& output,
+                                           DType natural, const std::vector<uint64_t>& shape,
+                                           Layout layout, int device, CastRule rule,
+                                           bool* created);
+
 // The buffer the planned operation writes (every operation writes one).
 BufferHandle WrittenBuffer(const Plan& plan);
 
