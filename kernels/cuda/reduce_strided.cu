@@ -155,7 +155,7 @@ cudaError_t Run(const StridedReducePlan& plan, StridedReduceLaunch launch, const
   if (plan.extent <= 0) {
     // Empty sums, products, means and norms: computed by the same host expression as on
     // the CPU, so that even a NaN's bits agree.
-    const Out value = Finish<Op>(Op::Identity(), 0, plan.ddof);
+    const Out value = reduce::Finish<Op>(Op::Identity(), 0, plan.ddof);
     uint64_t bits = 0;
     std::memcpy(&bits, &value, sizeof(Out));
     return FillAsync(out, SameSizeDType<Out>(), bits, plan.outputs, stream);
@@ -353,7 +353,9 @@ cudaError_t ReduceStridedAsync(ReduceKind kind, DType dtype, const std::vector<i
                                const std::vector<int32_t>& axes, const StridedOperand& in,
                                double ddof, void* out, cudaMemPool_t pool, cudaStream_t stream) {
   StridedReducePlan plan;
-  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(PlanStridedReduce(shape, axes, {&in}, true, &plan));
+  // ReduceAsync's kernels serve the kinds of Backend::Reduce only.
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
+      PlanStridedReduce(shape, axes, {&in}, IsShapeReduceKind(kind), &plan));
   plan.ddof = ddof;
   if (plan.path == StridedReducePath::kDense) {
     const char* data = static_cast<const char*>(in.data) + in.offset * DTypeSize(dtype);

@@ -1,12 +1,13 @@
 // The CUDA backend's reductions over any axes of strided arrays and of expressions
 // (Backend::ReduceStrided; kernels/cuda/reduce_strided.cu, kernels/cuda/
 // reduce_expression.cc), against references computed here by brute force in float64 (and
-// exactly in 64-bit integers): every kind and dtype over several axis sets of 3-D and 4-D
+// exactly in 64-bit integers): every kind (var with ddof 1) and dtype over several axis sets of 3-D and 4-D
 // views (C-contiguous, transposed, negative steps, broadcast), chunked shapes of every
 // path, repeated runs bitwise identical, and fused expressions. Integer results, min, max,
-// argmin and argmax must match exactly; float sums, means and norms within the float64
-// rounding of an n-term sum plus the output's rounding; float products within n float
-// roundings of their own type.
+// argmin, argmax, any and all must match exactly; float sums, means and norms within the
+// float64 rounding of an n-term sum plus the output's rounding; float products within n
+// float roundings of their own type; var and std within a relative 1e-10 of a two-pass
+// long double reference, plus the output's rounding.
 //
 // The code generator's sources must compile for sm_90 with NVRTC without a GPU; the rest
 // skips where no CUDA device is usable.
@@ -140,6 +141,10 @@ double AsRead(double x, DType dtype) {
 
 // ---- the reference
 
+// The ddof of every var here (std uses 0): 1, so that a reduction of one value divides by
+// zero.
+constexpr double kVarDdof = 1;
+
 // Each output's values, gathered in C order over the reduced axes.
 std::vector<std::vector<double>> Gather(const std::vector<double>& base, const StridedLayout& layout,
                                         const std::vector<int32_t>& axes,
@@ -187,6 +192,31 @@ std::vector<std::vector<double>> Gather(const std::vector<double>& base, const S
                                          << ", expected " << expected << " over " << n << " values";
   };
   switch (kind) {
+    case ReduceKind::kAny:
+    case ReduceKind::kAll: {
+      bool want = kind == ReduceKind::kAll;
+      for (double v : values) want = kind == ReduceKind::kAll ? want && v != 0 : want || v != 0;
+      return gi == (want ? 1 : 0) ? ::testing::AssertionSuccess() : fail(want ? "1" : "0");
+    }
+    case ReduceKind::kVar:
+    case ReduceKind::kStd: {
+      // Two passes in long double; the kernels merge (count, mean, M2) in float64, within
+      // a relative 1e-10 of it for these well-conditioned values.
+      long double mean = 0;
+      for (double v : values) mean += v;
+      mean /= n;
+      long double m2 = 0;
+      for (double v : values) m2 += (v - mean) * (v - mean);
+      const double ddof = kind == ReduceKind::kVar ? kVarDdof : 0;
+      double want = static_cast<double>(m2 / (n - ddof > 0 ? n - ddof : 0.0));
+      if (kind == ReduceKind::kStd) want = std::sqrt(want);
+      if (std::isnan(want)) return std::isnan(g) ? ::testing::AssertionSuccess() : fail("nan");
+      if (std::isinf(want)) return g == want ? ::testing::AssertionSuccess() : fail("inf");
+      const double ulp = out == DType::kFloat32 ? 0x1.0p-23 : 0x1.0p-52;
+      const double tolerance = (1e-10 + ulp) * std::fabs(want);
+      return std::fabs(g - want) <= tolerance ? ::testing::AssertionSuccess()
+                                              : fail(absl::StrCat(want, " +- ", tolerance));
+    }
     case ReduceKind::kArgmin:
     case ReduceKind::kArgmax:
     case ReduceKind::kMin:
@@ -252,9 +282,10 @@ std::vector<std::vector<double>> Gather(const std::vector<double>& base, const S
 
 constexpr DType kDTypes[] = {DType::kBool, DType::kInt32, DType::kInt64, DType::kFloat32,
                              DType::kFloat64};
-constexpr ReduceKind kKinds[] = {ReduceKind::kSum,  ReduceKind::kProd,   ReduceKind::kMin,
-                                 ReduceKind::kMax,  ReduceKind::kMean,   ReduceKind::kNorm2,
-                                 ReduceKind::kArgmin, ReduceKind::kArgmax};
+constexpr ReduceKind kKinds[] = {ReduceKind::kSum,    ReduceKind::kProd,   ReduceKind::kMin,
+                                 ReduceKind::kMax,    ReduceKind::kMean,   ReduceKind::kNorm2,
+                                 ReduceKind::kArgmin, ReduceKind::kArgmax, ReduceKind::kVar,
+                                 ReduceKind::kStd,    ReduceKind::kAny,    ReduceKind::kAll};
 
 bool Selects(ReduceKind kind) {
   return kind == ReduceKind::kMin || kind == ReduceKind::kMax || kind == ReduceKind::kArgmin ||
@@ -270,6 +301,7 @@ StridedReduce PlainReduce(ReduceKind kind, DType dtype, const StridedLayout& lay
   reduce.inputs = {{nullptr, layout}};
   reduce.shape = layout.shape;
   reduce.axes = axes;
+  if (kind == ReduceKind::kVar) reduce.ddof = kVarDdof;
   return reduce;
 }
 
@@ -361,7 +393,8 @@ TEST_F(CudaReduceStridedTest, ChunkedPathsAreRightAndBitwiseRepeatable) {
   for (const auto& [view, axes] : cases) {
     for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kFloat64}) {
       for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean, ReduceKind::kMax,
-                              ReduceKind::kArgmin, ReduceKind::kNorm2}) {
+                              ReduceKind::kArgmin, ReduceKind::kNorm2, ReduceKind::kVar,
+                              ReduceKind::kAll}) {
         const std::vector<double> base = MakeValues(dtype, kind, Product(view.base_shape), 3, false);
         ASSIGN_OR_FAIL(DeviceMemory memory,
                        Upload<uint8_t>(*backend_, *stream_, ToBytes(base, dtype)));
@@ -447,6 +480,17 @@ std::vector<ExpressionCase> ExpressionCases() {
   cases.push_back({"x + s", {{"s", expr::ScalarInput{DType::kFloat64, 2.5}}, {"x", ArrayInput{DType::kFloat32}}},
                    {rev}, {500, 9}, {0}, ReduceKind::kArgmax,
                    [](const std::vector<double>& v) { return v[0] + 2.5; }});
+  // any / all of x - x, which is NaN (true) only where x is NaN, over rows and columns.
+  const View xn = Contiguous({64, 300});
+  for (ReduceKind kind : {ReduceKind::kAny, ReduceKind::kAll}) {
+    for (int32_t axis : {0, 1}) {
+      cases.push_back({"x - x", {{"x", ArrayInput{DType::kFloat64}}}, {xn}, {64, 300}, {axis},
+                       kind, [](const std::vector<double>& v) { return v[0] - v[0]; }});
+    }
+  }
+  // var of x * 2 along the last axis (ddof kVarDdof).
+  cases.push_back({"x * 2", {{"x", ArrayInput{DType::kFloat32}}}, {x2d}, {300, 700}, {1},
+                   ReduceKind::kVar, [](const std::vector<double>& v) { return v[0] * 2; }});
   return cases;
 }
 
@@ -461,12 +505,15 @@ TEST_F(CudaReduceStridedTest, FusedExpressions) {
       if (const auto* array = std::get_if<ArrayInput>(&type)) dtypes.push_back(array->dtype);
     }
     for (size_t i = 0; i < c.views.size(); ++i) {
-      bases.push_back(MakeValues(dtypes[i], c.kind, Product(c.views[i].base_shape), 11 + i, false));
+      const bool nans = c.kind == ReduceKind::kAny || c.kind == ReduceKind::kAll;
+      bases.push_back(MakeValues(dtypes[i], c.kind, Product(c.views[i].base_shape), 11 + i, nans));
       ASSIGN_OR_FAIL(DeviceMemory m, Upload<uint8_t>(*backend_, *stream_, ToBytes(bases[i], dtypes[i])));
       memories.push_back(std::move(m));
     }
     StridedReduce reduce;
     reduce.kind = c.kind;
+    reduce.dtype = program.result_dtype();
+    reduce.ddof = c.kind == ReduceKind::kVar ? kVarDdof : 0;
     reduce.program = &program;
     reduce.shape = c.shape;
     reduce.axes = c.axes;
@@ -571,6 +618,7 @@ TEST_F(CudaReduceStridedTest, DISABLED_Throughput) {
                  expr::Compile("x*y", {{"x", ArrayInput{DType::kFloat32}},
                                        {"y", ArrayInput{DType::kFloat32}}}));
   StridedReduce fused;
+  fused.dtype = DType::kFloat32;
   fused.program = &program;
   fused.shape = {n};
   fused.axes = {0};
@@ -605,6 +653,10 @@ TEST(ReduceCodegenTest, GeneratedSourcesCompileForSm90) {
       {"where(x*x + y*y <= 1, 1, 0)", ReduceKind::kNorm2, {"x", "y"}},
       {"i * 2", ReduceKind::kMin, {"i"}},
       {"x != x", ReduceKind::kArgmax, {"x"}},
+      {"x - y", ReduceKind::kVar, {"x", "y"}},
+      {"x * s", ReduceKind::kStd, {"s", "x"}},
+      {"b", ReduceKind::kAny, {"b"}},
+      {"x - x", ReduceKind::kAll, {"x"}},
   };
   for (const Case& c : cases) {
     expr::InputMap used;

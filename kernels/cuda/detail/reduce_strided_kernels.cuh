@@ -25,10 +25,12 @@
 // index on it; over all axes, the flat C-order index.
 //
 // Device code that nvcc compiles (included by the .cu files) and that NVRTC compiles too
-// (embedded into every generated reduction): it includes nothing under NVRTC and uses
-// only `long long` and the operator's own types.
+// (embedded into every generated reduction, without its #include, after the embedded
+// kernels/reduce_ops.h); it uses only `long long` and the operators' own types.
 #ifndef GPUCOMPUTE_KERNELS_CUDA_DETAIL_REDUCE_STRIDED_KERNELS_CUH_
 #define GPUCOMPUTE_KERNELS_CUDA_DETAIL_REDUCE_STRIDED_KERNELS_CUH_
+
+#include "kernels/reduce_ops.h"  // NVRTC sources embed it ahead of this file instead
 
 namespace gpucompute::cuda::detail {
 
@@ -62,25 +64,6 @@ struct StridedReduceGeometry {
   long long chunks = 1;     // with more than one, kernels write partials, not outputs
   double ddof = 0;          // var, std
 };
-
-// Op::Finalize, with ddof for the operators that take it (kUsesDdof: var, std).
-template <class Op, class = void>
-struct UsesDdof {
-  static constexpr bool value = false;
-};
-template <class Op>
-struct UsesDdof<Op, decltype(void(Op::kUsesDdof))> {
-  static constexpr bool value = Op::kUsesDdof;
-};
-template <class Op>
-__host__ __device__ __forceinline__ typename Op::Out Finish(const typename Op::Acc& a,
-                                                            long long extent, double ddof) {
-  if constexpr (UsesDdof<Op>::value) {
-    return Op::Finalize(a, extent, ddof);
-  } else {
-    return Op::Finalize(a, extent);
-  }
-}
 
 #if defined(__CUDACC__)
 
@@ -220,7 +203,7 @@ __device__ __forceinline__ void Store(const StridedReduceGeometry<kArrays>& g,
                                       long long c, bool rows, typename Op::Acc* partial,
                                       typename Op::Out* out) {
   if (g.chunks == 1) {
-    out[position] = Finish<Op>(acc, g.extent, g.ddof);
+    out[position] = reduce::Finish<Op>(acc, g.extent, g.ddof);
   } else {
     partial[rows ? position * g.chunks + c : c * g.outputs + position] = acc;
   }
@@ -314,7 +297,7 @@ __device__ __forceinline__ void MergeChunks(const typename Op::Acc* __restrict__
       acc = tree[0];
       __syncthreads();  // tree is reused by the next output
     }
-    if (j < outputs && lane == 0) out[j] = Finish<Op>(acc, extent, ddof);
+    if (j < outputs && lane == 0) out[j] = reduce::Finish<Op>(acc, extent, ddof);
   }
 }
 
