@@ -40,6 +40,134 @@ cudaError_t ArgExtremeInCOrderAsync(bool is_min, DType dtype, const void* in, in
                                     int64_t cols, void* out, cudaMemPool_t pool,
                                     cudaStream_t stream);
 
+// ---- Reductions over any axes of strided arrays (kernels/cuda/reduce_strided.cu) ----
+//
+// A reduction of the values at every index of `shape` (up to kStridedReduceMaxDims axes)
+// over the axes `axes` (sorted, without repeats; all of them for a whole-array
+// reduction), one output per index of the other (kept) axes, in C order, of dtype
+// ReduceResultDType(kind, value dtype). The values are one strided array's elements, or
+// an expression of several (kernels/cuda/reduce_expression.cu). argmin/argmax report the
+// C-order position among the reduced axes: along one axis, the index on it; over all of
+// them, the flat C-order index.
+//
+// Order: the plan (PlanStridedReduce) is a function of the shape, the axes and the
+// strides' pattern (which axes coalesce, which innermost stride is smaller) alone, never
+// of the device, so results are bitwise the same run to run and on every GPU. See
+// kernels/cuda/detail/reduce_strided_kernels.cuh for the order each path combines in.
+
+inline constexpr int kStridedReduceMaxDims = 8;
+
+// An array read by a strided reduction: element offsets from `data`, in elements.
+struct StridedOperand {
+  const void* data = nullptr;
+  std::vector<int64_t> strides;  // one per axis of the shape; 0 on broadcast axes
+  int64_t offset = 0;
+};
+
+enum class StridedReducePath : uint8_t {
+  kDense,    // one array laid out as ReduceAsync's [outer, extent, inner]: its kernels
+  kRows,     // a warp per output (chunk), lanes along the reduced axes
+  kColumns,  // a thread per output (chunk), threads along the kept axes
+};
+
+// The iteration space after the kept axes (outermost) and the reduced axes (in C order)
+// were each coalesced, and how it is cut into work. For kColumns, the kept axis with the
+// smallest strides is moved innermost, so that neighbouring threads read neighbouring
+// elements; kept_out_strides keeps the outputs in C order.
+struct StridedReducePlan {
+  StridedReducePath path = StridedReducePath::kRows;
+  ReduceShape dense;  // kDense: ReduceAsync's shape, from operand 0's data + offset
+  std::vector<int64_t> kept_shape;
+  std::vector<int64_t> kept_out_strides;  // parallel to kept_shape
+  std::vector<int64_t> reduced_shape;  // never empty: [1] when nothing is reduced
+  // Per operand, parallel to kept_shape / reduced_shape.
+  std::vector<std::vector<int64_t>> kept_strides;
+  std::vector<std::vector<int64_t>> reduced_strides;
+  std::vector<int64_t> offsets;
+  int64_t outputs = 1;  // product of kept_shape
+  int64_t extent = 1;   // product of reduced_shape
+  int64_t chunk_len = 1;
+  int64_t chunks = 1;
+  double ddof = 0;  // var, std: the caller's
+};
+
+// Plans the reduction of `operands` (all indexed over `shape`) over `axes`. kDense only
+// when `allow_dense` and there is one operand. cudaErrorInvalidValue for more than
+// kStridedReduceMaxDims axes, axes out of range or unsorted, or mismatched strides.
+cudaError_t PlanStridedReduce(const std::vector<int64_t>& shape, const std::vector<int32_t>& axes,
+                              const std::vector<const StridedOperand*>& operands, bool allow_dense,
+                              StridedReducePlan* plan);
+
+// Enqueues a planned reduction (path kRows or kColumns) whose values have `value_dtype`:
+// `launch(partial, grid)` enqueues the path's kernel on `grid` blocks of 256 threads (it
+// writes the outputs when plan.chunks is 1, else plan.outputs * plan.chunks accumulators
+// to `partial`, which this then merges into `out`). Handles empty reductions itself
+// (min/max/argmin/argmax of nothing: cudaErrorInvalidValue). The shared dispatch of
+// ReduceStridedAsync and the generated reductions of expressions.
+using StridedReduceLaunch = cudaError_t (*)(const void* context, void* partial, unsigned grid);
+cudaError_t RunStridedReduce(ReduceKind kind, DType value_dtype, const StridedReducePlan& plan,
+                             StridedReduceLaunch launch, const void* context, void* out,
+                             cudaMemPool_t pool, cudaStream_t stream);
+
+// The reduction of `in` (of dtype `dtype`) over `axes` of `shape` into `out`.
+cudaError_t ReduceStridedAsync(ReduceKind kind, DType dtype, const std::vector<int64_t>& shape,
+                               const std::vector<int32_t>& axes, const StridedOperand& in,
+                               double ddof, void* out, cudaMemPool_t pool, cudaStream_t stream);
+
+// The bytes of the kernel argument StridedReduceGeometry<arrays> (kernels/cuda/detail/
+// reduce_strided_kernels.cuh) of a kRows or kColumns plan, for launching generated
+// kernels; `arrays` >= the plan's operands (the rest read nothing).
+std::vector<uint64_t> StridedReduceGeometryBytes(const StridedReducePlan& plan, int arrays);
+
+// ---- Reductions of expressions (kernels/cuda/reduce_expression.cc) ----
+//
+// A reduction whose values are an elementwise expression of strided arrays, fused: one
+// kernel per (expression, kind), generated from kernels/cuda/elementwise/reduce.cuh.in
+// around the expression's per-element function (as ElementwiseKernelSource does) and
+// compiled with NVRTC by the server. It runs the kRows / kColumns bodies of the strided
+// reductions, so it chunks and combines as ReduceStridedAsync's general paths do.
+
+// extern "C" names of the two kernels of every generated reduction.
+inline constexpr char kReduceRowsKernel[] = "gpucompute_reduce_rows";
+inline constexpr char kReduceColumnsKernel[] = "gpucompute_reduce_columns";
+// Arrays an expression of a fused reduction may read (each adds its strides to the
+// kernel's arguments).
+inline constexpr int kReduceExpressionMaxArrays = 16;
+
+struct ReduceExpressionSignature {
+  ReduceKind kind = ReduceKind::kSum;
+  DType value_dtype = DType::kFloat64;  // the expression's result, the reduction's input
+  std::vector<int32_t> array_inputs;    // indices into the expression's inputs, ascending
+  std::vector<DType> array_dtypes;      // parallel to array_inputs
+  std::vector<DType> parameter_dtypes;  // indexed by parameter number
+  // The kernels' array slots: at least one, so that an expression of scalars alone
+  // still has an iteration space.
+  int array_slots() const {
+    return array_inputs.empty() ? 1 : static_cast<int>(array_inputs.size());
+  }
+};
+
+// The CUDA C++ source, for NVRTC, of the kernels kReduceRowsKernel and
+// kReduceColumnsKernel: `header` (a comment), the helpers, the per-element function with
+// `element_body` (as for ElementwiseKernelSource, returning the value of
+// signature.value_dtype), then the kernels.
+std::string ReduceExpressionKernelSource(const ReduceExpressionSignature& signature,
+                                         std::string_view header, std::string_view element_body);
+
+struct ReduceExpressionKernels {
+  cudaKernel_t rows = nullptr;
+  cudaKernel_t columns = nullptr;
+};
+
+// Enqueues the reduction planned by PlanStridedReduce (allow_dense false) over the
+// operands of `arrays` (device pointers in signature order; offsets and strides are the
+// plan's), `parameters` holding each parameter's value in the low bytes of a uint64.
+cudaError_t ReduceExpressionAsync(const ReduceExpressionSignature& signature,
+                                  const ReduceExpressionKernels& kernels,
+                                  const StridedReducePlan& plan, const void* const* arrays,
+                                  const uint64_t* parameters, void* out, cudaMemPool_t pool,
+                                  cudaStream_t stream);
+
 // What GemvAsync reports: the first call that failed, with the CUDA error or the cuBLAS
 // status it returned (the other stays at success), and the call's name; ok() when none did.
 struct GemvStatus {

@@ -21,6 +21,7 @@
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/detail/cuda_backend_impl.h"
 #include "server/cuda/elementwise_kernels.h"
+#include "server/cuda/reduce_codegen.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute::cuda {
@@ -96,6 +97,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     devices_.push_back(std::move(device));
   }
   elementwise_ = std::make_unique<ElementwiseKernels>(options.kernel_cache_dir);
+  reductions_ = std::make_unique<ReduceKernels>(options.kernel_cache_dir);
   // A poller per four cores, at most four: enough that sessions on many streams are
   // not answered one at a time, few enough that their spinning costs little.
   const size_t pollers = std::clamp<size_t>(std::thread::hardware_concurrency() / 4, 1, 4);
@@ -148,6 +150,7 @@ CudaBackend::~CudaBackend() {
   }
   pollers_.clear();  // each finishes its pending callbacks first
   elementwise_.reset();
+  reductions_.reset();
   for (auto& device : devices_) {
     SwitchDevice(device->index);
     absl::MutexLock lock(&device->cublas_mu);
@@ -365,6 +368,52 @@ absl::Status CudaBackend::Reduce(Stream& stream, ReduceKind kind, DType in_dtype
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, ReduceAsync(kind, in_dtype, in.data(), plain,
                                                          out.data(), d.pool, AsCuda(stream).get()));
   return absl::OkStatus();
+}
+
+absl::StatusOr<LaunchInfo> CudaBackend::ReduceStrided(Stream& stream, const StridedReduce& reduce,
+                                                      DeviceMemory& out) {
+  RETURN_IF_ERROR(CheckHealthy());
+  RETURN_IF_ERROR(SetDevice(stream.device()));
+  const Device& d = *devices_[stream.device()];
+  std::vector<StridedOperand> operands;
+  for (const StridedInput& input : reduce.inputs) {
+    if (input.memory == nullptr) continue;  // a scalar of the program
+    if (input.layout.shape != reduce.shape) {
+      return absl::InvalidArgumentError(
+          "a strided reduction's inputs must have the shape of its iteration space");
+    }
+    operands.push_back({input.memory->data(), input.layout.strides, input.layout.offset});
+  }
+  if (reduce.program == nullptr) {
+    if (operands.size() != 1) {
+      return absl::InvalidArgumentError("a reduction without an expression reads one array");
+    }
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, ReduceStridedAsync(reduce.kind, reduce.dtype, reduce.shape, reduce.axes,
+                                  operands[0], reduce.ddof, out.data(), d.pool,
+                                  AsCuda(stream).get()));
+    return LaunchInfo{};
+  }
+  return ReduceExpression(stream, reduce, operands, out);
+}
+
+absl::StatusOr<LaunchInfo> CudaBackend::ReduceExpression(Stream& stream,
+                                                         const StridedReduce& reduce,
+                                                         std::span<const StridedOperand> operands,
+                                                         DeviceMemory& out) {
+  const Device& d = *devices_[stream.device()];
+  LaunchInfo info;
+  ASSIGN_OR_RETURN(const CompiledReduction* kernels,
+                   reductions_->Get(*reduce.program, reduce.kind, d.compute_capability,
+                                    &info.compile_seconds));
+  absl::Status s =
+      LaunchReduction(*kernels, reduce, operands, out.data(), d.pool, AsCuda(stream).get());
+  if (!s.ok()) {
+    // A launch error may be sticky; the launcher reports it as a status only.
+    Check(cudaPeekAtLastError(), "reduction launch", __FILE__, __LINE__).IgnoreError();
+    return s;
+  }
+  return info;
 }
 
 absl::Status CudaBackend::Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,

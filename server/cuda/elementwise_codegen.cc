@@ -302,44 +302,30 @@ bool CallsMathLibrary(OpKind op) {
 
 }  // namespace
 
-namespace {
-
-// What every kernel template of an expression is filled with: the planned signature, the
-// header comment and the per-element function's body.
-struct ElementFunction {
-  ElementwiseSignature signature;
-  std::string header;
-  std::string body;
-};
-
-// `kernel` names the kernel template, for the header comment.
 ElementFunction GenerateElementFunction(const expr::Program& program, DType out_dtype,
                                         absl::string_view kernel) {
   const expr::Ir& ir = program.ir();
   const auto& input_types = program.input_types();
   ElementFunction result;
-  ElementwiseSignature& sig = result.signature;
-  sig.out_dtype = out_dtype;
 
   // Arrays become pointer arguments in input order; scalar inputs reach the kernel only
   // through the parameter constants derived from them.
   for (size_t k = 0; k < input_types.size(); ++k) {
     if (const auto* array = std::get_if<expr::ArrayInput>(&input_types[k])) {
-      sig.array_inputs.push_back(static_cast<int32_t>(k));
-      sig.array_dtypes.push_back(array->dtype);
+      result.array_inputs.push_back(static_cast<int32_t>(k));
+      result.array_dtypes.push_back(array->dtype);
     }
   }
   for (const Node& node : ir.nodes) {
     if (node.op != OpKind::kConstant || node.parameter < 0) continue;
-    if (sig.parameter_dtypes.size() <= static_cast<size_t>(node.parameter)) {
-      sig.parameter_dtypes.resize(node.parameter + 1, DType::kFloat64);
+    if (result.parameter_dtypes.size() <= static_cast<size_t>(node.parameter)) {
+      result.parameter_dtypes.resize(node.parameter + 1, DType::kFloat64);
     }
-    sig.parameter_dtypes[node.parameter] = node.dtype;
+    result.parameter_dtypes[node.parameter] = node.dtype;
   }
   const std::vector<int32_t> order = PostOrder(ir);
-  const bool calls_math_library = std::any_of(
+  result.calls_math_library = std::any_of(
       order.begin(), order.end(), [&](int32_t i) { return CallsMathLibrary(ir.nodes[i].op); });
-  PlanElementwiseKernel(calls_math_library, &sig);
 
   std::string canonical = program.canonical();
   if (canonical.size() > kMaxCommentChars) {
@@ -377,15 +363,29 @@ ElementFunction GenerateElementFunction(const expr::Program& program, DType out_
   return result;
 }
 
+namespace {
+
+// The signature of a kernel of `element` writing `out_dtype`, planned as
+// PlanElementwiseKernel plans it.
+ElementwiseSignature PlannedSignature(ElementFunction& element, DType out_dtype) {
+  ElementwiseSignature sig;
+  sig.out_dtype = out_dtype;
+  sig.array_inputs = std::move(element.array_inputs);
+  sig.array_dtypes = std::move(element.array_dtypes);
+  sig.parameter_dtypes = std::move(element.parameter_dtypes);
+  PlanElementwiseKernel(element.calls_math_library, &sig);
+  return sig;
+}
+
 }  // namespace
 
 ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype) {
-  ElementFunction element = GenerateElementFunction(program, out_dtype, "");
+  ElementFunction element = GenerateElementFunction(program, out_dtype);
   ElementwiseSource result;
   result.vector_kernel = std::string(kElementwiseVectorKernel);
   result.scalar_kernel = std::string(kElementwiseScalarKernel);
-  result.source = ElementwiseKernelSource(element.signature, element.header, element.body);
-  result.signature = std::move(element.signature);
+  result.signature = PlannedSignature(element, out_dtype);
+  result.source = ElementwiseKernelSource(result.signature, element.header, element.body);
   return result;
 }
 
@@ -396,9 +396,9 @@ StridedElementwiseSource GenerateElementwiseStrided(const expr::Program& program
       program, out_dtype, absl::StrCat(", strided ", specialization.Name()));
   StridedElementwiseSource result;
   result.kernel = std::string(kElementwiseStridedKernel);
-  result.source = ElementwiseStridedKernelSource(element.signature, specialization,
+  result.signature = PlannedSignature(element, out_dtype);
+  result.source = ElementwiseStridedKernelSource(result.signature, specialization,
                                                  element.header, element.body);
-  result.signature = std::move(element.signature);
   result.specialization = specialization;
   return result;
 }

@@ -19,7 +19,9 @@
 #ifndef GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 #define GPUCOMPUTE_SERVER_CUDA_ELEMENTWISE_CODEGEN_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/kernels.h"
 #include "kernels/dtype.h"
@@ -43,6 +45,22 @@ struct StridedElementwiseSource {
   ElementwiseSignature signature;
   StridedSpecialization specialization;
 };
+
+// The per-element function of `program` converted to `out_dtype`, for any kernel built
+// around it (ElementwiseKernelSource, ElementwiseStridedKernelSource,
+// ReduceExpressionKernelSource in kernels/cuda/kernels.h): which inputs are arrays, the
+// parameters, and the function's body. `kernel` names the kernel template in the header
+// comment (empty for the contiguous one).
+struct ElementFunction {
+  std::vector<int32_t> array_inputs;  // indices into program.inputs(), ascending
+  std::vector<DType> array_dtypes;    // parallel to array_inputs
+  std::vector<DType> parameter_dtypes;
+  bool calls_math_library = false;
+  std::string header;  // a comment naming the expression
+  std::string body;
+};
+ElementFunction GenerateElementFunction(const expr::Program& program, DType out_dtype,
+                                        absl::string_view kernel = "");
 
 // The source is a function of program.canonical() and out_dtype alone (never of parameter
 // values or of the IR's node numbering), so it may be cached under those. `out_dtype` may differ

@@ -101,17 +101,23 @@ absl::Status CheckProgram(const std::string& canonical, const expr::Program& pro
   return absl::OkStatus();
 }
 
-// The values of the program's parameters, as the kernel arguments of `signature`.
-absl::StatusOr<std::vector<uint64_t>> Parameters(const ElementwiseSignature& sig,
-                                                 const expr::Program& program) {
-  std::vector<uint64_t> parameters(sig.parameter_dtypes.size());
+absl::Status NullArrayError(const expr::Program& program, int32_t input) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "input '", program.inputs()[input], "' is an array but its pointer is null"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint64_t>> KernelParameters(const expr::Program& program,
+                                                       const std::vector<DType>& dtypes) {
+  std::vector<uint64_t> parameters(dtypes.size());
   size_t found = 0;
   for (const expr::Node& node : program.ir().nodes) {
     if (node.op != expr::OpKind::kConstant || node.parameter < 0) continue;
     // Same canonical() implies the same parameters; checked anyway, since a mismatch
     // would pass garbage to the kernel.
     if (static_cast<size_t>(node.parameter) >= parameters.size() ||
-        sig.parameter_dtypes[node.parameter] != node.dtype) {
+        dtypes[node.parameter] != node.dtype) {
       return absl::InternalError("the program's parameters do not match its compiled kernel");
     }
     parameters[node.parameter] = ParameterBits(node.dtype, node.value);
@@ -122,13 +128,6 @@ absl::StatusOr<std::vector<uint64_t>> Parameters(const ElementwiseSignature& sig
   }
   return parameters;
 }
-
-absl::Status NullArrayError(const expr::Program& program, int32_t input) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "input '", program.inputs()[input], "' is an array but its pointer is null"));
-}
-
-}  // namespace
 
 struct ElementwiseKernels::Slot {
   absl::Notification done;
@@ -319,7 +318,8 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
     arrays[a] = inputs[sig.array_inputs[a]];
     if (arrays[a] == nullptr) return NullArrayError(program, sig.array_inputs[a]);
   }
-  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters, Parameters(sig, program));
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters,
+                   KernelParameters(program, sig.parameter_dtypes));
 
   // Every element is read and written by the same thread, reads first, so out == input
   // with equal element sizes is safe. Any other overlap (a different element size, or an
@@ -402,7 +402,8 @@ absl::Status LaunchElementwiseStrided(const CompiledStridedElementwise& kernel,
     arrays[a] = inputs[sig.array_inputs[a]];
     if (arrays[a].data == nullptr) return NullArrayError(program, sig.array_inputs[a]);
   }
-  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters, Parameters(sig, program));
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> parameters,
+                   KernelParameters(program, sig.parameter_dtypes));
   GPUCOMPUTE_CUDA_RETURN_IF_ERROR(ElementwiseStridedAsync(
       sig, spec, kernel.kernel, kernel.blocks_per_sm, shape.data(), arrays.data(), out,
       parameters.data(), sm_count, stream));

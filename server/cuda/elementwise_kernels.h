@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -143,6 +144,12 @@ class ElementwiseKernels {
   absl::Mutex mu_;
   absl::flat_hash_map<Key, std::shared_ptr<Slot>, KeyHash, KeyEq> slots_ ABSL_GUARDED_BY(mu_);
 };
+
+// The values of the program's parameters (scalar inputs and the constants derived from
+// them) as kernel arguments: parameter p in the low bytes of element p, as its dtype's
+// storage type. INTERNAL when they do not match `dtypes` (the compiled kernel's).
+absl::StatusOr<std::vector<uint64_t>> KernelParameters(const expr::Program& program,
+                                                       const std::vector<DType>& dtypes);
 
 // Enqueues out[i] = program(inputs...[i]) for i < n on `stream` (on the current device,
 // which must have the kernel's architecture), converted to the kernel's out_dtype.

@@ -28,12 +28,14 @@
 #include "server/cuda/cuda_backend.h"
 #include "server/cuda/cuda_check.h"
 #include "server/cuda/detail/streams.h"
+#include "kernels/cuda/kernels.h"
 #include "server/cuda/pinned_staging.h"
 #include "server/cuda/small_block_cache.h"
 
 namespace gpucompute::cuda {
 
 class ElementwiseKernels;
+class ReduceKernels;
 
 namespace detail {
 
@@ -118,6 +120,8 @@ class CudaBackend final : public Backend {
                                                 DType out_dtype) override;
   absl::Status Reduce(Stream& stream, ReduceKind kind, DType in_dtype, const DeviceMemory& in,
                       const ReduceShape& shape, DeviceMemory& out) override;
+  absl::StatusOr<LaunchInfo> ReduceStrided(Stream& stream, const StridedReduce& reduce,
+                                           DeviceMemory& out) override;
   absl::Status Gemv(Stream& stream, DType dtype, const GemvShape& shape, double alpha,
                     const DeviceMemory& a, const DeviceMemory& x, double beta,
                     DeviceMemory& y) override;
@@ -174,6 +178,10 @@ class CudaBackend final : public Backend {
   // Fails every pending callback with `status` (the device is unusable).
   void FailPendingCallbacks(const absl::Status& status);
   absl::Status CheckDevice(int device) const;
+  // ReduceStrided of an expression (reduce.program set): the fused generated kernels.
+  absl::StatusOr<LaunchInfo> ReduceExpression(Stream& stream, const StridedReduce& reduce,
+                                              std::span<const StridedOperand> operands,
+                                              DeviceMemory& out);
   absl::Status CheckHealthy() const { return health(); }
   // Frees the device's kept small blocks (on its allocation stream; the device is current).
   void FreeSmallBlocks(Device& d);
@@ -187,6 +195,7 @@ class CudaBackend final : public Backend {
   std::vector<DeviceDescription> descriptions_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::unique_ptr<ElementwiseKernels> elementwise_;
+  std::unique_ptr<ReduceKernels> reductions_;
   // Streams are given to the pollers in turn as they are made.
   std::vector<std::unique_ptr<CompletionPoller>> pollers_;
   std::atomic<size_t> next_poller_{0};
