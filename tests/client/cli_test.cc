@@ -1512,10 +1512,10 @@ TEST_F(CliTest, EvalBroadcastsAndWritesThroughAView) {
   ASSERT_EQ(Run("put " + ShellQuote(Path("eb_r.npy")) + " --name eb_r").exit_code, 0);
   Result sum = Run("eval 'm + r' m=eb_m r=eb_r --name eb_s");
   ASSERT_EQ(sum.exit_code, 0) << sum.err;
-  // r[::2] = (10, 30), doubled and broadcast over rows 0 and 2, into columns 3 and 1.
-  Result through = Run("eval 'x * 2' 'x=eb_r[::2]' --out 'eb_s[::2, ::-2]'");
+  // r as (2, 2), doubled, into rows 0 and 2 and columns 3 and 1.
+  Result through = Run("eval 'x * 2' 'x=eb_r.reshape(2, 2)' --out 'eb_s[::2, ::-2]'");
   ASSERT_EQ(through.exit_code, 0) << through.err;
-  const std::vector<double> written = {11, 60, 31, 20, 12, 22, 32, 42, 13, 60, 33, 20};
+  const std::vector<double> written = {11, 40, 31, 20, 12, 22, 32, 42, 13, 80, 33, 60};
   ASSERT_EQ(Run("get eb_s -o " + ShellQuote(Path("eb_s.npy"))).exit_code, 0);
   NpyHeader header;
   EXPECT_EQ(ReadNpyDoubles(Path("eb_s.npy"), &header), written);
