@@ -15,6 +15,7 @@ namespace {
 // The families, in the order their rows print.
 const std::vector<ArraysFamily>& Families() {
   static const auto* families = new std::vector<ArraysFamily>{
+      &AppendElementwiseRows,
   };
   return *families;
 }

@@ -35,6 +35,10 @@ struct ArraysRow {
 using ArraysFamily = absl::Status (*)(const Options& options, Backend& backend, Stream& stream,
                                       std::vector<ArraysRow>& rows);
 
+// The families (each in bench/arrays_<family>.cc).
+absl::Status AppendElementwiseRows(const Options& options, Backend& backend, Stream& stream,
+                                   std::vector<ArraysRow>& rows);
+
 }  // namespace gpucompute::bench
 
 #endif  // GPUCOMPUTE_BENCH_ARRAYS_H_

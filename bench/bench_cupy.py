@@ -66,5 +66,36 @@ def main():
             del a
 
 
+def arrays_elementwise(log2n=28):
+    """The arrays section's elementwise rows: x - m with m broadcast against float32 x of
+    (2^(log2n-15), 32768), against CuPy's copy; an operation on x.T and on x[:, ::2]
+    against the same on contiguous data."""
+    rows, cols = 1 << max(0, log2n - 15), 32768
+    x = cp.ones((rows, cols), dtype=cp.float32)
+    z = cp.empty_like(x)
+    copy_ms = median_ms(lambda: cp.copyto(z, x))
+    copy_gbs = 2 * x.nbytes / copy_ms / 1e6
+    print(f"\narrays elementwise, float32 ({rows}, {cols}): copy {copy_ms:.3f} ms, "
+          f"{copy_gbs:.0f} GB/s")
+    for what, m in (("x - m, m (n,1)", cp.full((rows, 1), 0.5, cp.float32)),
+                    ("x - m, m (1,m)", cp.full((1, cols), 0.5, cp.float32)),
+                    ("x - m, m 0-d", cp.full((), 0.5, cp.float32))):
+        ms = median_ms(lambda: cp.subtract(x, m, out=z))
+        gbs = 2 * x.nbytes / ms / 1e6
+        print(f"  {what:24s} {ms:8.3f} ms {gbs:7.0f} GB/s  {gbs / copy_gbs:.3f} of copy")
+
+    @cp.fuse()
+    def op(v):
+        return v * 2 + 1
+
+    contiguous_ms = median_ms(lambda: op(x))
+    for what, view, same in (("x.T * 2 + 1", x.T, x),
+                             ("x[:, ::2] * 2 + 1", x[:, ::2], x.reshape(-1)[: x.size // 2])):
+        ms = median_ms(lambda: op(view))
+        base_ms = contiguous_ms if same is x else median_ms(lambda: op(same))
+        print(f"  {what:24s} {ms:8.3f} ms  {base_ms / ms:.3f} of contiguous ({base_ms:.3f} ms)")
+
+
 if __name__ == "__main__":
     main()
+    arrays_elementwise(int(sys.argv[1]) if len(sys.argv) > 1 else 28)

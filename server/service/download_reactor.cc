@@ -37,6 +37,16 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     std::shared_ptr<HostAccess> access = ctx.executor.AcquireHostAccess(
         {{state_->buffer, false}}, [s](const std::shared_ptr<HostAccess>&) {
           absl::MutexLock lock(&s->mu);
+          // The producer wrote the buffer, so it is done by now.
+          if (s->producer != nullptr) {
+            const OperationStatus& copy = Executor::FinalStatus(*s->producer);
+            if (copy.state == OperationStatus::State::kFailed && s->copy_error.ok()) {
+              s->copy_error = absl::Status(copy.error.code(),
+                                           absl::StrCat("copying the view in C order: ",
+                                                        copy.error.message()));
+            }
+            s->producer.reset();
+          }
           s->ready = true;
           PumpLocked(s);
         });
@@ -90,6 +100,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
           buffer(std::move(source.buffer)),
           named(std::move(source.named)),
           view_shape(std::move(source.view_shape)),
+          producer(std::move(source.producer)),
           scope(buffer->client),
           offset(source.offset),
           end(source.offset + source.size),
@@ -102,6 +113,7 @@ class DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     BufferHandle buffer;
     BufferHandle named;  // reported instead of `buffer` when set (a view's download)
     const std::optional<std::vector<uint64_t>> view_shape;  // reported with `named`
+    std::shared_ptr<Operation> producer ABSL_GUARDED_BY(mu);  // DownloadSource's
     // The buffer's owner, whose tenant the transfer is counted for (the buffer itself is
     // let go before the last answer).
     const std::string scope;

@@ -12,8 +12,8 @@
 namespace gpucompute {
 namespace {
 
-// Queues the copy of `view` into `temporary` (C order) and returns at once.
-absl::Status QueueCopy(ServiceContext& ctx, absl::string_view client, const ArrayRef& view,
+// Queues the copy of `view` into `temporary` (C order) and returns it at once.
+absl::StatusOr<std::shared_ptr<Operation>> QueueCopy(ServiceContext& ctx, absl::string_view client, const ArrayRef& view,
                        const BufferHandle& temporary) {
   std::map<std::string, expr::InputType, std::less<>> types;
   types.emplace("x", expr::ArrayInput{view.dtype()});
@@ -45,7 +45,7 @@ absl::Status QueueCopy(ServiceContext& ctx, absl::string_view client, const Arra
     }
     return launched;
   };
-  return ctx.executor.Submit(client, "", std::move(spec)).status();
+  return ctx.executor.Submit(client, "", std::move(spec));
 }
 
 }  // namespace
@@ -78,7 +78,7 @@ absl::StatusOr<DownloadSource> DownloadView(ServiceContext& ctx, absl::string_vi
   ASSIGN_OR_RETURN(BufferHandle temporary,
                    ctx.registry.Allocate(client, "", view.dtype(), shape, Layout::kC,
                                          view.buffer->device));
-  RETURN_IF_ERROR(QueueCopy(ctx, client, view, temporary));
+  ASSIGN_OR_RETURN(source.producer, QueueCopy(ctx, client, view, temporary));
   source.offset = offset;
   source.buffer = std::move(temporary);
   source.named = std::move(view.buffer);

@@ -92,7 +92,12 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   std::map<std::string, expr::InputType, std::less<>> types;
   std::map<std::string, ArrayOperand, std::less<>> arrays;
   std::vector<std::vector<int64_t>> shapes;
-  for (const auto& [name, operand] : op.inputs()) {
+  // In the order of the names, not the map's (which protobuf leaves unspecified), so
+  // that messages naming several operands name them alike every time.
+  std::map<std::string, const v1::Operand*> sorted;
+  for (const auto& [name, operand] : op.inputs()) sorted.emplace(name, &operand);
+  for (const auto& [name, pointer] : sorted) {
+    const v1::Operand& operand = *pointer;
     switch (operand.value_case()) {
       case v1::Operand::kBuffer: {
         ASSIGN_OR_RETURN(ArrayRef array, ResolveArray(resolve, absl::StrCat("input '", name, "'"),

@@ -41,6 +41,9 @@ struct DownloadSource {
   uint64_t origin = 0;
   BufferHandle named;  // null: `buffer`
   std::optional<std::vector<uint64_t>> view_shape;
+  // The copy that fills `buffer` (a view's temporary), if any: should it fail, so does
+  // the download.
+  std::shared_ptr<Operation> producer;
 };
 
 // Streams `source` in DownloadResponse messages of `chunk` bytes, with a CRC32C of each

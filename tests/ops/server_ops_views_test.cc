@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/session.h"
+#include "server/cpu/cpu_backend.h"
 #include "tests/ops/server_ops_fixture.h"
+#include "tests/support/forwarding_backend.h"
 #include "tests/support/test_server.h"
 
 namespace gpucompute::testing {
@@ -370,6 +372,30 @@ TEST_F(ViewsTest, AViewOfADeletedBufferIsNotFoundWhileWorkQueuedThroughItComplet
   *request.mutable_view() = ViewOf(big.id(), steps).view();
   std::string bytes;
   EXPECT_EQ(c().Download(request, &bytes).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A backend without strided kernels (ForwardingBackend leaves ElementwiseStrided to the
+// default, UNIMPLEMENTED): the copy a strided view's download needs fails, and so does
+// the download, rather than streaming what the temporary held.
+TEST(ViewDownloadTest, AFailedCopyOfAViewFailsItsDownload) {
+  std::unique_ptr<TestServer> server =
+      TestServer::StartWith(std::make_unique<ForwardingBackend>(std::make_unique<cpu::CpuBackend>(2)));
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> client = server->Connect("views");
+  ASSERT_NE(client, nullptr);
+  ASSIGN_OR_FAIL(auto bx, UploadArray(*client, Positions(3, 5), {3, 5}));
+  v1::DownloadRequest request;
+  request.set_buffer(bx.id());
+  *request.mutable_view() = ViewOf(bx.id(), "view { transpose {} }").view();
+  std::string bytes;
+  absl::StatusOr<v1::DownloadResponse> response = client->Download(request, &bytes);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kUnimplemented) << response.status();
+  ExpectContains(std::string(response.status().message()),
+                 "copying the view in C order: the cpu backend has no strided elementwise kernels");
+  // A C-ordered view needs no copy.
+  *request.mutable_view() = ViewOf(bx.id(), "view { index { items { index: 1 } } }").view();
+  ASSIGN_OR_FAIL(v1::DownloadResponse row, client->Download(request, &bytes));
+  EXPECT_EQ(bytes.size(), 5u * 8);
 }
 
 TEST_F(ViewsTest, UsingAViewRenewsItsBuffersLease) {
