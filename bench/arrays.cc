@@ -10,12 +10,17 @@
 #include "server/util/status_macros.h"
 
 namespace gpucompute::bench {
+
+absl::Status AppendReduceRows(const Options& options, Backend& backend, Stream& stream,
+                              std::vector<ArraysRow>& rows);
+
 namespace {
 
 // The families, in the order their rows print.
 const std::vector<ArraysFamily>& Families() {
   static const auto* families = new std::vector<ArraysFamily>{
       &AppendElementwiseRows,
+      AppendReduceRows,  // arrays_reduce.cc
   };
   return *families;
 }

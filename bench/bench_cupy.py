@@ -94,8 +94,31 @@ def arrays_elementwise(log2n=28):
         ms = median_ms(lambda: op(view))
         base_ms = contiguous_ms if same is x else median_ms(lambda: op(same))
         print(f"  {what:24s} {ms:8.3f} ms  {base_ms / ms:.3f} of contiguous ({base_ms:.3f} ms)")
+def arrays_reduce(log2n=28):
+    """The arrays section's reduction rows (bench/arrays_reduce.cc), as CuPy runs them."""
+    n = 1 << log2n
+    x = cp.random.uniform(size=n, dtype=np.float32)
+    y = cp.random.uniform(size=n, dtype=np.float32)
+    z = cp.empty_like(x)
+    copy_ms = median_ms(lambda: cp.copyto(z, x))
+    copy_gbs = 2 * n * 4 / copy_ms / 1e6
+    print(f"\narrays reduce, float32: copy {copy_ms:.3f} ms, {copy_gbs:.0f} GB/s")
+
+    def row(name, f, nbytes):
+        ms = median_ms(f)
+        gbs = nbytes / ms / 1e6
+        print(f"  {name:34s} {ms:8.3f} ms {gbs:7.0f} GB/s  {gbs / copy_gbs:.3f} of copy")
+
+    # cupy.sum(x*y) writes x*y to a temporary and reads it back: two passes.
+    row(f"sum(x*y) 2^{log2n}", lambda: cp.sum(x * y), 2 * n * 4)
+    del y, z
+    cube = x.reshape(max(1, n >> 18), 1024, 256)
+    for axis in (-1, 0, 1):
+        row(f"sum axis {axis} {cube.shape}", lambda: cp.sum(cube, axis=axis), n * 4)
+    row(f"var axis -1 {cube.shape}", lambda: cp.var(cube, axis=-1), n * 4)
 
 
 if __name__ == "__main__":
     main()
     arrays_elementwise(int(sys.argv[1]) if len(sys.argv) > 1 else 28)
+    arrays_reduce(int(sys.argv[1]) if len(sys.argv) > 1 else 28)

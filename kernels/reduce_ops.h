@@ -23,6 +23,9 @@
 //   var, std  one pass over (count, mean, M2) triples in float64, merged by Chan, Golub and
 //          LeVeque's update: a new element x is (1, x, 0) and two triples merge as
 //          n = na + nb, d = mb - ma, mean = ma + d nb / n, M2 = M2a + M2b + d^2 na nb / n.
+//          A backend may also form the triple of a block of elements it holds in fast
+//          memory by two passes over the block (its mean, then the sum of squared
+//          deviations from it), which is the merge of its elements in exact arithmetic.
 //          Finalize divides M2 by max(n - ddof, 0) (so n - ddof <= 0 gives inf, or NaN
 //          for M2 = 0, as NumPy's division does) and std takes the square root. Output
 //          types as mean. Why one pass rather than NumPy's two (the mean, then the sum of

@@ -6,7 +6,9 @@
 // positions, numbered in C order; its values are cut into chunks of kChunk consecutive
 // positions. Inside a chunk, lane l (of kLanes) folds positions l, l + kLanes, ... in
 // order, starting from the identity, and the lanes combine as a balanced tree
-// ((0 1)(2 3))((4 5)(6 7)). The chunks of one output combine as a balanced tree too:
+// ((0 1)(2 3))((4 5)(6 7)); var and std form a chunk's (count, mean, M2) by two such
+// passes instead (the mean, then the squared deviations from it). The chunks of one
+// output combine as a balanced tree too:
 // neighbours (0 1), (2 3), ... first, then neighbouring pairs, and so on. All of this
 // depends on the shape and the reduced axes alone: not on the thread count, nor on the
 // inputs' strides or whether the values come from memory or from an expression, so a
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -102,9 +105,44 @@ void Gather(const std::byte* base, const InputWalk& walk, int64_t begin, int64_t
   }
 }
 
+// The lanes' tree of the file comment over per-lane float64 values.
+inline double LaneTree(double* lanes) {
+  for (int step = 1; step < kLanes; step *= 2) {
+    for (int l = 0; l < kLanes; l += 2 * step) lanes[l] += lanes[l + step];
+  }
+  return lanes[0];
+}
+
+// One chunk of var/std: its (count, mean, M2) by two passes over the chunk (which is in
+// L1), each summed in the lanes and their tree, rather than by merging every element:
+// no division per element, and a more accurate M2 (kernels/reduce_ops.h allows either).
+template <class Op>
+reduce::Moments ChunkMoments(const typename Op::In* v, int64_t len) {
+  double lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += reduce::Widen<double>(v[i + l]);
+  }
+  for (int l = 0; i < len; ++i, ++l) lanes[l] += reduce::Widen<double>(v[i]);
+  const double mean = LaneTree(lanes) / static_cast<double>(len);
+  std::fill(lanes, lanes + kLanes, 0.0);
+  for (i = 0; i + kLanes <= len; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double d = reduce::Widen<double>(v[i + l]) - mean;
+      lanes[l] += d * d;
+    }
+  }
+  for (int l = 0; i < len; ++i, ++l) {
+    const double d = reduce::Widen<double>(v[i]) - mean;
+    lanes[l] += d * d;
+  }
+  return {static_cast<double>(len), mean, LaneTree(lanes)};
+}
+
 // One chunk's lanes, folded and combined as the file comment says.
 template <class Op>
 typename Op::Acc FoldChunk(const typename Op::In* v, int64_t len, int64_t row0) {
+  if constexpr (std::is_same_v<typename Op::Acc, reduce::Moments>) return ChunkMoments<Op>(v, len);
   typename Op::Acc lanes[kLanes];
   for (int l = 0; l < kLanes; ++l) lanes[l] = Op::Identity();
   int64_t i = 0;

@@ -11,6 +11,7 @@
 #include "server/expression/expression.h"
 #include "server/service/array_refs.h"
 #include "server/service/plan_elementwise.h"
+#include "server/service/plan_reduce.h"
 #include "server/service/proto_conversions.h"
 #include "server/util/status_macros.h"
 
@@ -178,108 +179,6 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
   return plan;
 }
 
-absl::StatusOr<ReduceKind> ReduceKindFromProto(v1::ReduceKind kind) {
-  switch (kind) {
-    case v1::REDUCE_KIND_SUM:
-      return ReduceKind::kSum;
-    case v1::REDUCE_KIND_PROD:
-      return ReduceKind::kProd;
-    case v1::REDUCE_KIND_MIN:
-      return ReduceKind::kMin;
-    case v1::REDUCE_KIND_MAX:
-      return ReduceKind::kMax;
-    case v1::REDUCE_KIND_MEAN:
-      return ReduceKind::kMean;
-    case v1::REDUCE_KIND_NORM2:
-      return ReduceKind::kNorm2;
-    case v1::REDUCE_KIND_ARGMIN:
-      return ReduceKind::kArgmin;
-    case v1::REDUCE_KIND_ARGMAX:
-      return ReduceKind::kArgmax;
-    case v1::REDUCE_KIND_UNSPECIFIED:
-      return absl::InvalidArgumentError("reduce kind is required");
-    default:
-      break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown reduce kind ", static_cast<int>(kind)));
-}
-
-absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client,
-                                BufferResolver resolve, const v1::ReduceOp& op) {
-  ASSIGN_OR_RETURN(ReduceKind kind, ReduceKindFromProto(op.kind()));
-  ASSIGN_OR_RETURN(BufferHandle in, Lookup(resolve, "reduce input", op.input()));
-  const BufferEntry& b = *in;
-  const int64_t n = static_cast<int64_t>(b.num_elements());
-  ReduceShape shape;
-  std::vector<uint64_t> out_shape;
-  if (!op.has_axis()) {
-    shape.extent = n;
-    if (b.layout == Layout::kF && b.shape.size() > 2 &&
-        (kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax)) {
-      return absl::InvalidArgumentError(
-          "whole-array argmin/argmax of an F-layout array is supported up to 2 dimensions");
-    }
-    if (b.layout == Layout::kF && b.shape.size() == 2)
-      shape.f_order_rows = static_cast<int64_t>(b.shape[0]);
-  } else {
-    if (b.shape.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("reduce along an axis needs a 2-D input; ",
-                                                     Describe(b), " has ", b.shape.size(),
-                                                     " dimensions"));
-    }
-    int axis = op.axis();
-    if (axis < -2 || axis > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("axis ", axis, " is out of range for a 2-D input"));
-    }
-    if (axis < 0) axis += 2;
-    const auto rows = static_cast<int64_t>(b.shape[0]);
-    const auto cols = static_cast<int64_t>(b.shape[1]);
-    // In memory a C (rows, cols) array is rows x cols; an F one is cols x rows.
-    const bool reduce_slow_axis = (axis == 0) == (b.layout == Layout::kC);
-    const int64_t slow = b.layout == Layout::kC ? rows : cols;
-    const int64_t fast = b.layout == Layout::kC ? cols : rows;
-    shape = reduce_slow_axis ? ReduceShape{1, slow, fast} : ReduceShape{slow, fast, 1};
-    out_shape = {axis == 0 ? b.shape[1] : b.shape[0]};
-  }
-  const bool needs_element = kind == ReduceKind::kMin || kind == ReduceKind::kMax ||
-                             kind == ReduceKind::kArgmin || kind == ReduceKind::kArgmax;
-  if (needs_element && shape.extent == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot take ", v1::ReduceKind_Name(op.kind()),
-                     " of zero elements: the reduction has no identity"));
-  }
-  const DType result_dtype = ReduceResultDType(kind, b.dtype);
-  Plan plan;
-  bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle out,
-                   ResolveOutput(ctx, client, resolve, op.output(), result_dtype, out_shape, Layout::kC,
-                                 b.device, CastRule::kExact, &created));
-  if (out == in) return absl::InvalidArgumentError("reduce output must not be its input");
-  if (created) plan.created = out;
-
-  Executor::OpSpec& spec = plan.spec;
-  spec.kind = OperationKind::kReduce;
-  spec.accesses = {{in, false}, {out, true}};
-  spec.bytes_read = b.size_bytes();
-  spec.bytes_written = out->size_bytes();
-  spec.flops = static_cast<uint64_t>(n) * (kind == ReduceKind::kNorm2 ? 2 : 1);
-  spec.outputs.push_back(*out);
-  const bool inline_values = out->num_elements() <= kMaxInlineValues;
-  spec.launch = [&backend = ctx.backend, kind = kind, in = in, out = out, shape, inline_values](
-                    Stream& stream, OpResult& result) -> absl::StatusOr<LaunchInfo> {
-    absl::Status s = backend.Reduce(stream, kind, in->dtype, in->memory, shape, out->memory);
-    if (s.ok() && inline_values) {
-      result.values_dtype = out->dtype;
-      result.values.resize(out->size_bytes());
-      s = backend.CopyToHost(stream, out->memory, 0, result.values.data(), result.values.size());
-    }
-    if (!s.ok()) return s;
-    return LaunchInfo{};
-  };
-  return plan;
-}
-
 absl::StatusOr<Distribution> DistributionFromProto(v1::Distribution d) {
   switch (d) {
     case v1::DISTRIBUTION_UNIFORM:
@@ -409,7 +308,7 @@ absl::StatusOr<Plan> PlanRequest(ServiceContext& ctx, absl::string_view client,
     case v1::SubmitRequest::kGemv:
       return PlanGemv(ctx, client, resolve, request.gemv());
     case v1::SubmitRequest::kReduce:
-      return PlanReduce(ctx, client, resolve, request.reduce());
+      return PlanReduce(ctx, client, resolve, request.reduce());  // plan_reduce.h
     case v1::SubmitRequest::kRandom:
       return PlanRandom(ctx, client, resolve, request.random());
     case v1::SubmitRequest::OP_NOT_SET:

@@ -363,9 +363,9 @@ TEST_F(ServerOpsTest, ReduceEmptyAndRejections) {
          absl::StatusCode::kInvalidArgument);
   reject("min along an empty axis", Reduce(v1::REDUCE_KIND_MIN, m_empty_rows.id(), 0),
          absl::StatusCode::kInvalidArgument);
-  reject("axis 0 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), 0),
+  reject("axis 1 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), 1),
          absl::StatusCode::kInvalidArgument);
-  reject("axis -1 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), -1),
+  reject("axis -2 of 1-D", Reduce(v1::REDUCE_KIND_SUM, v.id(), -2),
          absl::StatusCode::kInvalidArgument);
   reject("axis 2 of 2-D", Reduce(v1::REDUCE_KIND_SUM, m.id(), 2),
          absl::StatusCode::kInvalidArgument);

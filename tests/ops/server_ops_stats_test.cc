@@ -81,7 +81,7 @@ TEST_F(ServerOpsTest, StatsCountOperationsPerKind) {
   // Rejected requests count nowhere.
   EXPECT_FALSE(c().Submit(Elementwise("x +", {{"x", BufferOperand(bx.id())}})).ok());
   EXPECT_FALSE(c().Submit(Gemv(bx.id(), vx.id())).ok());
-  EXPECT_FALSE(c().Submit(Reduce(v1::REDUCE_KIND_MIN, bx.id(), 0)).ok());
+  EXPECT_FALSE(c().Submit(Reduce(v1::REDUCE_KIND_MIN, bx.id(), 1)).ok());  // 1-D: no axis 1
   // 2 downloads.
   ASSIGN_OR_FAIL(auto d1, DownloadBytes(c(), bx.id()));
   ASSIGN_OR_FAIL(auto d2, DownloadBytes(c(), ba.id()));

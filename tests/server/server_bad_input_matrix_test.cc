@@ -1090,13 +1090,13 @@ void BadInputMatrixTest::AddOperationCases() {
      StatusCode::INVALID_ARGUMENT, "shape [8] differs from the output 'v'");
   op(kOutOfRange, "axis 2 of a 2-D input", kAlice,
      "reduce { input: \"m\" kind: REDUCE_KIND_SUM axis: 2 }", StatusCode::INVALID_ARGUMENT,
-     "axis 2 is out of range for a 2-D input");
+     "axis 2 is out of bounds for array of dimension 2");
   op(kOutOfRange, "axis -3 of a 2-D input", kAlice,
      "reduce { input: \"m\" kind: REDUCE_KIND_SUM axis: -3 }", StatusCode::INVALID_ARGUMENT,
-     "axis -3 is out of range for a 2-D input");
-  op(kOutOfRange, "an axis of a 1-D input", kAlice,
-     "reduce { input: \"v\" kind: REDUCE_KIND_SUM axis: 0 }", StatusCode::INVALID_ARGUMENT,
-     "reduce along an axis needs a 2-D input");
+     "axis -3 is out of bounds for array of dimension 2");
+  op(kOutOfRange, "axis 1 of a 1-D input", kAlice,
+     "reduce { input: \"v\" kind: REDUCE_KIND_SUM axis: 1 }", StatusCode::INVALID_ARGUMENT,
+     "axis 1 is out of bounds for array of dimension 1");
   op(kOutOfRange, "random integers with low == high", kAlice,
      "random { output { dtype: DTYPE_INT64 } distribution: DISTRIBUTION_INTEGERS shape: 4 "
      "low: 5 high: 5 }",
@@ -1221,6 +1221,46 @@ void BadInputMatrixTest::AddOperationCases() {
         StatusCode::NOT_FOUND, absl::StrCat("operation ", stream_, " not found"));
   OtherTenantUnary(wait, "alice's operation", operation_, kNoOperation,
                    "operation_id: $0 timeout_seconds: 5", "not found");
+
+  // Reductions over axes, of views and of expressions (NumPy's words where NumPy has some).
+  op(kMalformed, "duplicate reduce axes", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM axes { axes: 0 axes: -2 } }",
+     StatusCode::INVALID_ARGUMENT, "duplicate value in 'axis'");
+  op(kOutOfRange, "reduce axes out of range", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM axes { axes: 1 axes: 2 } }",
+     StatusCode::INVALID_ARGUMENT, "axis 2 is out of bounds for array of dimension 2");
+  op(kMalformed, "reduce axis and axes both", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM axis: 0 axes { axes: 1 } }",
+     StatusCode::INVALID_ARGUMENT, "reduce takes axis or axes, not both");
+  op(kMalformed, "argmin over two axes", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_ARGMIN axes { axes: 0 axes: 1 } }",
+     StatusCode::INVALID_ARGUMENT, "argmin takes one axis, or none for the whole array; got 2");
+  op(kMalformed, "ddof with a sum", kAlice, "reduce { input: \"m\" kind: REDUCE_KIND_SUM ddof: 1 }",
+     StatusCode::INVALID_ARGUMENT, "ddof applies to var and std only, not sum");
+  op(kOutOfRange, "a NaN ddof", kAlice, "reduce { input: \"m\" kind: REDUCE_KIND_VAR ddof: nan }",
+     StatusCode::INVALID_ARGUMENT, "ddof must be finite, not nan");
+  op(kMalformed, "reduce input and expression both", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM expression: \"x\" "
+     "inputs { key: \"x\" value { buffer: \"v\" } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "reduce takes either an input or an expression with its inputs, not both");
+  op(kMalformed, "reduce inputs without an expression", kAlice,
+     "reduce { kind: REDUCE_KIND_SUM inputs { key: \"x\" value { buffer: \"v\" } } }",
+     StatusCode::INVALID_ARGUMENT, "reduce inputs are given but the expression is empty");
+  op(kMalformed, "an input view of a reduced expression", kAlice,
+     "reduce { kind: REDUCE_KIND_SUM expression: \"x\" inputs { key: \"x\" value { buffer: "
+     "\"v\" } } input_view { transpose {} } }",
+     StatusCode::INVALID_ARGUMENT, "input_view applies to input");
+  op(kWrongType, "reduced expression operands that do not broadcast", kAlice,
+     "reduce { kind: REDUCE_KIND_SUM expression: \"x + y\" "
+     "inputs { key: \"x\" value { buffer: \"m\" } } "
+     "inputs { key: \"y\" value { buffer: \"im\" } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "operands could not be broadcast together with shapes (3,4) (2,3)");
+  op(kOutOfRange, "a reduce input view out of range", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM input_view { index { items { index: 3 } } } }",
+     StatusCode::INVALID_ARGUMENT, "reduce input 'm' (float64(3,4)): view step 0 (index) of shape (3,4): index 3 is out of "
+     "bounds for axis 0 with size 3");
 }
 
 // ---------------------------------------------------------------------------
@@ -1436,7 +1476,7 @@ void BadInputMatrixTest::AddSessionCases() {
               "unknown reduce kind 99");
   SessionCase(kOutOfRange, "axis 2 of a 2-D input", kAlice,
               {"tag: \"t\" op { reduce { input: \"m\" kind: REDUCE_KIND_MAX axis: 2 } }"},
-              StatusCode::INVALID_ARGUMENT, "axis 2 is out of range for a 2-D input");
+              StatusCode::INVALID_ARGUMENT, "axis 2 is out of bounds for array of dimension 2");
   SessionCase(kOutOfRange, "random integers with low > high", kAlice,
               {"tag: \"t\" op { random { output { dtype: DTYPE_INT32 } "
                "distribution: DISTRIBUTION_INTEGERS shape: 4 low: 9 high: 1 } }"},
@@ -1511,7 +1551,8 @@ void BadInputMatrixTest::AddSessionCases() {
         StatusCode::INVALID_ARGUMENT, "cannot be written as int32");
   Unary(chain, kOutOfRange, "axis 2 of a 2-D input", kAlice,
         "steps { tag: \"t\" op { reduce { input: \"m\" kind: REDUCE_KIND_SUM axis: 2 } } }",
-        StatusCode::INVALID_ARGUMENT, "step 0 ('t'): axis 2 is out of range for a 2-D input");
+        StatusCode::INVALID_ARGUMENT,
+        "step 0 ('t'): axis 2 is out of bounds for array of dimension 2");
   Unary(chain, kOutOfRange, "a NaN stddev", kAlice,
         "steps { tag: \"t\" op { random { output { dtype: DTYPE_FLOAT64 } "
         "distribution: DISTRIBUTION_NORMAL shape: 4 stddev: nan } } }",
