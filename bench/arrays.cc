@@ -21,6 +21,7 @@ const std::vector<ArraysFamily>& Families() {
   static const auto* families = new std::vector<ArraysFamily>{
       &AppendElementwiseRows,
       AppendReduceRows,  // arrays_reduce.cc
+      AppendMatmulRows,
   };
   return *families;
 }

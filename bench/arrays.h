@@ -38,6 +38,8 @@ using ArraysFamily = absl::Status (*)(const Options& options, Backend& backend, 
 // The families (each in bench/arrays_<family>.cc).
 absl::Status AppendElementwiseRows(const Options& options, Backend& backend, Stream& stream,
                                    std::vector<ArraysRow>& rows);
+absl::Status AppendMatmulRows(const Options& options, Backend& backend, Stream& stream,
+                              std::vector<ArraysRow>& rows);
 
 }  // namespace gpucompute::bench
 

@@ -65,6 +65,29 @@ def main():
             row(f"gemv {m} A.T @ x", lambda: a.T @ v, m * m * item)
             del a
 
+    arrays_matmul()
+
+
+def arrays_matmul(n=8192):
+    """cupy.matmul's GFLOP/s for gpucompute-bench's matmul rows (arrays section): n x n
+    float64, float32, and float32 with TF32, CuPy's float32 compute type that CUPY_TF32=1
+    selects (set here through the same setting, so that one process runs all three)."""
+    from cupy._core import _routines_linalg as linalg
+
+    print(f"\nmatmul {n}x{n}, cupy.matmul")
+    flops = 2.0 * n**3
+    for name, dtype, tf32 in (("float64", np.float64, False), ("float32", np.float32, False),
+                              ("float32 TF32", np.float32, True)):
+        linalg.set_compute_type(
+            np.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_DEFAULT)
+        a = cp.random.uniform(-1, 1, size=(n, n)).astype(dtype)
+        b = cp.random.uniform(-1, 1, size=(n, n)).astype(dtype)
+        c = cp.empty_like(a)
+        ms = median_ms(lambda: cp.matmul(a, b, out=c))
+        print(f"  {name:14s} {ms:9.3f} ms {flops / ms / 1e6:9.0f} GFLOP/s")
+        del a, b, c
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_DEFAULT)
+
 
 def arrays_elementwise(log2n=28):
     """The arrays section's elementwise rows: x - m with m broadcast against float32 x of

@@ -63,6 +63,8 @@ absl::string_view OperationKindName(OperationKind kind) {
       return "upload";
     case OperationKind::kDownload:
       return "download";
+    case OperationKind::kMatmul:
+      return "matmul";
   }
   return "unknown";
 }

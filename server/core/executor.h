@@ -52,8 +52,9 @@ enum class OperationKind : uint8_t {
   kCopy,
   kUpload,
   kDownload,
+  kMatmul,
 };
-inline constexpr int kNumOperationKinds = 8;
+inline constexpr int kNumOperationKinds = 9;
 
 // "elementwise", "gemv", ...: as the API's OperationKind, in lower case.
 absl::string_view OperationKindName(OperationKind kind);

@@ -470,6 +470,7 @@ absl::StatusOr<LaunchInfo> CpuBackend::Matmul(Stream& stream, DType dtype,
     return absl::InvalidArgumentError(
         absl::StrCat("matmul takes float32 or float64, not ", DTypeName(dtype)));
   }
+  if (absl::Status loaded = LoadOpenBlas(); !loaded.ok()) return loaded;
   constexpr int64_t kBlasMax = std::numeric_limits<int32_t>::max();
   for (int64_t v : {shape.k, shape.a.row_stride, shape.a.col_stride, shape.b.row_stride,
                     shape.b.col_stride, shape.c.row_stride, shape.c.col_stride}) {

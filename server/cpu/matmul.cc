@@ -7,20 +7,62 @@
 // taking cores from the pool's next kernel), make a long product impossible to stop
 // between chunks at shutdown, and make the rounding depend on how OpenBLAS split the
 // work among its threads. So OpenBLAS runs one thread per call (openblas_set_num_threads
-// (1), process-wide, once), and the parallelism is the pool's: C is cut into tiles, each
+// (1), process-wide, when it is opened), and the parallelism is the pool's: C is cut into tiles, each
 // tile of each matrix of the batch one chunk of a ParallelFor and one BLAS call over the
 // whole of k. The tiles depend on the shape alone, so results do not depend on the
 // thread count. OpenBLAS's single-threaded calls are safe from several threads at once.
+//
+// Loading. OpenBLAS is opened with dlopen at the first matmul rather than linked: its
+// 60 KiB of thread-local storage would otherwise be static TLS, which glibc carves out
+// of every thread's stack, and threads started with small stacks (the metrics
+// endpoint's civetweb workers) then overflow them. Opened later, its TLS is allocated
+// apart, and only by the threads that use it.
 #include "server/cpu/matmul.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
+
+#include "absl/strings/str_cat.h"
 
 namespace gpucompute::cpu {
 namespace {
+
+// The library's soname, as Debian's libopenblas0 installs it.
+constexpr char kOpenBlas[] = "libopenblas.so.0";
+
+struct OpenBlas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&cblas_dgemm) dgemm = nullptr;
+};
+
+absl::StatusOr<OpenBlas> Open() {
+  void* library = dlopen(kOpenBlas, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("matmul on the CPU backend needs OpenBLAS (", kOpenBlas,
+                     "; Debian: libopenblas0): ", dlerror()));
+  }
+  OpenBlas blas;
+  blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(library, "cblas_sgemm"));
+  blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(library, "cblas_dgemm"));
+  auto set_threads = reinterpret_cast<decltype(&openblas_set_num_threads)>(
+      dlsym(library, "openblas_set_num_threads"));
+  if (blas.sgemm == nullptr || blas.dgemm == nullptr || set_threads == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOpenBlas, " lacks cblas_sgemm, cblas_dgemm or openblas_set_num_threads"));
+  }
+  set_threads(1);
+  return blas;
+}
+
+// Opened once, for the life of the process (never closed: calls may be under way).
+const absl::StatusOr<OpenBlas>& Loaded() {
+  static const absl::StatusOr<OpenBlas>* const loaded = new absl::StatusOr<OpenBlas>(Open());
+  return *loaded;
+}
 
 // The largest tile edge, and the smallest: tiles shrink from the largest until the batch
 // has kMinTiles of them, so that a product of a few large matrices still spreads over
@@ -45,7 +87,7 @@ CBLAS_TRANSPOSE Op(bool transposed) { return transposed ? CblasTrans : CblasNoTr
 void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, double beta, float* c,
           int64_t ldc) {
-  cblas_sgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+  Loaded()->sgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), static_cast<float>(alpha), a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), static_cast<float>(beta), c, static_cast<blasint>(ldc));
 }
@@ -53,7 +95,7 @@ void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t 
 void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
-  cblas_dgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+  Loaded()->dgemm(CblasColMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
@@ -107,10 +149,10 @@ void TypedMatmul(const MatmulShape& s, double alpha, const T* a, const T* b, dou
 
 }  // namespace
 
+absl::Status LoadOpenBlas() { return Loaded().status(); }
+
 void Matmul(DType dtype, const MatmulShape& shape, double alpha, const void* a, const void* b,
             double beta, void* c, ThreadPool& pool) {
-  static std::once_flag single_threaded;
-  std::call_once(single_threaded, [] { openblas_set_num_threads(1); });
   if (shape.batch == 0 || shape.m == 0 || shape.n == 0) return;
   if (dtype == DType::kFloat32) {
     TypedMatmul(shape, alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta,

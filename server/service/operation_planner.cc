@@ -12,6 +12,7 @@
 #include "server/service/array_refs.h"
 #include "server/service/plan_elementwise.h"
 #include "server/service/plan_reduce.h"
+#include "server/service/plan_matmul.h"
 #include "server/service/proto_conversions.h"
 #include "server/util/status_macros.h"
 
@@ -311,6 +312,8 @@ absl::StatusOr<Plan> PlanRequest(ServiceContext& ctx, absl::string_view client,
       return PlanReduce(ctx, client, resolve, request.reduce());  // plan_reduce.h
     case v1::SubmitRequest::kRandom:
       return PlanRandom(ctx, client, resolve, request.random());
+    case v1::SubmitRequest::kMatmul:
+      return PlanMatmul(ctx, client, resolve, request.matmul());
     case v1::SubmitRequest::OP_NOT_SET:
       break;
   }

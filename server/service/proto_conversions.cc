@@ -110,6 +110,8 @@ v1::OperationKind ToProto(OperationKind kind) {
       return v1::OPERATION_KIND_UPLOAD;
     case OperationKind::kDownload:
       return v1::OPERATION_KIND_DOWNLOAD;
+    case OperationKind::kMatmul:
+      return v1::OPERATION_KIND_MATMUL;
   }
   return v1::OPERATION_KIND_UNSPECIFIED;
 }

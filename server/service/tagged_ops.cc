@@ -59,6 +59,8 @@ v1::OperationKind RequestKind(const v1::SubmitRequest& request) {
       return v1::OPERATION_KIND_REDUCE;
     case v1::SubmitRequest::kRandom:
       return v1::OPERATION_KIND_RANDOM;
+    case v1::SubmitRequest::kMatmul:
+      return v1::OPERATION_KIND_MATMUL;
     case v1::SubmitRequest::OP_NOT_SET:
       break;
   }

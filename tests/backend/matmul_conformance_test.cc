@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -214,6 +215,35 @@ TEST_P(MatmulConformance, Tf32OnlyWhenAllowed) {
   cs.shape.allow_tf32 = true;
   const std::vector<float> b_random = Values<float>(256 * 64, 7);
   Check<float>(cs, a, b_random, c0, Run<float>(cs.shape, 1, a, b_random, 0, c0), 0x1.0p-10);
+}
+
+// The CPU backend cuts C into tiles by the shape alone, so the pool's size changes
+// nothing in the bits (server/cpu/matmul.h).
+TEST(CpuMatmul, BitwiseTheSameForAnyThreadCount) {
+  MatmulShape s;
+  s.m = 300;
+  s.n = 290;
+  s.k = 201;
+  s.a = RowMajor(s.k);
+  s.b = ColMajor(s.k);
+  s.c = RowMajor(s.n);
+  const std::vector<double> a = Values<double>(s.m * s.k, 200);
+  const std::vector<double> b = Values<double>(s.k * s.n, 201);
+  std::vector<std::vector<double>> results;
+  for (size_t threads : {1, 2, 5}) {
+    cpu::CpuBackend backend(threads);
+    ASSIGN_OR_FAIL(std::unique_ptr<Stream> stream, backend.CreateStream(0));
+    ASSIGN_OR_FAIL(DeviceMemory da, Upload(backend, *stream, a));
+    ASSIGN_OR_FAIL(DeviceMemory db, Upload(backend, *stream, b));
+    ASSIGN_OR_FAIL(DeviceMemory dc, backend.Allocate(0, s.m * s.n * sizeof(double)));
+    ASSERT_OK(backend.Matmul(*stream, DType::kFloat64, s, 1.0, da, db, 0.0, dc));
+    ASSIGN_OR_FAIL(std::vector<double> c, Download<double>(backend, *stream, dc, s.m * s.n));
+    results.push_back(std::move(c));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(double)),
+              0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

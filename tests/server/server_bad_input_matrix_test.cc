@@ -429,6 +429,7 @@ class BadInputMatrixTest : public ::testing::Test {
     ASSERT_OK(UploadArray(*alice_, RandomDoubles(4, -1, 1, 8), {}, v1::LAYOUT_C, "v"));
     ASSERT_OK(
         UploadArray(*alice_, std::vector<int32_t>{1, 2, 3, 4, 5, 6}, {2, 3}, v1::LAYOUT_C, "im"));
+    ASSERT_OK(UploadArray(*alice_, std::vector<float>(8, 0.5f), {4, 2}, v1::LAYOUT_C, "f"));
     ASSERT_OK(alice_->CreateBuffer(
         Text<v1::CreateBufferRequest>("dtype: DTYPE_FLOAT32 shape: 8 ttl_seconds: 3600 "
                                       "fill { float_value: 2.5 }")));
@@ -1196,6 +1197,59 @@ void BadInputMatrixTest::AddOperationCases() {
          "reduce { input: $0 kind: REDUCE_KIND_SUM }");
   bob_op("alice's buffer as a random output", a_, kNoBuffer,
          "random { output { buffer: $0 } distribution: DISTRIBUTION_INTEGERS low: 0 high: 2 }");
+  // matmul: "m" is float64 (3, 4) in F layout, "v" float64 (4,), "im" int32 (2, 3), "f"
+  // float32 (4, 2).
+  const std::string mt = "b: \"m\" b_view { transpose {} }";  // (4, 3)
+  op(kMalformed, "no matmul operand a", kAlice, "matmul { b: \"m\" }",
+     StatusCode::INVALID_ARGUMENT, "matmul operand 'a' is required");
+  op(kWrongType, "matmul with mismatched inner dimensions", kAlice,
+     "matmul { a: \"m\" b: \"m\" }", StatusCode::INVALID_ARGUMENT,
+     "matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+     "(n?,k),(k,m?)->(n?,m?) (size 3 is different from 4); operand 'a' is 'm' (float64(3,4)), "
+     "operand 'b' is 'm' (float64(3,4))");
+  op(kWrongType, "matmul of batches that do not broadcast", kAlice,
+     "matmul { a: \"m\" a_view { broadcast_to { extents: [2, 3, 4] } } " + mt +
+         " b_view { broadcast_to { extents: [3, 4, 3] } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul: operands could not be broadcast together in their batch dimension (2 and 3); "
+     "operand 'a' is 'm' (float64(3,4)) viewed as (2,3,4), operand 'b' is 'm' "
+     "(float64(3,4)) viewed as (3,4,3)");
+  op(kWrongType, "matmul of int32 matrices", kAlice, "matmul { a: \"im\" b: \"im\" }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul operand 'a' 'im' (int32(2,3)) must be float32 or float64");
+  op(kWrongType, "matmul of float64 by float32", kAlice, "matmul { a: \"m\" b: \"f\" }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul operands must have one dtype; operand 'a' is 'm' (float64(3,4)), operand 'b' is "
+     "'f' (float32(4,2))");
+  op(kWrongType, "allow_tf32 with float64", kAlice,
+     "matmul { a: \"m\" " + mt + " allow_tf32: true }", StatusCode::INVALID_ARGUMENT,
+     "allow_tf32 applies to float32 operands only; these are float64");
+  op(kWrongType, "a matmul operand with no unit stride", kAlice,
+     "matmul { a: \"m\" a_view { index { items { slice { step: 2 } } items { slice { step: 2 } } "
+     "} } b: \"m\" b_view { index { items { slice { step: 2 } } items { slice { stop: 2 } } } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul operand 'a' 'm' (float64(3,4)) viewed as (2,2) has matrices with strides (2, 6) "
+     "in elements; BLAS needs a unit stride on one of their two axes and a positive stride on "
+     "the other, at least the first's extent: copy it first (an elementwise 'x' into a new "
+     "buffer)");
+  op(kWrongType, "a broadcast matmul operand", kAlice,
+     "matmul { a: \"v\" a_view { broadcast_to { extents: [3, 4] } } " + mt + " }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul operand 'a' 'v' (float64(4,)) viewed as (3,4) repeats elements along an axis of "
+     "its matrices (a broadcast view, stride 0), which BLAS cannot read: copy it first");
+  op(kWrongType, "a matmul output that is an operand's buffer", kAlice,
+     "matmul { a: \"m\" a_view { index { items { slice {} } items { slice { stop: 3 } } } } "
+     "b: \"m\" c { buffer: \"m\" } }",
+     StatusCode::INVALID_ARGUMENT,
+     "matmul output c must not be the buffer of operand 'a' (BLAS would read what it writes): "
+     "write to another buffer");
+  op(kWrongType, "a matmul output of the wrong shape", kAlice,
+     "matmul { a: \"m\" " + mt + " c { buffer: \"v\" } }", StatusCode::INVALID_ARGUMENT,
+     "output 'v' (float64[4]) has shape [4] but the result has shape [3, 3]");
+  op(kWrongType, "a matmul output through a view", kAlice,
+     "matmul { a: \"m\" " + mt + " c { buffer: \"m\" view { transpose {} } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "output.view applies to elementwise operations; matmul writes a whole buffer c");
 
   const std::string get = "OperationService.GetOperation";
   NamesNo(get, "no operation id", "", "operation", "operation_id");
