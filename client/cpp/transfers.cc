@@ -375,18 +375,15 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadOn(
     if (!local_status.ok()) break;
     if (first) {
       first = false;
-      // The bytes the request reads: the buffer's, or its view's (elements in C order).
-      absl::StatusOr<uint64_t> readable =
-          message.has_buffer ? ViewBytes(message.buffer, request.view())
-                             : absl::InternalError("no buffer");
-      if (!readable.ok() || request.offset_bytes() > *readable) {
+      // With a view, the message describes the view: its shape and bytes in C order.
+      if (!message.has_buffer || request.offset_bytes() > message.buffer.size_bytes()) {
         local_status =
             absl::InternalError("the server's first download message does not describe the buffer");
         break;
       }
       *result.mutable_buffer() = message.buffer;
       total = request.size_bytes() != 0 ? request.size_bytes()
-                                        : *readable - request.offset_bytes();
+                                        : message.buffer.size_bytes() - request.offset_bytes();
       if (on_info) {
         local_status = on_info(result.buffer(), total);
         if (!local_status.ok()) break;
@@ -505,6 +502,7 @@ absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::Download
   }
   absl::StatusOr<v1::BufferInfo> info = GetBuffer(request.buffer());
   if (!info.ok()) return absl::UnimplementedError("one stream");
+  // GetBuffer describes the buffer; a view's bytes are the view's elements in C order.
   absl::StatusOr<uint64_t> readable = ViewBytes(*info, request.view());
   if (!readable.ok()) return absl::UnimplementedError("one stream");
   const uint64_t size = *readable;

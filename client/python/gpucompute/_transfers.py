@@ -12,7 +12,6 @@ import numpy as np
 from . import _progress
 from ._arrays import buffer_ref, host_bytes, layout_enum, numpy_dtype
 from ._proto import v1
-from ._views import view_shape
 from .errors import error_for, from_rpc_error
 
 
@@ -152,10 +151,8 @@ class DownloadAssembler:
     """Places a download's chunks into one preallocated array of the buffer's shape,
     dtype and layout, checking that they arrive in order and complete."""
 
-    def __init__(self, options, progress_setting, view=()):
+    def __init__(self, options, progress_setting):
         self._options = options
-        # A view's elements come in C order, in the view's shape.
-        self._view = tuple(view)
         self._setting = options.progress if progress_setting is None else progress_setting
         self._array = None
         self._flat = None
@@ -170,10 +167,11 @@ class DownloadAssembler:
                 raise error_for(13, "the server's first download message does not describe "
                                     "the buffer")
             self.info = message.buffer
-            layout = "F" if self.info.layout == v1.LAYOUT_F and not self._view else "C"
-            shape = view_shape(self.info.shape, self._view)
-            self._array = np.empty(shape, numpy_dtype(self.info.dtype), order=layout)
-            if not self._view and self._array.nbytes != self.info.size_bytes:
+            # With a view, the message describes the view: its shape, C order.
+            layout = "F" if self.info.layout == v1.LAYOUT_F else "C"
+            self._array = np.empty(tuple(self.info.shape), numpy_dtype(self.info.dtype),
+                                   order=layout)
+            if self._array.nbytes != self.info.size_bytes:
                 raise error_for(13, f"the buffer's size {self.info.size_bytes} does not match "
                                     f"its shape and dtype")
             self._flat = self._array.ravel(order="K").view(np.uint8)

@@ -184,7 +184,7 @@ class Client(_operations.Operations):
             if result is not None:
                 return result
         request = _requests.download_request(buffer, self.options.chunk_bytes)
-        assembler = _transfers.DownloadAssembler(self.options, progress, request.view)
+        assembler = _transfers.DownloadAssembler(self.options, progress)
         call = self._rpc.Download(request, metadata=self.options.metadata)
         with _transfers.streaming_call(call, assembler):
             for message, data in call:

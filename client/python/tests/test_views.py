@@ -45,7 +45,9 @@ def _random_step(rng, array):
         key = (slice(None),) * axis + (i,)
         if rng.random() < 0.3:
             key = (Ellipsis, i) if axis == ndim - 1 else key
-        return f"[{key}]", lambda a: a[key], lambda r: r[key]
+        # With '...', NumPy gives a 0-d array (a view) rather than a scalar.
+        full = key if Ellipsis in key else key + (Ellipsis,)
+        return f"[{key}]", lambda a: a[full], lambda r: r[key]
     if kind == "transpose" and ndim:
         axes = tuple(int(axis) for axis in rng.permutation(ndim))
         return f".transpose{axes}", lambda a: a.transpose(axes), lambda r: r.transpose(axes)
