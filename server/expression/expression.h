@@ -129,7 +129,8 @@ class Program {
   // element, counted as written (a repeated subexpression counts each time it appears;
   // dtype conversions, casts included, and work on scalars alone, which is folded at
   // compile time, do not count; clip counts as its maximum and minimum, round(x, d) as
-  // its multiply, rint and divide). For GFLOP/s reporting.
+  // its multiply, rint and divide, or both forms and a where() when d is a scalar input).
+  // For GFLOP/s reporting.
   int64_t ops_per_element() const;
   // A canonical, fully parenthesised and typed rendering of ir(), e.g.
   // `add<float32>(mul<float32>(param0<float32>, in1<float32>), in2<float32>)` for `a*x + y`
