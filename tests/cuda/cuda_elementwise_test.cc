@@ -968,7 +968,8 @@ TEST_F(CudaStridedTest, Transposes) {
   const Program f64 = MustCompile("d * e - d", Only(MixedInputs(), {"d", "e"}));
   RunBoth(f64, DType::kFloat64, {shape, {transposed, transposed}, Dense(shape)});
   // Five transposed inputs: four through tiles, the fifth gathered.
-  const Program five = MustCompile("b + d * e - f + l", Only(MixedInputs(), {"b", "d", "e", "f", "l"}));
+  const Program five =
+      MustCompile("b + d * e - f + l", Only(MixedInputs(), {"b", "d", "e", "f", "l"}));
   RunBoth(five, DType::kFloat64,
           {shape, {transposed, transposed, transposed, transposed, transposed}, transposed});
   // Rows that are not whole tiles, over three axes: x.transpose(1, 0, 2)[..., ::-1] seen
