@@ -1,6 +1,7 @@
-// ElementwiseAsync and ElementwiseStridedAsync: the entry points and their dispatch. The kernels are generated at run
-// time from kernels/cuda/elementwise/ (ElementwiseKernelSource) and compiled with NVRTC by
-// the server, which loads them and passes them here; this file only launches them.
+// ElementwiseAsync and ElementwiseStridedAsync: the entry points and their dispatch. The
+// kernels are generated at run time from kernels/cuda/elementwise/ (ElementwiseKernelSource,
+// ElementwiseStridedKernelSource) and compiled with NVRTC by the server, which loads them
+// and passes them here; this file only launches them.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

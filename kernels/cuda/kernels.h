@@ -366,7 +366,7 @@ struct StridedArray {
 };
 
 // out[idx] = Element(arrays...[idx], parameters...) for every index idx of `shape`
-// (specialization.dims extents, each above 0, none overflowing int64 in product), with
+// (specialization.dims extents, whose product fits int64; an empty shape writes nothing), with
 // `arrays` and `parameters` as for ElementwiseAsync and every layout matching the
 // specialisation the kernel was compiled for. `kernel` is the loaded
 // kElementwiseStridedKernel and `blocks_per_sm` its residency (ElementwiseBlocksPerSm).

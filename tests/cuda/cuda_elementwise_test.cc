@@ -1009,7 +1009,8 @@ TEST_F(CudaStridedTest, Transposes) {
   const Program f64 = MustCompile("d * e - d", Only(MixedInputs(), {"d", "e"}));
   RunBoth(f64, DType::kFloat64, {shape, {transposed, transposed}, Dense(shape)});
   // Five transposed inputs: four through tiles, the fifth gathered.
-  const Program five = MustCompile("b + d * e - f + l", Only(MixedInputs(), {"b", "d", "e", "f", "l"}));
+  const Program five =
+      MustCompile("b + d * e - f + l", Only(MixedInputs(), {"b", "d", "e", "f", "l"}));
   RunBoth(five, DType::kFloat64,
           {shape, {transposed, transposed, transposed, transposed, transposed}, transposed});
   // Rows that are not whole tiles, over three axes: x.transpose(1, 0, 2)[..., ::-1] seen
@@ -1165,6 +1166,58 @@ TEST_F(CudaStridedTest, LaunchArgumentErrors) {
       LaunchElementwiseStrided(**k, program, null_input, y, shape, sm_count_, stream_).code(),
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// One-axis unit-stride views with offsets (misaligned starts) take the contiguous kernels
+// in the backend; the kernel library's strided kernel gives the same.
+TEST_F(CudaStridedTest, ContiguousViewsWithOffsets) {
+  const Program program = MustCompile("f * g - f", Only(MixedInputs(), {"f", "g"}));
+  const std::vector<int64_t> line = {100003};
+  RunBoth(program, DType::kFloat32,
+          {line, {{100006, 3, {1}}, {100008, 5, {1}}}, {100010, 7, {1}}});
+  const Program test = MustCompile("d < l", Only(MixedInputs(), {"d", "l"}));
+  RunBoth(test, DType::kBool, {line, {{100004, 1, {1}}, Dense(line)}, {100007, 4, {1}}});
+}
+
+// The backend refuses layouts it cannot run, naming what is wrong, and writes nothing.
+TEST_F(CudaStridedTest, BackendRefusals) {
+  Backend& backend = CudaBackendForTests();
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  absl::StatusOr<DeviceMemory> a = backend.Allocate(0, 4096);
+  absl::StatusOr<DeviceMemory> b = backend.Allocate(0, 4096);
+  absl::StatusOr<DeviceMemory> out = backend.Allocate(0, 4096);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(out);
+  ASSERT_EQ(cudaMemset(out->data(), 0x5a, 4096), cudaSuccess);
+  absl::StatusOr<std::unique_ptr<Stream>> stream = backend.CreateStream(0);
+  ASSERT_OK(stream);
+
+  // Nine axes that do not merge (each array's strides differ in ratio).
+  const std::vector<int64_t> nine(9, 2);
+  const std::vector<int64_t> dense = {256, 128, 64, 32, 16, 8, 4, 2, 1};
+  const std::vector<int64_t> reversed = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  std::vector<StridedInput> inputs = {{&*a, {nine, dense, 0}}, {&*b, {nine, reversed, 0}}};
+  absl::StatusOr<LaunchInfo> refused = backend.ElementwiseStrided(
+      **stream, program, inputs, *out, {nine, dense, 0}, DType::kFloat32);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "the strided elementwise operation has 9 axes after merging those that allow it; "
+            "the CUDA backend handles at most 8");
+
+  // An input of another shape than the operation's.
+  inputs = {{&*a, {{4, 4}, {4, 1}, 0}}, {&*b, {{4, 1}, {1, 0}, 0}}};
+  refused = backend.ElementwiseStrided(**stream, program, inputs, *out, {{4, 4}, {4, 1}, 0},
+                                       DType::kFloat32);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "an array's layout has shape (4, 1) and 2 strides; the operation's shape is (4, 4)");
+
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> bytes(4096);
+  ASSERT_EQ(cudaMemcpy(bytes.data(), out->data(), bytes.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x5a), 4096);
 }
 
 }  // namespace
