@@ -117,6 +117,8 @@ def arrays_elementwise(log2n=28):
         ms = median_ms(lambda: op(view))
         base_ms = contiguous_ms if same is x else median_ms(lambda: op(same))
         print(f"  {what:24s} {ms:8.3f} ms  {base_ms / ms:.3f} of contiguous ({base_ms:.3f} ms)")
+
+
 def arrays_reduce(log2n=28):
     """The arrays section's reduction rows (bench/arrays_reduce.cc), as CuPy runs them."""
     n = 1 << log2n
