@@ -9,43 +9,19 @@
 #include "absl/strings/str_cat.h"
 #include "server/expression/expression.h"
 #include "server/service/array_refs.h"
+#include "server/service/expression_operands.h"
 #include "server/tenancy/request_limits.h"
 #include "server/util/status_macros.h"
 
 namespace gpucompute {
 namespace {
 
-absl::StatusOr<expr::ScalarInput> ScalarFromProto(const std::string& name, const v1::Scalar& s) {
-  expr::ScalarInput in;
-  switch (s.value_case()) {
-    case v1::Scalar::kFloatValue:
-      in.dtype = DType::kFloat64;
-      in.f = s.float_value();
-      return in;
-    case v1::Scalar::kIntValue:
-      in.dtype = DType::kInt64;
-      in.i = s.int_value();
-      return in;
-    case v1::Scalar::kBoolValue:
-      in.dtype = DType::kBool;
-      in.i = s.bool_value();
-      return in;
-    case v1::Scalar::VALUE_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
-}
+using ArrayOperands = std::map<std::string, ArrayOperand, std::less<>>;
 
-// An array operand, and its layout broadcast to the result's shape.
-struct ArrayOperand {
-  std::string name;
-  ArrayRef array;
-  StridedLayout broadcast;
-};
 
 // The layout of a new output: a whole buffer of the result's shape, C-ordered unless every
 // operand is a whole buffer of that shape in one layout (then that one, as before views).
-Layout NewOutputLayout(const std::map<std::string, ArrayOperand, std::less<>>& arrays,
+Layout NewOutputLayout(const ArrayOperands& arrays,
                        const std::vector<int64_t>& shape) {
   if (arrays.empty()) return Layout::kC;
   const Layout first = arrays.begin()->second.array.buffer->layout;
@@ -61,7 +37,7 @@ Layout NewOutputLayout(const std::map<std::string, ArrayOperand, std::less<>>& a
 // An output written through a view may not write one element twice, nor overlap an input
 // in a way that makes the result depend on the order of the writes.
 absl::Status CheckOutputAliasing(const ArrayRef& out,
-                                 const std::map<std::string, ArrayOperand, std::less<>>& arrays) {
+                                 const ArrayOperands& arrays) {
   if (out.layout.HasBroadcast()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output ", DescribeArray(out),
@@ -84,50 +60,11 @@ absl::Status CheckOutputAliasing(const ArrayRef& out,
 
 absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
                                      BufferResolver resolve, const v1::ElementwiseOp& op) {
-  if (op.expression().size() > ctx.limits.max_expression_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expression is ", op.expression().size(), " bytes; the server allows at most ",
-        ctx.limits.max_expression_bytes, " (--max-expression-bytes)"));
-  }
-  std::map<std::string, expr::InputType, std::less<>> types;
-  std::map<std::string, ArrayOperand, std::less<>> arrays;
-  std::vector<std::vector<int64_t>> shapes;
-  // In the order of the names, not the map's (which protobuf leaves unspecified), so
-  // that messages naming several operands name them alike every time.
-  std::map<std::string, const v1::Operand*> sorted;
-  for (const auto& [name, operand] : op.inputs()) sorted.emplace(name, &operand);
-  for (const auto& [name, pointer] : sorted) {
-    const v1::Operand& operand = *pointer;
-    switch (operand.value_case()) {
-      case v1::Operand::kBuffer: {
-        ASSIGN_OR_RETURN(ArrayRef array, ResolveArray(resolve, absl::StrCat("input '", name, "'"),
-                                                      operand.buffer(), operand.view()));
-        types.emplace(name, expr::ArrayInput{array.dtype()});
-        shapes.push_back(array.layout.shape);
-        arrays.emplace(name, ArrayOperand{name, std::move(array), {}});
-        break;
-      }
-      case v1::Operand::kScalar: {
-        if (!operand.view().empty()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("input '", name, "' is a scalar; a view applies to a buffer"));
-        }
-        ASSIGN_OR_RETURN(expr::ScalarInput in, ScalarFromProto(name, operand.scalar()));
-        types.emplace(name, in);
-        break;
-      }
-      case v1::Operand::VALUE_NOT_SET:
-        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<int64_t> shape, BroadcastShapes(shapes));
-  for (auto& [name, operand] : arrays) {
-    ASSIGN_OR_RETURN(operand.broadcast, BroadcastToView(operand.array.layout, shape,
-                                                        static_cast<int>(kMaxDimensions)));
-  }
-  ASSIGN_OR_RETURN(expr::Program program,
-                   ctx.programs->Compile(op.expression(), types,
-                                         static_cast<int>(ctx.limits.max_expression_depth)));
+  ASSIGN_OR_RETURN(ExpressionOperands operands,
+                   CompileOperands(ctx, resolve, op.expression(), op.inputs()));
+  expr::Program& program = operands.program;
+  const ArrayOperands& arrays = operands.arrays;
+  const std::vector<int64_t>& shape = operands.shape;
 
   const int device =
       arrays.empty() ? ctx.executor.default_device() : arrays.begin()->second.array.buffer->device;
@@ -157,18 +94,11 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OperationKind::kElementwise;
   spec.compile_seconds = compile_seconds;
-  // Traffic: each distinct view read once, at its own size (a broadcast operand is not
-  // re-read per use), and the output's elements written.
-  std::vector<const ArrayRef*> counted;
+  // Traffic: each distinct view read once (ExpressionOperands::distinct_bytes), and the
+  // output's elements written.
+  spec.bytes_read = operands.distinct_bytes;
   for (const auto& [name, operand] : arrays) {
     const ArrayRef& a = operand.array;
-    const bool seen = std::any_of(counted.begin(), counted.end(), [&](const ArrayRef* c) {
-      return c->buffer == a.buffer && c->layout == a.layout;
-    });
-    if (!seen) {
-      counted.push_back(&a);
-      spec.bytes_read += static_cast<uint64_t>(a.layout.num_elements()) * DTypeSize(a.dtype());
-    }
     // The executor orders on base buffers; one both read and written is listed once, as
     // the write.
     const bool listed =

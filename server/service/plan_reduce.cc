@@ -14,6 +14,7 @@
 #include "server/arrays/view_steps.h"
 #include "server/expression/expression.h"
 #include "server/service/array_refs.h"
+#include "server/service/expression_operands.h"
 #include "server/tenancy/request_limits.h"
 #include "server/util/status_macros.h"
 
@@ -31,88 +32,25 @@ struct ReduceSource {
   uint64_t bytes_read = 0;  // each distinct view once, before broadcasting
 };
 
-absl::StatusOr<expr::ScalarInput> ScalarFromProto(const std::string& name, const v1::Scalar& s) {
-  expr::ScalarInput in;
-  switch (s.value_case()) {
-    case v1::Scalar::kFloatValue:
-      in.dtype = DType::kFloat64;
-      in.f = s.float_value();
-      return in;
-    case v1::Scalar::kIntValue:
-      in.dtype = DType::kInt64;
-      in.i = s.int_value();
-      return in;
-    case v1::Scalar::kBoolValue:
-      in.dtype = DType::kBool;
-      in.i = s.bool_value();
-      return in;
-    case v1::Scalar::VALUE_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
-}
-
 uint64_t ViewBytes(const ArrayRef& a) {
   return static_cast<uint64_t>(a.layout.num_elements()) * DTypeSize(a.dtype());
 }
 
 absl::StatusOr<ReduceSource> ResolveExpression(ServiceContext& ctx, BufferResolver resolve,
                                                const v1::ReduceOp& op) {
-  if (op.expression().size() > ctx.limits.max_expression_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expression is ", op.expression().size(), " bytes; the server allows at most ",
-        ctx.limits.max_expression_bytes, " (--max-expression-bytes)"));
-  }
-  std::map<std::string, expr::InputType, std::less<>> types;
-  std::map<std::string, ArrayRef, std::less<>> arrays;
-  for (const auto& [name, operand] : op.inputs()) {
-    switch (operand.value_case()) {
-      case v1::Operand::kBuffer: {
-        ASSIGN_OR_RETURN(ArrayRef a, ResolveArray(resolve, absl::StrCat("input '", name, "'"),
-                                                  operand.buffer(), operand.view()));
-        types.emplace(name, expr::ArrayInput{a.dtype()});
-        arrays.emplace(name, std::move(a));
-        break;
-      }
-      case v1::Operand::kScalar: {
-        ASSIGN_OR_RETURN(expr::ScalarInput s, ScalarFromProto(name, operand.scalar()));
-        types.emplace(name, s);
-        break;
-      }
-      case v1::Operand::VALUE_NOT_SET:
-        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is bound to nothing"));
-    }
-  }
+  ASSIGN_OR_RETURN(ExpressionOperands operands,
+                   CompileOperands(ctx, resolve, op.expression(), op.inputs()));
   ReduceSource source;
-  ASSIGN_OR_RETURN(source.program,
-                   ctx.programs->Compile(op.expression(), types,
-                                         static_cast<int>(ctx.limits.max_expression_depth)));
-  // In the order the expression names them, as NumPy's message lists its operands.
-  std::vector<std::vector<int64_t>> shapes;
-  for (const std::string& name : source.program->inputs()) {
-    auto it = arrays.find(name);
-    if (it != arrays.end()) shapes.push_back(it->second.layout.shape);
+  source.shape = std::move(operands.shape);
+  source.dtype = operands.program.result_dtype();
+  source.bytes_read = operands.distinct_bytes;
+  for (const std::string& name : operands.program.inputs()) {
+    auto it = operands.arrays.find(name);
+    source.arrays.push_back(it == operands.arrays.end()
+                                ? ArrayRef{}
+                                : ArrayRef{it->second.array.buffer, it->second.broadcast});
   }
-  ASSIGN_OR_RETURN(source.shape, BroadcastShapes(shapes));
-  source.dtype = source.program->result_dtype();
-  std::vector<const ArrayRef*> counted;
-  for (const std::string& name : source.program->inputs()) {
-    auto it = arrays.find(name);
-    if (it == arrays.end()) {
-      source.arrays.push_back(ArrayRef{});
-      continue;
-    }
-    const ArrayRef& a = it->second;
-    if (std::none_of(counted.begin(), counted.end(), [&](const ArrayRef* c) {
-          return c->buffer == a.buffer && c->layout == a.layout;
-        })) {
-      counted.push_back(&a);
-      source.bytes_read += ViewBytes(a);
-    }
-    ASSIGN_OR_RETURN(StridedLayout layout,
-                     BroadcastToView(a.layout, source.shape, static_cast<int>(kMaxDimensions)));
-    source.arrays.push_back(ArrayRef{a.buffer, std::move(layout)});
-  }
+  source.program = std::move(operands.program);
   return source;
 }
 
