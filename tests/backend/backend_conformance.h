@@ -35,6 +35,10 @@
 #include "server/core/backend.h"
 #include "tests/support/test_util.h"
 
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+#include "server/cuda/cuda_backend.h"
+#endif
+
 namespace gpucompute::conformance {
 
 struct BackendFactory {
@@ -50,6 +54,21 @@ inline void PrintTo(const BackendFactory& factory, std::ostream* os) { *os << fa
 inline std::string BackendFactoryName(const ::testing::TestParamInfo<BackendFactory>& info) {
   return info.param.name;
 }
+
+#if defined(GPUCOMPUTE_HAVE_CUDA)
+// The CUDA backend, or nullptr where no GPU is usable (every test then skips); a GPU whose
+// backend does not start fails the test. No disk cache: each run compiles afresh.
+inline std::unique_ptr<Backend> MaybeCreateCudaBackend() {
+  if (cuda::CudaDeviceCount() == 0) return nullptr;
+  cuda::CudaBackendOptions options;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend(options);
+  if (!backend.ok()) {
+    ADD_FAILURE() << "a GPU is present but the CUDA backend did not start: " << backend.status();
+    return nullptr;
+  }
+  return *std::move(backend);
+}
+#endif
 
 // Waits until all work enqueued on `stream` so far has completed, and returns the
 // stream's error state. The promise is shared with the callback so that a timeout cannot

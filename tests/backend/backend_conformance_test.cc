@@ -1776,18 +1776,6 @@ INSTANTIATE_TEST_SUITE_P(
     BackendFactoryName);
 
 #if defined(GPUCOMPUTE_HAVE_CUDA)
-// Every test skips where no GPU is usable.
-std::unique_ptr<Backend> MaybeCreateCudaBackend() {
-  if (cuda::CudaDeviceCount() == 0) return nullptr;
-  cuda::CudaBackendOptions options;  // no disk cache: each run compiles afresh
-  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend(options);
-  if (!backend.ok()) {
-    ADD_FAILURE() << "a GPU is present but the CUDA backend did not start: " << backend.status();
-    return nullptr;
-  }
-  return *std::move(backend);
-}
-
 INSTANTIATE_TEST_SUITE_P(Cuda, BackendConformance,
                          ::testing::Values(BackendFactory{"Gpu", MaybeCreateCudaBackend}),
                          BackendFactoryName);

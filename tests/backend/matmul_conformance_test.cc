@@ -254,15 +254,8 @@ INSTANTIATE_TEST_SUITE_P(
     BackendFactoryName);
 
 #if defined(GPUCOMPUTE_HAVE_CUDA)
-std::unique_ptr<Backend> CudaIfPresent() {
-  if (cuda::CudaDeviceCount() == 0) return nullptr;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = cuda::CreateCudaBackend({});
-  EXPECT_OK(backend) << "a GPU is present but the CUDA backend did not start";
-  return backend.ok() ? *std::move(backend) : nullptr;
-}
-
 INSTANTIATE_TEST_SUITE_P(Cuda, MatmulConformance,
-                         ::testing::Values(BackendFactory{"Gpu", CudaIfPresent}),
+                         ::testing::Values(BackendFactory{"Gpu", MaybeCreateCudaBackend}),
                          BackendFactoryName);
 #endif
 
