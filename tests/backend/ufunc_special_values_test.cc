@@ -80,8 +80,15 @@ DType ParseDType(std::string_view name) {
   return DType::kBool;
 }
 
+// $GPUCOMPUTE_TESTDATA_DIR when set, so that this program copied to a GPU host finds the
+// file there; else the source tree's.
+std::string TestdataDir() {
+  const char* dir = std::getenv("GPUCOMPUTE_TESTDATA_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : GPUCOMPUTE_TESTDATA_DIR;
+}
+
 std::vector<GoldenCase> LoadGolden() {
-  const std::string path = absl::StrCat(GPUCOMPUTE_TESTDATA_DIR, "/ufunc_special_values.txt");
+  const std::string path = absl::StrCat(TestdataDir(), "/ufunc_special_values.txt");
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot read " << path;
   std::vector<GoldenCase> cases;
