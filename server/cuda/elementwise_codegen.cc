@@ -195,8 +195,9 @@ std::string Operation(const Node& node, const std::vector<Node>& nodes,
     case OpKind::kPow:
       if (!is_float) return absl::StrCat("gc::Pow(", arg(0), ", ", arg(1), ")");
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ", ", arg(1), ")");
+    case OpKind::kHypot:  // float only; see gc::Hypot
+      return absl::StrCat("gc::Hypot(", arg(0), ", ", arg(1), ")");
     case OpKind::kAtan2:  // float only
-    case OpKind::kHypot:
     case OpKind::kCopysign:
       return absl::StrCat(FloatFunction(node.op, single), "(", arg(0), ", ", arg(1), ")");
     case OpKind::kMin:

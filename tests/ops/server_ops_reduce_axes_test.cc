@@ -392,8 +392,11 @@ TEST_F(ServerOpsTest, ReduceArgExtremaAlongAMiddleAxis) {
   EXPECT_EQ(Values(flat_t), (std::vector<double>{2 * 8 + 2 * 2 + 1}));  // [2, 2, 1]
 }
 
-// x viewed as x.T and as x[::-1, ::-2]: the view's values reduced, with the bits of the
-// same reduction of a contiguous copy (the order does not depend on the strides).
+// x viewed as x.T and as x[::-1, ::-2]: the view's values reduced, against a float64
+// reference. On the CPU backend also with the bits of the same reduction of a contiguous
+// copy: its order depends on the shape and the axes alone. The CUDA kernels' order also
+// depends on which axes are contiguous (kernels/cuda/reduce_strided.cu), so there a view
+// and its copy may differ in the last bits, while each is the same run to run.
 TEST_F(ServerOpsTest, ReduceViewsAsTheirContiguousCopies) {
   constexpr int64_t kR = 37, kC = 29;
   std::vector<double> a = RandomDoubles(kR * kC, -1, 1, 3);
@@ -434,7 +437,7 @@ TEST_F(ServerOpsTest, ReduceViewsAsTheirContiguousCopies) {
         ASSERT_EQ(got.values_size(), want.values_size());
         const std::vector<std::vector<double>> groups = Groups(vc.values, vc.shape, {axis});
         for (int o = 0; o < got.values_size(); ++o) {
-          if (kind == v1::REDUCE_KIND_VAR) {
+          if (kind == v1::REDUCE_KIND_VAR && TestBackendName() == "cpu") {
             EXPECT_EQ(got.values(o).float_value(), want.values(o).float_value()) << o;
           }
           EXPECT_NEAR(Values(got)[o], Reference(kind, groups[o]), 1e-12) << o;
@@ -541,6 +544,8 @@ TEST_F(ServerOpsTest, ReduceResultsAreIdenticalAcrossRuns) {
 // The requests the API took before axes existed (whole array, axis 0 or 1 of a 2-D array,
 // C or F) give the bits of the ReduceShape kernel they always ran.
 TEST_F(ServerOpsTest, ReduceOldRequestsGiveTheirOldBits) {
+  // The reference is the CPU backend's own kernel: its bits are the CPU's.
+  if (TestBackendName() != "cpu") GTEST_SKIP() << "compares with the CPU backend's bits";
   // float64, whose sums show any change of order in their last bits.
   constexpr int64_t kR = 300, kC = 700;
   const std::vector<double> a = RandomDoubles(kR * kC, 0.5, 1.5, 31);
