@@ -1,7 +1,7 @@
 // The arrays section's matmul rows (bench/arrays.h): C = A @ B of n x n C-ordered
 // matrices through Backend::Matmul, float64, float32 and, on CUDA, float32 with TF32.
-// n is 8192 on CUDA at the default --log2n=24 and 1024 on the CPU, each scaling as
-// 2^(log2n / 2). On the CPU the ceiling is OpenBLAS called directly on the same matrices
+// n is 8192 on CUDA at --log2n=28 (the GPU run) and 1024 on the CPU at the default
+// --log2n=24, each scaling as 2^(log2n / 2). On the CPU the ceiling is OpenBLAS called directly on the same matrices
 // in the same run, with as many threads as the backend's pool has; on CUDA it is
 // cupy.matmul, which bench/bench_cupy.py (arrays_matmul) prints for the same sizes.
 #include <cblas.h>
@@ -53,7 +53,7 @@ double OpenBlasSeconds(DType dtype, int64_t n, int threads, const DeviceMemory& 
 absl::Status AppendMatmulRows(const Options& options, Backend& backend, Stream& stream,
                               std::vector<ArraysRow>& rows) {
   const bool cuda = backend.name() == "cuda";
-  const int64_t n = int64_t{1} << (options.log2n / 2 + (cuda ? 1 : -2));
+  const int64_t n = int64_t{1} << (options.log2n / 2 + (cuda ? -1 : -2));
   struct Variant {
     DType dtype;
     bool tf32;
