@@ -56,26 +56,26 @@ template <typename T>
 __device__ __forceinline__ T FloatMin(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T>
 __device__ __forceinline__ T FloatMax(T a, T b) { return (a > b || a != a) ? a : b; }
-// np.hypot without the spurious overflow of libdevice's hypot, which gives inf for
+// np.hypot without the spurious overflow of libdevice's hypot, which gives Inf for
 // hypot(1, DBL_MAX) where C and NumPy give DBL_MAX. float32 is exact in float64 and rounds
-// once; float64 scales the smaller magnitude by the larger (within 2 ulp). An infinity
+// once; float64 scales the smaller magnitude by the larger (within 2 ulp). An Inf argument
 // wins over a NaN, as in C.
 __device__ __forceinline__ float Hypot(float a, float b) {
   const double x = a, y = b;  // their squares are exact in float64
-  const double inf = __longlong_as_double(0x7ff0000000000000ll);
-  if (fabs(x) == inf || fabs(y) == inf) return __int_as_float(0x7f800000);
-  return (float)__dsqrt_rn(__fma_rn(x, x, __dmul_rn(y, y)));
+  const double Inf = __longlong_as_double(0x7ff0000000000000ll);
+  if (fabs(x) == Inf || fabs(y) == Inf) return __int_as_float(0x7f800000);
+  return (float)__dsqrt_rn(__dadd_rn(__dmul_rn(x, x), __dmul_rn(y, y)));
 }
 __device__ __forceinline__ double Hypot(double a, double b) {
   a = fabs(a);
   b = fabs(b);
-  const double inf = __longlong_as_double(0x7ff0000000000000ll);
-  if (a == inf || b == inf) return inf;
+  const double Inf = __longlong_as_double(0x7ff0000000000000ll);
+  if (a == Inf || b == Inf) return Inf;
   if (a != a || b != b) return a + b;
   const double big = a > b ? a : b, small = a > b ? b : a;
   if (big == 0) return 0;
   const double r = __ddiv_rn(small, big);
-  return __dmul_rn(big, __dsqrt_rn(__fma_rn(r, r, 1.0)));
+  return __dmul_rn(big, __dsqrt_rn(__dadd_rn(__dmul_rn(r, r), 1.0)));
 }
 template <typename T>
 __device__ __forceinline__ T IntMin(T a, T b) { return a < b ? a : b; }
