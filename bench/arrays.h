@@ -25,7 +25,8 @@ struct ArraysRow {
   // The ratio is GB/s over the copy's GB/s of the same dtype (`ceiling` "copy") unless
   // ceiling_seconds is set: then it is ceiling_seconds / seconds, against the work named
   // by `ceiling` (e.g. "OpenBLAS", or "contiguous" for the same operation on contiguous
-  // data), timed in the same run.
+  // data), timed in the same run. Any other `ceiling` without ceiling_seconds names the
+  // program that measures it (CuPy's, in bench_cupy.py), and the table shows no ratio.
   std::string ceiling = "copy";
   double ceiling_seconds = 0;
   double target = 0;  // the least ratio asked for; 0: none
