@@ -55,10 +55,10 @@ void ZeroUnitStrides(StridedLayout& layout) {
 }
 
 bool IsContiguous(const StridedLayout& l, bool c_order) {
+  if (l.num_elements() == 0) return true;
   int64_t expected = 1;
   for (int k = 0; k < l.ndim(); ++k) {
     const int d = c_order ? l.ndim() - 1 - k : k;
-    if (l.shape[d] == 0) return true;
     if (l.shape[d] != 1 && l.strides[d] != expected) return false;
     expected *= l.shape[d];
   }
@@ -96,6 +96,8 @@ SliceRange AdjustSlice(int64_t n, std::optional<int64_t> start_in, std::optional
 }  // namespace
 
 int64_t StridedLayout::num_elements() const {
+  // An empty layout may have other extents whose product alone would overflow.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t e : shape) n *= e;
   return n;
@@ -300,12 +302,14 @@ absl::StatusOr<StridedLayout> BroadcastToView(const StridedLayout& in,
   };
   if (n > max_dims) return TooManyDims(n, max_dims);
   if (n < in.ndim()) return refuse();
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
   std::optional<int64_t> count = 1;
   for (int64_t e : shape) {
     if (e < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("broadcast_to shape ", NumpyShape(shape), " has a negative extent"));
     }
+    if (empty) continue;  // no elements, however large the other extents
     count = Mul(*count, e);
     if (!count) return Overflow(absl::StrCat("broadcast_to ", NumpyShape(shape)));
   }
@@ -426,6 +430,18 @@ absl::StatusOr<std::vector<int64_t>> BroadcastShapes(
       return absl::InvalidArgumentError(
           absl::StrCat("operands could not be broadcast together with shapes ",
                        absl::StrJoin(texts, " ")));
+    }
+  }
+  // Operands of bounded sizes can still broadcast to a shape of 2^80 elements.
+  if (std::find(out.begin(), out.end(), 0) == out.end()) {
+    std::optional<int64_t> count = 1;
+    for (int64_t e : out) {
+      count = Mul(*count, e);
+      if (!count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the operands broadcast to shape ", NumpyShape(out),
+            ", whose element count overflows 64 bits"));
+      }
     }
   }
   return out;

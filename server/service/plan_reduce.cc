@@ -219,6 +219,16 @@ absl::StatusOr<Plan> PlanReduce(ServiceContext& ctx, absl::string_view client,
         absl::StrCat("ddof applies to var and std only, not ", ReduceKindName(kind)));
   }
   ASSIGN_OR_RETURN(ReduceSource source, ResolveSource(ctx, resolve, op));
+  // A view or a broadcast reads no more memory for more elements: the elements a
+  // reduction visits are bounded as a new buffer's are, so that no request asks for
+  // hours of work.
+  const StridedLayout space{source.shape, std::vector<int64_t>(source.shape.size(), 0), 0};
+  if (static_cast<uint64_t>(space.num_elements()) > ctx.limits.max_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the reduction visits ", space.num_elements(), " elements (shape ",
+        NumpyShape(source.shape), "); the server allows at most ", ctx.limits.max_elements,
+        " (--max-elements)"));
+  }
   const int ndim = static_cast<int>(source.shape.size());
   ASSIGN_OR_RETURN(std::vector<int32_t> axes, ReducedAxes(op, kind, ndim));
 

@@ -188,6 +188,17 @@ TEST(StridedLayoutTest, BroadcastShapes) {
             "operands could not be broadcast together with shapes (2,3) (4,)");
   shapes = {{0, 3}, {1, 3}};
   EXPECT_THAT(*BroadcastShapes(shapes), ElementsAre(0, 3));
+  // Bounded operands whose broadcast shape cannot be counted in 64 bits.
+  const int64_t kBig = int64_t{1} << 32;
+  shapes = {{kBig, 1}, {1, kBig}};
+  EXPECT_THAT(BroadcastShapes(shapes).status().message(), HasSubstr("overflows 64 bits"));
+  // An empty broadcast shape counts 0 elements, however large its other extents.
+  shapes = {{kBig, 1, 0}, {1, kBig, 1}};
+  ASSERT_TRUE(BroadcastShapes(shapes).ok());
+  StridedLayout empty = *BroadcastToView(DenseLayout({1, 1, 0}, false),
+                                         *BroadcastShapes(shapes), kMaxDims);
+  EXPECT_EQ(empty.num_elements(), 0);
+  EXPECT_TRUE(empty.IsCContiguous());
 }
 
 TEST(StridedLayoutTest, Overlap) {

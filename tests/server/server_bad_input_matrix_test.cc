@@ -1333,6 +1333,20 @@ void BadInputMatrixTest::AddOperationCases() {
      "reduce { input: \"m\" kind: REDUCE_KIND_SUM input_view { index { items { index: 3 } } } }",
      StatusCode::INVALID_ARGUMENT, "reduce input 'm' (float64(3,4)): view step 0 (index) of shape (3,4): index 3 is out of "
      "bounds for axis 0 with size 3");
+  op(kOversized, "a reduction of a broadcast view of 2^44 elements", kAlice,
+     "reduce { input: \"m\" kind: REDUCE_KIND_SUM input_view { broadcast_to { extents: "
+     "[1048576, 4194304, 3, 4] } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "the reduction visits 52776558133248 elements (shape (1048576,4194304,3,4)); the server "
+     "allows at most 1099511627776 (--max-elements)");
+  op(kOversized, "reduced operands that broadcast past 64 bits", kAlice,
+     "reduce { kind: REDUCE_KIND_SUM expression: \"x + y\" "
+     "inputs { key: \"x\" value { buffer: \"m\" view { broadcast_to { extents: [4294967296, "
+     "1, 3, 4] } } } } inputs { key: \"y\" value { buffer: \"m\" view { broadcast_to { "
+     "extents: [1, 4294967296, 3, 4] } } } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "the operands broadcast to shape (4294967296,4294967296,3,4), whose element count "
+     "overflows 64 bits");
 }
 
 // ---------------------------------------------------------------------------
