@@ -46,16 +46,16 @@ void WarmLane::Run(absl::FunctionRef<void()> fn) {
   if (thread_.joinable() &&
       slot_.compare_exchange_strong(expected, &job, std::memory_order_acq_rel)) {
     // A small job takes microseconds; one that takes longer (a kernel compiled on first
-    // use) is waited for with yields rather than a hard spin.
+    // use) is waited for with yields rather than a hard spin. Only the job is read from
+    // here on: the lane counts it and may be destroyed before this returns.
     const auto relax_until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
-    while (slot_.load(std::memory_order_acquire) == &job) {
+    while (!job.done.load(std::memory_order_acquire)) {
       if (std::chrono::steady_clock::now() < relax_until) {
         Relax();
       } else {
         std::this_thread::yield();
       }
     }
-    on_lane_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   fn();
@@ -85,7 +85,9 @@ void WarmLane::Loop(const char* name) {
     if (job == kStopping) return;
     if (job != nullptr) {
       job->fn();
-      slot_.store(nullptr, std::memory_order_release);  // the caller may return now
+      on_lane_.fetch_add(1, std::memory_order_relaxed);
+      slot_.store(nullptr, std::memory_order_release);
+      job->done.store(true, std::memory_order_release);  // the caller may return now
       idle_since = Clock::now();
       continue;
     }

@@ -50,6 +50,10 @@ class WarmLane {
  private:
   struct Job {
     absl::FunctionRef<void()> fn;
+    // Set by the lane once it is done with the job: the caller waits for this, not for
+    // the slot, so that it touches nothing of the lane after handing the job over (the
+    // lane may be destroyed as soon as its slot is free again).
+    std::atomic<bool> done{false};
   };
   // The slot's markers: the lane sleeps, stops, or does its idle work (when a caller
   // runs its job itself, as when the lane is busy). None is a job's address.
