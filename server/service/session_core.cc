@@ -102,6 +102,7 @@ void SessionCore::Accept(const v1::ChainStep& request) {
       {
         absl::MutexLock lock(&mu_);
         tag->output = WrittenBuffer(*plan);
+        tag->published = plan->created == nullptr;
         for (const std::string& d : dep_names) tag->deps.push_back(tags_.at(d).get());
         tags_.emplace(name, std::move(owned));
         ++executing_;
@@ -177,6 +178,7 @@ void SessionCore::SubmitAccepted() {
       if (op.ok()) {
         a.plan.created = created;
         RecordTemporary(a);
+        MarkPublished(a.tag);
       } else {
         Refuse(a.tag, a.kind, op.status());
       }
@@ -190,6 +192,20 @@ void SessionCore::Published(Accepted& accepted) {
   // Published only once its writer is queued (SubmitReserved says why).
   ctx_.registry.Publish(accepted.plan.created);
   RecordTemporary(accepted);
+  MarkPublished(accepted.tag);
+}
+
+void SessionCore::MarkPublished(Tag* tag) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    tag->published = true;
+    // The operation may have finished before its output was published: its answer,
+    // and those of its dependents, were held back until now.
+    DecideLocked(tag);
+    actions = NextActionsLocked();
+  }
+  Run(std::move(actions));
 }
 
 void SessionCore::RecordTemporary(const Accepted& accepted) {
@@ -248,7 +264,7 @@ void SessionCore::DecideLocked(Tag* first) {
   while (!work.empty()) {
     Tag* tag = work.back();
     work.pop_back();
-    if (tag->decided || !tag->executed) continue;
+    if (tag->decided || !tag->executed || !tag->published) continue;
     auto undecided =
         std::find_if(tag->deps.begin(), tag->deps.end(), [](const Tag* d) { return !d->decided; });
     if (undecided != tag->deps.end()) {

@@ -61,6 +61,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     std::weak_ptr<BufferEntry> output;
     std::vector<Tag*> deps;  // until decided
     bool executed = false;
+    // False while the new buffer the operation creates is queued but not yet in the
+    // registry: the answer waits for it, so that a client holding the answer always
+    // finds the buffer by its id.
+    bool published = true;
     v1::Operation result;  // once executed, until decided
     bool decided = false;
     absl::Status error;         // once decided
@@ -93,6 +97,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // after a refused one are queued one by one, or refused if they depend on it.
   void SubmitAccepted();
   void Published(Accepted& accepted);
+  // The tag's new output is in the registry: its answer may go.
+  void MarkPublished(Tag* tag);
   void RecordTemporary(const Accepted& accepted);
   // A tag whose operation was planned and then refused: answered as failed.
   void Refuse(Tag* tag, v1::OperationKind kind, const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
