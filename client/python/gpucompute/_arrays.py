@@ -52,16 +52,16 @@ def layout_enum(layout):
 
 
 class TaggedOutput:
-    """The output of an operation of a session, named by the reference "tag:<t>"
-    (`ref`), which only later operations of the same session understand
-    (_session.Pending)."""
+    """The output of an operation of a session or chain, named by the reference
+    "tag:<t>" (`ref`), which only later operations of the same session or chain
+    understand (_session.Pending, _chain.Step)."""
 
     __slots__ = ("ref",)
 
 
 def buffer_ref(value):
     """A buffer's id or name, from a handle or a string (or a View that is its whole
-    buffer, or a session's tagged output); where a view cannot stand, a View
+    buffer, or a session's or chain's tagged output); where a view cannot stand, a View
     of it is a TypeError."""
     if isinstance(value, RemoteArrayInfo):
         return value.id

@@ -221,7 +221,7 @@ class Methods:
     """The multi-callables of the services on one channel (blocking or grpc.aio:
     both channels make them the same way). Upload takes messages serialized by
     upload_messages and Download yields decode_download's pairs, so chunks skip a
-    protobuf copy each way; Session takes serialized messages too."""
+    protobuf copy each way; Session and RunChain take serialized messages too."""
 
     def __init__(self, channel):
         for service, methods in _SERVICE_METHODS.items():
@@ -232,6 +232,10 @@ class Methods:
                 response = getattr(v1, descriptor.output_type.name)
                 if method == "Upload":
                     callable_ = channel.stream_unary(
+                        path, request_serializer=None, response_deserializer=response.FromString)
+                elif method == "RunChain":
+                    # Takes the bytes a Chain serialized once (_chain).
+                    callable_ = channel.unary_unary(
                         path, request_serializer=None, response_deserializer=response.FromString)
                 elif method == "Session":
                     # Takes messages serialized by _session (operations serialized

@@ -6,8 +6,8 @@ import threading
 
 import grpc
 
-from . import (_arrays, _connection, _operations, _requests, _session, _shm, _transfers,
-               _views)
+from . import (_arrays, _chain, _connection, _operations, _requests, _session, _shm,
+               _transfers, _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -256,6 +256,11 @@ class Client(_operations.Operations):
         round trip each, whose Pendings resolve as the server answers; a context
         manager. Its operations run on `stream` where they name none."""
         return _session.Session(self, stream)
+
+    def chain(self, stream=None):
+        """A new, empty Chain (gpucompute._chain.Chain) of operations that run
+        together in one RunChain call, on `stream` where they name none."""
+        return _chain.Chain(self, stream)
 
     def _limits(self):
         """The server's Limits, asked for once."""
