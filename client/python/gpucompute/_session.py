@@ -18,6 +18,8 @@ its temporaries, deleted when the session ends; named outputs, and outputs writt
 existing buffers, stay.
 """
 
+import collections
+import itertools
 import threading
 
 import grpc
@@ -159,17 +161,24 @@ class Session(_operations.Operations):
         self._client = client
         self._suffix = stream_suffix(stream)
         self._max_ops = max(1, client._limits().max_session_in_flight)
+        # The submitting threads, gRPC's sending thread and the reader share these
+        # without a lock where one step of the interpreter suffices (a deque's append
+        # and popleft, a dict's set and pop, next() of a counter): a lock taken for
+        # every operation would make them queue behind each other. The lock is for
+        # waits, and each waiter counts itself (under it) before it checks its
+        # condition, so that the thread that changes the condition sees it and wakes it.
         self._condition = threading.Condition(threading.Lock())
-        # Guarded by _condition: the serialized operations not yet sent, the count of
-        # submits, the unanswered Pendings by tag, the failed ones, and the state.
-        self._queued = []
-        self._submitted = 0
-        self._unanswered = {}
-        self._own_tags = set()  # the tags given to submit()
+        self._queued = collections.deque()  # serialized operations not yet sent
+        self._count = itertools.count(1)
+        self._unanswered = {}  # tag -> Pending
         self._failed = []
+        self._own_tags = set()  # the tags given to submit(), under the lock
+        self._sender_idle = False
+        self._room_waiters = 0
+        self._answer_waiters = 0
         self._closing = False
-        self._end_error = None
         self._ended = False
+        self._end_error = None
         self._cancelled = False
         self._end_reported = False
         self._call = client._rpc.Session(self._messages(), metadata=client.options.metadata)
@@ -186,29 +195,27 @@ class Session(_operations.Operations):
         ValueError: answers are matched by tag). Runs on the session's stream where
         the request names none."""
         del wait  # a session never waits; Pending.result() does
+        if self._closing:
+            raise ValueError("the session is closed")
         if tag is not None:
             self._claim(tag)
         data = request.SerializeToString()
         if self._suffix and not request.stream_id:
             data += self._suffix
-        condition = self._condition
-        with condition:
-            if self._closing:
-                raise ValueError("the session is closed")
-            self._submitted += 1
-            seq = self._submitted
-            pending = Pending(self, seq, tag if tag is not None else f"#{seq}")
-            while len(self._queued) >= self._max_ops and not self._ended:
-                condition.wait()
-            if self._ended:
-                pending._error = _copy(self._end_error)
-                self._failed.append(pending)
-                self._end_reported = True
-                return pending
-            self._unanswered[pending.tag] = pending
-            self._queued.append(session_op_bytes(pending.tag, data))
-            if len(self._queued) == 1:
-                condition.notify_all()  # the sender may be waiting for work
+        seq = next(self._count)
+        pending = Pending(self, seq, f"#{seq}" if tag is None else tag)
+        queued = self._queued
+        if len(queued) >= self._max_ops:
+            self._wait_for_room()
+        self._unanswered[pending.tag] = pending
+        queued.append(session_op_bytes(pending.tag, data))
+        if self._sender_idle:
+            with self._condition:
+                self._condition.notify_all()
+        if self._ended:  # the call ended meanwhile
+            with self._condition:
+                self._fail_unanswered(pending.tag, self._end_error)
+                self._condition.notify_all()
         return pending
 
     def _claim(self, tag):
@@ -219,79 +226,101 @@ class Session(_operations.Operations):
                 raise ValueError(f"tag '{tag}' is already used in this session")
             self._own_tags.add(tag)
 
+    def _wait_for_room(self):
+        """Blocks while a full message waits to be sent."""
+        with self._condition:
+            self._room_waiters += 1
+            self._condition.wait_for(
+                lambda: len(self._queued) < self._max_ops or self._ended)
+            self._room_waiters -= 1
+
     def _messages(self):
         """The session's requests, serialized: gRPC's sending thread takes the next one
         when the previous one is sent, which packs every operation queued meanwhile."""
-        condition = self._condition
+        queued = self._queued
         while True:
-            with condition:
-                while not self._queued and not self._closing and not self._ended:
-                    condition.wait()
-                if self._ended or not self._queued:
-                    return  # closing: the end of the requests (WritesDone)
-                queued = self._queued
-                count, size = 0, 0
-                while count < len(queued) and count < self._max_ops:
-                    size += len(queued[count])
-                    count += 1
-                    if size >= MAX_BATCH_BYTES:
-                        break
-                batch = queued[:count]
-                del queued[:count]
-                condition.notify_all()  # submits waiting for room
+            if not queued:
+                with self._condition:
+                    self._sender_idle = True
+                    self._condition.wait_for(lambda: queued or self._closing or self._ended)
+                    self._sender_idle = False
+            if self._ended or not queued:
+                return  # closing: the end of the requests (WritesDone)
+            batch = [queued.popleft()]
+            size = len(batch[0])
+            while queued and len(batch) < self._max_ops and size < MAX_BATCH_BYTES:
+                batch.append(queued.popleft())
+                size += len(batch[-1])
+            if self._room_waiters:
+                with self._condition:
+                    self._condition.notify_all()
             yield b"".join(batch)
 
     # Answers --------------------------------------------------------------
 
     def _read(self):
         error = None
+        unanswered = self._unanswered
         try:
             for response in self._call:
-                with self._condition:
-                    for answer in response.answers:
-                        pending = self._unanswered.pop(answer.tag, None)
-                        if pending is None:
-                            continue
-                        operation = answer.operation
-                        if operation.state == _FAILED:
-                            pending._error = error_for(operation.error_code,
-                                                       operation.error_message, operation)
-                            self._failed.append(pending)
-                        else:
-                            pending._operation = operation
-                    self._condition.notify_all()
+                for answer in response.answers:
+                    pending = unanswered.pop(answer.tag, None)
+                    if pending is None:
+                        continue
+                    operation = answer.operation
+                    if operation.state == _FAILED:
+                        pending._error = error_for(operation.error_code,
+                                                   operation.error_message, operation)
+                        self._failed.append(pending)
+                    else:
+                        pending._operation = operation
+                if self._answer_waiters:
+                    with self._condition:
+                        self._condition.notify_all()
         except grpc.RpcError as rpc_error:
             error = from_rpc_error(rpc_error)
+        if error is None and unanswered:
+            # The server answers every operation it read: these were submitted while
+            # the session closed.
+            error = error_for(grpc.StatusCode.CANCELLED,
+                              "the session closed before the operation was sent")
         with self._condition:
-            if error is None and self._unanswered:
-                error = error_for(grpc.StatusCode.INTERNAL,
-                                  f"the server ended the session with {len(self._unanswered)} "
-                                  "operations unanswered")
-            self._ended = True
             self._end_error = error
-            self._end_reported = bool(self._unanswered)
-            for pending in self._unanswered.values():
-                pending._error = _copy(error)
-                self._failed.append(pending)
-            self._unanswered.clear()
+            self._ended = True  # before the sweep: a submit after it fails its own
+            while unanswered:
+                self._fail_unanswered(next(iter(unanswered)), error)
             self._queued.clear()
             self._condition.notify_all()
+
+    def _fail_unanswered(self, tag, error):
+        """Fails the unanswered operation `tag` with the error that ended the call;
+        under the lock, whose waiters the caller wakes."""
+        pending = self._unanswered.pop(tag, None)
+        if pending is not None:
+            pending._error = _copy(error)
+            self._failed.append(pending)
+            self._end_reported = True
 
     def _wait_for(self, pending, timeout):
         if pending.done():
             return
+        self._wait_until(pending.done, timeout, lambda: f"{pending.ref} was not answered")
+
+    def _wait_until(self, predicate, timeout, what):
         with self._condition:
-            if not self._condition.wait_for(pending.done, timeout):
-                raise TimeoutError(f"{pending.ref} was not answered in {timeout} s")
+            self._answer_waiters += 1
+            try:
+                if not self._condition.wait_for(predicate, timeout):
+                    raise TimeoutError(f"{what()} in {timeout} s")
+            finally:
+                self._answer_waiters -= 1
 
     # Ending ---------------------------------------------------------------
 
     def wait(self, timeout=None):
         """Waits until every operation submitted so far is answered."""
-        with self._condition:
-            if not self._condition.wait_for(lambda: not self._unanswered, timeout):
-                raise TimeoutError(f"{len(self._unanswered)} operations of the session "
-                                   f"were not answered in {timeout} s")
+        self._wait_until(lambda: not self._unanswered, timeout,
+                         lambda: f"{len(self._unanswered)} operations were not answered")
 
     def failures(self):
         """The Pendings of failed operations whose result nobody asked for, in

@@ -81,11 +81,11 @@ class Client(_operations.Operations):
         self.options = _connection.Options(target, **options)
         self._channel = self.options.open_channel(grpc, channel_options)
         self._rpc = _connection.Methods(self._channel)
+        self._server_limits = None  # asked for once, by _limits()
         self._submissions = _Submissions(self)
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = threading.Lock()
-        self._server_limits = None
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls
