@@ -4,6 +4,8 @@ against a real server. Every wait is bounded, so that a hang fails the test."""
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -288,3 +290,14 @@ def test_submit_after_close_is_refused(client):
     s.close()
     with pytest.raises(ValueError, match="the session is closed"):
         s.eval("x + 1", x=x)
+
+
+def test_the_small_operations_bench_checks_its_values(server_address):
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "bench_ops.py")
+    run = subprocess.run([sys.executable, bench, "--target", server_address, "--ops", "300",
+                          "--backend-independent"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.stdout.splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["submit", "futures", "session", "chain"]
+    assert "WRONG" not in run.stdout
