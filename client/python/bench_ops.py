@@ -3,13 +3,14 @@
 
     python3 client/python/bench_ops.py --target 127.0.0.1:50051 [--ops 20000]
 
-Four ways, each --ops operations and each checked against NumPy at the end:
+Five ways, each --ops operations and each checked against NumPy at the end:
   submit       Client.eval(wait=True): one Submit round trip per operation
   futures      Client.eval(wait=False): futures, one Submit call in flight at a time
   session      Session.eval, one operation per line, each reading the previous one's
                output by its tag (new temporaries, deleted when the session ends)
   chain        a 100-step Chain (x+1 through temporaries, the last step into x) run
                again and again: prepared from its second run on
+  aio-session  the session way through the asyncio client
 The first two write x in place (a new buffer per operation would pile up on the
 server). "ops/s" counts operations over the loop and the wait for the last answer.
 
@@ -19,6 +20,7 @@ sending, reading and matching answers).
 """
 
 import argparse
+import asyncio
 import os
 import sys
 import time
@@ -27,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpucompute  # noqa: E402
+import gpucompute.aio  # noqa: E402
 
 N = 1024
 CHAIN_STEPS = 100
@@ -62,7 +65,21 @@ def by_chain(client, x, ops):
     return x.get()
 
 
-WAYS = {"submit": by_submit, "futures": by_futures, "session": by_session, "chain": by_chain}
+def by_aio_session(client, x, ops):
+    async def run():
+        async with gpucompute.aio.connect(client.options.target, client_name="bench-ops",
+                                          progress=False) as aio_client:
+            async with aio_client.session() as session:
+                h = x.id
+                for _ in range(ops):
+                    h = await session.eval("x + 1", x=h)
+                return await (await h.array()).get()
+
+    return asyncio.run(run())
+
+
+WAYS = {"submit": by_submit, "futures": by_futures, "session": by_session, "chain": by_chain,
+        "aio-session": by_aio_session}
 
 
 def main():
@@ -83,7 +100,7 @@ def main():
     client = gpucompute.connect(args.target, client_name="bench-ops", progress=False)
     info = client.info()
     print(f"server {args.target}: backend {info.backend}, {args.ops} operations a way")
-    header = f"{'way':<8} {'ops/s':>10} {'µs/op':>8}"
+    header = f"{'way':<11} {'ops/s':>10} {'µs/op':>8}"
     if args.backend_independent:
         header += f" {'client CPU µs/op':>17}"
     print(header)
@@ -97,7 +114,7 @@ def main():
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         x.delete()
         expected = start + np.float32(10 + ops)
-        line = f"{way:<8} {ops / wall:>10,.0f} {wall / ops * 1e6:>8.1f}"
+        line = f"{way:<11} {ops / wall:>10,.0f} {wall / ops * 1e6:>8.1f}"
         if args.backend_independent:
             line += f" {cpu / ops * 1e6:>17.1f}"
         if not np.array_equal(result, expected):

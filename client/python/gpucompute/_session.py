@@ -91,6 +91,10 @@ class Pending(TaggedOutput):
         ended without running it)."""
         return self._operation is not None or self._error is not None
 
+    def _answered(self):
+        """Called once the answer is set (the blocking session wakes its waiters
+        itself)."""
+
     def result(self, timeout=None):
         """The finished Operation message. Raises the operation's error as a
         gpucompute.Error (FailedPreconditionError naming the tag for an operation that
@@ -129,7 +133,80 @@ class Pending(TaggedOutput):
         return f"<Pending {self.ref} {state}>"
 
 
-class Session(_operations.Operations):
+class SessionState:
+    """What the blocking and the asyncio sessions share: the unanswered Pendings by tag,
+    the failed ones, and how the call ended. Each session serializes the calls of the
+    methods that end it (_end, _fail_unanswered, _error_at_close) its own way."""
+
+    def __init__(self):
+        self._unanswered = {}  # tag -> Pending
+        self._failed = []
+        self._ended = False
+        self._end_error = None
+        self._cancelled = False
+        self._end_reported = False
+
+    def _resolve(self, response):
+        """Resolves the Pendings a SessionResponse answers."""
+        unanswered = self._unanswered
+        for answer in response.answers:
+            pending = unanswered.pop(answer.tag, None)
+            if pending is None:
+                continue
+            operation = answer.operation
+            if operation.state == _FAILED:
+                pending._error = error_for(operation.error_code, operation.error_message,
+                                           operation)
+                self._failed.append(pending)
+            else:
+                pending._operation = operation
+            pending._answered()
+
+    def _end(self, error):
+        """Marks the call ended with `error` (None: ended as it should) and fails the
+        operations still unanswered with it."""
+        unanswered = self._unanswered
+        if error is None and unanswered:
+            # The server answers every operation it read: these were submitted while
+            # the session closed.
+            error = error_for(grpc.StatusCode.CANCELLED,
+                              "the session closed before the operation was sent")
+        self._end_error = error
+        self._ended = True  # before the sweep: a submit after it fails its own
+        while unanswered:
+            self._fail_unanswered(next(iter(unanswered)), error)
+
+    def _fail_unanswered(self, tag, error):
+        """Fails the unanswered operation `tag` with the error that ended the call."""
+        pending = self._unanswered.pop(tag, None)
+        if pending is not None:
+            pending._error = _copy(error)
+            self._failed.append(pending)
+            self._end_reported = True
+            pending._answered()
+
+    def failures(self):
+        """The Pendings of failed operations whose result nobody asked for, in
+        submission order (close() raises the first)."""
+        return sorted((p for p in self._failed if not p._observed), key=lambda p: p._seq)
+
+    def _error_at_close(self):
+        """What close() raises: the first failure nobody looked at (a note counts the
+        others), else the error that ended the call where no operation reported it."""
+        failures = SessionState.failures(self)  # the caller holds what guards it
+        for pending in failures:
+            pending._observed = True
+        end_error = None if self._cancelled or self._end_reported else self._end_error
+        self._end_reported = True
+        if failures:
+            error = failures[0]._error
+            if len(failures) > 1 and hasattr(error, "add_note"):
+                error.add_note(f"{len(failures) - 1} more operations of the session failed")
+            return error
+        return None if end_error is None else _copy(end_error)
+
+
+class Session(SessionState, _operations.Operations):
     """One SessionService.Session call of a client (Client.session()).
 
     submit() and the operations (eval, reduce, matmul, gemv, rand.*) return a Pending at
@@ -158,6 +235,7 @@ class Session(_operations.Operations):
     """
 
     def __init__(self, client, stream=None):
+        super().__init__()
         self._client = client
         self._suffix = stream_suffix(stream)
         self._max_ops = max(1, client._limits().max_session_in_flight)
@@ -170,17 +248,11 @@ class Session(_operations.Operations):
         self._condition = threading.Condition(threading.Lock())
         self._queued = collections.deque()  # serialized operations not yet sent
         self._count = itertools.count(1)
-        self._unanswered = {}  # tag -> Pending
-        self._failed = []
         self._own_tags = set()  # the tags given to submit(), under the lock
         self._sender_idle = False
         self._room_waiters = 0
         self._answer_waiters = 0
         self._closing = False
-        self._ended = False
-        self._end_error = None
-        self._cancelled = False
-        self._end_reported = False
         self._call = client._rpc.Session(self._messages(), metadata=client.options.metadata)
         self._reader = threading.Thread(target=self._read, name="gpucompute-session",
                                         daemon=True)
@@ -263,43 +335,15 @@ class Session(_operations.Operations):
         unanswered = self._unanswered
         try:
             for response in self._call:
-                for answer in response.answers:
-                    pending = unanswered.pop(answer.tag, None)
-                    if pending is None:
-                        continue
-                    operation = answer.operation
-                    if operation.state == _FAILED:
-                        pending._error = error_for(operation.error_code,
-                                                   operation.error_message, operation)
-                        self._failed.append(pending)
-                    else:
-                        pending._operation = operation
+                self._resolve(response)
                 if self._answer_waiters:
                     with self._condition:
                         self._condition.notify_all()
         except grpc.RpcError as rpc_error:
             error = from_rpc_error(rpc_error)
-        if error is None and unanswered:
-            # The server answers every operation it read: these were submitted while
-            # the session closed.
-            error = error_for(grpc.StatusCode.CANCELLED,
-                              "the session closed before the operation was sent")
         with self._condition:
-            self._end_error = error
-            self._ended = True  # before the sweep: a submit after it fails its own
-            while unanswered:
-                self._fail_unanswered(next(iter(unanswered)), error)
-            self._queued.clear()
+            self._end(error)
             self._condition.notify_all()
-
-    def _fail_unanswered(self, tag, error):
-        """Fails the unanswered operation `tag` with the error that ended the call;
-        under the lock, whose waiters the caller wakes."""
-        pending = self._unanswered.pop(tag, None)
-        if pending is not None:
-            pending._error = _copy(error)
-            self._failed.append(pending)
-            self._end_reported = True
 
     def _wait_for(self, pending, timeout):
         if pending.done():
@@ -323,10 +367,10 @@ class Session(_operations.Operations):
                          lambda: f"{len(self._unanswered)} operations were not answered")
 
     def failures(self):
-        """The Pendings of failed operations whose result nobody asked for, in
-        submission order (close() raises the first)."""
         with self._condition:
-            return sorted((p for p in self._failed if not p._observed), key=lambda p: p._seq)
+            return super().failures()
+
+    failures.__doc__ = SessionState.failures.__doc__
 
     def close(self, timeout=None):
         """Ends the submissions, waits for every answer and the end of the call, and
@@ -339,20 +383,9 @@ class Session(_operations.Operations):
         if self._reader.is_alive():
             raise TimeoutError(f"the session did not end in {timeout} s")
         with self._condition:
-            failures = sorted((p for p in self._failed if not p._observed),
-                              key=lambda p: p._seq)
-            for pending in failures:
-                pending._observed = True
-            # The error that ended the call, where no operation reported it.
-            end_error = None if self._cancelled or self._end_reported else self._end_error
-            self._end_reported = True
-        if failures:
-            error = failures[0]._error
-            if len(failures) > 1 and hasattr(error, "add_note"):
-                error.add_note(f"{len(failures) - 1} more operations of the session failed")
+            error = self._error_at_close()
+        if error is not None:
             raise error
-        if end_error is not None:
-            raise _copy(end_error)
 
     def cancel(self):
         """Cancels the call: unanswered operations fail with CANCELLED; the server

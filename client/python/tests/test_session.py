@@ -299,5 +299,51 @@ def test_the_small_operations_bench_checks_its_values(server_address):
                           "--backend-independent"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.stdout.splitlines()[2:]
-    assert [row.split()[0] for row in rows] == ["submit", "futures", "session", "chain"]
+    assert [row.split()[0] for row in rows] == ["submit", "futures", "session", "chain",
+                                                 "aio-session"]
     assert "WRONG" not in run.stdout
+
+
+def test_the_asyncio_session(server_address, request):
+    import asyncio
+    import gpucompute.aio
+
+    host = np.arange(1024, dtype=np.float32)
+
+    async def main():
+        async with gpucompute.aio.connect(server_address, client_name=request.node.name,
+                                          progress=False) as c:
+            x = await c.put(host)
+            async with c.session() as s:
+                h = x
+                for _ in range(3000):  # past max_session_in_flight
+                    h = await s.eval("x + 1", x=h)
+                assert isinstance(h, gpucompute.Pending) and h.ref == "tag:#3000"
+                total = await s.reduce("sum", h)
+                assert (await total.array(timeout=WAIT)).value == np.sum(host + 3000)
+                result = await h.array(timeout=WAIT)
+                np.testing.assert_array_equal(await result.get(), host + 3000)
+                ids = {b.id for b in await c.buffers()}
+                assert result.id in ids and len(ids) == 3002  # x, 3000 and the sum's
+                await s.wait(timeout=WAIT)
+            assert [b.id for b in await c.buffers()] == [x.id]  # temporaries gone
+
+            with pytest.raises(gpucompute.InvalidArgumentError) as raised:
+                async with c.session() as s:
+                    bad = await s.eval("x +", x=x)
+                    dependent = await s.eval("b * 2", b=bad)
+                    fine = await s.eval("x * 2", x=x)
+                    with pytest.raises(gpucompute.FailedPreconditionError) as failed:
+                        await dependent.result(timeout=WAIT)
+                    assert failed.value.details.startswith("input 'b': depends on tag '#1'")
+            assert raised.value.details.startswith("at position 3: expected a number")
+            assert fine.done() and await fine.exception() is None
+
+            with pytest.raises(KeyError):
+                async with c.session() as s:
+                    await (await s.eval("x + 1", x=x)).result(timeout=WAIT)
+                    raise KeyError("mine")
+            assert [b.id for b in await c.buffers()] == [x.id]
+            await x.delete()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
