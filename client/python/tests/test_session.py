@@ -256,19 +256,24 @@ def test_a_revoked_token_ends_the_session(tmp_path):
 
 
 def test_the_server_going_away_fails_pending_operations_without_a_hang():
-    with start_server(memory_limit=64 << 20) as address:
+    with start_server(memory_limit=256 << 20) as address:
         with gpucompute.connect(address, progress=False) as c:
             x = c.put(np.arange(4.0))
+            big = c.create(1 << 25, "float32", fill=0.5)
             s = c.session()
             idle = c.session()
             assert s.eval("x + 1", x=x).result(timeout=WAIT).done
+            # Unanswered when the server dies: a slow operation, and those behind it.
+            in_flight = [s.reduce("sum", "sin(b)*cos(b) + sqrt(b) + exp(b)", b=big)]
+            in_flight += [s.eval("x + 1", x=x) for _ in range(100)]
+            assert not in_flight[-1].done()
             process = SERVER_PROCESSES[address]
             os.kill(process.pid, signal.SIGKILL)
             process.wait(WAIT)
             pending = s.eval("x + 1", x=x)
-            error = pending.exception(timeout=WAIT)
-            assert isinstance(error, gpucompute.UnavailableError)
-            s.close(timeout=WAIT)  # the one failure was looked at
+            for p in in_flight + [pending]:
+                assert isinstance(p.exception(timeout=WAIT), gpucompute.UnavailableError)
+            s.close(timeout=WAIT)  # every failure was looked at
             # No operation reported the end of this one: closing does.
             with pytest.raises(gpucompute.UnavailableError):
                 idle.close(timeout=WAIT)
