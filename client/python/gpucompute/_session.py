@@ -332,7 +332,6 @@ class Session(SessionState, _operations.Operations):
 
     def _read(self):
         error = None
-        unanswered = self._unanswered
         try:
             for response in self._call:
                 self._resolve(response)
@@ -388,8 +387,9 @@ class Session(SessionState, _operations.Operations):
             raise error
 
     def cancel(self):
-        """Cancels the call: unanswered operations fail with CANCELLED; the server
-        still runs those it queued, and deletes the session's temporaries."""
+        """Cancels the call: unanswered operations fail with CANCELLED at once; the
+        server still runs those it queued, and deletes the session's temporaries once
+        it sees the cancellation (a moment later; after close(), they are gone)."""
         with self._condition:
             self._closing = True
             self._cancelled = True

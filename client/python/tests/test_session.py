@@ -19,6 +19,16 @@ from conftest import SERVER_PROCESSES, start_server
 WAIT = 30  # seconds any one answer may take
 
 
+def eventually(predicate):
+    """Whether `predicate` becomes true within WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_operations_feed_each_other_by_tag(client):
     host = np.random.default_rng(1).standard_normal(1000)
     x = client.put(host)
@@ -286,7 +296,8 @@ def test_an_exception_in_the_block_cancels_the_session(client):
             s.eval("x + 1", x=x).result(timeout=WAIT)
             raise KeyError("mine")
     assert s._reader.is_alive() is False
-    assert [b.id for b in client.buffers()] == [x.id]  # the temporary went with it
+    # The server deletes the temporary once it sees the cancellation, on its own time.
+    assert eventually(lambda: [b.id for b in client.buffers()] == [x.id])
 
 
 def test_submit_after_close_is_refused(client):
@@ -348,6 +359,10 @@ def test_the_asyncio_session(server_address, request):
                 async with c.session() as s:
                     await (await s.eval("x + 1", x=x)).result(timeout=WAIT)
                     raise KeyError("mine")
+            for _ in range(WAIT * 100):  # deleted once the server sees the cancellation
+                if [b.id for b in await c.buffers()] == [x.id]:
+                    break
+                await asyncio.sleep(0.01)
             assert [b.id for b in await c.buffers()] == [x.id]
             await x.delete()
 
