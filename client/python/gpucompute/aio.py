@@ -13,7 +13,8 @@ import asyncio
 import grpc
 import grpc.aio
 
-from . import _arrays, _connection, _operations, _requests, _shm, _transfers, _views
+from . import (_aio_session, _arrays, _connection, _operations, _requests, _shm, _transfers,
+               _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, from_rpc_error
 
@@ -67,6 +68,7 @@ class Client(_operations.Operations):
         self.options = _connection.Options(target, **options)
         self._channel = self.options.open_channel(grpc.aio, channel_options)
         self._rpc = _connection.Methods(self._channel)
+        self._server_limits = None  # asked for once, by _limits()
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = asyncio.Lock()
@@ -183,6 +185,20 @@ class Client(_operations.Operations):
         submitted.CopyFrom(request)
         submitted.wait = wait
         operation = await self._call("Submit", submitted)
+        return RemoteArray(self, _operations.output_of(operation), operation)
+
+    def session(self, stream=None):
+        """A session (gpucompute._aio_session.AsyncSession), opened by `async with` or
+        its first submit: as Client.session, with coroutines."""
+        return _aio_session.AsyncSession(self, stream)
+
+    async def _limits(self):
+        """The server's Limits, asked for once."""
+        if self._server_limits is None:
+            self._server_limits = (await self.info()).limits
+        return self._server_limits
+
+    def _result(self, operation):
         return RemoteArray(self, _operations.output_of(operation), operation)
 
     async def _wait_operation(self, operation):
