@@ -48,6 +48,13 @@ def _axes(axes, ndim):
     return normalized
 
 
+def slice_of(part):
+    """The Python slice of an IndexItem's slice."""
+    return slice(part.start if part.HasField("start") else None,
+                 part.stop if part.HasField("stop") else None,
+                 part.step if part.HasField("step") else None)
+
+
 def _index_shape(items, shape):
     consumed = sum(1 for item in items if item.WhichOneof("item") in ("index", "slice"))
     if sum(1 for item in items if item.WhichOneof("item") == "ellipsis") > 1:
@@ -65,11 +72,7 @@ def _index_shape(items, shape):
                                  f"size {shape[axis]}")
             axis += 1
         elif which == "slice":
-            part = item.slice
-            bounds = slice(part.start if part.HasField("start") else None,
-                           part.stop if part.HasField("stop") else None,
-                           part.step if part.HasField("step") else None)
-            result.append(len(range(*bounds.indices(shape[axis]))))
+            result.append(len(range(*slice_of(item.slice).indices(shape[axis]))))
             axis += 1
         elif which == "new_axis":
             result.append(1)
