@@ -15,6 +15,7 @@ in `gpucompute.v1` (e.g. gpucompute.v1.SubmitRequest), built at import from the
 shipped descriptor.
 """
 
+from ._interop import ZeroCopyError, from_dlpack
 from ._proto import v1
 from ._views import View
 from .client import Client, RemoteArray, connect
@@ -29,5 +30,5 @@ __all__ = [
     "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "UnauthenticatedError",
-    "UnavailableError", "View", "connect", "v1",
+    "UnavailableError", "View", "ZeroCopyError", "connect", "from_dlpack", "v1",
 ]

@@ -74,6 +74,8 @@ class _CtypesRuntime:
         library.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
         library.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(_IpcMemHandle), ctypes.c_void_p]
         library.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        library.cudaGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        library.cudaSetDevice.argtypes = [ctypes.c_int]
 
     def _check(self, status, call):
         if status != 0:
@@ -103,6 +105,15 @@ class _CtypesRuntime:
     def synchronize_stream(self, stream):
         self._check(self._lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
+    def synchronize_device(self, device):
+        current = ctypes.c_int()
+        self._check(self._lib.cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
+        self._check(self._lib.cudaSetDevice(device), "cudaSetDevice")
+        try:
+            self._check(self._lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        finally:
+            self._lib.cudaSetDevice(current.value)
+
 
 class _CupyRuntime:
     """cupy.cuda.runtime, where no libcudart could be loaded."""
@@ -127,6 +138,14 @@ class _CupyRuntime:
 
     def synchronize_stream(self, stream):
         self._run("streamSynchronize", stream)
+
+    def synchronize_device(self, device):
+        current = self._run("getDevice")
+        self._run("setDevice", device)
+        try:
+            self._run("deviceSynchronize")
+        finally:
+            self._run("setDevice", current)
 
 
 _lock = threading.Lock()

@@ -15,6 +15,7 @@ import operator
 import numpy as np
 
 from ._proto import v1
+from ._protocols import ZeroCopyMethods
 
 
 def _integer(value, what):
@@ -223,7 +224,7 @@ class ViewMethods:
         return self._with_step(step)
 
 
-class View(ViewMethods):
+class View(ViewMethods, ZeroCopyMethods):
     """A view of a remote array: its buffer and the steps that make the view.
 
     Usable wherever a buffer is passed: eval's inputs and `out=`, reduce, gemv, matmul,

@@ -1,18 +1,33 @@
-"""Zero-copy into CuPy, PyTorch and Numba: the structures of __cuda_array_interface__
-and DLPack, view layouts and the CUDA runtime's IPC calls.
+"""Zero-copy into CuPy, PyTorch and Numba (gpucompute._interop): __cuda_array_interface__,
+DLPack and imports of device arrays through CUDA IPC.
 
-Checked against NumPy's own conventions and its DLPack consumer, with pointers into
-host memory: no GPU needed.
+Three parts:
+- the protocols' structures, checked against NumPy's own conventions and its DLPack
+  consumer, with pointers into host memory: no GPU needed;
+- the export and import logic against a real CPU server, with the CUDA calls and the
+  two CUDA-only RPCs replaced by stand-ins that record what they were asked: no GPU
+  needed;
+- the real thing on a CUDA server with --allow-cuda-ipc, with CuPy (and PyTorch and
+  Numba where installed); skipped, saying why, without them or a GPU. Run there as
+  GPUCOMPUTE_SERVER_BIN=build/server/gpucompute-server python3 -m pytest -q \
+      client/python/tests/test_zero_copy.py
+And the CPU backend's refusal, which runs everywhere.
 """
 
 import ctypes
 import gc
+import socket
+import time
 import types
 
+import gpucompute
+import grpc
 import numpy as np
 import pytest
-from gpucompute import _cuda, _dlpack, _strides
+from gpucompute import _cuda, _dlpack, _interop, _shm, _strides, v1
 from gpucompute._views import ViewMethods
+
+from conftest import client_name_for, start_server
 
 # --- The protocols' structures ------------------------------------------------------
 
@@ -237,8 +252,513 @@ def test_the_runtime_passes_ipc_handles_byte_for_byte():
                                     cudaIpcGetMemHandle=get_handle,
                                     **{name: (lambda *args: 0) for name in (
                                         "cudaGetErrorName", "cudaGetLastError",
-                                        "cudaIpcCloseMemHandle", "cudaStreamSynchronize")})
+                                        "cudaIpcCloseMemHandle", "cudaStreamSynchronize",
+                                        "cudaGetDevice", "cudaSetDevice")})
     runtime = _cuda._CtypesRuntime(library)
     assert runtime.open_handle(handle) == 0x1234
     assert opened == [(handle, 1)]  # with cudaIpcMemLazyEnablePeerAccess
     assert runtime.get_handle(0x5678) == handle
+
+
+# --- Export and import logic, with CUDA stood in for --------------------------------
+
+# Where the stand-in runtime "maps" exported buffers: never dereferenced.
+_FAKE_BASE = 0x7F0000000000
+
+
+class _FakeCuda:
+    """Records the CUDA calls of _interop; maps the k-th opened handle at
+    _FAKE_BASE + k * 2**32 and closes what it opened."""
+
+    def __init__(self):
+        self.open = {}
+        self.closed = []
+        self.synchronized = []
+
+    def runtime(self):
+        return self
+
+    def open_handle(self, handle):
+        pointer = _FAKE_BASE + (len(self.open) << 32)
+        self.open[pointer] = handle
+        return pointer
+
+    def close_handle(self, pointer):
+        assert pointer in self.open and pointer not in self.closed
+        self.closed.append(pointer)
+
+    def get_handle(self, pointer):
+        return pointer.to_bytes(8, "little").ljust(64, b"H")
+
+    def synchronize_stream(self, stream):
+        self.synchronized.append(stream)
+
+    def synchronize_device(self, device):
+        self.synchronized.append(f"device {device}")
+
+
+class _FakeServer:
+    """Stands in for the CUDA-only RPCs on a CPU server: ExportBuffer answers for
+    buffers in `exportable` (and creates real buffers), RegisterRegion of a CUDA IPC
+    region remembers it, CopyFromRegion uploads the host bytes the region stands for."""
+
+    def __init__(self, client, monkeypatch):
+        self.client = client
+        self.exportable = set()
+        self.calls = []
+        self.regions = {}
+        self.memory = {}  # fake allocation base -> host array whose bytes it holds
+        real_call = client._call
+
+        def call(method, request, timeout=True):
+            self.calls.append((method, request))
+            handler = getattr(self, method, None)
+            if handler is None:
+                return real_call(method, request, timeout)
+            return handler(request, real_call)
+
+        monkeypatch.setattr(client, "_call", call)
+        # Releases call without waiting; recorded here as "later:<method>".
+        call_later = _interop._call_later
+
+        def later(client, method, request):
+            self.calls.append((f"later:{method}", request))
+            if method == "UnregisterRegion":
+                self.UnregisterRegion(request, None)
+            else:
+                call_later(client, method, request)
+
+        monkeypatch.setattr(_interop, "_call_later", later)
+
+    def ExportBuffer(self, request, real_call):
+        if request.HasField("create"):
+            info = real_call("CreateBuffer", request.create).buffer
+            self.exportable.add(info.id)
+        else:
+            info = real_call("GetBuffer", v1.GetBufferRequest(buffer=request.buffer))
+            if info.id not in self.exportable:
+                raise gpucompute.FailedPreconditionError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"buffer {info.id} was not created exportable")
+        region = v1.RegionInfo(id=f"shm-{len(self.calls):032x}",
+                               kind=v1.REGION_KIND_EXPORT, buffer=info.id)
+        return v1.ExportBufferResponse(buffer=info, region=region,
+                                       handle=info.id.encode().ljust(64, b"\0"))
+
+    def RegisterRegion(self, request, real_call):
+        region = v1.RegionInfo(id=f"shm-{len(self.calls):032x}", kind=v1.REGION_KIND_CUDA_IPC,
+                               size_bytes=request.cuda_ipc.size_bytes)
+        self.regions[region.id] = request.cuda_ipc
+        return region
+
+    def UnregisterRegion(self, request, real_call):
+        self.regions.pop(request.region_id, None)
+        return v1.UnregisterRegionResponse()
+
+    def CopyFromRegion(self, request, real_call):
+        assert request.region_id in self.regions
+        base = int.from_bytes(self.regions[request.region_id].handle[:8], "little")
+        array = self.memory[base]
+        begin = request.region_offset_bytes - _POOL_OFFSET
+        data = array.ravel(order="K").view(np.uint8)[begin:begin + request.size_bytes]
+        if request.HasField("create"):
+            create = request.create
+            host = data.view(gpucompute._arrays.numpy_dtype(create.dtype)).reshape(
+                tuple(create.shape), order="F" if create.layout == v1.LAYOUT_F else "C")
+            handle = self.client.put(host, name=create.name or None)
+        else:
+            handle = self.client.put(data.view(self.client.buffer(request.buffer).dtype),
+                                     into=request.buffer, offset_bytes=request.offset_bytes)
+        return v1.CopyRegionResponse(buffer=handle.info)
+
+
+@pytest.fixture(scope="module")
+def cpu_server():
+    with start_server(memory_limit=256 << 20, cpu_threads=1) as address:
+        yield address
+
+
+@pytest.fixture
+def faked(cpu_server, request, monkeypatch):
+    """A client of the CPU server with CUDA and its RPCs stood in for."""
+    cuda = _FakeCuda()
+    monkeypatch.setattr(_cuda, "runtime", cuda.runtime)
+    monkeypatch.setattr(_cuda, "pointer_device", lambda pointer: 0)
+    monkeypatch.setattr(_interop, "check_server", lambda client: client.info())
+    with gpucompute.connect(cpu_server, client_name=client_name_for(request),
+                            progress=False) as client:
+        server = _FakeServer(client, monkeypatch)
+        yield client, server, cuda
+        gc.collect()
+        for buffer in client.buffers():
+            buffer.delete()
+
+
+def _eventually(condition, seconds=10):
+    """Waits for what a release does without waiting: its calls to the server."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.01)
+
+
+def _methods(server):
+    return [method for method, _ in server.calls if method != "GetServerInfo"]
+
+
+def test_an_exportable_buffer_is_mapped_itself_with_each_views_offset_and_strides(
+        faked, monkeypatch):
+    client, server, cuda = faked
+    waits = []
+    wait = _interop._wait_for_writers
+
+    def record_wait(client, buffer_id, nbytes):
+        waits.append(buffer_id)
+        wait(client, buffer_id, nbytes)
+
+    monkeypatch.setattr(_interop, "_wait_for_writers", record_wait)
+    host = np.arange(30, dtype=np.float64).reshape(5, 6)
+    x = client.put(host)
+    server.exportable.add(x.id)
+    for name, view in _VIEWS + [("broadcast", lambda a: a[:, 1, None, None].broadcast_to(5, 2, 3)
+                                 if isinstance(a, ViewMethods)
+                                 else np.broadcast_to(a[:, 1, None, None], (5, 2, 3)))]:
+        interface = view(x).__cuda_array_interface__
+        expected = view(host)
+        pointer, read_only = interface["data"]
+        assert pointer - _FAKE_BASE == (expected.__array_interface__["data"][0]
+                                        - host.__array_interface__["data"][0]), name
+        assert interface["shape"] == expected.shape
+        assert all(stride == expected_stride or extent == 1 for stride, expected_stride, extent
+                   in zip(interface["strides"], expected.strides, expected.shape)), name
+        assert read_only == (name == "broadcast")
+    # One mapping for the handle, kept by it; one export.
+    assert list(cuda.open) == [_FAKE_BASE]
+    assert _methods(server).count("ExportBuffer") == 1
+    # Each export waited for the buffer's writers.
+    assert waits == [x.id] * (len(_VIEWS) + 1)
+    x.delete()
+    assert cuda.closed == []  # deleting the buffer leaves the mapping to its holder
+    del x, interface
+    gc.collect()
+    assert cuda.closed == [_FAKE_BASE]
+
+
+def test_cuda_array_interface_of_a_buffer_not_created_exportable_is_refused(faked):
+    client, server, cuda = faked
+    x = client.put(np.ones(4, np.float32))
+    with pytest.raises(gpucompute.ZeroCopyError) as error:
+        x.__cuda_array_interface__
+    assert str(error.value) == (
+        f"FAILED_PRECONDITION: buffer {x.id} was not created exportable, and only such "
+        "buffers can be mapped by CUDA IPC: create one with client.create(..., "
+        "exportable=True) and write into it with out=, or take a copy made on the device "
+        "with cupy.from_dlpack(x) / torch.from_dlpack(x)")
+    assert isinstance(error.value, BufferError)
+    with pytest.raises(gpucompute.ZeroCopyError):
+        x.__dlpack__(copy=False)
+    # Asked once; nothing mapped, nothing created.
+    assert _methods(server).count("ExportBuffer") == 1
+    assert cuda.open == {}
+    assert [b.id for b in client.buffers()] == [x.id]
+
+
+def test_dlpack_of_a_plain_buffer_is_a_device_copy_that_lives_until_the_consumer_is_done(
+        faked):
+    client, server, cuda = faked
+    host = np.arange(24, dtype=np.int32).reshape(4, 6)
+    x = client.put(host)
+    capsule = x[1:, ::2].__dlpack__(max_version=(1, 0))
+    tensor = _dlpack.ImportedTensor(capsule)
+    assert tensor.flags == _dlpack.FLAG_IS_COPIED
+    assert (tensor.shape, tensor.strides, tensor.dtype) == ((3, 3), (3, 1), np.dtype(np.int32))
+    assert tensor.device == (_dlpack.KDL_CUDA, 0)
+    (pointer,) = cuda.open
+    assert tensor.pointer == pointer
+    # The copy is a buffer of its own, made on the server by an elementwise 'x'; it and
+    # its export go when the consumer is done.
+    copy_id = cuda.open[pointer].rstrip(b"\0").decode()
+    np.testing.assert_array_equal(client.download(copy_id), host[1:, ::2])
+    assert sorted(b.id for b in client.buffers()) == sorted([x.id, copy_id])
+    export = next(r for m, r in server.calls if m == "ExportBuffer" and r.HasField("create"))
+    assert export.create == v1.CreateBufferRequest(dtype=v1.DTYPE_INT32, shape=[3, 3],
+                                                   layout=v1.LAYOUT_C, device=0)
+    assert "UnregisterRegion" not in _methods(server)
+    tensor.close()
+    assert cuda.closed == [pointer]
+    assert [m for m in _methods(server) if m.startswith("later:")] == [
+        "later:UnregisterRegion", "later:DeleteBuffer"]
+    _eventually(lambda: [b.id for b in client.buffers()] == [x.id])
+
+
+def test_dlpack_of_an_exportable_buffer_shares_it_and_the_capsule_keeps_the_mapping(faked):
+    client, server, cuda = faked
+    x = client.create((3, 4), "float32", fill=2.5, exportable=True)
+    assert _methods(server) == ["ExportBuffer", "UnregisterRegion"]
+    tensor = _dlpack.ImportedTensor(x.T.__dlpack__())
+    assert (tensor.pointer, tensor.shape, tensor.strides) == (_FAKE_BASE, (4, 3), (1, 4))
+    assert tensor.flags == 0  # legacy capsule: no flags
+    del x
+    gc.collect()
+    assert cuda.closed == []  # the tensor still holds the mapping
+    tensor.close()
+    gc.collect()
+    assert cuda.closed == [_FAKE_BASE]
+    # Its export region goes with the mapping; the buffer stays.
+    assert _methods(server)[-1] == "later:UnregisterRegion"
+    assert len(client.buffers()) == 1
+
+
+def test_dlpack_copy_true_copies_even_an_exportable_buffer(faked):
+    client, server, cuda = faked
+    x = client.create((2,), "float64", fill=1.0, exportable=True)
+    tensor = _dlpack.ImportedTensor(x.__dlpack__(copy=True, max_version=(1, 2)))
+    assert tensor.flags == _dlpack.FLAG_IS_COPIED
+    assert len(client.buffers()) == 2
+    tensor.close()
+    with pytest.raises(BufferError, match="cannot be exported to device"):
+        x.__dlpack__(dl_device=(_dlpack.KDL_CPU, 0))
+
+
+# Where a fake device array lies in its allocation, as in a memory pool.
+_POOL_OFFSET = 256
+
+
+class _FakeDeviceArray:
+    """A 'CUDA' array whose pointer is host memory, described as CuPy describes its
+    arrays."""
+
+    def __init__(self, array, server, stream=None):
+        self.array = array
+        self.stream = stream
+        server.memory[array.__array_interface__["data"][0] - _POOL_OFFSET] = array
+
+    @property
+    def __cuda_array_interface__(self):
+        a = self.array
+        return {"shape": a.shape, "typestr": a.dtype.str, "version": 3, "stream": self.stream,
+                "data": (a.__array_interface__["data"][0], False),
+                "strides": None if a.flags.c_contiguous else a.strides}
+
+
+def _fake_allocations(monkeypatch, server):
+    def allocation_of(pointer):
+        for base, array in server.memory.items():
+            if base + _POOL_OFFSET == pointer:
+                return base, _POOL_OFFSET + array.nbytes + 512, 0
+        raise AssertionError("unknown pointer")
+    monkeypatch.setattr(_cuda, "allocation_of", allocation_of)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_put_of_a_device_array_copies_its_allocation_through_a_cuda_ipc_region(
+        faked, monkeypatch, order):
+    client, server, cuda = faked
+    _fake_allocations(monkeypatch, server)
+    host = np.asfortranarray(np.arange(12.0).reshape(3, 4)) if order == "F" else \
+        np.arange(12.0).reshape(3, 4)
+    x = client.put(_FakeDeviceArray(host, server, stream=7), name="imported")
+    assert cuda.synchronized == [7]
+    register = next(r for m, r in server.calls if m == "RegisterRegion")
+    base = host.__array_interface__["data"][0] - _POOL_OFFSET
+    assert register.cuda_ipc == v1.CudaIpcMemory(
+        handle=base.to_bytes(8, "little").ljust(64, b"H"), size_bytes=_POOL_OFFSET + 96,
+        device=0)
+    copy = next(r for m, r in server.calls if m == "CopyFromRegion")
+    assert (copy.region_offset_bytes, copy.size_bytes) == (_POOL_OFFSET, 96)
+    assert copy.create.layout == (v1.LAYOUT_F if order == "F" else v1.LAYOUT_C)
+    assert (x.name, x.layout, x.shape) == ("imported", order, (3, 4))
+    np.testing.assert_array_equal(x.get(), host)
+    assert server.regions == {}  # unregistered after the copy
+    # Into an existing buffer, at an offset; an array that names no stream waits for its
+    # whole device.
+    y = client.create((5,), "float64")
+    client.put(_FakeDeviceArray(np.array([7.0, 8.0]), server), into=y, offset_bytes=16)
+    np.testing.assert_array_equal(y.get(), [0, 0, 7, 8, 0])
+    assert cuda.synchronized == [7, "device 0"]
+
+
+def test_put_of_a_non_contiguous_device_array_is_refused_before_any_call(faked, monkeypatch):
+    client, server, cuda = faked
+    _fake_allocations(monkeypatch, server)
+    with pytest.raises(TypeError, match=r"the device array \(shape \(3, 2\), strides \(4, 2\) "
+                                        r"in elements\) is not contiguous; make it so on the "
+                                        r"device first"):
+        client.put(_FakeDeviceArray(np.arange(12.0).reshape(3, 4)[:, ::2], server))
+    assert _methods(server) == []
+    assert client.buffers() == []
+
+
+def test_from_dlpack_takes_device_arrays_and_uploads_host_ones(faked, monkeypatch):
+    client, server, cuda = faked
+    _fake_allocations(monkeypatch, server)
+    x = gpucompute.from_dlpack(_FakeDeviceArray(np.arange(3, dtype=np.int64), server), client)
+    np.testing.assert_array_equal(x.get(), [0, 1, 2])
+    y = gpucompute.from_dlpack(np.arange(4.0), client, name="host")
+    assert y.name == "host"
+    np.testing.assert_array_equal(y.get(), np.arange(4.0))
+
+
+# --- The CPU backend ----------------------------------------------------------------
+
+_CPU_MESSAGE = ("FAILED_PRECONDITION: zero-copy needs the server's CUDA backend, and it runs "
+                "the cpu backend: the buffer is in host memory there; download it with get() "
+                "or np.asarray()")
+
+
+@pytest.mark.parametrize("flags", [(), ("--allow-cuda-ipc",)])
+def test_the_cpu_backend_refuses_every_zero_copy_path_and_changes_nothing(flags, request):
+    with start_server(*flags, memory_limit=64 << 20, cpu_threads=1) as address, \
+            gpucompute.connect(address, client_name=client_name_for(request),
+                               progress=False) as client:
+        x = client.put(np.arange(6.0).reshape(2, 3))
+        attempts = [lambda: x.__cuda_array_interface__, lambda: x.__dlpack__(),
+                    lambda: x.T.__dlpack_device__(), lambda: x[:, 1].__dlpack__(copy=True),
+                    lambda: client.create((2,), "float32", exportable=True)]
+        for attempt in attempts:
+            with pytest.raises(gpucompute.ZeroCopyError) as error:
+                attempt()
+            assert str(error.value) == _CPU_MESSAGE
+            assert error.value.code.name == "FAILED_PRECONDITION"
+            assert isinstance(error.value, BufferError)
+        assert [b.id for b in client.buffers()] == [x.id]
+        np.testing.assert_array_equal(x.get(), np.arange(6.0).reshape(2, 3))
+
+
+def test_a_view_of_a_name_cannot_export(faked):
+    client, _, _ = faked
+    with pytest.raises(TypeError, match="a view of an id or name has no client"):
+        gpucompute.View("x").__dlpack__()
+
+
+# --- On a GPU, with CuPy ------------------------------------------------------------
+
+
+def _cupy():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU: CuPy sees no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        pytest.skip(f"no GPU: {error}")
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def cuda_server():
+    _cupy()
+    with start_server("--backend=cuda", "--allow-cuda-ipc", "--region-idle-timeout=0",
+                      memory_limit=1 << 30) as address:
+        yield address
+
+
+@pytest.fixture
+def gpu(cuda_server, request):
+    cupy = _cupy()
+    with gpucompute.connect(cuda_server, client_name=client_name_for(request),
+                            progress=False) as client:
+        assert client.info().backend == "cuda"
+        yield client, cupy
+        gc.collect()
+        for buffer in client.buffers():
+            buffer.delete()
+
+
+def test_gpu_cupy_maps_an_exportable_buffer_and_its_views(gpu):
+    client, cupy = gpu
+    host = np.random.default_rng(1).standard_normal((64, 48)).astype(np.float32)
+    x = client.create(host.shape, "float32", exportable=True)
+    client.put(host, into=x)
+    client.eval("2*x + 1", x=x, out=x)  # the export waits for this writer
+    expected = 2 * host + 1
+    mapped = cupy.asarray(x)
+    np.testing.assert_array_equal(cupy.asnumpy(mapped), expected)
+    np.testing.assert_array_equal(cupy.asnumpy(mapped), x.get())
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(x[:, ::2])), expected[:, ::2])
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(x.T)), expected.T)
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(x[1::3, 5])), expected[1::3, 5])
+
+
+def test_gpu_writes_through_the_mapping_are_the_servers_after_synchronize(gpu):
+    client, cupy = gpu
+    x = client.create((1000,), "float64", fill=1.0, exportable=True)
+    mapped = cupy.asarray(x)
+    mapped *= 3
+    cupy.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(x.get(), np.full(1000, 3.0))
+    y = client.eval("x + 1", x=x)
+    np.testing.assert_array_equal(y.get(), np.full(1000, 4.0))
+
+
+def test_gpu_the_export_keeps_the_memory_after_the_buffer_is_deleted(gpu):
+    client, cupy = gpu
+    x = client.create((256,), "int32", fill=7, exportable=True)
+    mapped = cupy.asarray(x)
+    x.delete()
+    with pytest.raises(gpucompute.NotFoundError):
+        client.buffer(x.id)
+    # Another buffer takes memory meanwhile; the mapping still reads the old values.
+    client.create((256,), "int32", fill=9)
+    np.testing.assert_array_equal(cupy.asnumpy(mapped), np.full(256, 7, np.int32))
+    del x
+    gc.collect()
+    np.testing.assert_array_equal(cupy.asnumpy(mapped), np.full(256, 7, np.int32))
+
+
+def test_gpu_cupy_from_dlpack_copies_a_plain_buffer_on_the_device(gpu):
+    client, cupy = gpu
+    host = np.arange(40, dtype=np.int64).reshape(5, 8)
+    x = client.put(host)
+    with pytest.raises(gpucompute.ZeroCopyError, match="was not created exportable"):
+        cupy.asarray(x)
+    copied = cupy.from_dlpack(x[1:, ::2])
+    np.testing.assert_array_equal(cupy.asnumpy(copied), host[1:, ::2])
+    assert len(client.buffers()) == 2
+    del copied
+    gc.collect()
+    _eventually(lambda: [b.id for b in client.buffers()] == [x.id])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool"])
+def test_gpu_put_of_a_cupy_array_round_trips_byte_for_byte(gpu, dtype):
+    client, cupy = gpu
+    host = (np.random.default_rng(2).standard_normal((33, 17)) * 100).astype(dtype)
+    device = cupy.asarray(host)
+    x = client.put(device[1:])
+    assert x.get().tobytes() == host[1:].tobytes()
+    f = client.put(cupy.asfortranarray(device))
+    assert f.layout == "F"
+    np.testing.assert_array_equal(f.get(), host)
+    with pytest.raises(TypeError, match="is not contiguous"):
+        client.put(device[:, ::2])
+    np.testing.assert_array_equal(gpucompute.from_dlpack(device, client).get(), host)
+
+
+def test_gpu_torch_from_dlpack(gpu):
+    client, _ = gpu
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    x = client.create((4, 6), "float32", fill=1.5, exportable=True)
+    tensor = torch.from_dlpack(x)
+    assert tensor.device.type == "cuda"
+    np.testing.assert_array_equal(tensor.cpu().numpy(), np.full((4, 6), 1.5, np.float32))
+    np.testing.assert_array_equal(torch.from_dlpack(x.T).cpu().numpy(),
+                                  np.full((6, 4), 1.5, np.float32))
+    tensor.add_(1)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(x.get(), np.full((4, 6), 2.5, np.float32))
+    y = client.put(torch.arange(10, dtype=torch.float64, device="cuda"))
+    np.testing.assert_array_equal(y.get(), np.arange(10.0))
+
+
+def test_gpu_numba_as_cuda_array(gpu):
+    client, _ = gpu
+    numba_cuda = pytest.importorskip("numba.cuda", reason="Numba is not installed")
+    x = client.create((5, 4), "int32", fill=3, exportable=True)
+    array = numba_cuda.as_cuda_array(x[:, 1:])
+    np.testing.assert_array_equal(array.copy_to_host(), np.full((5, 3), 3, np.int32))
+
+
+def test_gpu_client_and_server_are_on_one_host(gpu):
+    client, _ = gpu
+    info = client.info()
+    assert (info.hostname, info.boot_id) == (socket.gethostname(), _shm.boot_id())
