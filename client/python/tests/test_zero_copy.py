@@ -260,6 +260,17 @@ def test_the_runtime_passes_ipc_handles_byte_for_byte():
     assert runtime.get_handle(0x5678) == handle
 
 
+def test_a_failed_cuda_call_raises_naming_the_call_and_its_error():
+    # Against the real libcudart where one is found: with no GPU, or with a handle no
+    # process exported, opening it fails.
+    try:
+        runtime = _cuda.runtime()
+    except _cuda.CudaError as error:
+        pytest.skip(str(error))
+    with pytest.raises(_cuda.CudaError, match=r"^cudaIpcOpenMemHandle failed: cudaError\w+$"):
+        runtime.open_handle(bytes(64))
+
+
 # --- Export and import logic, with CUDA stood in for --------------------------------
 
 # Where the stand-in runtime "maps" exported buffers: never dereferenced.
