@@ -589,6 +589,40 @@ def test_put_of_a_device_array_copies_its_allocation_through_a_cuda_ipc_region(
     assert cuda.synchronized == [7, "device 0"]
 
 
+class _FakeDlpackArray:
+    """A 'CUDA' array that speaks only DLPack (as JAX's do), its memory on the host."""
+
+    def __init__(self, array, server, released):
+        self.array = array
+        self.released = released
+        server.memory[array.__array_interface__["data"][0] - _POOL_OFFSET] = array
+
+    def __dlpack__(self, stream=None):
+        a = self.array
+        return _dlpack.make_capsule(
+            a.__array_interface__["data"][0], a.shape, [s // a.itemsize for s in a.strides],
+            a.dtype, 0, release=lambda: self.released.append("released"))
+
+    def __dlpack_device__(self):
+        return _dlpack.KDL_CUDA, 0
+
+
+def test_put_of_a_dlpack_only_device_array_reads_its_capsule_and_lets_it_go(
+        faked, monkeypatch):
+    client, server, cuda = faked
+    _fake_allocations(monkeypatch, server)
+    released = []
+    host = np.arange(10, dtype=np.int32).reshape(2, 5)
+    x = client.put(_FakeDlpackArray(host, server, released))
+    np.testing.assert_array_equal(x.get(), host)
+    assert released == ["released"]  # the tensor is deleted once copied
+    assert cuda.synchronized == ["device 0"]
+    with pytest.raises(TypeError, match="is not contiguous"):
+        client.put(_FakeDlpackArray(host[:, ::2], server, released))
+    assert released == ["released"] * 2
+    assert _dlpack._live == {}
+
+
 def test_put_of_a_non_contiguous_device_array_is_refused_before_any_call(faked, monkeypatch):
     client, server, cuda = faked
     _fake_allocations(monkeypatch, server)
