@@ -18,6 +18,7 @@ shipped descriptor.
 """
 
 from ._chain import Chain, ChainResult, Step
+from ._interop import ZeroCopyError, from_dlpack
 from ._proto import v1
 from ._session import Pending, Session
 from ._views import View
@@ -33,5 +34,6 @@ __all__ = [
     "AlreadyExistsError", "Chain", "ChainResult", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "Pending",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
-    "UnauthenticatedError", "UnavailableError", "View", "connect", "v1",
+    "UnauthenticatedError", "UnavailableError", "View", "ZeroCopyError", "connect",
+    "from_dlpack", "v1",
 ]

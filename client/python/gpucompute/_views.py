@@ -15,6 +15,7 @@ import operator
 import numpy as np
 
 from ._proto import v1
+from ._protocols import ZeroCopyMethods
 
 
 def _integer(value, what):
@@ -48,6 +49,13 @@ def _axes(axes, ndim):
     return normalized
 
 
+def slice_of(part):
+    """The Python slice of an IndexItem's slice."""
+    return slice(part.start if part.HasField("start") else None,
+                 part.stop if part.HasField("stop") else None,
+                 part.step if part.HasField("step") else None)
+
+
 def _index_shape(items, shape):
     consumed = sum(1 for item in items if item.WhichOneof("item") in ("index", "slice"))
     if sum(1 for item in items if item.WhichOneof("item") == "ellipsis") > 1:
@@ -65,11 +73,7 @@ def _index_shape(items, shape):
                                  f"size {shape[axis]}")
             axis += 1
         elif which == "slice":
-            part = item.slice
-            bounds = slice(part.start if part.HasField("start") else None,
-                           part.stop if part.HasField("stop") else None,
-                           part.step if part.HasField("step") else None)
-            result.append(len(range(*bounds.indices(shape[axis]))))
+            result.append(len(range(*slice_of(item.slice).indices(shape[axis]))))
             axis += 1
         elif which == "new_axis":
             result.append(1)
@@ -220,7 +224,7 @@ class ViewMethods:
         return self._with_step(step)
 
 
-class View(ViewMethods):
+class View(ViewMethods, ZeroCopyMethods):
     """A view of a remote array: its buffer and the steps that make the view.
 
     Usable wherever a buffer is passed: eval's inputs and `out=`, reduce, gemv, matmul,

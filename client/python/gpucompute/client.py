@@ -6,8 +6,8 @@ import threading
 
 import grpc
 
-from . import (_arrays, _chain, _connection, _operations, _requests, _session, _shm,
-               _transfers, _views)
+from . import (_arrays, _chain, _connection, _interop, _operations, _protocols, _requests,
+               _session, _shm, _transfers, _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -25,12 +25,14 @@ def connect(target, *, channel_options=(), **options):
     return Client(target, channel_options=channel_options, **options)
 
 
-class RemoteArray(_arrays.RemoteArrayInfo):
+class RemoteArray(_arrays.RemoteArrayInfo, _protocols.ZeroCopyMethods):
     """A handle to an array resident on the server.
 
     get() downloads it as a NumPy array, and so does np.asarray(handle). delete() frees
     it; so does leaving a `with` block. Dropping the handle does not: the buffer stays
     on the server until deleted (other handles, ids and names may refer to it).
+    On the server's host, CuPy, PyTorch and Numba map it without a copy
+    (__cuda_array_interface__, __dlpack__: see gpucompute._interop).
     """
 
     def get(self, *, progress=None, transport=None):
@@ -149,7 +151,16 @@ class Client(_operations.Operations):
         it or runs on another host); "auto" takes shared memory where it can, else gRPC.
         Through shared memory a transfer larger than shm_max_bytes changes a buffer
         piece by piece.
+
+        A CUDA array of another library (CuPy, PyTorch, Numba: C- or F-contiguous) is
+        copied on the device through CUDA IPC instead, with no host round trip
+        (gpucompute._interop); `progress` and `transport` do not apply.
         """
+        if _interop.is_device_array(array):
+            response = _interop.put_device(self, array, name=name, device=device, into=into,
+                                           offset_bytes=offset_bytes)
+            return self.buffer(into) if response is None else RemoteArray(
+                self, response.buffer, transfer=getattr(response, "transfer", None))
         header, data = _transfers.upload_header(array, name, device, into, offset_bytes)
         transport = self.options.transport_for(transport)
         if into is not None:
@@ -193,11 +204,15 @@ class Client(_operations.Operations):
                 assembler.add(message, data)
             return assembler.result(), assembler.transfer
 
-    def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
-        """Allocates a buffer, filled with `fill` if given, else with zeros."""
-        response = self._call("CreateBuffer",
-                              _requests.create_request(shape, dtype, fill, name, layout, device))
-        return RemoteArray(self, response.buffer)
+    def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None,
+               exportable=False):
+        """Allocates a buffer, filled with `fill` if given, else with zeros. An
+        `exportable` one (CUDA backend, --allow-cuda-ipc) can be mapped by CuPy, PyTorch
+        and Numba on the server's host without a copy."""
+        request = _requests.create_request(shape, dtype, fill, name, layout, device)
+        if exportable:
+            return _interop.create_exportable(self, request, RemoteArray)
+        return RemoteArray(self, self._call("CreateBuffer", request).buffer)
 
     def buffer(self, buffer):
         """A handle to an existing buffer, by id or name."""
