@@ -271,6 +271,10 @@ def parse_replica_addresses(value):
     return replicas
 
 
+def is_ip(host):
+    return re.fullmatch(r"[0-9.]+|\[[0-9a-fA-F:.]+\]", host) is not None
+
+
 def grpc_error(status, message):
     """An http-request return answering a gRPC call with an error and no body: HTTP 200
     with grpc-status and grpc-message as headers (gRPC's Trailers-Only response). The
@@ -339,14 +343,25 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
                            "regenerate its configuration (deploy/placement.py haproxy)"),
     ]
     server_tls = f" ssl verify required ca-file {tls_ca} alpn h2" if tls_ca else " proto h2"
-    for name, address in replicas:
-        host = address.rpartition(":")[0]
+    names = [address.rpartition(":")[0] for _, address in replicas]
+    if not all(is_ip(host) for host in names):
+        out += [
+            "",
+            "# Replicas are found by name when the proxy starts and again while it runs: a",
+            "# replica that restarts elsewhere keeps its name, not its address, and one not",
+            "# up yet does not keep the proxy from starting.",
+            "resolvers system",
+            "    parse-resolv-conf",
+            "    hold valid 10s",
+        ]
+    for (name, address), host in zip(replicas, names):
+        resolve = "" if is_ip(host) else " resolvers system init-addr last,libc,none"
         sni = f" sni str({host}) verifyhost {host}" if tls_ca else ""
         out += [
             "",
             f"backend {name}",
             "    # One server and no failover: only this replica holds these tenants' buffers.",
-            f"    server {name} {address}{server_tls}{sni}",
+            f"    server {name} {address}{server_tls}{sni}{resolve}",
         ]
     if health_listen:
         out += [

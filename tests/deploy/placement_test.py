@@ -272,7 +272,10 @@ class HaproxyConfigTest(unittest.TestCase):
         backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend unknown_replica"}
         self.assertEqual(sorted(backends), ["gpucompute-0", "gpucompute-1"])
         self.assertEqual(backends["gpucompute-0"], ["server gpucompute-0 10.0.0.1:50051 proto h2"])
-        self.assertEqual(backends["gpucompute-1"], ["server gpucompute-1 host-1:50051 proto h2"])
+        # A name is resolved again while the proxy runs: a pod that restarts keeps its name.
+        self.assertEqual(backends["gpucompute-1"],
+                         ["server gpucompute-1 host-1:50051 proto h2 resolvers system init-addr last,libc,none"])
+        self.assertEqual(s["resolvers system"], ["parse-resolv-conf", "hold valid 10s"])
         self.assertNotIn("backup", haproxy_config())
 
     def test_routes_on_the_tenant_header_through_the_map(self):
@@ -299,7 +302,7 @@ class HaproxyConfigTest(unittest.TestCase):
         self.assertIn("bind :50051 ssl crt /tls/proxy.pem alpn h2", s["frontend grpc"])
         self.assertEqual(s["backend gpucompute-1"],
                          ["server gpucompute-1 host-1:50051 ssl verify required ca-file /tls/ca.pem alpn h2 "
-                          "sni str(host-1) verifyhost host-1"])
+                          "sni str(host-1) verifyhost host-1 resolvers system init-addr last,libc,none"])
 
     def test_bad_arguments(self):
         cases = [
