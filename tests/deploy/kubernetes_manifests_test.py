@@ -158,40 +158,36 @@ def qualified(image):
     return "/" in image and ("." in first or ":" in first or first == "localhost")
 
 
-def validate_policy(objects, gpu):
-    """What an operator needs from a gpucompute deployment."""
+def labelled(objects):
     errors = []
-    deployments = [o for o in objects if o["kind"] == "Deployment"]
-    services = [o for o in objects if o["kind"] == "Service"]
-    if len(deployments) != 1 or len(services) != 1:
-        return [f"expected one Deployment and one Service, got {len(deployments)} and {len(services)}"]
     for o in objects:
         labels = o["metadata"].get("labels", {})
         for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"):
             if key not in labels:
-                errors.append(f"{o['kind']}: no label {key}")
-    d = deployments[0]
-    spec = d["spec"]
-    if spec.get("replicas") != 1:
-        errors.append("Deployment: replicas must be 1 (buffers live in one pod)")
-    if spec.get("strategy", {}).get("type") != "Recreate":
-        errors.append("Deployment: strategy must be Recreate (RollingUpdate needs a second GPU)")
+                errors.append(f"{o['kind']}/{o['metadata']['name']}: no label {key}")
+    return errors
+
+
+def check_workload(workload, gpu, scraped=True):
+    """What an operator needs of a Deployment's or StatefulSet's pods."""
+    errors = []
+    name = f"{workload['kind']} {workload['metadata']['name']}"
+    spec = workload["spec"]
     pod = spec["template"]["spec"]
     template_labels = spec["template"]["metadata"].get("labels", {})
     for k, v in spec["selector"]["matchLabels"].items():
         if template_labels.get(k) != v:
-            errors.append(f"Deployment: selector {k}={v} does not match the pod template")
+            errors.append(f"{name}: selector {k}={v} does not match the pod template")
     if not isinstance(pod.get("terminationGracePeriodSeconds"), int):
-        errors.append("Deployment: no terminationGracePeriodSeconds")
+        errors.append(f"{name}: no terminationGracePeriodSeconds")
     psc = pod.get("securityContext", {})
     if psc.get("runAsNonRoot") is not True:
-        errors.append("pod: securityContext.runAsNonRoot must be true")
+        errors.append(f"{name}: pod securityContext.runAsNonRoot must be true")
     if psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
-        errors.append("pod: seccompProfile must be RuntimeDefault")
-    containers = pod["containers"]
+        errors.append(f"{name}: pod seccompProfile must be RuntimeDefault")
     metrics_port = None
-    for c in containers:
-        where = f"container {c['name']}"
+    for c in pod["containers"]:
+        where = f"{name}: container {c['name']}"
         if not qualified(c["image"]):
             errors.append(f"{where}: image {c['image']} has no registry (it would be pulled from Docker Hub)")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -219,54 +215,127 @@ def validate_policy(objects, gpu):
         if gpu and not (isinstance(gpus, int) and gpus >= 1):
             errors.append(f"{where}: a GPU overlay must limit nvidia.com/gpu to at least 1")
         if not gpu and gpus is not None:
-            errors.append(f"{where}: a CPU overlay asks for GPUs")
-    annotations = spec["template"]["metadata"].get("annotations", {})
-    if annotations.get("prometheus.io/scrape") != "true":
-        errors.append("pod: no prometheus.io/scrape annotation")
-    if metrics_port is None or annotations.get("prometheus.io/port") != str(metrics_port):
-        errors.append(f"pod: prometheus.io/port {annotations.get('prometheus.io/port')} is not the metrics port")
+            errors.append(f"{where}: asks for GPUs it does not use")
+    if scraped:
+        annotations = spec["template"]["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") != "true":
+            errors.append(f"{name}: no prometheus.io/scrape annotation")
+        if metrics_port is None or annotations.get("prometheus.io/port") != str(metrics_port):
+            errors.append(f"{name}: prometheus.io/port {annotations.get('prometheus.io/port')} is not the metrics port")
     if gpu:
         if not pod.get("runtimeClassName"):
-            errors.append("pod: a GPU overlay needs a runtimeClassName")
+            errors.append(f"{name}: a GPU overlay needs a runtimeClassName")
         if not pod.get("nodeSelector"):
-            errors.append("pod: a GPU overlay needs a nodeSelector")
+            errors.append(f"{name}: a GPU overlay needs a nodeSelector")
         if not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])):
-            errors.append("pod: a GPU overlay needs the nvidia.com/gpu toleration")
-    s = services[0]
-    for k, v in s["spec"]["selector"].items():
-        if template_labels.get(k) != v:
-            errors.append(f"Service: selector {k}={v} matches no pod")
-    errors += check_flagfile(objects, pod)
-    port_names = {p.get("name") for c in containers for p in c.get("ports", [])}
-    for p in s["spec"]["ports"]:
-        if isinstance(p.get("targetPort"), str) and p["targetPort"] not in port_names:
-            errors.append(f"Service: targetPort {p['targetPort']} names no container port")
+            errors.append(f"{name}: a GPU overlay needs the nvidia.com/gpu toleration")
     return errors
 
 
-def check_flagfile(objects, pod):
-    """The server reads its flags with --flagfile from a mounted ConfigMap."""
+def selects(selector, workload):
+    labels = workload["spec"]["template"]["metadata"].get("labels", {})
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_services(objects):
+    """Every Service selects pods, and names ports those pods have."""
     errors = []
-    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
-    server = pod["containers"][0]
-    flagfiles = [a.split("=", 1)[1] for a in server.get("args", []) if a.startswith("--flagfile=")]
-    if len(flagfiles) != 1:
-        return ["container server: args must name one --flagfile"]
-    directory, key = os.path.split(flagfiles[0])
-    mounts = {m["mountPath"]: m["name"] for m in server.get("volumeMounts", [])}
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    for s in (o for o in objects if o["kind"] == "Service"):
+        where = f"Service {s['metadata']['name']}"
+        selected = [w for w in workloads if selects(s["spec"].get("selector", {}), w)]
+        if not selected:
+            errors.append(f"{where}: selector {s['spec'].get('selector')} matches no pod")
+        port_names = {p.get("name") for w in selected for c in w["spec"]["template"]["spec"]["containers"]
+                      for p in c.get("ports", [])}
+        for p in s["spec"]["ports"]:
+            if isinstance(p.get("targetPort"), str) and p["targetPort"] not in port_names:
+                errors.append(f"{where}: targetPort {p['targetPort']} names no container port")
+    return errors
+
+
+def mounted(pod, container, path, kind):
+    """(volume, mount) of the `kind` volume ("configMap", "secret", ...) whose mount holds
+    `path` directly (not in a subdirectory), or (None, None)."""
+    directory = os.path.dirname(path)
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
-    volume = volumes.get(mounts.get(directory), {})
-    config_map = config_maps.get(volume.get("configMap", {}).get("name"))
+    for m in container.get("volumeMounts", []):
+        if m["mountPath"].rstrip("/") == directory and kind in volumes.get(m["name"], {}):
+            return volumes[m["name"]], m
+    return None, None
+
+
+def server_flags(objects, pod):
+    """(errors, flags) of the server container: its args and its --flagfile's lines."""
+    server = pod["containers"][0]
+    args = server.get("args", [])
+    flagfiles = [a.split("=", 1)[1] for a in args if a.startswith("--flagfile=")]
+    if len(flagfiles) != 1:
+        return ["container server: args must name one --flagfile"], args
+    volume, _ = mounted(pod, server, flagfiles[0], "configMap")
+    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    config_map = config_maps.get((volume or {}).get("configMap", {}).get("name"))
     if config_map is None:
-        return [f"container server: {directory} is not a mounted ConfigMap of this overlay"]
-    flags = config_map.get("data", {}).get(key)
+        return [f"container server: {os.path.dirname(flagfiles[0])} is not a mounted ConfigMap of this overlay"], args
+    flags = config_map.get("data", {}).get(os.path.basename(flagfiles[0]))
     if flags is None:
-        return [f"ConfigMap {config_map['metadata']['name']}: no key {key}"]
+        return [f"ConfigMap {config_map['metadata']['name']}: no key {os.path.basename(flagfiles[0])}"], args
+    errors, lines = [], []
     for line in flags.splitlines():
         line = line.strip()
-        if line and not line.startswith("#") and not line.startswith("--"):
-            errors.append(f"ConfigMap {config_map['metadata']['name']}: '{line}' is not a flag")
+        if line and not line.startswith("#"):
+            if line.startswith("--"):
+                lines.append(line)
+            else:
+                errors.append(f"ConfigMap {config_map['metadata']['name']}: '{line}' is not a flag")
+    return errors, lines + [a for a in args if not a.startswith("--flagfile=")]
+
+
+def flag(flags, name):
+    """The last value of --name (a repeated flag takes its last value), or None."""
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+# The images' entrypoint (deploy/Dockerfile, deploy/Dockerfile.cuda) listens on
+# 0.0.0.0:50051 and passes --allow-insecure-remote, which serves anyone when no
+# authentication is configured.
+IMAGE_LISTEN = "0.0.0.0:50051"
+
+
+def check_authentication(flags, pod):
+    """A server listening off loopback authenticates its callers, from a mounted Secret."""
+    listen = flag(flags, "listen") or IMAGE_LISTEN
+    if listen.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]"):
+        return []
+    errors = []
+    credentials = [(f, flag(flags, f)) for f in ("tokens-file", "tls-client-ca") if flag(flags, f)]
+    if not credentials:
+        return [f"container server: listens on {listen} without authentication (--tokens-file or "
+                "--tls-client-ca), so it would serve anyone (the image passes --allow-insecure-remote)"]
+    for name, path in credentials:
+        if mounted(pod, pod["containers"][0], path, "secret")[0] is None:
+            errors.append(f"container server: --{name}={path} is not in a mounted Secret")
     return errors
+
+
+def validate_policy(objects, gpu):
+    """What an operator needs from a one-server gpucompute deployment."""
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    if len(deployments) != 1 or len(services) != 1:
+        return [f"expected one Deployment and one Service, got {len(deployments)} and {len(services)}"]
+    errors = labelled(objects)
+    d = deployments[0]
+    if d["spec"].get("replicas") != 1:
+        errors.append("Deployment: replicas must be 1 (buffers live in one pod)")
+    if d["spec"].get("strategy", {}).get("type") != "Recreate":
+        errors.append("Deployment: strategy must be Recreate (RollingUpdate needs a second GPU)")
+    errors += check_workload(d, gpu)
+    errors += check_services(objects)
+    pod = d["spec"]["template"]["spec"]
+    flag_errors, flags = server_flags(objects, pod)
+    return errors + flag_errors + check_authentication(flags, pod)
 
 
 def kustomize(kubectl, directory):
