@@ -297,6 +297,10 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "# that is down is UNAVAILABLE for its own tenants only.",
         "global",
         "    log stdout format raw local0",
+        "    # After a reload (SIGUSR2) the old process closes its idle client connections and",
+        "    # sends GOAWAY on the busy ones within this time, so that clients' next calls",
+        "    # follow the new table; calls in flight finish where they are.",
+        "    close-spread-time 5s",
         "    # Larger HTTP/2 windows and buffers keep uploads and downloads at the servers' pace.",
         "    tune.bufsize 65536",
         "    tune.h2.initial-window-size 1048576",
@@ -361,7 +365,10 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
             "",
             f"backend {name}",
             "    # One server and no failover: only this replica holds these tenants' buffers.",
-            f"    server {name} {address}{server_tls}{sni}{resolve}",
+            "    # Once its checks fail, the proxy answers its tenants itself, at once.",
+            "    " + grpc_error(14, f"replica {name}, which holds tenant %[{tenant}], is not answering; its "
+                               "tenants' calls fail until it is back, other tenants' go on") + " if !{ nbsrv gt 0 }",
+            f"    server {name} {address}{server_tls}{sni}{resolve} check inter 2s fall 2 rise 1",
         ]
     if health_listen:
         out += [
