@@ -269,7 +269,7 @@ def sections(config):
 class HaproxyConfigTest(unittest.TestCase):
     def test_one_backend_with_one_server_per_replica(self):
         s = sections(haproxy_config())
-        backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend unknown_replica"}
+        backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend placement:unknown-replica"}
         self.assertEqual(sorted(backends), ["gpucompute-0", "gpucompute-1"])
         check = " check inter 2s fall 2 rise 1"
         self.assertEqual(backends["gpucompute-0"][1], f"server gpucompute-0 10.0.0.1:50051 proto h2{check}")
@@ -404,10 +404,9 @@ class ProxyTest(unittest.TestCase):
 
         self.files = Files(self)
         tokens = self.files.write("tokens", "token-alice alice\ntoken-bob bob\ntoken-carol carol\n")
-        table = os.path.join(self.files.dir, "placement")
-        self.assertEqual(run_tool("generate", "--tokens", tokens, "--replicas", REPLICAS, "--table", table)[0], 0)
-        os.remove(table)  # alice and carol on gpucompute-0, bob on gpucompute-1; dave has no row
-        self.files.write("placement", "alice gpucompute-0\nbob gpucompute-1\ncarol gpucompute-0\n")
+        # dave has no row, and zed's names a replica the proxy does not know.
+        table = self.files.write("placement", "alice gpucompute-0\nbob gpucompute-1\ncarol gpucompute-0\n"
+                                              "zed gpucompute-7\n")
         servers, addresses = {}, {}
         for replica in REPLICAS.split(","):
             servers[replica], addresses[replica] = self.start_server(
@@ -475,6 +474,9 @@ class ProxyTest(unittest.TestCase):
         refused(lambda: create("proxy", "dave", "x"), grpc.StatusCode.FAILED_PRECONDITION,
                 "the placement table has no row for tenant dave; add one (deploy/placement.py generate) and "
                 "reload the proxy")
+        refused(lambda: create("proxy", "zed", "x"), grpc.StatusCode.FAILED_PRECONDITION,
+                "the placement table places tenant zed on replica gpucompute-7, which this proxy has no backend "
+                "for; regenerate its configuration (deploy/placement.py haproxy)")
         for replica in addresses:
             for tenant in ("alice", "bob", "carol"):
                 self.assertNotIn("x", names(replica, tenant))
