@@ -9,7 +9,8 @@
       two CPU servers: routing by the gpucompute-tenant header, the proxy's own gRPC
       errors, a dead replica UNAVAILABLE for its tenants only, a 3 GiB upload and a
       30 s WaitOperation that neither the proxy's timeouts nor a reload (a tenant moved)
-      cut, and the server accepting exactly the tokens files the tool accepts. Exit 77 (skipped) without haproxy
+      cut, a download and a session through it, and the server accepting exactly the
+      tokens files the tool accepts. Exit 77 (skipped) without haproxy
       (deploy/install-deps.sh installs it).
 """
 import contextlib
@@ -539,6 +540,34 @@ class ProxyTest(unittest.TestCase):
         self.assertNotIn("error", upload)
         self.assertEqual(upload["response"].buffer.size_bytes, 3 << 30)
         self.assertEqual(names("gpucompute-1", "bob"), ["b1", "big"])
+
+        # A download (server stream) of the upload's last 8 MiB, and a session
+        # (bidirectional) that is silent between its requests.
+        download = method("proxy", "BufferService", "Download", v1.DownloadResponse, "unary_stream")(
+            v1.DownloadRequest(buffer="big", offset_bytes=(3 << 30) - (8 << 20), size_bytes=8 << 20),
+            metadata=metadata("bob"), timeout=60)
+        self.assertEqual(b"".join(r.data for r in download), bytes(range(256)) * (8 << 12))
+        requests = [v1.SessionRequest(ops=[v1.ChainStep(tag=f"double{i}", op=v1.SubmitRequest(
+            elementwise=v1.ElementwiseOp(expression="2 * x", inputs={"x": v1.Operand(buffer="b1")},
+                                         output=v1.Output(name=f"b1x{i}"))))]) for i in range(2)]
+        answered = threading.Event()
+
+        def session_requests():
+            yield requests[0]
+            answered.wait(30)
+            time.sleep(2)
+            yield requests[1]
+        session = method("proxy", "SessionService", "Session", v1.SessionResponse, "stream_stream")(
+            session_requests(), metadata=metadata("bob"), timeout=60)
+        tags = []
+        for response in session:
+            tags += [a.tag for a in response.answers if a.operation.state == v1.Operation.STATE_SUCCEEDED]
+            answered.set()
+            if len(tags) == 2:
+                break
+        session.cancel()
+        self.assertEqual(tags, ["double0", "double1"])
+        self.assertEqual(names("gpucompute-1", "bob"), ["b1", "b1x0", "b1x1", "big"])
         self.assertEqual(names("gpucompute-0", "alice"), ["a", "a1", "c"])
 
         # A dead replica is UNAVAILABLE for its own tenants; the others go on.
