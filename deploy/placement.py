@@ -321,7 +321,7 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "    option clitcpka",
         "    option srvtcpka",
         "    # A request is never resent to another server: each backend has one.",
-        "    option redispatch 0",
+        "    no option redispatch",
         "",
         "frontend grpc",
         f"    bind {listen}{bind_tls}",
