@@ -426,6 +426,8 @@ class ProxyTest(unittest.TestCase):
         options = [("grpc.max_send_message_length", 80 << 20), ("grpc.max_receive_message_length", 80 << 20)]
         channels = {name: grpc.insecure_channel(address, options=options)
                     for name, address in [("proxy", listen), *addresses.items()]}
+        # A connection of its own (not shared with "proxy"), idle when the proxy reloads.
+        channels["proxy-idle"] = grpc.insecure_channel(listen, options=options + [("grpc.use_local_subchannel_pool", 1)])
         for channel in channels.values():
             self.addCleanup(channel.close)
 
@@ -445,7 +447,7 @@ class ProxyTest(unittest.TestCase):
 
         def names(where, tenant):
             response = method(where, "BufferService", "ListBuffers", v1.ListBuffersResponse)(
-                v1.ListBuffersRequest(), metadata=metadata(tenant, header=False), timeout=10)
+                v1.ListBuffersRequest(), metadata=metadata(tenant), timeout=10)
             return sorted(b.name for b in response.buffers)
 
         def refused(call, code, message):
@@ -456,7 +458,7 @@ class ProxyTest(unittest.TestCase):
         # Each tenant's call lands on the replica its row names.
         create("proxy", "alice", "a1")
         create("proxy", "bob", "b1")
-        create("proxy", "carol", "c1")
+        create("proxy-idle", "carol", "c1")
         self.assertEqual(names("gpucompute-0", "alice"), ["a1"])
         self.assertEqual(names("gpucompute-1", "alice"), [])
         self.assertEqual(names("gpucompute-1", "bob"), ["b1"])
@@ -523,12 +525,14 @@ class ProxyTest(unittest.TestCase):
         waiter.start()
 
         # While both are under way, carol moves to gpucompute-1 and the proxy reloads: the
-        # calls in flight go on, and the next call on the same connection follows the table.
+        # calls in flight go on, and the next call on a connection that was idle follows
+        # the new table (the old process closes it).
         time.sleep(1)
+        self.assertEqual(names("proxy-idle", "carol"), ["c1"])
         self.assertEqual(run_tool("move", "carol", "gpucompute-1", "--table", table)[0], 0)
         proxy.process.send_signal(signal.SIGUSR2)
         time.sleep(7)  # close-spread-time, and a margin
-        create("proxy", "carol", "c-moved")
+        create("proxy-idle", "carol", "c-moved")
         self.assertEqual(names("gpucompute-1", "carol"), ["c-moved"])
         self.assertEqual(names("gpucompute-0", "carol"), ["c1"])
 
