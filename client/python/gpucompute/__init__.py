@@ -7,6 +7,7 @@ CPU) backend.
     y = c.eval("a*x + 1", a=2.0, x=x)
     print(c.reduce("sum", y).value, y.timing.gbps)
     host = y.get()                      # or np.asarray(y)
+    z = np.sqrt(2 * x + 1).sum()        # NumPy's way: one fused map-reduce on the server
     v = y[::2].reshape(-1, 4).T         # a View: no copy, no server call
     c.reduce("var", v, axis=1, ddof=1)  # views stand wherever a buffer is read
 
@@ -18,6 +19,9 @@ shipped descriptor.
 from ._proto import v1
 from ._views import View
 from .client import Client, RemoteArray, connect
+from ._creation import (arange, empty, empty_like, full, full_like, integers, linspace, normal,
+                        ones, ones_like, rand, randn, random, seed, uniform, zeros, zeros_like)
+from ._lazy import evaluate
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
                      PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
@@ -29,5 +33,7 @@ __all__ = [
     "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "UnauthenticatedError",
-    "UnavailableError", "View", "connect", "v1",
+    "UnavailableError", "View", "arange", "connect", "empty", "empty_like", "evaluate",
+    "full", "full_like", "integers", "linspace", "normal", "ones", "ones_like", "rand",
+    "randn", "random", "seed", "uniform", "v1", "zeros", "zeros_like",
 ]

@@ -6,7 +6,8 @@ import threading
 
 import grpc
 
-from . import _arrays, _connection, _operations, _requests, _shm, _transfers, _views
+from . import (_arrays, _connection, _dispatch, _operations, _operators, _requests, _shm,
+               _transfers, _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -21,15 +22,22 @@ def connect(target, *, channel_options=(), **options):
     shm_max_bytes. `channel_options` are extra gRPC channel arguments, e.g.
     [("grpc.keepalive_time_ms", 10000)].
     """
-    return Client(target, channel_options=channel_options, **options)
+    from . import _creation  # pylint: disable=import-outside-toplevel
+    client = Client(target, channel_options=channel_options, **options)
+    _creation.set_default(client)
+    return client
 
 
-class RemoteArray(_arrays.RemoteArrayInfo):
+class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo):
     """A handle to an array resident on the server.
 
-    get() downloads it as a NumPy array, and so does np.asarray(handle). delete() frees
-    it; so does leaving a `with` block. Dropping the handle does not: the buffer stays
-    on the server until deleted (other handles, ids and names may refer to it).
+    get() downloads it as a NumPy array, and so does np.asarray(handle). It takes
+    NumPy's operators, ufuncs and functions, run on the server (see _operators and
+    _lazy). A handle from put(), create(), buffer(), eval() and the other calls is
+    freed by delete(), or by leaving a `with` block; dropping it does not: the buffer
+    stays on the server until deleted (other handles, ids and names may refer to it).
+    Arrays the NumPy layer makes (2 * x, np.sin(x), gpucompute.zeros) are freed when
+    collected.
     """
 
     def get(self, *, progress=None, transport=None):
@@ -84,6 +92,8 @@ class Client(_operations.Operations):
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = threading.Lock()
+        # Buffers of collected arrays, deleted with the array layer's next call.
+        self._released = collections.deque()
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls
@@ -96,6 +106,10 @@ class Client(_operations.Operations):
                 pass  # the server is gone, and the region with it
             finally:
                 self._shm_lock.release()
+        try:
+            _dispatch.flush(self)
+        except Error:
+            pass  # the server is gone, and the buffers with it
         self._channel.close()
 
     def __enter__(self):
@@ -151,6 +165,7 @@ class Client(_operations.Operations):
         header, data = _transfers.upload_header(array, name, device, into, offset_bytes)
         transport = self.options.transport_for(transport)
         if into is not None:
+            self._before_write(into)
             self._submissions.wait_idle()
         if transport != "grpc":
             setting = self.options.progress_for(progress)
@@ -221,8 +236,18 @@ class Client(_operations.Operations):
     def delete(self, buffer):
         """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
         its memory is freed when queued work using it is done."""
+        self._before_write(buffer)
         self._submissions.wait_idle()
         self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
+
+    def _before_write(self, buffer):
+        """Sends the array layer's pending expressions that read `buffer`."""
+        from . import _lazy  # pylint: disable=import-outside-toplevel
+        if isinstance(buffer, _views.View):
+            buffer = buffer.base
+        if isinstance(buffer, _arrays.RemoteArrayInfo):
+            buffer = buffer.id
+        _lazy.before_write(self, buffer)
 
     # Streams --------------------------------------------------------------
 
@@ -271,6 +296,21 @@ class Client(_operations.Operations):
 
     def _result(self, operation):
         return RemoteArray(self, _operations.output_of(operation), operation)
+
+
+def _creation_method(name):
+    def method(self, *args, **kwargs):
+        from . import _creation  # pylint: disable=import-outside-toplevel
+        return getattr(_creation, name)(*args, client=self, **kwargs)
+    method.__name__ = name
+    method.__doc__ = (f"gpucompute.{name} on this client's server (no upload): an array "
+                      "freed when it is garbage collected.")
+    return method
+
+
+for _name in ("zeros", "ones", "full", "empty", "arange", "linspace", "random", "randn",
+              "normal", "uniform", "integers"):
+    setattr(Client, _name, _creation_method(_name))
 
 
 class _Submissions:
