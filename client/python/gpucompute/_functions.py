@@ -79,7 +79,7 @@ def _matmul_shape(a, b):
                          f"with gufunc signature (n?,k),(k,m?)->(n?,m?) (size {b2[-2]} is "
                          f"different from {a2[-1]})")
     batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
-    return batch + (sa[-2],) * (len(sa) > 1) + (sb[-1],) * (len(sb) > 1)
+    return batch + (sa[-2:-1] if len(sa) > 1 else ()) + (sb[-1:] if len(sb) > 1 else ())
 
 
 def matmul(a, b, **unsupported):

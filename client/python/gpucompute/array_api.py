@@ -219,9 +219,12 @@ def astype(x, dtype, /, *, copy=True, device=None):
 def result_type(*arrays_and_dtypes):
     types = []
     for value in arrays_and_dtypes:
-        dtype = getattr(value, "dtype", None)
-        types.append(np.dtype(dtype if dtype is not None else value)
-                     if _ufuncs.weak_kind(value) is None else _ufuncs.weak_kind(value))
+        if _ufuncs.weak_kind(value) is not None:
+            types.append(_ufuncs.weak_kind(value))
+        elif isinstance(value, (type, np.dtype, str)):
+            types.append(np.dtype(value))
+        else:
+            types.append(np.dtype(value.dtype))
     result = _ufuncs.promote(*types)
     return _ufuncs.WEAK_DTYPES[result] if _ufuncs.is_weak(result) else result
 
