@@ -11,12 +11,16 @@ CPU) backend.
     v = y[::2].reshape(-1, 4).T         # a View: no copy, no server call
     c.reduce("var", v, axis=1, ddof=1)  # views stand wherever a buffer is read
 
-`gpucompute.aio` has the same client for asyncio. The message classes of the API are
+`c.session()` sends many small operations without a round trip each, and `c.chain()`
+runs a list of them in one call (prepared when run again). `gpucompute.aio` has the
+same client for asyncio. The message classes of the API are
 in `gpucompute.v1` (e.g. gpucompute.v1.SubmitRequest), built at import from the
 shipped descriptor.
 """
 
+from ._chain import Chain, ChainResult, Step
 from ._proto import v1
+from ._session import Pending, Session
 from ._views import View
 from .client import Client, RemoteArray, connect
 from ._creation import (arange, empty, empty_like, full, full_like, integers, linspace, normal,
@@ -30,10 +34,10 @@ from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlreadyExistsError", "Client", "DeadlineExceededError", "Error",
-    "FailedPreconditionError", "InvalidArgumentError", "NotFoundError",
-    "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "UnauthenticatedError",
-    "UnavailableError", "View", "arange", "connect", "empty", "empty_like", "evaluate",
-    "full", "full_like", "integers", "linspace", "normal", "ones", "ones_like", "rand",
-    "randn", "random", "seed", "uniform", "v1", "zeros", "zeros_like",
+    "AlreadyExistsError", "Chain", "ChainResult", "Client", "DeadlineExceededError", "Error",
+    "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "Pending",
+    "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
+    "UnauthenticatedError", "UnavailableError", "View", "arange", "connect", "empty",
+    "empty_like", "evaluate", "full", "full_like", "integers", "linspace", "normal", "ones",
+    "ones_like", "rand", "randn", "random", "seed", "uniform", "v1", "zeros", "zeros_like",
 ]

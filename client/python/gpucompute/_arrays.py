@@ -51,11 +51,22 @@ def layout_enum(layout):
         raise ValueError(f"layout must be 'C' or 'F', not {layout!r}") from None
 
 
+class TaggedOutput:
+    """The output of an operation of a session or chain, named by the reference
+    "tag:<t>" (`ref`), which only later operations of the same session or chain
+    understand (_session.Pending, _chain.Step)."""
+
+    __slots__ = ("ref",)
+
+
 def buffer_ref(value):
     """A buffer's id or name, from a handle or a string (or a View that is its whole
-    buffer); where a view cannot stand, a View of it is a TypeError."""
+    buffer, or a session's or chain's tagged output); where a view cannot stand, a View
+    of it is a TypeError."""
     if isinstance(value, RemoteArrayInfo):
         return value.id
+    if isinstance(value, TaggedOutput):
+        return value.ref
     if isinstance(value, View):
         if value.steps:
             raise TypeError("a view cannot stand here: pass its buffer, or copy the view "

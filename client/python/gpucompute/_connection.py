@@ -35,8 +35,6 @@ _SERVICE_METHODS = {
                       "StopProfiler"),
     "SharedMemoryService": ("RegisterRegion", "UnregisterRegion", "ListRegions",
                             "CopyFromRegion", "CopyToRegion", "ExportBuffer"),
-    # Reached through Methods only (Session is a bidirectional stream of
-    # SessionRequest/SessionResponse); the Client has no wrapper for them yet.
     "SessionService": ("Session", "RunChain"),
 }
 
@@ -220,10 +218,10 @@ def transport_name(transport):
 
 
 class Methods:
-    """The multi-callables of the five services on one channel (blocking or grpc.aio:
+    """The multi-callables of the services on one channel (blocking or grpc.aio:
     both channels make them the same way). Upload takes messages serialized by
     upload_messages and Download yields decode_download's pairs, so chunks skip a
-    protobuf copy each way."""
+    protobuf copy each way; Session and RunChain take serialized messages too."""
 
     def __init__(self, channel):
         for service, methods in _SERVICE_METHODS.items():
@@ -235,9 +233,15 @@ class Methods:
                 if method == "Upload":
                     callable_ = channel.stream_unary(
                         path, request_serializer=None, response_deserializer=response.FromString)
+                elif method == "RunChain":
+                    # Takes the bytes a Chain serialized once (_chain).
+                    callable_ = channel.unary_unary(
+                        path, request_serializer=None, response_deserializer=response.FromString)
                 elif method == "Session":
+                    # Takes messages serialized by _session (operations serialized
+                    # once, when submitted, and joined).
                     callable_ = channel.stream_stream(
-                        path, request_serializer=request.SerializeToString,
+                        path, request_serializer=None,
                         response_deserializer=response.FromString)
                 elif method == "Download":
                     callable_ = channel.unary_stream(

@@ -18,12 +18,18 @@ REDUCE_KINDS = ("sum", "prod", "min", "max", "mean", "norm2", "argmin", "argmax"
 
 def operand_message(value):
     operand = v1.Operand()
+    set_operand(operand, value)
+    return operand
+
+
+def set_operand(operand, value):
+    """Sets an Operand (in place: a map entry, say) to a scalar or a remote array."""
     if isinstance(value, (numbers.Number, np.bool_)):
         operand.scalar.CopyFrom(scalar_message(value))
     else:
         operand.buffer, steps = array_parts(value)
-        operand.view.extend(steps)
-    return operand
+        if steps:
+            operand.view.extend(steps)
 
 
 def _set_array(op, buffer_field, view_field, value):
@@ -55,7 +61,7 @@ def elementwise_request(expression, inputs, out=None, name=None, dtype=None, str
     request, op = _submit_request(stream, "elementwise")
     op.expression = expression
     for variable, value in inputs.items():
-        op.inputs[variable].CopyFrom(operand_message(value))
+        set_operand(op.inputs[variable], value)
     op.output.CopyFrom(output_message(out, name, dtype))
     return request
 
@@ -73,7 +79,7 @@ def reduce_request(kind, x, axis=None, out=None, name=None, dtype=None, stream=N
             raise TypeError("with inputs, reduce's x is an expression (a string)")
         op.expression = x
         for variable, value in inputs.items():
-            op.inputs[variable].CopyFrom(operand_message(value))
+            set_operand(op.inputs[variable], value)
     else:
         _set_array(op, "input", "input_view", x)
     op.kind = getattr(v1, f"REDUCE_KIND_{kind.upper()}")

@@ -6,8 +6,8 @@ import threading
 
 import grpc
 
-from . import (_arrays, _connection, _dispatch, _operations, _operators, _requests, _shm,
-               _transfers, _views)
+from . import (_arrays, _chain, _connection, _dispatch, _operations, _operators, _requests,
+               _session, _shm, _transfers, _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -88,6 +88,7 @@ class Client(_operations.Operations):
         self.options = _connection.Options(target, **options)
         self._channel = self.options.open_channel(grpc, channel_options)
         self._rpc = _connection.Methods(self._channel)
+        self._server_limits = None  # asked for once, by _limits()
         self._submissions = _Submissions(self)
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
@@ -271,6 +272,25 @@ class Client(_operations.Operations):
         request = v1.SynchronizeStreamRequest(stream_id=_arrays.stream_ref(stream),
                                               timeout_seconds=timeout)
         return self._call("SynchronizeStream", request).idle
+
+    # Sessions and chains ---------------------------------------------------
+
+    def session(self, stream=None):
+        """Opens a session (gpucompute._session.Session): operations sent without a
+        round trip each, whose Pendings resolve as the server answers; a context
+        manager. Its operations run on `stream` where they name none."""
+        return _session.Session(self, stream)
+
+    def chain(self, stream=None):
+        """A new, empty Chain (gpucompute._chain.Chain) of operations that run
+        together in one RunChain call, on `stream` where they name none."""
+        return _chain.Chain(self, stream)
+
+    def _limits(self):
+        """The server's Limits, asked for once."""
+        if self._server_limits is None:
+            self._server_limits = self.info().limits
+        return self._server_limits
 
     # Operations -----------------------------------------------------------
 

@@ -29,6 +29,9 @@ _LISTENING = re.compile(rb"listening on port (\d+)")
 BACKEND = os.environ.get("GPUCOMPUTE_TEST_BACKEND", "cpu")
 if BACKEND not in ("cpu", "cuda"):
     raise RuntimeError(f"GPUCOMPUTE_TEST_BACKEND must be cpu or cuda, not {BACKEND!r}")
+# The subprocess.Popen of each server start_server runs, by address: for tests that
+# signal it (a reload) or kill it.
+SERVER_PROCESSES = {}
 
 
 def _server_binary():
@@ -68,9 +71,12 @@ def start_server(*flags, memory_limit=MEMORY_LIMIT_BYTES, cpu_threads=2):
         process.kill()
         pytest.exit("gpucompute-server did not start:\n" + b"".join(lines).decode(errors="replace"),
                     returncode=2)
+    address = f"127.0.0.1:{port[0]}"
+    SERVER_PROCESSES[address] = process
     try:
-        yield f"127.0.0.1:{port[0]}"
+        yield address
     finally:
+        SERVER_PROCESSES.pop(address, None)
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(30)
