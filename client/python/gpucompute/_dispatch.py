@@ -2,117 +2,163 @@
 server: submit() for operations, call() for the other RPCs it makes (CreateBuffer), and
 release() for buffers whose arrays were garbage collected.
 
-submit() sends a unary Submit with wait=False: the reply names the output buffer at
-once, so later requests can read it before it is written (the server runs one client's
-default stream in order). The operation's own error, if it fails while running, is
-raised by Pending.result(), which every download of the array calls first.
+submit() sends through one session per client (SessionService.Session, see
+gpucompute._session), opened with the first operation: it returns a Pending at once,
+whose `ref` ("tag:<t>") names the output in later operations of the same session, so a
+loop of dependent operations costs no round trip each. Pending.buffer_id() waits for the
+operation and gives the buffer's id, for anything outside the session (downloads, the
+client's eval, deletes); Pending.result() gives the finished Operation or raises its
+gpucompute.Error. The client's own calls that read or write buffers (downloads, deletes,
+uploads into a buffer, submit, synchronize) first wait until the session has answered
+every operation sent so far (wait_idle), so they see its writes.
+
+Lifetime: the outputs are the session's temporaries, deleted by the server when the
+session ends (Client.close()), and sooner when their arrays are collected; named
+outputs persist.
 """
 
 import threading
+import time
 
+from ._operations import output_of
 from ._proto import v1
-from ._operations import finished, output_of
+from ._session import Session
+from .errors import NotFoundError
 
-# Called with (client, Operation) for each operation submitted: tests count kernels here.
+# Called with (client, SubmitRequest, Pending) for each operation submitted: tests count
+# kernels here.
 observers = []
 
+_lock = threading.Lock()
 
-class Pending:
-    """An operation sent to the server and its output buffer.
 
-    ref: the reference to its output in later requests sent through this module;
-    buffer_id(): the output's buffer id (for anything else: downloads, eval, deletes);
-    info: the output's BufferInfo as the server answered the submission;
-    result(): the finished Operation (blocks; raises the operation's gpucompute.Error).
-    """
+class Done:
+    """A buffer the server made at once (CreateBuffer), with the Pending's interface."""
 
-    def __init__(self, client, operation):
-        self._client = client
-        self._operation = operation
-        self._lock = threading.Lock()
-        self.info = output_of(operation)
-        self.ref = self.info.id
+    def __init__(self, info):
+        self.info = info
+        self.ref = info.id
 
     def buffer_id(self):
         return self.ref
 
     def done(self):
-        """Whether the operation is known to be finished (asks nothing)."""
-        return self._operation.done
-
-    def result(self):
-        with self._lock:
-            operation = self._operation
-            while not operation.done:
-                request = v1.WaitOperationRequest(
-                    operation_id=operation.id,
-                    timeout_seconds=self._client.options.wait_slice_seconds())
-                operation = self._client._call("WaitOperation", request)
-            self._operation = operation
-        return finished(operation)
-
-
-class Done(Pending):
-    """A buffer the server made at once (CreateBuffer), as a finished Pending."""
-
-    def __init__(self, info, operation=None):  # pylint: disable=super-init-not-called
-        self._operation = operation
-        self.info = info
-        self.ref = info.id
-
-    def done(self):
         return True
 
     def result(self):
-        return self._operation
+        return None
 
 
-def _flush_released(client):
-    queue = _released_queue(client)
-    while queue:
+def info_of(pending):
+    """The output's BufferInfo (waits for the operation)."""
+    return pending.info if isinstance(pending, Done) else output_of(pending.result())
+
+
+def visible_id(client, pending):
+    """The output's buffer id once the client's other calls can find it.
+
+    The server answers a session's operation as soon as it has run, and may do so a
+    moment before it publishes the buffer the operation created (SessionCore publishes
+    after Executor::SubmitAll returns, and a fast operation can finish first), so a
+    download right after the answer could be NOT_FOUND: ask until it is found."""
+    buffer_id = pending.buffer_id()
+    if isinstance(pending, Done):
+        return buffer_id
+    delay = 0.0005
+    deadline = time.monotonic() + 5.0
+    while True:
         try:
-            buffer_id = queue.popleft()
-        except IndexError:
-            return
-        try:
-            client._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=buffer_id))
-        except Exception:  # pylint: disable=broad-except
-            pass  # already deleted, or the server is gone: nothing is left to free
+            client._call("GetBuffer", v1.GetBufferRequest(buffer=buffer_id))
+            break
+        except NotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    return buffer_id
+
+
+def _session(client):
+    session = client._array_session
+    if session is None or session._closing or session._ended:
+        with _lock:
+            session = client._array_session
+            if session is None or session._closing or session._ended:
+                session = client._array_session = Session(client)
+    return session
 
 
 def submit(client, request):
-    """Sends a SubmitRequest without waiting for the operation; returns its Pending."""
+    """Sends a SubmitRequest through the client's session; returns its Pending."""
     _flush_released(client)
-    message = v1.SubmitRequest()
-    message.CopyFrom(request)
-    message.wait = False
     # Operations sent through the client's own futures reach the server first.
     client._submissions.wait_idle()
-    operation = client._call("Submit", message)
+    pending = _session(client).submit(request)
     for observer in observers:
-        observer(client, operation)
-    return Pending(client, operation)
+        observer(client, request, pending)
+    return pending
 
 
 def call(client, method, request):
-    """Makes a unary call of the array layer (CreateBuffer, GetBuffer)."""
+    """Makes a unary call of the array layer (CreateBuffer)."""
     _flush_released(client)
     return client._call(method, request)
 
 
-def _released_queue(client):
-    # Client.__init__ makes the deque: a finalizer only appends to it (thread-safe).
-    return client._released
+def wait_idle(client):
+    """Waits until the session has answered every operation sent so far."""
+    session = client._array_session
+    if session is not None and not session._ended:
+        session.wait()
 
 
-def release(client_ref, buffer_id):
-    """Queues a buffer for deletion with the next call through this module (or
-    flush()). Runs in finalizers, so it never blocks and never calls the server."""
+def release(client_ref, pending):
+    """Queues the output of `pending` for deletion with a later call through this
+    module. Runs in finalizers, so it never blocks and never calls the server."""
     client = client_ref()
     if client is not None:
-        _released_queue(client).append(buffer_id)
+        client._released.append(pending)
+
+
+def _flush_released(client):
+    """Deletes the released outputs whose operations are answered; the others wait for
+    a later call, so that the caller never waits for them."""
+    queue = client._released
+    waiting = []
+    while queue:
+        try:
+            pending = queue.popleft()
+        except IndexError:
+            break
+        if not pending.done():
+            waiting.append(pending)
+            continue
+        try:
+            client._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=pending.buffer_id()))
+        except Exception:  # pylint: disable=broad-except
+            pass  # failed, already deleted, or the server is gone: nothing is left to free
+    queue.extend(waiting)
+
+
+def close(client):
+    """Frees what was released and ends the session (its temporaries with it); the
+    failures of operations whose results nobody asked for are not raised."""
+    session = client._array_session
+    if session is not None:
+        try:
+            session.wait()
+        except Exception:  # pylint: disable=broad-except
+            pass
+    _flush_released(client)
+    if session is not None:
+        client._array_session = None
+        try:
+            session.close()
+        except Exception:  # pylint: disable=broad-except
+            pass  # unobserved failures, or the server gone: nothing is left to do
 
 
 def flush(client):
-    """Deletes the buffers queued by release() now (Client.close calls it)."""
+    """Deletes the released outputs now (those whose operations are answered)."""
+    wait_idle(client)
     _flush_released(client)

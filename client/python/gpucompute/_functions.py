@@ -64,7 +64,7 @@ def reduce(kind, x, axis=None, keepdims=False, ddof=0, **unsupported):
         request = reduce_request(kind, expression, axis, keepdims=keepdims, ddof=ddof,
                                  inputs=inputs)
     else:
-        request = reduce_request(kind, x, axis, keepdims=keepdims, ddof=ddof)
+        request = reduce_request(kind, _lazy.operand(x), axis, keepdims=keepdims, ddof=ddof)
     return _lazy.array_from(client, _dispatch.submit(client, request), result, dtype)
 
 
@@ -96,7 +96,7 @@ def matmul(a, b, **unsupported):
         raise TypeError(f"matmul of {a.dtype} and {b.dtype}: the server multiplies float32 "
                         "or float64 matrices; use astype first")
     a, b = (x if x.dtype == dtype else x.astype(dtype) for x in (a, b))
-    pending = _dispatch.submit(client, matmul_request(a, b))
+    pending = _dispatch.submit(client, matmul_request(_lazy.operand(a), _lazy.operand(b)))
     return _lazy.array_from(client, pending, shape, dtype)
 
 
@@ -140,10 +140,9 @@ def write(out, fn, values, what=None):
         result = _lazy.apply("where", [True, result, out], what=what,
                              type_=_ufuncs.promote(result.dtype, np.dtype(out.dtype)))
     expression, inputs = _lazy.emit(result._node)
-    base = out.base if isinstance(out, View) else out
-    ref = base.id if isinstance(base, RemoteArrayInfo) else base
-    _lazy.before_write(client, ref)
-    pending = _dispatch.submit(client, elementwise_request(expression, inputs, out=out))
+    target = _lazy.operand(out)
+    _lazy.before_write(client, target.base)
+    pending = _dispatch.submit(client, elementwise_request(expression, inputs, out=target))
     out._last_write = pending
     return out
 

@@ -172,6 +172,7 @@ class LazyArray(RemoteArray):
         self._node = node
         self._pending = None
         self._name = None
+        self._visible = None  # the buffer id, once found outside the session
         self.transfer = None
         if node is not None:
             self._shape, self._dtype = node.shape, node.type
@@ -184,7 +185,12 @@ class LazyArray(RemoteArray):
         self._pending = pending
         if owned:
             self._finalizer = weakref.finalize(self, _dispatch.release, weakref.ref(self._client),
-                                               pending.ref)
+                                               pending)
+
+    def _ref(self):
+        """The reference to the buffer in the array layer's requests (sends, never
+        waits)."""
+        return self._materialize().ref
 
     def _materialize(self, name=None):
         """Sends the expression, if not yet sent; returns the Pending."""
@@ -215,7 +221,7 @@ class LazyArray(RemoteArray):
 
     @property
     def info(self):
-        return self._materialize().info
+        return _dispatch.info_of(self._materialize())
 
     @property
     def operation(self):
@@ -223,7 +229,10 @@ class LazyArray(RemoteArray):
 
     @property
     def id(self):
-        return self._materialize().buffer_id()
+        pending = self._materialize()
+        if self._visible is None:
+            self._visible = _dispatch.visible_id(self._client, pending)
+        return self._visible
 
     @property
     def name(self):
@@ -255,7 +264,10 @@ class LazyArray(RemoteArray):
 
     @property
     def device(self):
-        return None if self._node is not None else self._pending.info.device
+        """The device of the buffer: None until the operation has been answered."""
+        if self._node is not None or not self._pending.done():
+            return None
+        return _dispatch.info_of(self._pending).device
 
     def get(self, *, progress=None, transport=None):
         self._materialize().result()
@@ -270,7 +282,7 @@ class LazyArray(RemoteArray):
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer.detach()
-        self._client.delete(self._pending.ref)
+        self._client.delete(self.id)
 
     def _describe(self):
         state = "pending" if self.pending else "materialized"
@@ -306,14 +318,13 @@ def as_term(value, what):
     if isinstance(value, LazyArray) and value._node is not None:
         return value._node
     if isinstance(value, RemoteArrayInfo):
-        return Leaf(value.id, (), value, value.dtype, value.shape)
+        return Leaf(ref_of(value)[0], (), value, value.dtype, value.shape)
     if isinstance(value, View):
         if value.shape is None or value.dtype is None:
             raise TypeError(f"{what}: a View of an id or name has no known shape; view a "
                             "handle (client.buffer(name)[...]) instead")
-        base = value.base
-        return Leaf(base.id if isinstance(base, RemoteArrayInfo) else base, value.steps,
-                    value, np.dtype(value.dtype), value.shape)
+        ref, steps = ref_of(value)
+        return Leaf(ref, steps, value, np.dtype(value.dtype), value.shape)
     weak = _ufuncs.weak_kind(value)
     if weak is not None:
         if weak == "int" and not -2**63 <= value < 2**63:
@@ -326,6 +337,23 @@ def as_term(value, what):
         raise TypeError(f"{what}: host data cannot be combined with a remote array; "
                         "upload it first (client.put)")
     raise TypeError(f"{what}: unsupported operand {type(value).__name__}")
+
+
+def ref_of(value):
+    """(reference, view steps) of an array for the array layer's requests, without
+    waiting: a LazyArray's is its session reference (sent first if pending)."""
+    if isinstance(value, View):
+        return ref_of(value.base)[0], value.steps
+    if isinstance(value, LazyArray):
+        return value._ref(), ()
+    if isinstance(value, RemoteArrayInfo):
+        return value.id, ()
+    return value, ()
+
+
+def operand(value):
+    """A request's operand for an array: a View of its reference and steps."""
+    return View(*ref_of(value))
 
 
 def _broadcast(what, shapes):

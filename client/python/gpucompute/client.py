@@ -95,6 +95,7 @@ class Client(_operations.Operations):
         self._shm_lock = threading.Lock()
         # Buffers of collected arrays, deleted with the array layer's next call.
         self._released = collections.deque()
+        self._array_session = None  # the array layer's (gpucompute._dispatch)
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls
@@ -107,10 +108,7 @@ class Client(_operations.Operations):
                 pass  # the server is gone, and the region with it
             finally:
                 self._shm_lock.release()
-        try:
-            _dispatch.flush(self)
-        except Error:
-            pass  # the server is gone, and the buffers with it
+        _dispatch.close(self)
         self._channel.close()
 
     def __enter__(self):
@@ -168,6 +166,7 @@ class Client(_operations.Operations):
         if into is not None:
             self._before_write(into)
             self._submissions.wait_idle()
+            _dispatch.wait_idle(self)
         if transport != "grpc":
             setting = self.options.progress_for(progress)
             with self._shm_lock:
@@ -192,6 +191,7 @@ class Client(_operations.Operations):
         """The array and the download's TransferStats."""
         transport = _views.download_transport(buffer, self.options.transport_for(transport))
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         if transport != "grpc":
             setting = self.options.progress_for(progress)
             with self._shm_lock:
@@ -239,16 +239,13 @@ class Client(_operations.Operations):
         its memory is freed when queued work using it is done."""
         self._before_write(buffer)
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
 
     def _before_write(self, buffer):
         """Sends the array layer's pending expressions that read `buffer`."""
         from . import _lazy  # pylint: disable=import-outside-toplevel
-        if isinstance(buffer, _views.View):
-            buffer = buffer.base
-        if isinstance(buffer, _arrays.RemoteArrayInfo):
-            buffer = buffer.id
-        _lazy.before_write(self, buffer)
+        _lazy.before_write(self, _lazy.ref_of(buffer)[0])
 
     # Streams --------------------------------------------------------------
 
@@ -269,6 +266,7 @@ class Client(_operations.Operations):
         """Waits until the work submitted to `stream` (None: the default stream) is done,
         or `timeout` seconds pass (0: no limit but the call's); True if it went idle."""
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         request = v1.SynchronizeStreamRequest(stream_id=_arrays.stream_ref(stream),
                                               timeout_seconds=timeout)
         return self._call("SynchronizeStream", request).idle
@@ -301,6 +299,8 @@ class Client(_operations.Operations):
         from gRPC's threads (many can be in flight from one thread). A failed
         operation raises (or the future holds) an Error with its code and message.
         """
+        # The array layer's operations sent so far write what this may read.
+        _dispatch.wait_idle(self)
         if not wait:
             return self._submissions.submit(request)
         sync_request = v1.SubmitRequest()

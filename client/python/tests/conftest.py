@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,6 +84,18 @@ def start_server(*flags, memory_limit=MEMORY_LIMIT_BYTES, cpu_threads=2):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def nep50():
+    """NumPy's promotion as the server has it (NEP 50): NumPy 1.24 has it behind a
+    switch, NumPy 2 always."""
+    state = getattr(np, "_get_promotion_state", lambda: None)()
+    if state is not None:
+        np._set_promotion_state("weak")
+    yield
+    if state is not None:
+        np._set_promotion_state(state)
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,7 @@ from gpucompute import _ufuncs
 RNG_SEED = 31
 
 
-@pytest.fixture(autouse=True, scope="module")
-def nep50():
-    # NumPy 1.24 has NEP 50 behind this switch; NumPy 2 has it always.
-    state = getattr(np, "_get_promotion_state", lambda: None)()
-    if state is not None:
-        np._set_promotion_state("weak")
-    yield
-    if state is not None:
-        np._set_promotion_state(state)
+pytestmark = pytest.mark.usefixtures("nep50")
 
 
 def _values(rng, shape, dtype):
