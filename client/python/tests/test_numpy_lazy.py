@@ -221,3 +221,14 @@ def test_a_failure_while_running_surfaces_at_the_result(client):
     client.delete(y._pending.buffer_id())  # the server's answer to the next use of y
     with pytest.raises(gpucompute.NotFoundError):
         (y * 2).get()
+
+
+def test_a_result_downloads_right_after_its_answer():
+    # The server may answer a session's operation a moment before the buffer it made can
+    # be found by other calls (most often a fresh server's first matmul).
+    with conftest.start_server() as address:
+        with gpucompute.connect(address, progress=False) as fresh:
+            x = fresh.put(np.ones((4, 5)))
+            np.testing.assert_array_equal((x @ x.T).get(), np.full((4, 4), 5.0))
+            for step in range(300):
+                np.testing.assert_array_equal(np.asarray(x + step), np.ones((4, 5)) + step)

@@ -85,7 +85,8 @@ def test_bitwise_operators_on_integers(client, op):
 
 
 @pytest.mark.parametrize("scalar", [2, -3, 2.5, True, np.float64(1.5), np.float32(0.5),
-                                    np.int32(3), np.int64(-2)])
+                                    np.int32(3), np.int64(-2), float("nan"), -float("inf"),
+                                    np.float32("inf"), 1e300])
 @pytest.mark.parametrize("dtype", ["float32", "int32", "float64", "int64"])
 def test_scalars_promote_under_nep50(client, dtype, scalar):
     rng = np.random.default_rng(RNG_SEED)
