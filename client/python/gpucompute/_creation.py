@@ -6,16 +6,27 @@ Module-level functions take `client=`; without it they use the client that
 gpucompute.connect() opened last.
 """
 
+from __future__ import annotations
+
 import math
 import numbers
 import secrets
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _dispatch, _lazy
 from ._requests import create_request, random_request
+
+if TYPE_CHECKING:
+    from ._lazy import LazyArray
+    from .client import Client
+
+ShapeLike = Union[int, Sequence[int]]
+DTypeLike = Any
+Scalar = Union[bool, int, float, np.generic]
 
 _default = None
 
@@ -43,7 +54,8 @@ def _shape(shape):
     return shape
 
 
-def full(shape, fill_value, dtype=None, *, client=None):
+def full(shape: ShapeLike, fill_value: Scalar, dtype: DTypeLike = None, *,
+         client: Optional[Client] = None) -> LazyArray:
     """An array of `shape` filled with `fill_value` (dtype: NumPy's for the value)."""
     client = _client(client)
     dtype = np.dtype(dtype) if dtype is not None else np.array(fill_value).dtype
@@ -54,15 +66,18 @@ def full(shape, fill_value, dtype=None, *, client=None):
     return _lazy.created(client, info)
 
 
-def zeros(shape, dtype=np.float64, *, client=None):
+def zeros(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
+          client: Optional[Client] = None) -> LazyArray:
     return full(shape, 0, dtype, client=client)
 
 
-def ones(shape, dtype=np.float64, *, client=None):
+def ones(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
+         client: Optional[Client] = None) -> LazyArray:
     return full(shape, 1, dtype, client=client)
 
 
-def empty(shape, dtype=np.float64, *, client=None):
+def empty(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
+          client: Optional[Client] = None) -> LazyArray:
     """As zeros: the server fills every new buffer."""
     return zeros(shape, dtype, client=client)
 
@@ -72,19 +87,23 @@ def _like(function, x, dtype, shape, *args):
                     x.dtype if dtype is None else dtype, client=x._client)
 
 
-def zeros_like(x, dtype=None, *, shape=None):
+def zeros_like(x: Any, dtype: DTypeLike = None, *,
+               shape: Optional[ShapeLike] = None) -> LazyArray:
     return _like(zeros, x, dtype, shape)
 
 
-def ones_like(x, dtype=None, *, shape=None):
+def ones_like(x: Any, dtype: DTypeLike = None, *,
+              shape: Optional[ShapeLike] = None) -> LazyArray:
     return _like(ones, x, dtype, shape)
 
 
-def empty_like(x, dtype=None, *, shape=None):
+def empty_like(x: Any, dtype: DTypeLike = None, *,
+               shape: Optional[ShapeLike] = None) -> LazyArray:
     return _like(empty, x, dtype, shape)
 
 
-def full_like(x, fill_value, dtype=None, *, shape=None):
+def full_like(x: Any, fill_value: Scalar, dtype: DTypeLike = None, *,
+              shape: Optional[ShapeLike] = None) -> LazyArray:
     return _like(full, x, dtype, shape, fill_value)
 
 
@@ -102,7 +121,9 @@ def _index_vector(client, n):
     return grid.reshape(k * k)[:n]
 
 
-def arange(start, stop=None, step=1, dtype=None, *, client=None):
+def arange(start: Union[int, float], stop: Union[int, float, None] = None,
+           step: Union[int, float] = 1, dtype: DTypeLike = None, *,
+           client: Optional[Client] = None) -> Any:
     """NumPy's arange: start + i * step, computed on the server."""
     client = _client(client)
     if stop is None:
@@ -124,7 +145,8 @@ def arange(start, stop=None, step=1, dtype=None, *, client=None):
     return values.astype(dtype, copy=False) if values.dtype != dtype else values
 
 
-def linspace(start, stop, num=50, endpoint=True, dtype=None, *, client=None):
+def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True,
+             dtype: DTypeLike = None, *, client: Optional[Client] = None) -> Any:
     """NumPy's linspace, computed on the server in float64 as NumPy does."""
     client = _client(client)
     num = int(num)
@@ -165,7 +187,7 @@ class _Stream:
 _streams = weakref.WeakKeyDictionary()
 
 
-def seed(value, *, client=None):
+def seed(value: int, *, client: Optional[Client] = None) -> None:
     """Restarts `client`'s default random stream at key `value`, counter 0, so that
     the fills that follow are reproducible."""
     client = _client(client)
@@ -190,31 +212,40 @@ def _random(client, distribution, shape, dtype, seed_value, **parameters):
     return _lazy.array_from(client, _dispatch.submit(client, request), shape, dtype)
 
 
-def random(size=(), dtype=np.float64, *, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def random(size: ShapeLike = (), dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
+           client: Optional[Client] = None) -> LazyArray:
     """Uniform on [0, 1): Philox4x32-10 keyed by `seed` (None: the client's stream,
     see gpucompute.seed); the same seed gives the same numbers on every backend."""
     return _random(client, "uniform", size, dtype, seed)
 
 
-def rand(*shape, dtype=np.float64, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def rand(*shape: int, dtype: DTypeLike = np.float64, seed: Optional[int] = None,
+         client: Optional[Client] = None) -> LazyArray:
     return random(shape, dtype, seed=seed, client=client)
 
 
-def randn(*shape, dtype=np.float64, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def randn(*shape: int, dtype: DTypeLike = np.float64, seed: Optional[int] = None,
+          client: Optional[Client] = None) -> LazyArray:
     return normal(0.0, 1.0, shape, dtype, seed=seed, client=client)
 
 
-def normal(loc=0.0, scale=1.0, size=(), dtype=np.float64, *, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def normal(loc: float = 0.0, scale: float = 1.0, size: ShapeLike = (),
+           dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
+           client: Optional[Client] = None) -> LazyArray:
     return _random(client, "normal", size, dtype, seed, mean=float(loc), stddev=float(scale),
                    normal_transform=2)
 
 
-def uniform(low=0.0, high=1.0, size=(), dtype=np.float64, *, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def uniform(low: float = 0.0, high: float = 1.0, size: ShapeLike = (),
+            dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
+            client: Optional[Client] = None) -> LazyArray:
     values = random(size, dtype, seed=seed, client=client)
     return values * (high - low) + low if (low, high) != (0.0, 1.0) else values
 
 
-def integers(low, high=None, size=(), dtype=np.int64, *, seed=None, client=None):  # pylint: disable=redefined-outer-name
+def integers(low: int, high: Optional[int] = None, size: ShapeLike = (),
+             dtype: DTypeLike = np.int64, *, seed: Optional[int] = None,
+             client: Optional[Client] = None) -> LazyArray:
     """Uniform integers on [low, high) (on [0, low) without high)."""
     if high is None:
         low, high = 0, low

@@ -94,6 +94,7 @@ def submit(client, request):
     # Operations sent through the client's own futures reach the server first.
     client._submissions.wait_idle()
     pending = _session(client).submit(request)
+    client._array_last = pending
     for observer in observers:
         observer(client, request, pending)
     return pending
@@ -117,21 +118,24 @@ def release(client_ref, pending):
     module. Runs in finalizers, so it never blocks and never calls the server."""
     client = client_ref()
     if client is not None:
-        client._released.append(pending)
+        # Operations already sent may still read the buffer; nothing sent later can
+        # (the array is gone). The session runs on one stream, in order, so the buffer
+        # is free once the last operation sent by now is answered.
+        client._released.append((pending, client._array_last))
 
 
 def _flush_released(client):
-    """Deletes the released outputs whose operations are answered; the others wait for
-    a later call, so that the caller never waits for them."""
+    """Deletes the released outputs that nothing sent may still read; the others wait
+    for a later call, so that the caller never waits for them."""
     queue = client._released
     waiting = []
     while queue:
         try:
-            pending = queue.popleft()
+            pending, last = queue.popleft()
         except IndexError:
             break
-        if not pending.done():
-            waiting.append(pending)
+        if not pending.done() or (last is not None and not last.done()):
+            waiting.append((pending, last))
             continue
         try:
             client._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=pending.buffer_id()))

@@ -17,10 +17,13 @@ TypeError); what only the server can check (memory, limits, a buffer deleted mea
 raises at the submission, and a failure while running at the first use of the result.
 """
 
+from __future__ import annotations
+
 import math
 import numbers
 import threading
 import weakref
+from typing import Any, Optional
 
 import numpy as np
 
@@ -205,7 +208,7 @@ class LazyArray(RemoteArray):
             self._set_pending(pending, owned=name is None)
         return self._pending
 
-    def compute(self, name=None):
+    def compute(self, name: Optional[str] = None) -> LazyArray:
         """Sends the pending expression now (as one operation), into a new buffer named
         `name` if given (a named result outlives the array); returns self."""
         if self._node is None and name is not None:
@@ -215,7 +218,7 @@ class LazyArray(RemoteArray):
         return self
 
     @property
-    def pending(self):
+    def pending(self) -> bool:
         """Whether the value is not known to be computed (no server call)."""
         return self._node is not None or not self._pending.done()
 
@@ -239,7 +242,7 @@ class LazyArray(RemoteArray):
         return self._name
 
     @property
-    def shape(self):
+    def shape(self) -> tuple:
         return self._shape
 
     @property
@@ -247,7 +250,7 @@ class LazyArray(RemoteArray):
         return len(self._shape)
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self._dtype
 
     @property
@@ -423,7 +426,7 @@ def created(client, info):
                      dtype=numpy_dtype(info.dtype))
 
 
-def evaluate(*arrays):
+def evaluate(*arrays: Any) -> Any:
     """Sends the pending expressions of `arrays` now, each as one operation."""
     for array in arrays:
         if isinstance(array, LazyArray):

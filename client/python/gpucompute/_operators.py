@@ -4,7 +4,11 @@ else is a TypeError naming it, never a silent download), the reductions and othe
 methods, scalar conversion and assignment. The blocking client only.
 """
 
+from __future__ import annotations
+
 import numbers
+from types import ModuleType
+from typing import Any, Optional
 
 import numpy as np
 
@@ -164,13 +168,13 @@ class ArrayOperators:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(self.shape[0]))
 
-    def __float__(self):
+    def __float__(self) -> float:
         return _impl()[1].scalar(self, float)
 
-    def __int__(self):
+    def __int__(self) -> int:
         return _impl()[1].scalar(self, int)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return _impl()[1].scalar(self, bool)
 
     def __index__(self):
@@ -178,7 +182,7 @@ class ArrayOperators:
             raise TypeError("only integer arrays can be used as an index")
         return _impl()[1].scalar(self, int)
 
-    def astype(self, dtype, copy=True):
+    def astype(self, dtype: Any, copy: bool = True) -> Any:
         """The array as `dtype` (a lazy cast, fused with what follows)."""
         from ._arrays import dtype_enum  # pylint: disable=import-outside-toplevel
         dtype_enum(dtype)
@@ -187,17 +191,17 @@ class ArrayOperators:
             return self
         return _impl()[0].apply(dtype.name, [self], type_=dtype, what="astype")
 
-    def copy(self):
+    def copy(self) -> Any:
         """A new buffer with the array's values (lazy)."""
         return _impl()[0].apply("", [self], what="copy")
 
-    def compute(self, name=None):
+    def compute(self, name: Optional[str] = None) -> Any:
         """The array's value in a buffer of its own: pending work is sent now."""
         if name is not None:
             raise ValueError("name a copy: x.copy().compute(name=...)")
         return self
 
-    def __array_namespace__(self, *, api_version=None):
+    def __array_namespace__(self, *, api_version: Optional[str] = None) -> ModuleType:
         if api_version not in (None, "2023.12"):
             raise ValueError(f"array API version {api_version!r} is not supported; 2023.12 is")
         from . import array_api  # pylint: disable=import-outside-toplevel

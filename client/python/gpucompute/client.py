@@ -96,6 +96,7 @@ class Client(_operations.Operations):
         # Buffers of collected arrays, deleted with the array layer's next call.
         self._released = collections.deque()
         self._array_session = None  # the array layer's (gpucompute._dispatch)
+        self._array_last = None  # the last operation it sent
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls

@@ -232,3 +232,14 @@ def test_a_result_downloads_right_after_its_answer():
             np.testing.assert_array_equal((x @ x.T).get(), np.full((4, 4), 5.0))
             for step in range(300):
                 np.testing.assert_array_equal(np.asarray(x + step), np.ones((4, 5)) + step)
+
+
+def test_a_collected_array_stays_until_the_operations_sent_that_read_it_ran(client,
+                                                                             monkeypatch):
+    monkeypatch.setattr(_lazy, "MAX_DEPTH", 2)  # an operation every step
+    x = client.put(np.zeros(1 << 16, np.float32))
+    for _ in range(3):  # the race this guards against is lost about half the time
+        y = x
+        for _ in range(400):
+            y = y + 1  # the previous y is collected while the operation reading it waits
+        np.testing.assert_array_equal(y.get(), np.full(1 << 16, 400, np.float32))
