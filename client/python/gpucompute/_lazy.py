@@ -109,25 +109,32 @@ class Scalar:
         elif math.isfinite(value):
             literal = repr(float(value)).replace("e+", "e")
         else:
-            key = ("scalar", len(names))
-            names[key] = f"s{len(names)}"
-            names.setdefault("inputs", {})[names[key]] = float(value)
-            literal = names[key]
+            literal = names.scalar(float(value))
         if literal.startswith("-"):
             literal = f"({literal})"
         return literal if _ufuncs.is_weak(self.type) else f"{self.type.name}({literal})"
 
 
+class _Names(dict):
+    """The input names of an expression: leaf key -> name; `inputs` binds them."""
+
+    def __init__(self, leaves):
+        super().__init__()
+        self.inputs = {}
+        for index, (key, leaf) in enumerate(leaves.items()):
+            self[key] = f"a{index}"
+            self.inputs[f"a{index}"] = View(leaf.ref, leaf.steps)
+
+    def scalar(self, value):
+        name = f"s{len(self.inputs)}"
+        self.inputs[name] = value
+        return name
+
+
 def emit(node):
     """(expression, inputs) of a tree: each distinct buffer or view one input."""
-    names = {}
-    inputs = {}
-    for index, (key, leaf) in enumerate(node.leaves.items()):
-        names[key] = f"a{index}"
-        inputs[f"a{index}"] = View(leaf.ref, leaf.steps)
-    expression = node.text(names)
-    inputs.update(names.get("inputs", {}))
-    return expression, inputs
+    names = _Names(node.leaves)
+    return node.text(names), names.inputs
 
 
 # The unsent arrays of each client, so that a write to a buffer first sends the
