@@ -19,6 +19,7 @@ raises at the submission, and a failure while running at the first use of the re
 
 from __future__ import annotations
 
+import html
 import math
 import numbers
 import threading
@@ -305,7 +306,7 @@ class LazyArray(RemoteArray):
         return f"<RemoteArray {self._describe()}>"
 
     def _repr_html_(self):
-        return (f"<b>RemoteArray</b> <code>{self._describe()}</code>")
+        return f"<b>RemoteArray</b> <code>{html.escape(self._describe())}</code>"
 
 
 def client_of(*values):

@@ -6,6 +6,7 @@ methods, scalar conversion and assignment. The blocking client only.
 
 from __future__ import annotations
 
+import html
 import numbers
 from types import ModuleType
 from typing import Any, Optional
@@ -200,6 +201,10 @@ class ArrayOperators:
         if name is not None:
             raise ValueError("name a copy: x.copy().compute(name=...)")
         return self
+
+    def _repr_html_(self) -> str:
+        """For notebooks: what repr() says (no download, no server call)."""
+        return f"<code>{html.escape(repr(self))}</code>"
 
     def __array_namespace__(self, *, api_version: Optional[str] = None) -> ModuleType:
         if api_version not in (None, "2023.12"):

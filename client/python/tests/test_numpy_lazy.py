@@ -191,6 +191,9 @@ def test_repr_does_not_download(client, no_download, operations):
     y.compute()
     y._pending.result()
     assert "materialized" in repr(y)
+    handle = client.put(np.ones(3))
+    assert "float64[3]" in repr(handle) and "float64[3]" in handle._repr_html_()
+    assert "shape=(3,)" in repr(handle[::2]) or "steps=1" in repr(handle[::2])
 
 
 def test_unsupported_paths_raise_without_downloading(client, no_download):
