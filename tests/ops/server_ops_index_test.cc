@@ -30,8 +30,8 @@ v1::SubmitRequest Request(const std::string& text) {
 
 // Runs `text` and returns the new output's info and its elements as T.
 template <typename T>
-absl::StatusOr<std::pair<v1::BufferInfo, std::vector<T>>> Run(Client& client,
-                                                                const std::string& text) {
+absl::StatusOr<std::pair<v1::BufferInfo, std::vector<T>>> Evaluate(Client& client,
+                                                                   const std::string& text) {
   absl::StatusOr<v1::Operation> op = RunOp(client, Request(text));
   if (!op.ok()) return op.status();
   absl::StatusOr<std::vector<T>> values = DownloadArray<T>(client, op->outputs(0).id());
@@ -44,13 +44,15 @@ std::vector<uint64_t> ShapeOf(const v1::BufferInfo& info) {
 }
 
 TEST_F(IndexTest, ArangeIsIndexZeroOfAOneDimensionalShape) {
-  ASSIGN_OR_FAIL(auto arange,
-                 Run<int64_t>(c(), "elementwise { expression: \"index(0)\" shape { extents: 7 } }"));
+  ASSIGN_OR_FAIL(
+      auto arange,
+      Evaluate<int64_t>(c(), "elementwise { expression: \"index(0)\" shape { extents: 7 } }"));
   EXPECT_EQ(arange.first.dtype(), v1::DTYPE_INT64);  // numpy.arange(7).dtype
   EXPECT_EQ(ShapeOf(arange.first), (std::vector<uint64_t>{7}));
   EXPECT_EQ(arange.second, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
   // numpy.arange(0, 0): empty, and index(-1) is the same axis.
-  ASSIGN_OR_FAIL(auto empty, Run<int64_t>(c(), "elementwise { expression: \"index(-1)\" "
+  ASSIGN_OR_FAIL(auto empty, Evaluate<int64_t>(c(),
+                                               "elementwise { expression: \"index(-1)\" "
                                                "shape { extents: 0 } }"));
   EXPECT_EQ(ShapeOf(empty.first), (std::vector<uint64_t>{0}));
   EXPECT_TRUE(empty.second.empty());
@@ -63,12 +65,14 @@ TEST_F(IndexTest, LinspaceIsStartPlusIndexTimesStepInFloat64) {
   const double step = (stop - start) / 10;
   ASSIGN_OR_FAIL(
       auto got,
-      Run<double>(c(), absl::StrCat("elementwise { expression: \"where(index(0) == 10, stop, "
-                                    "start + index(0) * step)\" shape { extents: 11 } ",
-                                    "inputs { key: \"start\" value { scalar { float_value: ", start,
-                                    " } } } inputs { key: \"step\" value { scalar { float_value: ",
-                                    step, " } } } inputs { key: \"stop\" value { scalar { "
-                                    "float_value: ", stop, " } } } }")));
+      Evaluate<double>(
+          c(), absl::StrCat("elementwise { expression: \"where(index(0) == 10, stop, "
+                            "start + index(0) * step)\" shape { extents: 11 } ",
+                            "inputs { key: \"start\" value { scalar { float_value: ", start,
+                            " } } } inputs { key: \"step\" value { scalar { float_value: ", step,
+                            " } } } inputs { key: \"stop\" value { scalar { "
+                            "float_value: ",
+                            stop, " } } } }")));
   EXPECT_EQ(got.first.dtype(), v1::DTYPE_FLOAT64);
   std::vector<double> ref;
   for (int i = 0; i < 11; ++i) ref.push_back(i == 10 ? stop : start + i * step);
@@ -79,15 +83,20 @@ TEST_F(IndexTest, EyeTrilAndIndicesOfATwoDimensionalShape) {
   constexpr int kRows = 5, kCols = 7;
   const std::string shape = absl::StrCat(" shape { extents: [", kRows, ", ", kCols, "] } }");
   // numpy.eye(5, 7, k=1)
-  ASSIGN_OR_FAIL(auto eye, Run<double>(c(), "elementwise { expression: \"where(index(1) - "
-                                            "index(0) == 1, 1.0, 0.0)\"" + shape));
+  ASSIGN_OR_FAIL(auto eye, Evaluate<double>(c(),
+                                            "elementwise { expression: \"where(index(1) - "
+                                            "index(0) == 1, 1.0, 0.0)\"" +
+                                                shape));
   // numpy.tril(numpy.ones((5, 7)))
-  ASSIGN_OR_FAIL(auto tril, Run<uint8_t>(c(), "elementwise { expression: \"index(-1) <= "
-                                              "index(-2)\"" + shape));
+  ASSIGN_OR_FAIL(auto tril, Evaluate<uint8_t>(c(),
+                                              "elementwise { expression: \"index(-1) <= "
+                                              "index(-2)\"" +
+                                                  shape));
   EXPECT_EQ(tril.first.dtype(), v1::DTYPE_BOOL);
   // numpy.indices((5, 7))[0] * 10 + numpy.indices((5, 7))[1]
-  ASSIGN_OR_FAIL(auto indices,
-                 Run<int64_t>(c(), "elementwise { expression: \"index(0) * 10 + index(1)\"" + shape));
+  ASSIGN_OR_FAIL(
+      auto indices,
+      Evaluate<int64_t>(c(), "elementwise { expression: \"index(0) * 10 + index(1)\"" + shape));
   std::vector<double> eye_ref;
   std::vector<uint8_t> tril_ref;
   std::vector<int64_t> indices_ref;
@@ -110,9 +119,9 @@ TEST_F(IndexTest, OperandsBroadcastToTheRequestedShapeAndIndexReadsItsAxes) {
   ASSIGN_OR_FAIL(auto bx, UploadArray(c(), x));
   ASSIGN_OR_FAIL(
       auto got,
-      Run<double>(c(), absl::StrCat("elementwise { expression: \"x + 100 * index(0) + 10 * "
-                                    "index(-2)\" inputs { key: \"x\" value { buffer: \"",
-                                    bx.id(), "\" } } shape { extents: [3, 2, 4] } }")));
+      Evaluate<double>(c(), absl::StrCat("elementwise { expression: \"x + 100 * index(0) + 10 * "
+                                         "index(-2)\" inputs { key: \"x\" value { buffer: \"",
+                                         bx.id(), "\" } } shape { extents: [3, 2, 4] } }")));
   EXPECT_EQ(ShapeOf(got.first), (std::vector<uint64_t>{3, 2, 4}));
   std::vector<double> ref;
   for (int i = 0; i < 3; ++i) {
@@ -129,11 +138,11 @@ TEST_F(IndexTest, OperandsBroadcastToTheRequestedShapeAndIndexReadsItsAxes) {
   ASSIGN_OR_FAIL(auto bm, UploadArray(c(), m, {3, 4}));
   ASSIGN_OR_FAIL(
       auto tril,
-      Run<double>(c(), absl::StrCat("elementwise { expression: \"where(index(1) <= index(0), "
-                                    "m, 0)\" inputs { key: \"m\" value { buffer: \"",
-                                    bm.id(),
-                                    "\" view { transpose {} } view { index { items { slice { "
-                                    "step: -1 } } } } } } }")));
+      Evaluate<double>(c(), absl::StrCat("elementwise { expression: \"where(index(1) <= index(0), "
+                                         "m, 0)\" inputs { key: \"m\" value { buffer: \"",
+                                         bm.id(),
+                                         "\" view { transpose {} } view { index { items { slice { "
+                                         "step: -1 } } } } } } }")));
   EXPECT_EQ(ShapeOf(tril.first), (std::vector<uint64_t>{4, 3}));
   std::vector<double> tril_ref;
   for (int i = 0; i < 4; ++i) {
