@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _dispatch, _lazy
-from ._requests import create_request, random_request
+from ._requests import create_request, elementwise_request, random_request
+from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._lazy import LazyArray
@@ -108,9 +109,23 @@ def full_like(x: Any, fill_value: Scalar, dtype: DTypeLike = None, *,
 
 
 def _index_vector(client, n):
-    """0, 1, ... n-1 (int64) on the server. The expression language has no index
-    function yet, so this uploads ceil(sqrt(n)) integers and forms the rest from them:
-    i * k + j over a (k, k) grid, reshaped and cut to n."""
+    """0, 1, ... n-1 (int64), made on the server: one operation, `index(0)` over the
+    shape (n,), where the server has index(); else (an older server) from
+    ceil(sqrt(n)) uploaded integers, as i * k + j over a (k, k) grid cut to n."""
+    if client._has_index is not False:
+        request = elementwise_request("index(0)", {})
+        request.elementwise.shape.extents.append(n)
+        pending = _dispatch.submit(client, request)
+        if client._has_index is None:
+            try:
+                pending.result()
+            except InvalidArgumentError as error:
+                if "index" not in str(error):
+                    raise
+                client._has_index = False
+                return _index_vector(client, n)
+            client._has_index = True
+        return _lazy.array_from(client, pending, (n,), np.int64)
     k = max(1, math.isqrt(max(n - 1, 0)) + 1)
     digits = client.put(np.arange(k, dtype=np.int64))
     try:

@@ -97,6 +97,7 @@ class Client(_operations.Operations):
         self._released = collections.deque()
         self._array_session = None  # the array layer's (gpucompute._dispatch)
         self._array_last = None  # the last operation it sent
+        self._has_index = None  # whether the server's expressions have index(k)
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls

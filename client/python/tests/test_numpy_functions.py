@@ -123,7 +123,9 @@ def test_creation_functions_upload_nothing(client, monkeypatch):
     _close(gpucompute.zeros_like(x), np.zeros((2, 5), np.float32))
     _close(gpucompute.ones_like(x, dtype=np.int64), np.ones((2, 5), np.int64))
     _close(gpucompute.full_like(x, 3), np.full((2, 5), 3, np.float32))
-    assert uploads == []
+    _close(client.arange(3, 50, 7), np.arange(3, 50, 7))
+    _close(client.linspace(0, 1, 11), np.linspace(0, 1, 11))
+    assert uploads == []  # arange and linspace: one index(0) expression each
 
 
 @pytest.mark.parametrize("args", [(10,), (2, 11), (0.5, 3, 0.25), (5, -5, -2), (1, 2, 0.1),
