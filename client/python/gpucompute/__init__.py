@@ -23,9 +23,11 @@ from ._proto import v1
 from ._session import Pending, Session
 from ._views import View
 from .client import Client, RemoteArray, connect
-from ._creation import (arange, empty, empty_like, full, full_like, integers, linspace, normal,
-                        ones, ones_like, rand, randn, random, seed, uniform, zeros, zeros_like)
+from ._creation import (arange, empty, empty_like, eye, full, full_like, integers, linspace,
+                        normal, ones, ones_like, rand, randn, random, seed, uniform, zeros,
+                        zeros_like)
 from ._lazy import evaluate
+from . import array_api
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
                      PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
@@ -37,7 +39,8 @@ __all__ = [
     "AlreadyExistsError", "Chain", "ChainResult", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "Pending",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
-    "UnauthenticatedError", "UnavailableError", "View", "arange", "connect", "empty",
-    "empty_like", "evaluate", "full", "full_like", "integers", "linspace", "normal", "ones",
-    "ones_like", "rand", "randn", "random", "seed", "uniform", "v1", "zeros", "zeros_like",
+    "UnauthenticatedError", "UnavailableError", "View", "arange", "array_api", "connect",
+    "empty", "empty_like", "evaluate", "eye", "full", "full_like", "integers", "linspace",
+    "normal", "ones", "ones_like", "rand", "randn", "random", "seed", "uniform", "v1",
+    "zeros", "zeros_like",
 ]

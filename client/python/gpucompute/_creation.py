@@ -136,6 +136,28 @@ def _index_vector(client, n):
     return grid.reshape(k * k)[:n]
 
 
+def eye(n: int, m: Optional[int] = None, k: int = 0, dtype: DTypeLike = np.float64, *,
+        client: Optional[Client] = None) -> LazyArray:
+    """NumPy's eye: ones on diagonal k of an (n, m) array, one index() expression (a
+    server without index() raises NotImplementedError)."""
+    client = _client(client)
+    m = n if m is None else m
+    dtype = np.dtype(dtype)
+    request = elementwise_request(f"{dtype.name}(index(1) - index(0) == {int(k)})", {})
+    request.elementwise.shape.extents.extend((int(n), int(m)))
+    pending = _dispatch.submit(client, request)
+    if client._has_index is None:
+        try:
+            pending.result()
+        except InvalidArgumentError as error:
+            if "index" in str(error):
+                client._has_index = False
+            raise NotImplementedError("eye needs a server whose expressions have index()") \
+                from error
+        client._has_index = True
+    return _lazy.array_from(client, pending, (int(n), int(m)), dtype)
+
+
 def arange(start: Union[int, float], stop: Union[int, float, None] = None,
            step: Union[int, float] = 1, dtype: DTypeLike = None, *,
            client: Optional[Client] = None) -> Any:

@@ -124,6 +124,10 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
     return _creation.linspace(start, stop, num, endpoint, dtype, client=_client(device))
 
 
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
+    return _creation.eye(n_rows, n_cols, k, dtype or float64, client=_client(device))
+
+
 def asarray(obj, /, *, dtype=None, device=None, copy=None):
     """A remote array as is (or cast); host data is uploaded to `device`."""
     if isinstance(obj, (_lazy.RemoteArrayInfo, View)):

@@ -330,7 +330,7 @@ def _creation_method(name):
     return method
 
 
-for _name in ("zeros", "ones", "full", "empty", "arange", "linspace", "random", "randn",
+for _name in ("zeros", "ones", "full", "empty", "eye", "arange", "linspace", "random", "randn",
               "normal", "uniform", "integers"):
     setattr(Client, _name, _creation_method(_name))
 

@@ -125,7 +125,11 @@ def test_creation_functions_upload_nothing(client, monkeypatch):
     _close(gpucompute.full_like(x, 3), np.full((2, 5), 3, np.float32))
     _close(client.arange(3, 50, 7), np.arange(3, 50, 7))
     _close(client.linspace(0, 1, 11), np.linspace(0, 1, 11))
-    assert uploads == []  # arange and linspace: one index(0) expression each
+    _close(client.eye(3), np.eye(3))
+    _close(gpucompute.eye(3, 5, k=1, dtype=np.int32, client=client), np.eye(3, 5, k=1,
+                                                                       dtype=np.int32))
+    _close(gpucompute.array_api.eye(4, 2, k=-1, device=client), np.eye(4, 2, k=-1))
+    assert uploads == []  # arange, linspace and eye: one index() expression each
 
 
 @pytest.mark.parametrize("args", [(10,), (2, 11), (0.5, 3, 0.25), (5, -5, -2), (1, 2, 0.1),
