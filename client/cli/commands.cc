@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -649,6 +650,17 @@ Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request) {
   absl::StatusOr<v1::Output> output = OutputFromFlags(args, "--out");
   if (!output.ok()) return UsageFrom(output.status());
   *op->mutable_output() = *std::move(output);
+  if (std::optional<std::string> shape_text = args.Value("--shape")) {
+    absl::StatusOr<std::vector<uint64_t>> shape = ParseShape(*shape_text);
+    if (!shape.ok()) return UsageFrom(shape.status());
+    v1::SignedShape* extents = op->mutable_shape();
+    for (uint64_t extent : *shape) {
+      if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Outcome::Usage(absl::StrCat("--shape: the extent ", extent, " is too large"));
+      }
+      extents->add_extents(static_cast<int64_t>(extent));
+    }
+  }
   return Outcome::Ok();
 }
 

@@ -140,17 +140,19 @@ const std::vector<Command>& Commands() {
        {ValueFlag("--output", "-o"), kTransport, kShmSegment},
        RunGet},
       {"eval",
-       "EXPR NAME=VALUE... [--out BUFFER | --name N] [--dtype D] [--no-wait]",
+       "EXPR [NAME=VALUE...] [--shape S] [--out BUFFER | --name N] [--dtype D] [--no-wait]",
        "evaluate an elementwise expression",
        absl::StrCat(
            "EXPR uses + - * / ** (power), comparisons, where(c, a, b) and functions such as\n"
            "sin exp log sqrt abs min max; every name in it is bound with NAME=VALUE. VALUE\n"
            "is a number (an integer if it parses as one, else a float), True or False (a\n"
            "scalar), or else a buffer id or name, or a view of one ('x[::2].T').\n"
-           "Buffers of different shapes broadcast as in NumPy.\n"
+           "Buffers of different shapes broadcast as in NumPy. index(k) is each element's\n"
+           "coordinate along axis k of the result ('index(0)' --shape 5 is arange(5)).\n"
+           "  --shape S      the result's shape, e.g. 3,4 (the buffers broadcast to it)\n"
            "  --dtype D      dtype of a new result (default: NumPy 2's promotion)\n",
            kOutputDetails),
-       {kOut, kName, kDType, kNoWait},
+       {kOut, kName, kDType, kNoWait, ValueFlag("--shape")},
        RunEval,
        BuildEval},
       {"gemv",

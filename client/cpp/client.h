@@ -342,8 +342,12 @@ v1::Output NewOutput(std::string_view name = {}, v1::DType dtype = v1::DTYPE_UNS
 
 using NamedOperands = std::initializer_list<std::pair<std::string_view, v1::Operand>>;
 
+// With `shape`, the result has that shape (ElementwiseOp.shape): the buffers broadcast to
+// it, and index(k) gives the coordinates along its axes, e.g. Elementwise("index(0)", {},
+// {}, std::vector<int64_t>{5}) is numpy.arange(5).
 v1::SubmitRequest Elementwise(std::string_view expression, NamedOperands inputs,
-                              v1::Output output = {});
+                              v1::Output output = {},
+                              std::optional<std::vector<int64_t>> shape = std::nullopt);
 // A reduction over every axis, or over `axis`.
 v1::SubmitRequest Reduce(v1::ReduceKind kind, const ArrayRef& input, std::optional<int> axis = {},
                          v1::Output output = {});

@@ -265,7 +265,7 @@ v1::Output NewOutput(std::string_view name, v1::DType dtype) {
 }
 
 v1::SubmitRequest Elementwise(std::string_view expression, NamedOperands inputs,
-                              v1::Output output) {
+                              v1::Output output, std::optional<std::vector<int64_t>> shape) {
   v1::SubmitRequest request;
   v1::ElementwiseOp* op = request.mutable_elementwise();
   op->set_expression(std::string(expression));
@@ -273,6 +273,11 @@ v1::SubmitRequest Elementwise(std::string_view expression, NamedOperands inputs,
     (*op->mutable_inputs())[std::string(name)] = operand;
   }
   *op->mutable_output() = std::move(output);
+  if (shape.has_value()) {
+    // Set even when empty: an explicit () is a 0-d result.
+    v1::SignedShape* extents = op->mutable_shape();
+    for (int64_t extent : *shape) extents->add_extents(extent);
+  }
   return request;
 }
 

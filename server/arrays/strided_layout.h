@@ -50,6 +50,18 @@ struct StridedLayout {
 // The layout of a whole buffer of `shape`, in C order or else in F order.
 StridedLayout DenseLayout(const std::vector<uint64_t>& shape, bool fortran_order);
 
+// numpy.indices(shape)[axis] read from the coordinates 0, 1, ..., shape[axis] - 1 stored
+// one after another: stride 1 along `axis` (0 where its extent is 1), 0 on the others.
+// What a backend reads for index(axis) of an expression (expr::IndexAsInputs). Inline:
+// the CUDA backend's module does not link this library.
+inline StridedLayout CoordinatesLayout(std::span<const int64_t> shape, int axis) {
+  StridedLayout l;
+  l.shape.assign(shape.begin(), shape.end());
+  l.strides.assign(shape.size(), 0);
+  if (shape[axis] > 1) l.strides[axis] = 1;
+  return l;
+}
+
 // The lowest and highest element offsets a layout with elements touches, inclusive.
 struct ElementSpan {
   int64_t first = 0;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -570,6 +571,14 @@ void EvaluateElementwise(const expr::Program& program, std::span<const void* con
                          void* out, DType out_dtype, int64_t n, ThreadPool& pool) {
   assert(inputs.size() == program.inputs().size());
   if (n <= 0) return;
+  if (!expr::IndexAxes(program.ir()).empty()) {
+    // index() needs coordinates, which the strided evaluator makes: over one axis here.
+    const StridedLayout line{.shape = {n}, .strides = {1}, .offset = 0};
+    std::vector<StridedArray> arrays;
+    for (const void* in : inputs) arrays.push_back({in, line});
+    EvaluateElementwiseStrided(program, arrays, out, line, out_dtype, pool);
+    return;
+  }
   const size_t out_size = DTypeSize(out_dtype);
   const size_t out_bytes = static_cast<size_t>(n) * out_size;
   const std::vector<size_t> sizes = InputSizes(program);
@@ -603,11 +612,13 @@ void EvaluateElementwise(const expr::Program& program, std::span<const void* con
   Run(plan, inputs, sizes, out, out_size, n, pool);
 }
 
-void EvaluateElementwiseStrided(const expr::Program& program,
-                                std::span<const StridedArray> inputs, void* out,
-                                const StridedLayout& out_layout, DType out_dtype,
-                                ThreadPool& pool) {
-  assert(inputs.size() == program.inputs().size());
+namespace {
+
+// EvaluateElementwiseStrided over `ir`, whose kInput nodes read `inputs` (elements of
+// `sizes` bytes, 0 for scalars).
+void EvaluateIrStrided(const Ir& ir, std::span<const size_t> sizes,
+                       std::span<const StridedArray> inputs, void* out,
+                       const StridedLayout& out_layout, DType out_dtype, ThreadPool& pool) {
   const int64_t n = out_layout.num_elements();
   if (n <= 0) return;
   const int ndim = out_layout.ndim();
@@ -615,7 +626,6 @@ void EvaluateElementwiseStrided(const expr::Program& program,
   const auto inner_stride = [&](const StridedLayout& l) {
     return ndim == 0 ? int64_t{1} : l.strides[ndim - 1];
   };
-  const std::vector<size_t> sizes = InputSizes(program);
   const size_t out_size = DTypeSize(out_dtype);
 
   // The caller lets the output share memory with an input only where both are the same
@@ -624,7 +634,7 @@ void EvaluateElementwiseStrided(const expr::Program& program,
   // not read and write one buffer in one loop.
   bool aliased = false;
   for (const StridedArray& in : inputs) aliased = aliased || (in.data != nullptr && in.data == out);
-  const Plan plan = PlanBuilder(program.ir(), out_dtype, !aliased).Build();
+  const Plan plan = PlanBuilder(ir, out_dtype, !aliased).Build();
   // One block of the caller's per array input (its gathered elements) and one for the
   // output's, beside the registers.
   const size_t gather_slots = inputs.size() + 1;
@@ -743,6 +753,32 @@ void EvaluateElementwiseStrided(const expr::Program& program,
       p = row_end;
     }
   });
+}
+
+}  // namespace
+
+void EvaluateElementwiseStrided(const expr::Program& program,
+                                std::span<const StridedArray> inputs, void* out,
+                                const StridedLayout& out_layout, DType out_dtype,
+                                ThreadPool& pool) {
+  assert(inputs.size() == program.inputs().size());
+  if (expr::IndexAxes(program.ir()).empty()) {
+    EvaluateIrStrided(program.ir(), InputSizes(program), inputs, out, out_layout, out_dtype,
+                      pool);
+    return;
+  }
+  // index(k) reads one more int64 input: the coordinates along axis k.
+  const expr::Program indexed = expr::IndexAsInputs(program);
+  std::vector<StridedArray> all(inputs.begin(), inputs.end());
+  std::vector<std::vector<int64_t>> coordinates;
+  for (int64_t k : expr::IndexAxes(program.ir())) {
+    const int axis = expr::ResolveIndexAxis(k, out_layout.ndim());
+    assert(axis >= 0 && axis < out_layout.ndim());
+    std::vector<int64_t>& axis_coordinates = coordinates.emplace_back(out_layout.shape[axis]);
+    std::iota(axis_coordinates.begin(), axis_coordinates.end(), int64_t{0});
+    all.push_back({axis_coordinates.data(), CoordinatesLayout(out_layout.shape, axis)});
+  }
+  EvaluateIrStrided(indexed.ir(), InputSizes(indexed), all, out, out_layout, out_dtype, pool);
 }
 
 }  // namespace gpucompute::cpu

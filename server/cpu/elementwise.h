@@ -23,7 +23,8 @@ namespace gpucompute::cpu {
 // temporary copy.
 //
 // Every element is computed on its own, by the same operations in the same order, so the
-// result does not depend on the thread count or on how the range is split.
+// result does not depend on the thread count or on how the range is split. The range is
+// one axis: index(k) must name it (k is 0 or -1) and reads i.
 void EvaluateElementwise(const expr::Program& program, std::span<const void* const> inputs,
                          void* out, DType out_dtype, int64_t n, ThreadPool& pool);
 
@@ -45,6 +46,8 @@ struct StridedArray {
 //
 // Per element it computes exactly what EvaluateElementwise does, and the split over the
 // pool depends on the shape alone, so results do not depend on the thread count.
+// index(k) reads the coordinate along axis k of out_layout, which the caller must not
+// have coalesced away (-ndim <= k < ndim).
 void EvaluateElementwiseStrided(const expr::Program& program,
                                 std::span<const StridedArray> inputs, void* out,
                                 const StridedLayout& out_layout, DType out_dtype,

@@ -291,6 +291,43 @@ absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
     return absl::InvalidArgumentError(absl::StrCat("the program has ", program.inputs().size(),
                                                    " inputs but ", inputs.size(), " were given"));
   }
+  if (const std::vector<int64_t> index_axes = expr::IndexAxes(program.ir()); !index_axes.empty()) {
+    // index(k) reads the coordinates along axis k from an int64 array in device memory
+    // (expr::IndexAsInputs), so the kernels' templates, and the kernels of expressions
+    // without index(), stay as they are. One allocation holds every axis's coordinates.
+    std::vector<int64_t> coordinates;
+    std::vector<std::pair<int, int64_t>> axis_offsets;
+    for (int64_t k : index_axes) {
+      const int axis = expr::ResolveIndexAxis(k, out_layout.ndim());
+      if (axis < 0 || axis >= out_layout.ndim()) {
+        return absl::InvalidArgumentError(absl::StrCat("index(", k, ") names no axis of a rank ",
+                                                       out_layout.ndim(), " result"));
+      }
+      axis_offsets.push_back({axis, static_cast<int64_t>(coordinates.size())});
+      for (int64_t i = 0; i < out_layout.shape[axis]; ++i) coordinates.push_back(i);
+    }
+    cudaStream_t cuda_stream = AsCuda(stream).get();
+    const uint64_t bytes = std::max<uint64_t>(coordinates.size(), 1) * sizeof(int64_t);
+    void* p = nullptr;
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
+                                        cudaMallocFromPoolAsync(&p, bytes, d.pool, cuda_stream));
+    // Freed in stream order, after the kernel that reads it, whatever happens below.
+    const DeviceMemory memory(p, bytes, stream.device(), [cuda_stream](void* ptr, uint64_t) {
+      LogIfFailed(cudaFreeAsync(ptr, cuda_stream), "cudaFreeAsync(coordinates)");
+    });
+    // From pageable memory, the copy has taken the values when it returns.
+    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+        Check, cudaMemcpyAsync(p, coordinates.data(), coordinates.size() * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, cuda_stream));
+    std::vector<StridedInput> all(inputs.begin(), inputs.end());
+    for (const auto& [axis, offset] : axis_offsets) {
+      StridedLayout layout = CoordinatesLayout(out_layout.shape, axis);
+      layout.offset = offset;
+      all.push_back({&memory, std::move(layout)});
+    }
+    return ElementwiseStrided(stream, expr::IndexAsInputs(program), all, out, out_layout,
+                              out_dtype);
+  }
   // The layouts arrive coalesced (backend.h); any layout is computed right all the same.
   std::vector<StridedLayout> layouts;
   std::vector<StridedLayout*> arrays_layouts;  // those of arrays, and the output's

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "server/expression/functions.h"
 #include "server/expression/lexer.h"
 #include "server/expression/promotion.h"
 #include "server/util/status_macros.h"
@@ -46,7 +47,10 @@ using internal::ConvertConstant;
 using internal::ErrorAt;
 using internal::FoldBinary;
 using internal::FoldUnary;
+using internal::FindFunction;
+using internal::Form;
 using internal::FormatConstant;
+using internal::FunctionInfo;
 using internal::IsIdentifier;
 using internal::Lexer;
 using internal::Promote;
@@ -57,123 +61,6 @@ using internal::Token;
 using internal::Value;
 
 namespace {
-
-// How a function's call is compiled: most are one IR operation (kOp); the others are
-// built from several, or from none.
-enum class Form : uint8_t { kOp, kWhere, kClip, kRound, kPositive, kCast };
-
-struct FunctionInfo {
-  std::string_view name;
-  OpKind op;
-  int8_t min_args;
-  int8_t max_args;
-  Form form = Form::kOp;
-  DType cast = DType::kFloat64;  // Form::kCast: the target
-};
-
-constexpr FunctionInfo Fn(std::string_view name, OpKind op, int8_t args) {
-  return {name, op, args, args};
-}
-
-// NumPy's names, and the short names of the first version of the language.
-constexpr FunctionInfo kFunctions[] = {
-    Fn("sin", OpKind::kSin, 1),
-    Fn("cos", OpKind::kCos, 1),
-    Fn("tan", OpKind::kTan, 1),
-    Fn("exp", OpKind::kExp, 1),
-    Fn("log", OpKind::kLog, 1),
-    Fn("log1p", OpKind::kLog1p, 1),
-    Fn("expm1", OpKind::kExpm1, 1),
-    Fn("sqrt", OpKind::kSqrt, 1),
-    Fn("abs", OpKind::kAbs, 1),
-    Fn("absolute", OpKind::kAbs, 1),
-    Fn("negative", OpKind::kNeg, 1),
-    Fn("tanh", OpKind::kTanh, 1),
-    Fn("sinh", OpKind::kSinh, 1),
-    Fn("cosh", OpKind::kCosh, 1),
-    Fn("asin", OpKind::kAsin, 1),
-    Fn("arcsin", OpKind::kAsin, 1),
-    Fn("acos", OpKind::kAcos, 1),
-    Fn("arccos", OpKind::kAcos, 1),
-    Fn("atan", OpKind::kAtan, 1),
-    Fn("arctan", OpKind::kAtan, 1),
-    Fn("arcsinh", OpKind::kAsinh, 1),
-    Fn("arccosh", OpKind::kAcosh, 1),
-    Fn("arctanh", OpKind::kAtanh, 1),
-    Fn("floor", OpKind::kFloor, 1),
-    Fn("ceil", OpKind::kCeil, 1),
-    Fn("rint", OpKind::kRint, 1),
-    Fn("trunc", OpKind::kTrunc, 1),
-    Fn("exp2", OpKind::kExp2, 1),
-    Fn("log2", OpKind::kLog2, 1),
-    Fn("log10", OpKind::kLog10, 1),
-    Fn("cbrt", OpKind::kCbrt, 1),
-    Fn("degrees", OpKind::kDegrees, 1),
-    Fn("rad2deg", OpKind::kDegrees, 1),
-    Fn("radians", OpKind::kRadians, 1),
-    Fn("deg2rad", OpKind::kRadians, 1),
-    Fn("sign", OpKind::kSign, 1),
-    Fn("square", OpKind::kSquare, 1),
-    Fn("reciprocal", OpKind::kReciprocal, 1),
-    Fn("invert", OpKind::kInvert, 1),
-    Fn("bitwise_not", OpKind::kInvert, 1),
-    Fn("logical_not", OpKind::kLogicalNot, 1),
-    Fn("isnan", OpKind::kIsNan, 1),
-    Fn("isinf", OpKind::kIsInf, 1),
-    Fn("isfinite", OpKind::kIsFinite, 1),
-    Fn("signbit", OpKind::kSignbit, 1),
-    Fn("add", OpKind::kAdd, 2),
-    Fn("subtract", OpKind::kSub, 2),
-    Fn("multiply", OpKind::kMul, 2),
-    Fn("divide", OpKind::kDiv, 2),
-    Fn("true_divide", OpKind::kDiv, 2),
-    Fn("floor_divide", OpKind::kFloorDiv, 2),
-    Fn("mod", OpKind::kMod, 2),
-    Fn("remainder", OpKind::kMod, 2),
-    Fn("fmod", OpKind::kFmod, 2),
-    Fn("pow", OpKind::kPow, 2),
-    Fn("power", OpKind::kPow, 2),
-    Fn("atan2", OpKind::kAtan2, 2),
-    Fn("arctan2", OpKind::kAtan2, 2),
-    Fn("hypot", OpKind::kHypot, 2),
-    Fn("copysign", OpKind::kCopysign, 2),
-    Fn("min", OpKind::kMin, 2),
-    Fn("minimum", OpKind::kMin, 2),
-    Fn("max", OpKind::kMax, 2),
-    Fn("maximum", OpKind::kMax, 2),
-    Fn("fmin", OpKind::kFmin, 2),
-    Fn("fmax", OpKind::kFmax, 2),
-    Fn("bitwise_and", OpKind::kBitAnd, 2),
-    Fn("bitwise_or", OpKind::kBitOr, 2),
-    Fn("bitwise_xor", OpKind::kBitXor, 2),
-    Fn("left_shift", OpKind::kLeftShift, 2),
-    Fn("right_shift", OpKind::kRightShift, 2),
-    Fn("logical_and", OpKind::kLogicalAnd, 2),
-    Fn("logical_or", OpKind::kLogicalOr, 2),
-    Fn("logical_xor", OpKind::kLogicalXor, 2),
-    Fn("less", OpKind::kLess, 2),
-    Fn("less_equal", OpKind::kLessEqual, 2),
-    Fn("greater", OpKind::kGreater, 2),
-    Fn("greater_equal", OpKind::kGreaterEqual, 2),
-    Fn("equal", OpKind::kEqual, 2),
-    Fn("not_equal", OpKind::kNotEqual, 2),
-    {"where", OpKind::kWhere, 3, 3, Form::kWhere},
-    {"clip", OpKind::kMin, 3, 3, Form::kClip},
-    {"round", OpKind::kRint, 1, 2, Form::kRound},
-    {"positive", OpKind::kNeg, 1, 1, Form::kPositive},
-    {"bool", OpKind::kCast, 1, 1, Form::kCast, DType::kBool},
-    {"int32", OpKind::kCast, 1, 1, Form::kCast, DType::kInt32},
-    {"int64", OpKind::kCast, 1, 1, Form::kCast, DType::kInt64},
-    {"float32", OpKind::kCast, 1, 1, Form::kCast, DType::kFloat32},
-    {"float64", OpKind::kCast, 1, 1, Form::kCast, DType::kFloat64},
-};
-
-const FunctionInfo* FindFunction(std::string_view name) {
-  for (const FunctionInfo& f : kFunctions) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
-}
 
 // Python's `and`, `or` and `not` ask for one truth value, which an array does not have
 // (NumPy raises); the elementwise forms are functions and, on bools, operators.
@@ -274,6 +161,8 @@ class Compiler {
         lexer_(text) {}
 
   absl::StatusOr<Compiled> Run();
+  // Program::canonical() of `ir`.
+  static std::string Render(const Ir& ir);
 
  private:
   [[gnu::noinline, gnu::cold]] absl::Status Unexpected(std::string_view expected) const;
@@ -315,7 +204,6 @@ class Compiler {
   }
 
   Ir Finish(int32_t root) const;
-  static std::string Render(const Ir& ir);
 
   std::string_view text_;
   const InputMap& inputs_;
@@ -782,6 +670,16 @@ absl::StatusOr<Value> Compiler::ParseCall(const FunctionInfo& f, int32_t name_po
     case Form::kCast:
       r = Cast(args[0], f.cast, name_pos);
       break;
+    case Form::kIndex:
+      // The axis is part of the program (its canonical text), as NumPy's axis arguments
+      // are Python ints; a scalar input's value is not.
+      if (!args[0].weak || args[0].dtype != DType::kInt64 || args[0].parameter) {
+        return ErrorAt(args[0].pos, "the axis of index() must be an integer literal");
+      }
+      r = Strong(AddNode(OpKind::kIndex, DType::kInt64, {}, -1,
+                         {.i = args[0].constant.i, .f = 0}),
+                 name_pos);
+      break;
     case Form::kOp:
       r = count == 2 ? Binary(f.op, args[0], args[1], name_pos, what)
                      : Unary(f.op, args[0], name_pos, what);
@@ -900,6 +798,11 @@ std::string Compiler::Render(const Ir& ir) {
         stack.pop_back();
         continue;
       }
+      if (node.op == OpKind::kIndex) {
+        Append(out, "index<", dtype, ">(", node.value.i, ")");
+        stack.pop_back();
+        continue;
+      }
       if (node.op == OpKind::kConstant) {
         if (node.parameter >= 0) {
           Append(out, "param", node.parameter, "<", dtype, ">");
@@ -968,6 +871,21 @@ absl::StatusOr<Compiled> Compiler::Run() {
 }
 
 }  // namespace
+
+Program IndexAsInputs(const Program& program) {
+  auto state = std::make_shared<Program::State>(*program.state_);
+  for (Node& node : state->ir.nodes) {
+    if (node.op != OpKind::kIndex) continue;
+    const auto k = static_cast<int32_t>(state->inputs.size());
+    state->inputs.push_back(Cat("~index", k - static_cast<int32_t>(program.inputs().size())));
+    state->input_types.push_back(ArrayInput{DType::kInt64});
+    node.op = OpKind::kInput;
+    node.input = k;
+    node.value = {};
+  }
+  state->canonical = Compiler::Render(state->ir);
+  return Program(std::move(state));
+}
 
 absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs, int max_depth) {
   ASSIGN_OR_RETURN(Compiled compiled, Compiler(text, inputs, max_depth).Run());

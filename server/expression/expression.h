@@ -27,7 +27,10 @@
 //     bitwise_and bitwise_or bitwise_xor left_shift right_shift logical_and logical_or
 //     logical_xor less less_equal greater greater_equal equal not_equal;
 //   round(x) or round(x, decimals) (decimals an integer literal or integer scalar input),
-//   clip(x, lo, hi), where(c, a, b).
+//   clip(x, lo, hi), where(c, a, b);
+//   index(k) (k an integer literal): each element's coordinate along axis k of the
+//     result, an int64 array (numpy.indices(shape)[k]). The result's rank is not known
+//     here: k stays as written (IndexAxes) and the caller checks it against the rank.
 // A name followed by '(' is a function; any other name is an input, so an input may be
 // called `sin`. Limits, because the text comes from the network: at most
 // kMaxExpressionLength bytes and max_depth (at most kMaxNestingDepth) levels of nesting
@@ -147,6 +150,7 @@ class Program {
   explicit Program(std::shared_ptr<const State> state) : state_(std::move(state)) {}
   friend absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs,
                                          int max_depth);
+  friend Program IndexAsInputs(const Program& program);
 
   std::shared_ptr<const State> state_;
 };
@@ -158,6 +162,13 @@ class Program {
 // are not identifiers.
 absl::StatusOr<Program> Compile(std::string_view text, const InputMap& inputs,
                                 int max_depth = kMaxNestingDepth);
+
+// `program` with each index(k) node (IndexAxes, in that order) read from one more int64
+// array input instead, after the existing ones, named "~index0", "~index1", ... (which
+// sort after every identifier). For a backend that supplies the coordinates along axis k
+// as an array broadcast over the other axes (IndexCoordinatesLayout), so that its kernels
+// need no code of their own for index().
+Program IndexAsInputs(const Program& program);
 
 // NumPy's casting="same_kind": whether a value of `from` may be stored into a buffer of
 // `to`. bool goes anywhere; an integer to any integer or float; a float to any float.

@@ -17,6 +17,10 @@ enum class OpKind : uint8_t {
   // Leaves.
   kInput,     // reads array input `Node::input` (an index into Program::inputs())
   kConstant,  // `Node::value`, already converted to `Node::dtype`
+  // index(k): the element's coordinate along axis k of the result, int64. k is
+  // `Node::value.i` as written (negative counts from the end); the planner checks it
+  // against the result's rank, and a backend resolves it against that rank.
+  kIndex,
   // Conversion with ops::Convert semantics (bool reads as != 0; float to integer
   // saturates, NaN gives 0). The type checker inserts these wherever NumPy promotion
   // changes an operand's dtype, and for the casts bool(x), int32(x), ... of the language.
@@ -99,7 +103,7 @@ enum class OpKind : uint8_t {
 inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kWhere) + 1;
 
 constexpr int OpArity(OpKind op) {
-  if (op == OpKind::kInput || op == OpKind::kConstant) return 0;
+  if (op == OpKind::kInput || op == OpKind::kConstant || op == OpKind::kIndex) return 0;
   if (op == OpKind::kWhere) return 3;
   if (op >= OpKind::kAdd) return 2;
   return 1;
@@ -114,7 +118,7 @@ constexpr bool IsFloatTest(OpKind op) { return op >= OpKind::kIsNan && op <= OpK
 // functions, NumPy's ufunc name of the others.
 constexpr std::string_view OpName(OpKind op) {
   constexpr std::string_view kNames[] = {
-      "input",       "const",        "cast",        "neg",         "abs",         "sin",
+      "input",       "const",        "index",       "cast",        "neg",         "abs",         "sin",
       "cos",         "tan",          "exp",         "log",         "log1p",       "expm1",
       "sqrt",        "tanh",         "sinh",        "cosh",        "asin",        "acos",
       "atan",        "floor",        "ceil",        "rint",        "trunc",       "exp2",
@@ -143,7 +147,7 @@ struct Node {
   uint8_t num_args = 0;                        // OpArity(op)
   std::array<int32_t, 3> args = {-1, -1, -1};  // indices of earlier nodes
   int32_t input = -1;                          // kInput: index into Program::inputs()
-  ConstantValue value;                         // kConstant
+  ConstantValue value;                         // kConstant; kIndex: k in value.i
   // kConstant only: -1 for a value fixed by the expression text (a literal, or arithmetic
   // on literals); otherwise this constant derives from a scalar input and is parameter
   // number `parameter` (numbered 0, 1, ... in node order). Program::canonical() shows a
@@ -160,6 +164,20 @@ struct Ir {
   std::vector<Node> nodes;
   int32_t root = -1;
 };
+
+// The axes that index(k) nodes of `ir` read, as written (negative counting from the end).
+inline std::vector<int64_t> IndexAxes(const Ir& ir) {
+  std::vector<int64_t> axes;
+  for (const Node& node : ir.nodes) {
+    if (node.op == OpKind::kIndex) axes.push_back(node.value.i);
+  }
+  return axes;
+}
+
+// Axis k (IndexAxes) of a result of rank `ndim`, as a number in [0, ndim).
+constexpr int ResolveIndexAxis(int64_t k, int ndim) {
+  return static_cast<int>(k < 0 ? k + ndim : k);
+}
 
 }  // namespace gpucompute::expr
 

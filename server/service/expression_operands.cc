@@ -32,11 +32,41 @@ absl::StatusOr<expr::ScalarInput> ScalarFromProto(const std::string& name, const
   return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is a scalar with no value"));
 }
 
+// ElementwiseOp.shape, checked as a new buffer's shape, which the operands' broadcast
+// shape `operands` must broadcast to.
+absl::StatusOr<std::vector<int64_t>> RequestedShape(const RequestLimits& limits,
+                                                    const v1::SignedShape& requested,
+                                                    const std::vector<int64_t>& operands) {
+  const std::vector<int64_t> shape(requested.extents().begin(), requested.extents().end());
+  std::vector<uint64_t> extents;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shape ", NumpyShape(shape),
+                                                     " has a negative extent at axis ", d));
+    }
+    extents.push_back(static_cast<uint64_t>(shape[d]));
+  }
+  RETURN_IF_ERROR(CheckShape(limits, extents));
+  // numpy.broadcast_to: aligned at the right, each operand extent equal or 1.
+  bool fits = operands.size() <= shape.size();
+  for (size_t k = 0; fits && k < operands.size(); ++k) {
+    const int64_t from = operands[operands.size() - 1 - k];
+    fits = from == 1 || from == shape[shape.size() - 1 - k];
+  }
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the operands' broadcast shape ", NumpyShape(operands),
+        " does not broadcast to the requested shape ", NumpyShape(shape)));
+  }
+  return shape;
+}
+
 }  // namespace
 
 absl::StatusOr<ExpressionOperands> CompileOperands(
     ServiceContext& ctx, BufferResolver resolve, const std::string& expression,
-    const google::protobuf::Map<std::string, v1::Operand>& inputs) {
+    const google::protobuf::Map<std::string, v1::Operand>& inputs,
+    const v1::SignedShape* result_shape) {
   if (expression.size() > ctx.limits.max_expression_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expression is ", expression.size(), " bytes; the server allows at most ",
@@ -74,6 +104,9 @@ absl::StatusOr<ExpressionOperands> CompileOperands(
     }
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, BroadcastShapes(shapes));
+  if (result_shape != nullptr) {
+    ASSIGN_OR_RETURN(shape, RequestedShape(ctx.limits, *result_shape, shape));
+  }
   uint64_t distinct_bytes = 0;
   std::vector<const ArrayRef*> counted;
   for (auto& [name, operand] : arrays) {

@@ -36,12 +36,14 @@ struct ExpressionOperands {
 };
 
 // Resolves `inputs` (each operand named in errors as "input '<name>'", in the order of the
-// names), broadcasts the buffers' shapes (NumPy's message when they do not broadcast) and
-// compiles `expression` under the server's limits. Every error is the request's:
-// INVALID_ARGUMENT, or a lookup's NOT_FOUND.
+// names), broadcasts the buffers' shapes (NumPy's message when they do not broadcast),
+// and then, when `result_shape` is given (ElementwiseOp.shape), to it, and compiles
+// `expression` under the server's limits. Every error is the request's: INVALID_ARGUMENT, or a
+// lookup's NOT_FOUND.
 absl::StatusOr<ExpressionOperands> CompileOperands(
     ServiceContext& ctx, BufferResolver resolve, const std::string& expression,
-    const google::protobuf::Map<std::string, v1::Operand>& inputs);
+    const google::protobuf::Map<std::string, v1::Operand>& inputs,
+    const v1::SignedShape* result_shape = nullptr);
 
 }  // namespace gpucompute
 

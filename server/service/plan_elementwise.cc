@@ -56,15 +56,34 @@ absl::Status CheckOutputAliasing(const ArrayRef& out,
   return absl::OkStatus();
 }
 
+// Every index(k) must name an axis of the result.
+absl::Status CheckIndexAxes(const expr::Program& program, const std::vector<int64_t>& shape) {
+  const auto rank = static_cast<int64_t>(shape.size());
+  for (int64_t k : expr::IndexAxes(program.ir())) {
+    if (k >= -rank && k < rank) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "index(", k, ") names no axis of the result, which has rank ", rank, " (shape ",
+        NumpyShape(shape), ")",
+        rank == 0 ? "; give ElementwiseOp.shape for a result with axes"
+                  : absl::StrCat(": k must be from ", -rank, " to ", rank - 1)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view client,
                                      BufferResolver resolve, const v1::ElementwiseOp& op) {
   ASSIGN_OR_RETURN(ExpressionOperands operands,
-                   CompileOperands(ctx, resolve, op.expression(), op.inputs()));
+                   CompileOperands(ctx, resolve, op.expression(), op.inputs(),
+                                   op.has_shape() ? &op.shape() : nullptr));
   expr::Program& program = operands.program;
   const ArrayOperands& arrays = operands.arrays;
   const std::vector<int64_t>& shape = operands.shape;
+  RETURN_IF_ERROR(CheckIndexAxes(program, shape));
+  // index() reads coordinates, which only the strided kernels compute, along the
+  // result's own axes: no flat pass, no coalescing.
+  const bool indexed = !expr::IndexAxes(program.ir()).empty();
 
   const int device =
       arrays.empty() ? ctx.executor.default_device() : arrays.begin()->second.array.buffer->device;
@@ -79,7 +98,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   RETURN_IF_ERROR(CheckOutputAliasing(out, arrays));
 
   // The flat pass, exactly as before views: the same kernels and compiled-kernel keys.
-  bool flat = out.IsWholeBuffer();
+  bool flat = out.IsWholeBuffer() && !indexed;
   for (const auto& [name, operand] : arrays) {
     flat = flat && operand.array.IsWholeBuffer() && operand.array.layout == out.layout;
   }
@@ -112,7 +131,8 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
   spec.bytes_written = n * DTypeSize(out.dtype());
   spec.flops = static_cast<uint64_t>(program.ops_per_element()) * n;
   spec.outputs.push_back(*out.buffer);
-  spec.capturable = true;  // one kernel
+  // One kernel; index() coordinates may be copied to the device first (host work).
+  spec.capturable = !indexed;
 
   // Per program input: the buffer and the layout it is read through (null for scalars).
   std::vector<BufferHandle> buffers;
@@ -139,7 +159,7 @@ absl::StatusOr<Plan> PlanElementwise(ServiceContext& ctx, absl::string_view clie
     if (buffers[k] != nullptr) all.push_back(&layouts[k]);
   }
   all.push_back(&out_layout);
-  CoalesceAxes(all);
+  if (!indexed) CoalesceAxes(all);
   spec.launch = [&backend = ctx.backend, program = std::move(program), buffers = std::move(buffers),
                  layouts = std::move(layouts), out = out.buffer,
                  out_layout = std::move(out_layout)](

@@ -40,6 +40,11 @@ absl::StatusOr<ReduceSource> ResolveExpression(ServiceContext& ctx, BufferResolv
                                                const v1::ReduceOp& op) {
   ASSIGN_OR_RETURN(ExpressionOperands operands,
                    CompileOperands(ctx, resolve, op.expression(), op.inputs()));
+  if (!expr::IndexAxes(operands.program.ir()).empty()) {
+    return absl::InvalidArgumentError(
+        "index() is not supported in a reduction's expression: compute the expression into "
+        "a buffer with ElementwiseOp (and its shape) and reduce that");
+  }
   ReduceSource source;
   source.shape = std::move(operands.shape);
   source.dtype = operands.program.result_dtype();

@@ -1768,6 +1768,68 @@ TEST_P(BackendConformance, RandomOffsetContinuesAFill) {
   CheckOffsetContinuation<int64_t>(backend(), stream(), Integers(9, 0, -7, int64_t{1} << 50));
 }
 
+// index(k) through ElementwiseStrided as the planner launches it (layouts not coalesced):
+// numpy.arange, linspace, eye, indices and tril of a transposed operand, against the
+// values NumPy gives, in float64.
+TEST_P(BackendConformance, IndexReadsTheCoordinatesAlongTheResultsAxes) {
+  const auto run = [&](const std::string& text, const expr::InputMap& types,
+                       std::vector<StridedInput> inputs,
+                       const std::vector<uint64_t>& shape) -> absl::StatusOr<std::vector<double>> {
+    absl::StatusOr<expr::Program> program = expr::Compile(text, types);
+    if (!program.ok()) return program.status();
+    const StridedLayout out_layout = DenseLayout(shape, /*fortran_order=*/false);
+    const auto n = static_cast<size_t>(out_layout.num_elements());
+    absl::StatusOr<DeviceMemory> out = backend().Allocate(0, std::max<size_t>(n, 1) * 8);
+    if (!out.ok()) return out.status();
+    absl::StatusOr<LaunchInfo> launched =
+        backend().ElementwiseStrided(stream(), *program, inputs, *out, out_layout, DType::kFloat64);
+    if (!launched.ok()) return launched.status();
+    return Download<double>(backend(), stream(), *out, n);
+  };
+  constexpr int64_t kLong = 100003;  // longer than any kernel's block
+  ASSIGN_OR_FAIL(std::vector<double> arange, run("index(0)", {}, {}, {kLong}));
+  std::vector<double> ref(kLong);
+  std::iota(ref.begin(), ref.end(), 0.0);
+  EXPECT_EQ(arange, ref);
+
+  // numpy.linspace(-1.5, 2.25, 11) is start + arange(11) * step, and then stop.
+  const expr::InputMap scalars = {{"start", expr::ScalarInput{DType::kFloat64, -1.5}},
+                                  {"step", expr::ScalarInput{DType::kFloat64, 0.375}}};
+  ASSIGN_OR_FAIL(std::vector<double> linspace,
+                 run("start + index(-1) * step", scalars, {{nullptr, {}}, {nullptr, {}}}, {11}));
+  ref.clear();
+  for (int i = 0; i < 11; ++i) ref.push_back(-1.5 + i * 0.375);
+  EXPECT_EQ(linspace, ref);
+
+  ASSIGN_OR_FAIL(std::vector<double> eye,
+                 run("where(index(0) == index(1), 1.0, 0.0)", {}, {}, {3, 4}));
+  EXPECT_EQ(eye, (std::vector<double>{1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0}));
+  ASSIGN_OR_FAIL(std::vector<double> indices,
+                 run("index(0) * 100 + index(1) * 10 + index(-1)", {}, {}, {2, 3, 4}));
+  ref.clear();
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      for (int k = 0; k < 4; ++k) ref.push_back(i * 100 + j * 10 + k);
+    }
+  }
+  EXPECT_EQ(indices, ref);
+
+  // numpy.tril(m.T) for m of shape (3, 4): the coordinates are the result's, whatever the
+  // operand's strides.
+  std::vector<double> m(12);
+  std::iota(m.begin(), m.end(), 0.5);
+  ASSIGN_OR_FAIL(DeviceMemory bm, Upload(backend(), stream(), m));
+  const StridedLayout transposed{.shape = {4, 3}, .strides = {1, 4}, .offset = 0};
+  ASSIGN_OR_FAIL(std::vector<double> tril,
+                 run("where(index(1) <= index(0), x, 0.0)",
+                     {{"x", expr::ArrayInput{DType::kFloat64}}}, {{&bm, transposed}}, {4, 3}));
+  ref.clear();
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 3; ++j) ref.push_back(j <= i ? m[j * 4 + i] : 0.0);
+  }
+  EXPECT_EQ(tril, ref);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cpu, BackendConformance,
     ::testing::Values(

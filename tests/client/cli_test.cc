@@ -1579,6 +1579,31 @@ TEST_F(CliTest, EvalBroadcastsAndWritesThroughAView) {
   EXPECT_EQ(Run("--json ls").out.find("eb_never"), std::string::npos);
 }
 
+// eval --shape: an expression with no buffer (arange, eye), and a buffer broadcast to a
+// larger shape; a shape the buffer does not broadcast to is the server's INVALID_ARGUMENT.
+TEST_F(CliTest, EvalWithAShapeMakesArraysWithoutAnUpload) {
+  Result arange = Run("eval 'float64(index(0)) * 0.5' --shape 5 --name es_a");
+  ASSERT_EQ(arange.exit_code, 0) << arange.err;
+  ASSERT_EQ(Run("get es_a -o " + ShellQuote(Path("es_a.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("es_a.npy")), (std::vector<double>{0, 0.5, 1, 1.5, 2}));
+  Result eye = Run("eval 'where(index(0) == index(1), 1.0, 0.0)' --shape 2,3 --name es_e");
+  ASSERT_EQ(eye.exit_code, 0) << eye.err;
+  ASSERT_EQ(Run("get es_e -o " + ShellQuote(Path("es_e.npy"))).exit_code, 0);
+  NpyHeader header;
+  EXPECT_EQ(ReadNpyDoubles(Path("es_e.npy"), &header), (std::vector<double>{1, 0, 0, 0, 1, 0}));
+  EXPECT_EQ(header.shape, (std::vector<uint64_t>{2, 3}));
+  Result rows = Run("eval 'x + index(0)' x=es_a --shape 2,5 --name es_r");
+  ASSERT_EQ(rows.exit_code, 0) << rows.err;
+  ASSERT_EQ(Run("get es_r -o " + ShellQuote(Path("es_r.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("es_r.npy")),
+            (std::vector<double>{0, 0.5, 1, 1.5, 2, 1, 1.5, 2, 2.5, 3}));
+  Result bad = Run("eval 'x + 1' x=es_a --shape 5,2 --name es_never");
+  EXPECT_EQ(bad.exit_code, 13) << bad.err;
+  EXPECT_NE(bad.err.find("does not broadcast to the requested shape (5,2)"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(Run("--json ls").out.find("es_never"), std::string::npos);
+}
+
 // reduce over axis lists with --keepdims and --ddof, the new kinds, a view input and
 // an expression, against values computed here.
 TEST_F(CliTest, ReduceOverAxesOfViewsAndExpressions) {

@@ -832,6 +832,46 @@ TEST(Program, InputNamedLikeAFunction) {
   EXPECT_EQ(program->canonical(), "add<float64>(sin<float64>(in0<float64>), in0<float64>)");
 }
 
+TEST(Program, IndexIsAStrongInt64LeafWithItsAxisAsWritten) {
+  const InputMap inputs = {{"x", ArrayInput{DType::kFloat32}},
+                           {"s", ScalarInput{DType::kFloat64, 0.5}}};
+  absl::StatusOr<Program> program = CompileChecked("index(0)", {});
+  ASSERT_OK(program);
+  EXPECT_EQ(program->result_dtype(), DType::kInt64);
+  EXPECT_TRUE(program->inputs().empty());
+  EXPECT_EQ(program->canonical(), "index<int64>(0)");
+  // An int64 array, as numpy.indices gives: with float32 it is float64 (NumPy 2), a
+  // weak float scalar takes its dtype, and index(-1) is another axis than index(1).
+  program = CompileChecked("x + index(-1) * s + index(1) + index(-1)", inputs);
+  ASSERT_OK(program);
+  EXPECT_EQ(program->result_dtype(), DType::kFloat64);
+  EXPECT_EQ(IndexAxes(program->ir()), (std::vector<int64_t>{-1, 1}));  // shared, in node order
+  program = CompileChecked("float32(index(2 - 1))", {});
+  ASSERT_OK(program);
+  EXPECT_EQ(program->canonical(), "cast<float32>(index<int64>(1))");
+  EXPECT_EQ(ResolveIndexAxis(-1, 3), 2);
+  EXPECT_EQ(ResolveIndexAxis(1, 3), 1);
+
+  const std::vector<std::pair<std::string, std::string>> errors = {
+      {"index(s)", "at position 6: the axis of index() must be an integer literal"},
+      {"index(0.0)", "at position 6: the axis of index() must be an integer literal"},
+      {"index(x)", "at position 6: the axis of index() must be an integer literal"},
+      {"index()", "at position 0: function 'index' takes 1 argument, got 0"},
+      {"index(0, 1)", "at position 0: function 'index' takes 1 argument, got 2"},
+      {"index + x", "at position 0: function 'index' must be called with its arguments in "
+                    "parentheses"}};
+  for (const auto& [text, message] : errors) {
+    InputMap used;
+    for (const auto& [name, type] : inputs) {
+      if (text.find(name) != std::string::npos) used.emplace(name, type);
+    }
+    const absl::StatusOr<Program> refused = Compile(text, used);
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(refused.status().message()), message) << text;
+  }
+}
+
 TEST(Program, CopiesShareState) {
   const InputMap inputs = {{"x", ArrayInput{DType::kFloat64}}};
   const Program a = *Compile("x + 1", inputs);

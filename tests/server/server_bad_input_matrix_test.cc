@@ -1351,6 +1351,37 @@ void BadInputMatrixTest::AddOperationCases() {
      StatusCode::INVALID_ARGUMENT,
      "the operands broadcast to shape (4294967296,4294967296,3,4), whose element count "
      "overflows 64 bits");
+  op(kWrongType, "an elementwise shape the operands do not broadcast to", kAlice,
+     "elementwise { expression: \"x + 1\" inputs { key: \"x\" value { buffer: \"m\" } } "
+     "shape { extents: [4, 3] } }",
+     StatusCode::INVALID_ARGUMENT,
+     "the operands' broadcast shape (3,4) does not broadcast to the requested shape (4,3)");
+  op(kOutOfRange, "index() of an axis the result does not have", kAlice,
+     "elementwise { expression: \"index(2) + index(-3)\" shape { extents: [2, 3] } }",
+     StatusCode::INVALID_ARGUMENT,
+     "index(2) names no axis of the result, which has rank 2 (shape (2,3)): k must be from -2 "
+     "to 1");
+  op(kOutOfRange, "index() of a 0-d result", kAlice, "elementwise { expression: \"index(0)\" }",
+     StatusCode::INVALID_ARGUMENT,
+     "index(0) names no axis of the result, which has rank 0 (shape ()); give "
+     "ElementwiseOp.shape for a result with axes");
+  op(kOutOfRange, "an elementwise shape with a negative extent", kAlice,
+     "elementwise { expression: \"index(0)\" shape { extents: [2, -1] } }",
+     StatusCode::INVALID_ARGUMENT, "shape (2,-1) has a negative extent at axis 1");
+  op(kOversized, "an elementwise shape past --max-elements", kAlice,
+     "elementwise { expression: \"index(0)\" shape { extents: [4294967296, 4294967296] } }",
+     StatusCode::INVALID_ARGUMENT,
+     "elements; the server allows at most 1099511627776 (--max-elements)");
+  op(kWrongType, "index() in a reduced expression", kAlice,
+     "reduce { kind: REDUCE_KIND_SUM expression: \"x * index(0)\" "
+     "inputs { key: \"x\" value { buffer: \"v\" } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "index() is not supported in a reduction's expression: compute the expression into a "
+     "buffer with ElementwiseOp (and its shape) and reduce that");
+  op(kWrongType, "index() of a scalar input's axis", kAlice,
+     "elementwise { expression: \"index(k)\" inputs { key: \"k\" value { scalar { "
+     "int_value: 0 } } } shape { extents: [2] } }",
+     StatusCode::INVALID_ARGUMENT, "at position 6: the axis of index() must be an integer literal");
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ CPU) backend.
     y = c.eval("a*x + 1", a=2.0, x=x)
     print(c.reduce("sum", y).value, y.timing.gbps)
     host = y.get()                      # or np.asarray(y)
+    z = np.sqrt(2 * x + 1).sum()        # NumPy's way: one fused map-reduce on the server
     v = y[::2].reshape(-1, 4).T         # a View: no copy, no server call
     c.reduce("var", v, axis=1, ddof=1)  # views stand wherever a buffer is read
 
@@ -23,6 +24,11 @@ from ._proto import v1
 from ._session import Pending, Session
 from ._views import View
 from .client import Client, RemoteArray, connect
+from ._creation import (arange, empty, empty_like, eye, full, full_like, integers, linspace,
+                        normal, ones, ones_like, rand, randn, random, seed, uniform, zeros,
+                        zeros_like)
+from ._lazy import evaluate
+from . import array_api
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
                      PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
@@ -34,6 +40,8 @@ __all__ = [
     "AlreadyExistsError", "Chain", "ChainResult", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "Pending",
     "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
-    "UnauthenticatedError", "UnavailableError", "View", "ZeroCopyError", "connect",
-    "from_dlpack", "v1",
+    "UnauthenticatedError", "UnavailableError", "View", "ZeroCopyError", "arange", "array_api",
+    "connect", "empty", "empty_like", "evaluate", "eye", "from_dlpack", "full", "full_like",
+    "integers", "linspace", "normal", "ones", "ones_like", "rand", "randn", "random", "seed",
+    "uniform", "v1", "zeros", "zeros_like",
 ]

@@ -14,6 +14,7 @@ import operator
 
 import numpy as np
 
+from ._operators import ArrayOperators
 from ._proto import v1
 from ._protocols import ZeroCopyMethods
 
@@ -224,13 +225,15 @@ class ViewMethods:
         return self._with_step(step)
 
 
-class View(ViewMethods, ZeroCopyMethods):
+class View(ViewMethods, ArrayOperators, ZeroCopyMethods):
     """A view of a remote array: its buffer and the steps that make the view.
 
     Usable wherever a buffer is passed: eval's inputs and `out=`, reduce, gemv, matmul,
     download (a NumPy array of the view's shape, its elements in C order). get() and
     np.asarray() download it, from a view of a handle. View("x") views the buffer named
-    "x" (any id or name), its shape unknown here.
+    "x" (any id or name), its shape unknown here. A view of a handle takes NumPy's
+    operators and functions as the handle does (gpucompute._operators); a view of one
+    element converts with float(), int() and bool() (a download).
     """
 
     def __init__(self, base, steps=(), *, shape=None, dtype=None, client=None):

@@ -6,8 +6,8 @@ import threading
 
 import grpc
 
-from . import (_arrays, _chain, _connection, _interop, _operations, _protocols, _requests,
-               _session, _shm, _transfers, _views)
+from . import (_arrays, _chain, _connection, _dispatch, _interop, _operations, _operators,
+               _protocols, _requests, _session, _shm, _transfers, _views)
 from ._proto import v1
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
@@ -27,16 +27,23 @@ def connect(target, *, channel_options=(), **options):
     there, once in its life, makes the call again (every call but an asynchronous
     submission) and talks to that replica from then on. A second redirect is raised.
     """
-    return Client(target, channel_options=channel_options, **options)
+    from . import _creation  # pylint: disable=import-outside-toplevel
+    client = Client(target, channel_options=channel_options, **options)
+    _creation.set_default(client)
+    return client
 
 
-class RemoteArray(_arrays.RemoteArrayInfo, _protocols.ZeroCopyMethods):
+class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo,
+                  _protocols.ZeroCopyMethods):
     """A handle to an array resident on the server.
 
-    get() downloads it as a NumPy array, and so does np.asarray(handle). delete() frees
-    it; so does leaving a `with` block. Dropping the handle does not: the buffer stays
-    on the server until deleted (other handles, ids and names may refer to it).
-    On the server's host, CuPy, PyTorch and Numba map it without a copy
+    get() downloads it as a NumPy array, and so does np.asarray(handle). It takes
+    NumPy's operators, ufuncs and functions, run on the server (see _operators and
+    _lazy). A handle from put(), create(), buffer(), eval() and the other calls is
+    freed by delete(), or by leaving a `with` block; dropping it does not: the buffer
+    stays on the server until deleted (other handles, ids and names may refer to it).
+    Arrays the NumPy layer makes (2 * x, np.sin(x), gpucompute.zeros) are freed when
+    collected. On the server's host, CuPy, PyTorch and Numba map it without a copy
     (__cuda_array_interface__, __dlpack__: see gpucompute._interop).
     """
 
@@ -96,6 +103,11 @@ class Client(_operations.Operations):
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = threading.Lock()
+        # Buffers of collected arrays, deleted with the array layer's next call.
+        self._released = collections.deque()
+        self._array_session = None  # the array layer's (gpucompute._dispatch)
+        self._array_last = None  # the last operation it sent
+        self._has_index = None  # whether the server's expressions have index(k)
 
     def close(self):
         """Unregisters the shared-memory region, if any, and closes the channel; calls
@@ -108,6 +120,7 @@ class Client(_operations.Operations):
                 pass  # the server is gone, and the region with it
             finally:
                 self._shm_lock.release()
+        _dispatch.close(self)
         for channel in self._replaced:
             channel.close()
         self._channel.close()
@@ -185,7 +198,9 @@ class Client(_operations.Operations):
         header, data = _transfers.upload_header(array, name, device, into, offset_bytes)
         transport = self.options.transport_for(transport)
         if into is not None:
+            self._before_write(into)
             self._submissions.wait_idle()
+            _dispatch.wait_idle(self)
         if transport != "grpc":
             setting = self.options.progress_for(progress)
             with self._shm_lock:
@@ -213,6 +228,7 @@ class Client(_operations.Operations):
         """The array and the download's TransferStats."""
         transport = _views.download_transport(buffer, self.options.transport_for(transport))
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         if transport != "grpc":
             setting = self.options.progress_for(progress)
             with self._shm_lock:
@@ -265,8 +281,15 @@ class Client(_operations.Operations):
     def delete(self, buffer):
         """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
         its memory is freed when queued work using it is done."""
+        self._before_write(buffer)
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
+
+    def _before_write(self, buffer):
+        """Sends the array layer's pending expressions that read `buffer`."""
+        from . import _lazy  # pylint: disable=import-outside-toplevel
+        _lazy.before_write(self, _lazy.ref_of(buffer)[0])
 
     # Streams --------------------------------------------------------------
 
@@ -287,6 +310,7 @@ class Client(_operations.Operations):
         """Waits until the work submitted to `stream` (None: the default stream) is done,
         or `timeout` seconds pass (0: no limit but the call's); True if it went idle."""
         self._submissions.wait_idle()
+        _dispatch.wait_idle(self)
         request = v1.SynchronizeStreamRequest(stream_id=_arrays.stream_ref(stream),
                                               timeout_seconds=timeout)
         return self._call("SynchronizeStream", request).idle
@@ -319,6 +343,8 @@ class Client(_operations.Operations):
         from gRPC's threads (many can be in flight from one thread). A failed
         operation raises (or the future holds) an Error with its code and message.
         """
+        # The array layer's operations sent so far write what this may read.
+        _dispatch.wait_idle(self)
         if not wait:
             return self._submissions.submit(request)
         sync_request = v1.SubmitRequest()
@@ -334,6 +360,21 @@ class Client(_operations.Operations):
 
     def _result(self, operation):
         return RemoteArray(self, _operations.output_of(operation), operation)
+
+
+def _creation_method(name):
+    def method(self, *args, **kwargs):
+        from . import _creation  # pylint: disable=import-outside-toplevel
+        return getattr(_creation, name)(*args, client=self, **kwargs)
+    method.__name__ = name
+    method.__doc__ = (f"gpucompute.{name} on this client's server (no upload): an array "
+                      "freed when it is garbage collected.")
+    return method
+
+
+for _name in ("zeros", "ones", "full", "empty", "eye", "arange", "linspace", "random", "randn",
+              "normal", "uniform", "integers"):
+    setattr(Client, _name, _creation_method(_name))
 
 
 class _Submissions:

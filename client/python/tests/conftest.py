@@ -1,6 +1,10 @@
-"""Starts one real gpucompute-server (CPU backend) on a free loopback port for the
-session, and gives each test a client of its own name, so that names never collide.
-start_server runs more, with flags of their own (tokens, TLS, shared memory)."""
+"""Starts one real gpucompute-server on a free loopback port for the session, and gives
+each test a client of its own name, so that names never collide. start_server runs more,
+with flags of their own (tokens, TLS, shared memory).
+
+The backend is $GPUCOMPUTE_TEST_BACKEND: cpu (the default) or cuda, which runs the whole
+suite on the GPU machine ($GPUCOMPUTE_CUDA_MODULE, if set, reaches the server through
+the environment it inherits)."""
 
 import contextlib
 import os
@@ -10,6 +14,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,6 +27,9 @@ REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 # RESOURCE_EXHAUSTED.
 MEMORY_LIMIT_BYTES = 3 << 30
 _LISTENING = re.compile(rb"listening on port (\d+)")
+BACKEND = os.environ.get("GPUCOMPUTE_TEST_BACKEND", "cpu")
+if BACKEND not in ("cpu", "cuda"):
+    raise RuntimeError(f"GPUCOMPUTE_TEST_BACKEND must be cpu or cuda, not {BACKEND!r}")
 # The subprocess.Popen of each server start_server runs, by address: for tests that
 # signal it (a reload) or kill it.
 SERVER_PROCESSES = {}
@@ -38,10 +46,10 @@ def _server_binary():
 
 @contextlib.contextmanager
 def start_server(*flags, memory_limit=MEMORY_LIMIT_BYTES, cpu_threads=2):
-    """Runs a gpucompute-server (CPU backend) with `flags` on a free loopback port and
+    """Runs a gpucompute-server (BACKEND) with `flags` on a free loopback port and
     yields its address, "127.0.0.1:PORT"; stops it (SIGTERM) at the end."""
     process = subprocess.Popen(
-        [_server_binary(), "--backend=cpu", "--listen=127.0.0.1:0",
+        [_server_binary(), f"--backend={BACKEND}", "--listen=127.0.0.1:0",
          f"--memory-limit={memory_limit}", f"--cpu-threads={cpu_threads}", *flags],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines = []
@@ -76,6 +84,18 @@ def start_server(*flags, memory_limit=MEMORY_LIMIT_BYTES, cpu_threads=2):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def nep50():
+    """NumPy's promotion as the server has it (NEP 50): NumPy 1.24 has it behind a
+    switch, NumPy 2 always."""
+    state = getattr(np, "_get_promotion_state", lambda: None)()
+    if state is not None:
+        np._set_promotion_state("weak")
+    yield
+    if state is not None:
+        np._set_promotion_state(state)
 
 
 @pytest.fixture(scope="session")

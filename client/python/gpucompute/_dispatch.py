@@ -1,0 +1,168 @@
+"""The one path by which the array layer (gpucompute._lazy and its functions) reaches the
+server: submit() for operations, call() for the other RPCs it makes (CreateBuffer), and
+release() for buffers whose arrays were garbage collected.
+
+submit() sends through one session per client (SessionService.Session, see
+gpucompute._session), opened with the first operation: it returns a Pending at once,
+whose `ref` ("tag:<t>") names the output in later operations of the same session, so a
+loop of dependent operations costs no round trip each. Pending.buffer_id() waits for the
+operation and gives the buffer's id, for anything outside the session (downloads, the
+client's eval, deletes); Pending.result() gives the finished Operation or raises its
+gpucompute.Error. The client's own calls that read or write buffers (downloads, deletes,
+uploads into a buffer, submit, synchronize) first wait until the session has answered
+every operation sent so far (wait_idle), so they see its writes.
+
+Lifetime: the outputs are the session's temporaries, deleted by the server when the
+session ends (Client.close()), and sooner when their arrays are collected; named
+outputs persist.
+"""
+
+import threading
+import time
+
+from ._operations import output_of
+from ._proto import v1
+from ._session import Session
+from .errors import NotFoundError
+
+# Called with (client, SubmitRequest, Pending) for each operation submitted: tests count
+# kernels here.
+observers = []
+
+_lock = threading.Lock()
+
+
+class Done:
+    """A buffer the server made at once (CreateBuffer), with the Pending's interface."""
+
+    def __init__(self, info):
+        self.info = info
+        self.ref = info.id
+
+    def buffer_id(self):
+        return self.ref
+
+    def done(self):
+        return True
+
+    def result(self):
+        return None
+
+
+def info_of(pending):
+    """The output's BufferInfo (waits for the operation)."""
+    return pending.info if isinstance(pending, Done) else output_of(pending.result())
+
+
+def visible_id(client, pending):
+    """The output's buffer id once the client's other calls can find it.
+
+    The server answers a session's operation as soon as it has run, and may do so a
+    moment before it publishes the buffer the operation created (SessionCore publishes
+    after Executor::SubmitAll returns, and a fast operation can finish first), so a
+    download right after the answer could be NOT_FOUND: ask until it is found."""
+    buffer_id = pending.buffer_id()
+    if isinstance(pending, Done):
+        return buffer_id
+    delay = 0.0005
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            client._call("GetBuffer", v1.GetBufferRequest(buffer=buffer_id))
+            break
+        except NotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    return buffer_id
+
+
+def _session(client):
+    session = client._array_session
+    if session is None or session._closing or session._ended:
+        with _lock:
+            session = client._array_session
+            if session is None or session._closing or session._ended:
+                session = client._array_session = Session(client)
+    return session
+
+
+def submit(client, request):
+    """Sends a SubmitRequest through the client's session; returns its Pending."""
+    _flush_released(client)
+    # Operations sent through the client's own futures reach the server first.
+    client._submissions.wait_idle()
+    pending = _session(client).submit(request)
+    client._array_last = pending
+    for observer in observers:
+        observer(client, request, pending)
+    return pending
+
+
+def call(client, method, request):
+    """Makes a unary call of the array layer (CreateBuffer)."""
+    _flush_released(client)
+    return client._call(method, request)
+
+
+def wait_idle(client):
+    """Waits until the session has answered every operation sent so far."""
+    session = client._array_session
+    if session is not None and not session._ended:
+        session.wait()
+
+
+def release(client_ref, pending):
+    """Queues the output of `pending` for deletion with a later call through this
+    module. Runs in finalizers, so it never blocks and never calls the server."""
+    client = client_ref()
+    if client is not None:
+        # Operations already sent may still read the buffer; nothing sent later can
+        # (the array is gone). The session runs on one stream, in order, so the buffer
+        # is free once the last operation sent by now is answered.
+        client._released.append((pending, client._array_last))
+
+
+def _flush_released(client):
+    """Deletes the released outputs that nothing sent may still read; the others wait
+    for a later call, so that the caller never waits for them."""
+    queue = client._released
+    waiting = []
+    while queue:
+        try:
+            pending, last = queue.popleft()
+        except IndexError:
+            break
+        if not pending.done() or (last is not None and not last.done()):
+            waiting.append((pending, last))
+            continue
+        try:
+            client._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=pending.buffer_id()))
+        except Exception:  # pylint: disable=broad-except
+            pass  # failed, already deleted, or the server is gone: nothing is left to free
+    queue.extend(waiting)
+
+
+def close(client):
+    """Frees what was released and ends the session (its temporaries with it); the
+    failures of operations whose results nobody asked for are not raised."""
+    session = client._array_session
+    if session is not None:
+        try:
+            session.wait()
+        except Exception:  # pylint: disable=broad-except
+            pass
+    _flush_released(client)
+    if session is not None:
+        client._array_session = None
+        try:
+            session.close()
+        except Exception:  # pylint: disable=broad-except
+            pass  # unobserved failures, or the server gone: nothing is left to do
+
+
+def flush(client):
+    """Deletes the released outputs now (those whose operations are answered)."""
+    wait_idle(client)
+    _flush_released(client)
