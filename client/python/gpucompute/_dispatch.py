@@ -18,12 +18,10 @@ outputs persist.
 """
 
 import threading
-import time
 
 from ._operations import output_of
 from ._proto import v1
 from ._session import Session
-from .errors import NotFoundError
 
 # Called with (client, SubmitRequest, Pending) for each operation submitted: tests count
 # kernels here.
@@ -52,30 +50,6 @@ class Done:
 def info_of(pending):
     """The output's BufferInfo (waits for the operation)."""
     return pending.info if isinstance(pending, Done) else output_of(pending.result())
-
-
-def visible_id(client, pending):
-    """The output's buffer id once the client's other calls can find it.
-
-    The server answers a session's operation as soon as it has run, and may do so a
-    moment before it publishes the buffer the operation created (SessionCore publishes
-    after Executor::SubmitAll returns, and a fast operation can finish first), so a
-    download right after the answer could be NOT_FOUND: ask until it is found."""
-    buffer_id = pending.buffer_id()
-    if isinstance(pending, Done):
-        return buffer_id
-    delay = 0.0005
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            client._call("GetBuffer", v1.GetBufferRequest(buffer=buffer_id))
-            break
-        except NotFoundError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-    return buffer_id
 
 
 def _session(client):

@@ -242,7 +242,7 @@ class LazyArray(RemoteArray):
     def id(self):
         pending = self._materialize()
         if self._visible is None:
-            self._visible = _dispatch.visible_id(self._client, pending)
+            self._visible = pending.buffer_id()
         return self._visible
 
     @property

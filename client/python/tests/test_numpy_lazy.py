@@ -227,8 +227,9 @@ def test_a_failure_while_running_surfaces_at_the_result(client):
 
 
 def test_a_result_downloads_right_after_its_answer():
-    # The server may answer a session's operation a moment before the buffer it made can
-    # be found by other calls (most often a fresh server's first matmul).
+    # A session's answer comes only once the buffer its operation made can be found by
+    # the client's other calls (a server that answered first failed this about half the
+    # time, most often at a fresh server's first matmul).
     with conftest.start_server() as address:
         with gpucompute.connect(address, progress=False) as fresh:
             x = fresh.put(np.ones((4, 5)))
