@@ -4,7 +4,7 @@
 #
 #   install-deps.sh               build and test: compilers, libraries, GoogleTest, clang,
 #                                 and the tools the tests drive (prometheus, kubectl,
-#                                 yamllint, python3-kubernetes, docker-compose)
+#                                 yamllint, python3-kubernetes, docker-compose, haproxy)
 #   install-deps.sh --build-only  only what building needs (the container images)
 #   install-deps.sh --image-tools also podman and buildah, for deploy/test-image.sh
 set -euo pipefail
@@ -34,6 +34,9 @@ test=(
   python3-kubernetes python3-yaml yamllint
   # deploy/compose.yaml is checked against the Compose schema.
   docker-compose
+  # The proxy in front of a sharded deployment (deploy/placement.py haproxy); its tests
+  # run it on loopback.
+  haproxy
 )
 image=(podman buildah runc)
 
@@ -59,7 +62,7 @@ sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 echo "installing: ${missing[*]}" >&2
 $sudo apt-get update -qq
-# Packages that start a service (prometheus) must not start it here: the tests run
+# Packages that start a service (prometheus, haproxy) must not start it here: the tests run
 # their own, on ports of their choosing.
 policy=""
 if [ ! -e /usr/sbin/policy-rc.d ]; then

@@ -1,0 +1,403 @@
+#!/usr/bin/python3
+"""The placement table of a sharded gpucompute: which replica holds each tenant.
+
+The table is a text file of rows `TENANT REPLICA`; `#` starts a comment line and blank
+lines are ignored. The servers read it (--placement-file) and HAProxy reads it as a map
+file, so a row must read the same to both: exactly two fields, and no `#` after the
+start of a line (HAProxy would take it as part of the replica's name).
+
+  placement.py generate --tokens FILE --replicas gpucompute-0,gpucompute-1 --table FILE
+      Keeps every row the table has and gives each tenant of the tokens file without one
+      the replica with the fewest tenants (ties: the lowest ordinal). A tenant is never
+      moved: its buffers are on the replica its row names.
+  placement.py check --tokens FILE --replicas ... --table FILE
+      Exit status 1, with a message a line, when a tenant has no row, a row names a
+      replica not in --replicas, a tenant has two rows or a row is malformed. A row for
+      a tenant the tokens file does not list is a warning only (a tenant leaving, or
+      one that authenticates with a client certificate).
+  placement.py move TENANT REPLICA --table FILE [--replicas ...]
+      Rewrites that tenant's row. Move its buffers first (docs/operations.md).
+  placement.py haproxy --replicas NAME=HOST:PORT,... --map PATH --listen ADDR:PORT
+                       [--tls-cert PEM --tls-ca PEM] [--health-listen ADDR:PORT]
+      Writes a complete HAProxy configuration to stdout: one backend per replica with
+      exactly one server, calls routed on the gpucompute-tenant header through the map.
+
+The tokens file is read as the server reads it (server/tenancy/auth.cc): what the server
+refuses, this refuses, with the same line number. Debian's python3, nothing else.
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Replica names become HAProxy backend names and map values: a pod name fits.
+REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
+TENANT_HEADER = "gpucompute-tenant"
+
+
+class Error(Exception):
+    """A problem the operator must fix; the message says which and where."""
+
+
+def split_config_lines(text):
+    """(line number, fields) of each line with fields, as SplitConfigLines does.
+
+    Lines end at '\n' only, '#' anywhere starts a comment and fields are separated by
+    space, tab and carriage return (not by other white space).
+    """
+    for number, line in enumerate(text.split("\n"), start=1):
+        fields = [f for f in re.split(r"[ \t\r]", line.split("#", 1)[0]) if f]
+        if fields:
+            yield number, fields
+
+
+def read_text(path, what):
+    try:
+        with open(path, "rb") as f:
+            # Bytes as they are: a token may hold any byte but the separators.
+            return f.read().decode("latin-1")
+    except OSError as e:
+        raise Error(f"cannot read the {what} {path}: {e.strerror}")
+
+
+def parse_tokens(text, path):
+    """The tenants of a tokens file in the order they first appear."""
+    tenants, tokens = [], set()
+    for number, fields in split_config_lines(text):
+        where = f"tokens file {path}, line {number}"
+        if not 2 <= len(fields) <= 3:
+            raise Error(f"{where}: expected 'TOKEN TENANT [admin]'")
+        if not TENANT_NAME.fullmatch(fields[1]):
+            raise Error(f"{where}: a tenant name must be 1 to 64 characters of A-Z a-z 0-9 . _ -")
+        if len(fields) == 3 and fields[2] != "admin":
+            raise Error(f"{where}: the third field may only be 'admin', not '{fields[2]}'")
+        if fields[0] in tokens:
+            raise Error(f"{where}: this token is listed on an earlier line too")
+        tokens.add(fields[0])
+        if fields[1] not in tenants:
+            tenants.append(fields[1])
+    if not tokens:
+        raise Error(f"tokens file {path}, the tokens file lists no tokens (it is empty or only comments), "
+                    "so every caller would be refused; add a line 'TOKEN TENANT [admin]'")
+    return tenants
+
+
+def load_tokens(path):
+    return parse_tokens(read_text(path, "tokens file"), path)
+
+
+class Table:
+    """A placement table kept line by line, so that rewriting one row keeps the rest."""
+
+    def __init__(self, path, text):
+        self.path = path
+        self.lines = text.split("\n")
+        if self.lines and self.lines[-1] == "":
+            self.lines.pop()
+        self.problems = []  # malformed rows and duplicates, each naming its line
+        self.rows = {}  # tenant -> (replica, index into lines)
+        for index, line in enumerate(self.lines):
+            body = line[:-1] if line.endswith("\r") else line  # CRLF reads the same to both
+            if not body.strip(" \t") or body.lstrip(" \t").startswith("#"):
+                continue
+            where = f"{path}, line {index + 1}"
+            fields = [f for f in re.split(r"[ \t\r]", body) if f]
+            if len(fields) != 2 or "#" in body or "\r" in body or body != body.rstrip(" \t"):
+                # The server would read some of these; HAProxy reads all the line after the
+                # tenant as the replica's name, comments and trailing blanks included.
+                self.problems.append(f"{where}: a row must be 'TENANT REPLICA' alone on its line, "
+                                     "with no comment or blanks after it")
+                continue
+            tenant, replica = fields
+            if not TENANT_NAME.fullmatch(tenant):
+                self.problems.append(f"{where}: '{tenant}' is not a tenant name (1 to 64 characters "
+                                     "of A-Z a-z 0-9 . _ -)")
+            elif not REPLICA_NAME.fullmatch(replica):
+                self.problems.append(f"{where}: '{replica}' is not a replica name (A-Z a-z 0-9 . _ -)")
+            elif tenant in self.rows:
+                self.problems.append(f"{where}: tenant {tenant} has a row on line "
+                                     f"{self.rows[tenant][1] + 1} too")
+            else:
+                self.rows[tenant] = (replica, index)
+
+    @classmethod
+    def load(cls, path, missing_ok=False):
+        if missing_ok and not os.path.exists(path):
+            return cls(path, "")
+        return cls(path, read_text(path, "placement table"))
+
+    def text(self):
+        return "".join(line + "\n" for line in self.lines)
+
+    def set(self, tenant, replica):
+        row = f"{tenant} {replica}"
+        if tenant in self.rows:
+            index = self.rows[tenant][1]
+            self.lines[index] = row
+        else:
+            self.lines.append(row)
+            index = len(self.lines) - 1
+        self.rows[tenant] = (replica, index)
+
+    def save(self):
+        """Replaces the file whole, so that a server or HAProxy never reads half of it."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        mode = os.stat(self.path).st_mode & 0o777 if os.path.exists(self.path) else 0o644
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".placement.")
+        try:
+            with os.fdopen(fd, "w", encoding="latin-1") as f:
+                f.write(self.text())
+            os.chmod(temporary, mode)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+
+
+def parse_replica_names(value):
+    names = [n for n in value.split(",") if n]
+    if not names:
+        raise Error("--replicas names no replica")
+    for n in names:
+        if not REPLICA_NAME.fullmatch(n):
+            raise Error(f"--replicas: '{n}' is not a replica name (A-Z a-z 0-9 . _ -)")
+    if len(set(names)) != len(names):
+        raise Error("--replicas names a replica twice")
+    return names
+
+
+def ordinal(name, position):
+    """The StatefulSet ordinal of a pod name (gpucompute-3 -> 3), else its position."""
+    match = re.search(r"-(\d+)$", name)
+    return (int(match.group(1)) if match else position, position)
+
+
+def problems(table, tenants, replicas):
+    """(errors, warnings) of a table against the tokens file's tenants and the replicas."""
+    errors = list(table.problems)
+    warnings = []
+    for tenant, (replica, index) in table.rows.items():
+        if replica not in replicas:
+            errors.append(f"{table.path}, line {index + 1}: tenant {tenant} is placed on {replica}, "
+                          f"which is not a replica ({', '.join(replicas)})")
+        if tenant not in tenants:
+            warnings.append(f"{table.path}, line {index + 1}: tenant {tenant} is not in the tokens file")
+    for tenant in tenants:
+        if tenant not in table.rows:
+            errors.append(f"{table.path}: tenant {tenant} has no row (placement.py generate adds one)")
+    return errors, warnings
+
+
+def command_generate(args):
+    tenants = load_tokens(args.tokens)
+    replicas = parse_replica_names(args.replicas)
+    table = Table.load(args.table, missing_ok=True)
+    # Rows already there are kept even when wrong: fix them by hand, never by moving data.
+    errors, warnings = problems(table, [t for t in tenants if t in table.rows], replicas)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if errors:
+        raise Error("\n".join(errors + [f"{table.path} is left as it was"]))
+    load = {r: 0 for r in replicas}
+    for replica, _ in table.rows.values():
+        load[replica] += 1
+    position = {r: i for i, r in enumerate(replicas)}
+    added = 0
+    for tenant in tenants:
+        if tenant in table.rows:
+            continue
+        replica = min(replicas, key=lambda r: (load[r], ordinal(r, position[r])))
+        table.set(tenant, replica)
+        load[replica] += 1
+        added += 1
+        print(f"{tenant} -> {replica}")
+    if added or not os.path.exists(args.table):
+        table.save()
+    print(f"{args.table}: {len(table.rows)} tenants, {added} added", file=sys.stderr)
+    return 0
+
+
+def command_check(args):
+    tenants = load_tokens(args.tokens)
+    replicas = parse_replica_names(args.replicas)
+    errors, warnings = problems(Table.load(args.table), tenants, replicas)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    if not errors:
+        print(f"{args.table}: every tenant of {args.tokens} has one row on a known replica")
+    return 1 if errors else 0
+
+
+def command_move(args):
+    if not TENANT_NAME.fullmatch(args.tenant):
+        raise Error(f"'{args.tenant}' is not a tenant name (1 to 64 characters of A-Z a-z 0-9 . _ -)")
+    if not REPLICA_NAME.fullmatch(args.replica):
+        raise Error(f"'{args.replica}' is not a replica name (A-Z a-z 0-9 . _ -)")
+    if args.replicas is not None and args.replica not in parse_replica_names(args.replicas):
+        raise Error(f"{args.replica} is not one of --replicas")
+    table = Table.load(args.table)
+    if table.problems:
+        raise Error("\n".join(table.problems + [f"{table.path} is left as it was"]))
+    if args.tenant not in table.rows:
+        raise Error(f"{args.table}: tenant {args.tenant} has no row to move (placement.py generate "
+                    "places a new tenant)")
+    before = table.rows[args.tenant][0]
+    table.set(args.tenant, args.replica)
+    table.save()
+    print(f"{args.tenant}: {before} -> {args.replica}")
+    return 0
+
+
+def parse_address(value, flag, any_host=False):
+    """HOST:PORT; with any_host, :PORT too (every address, as HAProxy binds it)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not (host or any_host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise Error(f"{flag}: '{value}' is not HOST:PORT")
+    return value
+
+
+def parse_replica_addresses(value):
+    replicas = []
+    for item in (i for i in value.split(",") if i):
+        name, sep, address = item.partition("=")
+        if not sep:
+            raise Error(f"--replicas: '{item}' is not NAME=HOST:PORT")
+        replicas.append((name, parse_address(address, "--replicas")))
+    parse_replica_names(",".join(name for name, _ in replicas))
+    return replicas
+
+
+def grpc_error(status, message):
+    """An http-request return answering a gRPC call with an error and no body: HTTP 200
+    with grpc-status and grpc-message as headers (gRPC's Trailers-Only response). The
+    content type is set by an http-after-response rule: a return without a body drops
+    its own."""
+    return f"http-request return status 200 hdr grpc-status {status} hdr grpc-message \"{message}\""
+
+
+def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, health_listen=None):
+    if (tls_cert is None) != (tls_ca is None):
+        raise Error("--tls-cert and --tls-ca go together: TLS is served to clients and spoken to the servers")
+    if any(c.isspace() or c == '"' for c in map_path):
+        raise Error("--map: the path may not hold white space or quotes")
+    tenant = f"req.fhdr({TENANT_HEADER})"
+    bind_tls = f" ssl crt {tls_cert} alpn h2" if tls_cert else " proto h2"
+    out = [
+        "# Generated by deploy/placement.py haproxy; regenerate it rather than edit it.",
+        "# Routes each gRPC call on its gpucompute-tenant header through the placement",
+        f"# table {map_path} to the one replica holding the tenant. No failover: a replica",
+        "# that is down is UNAVAILABLE for its own tenants only.",
+        "global",
+        "    log stdout format raw local0",
+        "    # Larger HTTP/2 windows and buffers keep uploads and downloads at the servers' pace.",
+        "    tune.bufsize 65536",
+        "    tune.h2.initial-window-size 1048576",
+        "",
+        "defaults",
+        "    mode http",
+        "    log global",
+        "    option httplog",
+        "    option dontlog-normal",
+        "    timeout connect 5s",
+        "    # gRPC calls may be idle for long: a WaitOperation or a Submit that waits, a",
+        "    # Session between requests, a download while the device works. These cut only a",
+        "    # call that stays silent for a day; dead peers are found by TCP keepalives.",
+        "    timeout client 24h",
+        "    timeout server 24h",
+        "    timeout http-request 30s",
+        "    timeout http-keep-alive 10m",
+        "    option clitcpka",
+        "    option srvtcpka",
+        "    # A request is never resent to another server: each backend has one.",
+        "    option redispatch 0",
+        "",
+        "frontend grpc",
+        f"    bind {listen}{bind_tls}",
+        "    # One header, a tenant name: anything else is not routed (and not echoed).",
+        f"    acl tenant_named {tenant} -m reg ^[A-Za-z0-9._-]{{1,64}}$",
+        f"    acl tenant_once req.fhdr_cnt({TENANT_HEADER}) eq 1",
+        f"    acl tenant_placed {tenant},map_str({map_path}) -m found",
+        "    " + grpc_error(3, f"this address routes calls by their {TENANT_HEADER} header, and this call "
+                           "has none or a malformed one; set the client's tenant (the CLI's --tenant or "
+                           "GPUCOMPUTE_TENANT, the Python client's tenant=, ClientOptions::tenant)") + " if !tenant_once || !tenant_named",
+        "    " + grpc_error(9, f"the placement table has no row for tenant %[{tenant}]; add one "
+                           "(deploy/placement.py generate) and reload the proxy") + " if !tenant_placed",
+        f"    use_backend %[{tenant},map_str({map_path})]",
+        "    # A row naming a replica this configuration does not know.",
+        "    default_backend unknown_replica",
+        "    # The proxy's own answers above are gRPC errors, which need gRPC's content type.",
+        "    http-after-response set-header content-type application/grpc "
+        "if { res.hdr(grpc-status) -m found } !{ res.hdr(content-type) -m found }",
+        "",
+        "backend unknown_replica",
+        "    " + grpc_error(9, f"the placement table places tenant %[{tenant}] on replica "
+                           f"%[{tenant},map_str({map_path})], which this proxy has no backend for; "
+                           "regenerate its configuration (deploy/placement.py haproxy)"),
+    ]
+    server_tls = f" ssl verify required ca-file {tls_ca} alpn h2" if tls_ca else " proto h2"
+    for name, address in replicas:
+        host = address.rpartition(":")[0]
+        sni = f" sni str({host}) verifyhost {host}" if tls_ca else ""
+        out += [
+            "",
+            f"backend {name}",
+            "    # One server and no failover: only this replica holds these tenants' buffers.",
+            f"    server {name} {address}{server_tls}{sni}",
+        ]
+    if health_listen:
+        out += [
+            "",
+            "# The proxy's own liveness, for probes: answers while HAProxy runs.",
+            "frontend health",
+            f"    bind {health_listen}",
+            "    monitor-uri /healthz",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def command_haproxy(args):
+    replicas = parse_replica_addresses(args.replicas)
+    parse_address(args.listen, "--listen", any_host=True)
+    if args.health_listen:
+        parse_address(args.health_listen, "--health-listen", any_host=True)
+    sys.stdout.write(haproxy_config(replicas, args.map, args.listen, args.tls_cert, args.tls_ca,
+                                    args.health_listen))
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("generate", "check"):
+        p = commands.add_parser(name)
+        p.add_argument("--tokens", required=True, help="the servers' --tokens-file")
+        p.add_argument("--replicas", required=True, help="replica names, comma-separated")
+        p.add_argument("--table", required=True, help="the placement table")
+    p = commands.add_parser("move")
+    p.add_argument("tenant")
+    p.add_argument("replica")
+    p.add_argument("--table", required=True)
+    p.add_argument("--replicas", help="refuse a replica not named here")
+    p = commands.add_parser("haproxy")
+    p.add_argument("--replicas", required=True, help="NAME=HOST:PORT, comma-separated")
+    p.add_argument("--map", required=True, help="the placement table's path where HAProxy runs")
+    p.add_argument("--listen", required=True, help="ADDR:PORT the proxy serves gRPC on")
+    p.add_argument("--tls-cert", help="PEM with the certificate and key served to clients")
+    p.add_argument("--tls-ca", help="PEM of the CA that verifies the servers")
+    p.add_argument("--health-listen", help="ADDR:PORT of an HTTP /healthz for probes")
+    args = parser.parse_args(argv)
+    handler = {"generate": command_generate, "check": command_check, "move": command_move,
+               "haproxy": command_haproxy}[args.command]
+    try:
+        return handler(args)
+    except Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
