@@ -247,7 +247,8 @@ const std::vector<Command>& Commands() {
        RunWait},
       {"op", "OP_ID", "print an operation without waiting", "", {}, RunOperation},
       {"bench",
-       "[--sizes LIST] [--repeat N] [--transport LIST] [--streams N] [--chunk-bytes BYTES]",
+       "[--sizes LIST] [--repeat N] [--transport LIST] [--streams N] [--chunk-bytes BYTES]"
+       " [--latency N]",
        "upload and download speed per transport and size, against the server's ceiling",
        "Uploads an array of each size into a new buffer and downloads it again, through\n"
        "each transport, and prints the GB/s of each way beside the copy ceiling the\n"
@@ -264,9 +265,11 @@ const std::vector<Command>& Commands() {
        "                      shm-inplace (the array already in the segment); all takes\n"
        "                      the shm ones when the server allows it and is on this host\n"
        "  --streams N         streams of grpc-parallel (default 8)\n"
-       "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n",
+       "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n"
+       "  --latency N         also time N Submit(wait) calls of the smallest operation (x +\n"
+       "                      1 on one element, in place) and print their p50 and p99\n",
        {ValueFlag("--sizes"), ValueFlag("--repeat"), ValueFlag("--transport"),
-        ValueFlag("--streams"), ValueFlag("--chunk-bytes")},
+        ValueFlag("--streams"), ValueFlag("--chunk-bytes"), ValueFlag("--latency")},
        RunBench},
       {"tenant",
        "export DIR | import DIR [--replace]",

@@ -1311,6 +1311,62 @@ TEST_F(CliTest, BenchPrintsEachTransportAndSizeBesideTheServersCeiling) {
   EXPECT_EQ(after->memory_used_bytes(), before->memory_used_bytes());
 }
 
+// --latency N times N Submit(wait) round trips of the smallest operation and reports their
+// p50 and p99, in the table and in the JSON document; the operations run on the server.
+TEST_F(CliTest, BenchTimesSubmitWaitLatency) {
+  ClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(port_);
+  options.client_name = "cli-test";
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::Stats> before = (*client)->GetStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  absl::StatusOr<v1::ServerInfo> info = (*client)->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+
+  Result json = Run("--json bench --sizes=64KiB --repeat 1 --transport=grpc --latency 50");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  google::protobuf::Struct document;
+  BenchResults(json.out, &document);
+  ASSERT_TRUE(document.fields().contains("latency")) << json.out;
+  const google::protobuf::Struct& latency = document.fields().at("latency").struct_value();
+  EXPECT_EQ(Number(latency, "calls"), 50);
+  const double p50 = Number(latency, "p50_us");
+  const double p99 = Number(latency, "p99_us");
+  EXPECT_GT(p50, 0);
+  EXPECT_GE(p99, p50);
+  absl::StatusOr<v1::Stats> after = (*client)->GetStats();
+  ASSERT_TRUE(after.ok()) << after.status();
+  uint64_t elementwise = 0;
+  for (const auto& kind : after->kinds()) {
+    if (kind.kind() == v1::OPERATION_KIND_ELEMENTWISE) elementwise += kind.count();
+  }
+  for (const auto& kind : before->kinds()) {
+    if (kind.kind() == v1::OPERATION_KIND_ELEMENTWISE) elementwise -= kind.count();
+  }
+  EXPECT_EQ(elementwise, 60u) << "50 timed and 10 warm-up operations";
+
+  Result table = Run("bench --sizes=64KiB --repeat 1 --transport=grpc --latency 20");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("Submit(wait) of x + 1 on one element, 20 calls: p50 "),
+            std::string::npos)
+      << table.out;
+  // Without --latency, no line and no calls.
+  Result none = Run("--json bench --sizes=64KiB --repeat 1 --transport=grpc");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.out.find("\"latency\":{\"calls\":0,"), std::string::npos) << none.out;
+
+  for (const std::string flag : {"--latency -1", "--latency 100001", "--latency x"}) {
+    Result bad = Run("bench --sizes=64KiB " + flag);
+    EXPECT_EQ(bad.exit_code, 2) << flag << ": " << bad.err;
+    EXPECT_NE(bad.err.find("--latency"), std::string::npos) << flag << ": " << bad.err;
+    EXPECT_TRUE(bad.out.empty()) << flag;
+  }
+  absl::StatusOr<v1::ServerInfo> later = (*client)->GetServerInfo();
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->buffer_count(), info->buffer_count()) << "the latency buffer is deleted";
+}
+
 TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
   auto [process, port] = SpawnSharedMemoryServer(Path("bench_shm_server.log"));
   ASSERT_NE(port, 0) << ReadFile(process.log);
