@@ -29,6 +29,7 @@
 #include "common/grpc_tuning.h"
 #include "server/tenancy/admission.h"
 #include "server/tenancy/auth.h"
+#include "server/tenancy/placement.h"
 #include "server/core/backend_loader.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/config/cgroup_limits.h"
@@ -298,6 +299,7 @@ struct Server::Impl {
   std::unique_ptr<Authenticator> auth;  // null without authentication
   std::unique_ptr<Quotas> quotas;       // null without a quota file
   std::string quota_file;
+  std::unique_ptr<Placement> placement;  // null unless one replica of several
   std::unique_ptr<ServiceContext> ctx;
   std::unique_ptr<BufferServiceImpl> buffers;
   std::unique_ptr<StreamServiceImpl> streams;
@@ -388,6 +390,35 @@ Server::~Server() {
   impl_->registry.reset();
 }
 
+namespace {
+
+// The placement of a replica (ServerOptions::replica_name), or null for a server that is
+// not one.
+absl::StatusOr<std::unique_ptr<Placement>> MakePlacement(const ServerOptions& options,
+                                                         bool authenticated) {
+  const bool addressed =
+      !options.replica_addresses.empty() || !options.replica_address_template.empty();
+  if (options.replica_name.empty() && options.placement_file.empty()) {
+    if (!addressed) return nullptr;
+    return absl::InvalidArgumentError(
+        "--replica-addresses and --replica-address-template tell a replica where the others "
+        "are; they need --replica-name and --placement-file");
+  }
+  if (!authenticated) {
+    // The table places tenants, and without authentication every call is in the one
+    // unnamed tenant: no row could name it.
+    return absl::InvalidArgumentError(
+        "a replica (--replica-name, --placement-file) serves the tenants of the tokens file "
+        "or client certificates; configure --tokens-file or --tls-client-ca");
+  }
+  ReplicaAddresses addresses;
+  RETURN_IF_ERROR(addresses.ParseList(options.replica_addresses));
+  addresses.address_template = options.replica_address_template;
+  return Placement::Create(options.replica_name, options.placement_file, std::move(addresses));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options));
   return Start(options, std::move(backend));
@@ -428,6 +459,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    ListenCredentials(options));
   auto impl = std::make_unique<Impl>();
+  ASSIGN_OR_RETURN(impl->placement, MakePlacement(options, authenticated));
   if (authenticated) {
     ASSIGN_OR_RETURN(impl->auth, Authenticator::Create(options.tokens_file,
                                                        !options.tls_client_ca_file.empty()));
@@ -468,6 +500,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       *impl->backend, *impl->executor, *impl->registry, *impl->limiter, *impl->timer});
   impl->ctx->auth = impl->auth.get();
   impl->ctx->quotas = impl->quotas.get();
+  impl->ctx->placement = impl->placement.get();
   const double fraction = options.max_reserved_fraction_per_tenant;
   if (!(fraction > 0 && fraction <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -619,6 +652,17 @@ absl::Status Server::Reload() {
       Log(LogLevel::kError, absl::StrCat("kept the quotas in use: ", table.status().message()));
     }
     result.Update(table.status());
+  }
+  if (impl_->placement != nullptr) {
+    absl::Status status = impl_->placement->Reload();
+    if (status.ok()) {
+      Log(LogLevel::kInfo,
+          absl::StrCat("reloaded the placement file: ", impl_->placement->row_count(), " rows"),
+          {{"path", impl_->placement->table_file()}});
+    } else {
+      Log(LogLevel::kError, absl::StrCat("kept the placement in use: ", status.message()));
+    }
+    result.Update(status);
   }
   return result;
 }

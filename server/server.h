@@ -126,6 +126,16 @@ struct ServerOptions {
   // Per-tenant quotas (server/tenancy/quotas.h gives the format); empty: none. Re-read by
   // Server::Reload.
   std::string quota_file;
+  // One replica of several, each serving the tenants the placement table places on it
+  // (server/tenancy/placement.h): this replica's name in the table, and the table's file
+  // (re-read by Server::Reload). Both or neither; they need authentication. A call for a
+  // tenant placed elsewhere is refused with FAILED_PRECONDITION naming the owner, whose
+  // address comes from replica_addresses ("NAME=HOST:PORT,...") or, for a replica that
+  // lists none, replica_address_template (HOST:PORT with "{replica}" in it).
+  std::string replica_name;
+  std::string placement_file;
+  std::string replica_addresses;
+  std::string replica_address_template;
 };
 
 class Server {
@@ -156,9 +166,9 @@ class Server {
   // With ServerOptions::persist_dir: writes the named buffers now, as the periodic
   // snapshot does; returns how many. FAILED_PRECONDITION without a persist_dir.
   absl::StatusOr<size_t> Snapshot();
-  // Reads ServerOptions::tokens_file and quota_file again, each that is set. A file with
-  // an error (logged, and returned) leaves what it configures as it was; the other file
-  // is still read.
+  // Reads ServerOptions::tokens_file, quota_file and placement_file again, each that is
+  // set. A file with an error (logged, and returned) leaves what it configures as it was;
+  // the other files are still read.
   absl::Status Reload();
 
  private:

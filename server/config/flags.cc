@@ -264,6 +264,18 @@ ABSL_FLAG(std::string, quota_file, "",
           "per-tenant quotas: lines 'default KEY=VALUE...' and 'tenant NAME KEY=VALUE...' "
           "with keys device_bytes, buffers, streams, operations; 0 or absent is none; "
           "re-read on SIGHUP");
+ABSL_FLAG(std::string, replica_name, "",
+          "this server's name in --placement-file: it serves the tenants whose rows name it "
+          "and refuses the others' calls (FAILED_PRECONDITION naming their replica)");
+ABSL_FLAG(std::string, placement_file, "",
+          "with --replica-name: the placement table, one 'TENANT REPLICA' a line, # comments "
+          "(the map file the proxy routes on); re-read on SIGHUP");
+ABSL_FLAG(std::string, replica_addresses, "",
+          "NAME=HOST:PORT,... where the other replicas listen, sent to a client that called "
+          "the wrong one");
+ABSL_FLAG(std::string, replica_address_template, "",
+          "HOST:PORT of a replica --replica-addresses does not list, {replica} standing for "
+          "its name, e.g. {replica}.gpucompute-replicas.gpucompute.svc.cluster.local:50051");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "listen on a non-loopback address without authentication (no --tokens-file, no "
           "--tls-client-ca): anyone who reaches the port can use every buffer");
@@ -305,6 +317,10 @@ constexpr FlagDoc kFlagDocs[] = {
     {"tokens_file", "PATH"},
     {"allow_insecure_remote", "true|false"},
     {"quota_file", "PATH"},
+    {"replica_name", "NAME"},
+    {"placement_file", "PATH"},
+    {"replica_addresses", "NAME=HOST:PORT,..."},
+    {"replica_address_template", "HOST:PORT"},
     {"upload_idle_timeout", "SECONDS"},
     {"max_calls_per_tenant", "N"},
     {"max_uploads_per_tenant", "N"},
@@ -382,8 +398,8 @@ std::string Usage() {
                   "  --help\n"
                   "      print this text\n\n"
                   "SIGTERM or SIGINT stops the server (exit status 0), also while it starts.\n"
-                  "SIGHUP re-reads --tokens-file and --quota-file (a malformed file keeps what it\n"
-                  "configured in use).\n");
+                  "SIGHUP re-reads --tokens-file, --quota-file and --placement-file (a malformed\n"
+                  "file keeps what it configured in use).\n");
   return usage;
 }
 
@@ -551,6 +567,10 @@ ParsedCommandLine ParseServerCommandLine(const std::vector<std::string>& args) {
   o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   o.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   o.quota_file = absl::GetFlag(FLAGS_quota_file);
+  o.replica_name = absl::GetFlag(FLAGS_replica_name);
+  o.placement_file = absl::GetFlag(FLAGS_placement_file);
+  o.replica_addresses = absl::GetFlag(FLAGS_replica_addresses);
+  o.replica_address_template = absl::GetFlag(FLAGS_replica_address_template);
   o.upload_idle_timeout_seconds = absl::GetFlag(FLAGS_upload_idle_timeout).value;
   o.max_calls_per_tenant = absl::GetFlag(FLAGS_max_calls_per_tenant).value;
   o.max_uploads_per_tenant = absl::GetFlag(FLAGS_max_uploads_per_tenant).value;

@@ -25,8 +25,9 @@ Family Make(std::string name, std::string help, MetricType type) {
   return Family{std::move(name), std::move(help), type, {}, {}};
 }
 
-Family Single(std::string name, std::string help, double value) {
-  Family f = Make(std::move(name), std::move(help), MetricType::kGauge);
+Family Single(std::string name, std::string help, double value,
+              MetricType type = MetricType::kGauge) {
+  Family f = Make(std::move(name), std::move(help), type);
   f.samples.push_back({{}, value});
   return f;
 }
@@ -273,6 +274,15 @@ void ServerMetrics::CollectDevices(std::vector<Family>& out) {
     lane.samples.push_back({{{"ran_on", "call"}}, static_cast<double>(ctx_.lane->ran_on_caller())});
     out.push_back(std::move(lane));
   }
+  out.push_back(Single("gpucompute_redirected_calls_total",
+                       "Calls refused because the placement table places their tenant on "
+                       "another replica.",
+                       static_cast<double>(ctx_.routing->redirects.load()), MetricType::kCounter));
+  out.push_back(Single("gpucompute_tenant_header_refusals_total",
+                       "Calls refused because their gpucompute-tenant header named another "
+                       "tenant than their credentials.",
+                       static_cast<double>(ctx_.routing->tenant_header_refused.load()),
+                       MetricType::kCounter));
   out.push_back(Single(
       "gpucompute_uptime_seconds", "Seconds since the server started.",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx_.start_time).count()));

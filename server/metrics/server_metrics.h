@@ -17,6 +17,8 @@
 //   gpucompute_pool_reserved_bytes{device}, gpucompute_pool_used_bytes{device}  gauges
 //   gpucompute_device_info{device,name}, gpucompute_device_memory_total_bytes{device}
 //   gpucompute_lane_jobs_total{ran_on=lane|call}   counter, Submits and chains (warm_lane.h)
+//   gpucompute_redirected_calls_total, gpucompute_tenant_header_refusals_total  counters
+//   (IdentifyCaller's routing checks, service_context.h)
 //   gpucompute_backend_healthy, gpucompute_uptime_seconds,
 //   gpucompute_build_info{version,api,backend}                                  gauges
 //   process_* (process_metrics.h)

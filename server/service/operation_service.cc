@@ -34,7 +34,7 @@ grpc::ServerUnaryReactor* OperationServiceImpl::ReplyWhenDone(const std::shared_
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> OperationServiceImpl::Start(
-    const grpc::CallbackServerContext& context, const v1::SubmitRequest& request,
+    grpc::CallbackServerContext& context, const v1::SubmitRequest& request,
     absl::StatusOr<Caller>& caller) {
   caller = IdentifyCaller(ctx_, context);
   if (!caller.ok()) return caller.status();

@@ -97,10 +97,50 @@ absl::StatusOr<std::string> ClientName(const grpc::ServerContextBase& context) {
   return name;
 }
 
+// PERMISSION_DENIED when the call names a tenant (kTenantMetadataKey) other than
+// `tenant`, the one its credentials name: a proxy routes on the header, so a call whose
+// header disagrees would be served by the wrong replica's rules.
+absl::Status CheckTenantHeader(const ServiceContext& ctx, const grpc::ServerContextBase& context,
+                               absl::string_view tenant) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kTenantMetadataKey);
+  if (it == metadata.end()) return absl::OkStatus();
+  const absl::string_view named(it->second.data(), it->second.size());
+  if (named == tenant) return absl::OkStatus();
+  ctx.routing->tenant_header_refused.fetch_add(1, std::memory_order_relaxed);
+  // The name sent is not echoed: it is whatever the caller wrote.
+  if (tenant.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "metadata '", kTenantMetadataKey,
+        "' names a tenant, but this server has no authentication and serves its one unnamed "
+        "tenant; send no '", kTenantMetadataKey, "'"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "metadata '", kTenantMetadataKey, "' names another tenant than this call's credentials (",
+      tenant, "); send '", kTenantMetadataKey, ": ", tenant, "' or none"));
+}
+
+// FAILED_PRECONDITION, with the owner in `context`'s trailing metadata, when ctx.placement
+// does not place `tenant` on this replica.
+absl::Status CheckPlacement(const ServiceContext& ctx, grpc::ServerContextBase& context,
+                            absl::string_view tenant) {
+  if (ctx.placement == nullptr) return absl::OkStatus();
+  std::optional<Redirect> redirect;
+  absl::Status placed = ctx.placement->Check(tenant, &redirect);
+  if (redirect.has_value()) {
+    ctx.routing->redirects.fetch_add(1, std::memory_order_relaxed);
+    context.AddTrailingMetadata(kRedirectReplicaKey, redirect->replica);
+    if (redirect->address.has_value()) {
+      context.AddTrailingMetadata(kRedirectAddressKey, *redirect->address);
+    }
+  }
+  return placed;
+}
+
 }  // namespace
 
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
-                                      const grpc::ServerContextBase& context) {
+                                      grpc::ServerContextBase& context) {
   Caller caller;
   if (ctx.auth == nullptr) {
     caller.admin = true;  // one tenant: every caller has the whole server, as before
@@ -110,7 +150,9 @@ absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
     caller.admin = identity.admin;
     caller.credential = std::move(identity.credential);
   }
+  RETURN_IF_ERROR(CheckTenantHeader(ctx, context, caller.tenant));
   ASSIGN_OR_RETURN(caller.client, ClientName(context));
+  RETURN_IF_ERROR(CheckPlacement(ctx, context, caller.tenant));
   caller.scope = ScopeOf(caller.tenant, caller.client);
   if (ctx.admission != nullptr) {
     ASSIGN_OR_RETURN(caller.admission,

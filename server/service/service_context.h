@@ -5,6 +5,7 @@
 #ifndef GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 #define GPUCOMPUTE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "gpucompute/v1/limits.h"
 #include "server/tenancy/admission.h"
 #include "server/tenancy/auth.h"
+#include "server/tenancy/placement.h"
 #include "server/core/backend.h"
 #include "server/expression/program_cache.h"
 #include "server/core/buffer_registry.h"
@@ -51,6 +53,12 @@ class ChainCache;
 // A ChainCache (chain_replay.h) of `registry`'s buffers.
 std::shared_ptr<ChainCache> MakeChainCache(BufferRegistry& registry);
 
+// Calls refused by IdentifyCaller's routing checks, for /metrics.
+struct RoutingCounters {
+  std::atomic<uint64_t> redirects{0};             // FAILED_PRECONDITION: another replica's tenant
+  std::atomic<uint64_t> tenant_header_refused{0};  // PERMISSION_DENIED: a spoofed tenant header
+};
+
 inline constexpr char kVersion[] = "0.1.0";
 inline constexpr char kApi[] = "gpucompute.v1";
 
@@ -75,6 +83,10 @@ struct ServiceContext {
   // Checks callers' credentials; null when the server has no authentication configured
   // (one tenant, whose every client is an admin).
   const Authenticator* auth = nullptr;
+  // Which replica serves each tenant; null when this server is not one replica of
+  // several (no --replica-name).
+  const Placement* placement = nullptr;
+  std::shared_ptr<RoutingCounters> routing = std::make_shared<RoutingCounters>();
   // The tenants' quotas; null without --quota-file.
   const Quotas* quotas = nullptr;
   // The tenants' places among calls in flight and uploads under way; null: no bounds.
@@ -105,11 +117,16 @@ absl::Status CheckBackendHealthy(const Backend& backend);
 // The caller of a call: its tenant from a verified token or client certificate (never
 // from metadata the caller chooses freely), its client name (metadata
 // "gpucompute-client", "default" when absent) and the scope the registries key on.
+// Every RPC of the API starts here (gRPC's health and reflection services do not), so
+// these are also where a replica routes its calls, before anything else is done:
 // UNAUTHENTICATED when authentication is configured and the call's credentials do not
-// identify a tenant; INVALID_ARGUMENT for a malformed client name; RESOURCE_EXHAUSTED
-// when the tenant has all the calls in flight it may (Caller::admission).
+// identify a tenant; PERMISSION_DENIED when metadata kTenantMetadataKey names another
+// tenant; INVALID_ARGUMENT for a malformed client name; FAILED_PRECONDITION when
+// ctx.placement places the tenant on another replica (whose name and address go into
+// `context`'s trailing metadata) or nowhere; RESOURCE_EXHAUSTED when the tenant has all
+// the calls in flight it may (Caller::admission).
 absl::StatusOr<Caller> IdentifyCaller(const ServiceContext& ctx,
-                                      const grpc::ServerContextBase& context);
+                                      grpc::ServerContextBase& context);
 
 // PERMISSION_DENIED unless `caller` is an admin; `what` says what was refused.
 absl::Status RequireAdmin(const Caller& caller, absl::string_view what);

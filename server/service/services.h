@@ -321,7 +321,7 @@ class OperationServiceImpl final
  private:
   // Identifies the caller (into `caller`), plans `request` and queues its operation: the
   // part of Submit that runs on the warm lane.
-  absl::StatusOr<std::shared_ptr<Operation>> Start(const grpc::CallbackServerContext& context,
+  absl::StatusOr<std::shared_ptr<Operation>> Start(grpc::CallbackServerContext& context,
                                                    const v1::SubmitRequest& request,
                                                    absl::StatusOr<Caller>& caller);
   // Answers with `op` once it is done or `timeout_seconds` passes, holding the call's

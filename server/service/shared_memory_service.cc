@@ -277,7 +277,7 @@ absl::StatusOr<RegionCopy> PlanCopyToRegion(ServiceContext& ctx, const std::stri
 
 // The checks every copy call makes before it reads its request.
 absl::StatusOr<Caller> IdentifyCopyCaller(ServiceContext& ctx,
-                                          const grpc::CallbackServerContext& context) {
+                                          grpc::CallbackServerContext& context) {
   ASSIGN_OR_RETURN(Caller caller, IdentifyCaller(ctx, context));
   RETURN_IF_ERROR(CheckAnyAllowed(ctx));
   RETURN_IF_ERROR(CheckBackendHealthy(ctx.backend));

@@ -25,6 +25,7 @@
 #include "server/tenancy/auth.h"
 #include "server/tenancy/quotas.h"
 #include "server/server.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/test_server.h"
 
 namespace gpucompute::testing {
@@ -44,29 +45,6 @@ std::string TestDataDir() {
 }
 
 std::string TlsFile(const std::string& name) { return absl::StrCat(TestDataDir(), "/tls/", name); }
-
-// A file of the test's own, removed with the test's directory.
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            absl::StrCat("gpucompute_auth_test_", getpid(), "_", counter_++);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string Write(const std::string& name, const std::string& text) const {
-    const std::string path = (path_ / name).string();
-    std::ofstream(path, std::ios::trunc) << text;
-    return path;
-  }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
 
 constexpr char kAliceToken[] = "alice-token-3f9a1c";
 constexpr char kBobToken[] = "bob-token-77d2e0";

@@ -155,13 +155,16 @@ struct RawResult {
 // every response. `authorization` is the metadata's value; empty sends none. Unary
 // methods take exactly one message; a stream of the client's ends early once the server
 // has answered.
+// `tenant`, when not empty, is sent as the metadata kTenantMetadataKey.
 RawResult RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& rpc,
-                  const std::string& authorization, const std::vector<std::string>& messages) {
+                  const std::string& authorization, const std::vector<std::string>& messages,
+                  const std::string& tenant = "") {
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   if (!authorization.empty()) context.AddMetadata("authorization", authorization);
+  if (!tenant.empty()) context.AddMetadata(kTenantMetadataKey, tenant);
   const std::string method =
       absl::StrCat("/", ApiFile().package(), ".", absl::StrReplaceAll(rpc, {{".", "/"}}));
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
@@ -644,6 +647,7 @@ class BadInputMatrixTest : public ::testing::Test {
   void AddSessionCases();
   void AddAuthenticationCases();
   void AddUnparsableCases();
+  void AddTenantHeaderCases();
 
   std::string tokens_file_, quota_file_;
   std::unique_ptr<TestServer> server_;
@@ -1789,6 +1793,23 @@ void BadInputMatrixTest::AddUnparsableCases() {
   cases_.back().exact = true;
 }
 
+// A tenant header that names another tenant than the credentials: PERMISSION_DENIED on
+// every RPC before anything else, the request not even read (an empty message is a
+// valid request of every type, and an Upload's first message must be a header).
+void BadInputMatrixTest::AddTenantHeaderCases() {
+  for (const std::string& rpc : AllRpcs()) {
+    for (const std::string& claimed : {"bob", "ops", "nobody"}) {
+      Add(
+          rpc, kOtherTenant, absl::StrCat("alice's token naming tenant ", claimed),
+          [this, rpc, claimed] { return RawCall(channel_, rpc, kAlice, {""}, claimed).status; },
+          StatusCode::PERMISSION_DENIED,
+          "metadata 'gpucompute-tenant' names another tenant than this call's credentials "
+          "(alice); send 'gpucompute-tenant: alice' or none");
+      cases_.back().exact = true;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 
 TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
@@ -1801,6 +1822,7 @@ TEST_F(BadInputMatrixTest, EveryRpcRejectsBadInputExactlyAndChangesNothing) {
   AddSessionCases();
   AddAuthenticationCases();
   AddUnparsableCases();
+  AddTenantHeaderCases();
 
   const WorldSnapshot initial = TakeWorldSnapshot();
   WorldSnapshot before = initial;

@@ -18,6 +18,14 @@ inline constexpr uint64_t kMaxClientNameBytes = 128;
 // way the server returns it in the call's initial metadata and logs it with the call.
 inline constexpr char kRequestIdMetadataKey[] = "x-request-id";
 inline constexpr uint64_t kMaxRequestIdBytes = 128;
+// Replicas (a deployment scaled out by tenant). A client may name its tenant in
+// kTenantMetadataKey, which a proxy routes on; the server refuses a name that is not the
+// authenticated tenant's (PERMISSION_DENIED). A replica that does not serve the tenant
+// answers FAILED_PRECONDITION with the owner in trailing metadata: its name, and its
+// HOST:PORT when the replica knows it, where the client reconnects once.
+inline constexpr char kTenantMetadataKey[] = "gpucompute-tenant";
+inline constexpr char kRedirectAddressKey[] = "gpucompute-redirect-address";
+inline constexpr char kRedirectReplicaKey[] = "gpucompute-redirect-replica";
 
 // gRPC messages are capped here, both ways.
 inline constexpr uint64_t kMaxMessageBytes = uint64_t{64} << 20;
