@@ -271,6 +271,10 @@ def parse_replica_addresses(value):
     return replicas
 
 
+def is_ip(host):
+    return re.fullmatch(r"[0-9.]+|\[[0-9a-fA-F:.]+\]", host) is not None
+
+
 def grpc_error(status, message):
     """An http-request return answering a gRPC call with an error and no body: HTTP 200
     with grpc-status and grpc-message as headers (gRPC's Trailers-Only response). The
@@ -293,6 +297,10 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "# that is down is UNAVAILABLE for its own tenants only.",
         "global",
         "    log stdout format raw local0",
+        "    # After a reload (SIGUSR2) the old process closes its idle client connections and",
+        "    # sends GOAWAY on the busy ones within this time, so that clients' next calls",
+        "    # follow the new table; calls in flight finish where they are.",
+        "    close-spread-time 5s",
         "    # Larger HTTP/2 windows and buffers keep uploads and downloads at the servers' pace.",
         "    tune.bufsize 65536",
         "    tune.h2.initial-window-size 1048576",
@@ -339,14 +347,28 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
                            "regenerate its configuration (deploy/placement.py haproxy)"),
     ]
     server_tls = f" ssl verify required ca-file {tls_ca} alpn h2" if tls_ca else " proto h2"
-    for name, address in replicas:
-        host = address.rpartition(":")[0]
+    names = [address.rpartition(":")[0] for _, address in replicas]
+    if not all(is_ip(host) for host in names):
+        out += [
+            "",
+            "# Replicas are found by name when the proxy starts and again while it runs: a",
+            "# replica that restarts elsewhere keeps its name, not its address, and one not",
+            "# up yet does not keep the proxy from starting.",
+            "resolvers system",
+            "    parse-resolv-conf",
+            "    hold valid 10s",
+        ]
+    for (name, address), host in zip(replicas, names):
+        resolve = "" if is_ip(host) else " resolvers system init-addr last,libc,none"
         sni = f" sni str({host}) verifyhost {host}" if tls_ca else ""
         out += [
             "",
             f"backend {name}",
             "    # One server and no failover: only this replica holds these tenants' buffers.",
-            f"    server {name} {address}{server_tls}{sni}",
+            "    # Once its checks fail, the proxy answers its tenants itself, at once.",
+            "    " + grpc_error(14, f"replica {name}, which holds tenant %[{tenant}], is not answering; its "
+                               "tenants' calls fail until it is back, other tenants' go on") + " if !{ nbsrv gt 0 }",
+            f"    server {name} {address}{server_tls}{sni}{resolve} check inter 2s fall 2 rise 1",
         ]
     if health_listen:
         out += [

@@ -12,6 +12,15 @@
   startup/readiness/liveness probes, requests and a memory limit, a restricted security
   context, scrape annotations naming the metrics port, a fully qualified image, and on
   GPU overlays the GPU limit, toleration, node selector and runtime class.
+- Every server listening off loopback authenticates its callers (--tokens-file or
+  --tls-client-ca from a mounted Secret): the image passes --allow-insecure-remote.
+- A sharded overlay (a StatefulSet of servers behind an HAProxy Deployment): a headless
+  Service publishing unready pods, disruption budgets, spread over hosts, each pod's
+  name as --replica-name, --persist-dir on its claim with --snapshot-interval, TLS; every
+  placement row names a pod of the StatefulSet; HAProxy's backends are those pods at
+  their headless Service names; the committed haproxy.cfg is what deploy/placement.py
+  writes for them and the proxy's mounts; `haproxy -c` accepts it (where haproxy is
+  installed). Mistakes made in a copy of the rendered overlay must be caught.
 - yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml), and
   docker-compose (where installed) checks deploy/compose.yaml against the Compose schema.
 - A deliberately broken manifest must be rejected, so the checks themselves are tested.
@@ -19,7 +28,10 @@
 Usage: kubernetes_manifests_test.py DEPLOY_DIR. Exit 0 when all pass, 1 on failures,
 77 (skipped) when kubectl, yamllint or python3-kubernetes is missing.
 """
+import copy as copy_module
+import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +55,8 @@ KINDS = {
     ("apps/v1", "Deployment"): "V1Deployment",
     ("v1", "Service"): "V1Service",
     ("v1", "ConfigMap"): "V1ConfigMap",
+    ("apps/v1", "StatefulSet"): "V1StatefulSet",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
 }
 # Fields newer than the client library's types: (type, field) -> checker of the value.
 NEWER_FIELDS = {
@@ -158,40 +172,36 @@ def qualified(image):
     return "/" in image and ("." in first or ":" in first or first == "localhost")
 
 
-def validate_policy(objects, gpu):
-    """What an operator needs from a gpucompute deployment."""
+def labelled(objects):
     errors = []
-    deployments = [o for o in objects if o["kind"] == "Deployment"]
-    services = [o for o in objects if o["kind"] == "Service"]
-    if len(deployments) != 1 or len(services) != 1:
-        return [f"expected one Deployment and one Service, got {len(deployments)} and {len(services)}"]
     for o in objects:
         labels = o["metadata"].get("labels", {})
         for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"):
             if key not in labels:
-                errors.append(f"{o['kind']}: no label {key}")
-    d = deployments[0]
-    spec = d["spec"]
-    if spec.get("replicas") != 1:
-        errors.append("Deployment: replicas must be 1 (buffers live in one pod)")
-    if spec.get("strategy", {}).get("type") != "Recreate":
-        errors.append("Deployment: strategy must be Recreate (RollingUpdate needs a second GPU)")
+                errors.append(f"{o['kind']}/{o['metadata']['name']}: no label {key}")
+    return errors
+
+
+def check_workload(workload, gpu, scraped=True):
+    """What an operator needs of a Deployment's or StatefulSet's pods."""
+    errors = []
+    name = f"{workload['kind']} {workload['metadata']['name']}"
+    spec = workload["spec"]
     pod = spec["template"]["spec"]
     template_labels = spec["template"]["metadata"].get("labels", {})
     for k, v in spec["selector"]["matchLabels"].items():
         if template_labels.get(k) != v:
-            errors.append(f"Deployment: selector {k}={v} does not match the pod template")
+            errors.append(f"{name}: selector {k}={v} does not match the pod template")
     if not isinstance(pod.get("terminationGracePeriodSeconds"), int):
-        errors.append("Deployment: no terminationGracePeriodSeconds")
+        errors.append(f"{name}: no terminationGracePeriodSeconds")
     psc = pod.get("securityContext", {})
     if psc.get("runAsNonRoot") is not True:
-        errors.append("pod: securityContext.runAsNonRoot must be true")
+        errors.append(f"{name}: pod securityContext.runAsNonRoot must be true")
     if psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
-        errors.append("pod: seccompProfile must be RuntimeDefault")
-    containers = pod["containers"]
+        errors.append(f"{name}: pod seccompProfile must be RuntimeDefault")
     metrics_port = None
-    for c in containers:
-        where = f"container {c['name']}"
+    for c in pod["containers"]:
+        where = f"{name}: container {c['name']}"
         if not qualified(c["image"]):
             errors.append(f"{where}: image {c['image']} has no registry (it would be pulled from Docker Hub)")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -219,54 +229,318 @@ def validate_policy(objects, gpu):
         if gpu and not (isinstance(gpus, int) and gpus >= 1):
             errors.append(f"{where}: a GPU overlay must limit nvidia.com/gpu to at least 1")
         if not gpu and gpus is not None:
-            errors.append(f"{where}: a CPU overlay asks for GPUs")
-    annotations = spec["template"]["metadata"].get("annotations", {})
-    if annotations.get("prometheus.io/scrape") != "true":
-        errors.append("pod: no prometheus.io/scrape annotation")
-    if metrics_port is None or annotations.get("prometheus.io/port") != str(metrics_port):
-        errors.append(f"pod: prometheus.io/port {annotations.get('prometheus.io/port')} is not the metrics port")
+            errors.append(f"{where}: asks for GPUs it does not use")
+    if scraped:
+        annotations = spec["template"]["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") != "true":
+            errors.append(f"{name}: no prometheus.io/scrape annotation")
+        if metrics_port is None or annotations.get("prometheus.io/port") != str(metrics_port):
+            errors.append(f"{name}: prometheus.io/port {annotations.get('prometheus.io/port')} is not the metrics port")
     if gpu:
         if not pod.get("runtimeClassName"):
-            errors.append("pod: a GPU overlay needs a runtimeClassName")
+            errors.append(f"{name}: a GPU overlay needs a runtimeClassName")
         if not pod.get("nodeSelector"):
-            errors.append("pod: a GPU overlay needs a nodeSelector")
+            errors.append(f"{name}: a GPU overlay needs a nodeSelector")
         if not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])):
-            errors.append("pod: a GPU overlay needs the nvidia.com/gpu toleration")
-    s = services[0]
-    for k, v in s["spec"]["selector"].items():
-        if template_labels.get(k) != v:
-            errors.append(f"Service: selector {k}={v} matches no pod")
-    errors += check_flagfile(objects, pod)
-    port_names = {p.get("name") for c in containers for p in c.get("ports", [])}
-    for p in s["spec"]["ports"]:
-        if isinstance(p.get("targetPort"), str) and p["targetPort"] not in port_names:
-            errors.append(f"Service: targetPort {p['targetPort']} names no container port")
+            errors.append(f"{name}: a GPU overlay needs the nvidia.com/gpu toleration")
     return errors
 
 
-def check_flagfile(objects, pod):
-    """The server reads its flags with --flagfile from a mounted ConfigMap."""
+def selects(selector, workload):
+    labels = workload["spec"]["template"]["metadata"].get("labels", {})
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_services(objects):
+    """Every Service selects pods, and names ports those pods have."""
     errors = []
-    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
-    server = pod["containers"][0]
-    flagfiles = [a.split("=", 1)[1] for a in server.get("args", []) if a.startswith("--flagfile=")]
-    if len(flagfiles) != 1:
-        return ["container server: args must name one --flagfile"]
-    directory, key = os.path.split(flagfiles[0])
-    mounts = {m["mountPath"]: m["name"] for m in server.get("volumeMounts", [])}
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    for s in (o for o in objects if o["kind"] == "Service"):
+        where = f"Service {s['metadata']['name']}"
+        selected = [w for w in workloads if selects(s["spec"].get("selector", {}), w)]
+        if not selected:
+            errors.append(f"{where}: selector {s['spec'].get('selector')} matches no pod")
+        port_names = {p.get("name") for w in selected for c in w["spec"]["template"]["spec"]["containers"]
+                      for p in c.get("ports", [])}
+        for p in s["spec"]["ports"]:
+            if isinstance(p.get("targetPort"), str) and p["targetPort"] not in port_names:
+                errors.append(f"{where}: targetPort {p['targetPort']} names no container port")
+    return errors
+
+
+def mounted(pod, container, path, kind):
+    """(volume, mount) of the `kind` volume ("configMap", "secret", ...) whose mount holds
+    `path` directly (not in a subdirectory), or (None, None)."""
+    directory = os.path.dirname(path)
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
-    volume = volumes.get(mounts.get(directory), {})
-    config_map = config_maps.get(volume.get("configMap", {}).get("name"))
+    for m in container.get("volumeMounts", []):
+        if m["mountPath"].rstrip("/") == directory and kind in volumes.get(m["name"], {}):
+            return volumes[m["name"]], m
+    return None, None
+
+
+def server_flags(objects, pod):
+    """(errors, flags) of the server container: its args and its --flagfile's lines."""
+    server = pod["containers"][0]
+    args = server.get("args", [])
+    flagfiles = [a.split("=", 1)[1] for a in args if a.startswith("--flagfile=")]
+    if len(flagfiles) != 1:
+        return ["container server: args must name one --flagfile"], args
+    volume, _ = mounted(pod, server, flagfiles[0], "configMap")
+    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    config_map = config_maps.get((volume or {}).get("configMap", {}).get("name"))
     if config_map is None:
-        return [f"container server: {directory} is not a mounted ConfigMap of this overlay"]
-    flags = config_map.get("data", {}).get(key)
+        return [f"container server: {os.path.dirname(flagfiles[0])} is not a mounted ConfigMap of this overlay"], args
+    flags = config_map.get("data", {}).get(os.path.basename(flagfiles[0]))
     if flags is None:
-        return [f"ConfigMap {config_map['metadata']['name']}: no key {key}"]
+        return [f"ConfigMap {config_map['metadata']['name']}: no key {os.path.basename(flagfiles[0])}"], args
+    errors, lines = [], []
     for line in flags.splitlines():
         line = line.strip()
-        if line and not line.startswith("#") and not line.startswith("--"):
-            errors.append(f"ConfigMap {config_map['metadata']['name']}: '{line}' is not a flag")
+        if line and not line.startswith("#"):
+            if line.startswith("--"):
+                lines.append(line)
+            else:
+                errors.append(f"ConfigMap {config_map['metadata']['name']}: '{line}' is not a flag")
+    return errors, lines + [a for a in args if not a.startswith("--flagfile=")]
+
+
+def flag(flags, name):
+    """The last value of --name (a repeated flag takes its last value), or None."""
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+# The images' entrypoint (deploy/Dockerfile, deploy/Dockerfile.cuda) listens on
+# 0.0.0.0:50051 and passes --allow-insecure-remote, which serves anyone when no
+# authentication is configured.
+IMAGE_LISTEN = "0.0.0.0:50051"
+
+
+def check_authentication(flags, pod):
+    """A server listening off loopback authenticates its callers, from a mounted Secret."""
+    listen = flag(flags, "listen") or IMAGE_LISTEN
+    if listen.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]"):
+        return []
+    errors = []
+    credentials = [(f, flag(flags, f)) for f in ("tokens-file", "tls-client-ca") if flag(flags, f)]
+    if not credentials:
+        return [f"container server: listens on {listen} without authentication (--tokens-file or "
+                "--tls-client-ca), so it would serve anyone (the image passes --allow-insecure-remote)"]
+    for name, path in credentials:
+        if mounted(pod, pod["containers"][0], path, "secret")[0] is None:
+            errors.append(f"container server: --{name}={path} is not in a mounted Secret")
     return errors
+
+
+def validate_policy(objects, gpu):
+    """What an operator needs from a one-server gpucompute deployment."""
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    if len(deployments) != 1 or len(services) != 1:
+        return [f"expected one Deployment and one Service, got {len(deployments)} and {len(services)}"]
+    errors = labelled(objects)
+    d = deployments[0]
+    if d["spec"].get("replicas") != 1:
+        errors.append("Deployment: replicas must be 1 (buffers live in one pod)")
+    if d["spec"].get("strategy", {}).get("type") != "Recreate":
+        errors.append("Deployment: strategy must be Recreate (RollingUpdate needs a second GPU)")
+    errors += check_workload(d, gpu)
+    errors += check_services(objects)
+    pod = d["spec"]["template"]["spec"]
+    flag_errors, flags = server_flags(objects, pod)
+    return errors + flag_errors + check_authentication(flags, pod)
+
+
+def objects_of(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def spread_over_hosts(workload):
+    pod = workload["spec"]["template"]["spec"]
+    return any(c.get("topologyKey") == "kubernetes.io/hostname" and
+               selects(c.get("labelSelector", {}).get("matchLabels", {}), workload)
+               for c in pod.get("topologySpreadConstraints", []))
+
+
+def haproxy_backends(config):
+    """{backend: its server lines' "NAME ADDRESS"} of an HAProxy configuration."""
+    backends, current = {}, None
+    for line in config.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if not line[0].isspace():
+            current = words[1] if words[0] == "backend" and len(words) > 1 else None
+            if current:
+                backends[current] = []
+        elif current and words[0] == "server":
+            backends[current].append(" ".join(words[1:3]))
+    return backends
+
+
+def secret_path(pod, container, secret, key):
+    """Where `container` sees `key` of the Secret named `secret`, or None."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        source = volumes.get(m["name"], {}).get("secret", {})
+        if source.get("secretName") == secret:
+            items = {i["key"]: i["path"] for i in source.get("items", [])}
+            if key in items or not items:
+                return os.path.join(m["mountPath"], items.get(key, key))
+    return None
+
+
+def validate_sharded(objects, gpu, run_haproxy=True):
+    """A StatefulSet of servers behind HAProxy, each server holding the tenants the
+    placement table gives it (deploy/placement.py, docs/operations.md "Scaling out")."""
+    sets, deployments = objects_of(objects, "StatefulSet"), objects_of(objects, "Deployment")
+    if len(sets) != 1 or len(deployments) != 1:
+        return [f"expected one StatefulSet (servers) and one Deployment (HAProxy), got {len(sets)} and "
+                f"{len(deployments)}"]
+    errors = labelled(objects)
+    sts, proxy = sets[0], deployments[0]
+    errors += check_workload(sts, gpu) + check_workload(proxy, gpu=False, scraped=False)
+    errors += check_services(objects)
+    spec, pod = sts["spec"], sts["spec"]["template"]["spec"]
+    namespace = sts["metadata"].get("namespace", "default")
+    replicas = spec.get("replicas", 1)
+    if spec.get("podManagementPolicy") != "Parallel":
+        errors.append("StatefulSet: podManagementPolicy must be Parallel (replicas hold different tenants)")
+    if not isinstance(proxy["spec"].get("replicas"), int) or proxy["spec"]["replicas"] < 2:
+        errors.append("HAProxy Deployment: at least two replicas")
+    for w in (sts, proxy):
+        if not spread_over_hosts(w):
+            errors.append(f"{w['kind']} {w['metadata']['name']}: no topologySpreadConstraint over "
+                          "kubernetes.io/hostname selecting its pods")
+    services = {s["metadata"]["name"]: s for s in objects_of(objects, "Service")}
+    headless = services.get(spec.get("serviceName"), {}).get("spec", {})
+    if headless.get("clusterIP") != "None" or headless.get("publishNotReadyAddresses") is not True:
+        errors.append(f"Service {spec.get('serviceName')} (the StatefulSet's serviceName): must be headless "
+                      "(clusterIP None) with publishNotReadyAddresses")
+    if not any(selects(s["spec"].get("selector", {}), proxy) for s in services.values()):
+        errors.append("no Service selects the HAProxy pods")
+    budgets = objects_of(objects, "PodDisruptionBudget")
+    if not any(selects(b["spec"].get("selector", {}).get("matchLabels", {}), sts) for b in budgets):
+        errors.append("no PodDisruptionBudget selects the servers")
+
+    flag_errors, flags = server_flags(objects, pod)
+    errors += flag_errors + check_authentication(flags, pod)
+    server = pod["containers"][0]
+    grpc_port = {p.get("name"): p["containerPort"] for p in server.get("ports", [])}.get("grpc")
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in server.get("env", [])}
+    if flag(flags, "replica-name") != "$(POD_NAME)" or env.get("POD_NAME") != "metadata.name":
+        errors.append("container server: --replica-name=$(POD_NAME) with POD_NAME from the pod's metadata.name")
+    template = f"{{replica}}.{spec.get('serviceName')}.{namespace}.svc.cluster.local:{grpc_port}"
+    if flag(flags, "replica-address-template") != template:
+        errors.append(f"container server: --replica-address-template={flag(flags, 'replica-address-template')}, "
+                      f"not {template} (the headless Service in namespace {namespace})")
+    claims = {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
+    persist = flag(flags, "persist-dir") or ""
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in server.get("volumeMounts", [])}
+    if not any(persist.startswith(path + "/") and name in claims for path, name in mounts.items()):
+        errors.append(f"container server: --persist-dir={persist} is not on a volumeClaimTemplate's volume")
+    if not flag(flags, "snapshot-interval"):
+        errors.append("container server: no --snapshot-interval (a crash would lose every named buffer "
+                      "since the start)")
+    for name in ("tls-cert", "tls-key"):
+        if not flag(flags, name) or mounted(pod, server, flag(flags, name), "secret")[0] is None:
+            errors.append(f"container server: --{name} must name a file of a mounted Secret")
+    return errors + check_placement(objects, sts, proxy, flags, grpc_port, run_haproxy)
+
+
+def check_placement(objects, sts, proxy, flags, grpc_port, run_haproxy):
+    """The table names existing pods, HAProxy's backends are the pods, and haproxy.cfg is
+    what placement.py writes for them."""
+    errors = []
+    pod, proxy_pod = sts["spec"]["template"]["spec"], proxy["spec"]["template"]["spec"]
+    server, haproxy = pod["containers"][0], proxy_pod["containers"][0]
+    config_maps = {o["metadata"]["name"]: o for o in objects_of(objects, "ConfigMap")}
+    placement_file = flag(flags, "placement-file") or ""
+    volume, mount = mounted(pod, server, placement_file, "configMap")
+    if volume is None or mount.get("subPath"):
+        return errors + [f"container server: --placement-file={placement_file} is not in a mounted ConfigMap "
+                         "directory (a subPath mount is never updated)"]
+    table_map = config_maps.get(volume["configMap"]["name"], {})
+    table_text = table_map.get("data", {}).get(os.path.basename(placement_file))
+    if table_text is None:
+        return errors + [f"ConfigMap {volume['configMap']['name']}: no key {os.path.basename(placement_file)}"]
+    table = placement.Table(f"ConfigMap {table_map['metadata']['name']}", table_text)
+    pods = [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"].get("replicas", 1))]
+    errors += table.problems
+    for tenant, (replica, index) in table.rows.items():
+        if replica not in pods:
+            errors.append(f"placement, line {index + 1}: tenant {tenant} is placed on {replica}, which is no "
+                          f"pod of the StatefulSet ({', '.join(pods)})")
+
+    # HAProxy: its configuration file, the same table, the TLS material and the ports.
+    command = haproxy.get("command", []) + haproxy.get("args", [])
+    config_path = command[command.index("-f") + 1] if "-f" in command[:-1] else ""
+    volume, _ = mounted(proxy_pod, haproxy, config_path, "configMap")
+    config = config_maps.get((volume or {}).get("configMap", {}).get("name"), {}).get("data", {}).get(
+        os.path.basename(config_path))
+    if config is None:
+        return errors + [f"HAProxy: -f {config_path} is not a key of a mounted ConfigMap"]
+    map_paths = set(re.findall(r"map_str\(([^)]*)\)", config))
+    table_volume = {v["name"] for v in proxy_pod.get("volumes", [])
+                    if v.get("configMap", {}).get("name") == table_map["metadata"]["name"]}
+    map_path = next((os.path.join(m["mountPath"], os.path.basename(placement_file))
+                     for m in haproxy.get("volumeMounts", []) if m["name"] in table_volume and not m.get("subPath")),
+                    None)
+    if map_paths != {map_path}:
+        errors.append(f"HAProxy: its map {sorted(map_paths)} is not the servers' placement table as mounted "
+                      f"in its container ({map_path})")
+    addresses = {p: f"{p}.{sts['spec']['serviceName']}.{sts['metadata'].get('namespace', 'default')}"
+                    f".svc.cluster.local:{grpc_port}" for p in pods}
+    backends = haproxy_backends(config)
+    backends.pop("unknown_replica", None)
+    expected = {p: [f"{p} {a}"] for p, a in addresses.items()}
+    if backends != expected:
+        errors.append(f"HAProxy: backends {backends} are not the StatefulSet's pods {expected}")
+    ports = {p.get("name"): p["containerPort"] for p in haproxy.get("ports", [])}
+    tls_secret = next((v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v and
+                       mounted(pod, server, flag(flags, "tls-cert") or "", "secret")[0] is v), None)
+    generated = placement.haproxy_config(
+        list(addresses.items()), map_path or "", f":{ports.get('grpc')}",
+        secret_path(proxy_pod, haproxy, tls_secret, "tls.crt"), secret_path(proxy_pod, haproxy, tls_secret, "ca.crt"),
+        f":{probe_ports(haproxy.get('livenessProbe', {}))}")
+    if config != generated:
+        errors.append("HAProxy: the committed haproxy.cfg is not what `deploy/placement.py haproxy` writes for "
+                      "the StatefulSet's pods and the proxy's mounts (docs/operations.md, \"Scaling out\")")
+    return errors + (check_haproxy(config, table_text) if run_haproxy else [])
+
+
+def check_haproxy(config, table_text):
+    """`haproxy -c` of the rendered configuration, its files put in a temporary directory."""
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if haproxy is None:
+        print("haproxy: not checked (haproxy is not installed; deploy/install-deps.sh installs it)")
+        return []
+    tls = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testdata", "tls")
+    with tempfile.TemporaryDirectory() as work:
+        files = {os.path.basename(p): p for p in re.findall(r"map_str\(([^)]*)\)", config)}
+        for name, path in files.items():
+            with open(os.path.join(work, name), "w") as f:
+                f.write(table_text)
+            config = config.replace(path, os.path.join(work, name))
+        for option, source in (("crt", "server.pem"), ("ca-file", "ca.pem")):
+            for path in set(re.findall(rf"\s{option} (\S+)", config)):
+                shutil.copy(os.path.join(tls, source), os.path.join(work, os.path.basename(path)))
+                if option == "crt":
+                    shutil.copy(os.path.join(tls, "server.key"), os.path.join(work, os.path.basename(path) + ".key"))
+                config = config.replace(path, os.path.join(work, os.path.basename(path)))
+        with open(os.path.join(work, "haproxy.cfg"), "w") as f:
+            f.write(config)
+        result = subprocess.run([haproxy, "-c", "-f", os.path.join(work, "haproxy.cfg")],
+                                capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    # The replicas' names resolve in the cluster only; the proxy starts without them.
+    problems = [line for line in output.splitlines() if ("[ALERT]" in line or "[WARNING]" in line)
+                and "could not resolve address" not in line]
+    if result.returncode != 0 or problems:
+        return [f"haproxy -c: {line}" for line in problems] or [f"haproxy -c failed:\n{output}"]
+    print("haproxy -c: ok")
+    return []
 
 
 def kustomize(kubectl, directory):
@@ -309,6 +583,47 @@ def self_test():
     return [f"self-test: the checks missed {m} in a broken manifest" for m in missed]
 
 
+def mutations_caught(objects, gpu):
+    """Self-test of the sharded checks: each mistake made in a copy of the rendered
+    overlay must be reported."""
+    def find(copy, kind, name=None):
+        return next(o for o in copy if o["kind"] == kind and (name is None or o["metadata"]["name"] == name))
+
+    def one_replica(copy):
+        find(copy, "StatefulSet")["spec"]["replicas"] = 1
+
+    def unknown_row(copy):
+        find(copy, "ConfigMap", "gpucompute-placement")["data"]["placement"] += "zed gpucompute-9\n"
+
+    def not_published(copy):
+        find(copy, "Service", "gpucompute-replicas")["spec"]["publishNotReadyAddresses"] = False
+
+    def no_tokens(copy):
+        server = find(copy, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+        server["args"] = [a for a in server["args"] if not a.startswith("--tokens-file=")]
+
+    def other_namespace(copy):
+        for o in copy:
+            o["metadata"]["namespace"] = "elsewhere"
+
+    cases = [
+        (one_replica, ["tenant team-b is placed on gpucompute-1, which is no pod", "are not the StatefulSet's pods",
+                       "the committed haproxy.cfg"]),
+        (unknown_row, ["tenant zed is placed on gpucompute-9"]),
+        (not_published, ["publishNotReadyAddresses"]),
+        (no_tokens, ["without authentication"]),
+        (other_namespace, ["--replica-address-template", "are not the StatefulSet's pods"]),
+    ]
+    missed = []
+    for mutate, expected in cases:
+        copy = copy_module.deepcopy(objects)
+        mutate(copy)
+        errors = validate_sharded(copy, gpu, run_haproxy=False)
+        missed += [f"self-test: {mutate.__name__}: no error '{e}'" for e in expected
+                   if not any(e in error for error in errors)]
+    return missed
+
+
 def check_compose(path):
     """docker-compose's schema check of the compose file, and of a broken one."""
     compose = shutil.which("docker-compose")
@@ -341,6 +656,9 @@ def main():
         print(__doc__)
         return 2
     deploy = sys.argv[1]
+    global placement
+    sys.path.insert(0, os.path.abspath(deploy))
+    placement = importlib.import_module("placement")
     kubectl = shutil.which("kubectl")
     yamllint = shutil.which("yamllint")
     if kubectl is None:
@@ -360,7 +678,11 @@ def main():
             continue
         errors = [e for o in objects for e in validate_schema(o)]
         if not errors:
-            errors = validate_policy(objects, gpu=(name == "gpu"))
+            gpu = name.split("-")[0] == "gpu"
+            sharded = any(o["kind"] == "StatefulSet" for o in objects)
+            errors = validate_sharded(objects, gpu) if sharded else validate_policy(objects, gpu)
+            if sharded and not errors:
+                errors = mutations_caught(objects, gpu)
         print(f"overlay {name}: {len(objects)} objects, {'ok' if not errors else f'{len(errors)} problems'}")
         failures += [f"overlay {name}: {e}" for e in errors]
     lint = subprocess.run([yamllint, "-s", "-c", os.path.join(deploy, "yamllint.yaml"),

@@ -8,8 +8,8 @@
       The configuration in a real HAProxy (`haproxy -c`), and on loopback in front of
       two CPU servers: routing by the gpucompute-tenant header, the proxy's own gRPC
       errors, a dead replica UNAVAILABLE for its tenants only, a 3 GiB upload and a
-      30 s WaitOperation that the proxy does not cut, and the server accepting exactly
-      the tokens files the tool accepts. Exit 77 (skipped) without haproxy
+      30 s WaitOperation that neither the proxy's timeouts nor a reload (a tenant moved)
+      cut, and the server accepting exactly the tokens files the tool accepts. Exit 77 (skipped) without haproxy
       (deploy/install-deps.sh installs it).
 """
 import contextlib
@@ -271,8 +271,18 @@ class HaproxyConfigTest(unittest.TestCase):
         s = sections(haproxy_config())
         backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend unknown_replica"}
         self.assertEqual(sorted(backends), ["gpucompute-0", "gpucompute-1"])
-        self.assertEqual(backends["gpucompute-0"], ["server gpucompute-0 10.0.0.1:50051 proto h2"])
-        self.assertEqual(backends["gpucompute-1"], ["server gpucompute-1 host-1:50051 proto h2"])
+        check = " check inter 2s fall 2 rise 1"
+        self.assertEqual(backends["gpucompute-0"][1], f"server gpucompute-0 10.0.0.1:50051 proto h2{check}")
+        # A name is resolved again while the proxy runs: a pod that restarts keeps its name.
+        self.assertEqual(backends["gpucompute-1"][1],
+                         f"server gpucompute-1 host-1:50051 proto h2 resolvers system init-addr last,libc,none{check}")
+        self.assertEqual(s["resolvers system"], ["parse-resolv-conf", "hold valid 10s"])
+        # A replica whose checks fail: the proxy's own UNAVAILABLE, naming it.
+        for name, lines in backends.items():
+            self.assertEqual(len(lines), 2)
+            self.assertTrue(lines[0].startswith(f'http-request return status 200 hdr grpc-status 14 hdr grpc-message '
+                                                f'"replica {name}, which holds tenant '))
+            self.assertTrue(lines[0].endswith(" if !{ nbsrv gt 0 }"))
         self.assertNotIn("backup", haproxy_config())
 
     def test_routes_on_the_tenant_header_through_the_map(self):
@@ -297,9 +307,10 @@ class HaproxyConfigTest(unittest.TestCase):
         config = haproxy_config("--tls-cert", "/tls/proxy.pem", "--tls-ca", "/tls/ca.pem")
         s = sections(config)
         self.assertIn("bind :50051 ssl crt /tls/proxy.pem alpn h2", s["frontend grpc"])
-        self.assertEqual(s["backend gpucompute-1"],
-                         ["server gpucompute-1 host-1:50051 ssl verify required ca-file /tls/ca.pem alpn h2 "
-                          "sni str(host-1) verifyhost host-1"])
+        self.assertEqual(s["backend gpucompute-1"][1],
+                         "server gpucompute-1 host-1:50051 ssl verify required ca-file /tls/ca.pem alpn h2 "
+                         "sni str(host-1) verifyhost host-1 resolvers system init-addr last,libc,none "
+                         "check inter 2s fall 2 rise 1")
 
     def test_bad_arguments(self):
         cases = [
@@ -494,12 +505,34 @@ class ProxyTest(unittest.TestCase):
         for _ in range(200):
             last = submit(v1.SubmitRequest(matmul=v1.MatmulOp(a=a, b=a, c=v1.Output(buffer=c))),
                           metadata=metadata("alice"), timeout=30)
-        started = time.monotonic()
-        waited = method("proxy", "OperationService", "WaitOperation", v1.Operation)(
-            v1.WaitOperationRequest(operation_id=last.id, timeout_seconds=30), metadata=metadata("alice"), timeout=60)
-        elapsed = time.monotonic() - started
-        self.assertFalse(waited.done, "the matmuls ended before the wait did; the wait proves nothing")
-        self.assertGreaterEqual(elapsed, 29.5)
+        wait = {}
+
+        def run_wait():
+            started = time.monotonic()
+            try:
+                wait["response"] = method("proxy", "OperationService", "WaitOperation", v1.Operation)(
+                    v1.WaitOperationRequest(operation_id=last.id, timeout_seconds=30), metadata=metadata("alice"),
+                    timeout=60)
+            except grpc.RpcError as e:
+                wait["error"] = e
+            wait["seconds"] = time.monotonic() - started
+        waiter = threading.Thread(target=run_wait, daemon=True)
+        waiter.start()
+
+        # While both are under way, carol moves to gpucompute-1 and the proxy reloads: the
+        # calls in flight go on, and the next call on the same connection follows the table.
+        time.sleep(1)
+        self.assertEqual(run_tool("move", "carol", "gpucompute-1", "--table", table)[0], 0)
+        proxy.process.send_signal(signal.SIGUSR2)
+        time.sleep(7)  # close-spread-time, and a margin
+        create("proxy", "carol", "c-moved")
+        self.assertEqual(names("gpucompute-1", "carol"), ["c-moved"])
+        self.assertEqual(names("gpucompute-0", "carol"), ["c1"])
+
+        waiter.join()
+        self.assertNotIn("error", wait)
+        self.assertFalse(wait["response"].done, "the matmuls ended before the wait did; the wait proves nothing")
+        self.assertGreaterEqual(wait["seconds"], 29.5)
         uploader.join()
         self.assertNotIn("error", upload)
         self.assertEqual(upload["response"].buffer.size_bytes, 3 << 30)
@@ -507,12 +540,21 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(names("gpucompute-0", "alice"), ["a", "a1", "c"])
 
         # A dead replica is UNAVAILABLE for its own tenants; the others go on.
+        # Until the proxy's checks notice, its own HTTP 503; then its gRPC answer.
         servers["gpucompute-1"].kill()
-        with self.assertRaises(grpc.RpcError) as caught:
-            create("proxy", "bob", "b2")
-        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
-        create("proxy", "carol", "c2")
-        self.assertEqual(names("gpucompute-0", "carol"), ["c1", "c2"])
+        down = ("replica gpucompute-1, which holds tenant bob, is not answering; its tenants' calls fail until "
+                "it is back, other tenants' go on")
+        deadline = time.monotonic() + 10
+        while True:
+            with self.assertRaises(grpc.RpcError) as caught:
+                create("proxy", "bob", "b2")
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            if caught.exception.details() == down or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.assertEqual(caught.exception.details(), down)
+        create("proxy", "alice", "a2")
+        self.assertEqual(names("gpucompute-0", "alice"), ["a", "a1", "a2", "c"])
 
 
 def proxy_main(argv):
