@@ -14,7 +14,6 @@
 
 namespace gpucompute {
 
-using client_internal::CallUnary;
 using client_internal::MakeContext;
 using client_internal::SettingsOf;
 
@@ -26,6 +25,7 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, b
     context->AddMetadata(kClientMetadataKey, settings.client_name);
   }
   if (!settings.token.empty()) context->AddMetadata("authorization", "Bearer " + settings.token);
+  if (!settings.tenant.empty()) context->AddMetadata(kTenantMetadataKey, settings.tenant);
   if (!settings.request_id.empty()) {
     context->AddMetadata(kRequestIdMetadataKey, settings.request_id);
   }
@@ -49,11 +49,24 @@ constexpr size_t kMessageSlackBytes = size_t{1} << 20;
 // which serve it better (docs/performance.md).
 constexpr int kTransferWindowBytes = 64 << 20;
 
+// The host part of a target: "HOST:PORT", "[V6]:PORT" or "dns:///HOST:PORT".
+std::string HostOf(std::string_view target) {
+  if (const size_t scheme = target.find(":///"); scheme != std::string_view::npos) {
+    target.remove_prefix(scheme + 4);
+  }
+  if (!target.empty() && target.front() == '[') {
+    const size_t close = target.find(']');
+    return std::string(target.substr(1, close == std::string_view::npos ? close : close - 1));
+  }
+  return std::string(target.substr(0, target.rfind(':')));
+}
+
 // A channel's arguments: for a transfer channel (`transfer_index` > 0) a connection of
 // its own and the window above, then those of the environment
 // (common/grpc_tuning.h), then the client's options.
 grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options,
-                                           const GrpcIntArgs& environment, int transfer_index) {
+                                           const GrpcIntArgs& environment, int transfer_index,
+                                           const std::string& target) {
   grpc::ChannelArguments arguments;
   // Every channel has a subchannel pool of its own, so that each Client, and each of its
   // transfer channels, has a connection of its own: gRPC would otherwise share one among
@@ -66,7 +79,12 @@ grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options,
     arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   }
   for (const auto& [name, value] : environment) arguments.SetInt(name, value);
-  if (!options.tls_server_name.empty()) arguments.SetSslTargetNameOverride(options.tls_server_name);
+  if (!options.tls_server_name.empty()) {
+    arguments.SetSslTargetNameOverride(options.tls_server_name);
+  } else if (target != options.target) {
+    // A replica the client was redirected to proves the name the first target did.
+    arguments.SetSslTargetNameOverride(HostOf(options.target));
+  }
   arguments.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
   arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes + kMessageSlackBytes));
   return arguments;
@@ -124,6 +142,12 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContex
     result.SetPayload(kRequestIdPayload,
                       absl::Cord(std::string(it->second.data(), it->second.size())));
   }
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kRedirectAddressKey);
+      it != trailers.end() && result.code() == absl::StatusCode::kFailedPrecondition) {
+    result.SetPayload(kRedirectAddressKey,
+                      absl::Cord(std::string(it->second.data(), it->second.size())));
+  }
   return result;
 }
 
@@ -132,14 +156,47 @@ std::string RequestIdOf(const absl::Status& status) {
   return id.has_value() ? std::string(*id) : std::string();
 }
 
+std::string RedirectAddressOf(const absl::Status& status) {
+  const auto address = status.GetPayload(kRedirectAddressKey);
+  return address.has_value() ? std::string(*address) : std::string();
+}
+
 Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-               GrpcIntArgs grpc_args, std::shared_ptr<grpc::Channel> channel)
+               GrpcIntArgs grpc_args, std::shared_ptr<const Connection> connection)
     : options_(std::move(options)),
       credentials_(std::move(credentials)),
       grpc_args_(std::move(grpc_args)),
-      channel_(std::move(channel)),
-      stubs_(std::make_unique<Stubs>(channel_)),
+      connection_(std::move(connection)),
       async_calls_(std::make_shared<client_internal::AsyncCallRegistry>()) {}
+
+std::shared_ptr<const Client::Connection> Client::connection() const {
+  absl::MutexLock lock(&connection_mu_);
+  return connection_;
+}
+
+std::shared_ptr<grpc::Channel> Client::channel() const { return connection()->channel; }
+std::string Client::target() const { return connection()->target; }
+
+std::shared_ptr<grpc::Channel> Client::MakeChannel(const std::string& target,
+                                                   int transfer_index) const {
+  return grpc::CreateCustomChannel(
+      target, credentials_, ChannelArgumentsFor(options_, grpc_args_, transfer_index, target));
+}
+
+bool Client::Redirect(const absl::Status& refused) {
+  const std::string address = RedirectAddressOf(refused);
+  if (address.empty()) return false;
+  {
+    absl::MutexLock lock(&connection_mu_);
+    // Once in the client's life: a second redirect means the replicas disagree.
+    if (replaced_ != nullptr) return false;
+    replaced_ = connection_;
+    connection_ = std::make_shared<Connection>(address, MakeChannel(address, 0));
+  }
+  absl::MutexLock lock(&channels_mu_);
+  transfer_channels_.clear();
+  return true;
+}
 
 Client::~Client() { async_calls_->CancelAllAndWait(); }
 
@@ -161,17 +218,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.token.find_first_of("\r\n") != std::string::npos) {
     return absl::InvalidArgumentError("the token must be one line");
   }
+  if (!IsPrintableAscii(options.tenant, kMaxTenantNameBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the tenant must be at most ", kMaxTenantNameBytes, " printable ASCII characters"));
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = CredentialsFor(options);
   if (!credentials.ok()) return credentials.status();
   absl::StatusOr<GrpcIntArgs> grpc_args = GrpcArgsFromEnvironment();
   if (!grpc_args.ok()) return grpc_args.status();
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options.target, *credentials, ChannelArgumentsFor(options, *grpc_args, 0));
+      options.target, *credentials, ChannelArgumentsFor(options, *grpc_args, 0, options.target));
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", options.target));
   }
-  return std::unique_ptr<Client>(new Client(options, *std::move(credentials),
-                                            *std::move(grpc_args), std::move(channel)));
+  return std::unique_ptr<Client>(
+      new Client(options, *std::move(credentials), *std::move(grpc_args),
+                 std::make_shared<Connection>(options.target, std::move(channel))));
 }
 
 size_t Client::ChunkBytes() const {
@@ -194,26 +256,23 @@ int Client::TransferStreams(uint64_t bytes, bool upload) const {
 }
 
 std::shared_ptr<grpc::Channel> Client::TransferChannel(int index) {
-  if (index <= 0) return channel_;
+  std::shared_ptr<const Connection> current = connection();
+  if (index <= 0) return current->channel;
   absl::MutexLock lock(&channels_mu_);
   if (transfer_channels_.size() < static_cast<size_t>(index)) {
     transfer_channels_.resize(index);
   }
   std::shared_ptr<grpc::Channel>& channel = transfer_channels_[index - 1];
-  if (channel == nullptr) {
-    channel = grpc::CreateCustomChannel(options_.target, credentials_,
-                                        ChannelArgumentsFor(options_, grpc_args_, index));
-  }
+  if (channel == nullptr) channel = MakeChannel(current->target, index);
   return channel;
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(),
-                   &v1::ServerService::Stub::GetServerInfo, v1::GetServerInfoRequest());
+  return Unary(&Stubs::server, &v1::ServerService::Stub::GetServerInfo, v1::GetServerInfoRequest());
 }
 
 absl::StatusOr<v1::Stats> Client::GetStats() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(), &v1::ServerService::Stub::GetStats,
+  return Unary(&Stubs::server, &v1::ServerService::Stub::GetStats,
                    v1::GetStatsRequest());
 }
 
@@ -222,25 +281,21 @@ absl::StatusOr<v1::TrimMemoryPoolResponse> Client::TrimMemoryPool(std::optional<
   v1::TrimMemoryPoolRequest request;
   if (device.has_value()) request.set_device(*device);
   request.set_keep_bytes(keep_bytes);
-  return CallUnary(SettingsOf(options_), stubs_->server.get(),
-                   &v1::ServerService::Stub::TrimMemoryPool, request);
+  return Unary(&Stubs::server, &v1::ServerService::Stub::TrimMemoryPool, request);
 }
 
 absl::Status Client::StartProfiler() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(),
-                   &v1::ServerService::Stub::StartProfiler, v1::StartProfilerRequest())
+  return Unary(&Stubs::server, &v1::ServerService::Stub::StartProfiler, v1::StartProfilerRequest())
       .status();
 }
 
 absl::Status Client::StopProfiler() {
-  return CallUnary(SettingsOf(options_), stubs_->server.get(),
-                   &v1::ServerService::Stub::StopProfiler, v1::StopProfilerRequest())
+  return Unary(&Stubs::server, &v1::ServerService::Stub::StopProfiler, v1::StopProfilerRequest())
       .status();
 }
 
 absl::StatusOr<v1::BufferInfo> Client::CreateBuffer(const v1::CreateBufferRequest& request) {
-  absl::StatusOr<v1::CreateBufferResponse> response = CallUnary(
-      SettingsOf(options_), stubs_->buffers.get(), &v1::BufferService::Stub::CreateBuffer, request);
+  absl::StatusOr<v1::CreateBufferResponse> response = Unary(&Stubs::buffers, &v1::BufferService::Stub::CreateBuffer, request);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_buffer());
 }
@@ -248,20 +303,18 @@ absl::StatusOr<v1::BufferInfo> Client::CreateBuffer(const v1::CreateBufferReques
 absl::StatusOr<v1::BufferInfo> Client::GetBuffer(std::string_view buffer) {
   v1::GetBufferRequest request;
   request.set_buffer(std::string(buffer));
-  return CallUnary(SettingsOf(options_), stubs_->buffers.get(), &v1::BufferService::Stub::GetBuffer,
+  return Unary(&Stubs::buffers, &v1::BufferService::Stub::GetBuffer,
                    request);
 }
 
 absl::StatusOr<v1::ListBuffersResponse> Client::ListBuffers() {
-  return CallUnary(SettingsOf(options_), stubs_->buffers.get(),
-                   &v1::BufferService::Stub::ListBuffers, v1::ListBuffersRequest());
+  return Unary(&Stubs::buffers, &v1::BufferService::Stub::ListBuffers, v1::ListBuffersRequest());
 }
 
 absl::Status Client::DeleteBuffer(std::string_view buffer) {
   v1::DeleteBufferRequest request;
   request.set_buffer(std::string(buffer));
-  return CallUnary(SettingsOf(options_), stubs_->buffers.get(),
-                   &v1::BufferService::Stub::DeleteBuffer, request)
+  return Unary(&Stubs::buffers, &v1::BufferService::Stub::DeleteBuffer, request)
       .status();
 }
 
@@ -270,8 +323,7 @@ absl::StatusOr<v1::BufferInfo> Client::RenewLease(std::string_view buffer,
   v1::RenewLeaseRequest request;
   request.set_buffer(std::string(buffer));
   if (ttl_seconds.has_value()) request.set_ttl_seconds(*ttl_seconds);
-  absl::StatusOr<v1::RenewLeaseResponse> response = CallUnary(
-      SettingsOf(options_), stubs_->buffers.get(), &v1::BufferService::Stub::RenewLease, request);
+  absl::StatusOr<v1::RenewLeaseResponse> response = Unary(&Stubs::buffers, &v1::BufferService::Stub::RenewLease, request);
   if (!response.ok()) return response.status();
   return response->buffer();
 }
@@ -279,15 +331,13 @@ absl::StatusOr<v1::BufferInfo> Client::RenewLease(std::string_view buffer,
 absl::StatusOr<v1::StreamInfo> Client::CreateStream(std::optional<int> device) {
   v1::CreateStreamRequest request;
   if (device.has_value()) request.set_device(*device);
-  return CallUnary(SettingsOf(options_), stubs_->streams.get(),
-                   &v1::StreamService::Stub::CreateStream, request);
+  return Unary(&Stubs::streams, &v1::StreamService::Stub::CreateStream, request);
 }
 
 absl::Status Client::DeleteStream(std::string_view stream_id) {
   v1::DeleteStreamRequest request;
   request.set_stream_id(std::string(stream_id));
-  return CallUnary(SettingsOf(options_), stubs_->streams.get(),
-                   &v1::StreamService::Stub::DeleteStream, request)
+  return Unary(&Stubs::streams, &v1::StreamService::Stub::DeleteStream, request)
       .status();
 }
 
@@ -296,15 +346,13 @@ absl::StatusOr<bool> Client::SynchronizeStream(std::string_view stream_id, doubl
   request.set_stream_id(std::string(stream_id));
   request.set_timeout_seconds(timeout_seconds);
   absl::StatusOr<v1::SynchronizeStreamResponse> response =
-      CallUnary(SettingsOf(options_), stubs_->streams.get(),
-                &v1::StreamService::Stub::SynchronizeStream, request);
+      Unary(&Stubs::streams, &v1::StreamService::Stub::SynchronizeStream, request);
   if (!response.ok()) return response.status();
   return response->idle();
 }
 
 absl::StatusOr<v1::ListStreamsResponse> Client::ListStreams() {
-  return CallUnary(SettingsOf(options_), stubs_->streams.get(),
-                   &v1::StreamService::Stub::ListStreams, v1::ListStreamsRequest());
+  return Unary(&Stubs::streams, &v1::StreamService::Stub::ListStreams, v1::ListStreamsRequest());
 }
 
 }  // namespace gpucompute

@@ -83,6 +83,10 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  // Sent as the metadata "gpucompute-tenant" with every call when non-empty: the tenant
+  // the token or certificate names, which a proxy in front of several replicas routes on.
+  // A server refuses any other name with PERMISSION_DENIED.
+  std::string tenant;
   // Sent as the metadata "x-request-id" with every call when non-empty (at most
   // kMaxRequestIdBytes printable ASCII characters), so that the server's log lines about
   // these calls carry it; else the server makes one up per call. Either way, a failed
@@ -113,6 +117,10 @@ using DownloadSink = std::function<absl::Status(uint64_t offset, std::string_vie
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& context);
 // The server's request id of the failed call `status` came from; empty if unknown.
 std::string RequestIdOf(const absl::Status& status);
+// The address of the replica that serves the caller's tenant, when `status` is a
+// server's refusal of a call it does not serve (metadata "gpucompute-redirect-address");
+// else empty.
+std::string RedirectAddressOf(const absl::Status& status);
 
 // A reader that hands out `data` in order; `data` must outlive it.
 UploadReader SpanReader(std::span<const std::byte> data);
@@ -138,6 +146,16 @@ class OperationFuture {
   std::shared_future<absl::StatusOr<v1::Operation>> future_;
 };
 
+// Replicas. A server that is one replica of several answers a call for a tenant placed on
+// another one with FAILED_PRECONDITION and that replica's address (RedirectAddressOf).
+// The Client then reconnects there, once in its life, and from then on talks to it
+// directly: the call is made again there when it can be (every unary call, an upload from
+// memory, a download, an upload from a reader that was not yet read); otherwise the
+// refusal is returned, and the next call goes to the new replica. A second redirect is
+// returned as it is. TLS keeps verifying the name the first target was verified by
+// (tls_server_name, or the first target's host). Sessions, chains and shared-memory
+// transports made after the redirect use the new connection; asynchronous submissions do
+// not follow a redirect.
 class Client {
  public:
   // Creates the channel; no RPC is made, so an unreachable server shows up as
@@ -155,7 +173,9 @@ class Client {
   // call timeout when `unary`): for stubs of services this class does not wrap, such as
   // SharedMemoryTransport's (client/cpp/shared_memory.h) and the sessions and chains of
   // client/cpp/session.h.
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  std::shared_ptr<grpc::Channel> channel() const;
+  // The address the client talks to: options().target, or where a redirect sent it.
+  std::string target() const;
   std::unique_ptr<grpc::ClientContext> NewContext(bool unary) const;
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
@@ -235,8 +255,27 @@ class Client {
 
  private:
   struct Stubs;
+  // A channel to one target and the stubs on it.
+  struct Connection;
   Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-         GrpcIntArgs grpc_args, std::shared_ptr<grpc::Channel> channel);
+         GrpcIntArgs grpc_args, std::shared_ptr<const Connection> connection);
+
+  std::shared_ptr<const Connection> connection() const ABSL_LOCKS_EXCLUDED(connection_mu_);
+  // Runs `call(connection)` on the current connection; if the server answers with a
+  // redirect the client follows (Redirect), runs it again on the new one when `again`
+  // says it may. (client_internal.h)
+  template <typename Call>
+  auto Routed(const Call& call, const std::function<bool()>& again = {});
+  // A unary call of the `stub` of the current connection, Routed.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Unary(std::unique_ptr<Stub> Stubs::*stub,
+                                 grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                              const Request&, Response*),
+                                 const Request& request);
+  // Reconnects to the address `refused` names (RedirectAddressOf), unless the client was
+  // redirected before; returns whether it did.
+  bool Redirect(const absl::Status& refused) ABSL_LOCKS_EXCLUDED(connection_mu_);
+  std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int transfer_index) const;
 
   // Downloads, calling `on_info` with the buffer's info and the byte count before
   // the first chunk reaches `sink`.
@@ -274,10 +313,13 @@ class Client {
   // For the transfer channels: the credentials and the environment's channel arguments.
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   GrpcIntArgs grpc_args_;
-  std::shared_ptr<grpc::Channel> channel_;
+  mutable absl::Mutex connection_mu_;
+  std::shared_ptr<const Connection> connection_ ABSL_GUARDED_BY(connection_mu_);
+  // The connection a redirect replaced: asynchronous calls may still use its stubs.
+  std::shared_ptr<const Connection> replaced_ ABSL_GUARDED_BY(connection_mu_);
   absl::Mutex channels_mu_;
+  // Of connection_'s target; a redirect empties it.
   std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_ ABSL_GUARDED_BY(channels_mu_);
-  std::unique_ptr<Stubs> stubs_;
   // Shared with the asynchronous calls, which leave it as they are destroyed.
   std::shared_ptr<client_internal::AsyncCallRegistry> async_calls_;
 };

@@ -34,6 +34,15 @@ struct Client::Stubs {
   std::unique_ptr<v1::ServerService::Stub> server;
 };
 
+struct Client::Connection {
+  Connection(std::string target_in, std::shared_ptr<grpc::Channel> channel_in)
+      : target(std::move(target_in)), channel(std::move(channel_in)), stubs(channel) {}
+
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  Stubs stubs;
+};
+
 namespace client_internal {
 
 // What a call needs to build its context; asynchronous calls keep a copy.
@@ -42,13 +51,15 @@ struct CallSettings {
   std::string token;
   absl::Duration timeout;
   std::string request_id;
+  std::string tenant;
 };
 
 // A context carrying the settings' metadata, and their deadline when `unary`.
 std::unique_ptr<grpc::ClientContext> MakeContext(const CallSettings& settings, bool unary);
 
 inline CallSettings SettingsOf(const ClientOptions& options) {
-  return CallSettings{options.client_name, options.token, options.timeout, options.request_id};
+  return CallSettings{options.client_name, options.token, options.timeout, options.request_id,
+                      options.tenant};
 }
 
 // Every unary call: a fresh context with the deadline, and on failure the server's
@@ -63,6 +74,12 @@ absl::StatusOr<Response> CallUnary(const CallSettings& settings, Stub* stub,
   grpc::Status status = (stub->*method)(context.get(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status, *context);
   return response;
+}
+
+inline const absl::Status& StatusOf(const absl::Status& status) { return status; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
 }
 
 class AsyncOperationCall;
@@ -102,6 +119,28 @@ class AsyncCallRegistry {
 };
 
 }  // namespace client_internal
+
+template <typename Call>
+auto Client::Routed(const Call& call, const std::function<bool()>& again) {
+  auto result = call(*connection());
+  if (client_internal::StatusOf(result).code() == absl::StatusCode::kFailedPrecondition &&
+      Redirect(client_internal::StatusOf(result)) && (!again || again())) {
+    result = call(*connection());
+  }
+  return result;
+}
+
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> Client::Unary(std::unique_ptr<Stub> Stubs::*stub,
+                                       grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                    const Request&, Response*),
+                                       const Request& request) {
+  return Routed([&](const Connection& connection) {
+    return client_internal::CallUnary(client_internal::SettingsOf(options_),
+                                      (connection.stubs.*stub).get(), method, request);
+  });
+}
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_CLIENT_CPP_CLIENT_INTERNAL_H_

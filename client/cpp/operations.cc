@@ -14,7 +14,6 @@
 
 namespace gpucompute {
 
-using client_internal::CallUnary;
 using client_internal::SettingsOf;
 
 namespace client_internal {
@@ -200,28 +199,25 @@ bool OperationFuture::Wait(absl::Duration timeout) const {
 
 absl::StatusOr<v1::Operation> Client::Submit(const v1::SubmitRequest& request) {
   async_calls_->WaitForSubmissions();
-  return CallUnary(SettingsOf(options_), stubs_->operations.get(),
-                   &v1::OperationService::Stub::Submit, request);
+  return Unary(&Stubs::operations, &v1::OperationService::Stub::Submit, request);
 }
 
 absl::StatusOr<v1::Operation> Client::GetOperation(std::string_view id) {
   v1::GetOperationRequest request;
   request.set_operation_id(std::string(id));
-  return CallUnary(SettingsOf(options_), stubs_->operations.get(),
-                   &v1::OperationService::Stub::GetOperation, request);
+  return Unary(&Stubs::operations, &v1::OperationService::Stub::GetOperation, request);
 }
 
 absl::StatusOr<v1::Operation> Client::WaitOperation(std::string_view id, double timeout_seconds) {
   v1::WaitOperationRequest request;
   request.set_operation_id(std::string(id));
   request.set_timeout_seconds(timeout_seconds);
-  return CallUnary(SettingsOf(options_), stubs_->operations.get(),
-                   &v1::OperationService::Stub::WaitOperation, request);
+  return Unary(&Stubs::operations, &v1::OperationService::Stub::WaitOperation, request);
 }
 
 OperationFuture Client::SubmitAsync(v1::SubmitRequest request) {
   auto call = std::make_shared<client_internal::AsyncOperationCall>(
-      SettingsOf(options_), stubs_->operations.get(), async_calls_, std::move(request));
+      SettingsOf(options_), connection()->stubs.operations.get(), async_calls_, std::move(request));
   OperationFuture future(call->future());
   call->Start();
   return future;

@@ -20,7 +20,6 @@
 
 namespace gpucompute {
 
-using client_internal::CallUnary;
 using client_internal::MakeContext;
 using client_internal::SettingsOf;
 
@@ -53,7 +52,10 @@ absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header
   }
   const int streams = TransferStreams(data.size(), /*upload=*/true);
   if (streams > 1) return ParallelUpload(header, data, streams, progress);
-  return UploadStream(*channel_, header, data.size(), MemoryChunks(data, ChunkBytes()), progress);
+  return Routed([&](const Connection& connection) {
+    return UploadStream(*connection.channel, header, data.size(), MemoryChunks(data, ChunkBytes()),
+                        progress);
+  });
 }
 
 UploadReader SpanReader(std::span<const std::byte> data) {
@@ -75,10 +77,14 @@ absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header
                                                    " are given"));
   }
   const size_t chunk_bytes = ChunkBytes();
+  // What the reader gave is gone: a redirected upload is made again only if it gave none.
+  bool read = false;
   // The reader writes straight into the slice that is sent.
-  return UploadStream(
-      *channel_, header, size_bytes,
+  return Routed([&](const Connection& connection) {
+    return UploadStream(
+      *connection.channel, header, size_bytes,
       [&](uint64_t sent) -> absl::StatusOr<grpc::Slice> {
+        read = true;
         const size_t wanted =
             static_cast<size_t>(std::min<uint64_t>(chunk_bytes, size_bytes - sent));
         grpc::Slice slice(grpc_slice_malloc(wanted), grpc::Slice::STEAL_REF);
@@ -93,6 +99,7 @@ absl::StatusOr<v1::UploadResponse> Client::Upload(const v1::UploadHeader& header
         return *got == wanted ? slice : slice.sub(0, *got);
       },
       progress);
+  }, [&] { return !read; });
 }
 
 absl::StatusOr<v1::UploadResponse> Client::UploadStream(
@@ -150,8 +157,7 @@ absl::StatusOr<v1::UploadResponse> Client::UploadStream(
 }
 
 absl::StatusOr<v1::BeginUploadResponse> Client::BeginUpload(const v1::BeginUploadRequest& request) {
-  return CallUnary(SettingsOf(options_), stubs_->buffers.get(),
-                   &v1::BufferService::Stub::BeginUpload, request);
+  return Unary(&Stubs::buffers, &v1::BufferService::Stub::BeginUpload, request);
 }
 
 absl::StatusOr<v1::UploadResponse> Client::UploadRange(std::string_view transfer_id,
@@ -262,8 +268,11 @@ absl::StatusOr<v1::DownloadResponse> Client::DownloadImpl(
     const v1::DownloadRequest& request,
     const std::function<absl::Status(const v1::BufferInfo&, uint64_t)>& on_info,
     const DownloadSink& sink, const ProgressFn& progress) {
-  return DownloadOn(*channel_, request, on_info, sink, progress, /*whole_chunks=*/true,
-                    /*sink_behind=*/false);
+  // A refused download has given the sink nothing: it is made again after a redirect.
+  return Routed([&](const Connection& connection) {
+    return DownloadOn(*connection.channel, request, on_info, sink, progress, /*whole_chunks=*/true,
+                      /*sink_behind=*/false);
+  });
 }
 
 namespace {
@@ -486,8 +495,10 @@ absl::StatusOr<v1::DownloadResponse> Client::Download(const v1::DownloadRequest&
     data->append(chunk);
     return absl::OkStatus();
   };
-  return DownloadOn(*channel_, request, reserve, append, progress, /*whole_chunks=*/false,
-                    /*sink_behind=*/true);
+  return Routed([&](const Connection& connection) {
+    return DownloadOn(*connection.channel, request, reserve, append, progress,
+                      /*whole_chunks=*/false, /*sink_behind=*/true);
+  });
 }
 
 absl::StatusOr<v1::DownloadResponse> Client::ParallelDownload(const v1::DownloadRequest& request,

@@ -137,8 +137,36 @@ absl::Status CudaBackend::WarmUp(int device) {
                             ReduceKind::kNorm2, ReduceKind::kMean}) {
       RETURN_IF_ERROR(Reduce(*stream, kind, dtype, a, ReduceShape{1, kN * kN, 1}, w));
     }
+    ASSIGN_OR_RETURN(DeviceMemory c, Allocate(device, kN * kN * DTypeSize(dtype)));
+    MatmulShape square;
+    square.m = square.n = square.k = kN;
+    square.a = square.b = square.c = MatrixLayout{0, kN, 1, 0};
+    RETURN_IF_ERROR(Matmul(*stream, dtype, square, 1.0, a, a, 0.0, c).status());
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(AsCuda(*stream).get()));
   }
+  return WarmTransfers(*stream, device);
+}
+
+absl::Status CudaBackend::WarmTransfers(Stream& stream, int device) {
+  // Each device's first copy from or to the host sets up its DMA path and staging blocks,
+  // which took milliseconds on a device other than the default one, where the server's
+  // copy-ceiling probe does not reach. Every path an upload or a download takes is run once: the small and the
+  // large staging blocks (pageable host memory), host staging (pinned), and a copy
+  // within the device.
+  constexpr uint64_t kLarge = kSmallBlockBytes + 4096;  // past the small blocks
+  ASSIGN_OR_RETURN(DeviceMemory dev, Allocate(device, 2 * kLarge));
+  ASSIGN_OR_RETURN(DeviceMemory pinned, AllocateHostStaging(kLarge));
+  std::vector<char> pageable(kLarge, 1);
+  for (uint64_t bytes : {uint64_t{64}, kLarge}) {
+    RETURN_IF_ERROR(CopyFromHost(stream, pageable.data(), dev, 0, bytes));
+    RETURN_IF_ERROR(CopyToHost(stream, dev, 0, pageable.data(), bytes));
+  }
+  RETURN_IF_ERROR(CopyFromPinnedHost(stream, pinned.data(), dev, 0, kLarge));
+  RETURN_IF_ERROR(CopyToPinnedHost(stream, dev, 0, pinned.data(), kLarge));
+  RETURN_IF_ERROR(Copy(stream, dev, 0, dev, kLarge, kLarge));
+  // Staged downloads copy out of their blocks on CUDA's callback thread: `pageable` must
+  // outlive them.
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaStreamSynchronize(AsCuda(stream).get()));
   return absl::OkStatus();
 }
 

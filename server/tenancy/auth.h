@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "gpucompute/v1/limits.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -31,7 +32,6 @@ class ServerContextBase;
 namespace gpucompute {
 
 inline constexpr char kScopeSeparator = '\x1f';
-inline constexpr size_t kMaxTenantNameBytes = 64;
 // What an admin calls the one unnamed tenant "" (ListBuffersRequest.tenant): with
 // authentication on, it holds the buffers persisted by a server without authentication
 // that no --unauthenticated-tenant gave a tenant, and no token names it. Not a tenant name

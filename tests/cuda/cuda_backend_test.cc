@@ -6,16 +6,19 @@
 // Every test that needs a GPU skips where none is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -582,6 +585,53 @@ TEST_F(CudaVsCpu, EveryDeviceComputes) {
   }
   EXPECT_EQ(gpu_->Allocate(static_cast<int>(gpu_->devices().size()), 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Every device is warmed at start, not only the first: the first copy each way (through
+// the small and the large staging blocks, and from pinned host staging) and the first
+// matmul on any device take about as long as the second. Cold, a device's first copy
+// took milliseconds where a warm one takes microseconds. On a machine with one GPU this
+// checks device 0 only; run it on two or more to check the rest.
+TEST_F(CudaVsCpu, EveryDeviceIsWarmAtStart) {
+  constexpr uint64_t kLarge = 256 << 10;  // past the small staging blocks
+  constexpr int64_t kN = 64;
+  std::vector<char> host(kLarge, 1);
+  for (const DeviceDescription& d : gpu_->devices()) {
+    SCOPED_TRACE(absl::StrCat("device ", d.index, " ", d.name));
+    ASSIGN_OR_FAIL(std::unique_ptr<Stream> stream, gpu_->CreateStream(d.index));
+    ASSIGN_OR_FAIL(DeviceMemory mem, gpu_->Allocate(d.index, kLarge));
+    ASSIGN_OR_FAIL(DeviceMemory pinned, gpu_->AllocateHostStaging(kLarge));
+    ASSIGN_OR_FAIL(DeviceMemory a, gpu_->Allocate(d.index, kN * kN * 4));
+    ASSIGN_OR_FAIL(DeviceMemory c, gpu_->Allocate(d.index, kN * kN * 4));
+    MatmulShape square;
+    square.m = square.n = square.k = kN;
+    square.a = square.b = square.c = MatrixLayout{0, kN, 1, 0};
+    const std::vector<std::pair<std::string, std::function<absl::Status()>>> ops = {
+        {"small upload", [&] { return gpu_->CopyFromHost(*stream, host.data(), mem, 0, 64); }},
+        {"small download", [&] { return gpu_->CopyToHost(*stream, mem, 0, host.data(), 64); }},
+        {"large upload", [&] { return gpu_->CopyFromHost(*stream, host.data(), mem, 0, kLarge); }},
+        {"large download", [&] { return gpu_->CopyToHost(*stream, mem, 0, host.data(), kLarge); }},
+        {"pinned upload",
+         [&] { return gpu_->CopyFromPinnedHost(*stream, pinned.data(), mem, 0, kLarge); }},
+        {"pinned download",
+         [&] { return gpu_->CopyToPinnedHost(*stream, mem, 0, pinned.data(), kLarge); }},
+        {"matmul",
+         [&] { return gpu_->Matmul(*stream, DType::kFloat32, square, 1, a, a, 0, c).status(); }},
+    };
+    for (const auto& [what, op] : ops) {
+      SCOPED_TRACE(what);
+      double seconds[2];
+      for (double& taken : seconds) {
+        const auto start = std::chrono::steady_clock::now();
+        ASSERT_OK(op());
+        ASSERT_OK(Synchronize(*stream));
+        taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      // A warm first run is as quick as the second, give or take the host's jitter.
+      EXPECT_LT(seconds[0], std::max(4 * seconds[1], 300e-6))
+          << "first " << seconds[0] * 1e6 << " us, second " << seconds[1] * 1e6 << " us";
+    }
+  }
 }
 
 // ---- server/cuda/cuda_check.h: needs no GPU, only the libraries' name tables.

@@ -5,7 +5,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -346,12 +349,16 @@ TEST_F(PlacementTest, HealthIsExempt) {
 }
 
 TEST_F(PlacementTest, AReloadMovesATenantAndABadTableKeepsTheOldOne) {
-  std::unique_ptr<Client> bob_on_r0 = ConnectAs(*r0_, kBobToken);
-  ASSERT_NE(bob_on_r0, nullptr);
-  std::unique_ptr<Client> bob_on_r1 = ConnectAs(*r1_, kBobToken);
-  ASSERT_NE(bob_on_r1, nullptr);
-  ASSERT_EQ(bob_on_r0->ListBuffers().status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_OK(bob_on_r1->ListBuffers());
+  // Raw calls: the client library would follow the redirects.
+  auto list = [&](TestServer& server) {
+    std::unique_ptr<grpc::ClientContext> context = Context(kBobToken);
+    v1::ListBuffersResponse response;
+    grpc::Status status = v1::BufferService::NewStub(server.RawChannel())
+                              ->ListBuffers(context.get(), {}, &response);
+    return std::make_pair(status, response.buffers_size());
+  };
+  ASSERT_EQ(list(*r0_).first.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(list(*r1_).first.ok());
 
   // A table that does not parse: both replicas keep routing as before.
   dir_.Write("placement", "alice r0\nbob\n");
@@ -360,20 +367,20 @@ TEST_F(PlacementTest, AReloadMovesATenantAndABadTableKeepsTheOldOne) {
               absl::InvalidArgumentError(
                   absl::StrCat("placement file ", table_, ", line 2: expected 'TENANT REPLICA'")));
   }
-  EXPECT_EQ(bob_on_r0->ListBuffers().status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_OK(bob_on_r1->ListBuffers());
+  EXPECT_EQ(list(*r0_).first.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(list(*r1_).first.ok());
 
   // Bob moves to r0: r0 serves him (and finds nothing of his, since the refused calls
   // created nothing), r1 redirects him.
   dir_.Write("placement", "alice r0\nbob r0\n");
   ASSERT_OK(r0_->server().Reload());
   ASSERT_OK(r1_->server().Reload());
-  absl::StatusOr<v1::ListBuffersResponse> listed = bob_on_r0->ListBuffers();
-  ASSERT_OK(listed);
-  EXPECT_EQ(listed->buffers_size(), 0);
-  const absl::Status moved = bob_on_r1->ListBuffers().status();
-  EXPECT_EQ(moved.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(moved.message(),
+  const auto [served, buffers] = list(*r0_);
+  ASSERT_TRUE(served.ok()) << served.error_message();
+  EXPECT_EQ(buffers, 0);
+  const grpc::Status moved = list(*r1_).first;
+  EXPECT_EQ(moved.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(moved.error_message(),
             absl::StrCat("tenant bob is placed on replica r0 at ", r0_->target(),
                          ", not on this replica (r1); call it there, or through the proxy that "
                          "routes on the table"));
@@ -396,6 +403,102 @@ TEST_F(PlacementTest, AReplicaWithoutTheOwnersAddressNamesItOnly) {
             "through the proxy that routes on the table");
   EXPECT_EQ(Trailer(*context, kRedirectAddressKey), "(none)");
   EXPECT_EQ(Trailer(*context, kRedirectReplicaKey), "r0");
+}
+
+// ---------------------------------------------------------------------------
+// The C++ client.
+
+TEST_F(PlacementTest, TheClientSendsTheTenantAndFollowsARedirectOnceThenTalksToTheOwner) {
+  // Bob's client is pointed at r0; each first call of a kind is redirected to r1, made
+  // again there, and what follows goes to r1 directly.
+  auto connect_bob = [&] {
+    return r0_->ConnectWith([&](ClientOptions& options) {
+      options.token = kBobToken;
+      options.tenant = "bob";
+      options.transfer_streams = 1;
+    });
+  };
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f};
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> uploader, connect_bob());
+  ASSIGN_OR_FAIL(v1::BufferInfo uploaded, UploadArray(*uploader, values, {}, v1::LAYOUT_C, "x"));
+  EXPECT_EQ(uploader->target(), r1_->target());
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> downloader, connect_bob());
+  ASSIGN_OR_FAIL(std::vector<float> downloaded, DownloadArray<float>(*downloader, "x"));
+  EXPECT_EQ(downloaded, values);
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> unary, connect_bob());
+  ASSIGN_OR_FAIL(v1::BufferInfo got, unary->GetBuffer(uploaded.id()));
+  EXPECT_EQ(got.name(), "x");
+  EXPECT_EQ(RoutingRefusals(*r0_), std::make_pair(3.0, 0.0));
+  // From here on each client talks to r1 only: r0 redirects no more.
+  for (Client* client : {uploader.get(), downloader.get(), unary.get()}) {
+    EXPECT_EQ(client->target(), r1_->target());
+    ASSIGN_OR_FAIL(v1::ListBuffersResponse listed, client->ListBuffers());
+    EXPECT_EQ(listed.buffers_size(), 1);
+    ASSIGN_OR_FAIL(v1::StreamInfo stream, client->CreateStream());
+    EXPECT_OK(client->DeleteStream(stream.id()));
+  }
+  EXPECT_EQ(RoutingRefusals(*r0_), std::make_pair(3.0, 0.0));
+  // r0 keeps nothing of bob's.
+  dir_.Write("placement", "alice r0\nbob r0\n");
+  ASSERT_OK(r0_->server().Reload());
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> bob_on_r0, r0_->ConnectWith([&](ClientOptions& options) {
+    options.token = kBobToken;
+  }));
+  ASSIGN_OR_FAIL(v1::ListBuffersResponse on_r0, bob_on_r0->ListBuffers());
+  EXPECT_EQ(on_r0.buffers_size(), 0);
+}
+
+TEST_F(PlacementTest, ASecondRedirectIsReturnedAsItIs) {
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> bob, r0_->ConnectWith([&](ClientOptions& options) {
+    options.token = kBobToken;
+  }));
+  ASSERT_OK(bob->ListBuffers());
+  ASSERT_EQ(bob->target(), r1_->target());
+  // Bob moves back to r0: r1 redirects him there, and the client, redirected once
+  // already, does not follow.
+  dir_.Write("placement", "alice r0\nbob r0\n");
+  ASSERT_OK(r1_->server().Reload());
+  const absl::Status second = bob->ListBuffers().status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.message(),
+            absl::StrCat("tenant bob is placed on replica r0 at ", r0_->target(),
+                         ", not on this replica (r1); call it there, or through the proxy that "
+                         "routes on the table"));
+  EXPECT_EQ(RedirectAddressOf(second), r0_->target());
+  EXPECT_EQ(bob->target(), r1_->target());
+}
+
+TEST_F(PlacementTest, AnUploadFromAReaderThatWasReadIsNotMadeAgain) {
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> bob, r0_->ConnectWith([&](ClientOptions& options) {
+    options.token = kBobToken;
+  }));
+  const std::string data(64 << 10, 1);
+  int reads = 0;
+  v1::UploadHeader header;
+  header.mutable_create()->set_dtype(v1::DTYPE_BOOL);
+  header.mutable_create()->add_shape(data.size());
+  const absl::StatusOr<v1::UploadResponse> refused = bob->Upload(
+      header, data.size(), [&, offset = size_t{0}](std::span<std::byte> out) mutable {
+        ++reads;
+        const size_t n = std::min(out.size(), data.size() - offset);
+        std::memcpy(out.data(), data.data() + offset, n);
+        offset += n;
+        return absl::StatusOr<size_t>(n);
+      });
+  // Whether r0's refusal came before the first chunk was read is a race. If it did, the
+  // upload was made again on r1 and the reader read once in all (one chunk); if not, the
+  // refusal is returned.
+  if (refused.ok()) {
+    EXPECT_EQ(reads, 1);
+    ASSIGN_OR_FAIL(std::string stored, DownloadBytes(*bob, refused->buffer().id()));
+    EXPECT_EQ(stored, data);
+  } else {
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(RedirectAddressOf(refused.status()), r1_->target());
+  }
+  // Either way the client now talks to r1.
+  EXPECT_EQ(bob->target(), r1_->target());
+  ASSERT_OK(bob->ListBuffers());
 }
 
 TEST(PlacementStartTest, ReplicaFlagsThatCannotWorkAreRefusedAtStart) {

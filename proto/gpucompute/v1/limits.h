@@ -24,6 +24,7 @@ inline constexpr uint64_t kMaxRequestIdBytes = 128;
 // answers FAILED_PRECONDITION with the owner in trailing metadata: its name, and its
 // HOST:PORT when the replica knows it, where the client reconnects once.
 inline constexpr char kTenantMetadataKey[] = "gpucompute-tenant";
+inline constexpr uint64_t kMaxTenantNameBytes = 64;  // [A-Za-z0-9._-]
 inline constexpr char kRedirectAddressKey[] = "gpucompute-redirect-address";
 inline constexpr char kRedirectReplicaKey[] = "gpucompute-redirect-replica";
 

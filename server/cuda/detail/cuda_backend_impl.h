@@ -171,6 +171,7 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
   absl::Status WarmUp(int device);
+  absl::Status WarmTransfers(Stream& stream, int device);
   // Hands a callback's event back to sync_events, unless the caller owns it (OnEvent).
   void ReleaseSyncEvent(const CompletionPoller::Callback& callback);
   // Runs a callback whose event completed (a completion poller's FinishFn).
