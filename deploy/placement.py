@@ -321,7 +321,7 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "    option clitcpka",
         "    option srvtcpka",
         "    # A request is never resent to another server: each backend has one.",
-        "    option redispatch 0",
+        "    no option redispatch",
         "",
         "frontend grpc",
         f"    bind {listen}{bind_tls}",
@@ -335,13 +335,14 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "    " + grpc_error(9, f"the placement table has no row for tenant %[{tenant}]; add one "
                            "(deploy/placement.py generate) and reload the proxy") + " if !tenant_placed",
         f"    use_backend %[{tenant},map_str({map_path})]",
-        "    # A row naming a replica this configuration does not know.",
-        "    default_backend unknown_replica",
+        "    # A row naming a replica this configuration does not know (a colon in the",
+        "    # name, so that no replica's backend has it).",
+        "    default_backend placement:unknown-replica",
         "    # The proxy's own answers above are gRPC errors, which need gRPC's content type.",
         "    http-after-response set-header content-type application/grpc "
         "if { res.hdr(grpc-status) -m found } !{ res.hdr(content-type) -m found }",
         "",
-        "backend unknown_replica",
+        "backend placement:unknown-replica",
         "    " + grpc_error(9, f"the placement table places tenant %[{tenant}] on replica "
                            f"%[{tenant},map_str({map_path})], which this proxy has no backend for; "
                            "regenerate its configuration (deploy/placement.py haproxy)"),

@@ -493,7 +493,7 @@ def check_placement(objects, sts, proxy, flags, grpc_port, run_haproxy):
     addresses = {p: f"{p}.{sts['spec']['serviceName']}.{sts['metadata'].get('namespace', 'default')}"
                     f".svc.cluster.local:{grpc_port}" for p in pods}
     backends = haproxy_backends(config)
-    backends.pop("unknown_replica", None)
+    backends.pop("placement:unknown-replica", None)
     expected = {p: [f"{p} {a}"] for p, a in addresses.items()}
     if backends != expected:
         errors.append(f"HAProxy: backends {backends} are not the StatefulSet's pods {expected}")

@@ -9,7 +9,8 @@
       two CPU servers: routing by the gpucompute-tenant header, the proxy's own gRPC
       errors, a dead replica UNAVAILABLE for its tenants only, a 3 GiB upload and a
       30 s WaitOperation that neither the proxy's timeouts nor a reload (a tenant moved)
-      cut, and the server accepting exactly the tokens files the tool accepts. Exit 77 (skipped) without haproxy
+      cut, a download and a session through it, and the server accepting exactly the
+      tokens files the tool accepts. Exit 77 (skipped) without haproxy
       (deploy/install-deps.sh installs it).
 """
 import contextlib
@@ -269,7 +270,7 @@ def sections(config):
 class HaproxyConfigTest(unittest.TestCase):
     def test_one_backend_with_one_server_per_replica(self):
         s = sections(haproxy_config())
-        backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend unknown_replica"}
+        backends = {k.split()[1]: v for k, v in s.items() if k.startswith("backend ") and k != "backend placement:unknown-replica"}
         self.assertEqual(sorted(backends), ["gpucompute-0", "gpucompute-1"])
         check = " check inter 2s fall 2 rise 1"
         self.assertEqual(backends["gpucompute-0"][1], f"server gpucompute-0 10.0.0.1:50051 proto h2{check}")
@@ -404,10 +405,9 @@ class ProxyTest(unittest.TestCase):
 
         self.files = Files(self)
         tokens = self.files.write("tokens", "token-alice alice\ntoken-bob bob\ntoken-carol carol\n")
-        table = os.path.join(self.files.dir, "placement")
-        self.assertEqual(run_tool("generate", "--tokens", tokens, "--replicas", REPLICAS, "--table", table)[0], 0)
-        os.remove(table)  # alice and carol on gpucompute-0, bob on gpucompute-1; dave has no row
-        self.files.write("placement", "alice gpucompute-0\nbob gpucompute-1\ncarol gpucompute-0\n")
+        # dave has no row, and zed's names a replica the proxy does not know.
+        table = self.files.write("placement", "alice gpucompute-0\nbob gpucompute-1\ncarol gpucompute-0\n"
+                                              "zed gpucompute-7\n")
         servers, addresses = {}, {}
         for replica in REPLICAS.split(","):
             servers[replica], addresses[replica] = self.start_server(
@@ -426,6 +426,8 @@ class ProxyTest(unittest.TestCase):
         options = [("grpc.max_send_message_length", 80 << 20), ("grpc.max_receive_message_length", 80 << 20)]
         channels = {name: grpc.insecure_channel(address, options=options)
                     for name, address in [("proxy", listen), *addresses.items()]}
+        # A connection of its own (not shared with "proxy"), idle when the proxy reloads.
+        channels["proxy-idle"] = grpc.insecure_channel(listen, options=options + [("grpc.use_local_subchannel_pool", 1)])
         for channel in channels.values():
             self.addCleanup(channel.close)
 
@@ -445,7 +447,7 @@ class ProxyTest(unittest.TestCase):
 
         def names(where, tenant):
             response = method(where, "BufferService", "ListBuffers", v1.ListBuffersResponse)(
-                v1.ListBuffersRequest(), metadata=metadata(tenant, header=False), timeout=10)
+                v1.ListBuffersRequest(), metadata=metadata(tenant), timeout=10)
             return sorted(b.name for b in response.buffers)
 
         def refused(call, code, message):
@@ -456,7 +458,7 @@ class ProxyTest(unittest.TestCase):
         # Each tenant's call lands on the replica its row names.
         create("proxy", "alice", "a1")
         create("proxy", "bob", "b1")
-        create("proxy", "carol", "c1")
+        create("proxy-idle", "carol", "c1")
         self.assertEqual(names("gpucompute-0", "alice"), ["a1"])
         self.assertEqual(names("gpucompute-1", "alice"), [])
         self.assertEqual(names("gpucompute-1", "bob"), ["b1"])
@@ -475,6 +477,9 @@ class ProxyTest(unittest.TestCase):
         refused(lambda: create("proxy", "dave", "x"), grpc.StatusCode.FAILED_PRECONDITION,
                 "the placement table has no row for tenant dave; add one (deploy/placement.py generate) and "
                 "reload the proxy")
+        refused(lambda: create("proxy", "zed", "x"), grpc.StatusCode.FAILED_PRECONDITION,
+                "the placement table places tenant zed on replica gpucompute-7, which this proxy has no backend "
+                "for; regenerate its configuration (deploy/placement.py haproxy)")
         for replica in addresses:
             for tenant in ("alice", "bob", "carol"):
                 self.assertNotIn("x", names(replica, tenant))
@@ -520,12 +525,14 @@ class ProxyTest(unittest.TestCase):
         waiter.start()
 
         # While both are under way, carol moves to gpucompute-1 and the proxy reloads: the
-        # calls in flight go on, and the next call on the same connection follows the table.
+        # calls in flight go on, and the next call on a connection that was idle follows
+        # the new table (the old process closes it).
         time.sleep(1)
+        self.assertEqual(names("proxy-idle", "carol"), ["c1"])
         self.assertEqual(run_tool("move", "carol", "gpucompute-1", "--table", table)[0], 0)
         proxy.process.send_signal(signal.SIGUSR2)
         time.sleep(7)  # close-spread-time, and a margin
-        create("proxy", "carol", "c-moved")
+        create("proxy-idle", "carol", "c-moved")
         self.assertEqual(names("gpucompute-1", "carol"), ["c-moved"])
         self.assertEqual(names("gpucompute-0", "carol"), ["c1"])
 
@@ -537,6 +544,34 @@ class ProxyTest(unittest.TestCase):
         self.assertNotIn("error", upload)
         self.assertEqual(upload["response"].buffer.size_bytes, 3 << 30)
         self.assertEqual(names("gpucompute-1", "bob"), ["b1", "big"])
+
+        # A download (server stream) of the upload's last 8 MiB, and a session
+        # (bidirectional) that is silent between its requests.
+        download = method("proxy", "BufferService", "Download", v1.DownloadResponse, "unary_stream")(
+            v1.DownloadRequest(buffer="big", offset_bytes=(3 << 30) - (8 << 20), size_bytes=8 << 20),
+            metadata=metadata("bob"), timeout=60)
+        self.assertEqual(b"".join(r.data for r in download), bytes(range(256)) * (8 << 12))
+        requests = [v1.SessionRequest(ops=[v1.ChainStep(tag=f"double{i}", op=v1.SubmitRequest(
+            elementwise=v1.ElementwiseOp(expression="2 * x", inputs={"x": v1.Operand(buffer="b1")},
+                                         output=v1.Output(name=f"b1x{i}"))))]) for i in range(2)]
+        answered = threading.Event()
+
+        def session_requests():
+            yield requests[0]
+            answered.wait(30)
+            time.sleep(2)
+            yield requests[1]
+        session = method("proxy", "SessionService", "Session", v1.SessionResponse, "stream_stream")(
+            session_requests(), metadata=metadata("bob"), timeout=60)
+        tags = []
+        for response in session:
+            tags += [a.tag for a in response.answers if a.operation.state == v1.Operation.STATE_SUCCEEDED]
+            answered.set()
+            if len(tags) == 2:
+                break
+        session.cancel()
+        self.assertEqual(tags, ["double0", "double1"])
+        self.assertEqual(names("gpucompute-1", "bob"), ["b1", "b1x0", "b1x1", "big"])
         self.assertEqual(names("gpucompute-0", "alice"), ["a", "a1", "c"])
 
         # A dead replica is UNAVAILABLE for its own tenants; the others go on.
