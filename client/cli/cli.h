@@ -181,6 +181,8 @@ struct GlobalOptions {
   std::optional<double> timeout_seconds;
   // --token / --token-file / $GPUCOMPUTE_TOKEN, and TLS (see ClientOptions).
   std::string token;
+  // --tenant / $GPUCOMPUTE_TENANT: sent as gpucompute-tenant (ClientOptions::tenant).
+  std::string tenant;
   std::string tls_ca_file;
   std::string tls_cert_file;
   std::string tls_key_file;

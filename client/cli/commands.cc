@@ -25,6 +25,7 @@ ClientOptions ClientOptionsFor(const GlobalOptions& options) {
   client_options.target = options.server;
   client_options.client_name = options.client_name;
   client_options.token = options.token;
+  client_options.tenant = options.tenant;
   client_options.tls = options.tls;
   client_options.tls_ca_file = options.tls_ca_file;
   client_options.tls_cert_file = options.tls_cert_file;

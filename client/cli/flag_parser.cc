@@ -27,7 +27,7 @@ constexpr FlagSpec kGlobalFlags[] = {
     SwitchFlag("--json"),           ValueFlag("--stream"),     ValueFlag("--timeout"),
     ValueFlag("--token"),           ValueFlag("--token-file"), SwitchFlag("--tls"),
     ValueFlag("--tls-ca"),          ValueFlag("--tls-cert"),   ValueFlag("--tls-key"),
-    ValueFlag("--tls-server-name"),
+    ValueFlag("--tls-server-name"), ValueFlag("--tenant"),
 };
 
 const FlagSpec* FindFlag(std::span<const FlagSpec> flags, std::string_view name) {

@@ -343,6 +343,11 @@ std::string MainHelp() {
       "  --token TOKEN       bearer token sent with every call (default\n"
       "                      $GPUCOMPUTE_TOKEN); it names your tenant\n"
       "  --token-file PATH   read the token from the first line of PATH\n"
+      "  --tenant NAME       tenant sent with every call (default $GPUCOMPUTE_TENANT),\n"
+      "                      for a proxy that routes tenants to replicas; it must be\n"
+      "                      the one the token names. A replica that does not serve it\n"
+      "                      names the one that does, and the client goes there once\n"
+      "                      and stays\n"
       "  --tls               connect with TLS, verifying the server with the system's CAs\n"
       "  --tls-ca PATH       connect with TLS, verifying the server with this PEM CA\n"
       "  --tls-cert PATH     client certificate (PEM) for mutual TLS, with --tls-key\n"
@@ -443,6 +448,7 @@ int Main(int argc, char** argv) {
   options.server = EnvOr("GPUCOMPUTE_SERVER", kDefaultServer);
   options.client_name = EnvOr("GPUCOMPUTE_CLIENT", "");
   options.token = EnvOr("GPUCOMPUTE_TOKEN", "");
+  options.tenant = EnvOr("GPUCOMPUTE_TENANT", "");
 
   // Global flags come before the command.
   absl::StatusOr<ParsedArgs> global = ParsedArgs::ParseGlobal(args);
@@ -454,6 +460,7 @@ int Main(int argc, char** argv) {
       {"--client", &GlobalOptions::client_name},
       {"--stream", &GlobalOptions::stream},
       {"--token", &GlobalOptions::token},
+      {"--tenant", &GlobalOptions::tenant},
       {"--tls-ca", &GlobalOptions::tls_ca_file},
       {"--tls-cert", &GlobalOptions::tls_cert_file},
       {"--tls-key", &GlobalOptions::tls_key_file},

@@ -3,11 +3,13 @@
 // table, and the clients that follow a redirect. Real servers on loopback sockets.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <span>
 #include <filesystem>
 #include <fstream>
@@ -499,6 +501,64 @@ TEST_F(PlacementTest, AnUploadFromAReaderThatWasReadIsNotMadeAgain) {
   // Either way the client now talks to r1.
   EXPECT_EQ(bob->target(), r1_->target());
   ASSERT_OK(bob->ListBuffers());
+}
+
+// ---------------------------------------------------------------------------
+// The CLI.
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the gpucompute program with `args` (shell words, quoted where needed) and the
+// environment assignments `env` ("NAME=value ...") before it.
+CliResult RunCli(const TempDir& dir, const std::string& env, const std::string& args) {
+  const std::string out = dir.Write("cli.out", "");
+  const std::string err = dir.Write("cli.err", "");
+  const std::string command = absl::StrCat("env -u GPUCOMPUTE_TENANT -u GPUCOMPUTE_TOKEN ", env,
+                                           " '", GPUCOMPUTE_CLI_BIN, "' ", args, " >'", out,
+                                           "' 2>'", err, "'");
+  const int status = std::system(command.c_str());
+  CliResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  result.out = read(out);
+  result.err = read(err);
+  return result;
+}
+
+TEST_F(PlacementTest, TheCliSendsTheTenantAndFollowsARedirectOnce) {
+  const std::string to_r0 = absl::StrCat("--server ", r0_->target(), " --token ", kBobToken);
+  // --tenant, and $GPUCOMPUTE_TENANT: each command is redirected once by r0, and makes
+  // its other calls on r1.
+  CliResult created =
+      RunCli(dir_, "", absl::StrCat(to_r0, " --tenant bob create --shape 4 --fill 2 --name c"));
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  const std::string npy = dir_.Write("c.npy", "");
+  CliResult got = RunCli(dir_, "GPUCOMPUTE_TENANT=bob", absl::StrCat(to_r0, " get c -o ", npy));
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_EQ(RoutingRefusals(*r0_), std::make_pair(2.0, 0.0));
+  ASSIGN_OR_FAIL(std::unique_ptr<Client> bob, r1_->ConnectWith([&](ClientOptions& options) {
+    options.token = kBobToken;
+  }));
+  ASSIGN_OR_FAIL(std::vector<double> stored, DownloadArray<double>(*bob, "c"));
+  EXPECT_EQ(stored, std::vector<double>(4, 2.0));
+  // A tenant the token does not name is refused, the environment's as well as the flag's.
+  for (const auto& [env, flag] : {std::pair<std::string, std::string>{"", " --tenant alice"},
+                                  {"GPUCOMPUTE_TENANT=alice", ""}}) {
+    CliResult spoofed = RunCli(dir_, env, absl::StrCat(to_r0, flag, " ls"));
+    EXPECT_NE(spoofed.exit_code, 0);
+    EXPECT_NE(spoofed.err.find("metadata 'gpucompute-tenant' names another tenant than this "
+                               "call's credentials (bob)"),
+              std::string::npos)
+        << spoofed.err;
+  }
+  EXPECT_EQ(RoutingRefusals(*r0_), std::make_pair(2.0, 2.0));
 }
 
 TEST(PlacementStartTest, ReplicaFlagsThatCannotWorkAreRefusedAtStart) {
