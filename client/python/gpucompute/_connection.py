@@ -4,6 +4,7 @@ credentials, the channel's arguments, and the multi-callables of the services.
 Nothing here makes an RPC; client.py and aio.py do, each in its own style.
 """
 
+import copy
 import numbers
 import os
 
@@ -21,6 +22,12 @@ CHUNK_OVERHEAD_BYTES = 64 << 10
 MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - CHUNK_OVERHEAD_BYTES
 DEFAULT_CHUNK_BYTES = 4 << 20
 TOKEN_ENVIRONMENT = "GPUCOMPUTE_TOKEN"
+# Replicas: the tenant a proxy routes on, and where a replica that does not serve it
+# says it is served (gpucompute/v1/limits.h).
+TENANT_METADATA_KEY = "gpucompute-tenant"
+TENANT_ENVIRONMENT = "GPUCOMPUTE_TENANT"
+MAX_TENANT_NAME_BYTES = 64
+REDIRECT_ADDRESS_KEY = "gpucompute-redirect-address"
 TRANSPORTS = ("auto", "grpc", "shm")
 # Messages the channel accepts beyond the server's limit: a download chunk of the full
 # limit plus its framing and the buffer info.
@@ -65,6 +72,10 @@ class Options:
       for mutual TLS (both or neither). Files are read once, here.
     tls_server_name: the name the server's certificate must carry, instead of the
       host of `target`.
+    tenant: sent as the "gpucompute-tenant" metadata with every call when not empty:
+      the tenant the token or certificate names, which a proxy in front of several
+      replicas routes on (a server refuses any other name with PermissionDeniedError).
+      None takes $GPUCOMPUTE_TENANT; "" sends none.
     transport: the default for put() and get(): "auto" (shared memory when the server
       allows it and runs on this host, else gRPC), "grpc" or "shm" (see _shm).
     shm_max_bytes: the most the shared-memory segment may grow to; 0 lets it grow to
@@ -74,7 +85,7 @@ class Options:
     def __init__(self, target, *, client_name=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  timeout=None, progress=None, token=None, token_file=None, tls=None,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
-                 transport="auto", shm_max_bytes=0):
+                 transport="auto", shm_max_bytes=0, tenant=None):
         if not target:
             raise ValueError("the server address is empty")
         client_name = client_name or ""
@@ -95,13 +106,32 @@ class Options:
         self.transport = transport_name(transport)
         self.shm_max_bytes = int(shm_max_bytes)
         self.tls_server_name = tls_server_name or None
+        # Set on the options of a replica a redirect led to (redirected).
+        self._verified_name = None
         self.credentials = _channel_credentials(tls, tls_ca, tls_cert, tls_key,
                                                 self.tls_server_name)
         metadata = [(CLIENT_METADATA_KEY, client_name)] if client_name else []
         token = _token(token, token_file)
         if token:
             metadata.append(("authorization", "Bearer " + token))
+        if tenant is None:
+            tenant = os.environ.get(TENANT_ENVIRONMENT, "")
+        if not isinstance(tenant, str) or not _printable(tenant, MAX_TENANT_NAME_BYTES):
+            raise ValueError(f"the tenant must be at most {MAX_TENANT_NAME_BYTES} printable "
+                             "ASCII characters")
+        self.tenant = tenant
+        if tenant:
+            metadata.append((TENANT_METADATA_KEY, tenant))
         self.metadata = tuple(metadata)
+
+    def redirected(self, address):
+        """These options with `address` as the target: where a replica said the tenant is
+        served. TLS goes on verifying the name the first target was verified by."""
+        options = copy.copy(self)
+        options.target = address
+        if options.credentials is not None and not options.tls_server_name:
+            options._verified_name = self._verified_name or _host(self.target)
+        return options
 
     @property
     def tls(self):
@@ -132,8 +162,9 @@ class Options:
         arguments = [("grpc.max_send_message_length", limit),
                      ("grpc.max_receive_message_length", limit),
                      ("grpc.use_local_subchannel_pool", 1)]
-        if self.tls_server_name:
-            arguments.append(("grpc.ssl_target_name_override", self.tls_server_name))
+        name = self.tls_server_name or self._verified_name
+        if name:
+            arguments.append(("grpc.ssl_target_name_override", name))
         return arguments
 
     def open_channel(self, grpc_module, channel_options=()):
@@ -147,6 +178,29 @@ class Options:
     def wait_slice_seconds(self):
         """How long one WaitOperation may ask the server to wait, within the timeout."""
         return self.timeout / 2 if self.timeout is not None else 0.0
+
+
+def _host(target):
+    """The host of "HOST:PORT", "[V6]:PORT" or "dns:///HOST:PORT"."""
+    target = target.split(":///", 1)[-1]
+    if target.startswith("["):
+        return target[1:target.find("]")]
+    return target.rsplit(":", 1)[0]
+
+
+def follow_redirect(client, error, grpc_module, channel_options):
+    """Reconnects `client` (either client: options, _channel, _rpc, _replaced) to the
+    replica that `error` (an Error) names as its tenant's, once in the client's life.
+    Returns whether it did; the call that was refused may then be made again. The
+    replaced channel stays open for calls still on it, until the client closes."""
+    address = getattr(error, "redirect_address", None)
+    if not address or client._replaced:
+        return False
+    client._replaced.append(client._channel)
+    client.options = client.options.redirected(address)
+    client._channel = client.options.open_channel(grpc_module, channel_options)
+    client._rpc = Methods(client._channel)
+    return True
 
 
 def _printable(text, max_length):

@@ -65,8 +65,11 @@ class Client(_operations.Operations):
 
     def __init__(self, target, *, channel_options=(), **options):
         self.options = _connection.Options(target, **options)
+        self._channel_options = channel_options
         self._channel = self.options.open_channel(grpc.aio, channel_options)
         self._rpc = _connection.Methods(self._channel)
+        # The channel a redirect replaced (_connection.follow_redirect).
+        self._replaced = []
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
         self._shm_lock = asyncio.Lock()
@@ -79,6 +82,8 @@ class Client(_operations.Operations):
                     await self._run_shm(self._shm.release())
                 except Error:
                     pass  # the server is gone, and the region with it
+        for channel in self._replaced:
+            await channel.close()
         await self._channel.close()
 
     async def __aenter__(self):
@@ -87,13 +92,24 @@ class Client(_operations.Operations):
     async def __aexit__(self, *exc_info):
         await self.close()
 
-    async def _call(self, method, request, timeout=True):
+    async def _routed(self, call):
+        """As Client._routed, awaiting call()."""
         try:
-            return await getattr(self._rpc, method)(
-                request, metadata=self.options.metadata,
-                timeout=self.options.timeout if timeout else None)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            return await call()
+        except Error as error:
+            if not _connection.follow_redirect(self, error, grpc.aio, self._channel_options):
+                raise
+        return await call()
+
+    async def _call(self, method, request, timeout=True):
+        async def call():
+            try:
+                return await getattr(self._rpc, method)(
+                    request, metadata=self.options.metadata,
+                    timeout=self.options.timeout if timeout else None)
+            except grpc.RpcError as error:
+                raise from_rpc_error(error) from None
+        return await self._routed(call)
 
     async def _run_shm(self, steps):
         return await _shm.run_async(
@@ -116,13 +132,16 @@ class Client(_operations.Operations):
                 result = await self._run_shm(self._shm.upload(transport, header, data, setting))
             if result is not None:
                 return RemoteArray(self, result[0], transfer=result[1])
-        reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
-        failure = []
-        call = self._rpc.Upload(
-            _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
-            metadata=self.options.metadata)
-        with _transfers.streaming_call(call, reporter, failure):
-            response = await call
+        async def upload():
+            reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
+            failure = []
+            call = self._rpc.Upload(
+                _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter,
+                                           failure),
+                metadata=self.options.metadata)
+            with _transfers.streaming_call(call, reporter, failure):
+                return await call
+        response = await self._routed(upload)
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
     async def download(self, buffer, *, progress=None, transport=None):
@@ -139,12 +158,15 @@ class Client(_operations.Operations):
             if result is not None:
                 return result
         request = _requests.download_request(buffer, self.options.chunk_bytes)
-        assembler = _transfers.DownloadAssembler(self.options, progress)
-        call = self._rpc.Download(request, metadata=self.options.metadata)
-        with _transfers.streaming_call(call, assembler):
-            async for message, data in call:
-                assembler.add(message, data)
-            return assembler.result(), assembler.transfer
+
+        async def download():
+            assembler = _transfers.DownloadAssembler(self.options, progress)
+            call = self._rpc.Download(request, metadata=self.options.metadata)
+            with _transfers.streaming_call(call, assembler):
+                async for message, data in call:
+                    assembler.add(message, data)
+                return assembler.result(), assembler.transfer
+        return await self._routed(download)
 
     async def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
         response = await self._call(

@@ -18,8 +18,13 @@ def connect(target, *, channel_options=(), **options):
     first call. The options are those of _connection.Options: client_name, chunk_bytes,
     timeout, progress; token (default $GPUCOMPUTE_TOKEN) or token_file; tls, tls_ca,
     tls_cert, tls_key, tls_server_name; transport ("auto", "grpc" or "shm") and
-    shm_max_bytes. `channel_options` are extra gRPC channel arguments, e.g.
-    [("grpc.keepalive_time_ms", 10000)].
+    shm_max_bytes; tenant (default $GPUCOMPUTE_TENANT). `channel_options` are extra gRPC
+    channel arguments, e.g. [("grpc.keepalive_time_ms", 10000)].
+
+    Replicas: a server that serves the tenant on another replica refuses a call with
+    FailedPreconditionError and that replica's address; the client then reconnects
+    there, once in its life, makes the call again (every call but an asynchronous
+    submission) and talks to that replica from then on. A second redirect is raised.
     """
     return Client(target, channel_options=channel_options, **options)
 
@@ -78,8 +83,11 @@ class Client(_operations.Operations):
 
     def __init__(self, target, *, channel_options=(), **options):
         self.options = _connection.Options(target, **options)
+        self._channel_options = channel_options
         self._channel = self.options.open_channel(grpc, channel_options)
         self._rpc = _connection.Methods(self._channel)
+        # The channel a redirect replaced (_connection.follow_redirect).
+        self._replaced = []
         self._submissions = _Submissions(self)
         self._shm = _shm.Transport(self.options.shm_max_bytes)
         # One transfer at a time goes through the shared-memory segment.
@@ -96,6 +104,8 @@ class Client(_operations.Operations):
                 pass  # the server is gone, and the region with it
             finally:
                 self._shm_lock.release()
+        for channel in self._replaced:
+            channel.close()
         self._channel.close()
 
     def __enter__(self):
@@ -104,13 +114,24 @@ class Client(_operations.Operations):
     def __exit__(self, *exc_info):
         self.close()
 
-    def _call(self, method, request, timeout=True):
+    def _routed(self, call):
+        """call(), made again once on the replica a redirect names (see connect)."""
         try:
-            return getattr(self._rpc, method)(
-                request, metadata=self.options.metadata,
-                timeout=self.options.timeout if timeout else None)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+            return call()
+        except Error as error:
+            if not _connection.follow_redirect(self, error, grpc, self._channel_options):
+                raise
+        return call()
+
+    def _call(self, method, request, timeout=True):
+        def call():
+            try:
+                return getattr(self._rpc, method)(
+                    request, metadata=self.options.metadata,
+                    timeout=self.options.timeout if timeout else None)
+            except grpc.RpcError as error:
+                raise from_rpc_error(error) from None
+        return self._routed(call)
 
     def _run_shm(self, steps):
         return _shm.run(steps, lambda call: self._call(call.method, call.request, call.unary))
@@ -158,13 +179,16 @@ class Client(_operations.Operations):
                 result = self._run_shm(self._shm.upload(transport, header, data, setting))
             if result is not None:
                 return RemoteArray(self, result[0], transfer=result[1])
-        reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
-        failure = []
-        call = self._rpc.Upload.future(
-            _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter, failure),
-            metadata=self.options.metadata)
-        with _transfers.streaming_call(call, reporter, failure):
-            response = call.result()
+        def upload():
+            reporter = _transfers.upload_progress(self.options, progress, data.nbytes)
+            failure = []
+            call = self._rpc.Upload.future(
+                _transfers.upload_messages(header, data, self.options.chunk_bytes, reporter,
+                                           failure),
+                metadata=self.options.metadata)
+            with _transfers.streaming_call(call, reporter, failure):
+                return call.result()
+        response = self._routed(upload)
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
     def download(self, buffer, *, progress=None, transport=None):
@@ -184,12 +208,15 @@ class Client(_operations.Operations):
             if result is not None:
                 return result
         request = _requests.download_request(buffer, self.options.chunk_bytes)
-        assembler = _transfers.DownloadAssembler(self.options, progress)
-        call = self._rpc.Download(request, metadata=self.options.metadata)
-        with _transfers.streaming_call(call, assembler):
-            for message, data in call:
-                assembler.add(message, data)
-            return assembler.result(), assembler.transfer
+
+        def download():
+            assembler = _transfers.DownloadAssembler(self.options, progress)
+            call = self._rpc.Download(request, metadata=self.options.metadata)
+            with _transfers.streaming_call(call, assembler):
+                for message, data in call:
+                    assembler.add(message, data)
+                return assembler.result(), assembler.transfer
+        return self._routed(download)
 
     def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None):
         """Allocates a buffer, filled with `fill` if given, else with zeros."""

@@ -80,5 +80,17 @@ def error_for(code, details, operation=None):
 
 
 def from_rpc_error(error):
-    """Converts a grpc.RpcError (sync or grpc.aio) to an Error."""
-    return error_for(error.code(), error.details() or "")
+    """Converts a grpc.RpcError (sync or grpc.aio) to an Error. A replica's refusal of
+    a call for a tenant it does not serve carries the address of the one that does, as
+    redirect_address (else None), which the clients follow."""
+    result = error_for(error.code(), error.details() or "")
+    result.redirect_address = None
+    if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+        try:
+            trailers = error.trailing_metadata() or ()
+        except Exception:  # noqa: BLE001 - a call without trailers
+            trailers = ()
+        for key, value in trailers:
+            if key == "gpucompute-redirect-address":
+                result.redirect_address = value
+    return result
