@@ -20,6 +20,8 @@ otherwise:
      buffers, and the CLI's memory stays below the moved bytes (the export streams).
 
 Usage: sharded_test.py SERVER_BIN CLI_BIN SOURCE_DIR
+With GPUCOMPUTE_TEST_BACKEND=cuda the servers run the CUDA backend, replica i on device
+i modulo the devices $GPUCOMPUTE_TEST_GPUS lists (default 0,1; CUDA_VISIBLE_DEVICES).
 Exit 0 when every check passes, 1 when one fails, 77 (skipped, with the reason) where
 HAProxy is not installed (deploy/install-deps.sh installs it).
 """
@@ -117,12 +119,19 @@ class Cluster:
         # Every replica knows the fourth's address from the start: adding it needs no
         # restart of the others.
         addresses = ",".join(f"{name}=127.0.0.1:{ports[name]}" for name in names)
-        flags = ["--backend=cpu", "--cpu-threads=1", "--memory-limit=5GiB",
+        backend = os.environ.get("GPUCOMPUTE_TEST_BACKEND") or "cpu"
+        gpus = (os.environ.get("GPUCOMPUTE_TEST_GPUS") or "0,1").split(",")
+        flags = [f"--backend={backend}", "--cpu-threads=1", "--memory-limit=5GiB",
                  f"--tokens-file={self.tokens}", f"--placement-file={self.placement.table}",
                  f"--replica-addresses={addresses}",
                  f"--snapshot-interval={SNAPSHOT_INTERVAL}"]
-        self.replicas = {name: loopback.Replica(server_bin, name, ports[name], workdir, flags)
-                         for name in names}
+        self.replicas = {}
+        for i, name in enumerate(names):
+            env = dict(os.environ)
+            if backend == "cuda":
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            self.replicas[name] = loopback.Replica(server_bin, name, ports[name], workdir, flags,
+                                                   env=env)
         self.proxy_port = loopback.free_port()
         self.proxy_address = f"127.0.0.1:{self.proxy_port}"
         self.haproxy = loopback.HAProxy(os.path.join(workdir, "haproxy.cfg"), self.proxy_port,
