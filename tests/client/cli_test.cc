@@ -1921,6 +1921,32 @@ TEST_F(TenantMoveTest, ImportRefusesExistingNamesUnlessReplaceAndChangesNothing)
   EXPECT_EQ(ReadFile(Path("export/MANIFEST")), manifest);
 }
 
+// A buffer the destination refuses part way (its memory limit) undoes the import: the
+// buffers created before it are deleted again.
+TEST_F(TenantMoveTest, AnImportTheServerRefusesPartWayLeavesNothingBehind) {
+  Populate();
+  // 30 MiB, made last, so that the export lists it last.
+  ASSERT_EQ(RunOn(0, "create --shape 3932160 --fill 2 --name large").exit_code, 0);
+  ASSERT_EQ(RunOn(0, "tenant export " + ShellQuote(Path("export"))).exit_code, 0);
+  std::vector<std::string> manifest =
+      absl::StrSplit(ReadFile(Path("export/MANIFEST")), '\n', absl::SkipEmpty());
+  ASSERT_EQ(manifest.back().substr(manifest.back().find(' ') + 1), "large");
+  // 40 MiB already held on the 64 MiB destination.
+  ASSERT_EQ(RunOn(1, "create --shape 5242880 --name ballast").exit_code, 0);
+  absl::StatusOr<v1::BufferInfo> ballast = clients_[1]->GetBuffer("ballast");
+  ASSERT_TRUE(ballast.ok()) << ballast.status();
+
+  Result refused = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(refused.exit_code, 10 + static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << refused.err;
+  EXPECT_EQ(refused.err.rfind("gpucompute: tenant import large: RESOURCE_EXHAUSTED: ", 0), 0u)
+      << refused.err;
+  absl::StatusOr<v1::ListBuffersResponse> left = clients_[1]->ListBuffers();
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_EQ(left->buffers_size(), 1) << left->DebugString();
+  EXPECT_EQ(left->buffers(0).id(), ballast->id());
+}
+
 TEST_F(TenantMoveTest, ImportRefusesAnIncompleteOrDamagedExportAndCreatesNothing) {
   Populate();
   ASSERT_EQ(RunOn(0, "tenant export " + ShellQuote(Path("export"))).exit_code, 0);
