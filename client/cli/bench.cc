@@ -12,6 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/cli.h"
 #include "client/cpp/shared_memory.h"
 #include "client/cpp/transfer_timing.h"
@@ -23,6 +25,8 @@ namespace {
 constexpr char kDefaultSizes[] = "1MiB,64MiB,256MiB";
 constexpr int kDefaultRepeat = 3;
 constexpr int kMaxRepeat = 1000;
+constexpr int kMaxLatencyCalls = 100000;
+constexpr int kLatencyWarmups = 10;
 constexpr uint64_t kMinChunkBytes = 4096;  // the server's smallest download chunk
 
 // One row of the table: a transport with its settings.
@@ -37,6 +41,7 @@ struct Settings {
   std::vector<std::string> transports;  // as given; empty: all that can run
   int streams = kAutoUploadStreams;
   uint64_t chunk_bytes = kDefaultChunkBytes;
+  int latency_calls = 0;  // Submit(wait) calls timed; 0: none
 };
 
 absl::StatusOr<Settings> ParseSettings(const ParsedArgs& args) {
@@ -58,7 +63,8 @@ absl::StatusOr<Settings> ParseSettings(const ParsedArgs& args) {
   }
   for (const auto& [flag, min, max, value] :
        {std::tuple{"--repeat", 1, kMaxRepeat, &settings.repeat},
-        std::tuple{"--streams", 2, kMaxTransferStreams, &settings.streams}}) {
+        std::tuple{"--streams", 2, kMaxTransferStreams, &settings.streams},
+        std::tuple{"--latency", 0, kMaxLatencyCalls, &settings.latency_calls}}) {
     absl::StatusOr<std::optional<int64_t>> given = args.Int(flag);
     if (!given.ok()) return given.status();
     if (!given->has_value()) continue;
@@ -116,6 +122,52 @@ struct Result {
   Transport transport;
   TransferTiming timing;
 };
+
+// Submit(wait) round trips, in microseconds, nearest rank.
+struct Latency {
+  int calls = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+// Times `calls` Submit(wait) of `x + 1` on one float64 element written in place, after
+// kLatencyWarmups untimed: the round trip of the smallest operation, which is what a
+// proxy in front of the server adds to.
+absl::StatusOr<Latency> TimeSubmitWait(Client& client, int calls) {
+  v1::CreateBufferRequest create;
+  create.set_dtype(v1::DTYPE_FLOAT64);
+  create.add_shape(1);
+  absl::StatusOr<v1::BufferInfo> x = client.CreateBuffer(create);
+  if (!x.ok()) return x.status();
+  v1::SubmitRequest request;
+  request.set_wait(true);
+  v1::ElementwiseOp* op = request.mutable_elementwise();
+  op->set_expression("x + 1");
+  (*op->mutable_inputs())["x"].set_buffer(x->id());
+  op->mutable_output()->set_buffer(x->id());
+  std::vector<double> micros;
+  absl::Status status;
+  for (int i = 0; i < kLatencyWarmups + calls && status.ok(); ++i) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<v1::Operation> done = client.Submit(request);
+    const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - start);
+    if (!done.ok()) {
+      status = done.status();
+    } else if (done->state() != v1::Operation::STATE_SUCCEEDED) {
+      status = absl::InternalError(
+          absl::StrCat("operation ", done->id(), " did not succeed: ", done->error_message()));
+    } else if (i >= kLatencyWarmups) {
+      micros.push_back(elapsed);
+    }
+  }
+  (void)client.DeleteBuffer(x->id());
+  if (!status.ok()) return status;
+  std::sort(micros.begin(), micros.end());
+  auto rank = [&](double q) {
+    return micros[std::min(micros.size() - 1, static_cast<size_t>(q * micros.size()))];
+  };
+  return Latency{calls, rank(0.5), rank(0.99)};
+}
 
 }  // namespace
 
@@ -192,6 +244,13 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
     }
   }
 
+  Latency latency;
+  if (settings->latency_calls > 0) {
+    absl::StatusOr<Latency> timed = TimeSubmitWait(**single, settings->latency_calls);
+    if (!timed.ok()) return Outcome::Server("bench: Submit(wait)", timed.status());
+    latency = *timed;
+  }
+
   const double h2d = info->host_to_device_gbps();
   const double d2h = info->device_to_host_gbps();
   if (context.json()) {
@@ -209,14 +268,15 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
           ",\"download_vs_ceiling\":", JsonNumber(Ratio(r.timing.download_gbps(), d2h)),
           ",\"download_server_gbps\":", JsonNumber(r.timing.download_server_gbps), "}"));
     }
-    context.Print(absl::StrCat("{\"server\":", JsonString(context.options().server),
-                               ",\"backend\":", JsonString(info->backend()), ",\"repeat\":",
-                               settings->repeat, ",\"chunk_bytes\":", settings->chunk_bytes,
-                               ",\"ceiling\":{\"host_to_device_gbps\":", JsonNumber(h2d),
-                               ",\"device_to_host_gbps\":", JsonNumber(d2h),
-                               ",\"description\":", JsonString(info->copy_ceiling()), "}",
-                               ",\"shm\":", shm != nullptr ? "true" : "false", ",\"results\":[",
-                               absl::StrJoin(rows, ","), "]}"));
+    context.Print(absl::StrCat(
+        "{\"server\":", JsonString(context.options().server),
+        ",\"backend\":", JsonString(info->backend()), ",\"repeat\":", settings->repeat,
+        ",\"chunk_bytes\":", settings->chunk_bytes, ",\"ceiling\":{\"host_to_device_gbps\":",
+        JsonNumber(h2d), ",\"device_to_host_gbps\":", JsonNumber(d2h),
+        ",\"description\":", JsonString(info->copy_ceiling()), "}",
+        ",\"shm\":", shm != nullptr ? "true" : "false", ",\"results\":[", absl::StrJoin(rows, ","),
+        "],\"latency\":{\"calls\":", latency.calls, ",\"p50_us\":", JsonNumber(latency.p50_us),
+        ",\"p99_us\":", JsonNumber(latency.p99_us), "}}"));
     return Outcome::Ok();
   }
 
@@ -242,6 +302,12 @@ Outcome RunBench(CliContext& context, const ParsedArgs& args) {
                                  ? "; shm: not usable with this server"
                                  : ""));
   context.Print(FormatTable(table));
+  if (latency.calls > 0) {
+    context.Print(
+        absl::StrFormat("Submit(wait) of x + 1 on one element, %d calls: p50 %.1f us, "
+                        "p99 %.1f us",
+                        latency.calls, latency.p50_us, latency.p99_us));
+  }
   return Outcome::Ok();
 }
 

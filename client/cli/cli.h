@@ -1,7 +1,7 @@
 // Pieces of the `gpucompute` command-line tool shared by its source files: exit
 // outcomes (outcome.cc), the flag parser (flag_parser.cc, on CLI11), the reading of
 // argument values (values.cc), output formatting (format.cc) and the subcommands
-// (commands.cc, operands.cc, run.cc, bench.cc), tied together by the command table in main.cc.
+// (commands.cc, operands.cc, run.cc, bench.cc, tenant.cc), tied together by the command table in main.cc.
 #ifndef GPUCOMPUTE_CLIENT_CLI_CLI_H_
 #define GPUCOMPUTE_CLIENT_CLI_CLI_H_
 
@@ -253,6 +253,7 @@ Outcome RunOperation(CliContext& context, const ParsedArgs& args);
 Outcome RunStream(CliContext& context, const ParsedArgs& args);
 Outcome RunFile(CliContext& context, const ParsedArgs& args);
 Outcome RunBench(CliContext& context, const ParsedArgs& args);
+Outcome RunTenant(CliContext& context, const ParsedArgs& args);
 
 Outcome BuildEval(const ParsedArgs& args, v1::SubmitRequest* request);
 Outcome BuildGemv(const ParsedArgs& args, v1::SubmitRequest* request);

@@ -249,7 +249,8 @@ const std::vector<Command>& Commands() {
        RunWait},
       {"op", "OP_ID", "print an operation without waiting", "", {}, RunOperation},
       {"bench",
-       "[--sizes LIST] [--repeat N] [--transport LIST] [--streams N] [--chunk-bytes BYTES]",
+       "[--sizes LIST] [--repeat N] [--transport LIST] [--streams N] [--chunk-bytes BYTES]"
+       " [--latency N]",
        "upload and download speed per transport and size, against the server's ceiling",
        "Uploads an array of each size into a new buffer and downloads it again, through\n"
        "each transport, and prints the GB/s of each way beside the copy ceiling the\n"
@@ -266,10 +267,31 @@ const std::vector<Command>& Commands() {
        "                      shm-inplace (the array already in the segment); all takes\n"
        "                      the shm ones when the server allows it and is on this host\n"
        "  --streams N         streams of grpc-parallel (default 8)\n"
-       "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n",
+       "  --chunk-bytes BYTES message size of the gRPC transfers, both ways (default 4MiB)\n"
+       "  --latency N         also time N Submit(wait) calls of the smallest operation (x +\n"
+       "                      1 on one element, in place) and print their p50 and p99\n",
        {ValueFlag("--sizes"), ValueFlag("--repeat"), ValueFlag("--transport"),
-        ValueFlag("--streams"), ValueFlag("--chunk-bytes")},
+        ValueFlag("--streams"), ValueFlag("--chunk-bytes"), ValueFlag("--latency")},
        RunBench},
+      {"tenant",
+       "export DIR | import DIR [--replace]",
+       "move this client's named buffers to another server through files",
+       "export writes every named buffer of this client (this token's tenant, this\n"
+       "--client name) into DIR, one file each in the format the server persists\n"
+       "buffers in (--persist-dir), with their bytes as they are, and a MANIFEST last:\n"
+       "an export that did not finish has none, and import refuses it. DIR must not\n"
+       "hold an export already. Unnamed buffers are not exported.\n"
+       "import creates each buffer of the export in DIR on the server, with its name,\n"
+       "dtype, shape, layout and lease, and checks every file's CRC32C as it reads it.\n"
+       "If a name exists on the server already, nothing is imported (exit 16,\n"
+       "ALREADY_EXISTS) unless --replace, which deletes that buffer first. A failure\n"
+       "part way deletes the buffers this import created; with --replace a name it\n"
+       "deleted stays gone, so run the import again.\n"
+       "Both stream one chunk at a time, over grpc. Buffer ids change: a buffer keeps\n"
+       "its name, not its id.\n"
+       "  --replace      import: replace buffers of the same names\n",
+       {SwitchFlag("--replace")},
+       RunTenant},
       {"stream",
        "create [--device N] | rm ID... | sync [ID] [--timeout S] | ls",
        "manage streams",

@@ -16,6 +16,8 @@ namespace {
 void NameClient(const ClientOptions& options, grpc::ClientContext* context) {
   if (!options.client_name.empty()) context->AddMetadata(kClientMetadataKey, options.client_name);
   if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
+  // A proxy routes the session on it, as every other call.
+  if (!options.tenant.empty()) context->AddMetadata(kTenantMetadataKey, options.tenant);
 }
 
 OperationFuture Resolved(absl::StatusOr<v1::Operation> value) {

@@ -35,6 +35,7 @@
 #include "gpucompute/v1/gpucompute.pb.h"
 #include "kernels/ops.h"
 #include "kernels/philox.h"
+#include "server/persistence/persist_format.h"
 #include "tests/support/test_util.h"
 
 namespace gpucompute {
@@ -1310,6 +1311,62 @@ TEST_F(CliTest, BenchPrintsEachTransportAndSizeBesideTheServersCeiling) {
   EXPECT_EQ(after->memory_used_bytes(), before->memory_used_bytes());
 }
 
+// --latency N times N Submit(wait) round trips of the smallest operation and reports their
+// p50 and p99, in the table and in the JSON document; the operations run on the server.
+TEST_F(CliTest, BenchTimesSubmitWaitLatency) {
+  ClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(port_);
+  options.client_name = "cli-test";
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::Stats> before = (*client)->GetStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  absl::StatusOr<v1::ServerInfo> info = (*client)->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+
+  Result json = Run("--json bench --sizes=64KiB --repeat 1 --transport=grpc --latency 50");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  google::protobuf::Struct document;
+  BenchResults(json.out, &document);
+  ASSERT_TRUE(document.fields().contains("latency")) << json.out;
+  const google::protobuf::Struct& latency = document.fields().at("latency").struct_value();
+  EXPECT_EQ(Number(latency, "calls"), 50);
+  const double p50 = Number(latency, "p50_us");
+  const double p99 = Number(latency, "p99_us");
+  EXPECT_GT(p50, 0);
+  EXPECT_GE(p99, p50);
+  absl::StatusOr<v1::Stats> after = (*client)->GetStats();
+  ASSERT_TRUE(after.ok()) << after.status();
+  uint64_t elementwise = 0;
+  for (const auto& kind : after->kinds()) {
+    if (kind.kind() == v1::OPERATION_KIND_ELEMENTWISE) elementwise += kind.count();
+  }
+  for (const auto& kind : before->kinds()) {
+    if (kind.kind() == v1::OPERATION_KIND_ELEMENTWISE) elementwise -= kind.count();
+  }
+  EXPECT_EQ(elementwise, 60u) << "50 timed and 10 warm-up operations";
+
+  Result table = Run("bench --sizes=64KiB --repeat 1 --transport=grpc --latency 20");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("Submit(wait) of x + 1 on one element, 20 calls: p50 "),
+            std::string::npos)
+      << table.out;
+  // Without --latency, no line and no calls.
+  Result none = Run("--json bench --sizes=64KiB --repeat 1 --transport=grpc");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.out.find("\"latency\":{\"calls\":0,"), std::string::npos) << none.out;
+
+  for (const std::string flag : {"--latency -1", "--latency 100001", "--latency x"}) {
+    Result bad = Run("bench --sizes=64KiB " + flag);
+    EXPECT_EQ(bad.exit_code, 2) << flag << ": " << bad.err;
+    EXPECT_NE(bad.err.find("--latency"), std::string::npos) << flag << ": " << bad.err;
+    EXPECT_TRUE(bad.out.empty()) << flag;
+  }
+  absl::StatusOr<v1::ServerInfo> later = (*client)->GetServerInfo();
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->buffer_count(), info->buffer_count()) << "the latency buffer is deleted";
+}
+
 TEST_F(CliTest, BenchUsesSharedMemoryWhereTheServerAllowsIt) {
   auto [process, port] = SpawnSharedMemoryServer(Path("bench_shm_server.log"));
   ASSERT_NE(port, 0) << ReadFile(process.log);
@@ -1728,6 +1785,236 @@ TEST_F(CliTest, MatmulMultipliesBuffersAndViews) {
   Result bad = Run("matmul mm_b mm_a --name mm_never");
   EXPECT_EQ(bad.exit_code, 13) << bad.err;
   EXPECT_EQ(Run("--json ls").out.find("mm_never"), std::string::npos);
+}
+
+// tenant export and import: two servers with the same tenant, the CLI between them.
+class TenantMoveTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    std::ofstream(Path("move-tokens"), std::ios::trunc) << "move-token-7 carol\n";
+    for (int i = 0; i < 2; ++i) {
+      servers_[i] = SpawnServer({"--listen=127.0.0.1:0", "--backend=cpu", "--memory-limit=64MiB",
+                                 "--cpu-threads=1", "--tokens-file=" + Path("move-tokens")},
+                                Path(absl::StrCat("move-server-", i, ".log")));
+      const int port = WaitForListening(servers_[i]);
+      ASSERT_NE(port, 0) << ReadFile(servers_[i].log);
+      targets_[i] = absl::StrCat("127.0.0.1:", port);
+      ClientOptions options;
+      options.target = targets_[i];
+      options.client_name = "cli-test";
+      options.token = "move-token-7";
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+      ASSERT_TRUE(client.ok()) << client.status();
+      clients_[i] = *std::move(client);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(Path("export"), ec);
+  }
+
+  void TearDown() override {
+    for (ServerProcess& server : servers_) {
+      if (server.pid > 0) StopServer(server, SIGTERM);
+    }
+  }
+
+  // Runs the CLI as tenant carol against server `i`.
+  Result RunOn(int i, const std::string& args) {
+    return Run("--token move-token-7 " + args, targets_[i]);
+  }
+
+  // name -> (id, bytes) of every named buffer on server `i`, and the count of all.
+  std::map<std::string, std::pair<std::string, std::string>> Contents(int i, int* all = nullptr) {
+    std::map<std::string, std::pair<std::string, std::string>> out;
+    absl::StatusOr<v1::ListBuffersResponse> list = clients_[i]->ListBuffers();
+    EXPECT_TRUE(list.ok()) << list.status();
+    if (!list.ok()) return out;
+    if (all != nullptr) *all = list->buffers_size();
+    for (const v1::BufferInfo& b : list->buffers()) {
+      if (b.name().empty()) continue;
+      v1::DownloadRequest request;
+      request.set_buffer(b.id());
+      std::string bytes;
+      EXPECT_TRUE(clients_[i]->Download(request, &bytes).ok());
+      out[b.name()] = {b.id(), bytes};
+    }
+    return out;
+  }
+
+  // Creates buffers of every dtype and both layouts on server 0, one of them unnamed.
+  void Populate() {
+    WriteNpy(Path("mv_c.npy"), RandomValues(6 * 7, 11), {6, 7}, false);
+    WriteNpy(Path("mv_f.npy"), RandomValues(5 * 3, 12), {5, 3}, true);
+    ASSERT_EQ(RunOn(0, "put " + ShellQuote(Path("mv_c.npy")) + " --name 'c order'").exit_code, 0);
+    ASSERT_EQ(RunOn(0, "put " + ShellQuote(Path("mv_f.npy")) + " --name f_order --ttl 600")
+                  .exit_code,
+              0);
+    ASSERT_EQ(RunOn(0, "rand integers --shape 9 --dtype int32 --low -5 --high 5 --seed 3 "
+                       "--name ints")
+                  .exit_code,
+              0);
+    ASSERT_EQ(RunOn(0, "create --shape 4,2 --dtype bool --fill True --name flags").exit_code, 0);
+    ASSERT_EQ(RunOn(0, "create --shape '' --dtype int64 --fill 7 --name scalar").exit_code, 0);
+    ASSERT_EQ(RunOn(0, "create --shape 3 --fill 1").exit_code, 0);  // unnamed
+  }
+
+  ServerProcess servers_[2];
+  std::string targets_[2];
+  std::unique_ptr<Client> clients_[2];
+};
+
+TEST_F(TenantMoveTest, ExportThenImportMovesEveryNamedBufferByteForByte) {
+  Populate();
+  int all = 0;
+  const auto before = Contents(0, &all);
+  ASSERT_EQ(before.size(), 5u);
+  ASSERT_EQ(all, 6);
+
+  Result exported = RunOn(0, "tenant export " + ShellQuote(Path("export")));
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_NE(exported.out.find("exported 5 named buffers"), std::string::npos) << exported.out;
+  // Each file is what the server would persist: it decodes with the server's reader,
+  // and its payload is the buffer's bytes.
+  std::vector<std::string> manifest =
+      absl::StrSplit(ReadFile(Path("export/MANIFEST")), '\n', absl::SkipEmpty());
+  ASSERT_EQ(manifest.size(), 6u);
+  EXPECT_EQ(manifest[0], "gpucompute-tenant-export 1");
+  for (size_t i = 1; i < manifest.size(); ++i) {
+    const std::string file_name = manifest[i].substr(0, manifest[i].find(' '));
+    const std::string name = manifest[i].substr(file_name.size() + 1);
+    ASSERT_TRUE(before.contains(name)) << manifest[i];
+    EXPECT_EQ(file_name, before.at(name).first + ".gpcbuf");
+    const std::string file = ReadFile(Path("export/" + file_name));
+    absl::StatusOr<PersistedFile> decoded = DecodePersistFile(file);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->header.name, name);
+    EXPECT_EQ(decoded->payload, before.at(name).second) << name;
+  }
+
+  Result imported = RunOn(1, "--json tenant import " + ShellQuote(Path("export")));
+  ASSERT_EQ(imported.exit_code, 0) << imported.err;
+  EXPECT_NE(imported.out.find("\"buffers\":5"), std::string::npos) << imported.out;
+  int moved_all = 0;
+  const auto after = Contents(1, &moved_all);
+  EXPECT_EQ(moved_all, 5) << "the unnamed buffer must not move";
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [name, id_bytes] : before) {
+    ASSERT_TRUE(after.contains(name)) << name;
+    EXPECT_EQ(after.at(name).second, id_bytes.second) << name;
+    absl::StatusOr<v1::BufferInfo> a = clients_[0]->GetBuffer(name);
+    absl::StatusOr<v1::BufferInfo> b = clients_[1]->GetBuffer(name);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->dtype(), b->dtype()) << name;
+    EXPECT_EQ(a->layout(), b->layout()) << name;
+    EXPECT_EQ(a->shape_size(), b->shape_size()) << name;
+    EXPECT_EQ(a->ttl_seconds(), b->ttl_seconds()) << name;
+  }
+  // The source is untouched.
+  EXPECT_EQ(Contents(0), before);
+}
+
+TEST_F(TenantMoveTest, ImportRefusesExistingNamesUnlessReplaceAndChangesNothing) {
+  Populate();
+  ASSERT_EQ(RunOn(0, "tenant export " + ShellQuote(Path("export"))).exit_code, 0);
+  // The destination already has one of the names, with other contents, and another buffer.
+  ASSERT_EQ(RunOn(1, "create --shape 2 --fill 5 --name ints").exit_code, 0);
+  ASSERT_EQ(RunOn(1, "create --shape 2 --fill 6 --name other").exit_code, 0);
+  const auto destination = Contents(1);
+
+  Result refused = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(refused.exit_code, 10 + static_cast<int>(absl::StatusCode::kAlreadyExists))
+      << refused.err;
+  EXPECT_EQ(refused.err,
+            "gpucompute: tenant import: ALREADY_EXISTS: the server already has buffers named "
+            "ints; nothing was imported (--replace replaces them)\n");
+  EXPECT_EQ(Contents(1), destination);
+
+  Result replaced = RunOn(1, "tenant import --replace " + ShellQuote(Path("export")));
+  ASSERT_EQ(replaced.exit_code, 0) << replaced.err;
+  const auto after = Contents(1);
+  EXPECT_EQ(after.size(), 6u);
+  EXPECT_EQ(after.at("ints").second, Contents(0).at("ints").second);
+  EXPECT_EQ(after.at("other"), destination.at("other"));
+
+  // Exporting into a directory that holds an export is refused before anything is written.
+  const std::string manifest = ReadFile(Path("export/MANIFEST"));
+  Result again = RunOn(0, "tenant export " + ShellQuote(Path("export")));
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_EQ(again.err, "gpucompute: tenant export: " + Path("export") +
+                           " already holds an export: choose another directory, or remove this "
+                           "one first\n");
+  EXPECT_EQ(ReadFile(Path("export/MANIFEST")), manifest);
+}
+
+// A buffer the destination refuses part way (its memory limit) undoes the import: the
+// buffers created before it are deleted again.
+TEST_F(TenantMoveTest, AnImportTheServerRefusesPartWayLeavesNothingBehind) {
+  Populate();
+  // 30 MiB, made last, so that the export lists it last.
+  ASSERT_EQ(RunOn(0, "create --shape 3932160 --fill 2 --name large").exit_code, 0);
+  ASSERT_EQ(RunOn(0, "tenant export " + ShellQuote(Path("export"))).exit_code, 0);
+  std::vector<std::string> manifest =
+      absl::StrSplit(ReadFile(Path("export/MANIFEST")), '\n', absl::SkipEmpty());
+  ASSERT_EQ(manifest.back().substr(manifest.back().find(' ') + 1), "large");
+  // 40 MiB already held on the 64 MiB destination.
+  ASSERT_EQ(RunOn(1, "create --shape 5242880 --name ballast").exit_code, 0);
+  absl::StatusOr<v1::BufferInfo> ballast = clients_[1]->GetBuffer("ballast");
+  ASSERT_TRUE(ballast.ok()) << ballast.status();
+
+  Result refused = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(refused.exit_code, 10 + static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << refused.err;
+  EXPECT_EQ(refused.err.rfind("gpucompute: tenant import large: RESOURCE_EXHAUSTED: ", 0), 0u)
+      << refused.err;
+  absl::StatusOr<v1::ListBuffersResponse> left = clients_[1]->ListBuffers();
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_EQ(left->buffers_size(), 1) << left->DebugString();
+  EXPECT_EQ(left->buffers(0).id(), ballast->id());
+}
+
+TEST_F(TenantMoveTest, ImportRefusesAnIncompleteOrDamagedExportAndCreatesNothing) {
+  Populate();
+  ASSERT_EQ(RunOn(0, "tenant export " + ShellQuote(Path("export"))).exit_code, 0);
+  int all = 0;
+  Contents(1, &all);
+  ASSERT_EQ(all, 0);
+
+  // A damaged payload byte in the last file: the files before it were uploaded already,
+  // and are deleted again.
+  std::vector<std::string> manifest =
+      absl::StrSplit(ReadFile(Path("export/MANIFEST")), '\n', absl::SkipEmpty());
+  const std::string last = Path("export/" + manifest.back().substr(0, manifest.back().find(' ')));
+  const std::string good = ReadFile(last);
+  std::string bad = good;
+  bad[bad.size() - 5] ^= 1;
+  std::ofstream(last, std::ios::binary | std::ios::trunc) << bad;
+  Result damaged = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(damaged.exit_code, 1) << damaged.err;
+  EXPECT_NE(damaged.err.find(last + ": the payload's CRC32C does not match: the file is corrupt"),
+            std::string::npos)
+      << damaged.err;
+  Contents(1, &all);
+  EXPECT_EQ(all, 0);
+
+  // A truncated file is refused before anything is sent.
+  std::ofstream(last, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 1);
+  Result truncated = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(truncated.exit_code, 1) << truncated.err;
+  EXPECT_NE(truncated.err.find("the export is incomplete or damaged"), std::string::npos)
+      << truncated.err;
+  Contents(1, &all);
+  EXPECT_EQ(all, 0);
+
+  // Without its manifest, a directory is no export.
+  std::ofstream(last, std::ios::binary | std::ios::trunc) << good;
+  std::filesystem::remove(Path("export/MANIFEST"));
+  Result incomplete = RunOn(1, "tenant import " + ShellQuote(Path("export")));
+  EXPECT_EQ(incomplete.exit_code, 1);
+  EXPECT_EQ(incomplete.err, "gpucompute: tenant import: " + Path("export") +
+                                " has no MANIFEST: it is no export, or an export that did not "
+                                "finish (tenant export writes it last)\n");
+  Contents(1, &all);
+  EXPECT_EQ(all, 0);
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""What HAProxy in front of the replicas costs: the same measurements directly and through
+the proxy, in one run.
+
+Two replicas (gpucompute-0 and gpucompute-1), each on its own device when --gpus names
+them (CUDA_VISIBLE_DEVICES), each holding one tenant, placed by deploy/placement.py,
+with HAProxy in front on the configuration placement.py writes; all on loopback. For
+each replica, `gpucompute bench` runs directly against it and then through the proxy
+(as its tenant, so that the proxy routes to it): upload and download GB/s per transport
+and size (median of --repeat after one warm-up), and the p50 of --latency Submit(wait)
+calls of the smallest operation. The table puts the two side by side: throughput as
+proxy/direct (target: at least 0.90) and latency as proxy minus direct (target: at most
+50 us).
+
+Usage, from the source directory with the build in build/:
+  On a 2-GPU machine:
+    bench/proxy_bench.py --backend cuda --gpus 0,1
+  Anywhere, a dry run on CPU servers (the figures say little about a GPU's):
+    bench/proxy_bench.py --backend cpu --sizes 16MiB,64MiB --repeat 3 --latency 500
+Needs haproxy (deploy/install-deps.sh).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "deploy"))
+import cluster  # noqa: E402  (tests/deploy/cluster.py: replicas and HAProxy on loopback)
+
+REPLICAS = ("gpucompute-0", "gpucompute-1")
+THROUGHPUT_TARGET = 0.90
+LATENCY_TARGET_US = 50.0
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server-bin", default=os.path.join(SOURCE_DIR, "build", "server",
+                                                             "gpucompute-server"))
+    parser.add_argument("--cli-bin", default=os.path.join(SOURCE_DIR, "build", "client",
+                                                          "gpucompute"))
+    parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--gpus", default="",
+                        help="devices of the two replicas, e.g. 0,1 (default: not set)")
+    parser.add_argument("--sizes", default="64MiB,256MiB,1GiB")
+    parser.add_argument("--repeat", default="5")
+    parser.add_argument("--latency", default="2000", help="Submit(wait) calls timed")
+    parser.add_argument("--transport", default="grpc,grpc-parallel")
+    parser.add_argument("--memory-limit", default="",
+                        help="each server's --memory-limit (default: the server's)")
+    args = parser.parse_args()
+    args.gpus = args.gpus.split(",") if args.gpus else []
+    if args.gpus and len(args.gpus) != len(REPLICAS):
+        parser.error(f"--gpus needs {len(REPLICAS)} devices, one a replica")
+    return args
+
+
+def start(args, workdir):
+    """The replicas and HAProxy, started; (replicas, proxy, proxy address, tenant of
+    each replica)."""
+    tokens = os.path.join(workdir, "tokens")
+    tenants = {name: f"tenant{i}" for i, name in enumerate(REPLICAS)}
+    with open(tokens, "w") as f:
+        for tenant in tenants.values():
+            f.write(f"bench-token-of-{tenant} {tenant}\n")
+    placement = cluster.Placement(os.path.join(SOURCE_DIR, "deploy"),
+                                  os.path.join(workdir, "placement.map"))
+    placement.generate(tokens, list(REPLICAS))
+    # generate gives the first tenant the first replica; the bench needs one a replica.
+    for tenant, replica in zip(tenants.values(), REPLICAS):
+        placement.move(tenant, replica)
+    ports = {name: cluster.free_port() for name in REPLICAS}
+    flags = [f"--backend={args.backend}", f"--tokens-file={tokens}",
+             f"--placement-file={placement.table}",
+             "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items())]
+    if args.memory_limit:
+        flags.append(f"--memory-limit={args.memory_limit}")
+    replicas = []
+    for i, name in enumerate(REPLICAS):
+        env = dict(os.environ)
+        if args.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = args.gpus[i]
+        replica = cluster.Replica(args.server_bin, name, ports[name], workdir, flags, env=env,
+                                  persist=False)
+        replicas.append(replica)
+        replica.start(timeout=120)
+    proxy_port = cluster.free_port()
+    proxy_address = f"127.0.0.1:{proxy_port}"
+    config = os.path.join(workdir, "haproxy.cfg")
+    with open(config, "w") as f:
+        f.write(placement.haproxy_config({r.name: r.address for r in replicas}, proxy_address))
+    proxy = cluster.HAProxy(config, proxy_port, os.path.join(workdir, "haproxy.log"))
+    proxy.start()
+    return replicas, proxy, proxy_address, tenants
+
+
+def bench(args, target, tenant):
+    """`gpucompute --json bench` at `target` as `tenant`: its JSON document."""
+    env = dict(os.environ, GPUCOMPUTE_TOKEN=f"bench-token-of-{tenant}",
+               GPUCOMPUTE_TENANT=tenant)
+    result = subprocess.run(
+        [args.cli_bin, "--server", target, "--json", "bench", "--sizes", args.sizes,
+         "--repeat", args.repeat, "--transport", args.transport, "--latency", args.latency],
+        capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"bench at {target} as {tenant}: exit {result.returncode}: "
+                           f"{result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+def table(rows):
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def verdict(ok):
+    return "ok" if ok else "MISSED"
+
+
+def report(results):
+    """The table of every replica's direct and proxied figures, and whether each meets
+    its target; True when all do."""
+    met = True
+    rows = [["replica", "transport", "size", "way", "direct GB/s", "proxy GB/s",
+             "proxy/direct", f">= {THROUGHPUT_TARGET:.2f}"]]
+    latency_rows = [["replica", "direct p50 us", "proxy p50 us", "proxy - direct us",
+                     f"<= {LATENCY_TARGET_US:.0f}", "direct p99 us", "proxy p99 us"]]
+    for replica, (direct, proxied) in results.items():
+        for d, p in zip(direct["results"], proxied["results"]):
+            for way in ("upload", "download"):
+                ratio = p[f"{way}_gbps"] / d[f"{way}_gbps"]
+                met &= ratio >= THROUGHPUT_TARGET
+                rows.append([replica, d["transport"], f"{d['size_bytes'] / 2**20:g} MiB", way,
+                             f"{d[f'{way}_gbps']:.3g}", f"{p[f'{way}_gbps']:.3g}",
+                             f"{ratio:.3f}", verdict(ratio >= THROUGHPUT_TARGET)])
+        dl, pl = direct["latency"], proxied["latency"]
+        added = pl["p50_us"] - dl["p50_us"]
+        met &= added <= LATENCY_TARGET_US
+        latency_rows.append([replica, f"{dl['p50_us']:.1f}", f"{pl['p50_us']:.1f}",
+                             f"{added:.1f}", verdict(added <= LATENCY_TARGET_US),
+                             f"{dl['p99_us']:.1f}", f"{pl['p99_us']:.1f}"])
+    print(table(rows))
+    print()
+    print(table(latency_rows))
+    return met
+
+
+def main():
+    args = parse_args()
+    if cluster.find_haproxy() is None:
+        sys.exit("haproxy is not installed (deploy/install-deps.sh installs it)")
+    workdir = tempfile.mkdtemp(prefix="gpucompute_proxy_bench_")
+    replicas, proxy = [], None
+    try:
+        replicas, proxy, proxy_address, tenants = start(args, workdir)
+        results = {}
+        for replica in replicas:
+            tenant = tenants[replica.name]
+            results[replica.name] = (bench(args, replica.address, tenant),
+                                     bench(args, proxy_address, tenant))
+        backend = next(iter(results.values()))[0]["backend"]
+        print(f"{backend} backend, {len(replicas)} replicas"
+              + (f" on devices {','.join(args.gpus)}" if args.gpus else "")
+              + f"; median of {args.repeat} after one warm-up; Submit(wait) of x + 1 on one "
+              f"element, {args.latency} calls; HAProxy at {proxy_address}\n")
+        met = report(results)
+        print("\nevery target met" if met else "\nsome target MISSED")
+        return 0 if met else 1
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        for replica in replicas:
+            replica.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Servers placed by tenant behind HAProxy, all on loopback: what the sharded test and
+bench/proxy_bench.py start.
+
+Replica i is a gpucompute-server program started with --replica-name, the placement
+file and every replica's address; HAProxy runs the configuration that
+deploy/placement.py writes, in the foreground, and reloads as an operator would (a new
+process taking over with -sf).
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, timeout, process=None):
+    """Waits until something accepts connections on `port`; False if `process` exits or
+    `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def stop_process(process, timeout):
+    """SIGTERM, then SIGKILL if `process` is still there after `timeout` seconds."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class Replica:
+    """One gpucompute-server: `name`, its port, its persist directory and its flags."""
+
+    def __init__(self, server_bin, name, port, workdir, flags, env=None, persist=True):
+        self.server_bin = server_bin
+        self.name = name
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.persist_dir = os.path.join(workdir, f"persist-{name}") if persist else None
+        self.log = os.path.join(workdir, f"{name}.log")
+        self.flags = list(flags)
+        self.env = env
+        self.process = None
+
+    def start(self, timeout=60):
+        with open(self.log, "ab") as log:
+            persist = [f"--persist-dir={self.persist_dir}"] if self.persist_dir else []
+            self.process = subprocess.Popen(
+                [self.server_bin, f"--listen={self.address}", f"--replica-name={self.name}"] +
+                persist + self.flags, stdout=log, stderr=log, env=self.env)
+        if not wait_for_port(self.port, timeout, self.process):
+            raise RuntimeError(f"{self.name} did not start; its log:\n{self.read_log()}")
+
+    def read_log(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def kill9(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def reload(self):
+        """SIGHUP: the server re-reads the tokens file and the placement file."""
+        self.process.send_signal(signal.SIGHUP)
+
+    def stop(self):
+        stop_process(self.process, 30)
+
+
+class Placement:
+    """deploy/placement.py on the table file `table`."""
+
+    def __init__(self, deploy_dir, table):
+        self.tool = os.path.join(deploy_dir, "placement.py")
+        self.table = table
+
+    def run(self, *args):
+        result = subprocess.run([sys.executable, self.tool, *args], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"placement.py {' '.join(args)}: exit {result.returncode}\n"
+                               f"{result.stdout}{result.stderr}")
+        return result.stdout
+
+    def generate(self, tokens, replicas):
+        self.run("generate", "--tokens", tokens, "--replicas", ",".join(replicas),
+                 "--table", self.table)
+        self.run("check", "--tokens", tokens, "--replicas", ",".join(replicas),
+                 "--table", self.table)
+
+    def move(self, tenant, replica):
+        self.run("move", tenant, replica, "--table", self.table)
+
+    def rows(self):
+        """The table as {tenant: replica}."""
+        rows = {}
+        with open(self.table) as f:
+            for line in f:
+                fields = line.split()
+                if fields and not fields[0].startswith("#"):
+                    rows[fields[0]] = fields[1]
+        return rows
+
+    def haproxy_config(self, replicas, listen):
+        """The configuration for `replicas` ({name: address}) listening on `listen`."""
+        return self.run("haproxy", "--replicas",
+                        ",".join(f"{name}={address}" for name, address in replicas.items()),
+                        "--map", self.table, "--listen", listen)
+
+
+def find_haproxy():
+    """The haproxy program, or None; Debian installs it in /usr/sbin, which a user's PATH
+    may not hold."""
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+class HAProxy:
+    """haproxy in the foreground (-db) on a configuration file; reload() starts a new
+    process on the file's current contents that takes over from the old one (-sf)."""
+
+    def __init__(self, config_path, port, log):
+        self.program = find_haproxy()
+        self.config_path = config_path
+        self.port = port
+        self.log = log
+        self.process = None
+
+    def _spawn(self, extra):
+        with open(self.log, "ab") as log:
+            return subprocess.Popen([self.program, "-db", "-f", self.config_path] + extra,
+                                    stdout=log, stderr=log)
+
+    def start(self, timeout=30):
+        check = subprocess.run([self.program, "-c", "-f", self.config_path], capture_output=True,
+                               text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy -c refused the configuration:\n{check.stdout}"
+                               f"{check.stderr}")
+        self.process = self._spawn([])
+        if not wait_for_port(self.port, timeout, self.process):
+            raise RuntimeError(f"haproxy did not start; its log:\n{self.read_log()}")
+
+    def reload(self, timeout=30):
+        old = self.process
+        self.process = self._spawn(["-sf", str(old.pid)])
+        try:
+            old.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop_process(old, 0)
+        if self.process.poll() is not None or not wait_for_port(self.port, timeout):
+            raise RuntimeError(f"haproxy did not reload; its log:\n{self.read_log()}")
+
+    def read_log(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        stop_process(self.process, 10)
