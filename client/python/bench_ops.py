@@ -11,6 +11,10 @@ Five ways, each --ops operations and each checked against NumPy at the end:
   chain        a 100-step Chain (x+1 through temporaries, the last step into x) run
                again and again: prepared from its second run on
   aio-session  the session way through the asyncio client
+  numpy        `x = x + 1` on a RemoteArray: the client fuses up to 32 steps into one
+               kernel (gpucompute._lazy.MAX_DEPTH) and sends it through its session
+  numpy-eager  the same, each line forced with .compute(): one kernel per operation,
+               through the session
 The first two write x in place (a new buffer per operation would pile up on the
 server). "ops/s" counts operations over the loop and the wait for the last answer.
 
@@ -78,8 +82,22 @@ def by_aio_session(client, x, ops):
     return asyncio.run(run())
 
 
+def by_numpy(client, x, ops):
+    y = x
+    for _ in range(ops):
+        y = y + 1
+    return y.get()
+
+
+def by_numpy_eager(client, x, ops):
+    y = x
+    for _ in range(ops):
+        y = (y + 1).compute()
+    return y.get()
+
+
 WAYS = {"submit": by_submit, "futures": by_futures, "session": by_session, "chain": by_chain,
-        "aio-session": by_aio_session}
+        "aio-session": by_aio_session, "numpy": by_numpy, "numpy-eager": by_numpy_eager}
 
 
 def main():

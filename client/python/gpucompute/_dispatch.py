@@ -99,23 +99,29 @@ def release(client_ref, pending):
 
 
 def _flush_released(client):
-    """Deletes the released outputs that nothing sent may still read; the others wait
-    for a later call, so that the caller never waits for them."""
+    """Deletes the released outputs that nothing sent may still read, without waiting
+    for the deletes; the others wait for a later call. The queue is in release order and
+    the session answers in order, so the first one still needed ends the scan."""
     queue = client._released
-    waiting = []
     while queue:
         try:
-            pending, last = queue.popleft()
+            pending, last = queue[0]
         except IndexError:
             break
         if not pending.done() or (last is not None and not last.done()):
-            waiting.append((pending, last))
-            continue
+            break
+        queue.popleft()
         try:
-            client._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=pending.buffer_id()))
+            request = v1.DeleteBufferRequest(buffer=pending.buffer_id())
+            call = client._rpc.DeleteBuffer.future(request, metadata=client.options.metadata,
+                                                   timeout=client.options.timeout)
+            # gRPC cancels a call whose future is dropped, so it is held until it ends.
+            # Its answer is not read: failed, already deleted or the server gone, nothing
+            # is left to free.
+            client._deleting.add(call)
+            call.add_done_callback(client._deleting.discard)
         except Exception:  # pylint: disable=broad-except
-            pass  # failed, already deleted, or the server is gone: nothing is left to free
-    queue.extend(waiting)
+            pass  # the operation failed (no buffer) or the channel is closed
 
 
 def close(client):

@@ -105,6 +105,7 @@ class Client(_operations.Operations):
         self._shm_lock = threading.Lock()
         # Buffers of collected arrays, deleted with the array layer's next call.
         self._released = collections.deque()
+        self._deleting = set()  # DeleteBuffer calls of released arrays, in flight
         self._array_session = None  # the array layer's (gpucompute._dispatch)
         self._array_last = None  # the last operation it sent
         self._has_index = None  # whether the server's expressions have index(k)
