@@ -116,6 +116,15 @@ struct GemvShape {
   int64_t cols = 0;        // columns of A as stored (n)
   bool col_major = false;  // layout F
   bool transpose = false;  // op(A) = A^T: x has `rows` elements, y has `cols`
+  // Where A and x lie in their memory (a view of a buffer), in elements. A[i, j] is at
+  // a_offset + i * lda + j (row-major) or a_offset + i + j * lda (col_major); lda is at
+  // least the contiguous axis's extent, 0 meaning exactly that (a whole buffer). x[k] is
+  // at x_offset + k * incx, incx nonzero and maybe negative (unlike BLAS's convention,
+  // x_offset is always element 0's).
+  int64_t lda = 0;
+  int64_t a_offset = 0;
+  int64_t x_offset = 0;
+  int64_t incx = 1;
 };
 
 enum class Distribution : uint8_t { kUniform, kNormal, kIntegers };

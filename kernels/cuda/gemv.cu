@@ -1,6 +1,7 @@
 // GemvAsync: the entry point and its dispatch. The kernels are cuBLAS's (gemv, and scal
 // for an empty sum); the dispatch maps the stored layout onto cuBLAS's column-major view
-// and picks the precision.
+// and picks the precision. A and x may be views: A with its leading dimension (lda), x
+// at any nonzero increment (incx), as BLAS takes them.
 //
 // Determinism: cuBLAS gemv with host scalars uses no atomics, so results are the same
 // run to run on one device.
@@ -55,16 +56,21 @@ GemvStatus GemvDispatch(cublasHandle_t cublas, const GemvShape& shape, double al
     }
   }
   const cublasOperation_t op = transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int64_t lda = m > 1 ? m : 1;
-  const T* const matrix = static_cast<const T*>(a);
-  const T* const vector = static_cast<const T*>(x);
+  // A view's leading dimension, or a whole buffer's.
+  const int64_t lda = shape.lda != 0 ? shape.lda : (m > 1 ? m : 1);
+  const T* const matrix = static_cast<const T*>(a) + shape.a_offset;
+  // BLAS reads x with a negative increment from its lowest address, where the last
+  // element lies.
+  const int64_t incx = shape.incx;
+  const T* const vector =
+      static_cast<const T*>(x) + shape.x_offset + (incx < 0 ? (inner - 1) * incx : 0);
   if constexpr (kDouble) {
     return CublasResult(
-        cublasDgemv_64(cublas, op, m, n, &alpha_t, matrix, lda, vector, 1, &beta_t, out, 1),
+        cublasDgemv_64(cublas, op, m, n, &alpha_t, matrix, lda, vector, incx, &beta_t, out, 1),
         "cublasDgemv_64");
   } else {
     return CublasResult(
-        cublasSgemv_64(cublas, op, m, n, &alpha_t, matrix, lda, vector, 1, &beta_t, out, 1),
+        cublasSgemv_64(cublas, op, m, n, &alpha_t, matrix, lda, vector, incx, &beta_t, out, 1),
         "cublasSgemv_64");
   }
 }

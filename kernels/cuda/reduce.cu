@@ -66,12 +66,6 @@ int64_t NextPow2(int64_t x) {
   return p;
 }
 
-// The dtype with the size of T, for FillAsync.
-template <typename T>
-constexpr DType SameSizeDType() {
-  return sizeof(T) == 1 ? DType::kBool : sizeof(T) == 4 ? DType::kInt32 : DType::kInt64;
-}
-
 template <class Op>
 cudaError_t CombinePartials(const typename Op::Acc* partial, int64_t outputs, int64_t chunks,
                             int64_t output_stride, int64_t chunk_stride, int64_t extent,

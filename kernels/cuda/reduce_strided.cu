@@ -51,11 +51,6 @@ constexpr int64_t kBlockMergeMinChunks = 512;
 // Grid-stride kernels get at most this many blocks per SM.
 constexpr int kBlocksPerSm = 32;
 
-template <typename T>
-constexpr DType SameSizeDType() {
-  return sizeof(T) == 1 ? DType::kBool : sizeof(T) == 4 ? DType::kInt32 : DType::kInt64;
-}
-
 // One axis of a group: its extent and every operand's stride on it.
 struct Axis {
   int64_t extent;

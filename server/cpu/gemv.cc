@@ -1,6 +1,7 @@
 // y = alpha * op(A) * x + beta * y on the CPU.
 //
-// The four (layout x transpose) cases reduce to two loop shapes over contiguous memory.
+// The four (layout x transpose) cases reduce to two loop shapes over contiguous runs of
+// A (rows, or columns, lda apart: A may be a view).
 // With P = the length of y and K = the length of x:
 //   * dot form (row-major A, or column-major A^T): y[p] is the dot product of the
 //     contiguous vector A + p * K with x;
@@ -51,9 +52,11 @@ double Dot(const T* v, const T* x, int64_t n) {
   return sum;
 }
 
-// Calls write(p, acc) for every p < P with acc = sum_k A[p, k] x[k] in the dot form.
+// Calls write(p, acc) for every p < P with acc = sum_k A[p, k] x[k] in the dot form, row
+// p of A at a + p * lda.
 template <typename T, typename Write>
-void DotForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, const Write& write) {
+void DotForm(const T* a, int64_t lda, const T* x, int64_t P, int64_t K, ThreadPool& pool,
+             const Write& write) {
   // Long dot products are split into blocks so that a single output still spreads over
   // threads; short ones are one block, and a task then handles one whole row.
   const int64_t block = std::min(K, kBlockElements);
@@ -61,7 +64,7 @@ void DotForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, con
   const int64_t grain = std::max<int64_t>(1, kBlockElements / block);
   if (blocks == 1) {
     pool.ParallelFor(P, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) write(p, Dot(a + p * K, x, K));
+      for (int64_t p = begin; p < end; ++p) write(p, Dot(a + p * lda, x, K));
     });
     return;
   }
@@ -70,7 +73,7 @@ void DotForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, con
     for (int64_t task = begin; task < end; ++task) {
       const int64_t p = task / blocks;
       const int64_t k0 = (task % blocks) * block;
-      partial[task] = Dot(a + p * K + k0, x + k0, std::min(block, K - k0));
+      partial[task] = Dot(a + p * lda + k0, x + k0, std::min(block, K - k0));
     }
   });
   for (int64_t p = 0; p < P; ++p) {
@@ -80,9 +83,11 @@ void DotForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, con
   }
 }
 
-// Calls write(p, acc) for every p < P with acc = sum_k x[k] A[k, p] in the axpy form.
+// Calls write(p, acc) for every p < P with acc = sum_k x[k] A[k, p] in the axpy form, row
+// k of A at a + k * lda.
 template <typename T, typename Write>
-void AxpyForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, const Write& write) {
+void AxpyForm(const T* a, int64_t lda, const T* x, int64_t P, int64_t K, ThreadPool& pool,
+              const Write& write) {
   const int64_t tile = std::min(P, kAxpyTile);
   const int64_t tiles = (P + tile - 1) / tile;
   const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / tile);
@@ -108,10 +113,10 @@ void AxpyForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, co
         const double x1 = static_cast<double>(x[k + 1]);
         const double x2 = static_cast<double>(x[k + 2]);
         const double x3 = static_cast<double>(x[k + 3]);
-        const T* r0 = a + k * P + p0;
-        const T* r1 = r0 + P;
-        const T* r2 = r1 + P;
-        const T* r3 = r2 + P;
+        const T* r0 = a + k * lda + p0;
+        const T* r1 = r0 + lda;
+        const T* r2 = r1 + lda;
+        const T* r3 = r2 + lda;
         for (int64_t t = 0; t < width; ++t) {
           double sum = acc[t];
           sum += x0 * static_cast<double>(r0[t]);
@@ -123,7 +128,7 @@ void AxpyForm(const T* a, const T* x, int64_t P, int64_t K, ThreadPool& pool, co
       }
       for (; k < k1; ++k) {
         const double xk = static_cast<double>(x[k]);
-        const T* row = a + k * P + p0;
+        const T* row = a + k * lda + p0;
         for (int64_t t = 0; t < width; ++t) acc[t] += xk * static_cast<double>(row[t]);
       }
       if (blocks == 1) {
@@ -162,11 +167,23 @@ void GemvTyped(const GemvShape& shape, double alpha, const T* a, const T* x, dou
     });
     return;
   }
+  a += shape.a_offset;
+  x += shape.x_offset;
+  // x at a stride (a view) is gathered once: K elements, beside the P * K of A.
+  std::vector<T> gathered;
+  if (shape.incx != 1) {
+    gathered.resize(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) gathered[k] = x[k * shape.incx];
+    x = gathered.data();
+  }
+  // The stride between the contiguous runs of A: its rows (row-major) or columns.
+  const int64_t lda =
+      shape.lda != 0 ? shape.lda : (shape.col_major ? shape.rows : shape.cols);
   // Row-major A, or column-major A^T, has the rows of op(A) contiguous.
   if (shape.col_major == shape.transpose) {
-    DotForm(a, x, P, K, pool, write);
+    DotForm(a, lda, x, P, K, pool, write);
   } else {
-    AxpyForm(a, x, P, K, pool, write);
+    AxpyForm(a, lda, x, P, K, pool, write);
   }
 }
 

@@ -116,48 +116,68 @@ absl::StatusOr<BufferHandle> ResolveOutput(ServiceContext& ctx, absl::string_vie
 
 namespace {
 
-absl::StatusOr<BufferHandle> Lookup(BufferResolver resolve, absl::string_view what,
-                                    const std::string& ref) {
-  if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is required"));
-  return resolve(ref);
-}
-
 absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
                               BufferResolver resolve, const v1::GemvOp& op) {
-  if (!op.a_view().empty() || !op.x_view().empty()) {
-    return absl::UnimplementedError(
-        "gemv does not read through views yet (a_view, x_view); copy the view into a new "
-        "buffer first (an elementwise 'x') and pass that");
+  ASSIGN_OR_RETURN(ArrayRef a, ResolveArray(resolve, "gemv matrix 'a'", op.a(), op.a_view()));
+  ASSIGN_OR_RETURN(ArrayRef x, ResolveArray(resolve, "gemv vector 'x'", op.x(), op.x_view()));
+  // Whole buffers read as they did before views.
+  const auto describe = [](const ArrayRef& array, bool viewed) {
+    return viewed ? DescribeArray(array) : Describe(*array.buffer);
+  };
+  const std::string A = describe(a, !op.a_view().empty());
+  const std::string X = describe(x, !op.x_view().empty());
+  if (a.layout.ndim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", A, " must be 2-D"));
   }
-  ASSIGN_OR_RETURN(BufferHandle a, Lookup(resolve, "gemv matrix 'a'", op.a()));
-  ASSIGN_OR_RETURN(BufferHandle x, Lookup(resolve, "gemv vector 'x'", op.x()));
-  const BufferEntry& A = *a;
-  const BufferEntry& X = *x;
-  if (A.shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("gemv matrix ", Describe(A), " must be 2-D"));
-  }
-  if (!IsFloat(A.dtype)) {
+  if (!IsFloat(a.dtype())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gemv matrix ", Describe(A), " must be float32 or float64"));
+        absl::StrCat("gemv matrix ", A, " must be float32 or float64"));
   }
   GemvShape shape;
-  shape.rows = static_cast<int64_t>(A.shape[0]);
-  shape.cols = static_cast<int64_t>(A.shape[1]);
-  shape.col_major = A.layout == Layout::kF;
+  shape.rows = a.layout.shape[0];
+  shape.cols = a.layout.shape[1];
   shape.transpose = op.transpose();
-  const uint64_t x_len = shape.transpose ? A.shape[0] : A.shape[1];
-  const uint64_t y_len = shape.transpose ? A.shape[1] : A.shape[0];
-  if (X.dtype != A.dtype || X.shape != std::vector<uint64_t>{x_len}) {
+  const int64_t x_len = shape.transpose ? shape.rows : shape.cols;
+  const int64_t y_len = shape.transpose ? shape.cols : shape.rows;
+  if (x.dtype() != a.dtype() || x.layout.shape != std::vector<int64_t>{x_len}) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gemv vector x ", Describe(X), " must be ", DTypeName(A.dtype), "[", x_len,
-                     "] to match ", op.transpose() ? "transposed " : "", "matrix ", Describe(A)));
+        absl::StrCat("gemv vector x ", X, " must be ", DTypeName(a.dtype()), "[", x_len,
+                     "] to match ", op.transpose() ? "transposed " : "", "matrix ", A));
+  }
+  // BLAS's operands: A with a unit stride on one axis (lda the other's), x at any stride
+  // but 0, as MatmulOp reads its operands.
+  // An empty A is not read.
+  MatrixLayout matrix;
+  if (shape.rows > 0 && shape.cols > 0) {
+    ASSIGN_OR_RETURN(matrix, BlasMatrix(a, "gemv matrix 'a'"));
+  }
+  const bool row_major =
+      (shape.cols <= 1 || matrix.col_stride == 1) &&
+      (shape.rows <= 1 || matrix.row_stride >= std::max<int64_t>(shape.cols, 1));
+  shape.col_major = !row_major;
+  shape.lda = std::max<int64_t>({row_major ? matrix.row_stride : matrix.col_stride,
+                                 row_major ? shape.cols : shape.rows, 1});
+  shape.a_offset = matrix.offset;
+  shape.x_offset = x.layout.offset;
+  shape.incx = x_len <= 1 ? 1 : x.layout.strides[0];
+  if (shape.incx == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemv vector x ", X,
+        " repeats one element (a broadcast view, stride 0), which BLAS cannot read: copy it "
+        "first (an elementwise 'x' into a new buffer)"));
+  }
+  if (a.buffer->device != x.buffer->device) {
+    return absl::InvalidArgumentError(absl::StrCat("gemv operands are on devices ",
+                                                   a.buffer->device, " and ", x.buffer->device));
   }
   const double alpha = op.has_alpha() ? op.alpha() : 1.0;
   Plan plan;
   bool created = false;
-  ASSIGN_OR_RETURN(BufferHandle y, ResolveOutput(ctx, client, resolve, op.y(), A.dtype, {y_len}, Layout::kC,
-                                                 A.device, CastRule::kExact, &created));
-  if (y == a || y == x) {
+  ASSIGN_OR_RETURN(BufferHandle y,
+                   ResolveOutput(ctx, client, resolve, op.y(), a.dtype(),
+                                 {static_cast<uint64_t>(y_len)}, Layout::kC, a.buffer->device,
+                                 CastRule::kExact, &created));
+  if (y == a.buffer || y == x.buffer) {
     return absl::InvalidArgumentError("gemv output y must not be the same buffer as a or x");
   }
   const double beta = created ? 0.0 : op.beta();
@@ -165,12 +185,17 @@ absl::StatusOr<Plan> PlanGemv(ServiceContext& ctx, absl::string_view client,
 
   Executor::OpSpec& spec = plan.spec;
   spec.kind = OperationKind::kGemv;
-  spec.accesses = {{a, false}, {x, false}, {y, true}};
-  spec.bytes_read = A.size_bytes() + X.size_bytes() + (beta != 0 ? y->size_bytes() : 0);
+  spec.accesses.push_back({a.buffer, false});
+  if (x.buffer != a.buffer) spec.accesses.push_back({x.buffer, false});
+  spec.accesses.push_back({y, true});
+  const uint64_t element = DTypeSize(a.dtype());
+  const auto a_elements = static_cast<uint64_t>(shape.rows) * static_cast<uint64_t>(shape.cols);
+  spec.bytes_read = (a_elements + static_cast<uint64_t>(x_len)) * element +
+                    (beta != 0 ? y->size_bytes() : 0);
   spec.bytes_written = y->size_bytes();
-  spec.flops = 2 * A.num_elements();
+  spec.flops = 2 * a_elements;
   spec.outputs.push_back(*y);
-  spec.launch = [&backend = ctx.backend, a = a, x = x, y = y, shape, alpha, beta](
+  spec.launch = [&backend = ctx.backend, a = a.buffer, x = x.buffer, y = y, shape, alpha, beta](
                     Stream& stream, OpResult&) -> absl::StatusOr<LaunchInfo> {
     absl::Status s =
         backend.Gemv(stream, a->dtype, shape, alpha, a->memory, x->memory, beta, y->memory);

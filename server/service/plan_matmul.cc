@@ -137,6 +137,12 @@ uint64_t Flops(const MatmulShape& s) {
 
 }  // namespace
 
+absl::StatusOr<MatrixLayout> BlasMatrix(const ArrayRef& array, absl::string_view what) {
+  const MatrixStack s = Stack(array.layout, /*transpose=*/false, /*is_a=*/true);
+  RETURN_IF_ERROR(CheckReadable(s, what, array));
+  return s.layout;
+}
+
 absl::StatusOr<Plan> PlanMatmul(ServiceContext& ctx, absl::string_view client,
                                 BufferResolver resolve, const v1::MatmulOp& op) {
   ASSIGN_OR_RETURN(ArrayRef a, ResolveArray(resolve, "matmul operand 'a'", op.a(), op.a_view()));

@@ -6,6 +6,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "gpucompute/v1/gpucompute.pb.h"
+#include "server/core/backend.h"
+#include "server/service/array_refs.h"
 #include "server/service/operation_planner.h"
 #include "server/service/service_context.h"
 
@@ -20,6 +22,11 @@ namespace gpucompute {
 // and dtype or is one of the operands' buffers.
 absl::StatusOr<Plan> PlanMatmul(ServiceContext& ctx, absl::string_view client,
                                 BufferResolver resolve, const v1::MatmulOp& op);
+
+// A 2-D array's matrix as BLAS reads it (GemvOp's matrix too): its offset and strides, or
+// INVALID_ARGUMENT naming it as `what` and asking for a copy where BLAS cannot read it
+// (a broadcast axis, no unit stride, or a leading dimension below the other extent).
+absl::StatusOr<MatrixLayout> BlasMatrix(const ArrayRef& array, absl::string_view what);
 
 }  // namespace gpucompute
 

@@ -1442,12 +1442,23 @@ TEST_P(BackendConformance, ReduceArgOfFArrayReportsCOrderIndex) {
 // Gemv
 // ---------------------------------------------------------------------------------
 
+// A and x read through views (GemvShape's lda, offsets and incx): A's contiguous runs
+// `lda_pad` elements further apart than dense after `a_offset` elements, x's elements
+// `incx` apart (negative: from the end of its memory). Elements between are NaN, so a
+// read of one shows.
+struct GemvView {
+  int64_t lda_pad = 0;
+  int64_t a_offset = 0;
+  int64_t incx = 1;
+};
+
 template <typename T>
 void CheckGemv(Backend& backend, Stream& stream, int64_t rows, int64_t cols, bool col_major,
-               bool transpose, double alpha, double beta) {
+               bool transpose, double alpha, double beta, const GemvView& view = {}) {
   SCOPED_TRACE(absl::StrCat("gemv ", DTypeName(DTypeOf<T>::value), " ", rows, "x", cols,
                             col_major ? " F" : " C", transpose ? " transposed" : "", " alpha ",
-                            alpha, " beta ", beta));
+                            alpha, " beta ", beta, " lda pad ", view.lda_pad, " a offset ",
+                            view.a_offset, " incx ", view.incx));
   const int64_t y_len = transpose ? cols : rows;
   const int64_t x_len = transpose ? rows : cols;
   const uint64_t seed = static_cast<uint64_t>(rows * 131 + cols);
@@ -1457,11 +1468,28 @@ void CheckGemv(Backend& backend, Stream& stream, int64_t rows, int64_t cols, boo
   // beta == 0 must not read y: NaN there must not reach the result.
   if (beta == 0) std::fill(y0.begin(), y0.end(), std::numeric_limits<T>::quiet_NaN());
   const T guard = GuardValue<T>();
+  GemvShape shape{rows, cols, col_major, transpose};
+  std::vector<T> a_memory = a, x_memory = x;
+  if (view.lda_pad != 0 || view.a_offset != 0 || view.incx != 1) {
+    const T nan = std::numeric_limits<T>::quiet_NaN();
+    const int64_t run = col_major ? rows : cols;  // a contiguous run of A
+    const int64_t runs = col_major ? cols : rows;
+    shape.lda = std::max<int64_t>(run, 1) + view.lda_pad;
+    shape.a_offset = view.a_offset;
+    a_memory.assign(view.a_offset + runs * shape.lda, nan);
+    for (int64_t r = 0; r < runs; ++r) {
+      std::copy_n(a.begin() + r * run, run, a_memory.begin() + view.a_offset + r * shape.lda);
+    }
+    const int64_t step = std::abs(view.incx);
+    shape.incx = view.incx;
+    shape.x_offset = 2 + (view.incx < 0 ? (x_len - 1) * step : 0);
+    x_memory.assign(3 + x_len * step, nan);
+    for (int64_t k = 0; k < x_len; ++k) x_memory[shape.x_offset + k * view.incx] = x[k];
+  }
   DeviceMemory da, dx, dy;
-  ASSIGN_OR_FAIL(da, Upload(backend, stream, a));
-  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x));
+  ASSIGN_OR_FAIL(da, Upload(backend, stream, a_memory));
+  ASSIGN_OR_FAIL(dx, Upload(backend, stream, x_memory));
   ASSIGN_OR_FAIL(dy, Upload(backend, stream, y0, kGuardElements, &guard));
-  const GemvShape shape{rows, cols, col_major, transpose};
   ASSERT_OK(backend.Gemv(stream, DTypeOf<T>::value, shape, alpha, da, dx, beta, dy));
   std::vector<T> got;
   ASSIGN_OR_FAIL(got, Download<T>(backend, stream, dy, y_len + kGuardElements));
@@ -1515,6 +1543,30 @@ void CheckGemvAll(Backend& backend, Stream& stream) {
 
 TEST_P(BackendConformance, GemvFloat32) { CheckGemvAll<float>(backend(), stream()); }
 TEST_P(BackendConformance, GemvFloat64) { CheckGemvAll<double>(backend(), stream()); }
+
+// GemvOp through views: a leading dimension longer than dense, an offset into A, x at
+// strides positive and negative.
+template <typename T>
+void CheckGemvViews(Backend& backend, Stream& stream) {
+  for (GemvView view : {GemvView{3, 5, 1}, GemvView{0, 0, 2}, GemvView{0, 0, -1},
+                        GemvView{7, 1, -3}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 1001}, {1001, 37}, {1, 5}, {5, 1}}) {
+      for (bool col_major : {false, true}) {
+        for (bool transpose : {false, true}) {
+          for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{2.5, -0.5}}) {
+            CheckGemv<T>(backend, stream, rows, cols, col_major, transpose, alpha, beta, view);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformance, GemvThroughViewsFloat32) { CheckGemvViews<float>(backend(), stream()); }
+TEST_P(BackendConformance, GemvThroughViewsFloat64) {
+  CheckGemvViews<double>(backend(), stream());
+}
 
 // ---------------------------------------------------------------------------------
 // Random

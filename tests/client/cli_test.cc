@@ -356,6 +356,15 @@ TEST_F(CliTest, EvalReduceAndGemvGiveReferenceValues) {
   ASSERT_EQ(gemv.exit_code, 0) << gemv.err;
   ASSERT_EQ(Run("get gy -o " + ShellQuote(Path("y.npy"))).exit_code, 0);
   EXPECT_EQ(ReadNpyDoubles(Path("y.npy")), (std::vector<double>{2 * 410, 2 * 520, 2 * 630}));
+  // Through views: rows 1 and 2 of A, times v reversed; rows 0 and 2 have no unit stride.
+  Result viewed = Run("gemv 'ga[1:]' 'gv[::-1]' --name gy2");
+  ASSERT_EQ(viewed.exit_code, 0) << viewed.err;
+  ASSERT_EQ(Run("get gy2 -o " + ShellQuote(Path("y2.npy"))).exit_code, 0);
+  EXPECT_EQ(ReadNpyDoubles(Path("y2.npy")),
+            (std::vector<double>{2 * 100 + 5 * 10, 3 * 100 + 6 * 10}));
+  Result strided = Run("gemv 'ga[::2]' gv --name gy_never");
+  EXPECT_EQ(strided.exit_code, 13) << strided.err;
+  EXPECT_NE(strided.err.find("BLAS needs a unit stride"), std::string::npos) << strided.err;
 }
 
 TEST_F(CliTest, RandIsReproducibleAndContinues) {

@@ -1,11 +1,14 @@
-// End-to-end tests of Submit's gemv: every layout and transpose against a float64
-// reference with a rounding bound, and rejected requests that change nothing.
+// End-to-end tests of Submit's gemv: every layout and transpose, and views of A and x,
+// against a float64 reference with a rounding bound, and rejected requests that change
+// nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -172,6 +175,116 @@ TEST_F(ServerOpsTest, GemvRejectionsChangeNothing) {
   ASSIGN_OR_FAIL(auto sq, UploadArray(c(), RandomDoubles(cols * cols, -1, 1, 46), {cols, cols}));
   reject("y is x", Gemv(sq.id(), x.id(), ExistingOutput(x.id())),
          absl::StatusCode::kInvalidArgument);
+}
+
+// A view of the dense row-major matrix `a` (rows x cols) as a dense row-major matrix:
+// element (i, j) of the view is a[row(i, j) * cols + col(i, j)].
+struct MatrixView {
+  size_t rows, cols;
+  std::function<size_t(size_t, size_t)> row, col;
+};
+std::vector<double> Dense(const std::vector<double>& a, size_t a_cols, const MatrixView& v) {
+  std::vector<double> out;
+  for (size_t i = 0; i < v.rows; ++i) {
+    for (size_t j = 0; j < v.cols; ++j) out.push_back(a[v.row(i, j) * a_cols + v.col(i, j)]);
+  }
+  return out;
+}
+
+// gemv through views of A and x, in both layouts, against the float64 product of the
+// elements NumPy's views hold: A transposed, blocks of rows and columns with steps, one
+// column, and x at strides, negative ones included.
+TEST_F(ServerOpsTest, GemvReadsViewsOfTheMatrixAndTheVector) {
+  constexpr size_t kRows = 40, kCols = 30;
+  const std::vector<double> a = RandomDoubles(kRows * kCols, -1, 1, 50);
+  const std::vector<double> v = RandomDoubles(100, -2, 2, 51);
+  ASSIGN_OR_FAIL(auto bv, UploadArray(c(), v, {}, v1::LAYOUT_C, "gv"));
+  struct Case {
+    std::string a_view;  // applied to "ga_C" or "ga_F"
+    MatrixView matrix;
+    std::string x;
+    std::function<size_t(size_t)> x_at;  // index into v of x[k]
+    bool transpose;
+    // A step on the axis whose stride is 1 leaves no unit stride: such a view is read
+    // in the layout where the step falls on the other axis only.
+    v1::Layout only = v1::LAYOUT_UNSPECIFIED;
+  };
+  const std::vector<Case> cases = {
+      {".T", {kCols, kRows, [](size_t, size_t j) { return j; }, [](size_t i, size_t) { return i; }},
+       "gv[0:40]", [](size_t k) { return k; }, false},
+      {".T", {kCols, kRows, [](size_t, size_t j) { return j; }, [](size_t i, size_t) { return i; }},
+       "gv[10:40]", [](size_t k) { return 10 + k; }, true},
+      {"[5:35, 2:22]",
+       {30, 20, [](size_t i, size_t) { return 5 + i; }, [](size_t, size_t j) { return 2 + j; }},
+       "gv[90:70:-1]", [](size_t k) { return 90 - k; }, false},
+      {"[::2, 3:13]",
+       {20, 10, [](size_t i, size_t) { return 2 * i; }, [](size_t, size_t j) { return 3 + j; }},
+       "gv[0:60:3]", [](size_t k) { return 3 * k; }, true, v1::LAYOUT_C},
+      {"[2:22, ::2]",
+       {20, 15, [](size_t i, size_t) { return 2 + i; }, [](size_t, size_t j) { return 2 * j; }},
+       "gv[99:24:-5]", [](size_t k) { return 99 - 5 * k; }, false, v1::LAYOUT_F},
+      {"[:, 4:5]", {kRows, 1, [](size_t i, size_t) { return i; }, [](size_t, size_t) { return 4; }},
+       "gv[7:8]", [](size_t) { return 7; }, false},
+      {"[0:10, 0:25].T",
+       {25, 10, [](size_t, size_t j) { return j; }, [](size_t i, size_t) { return i; }},
+       "gv[99:59:-4]", [](size_t k) { return 99 - 4 * k; }, false},
+  };
+  for (v1::Layout layout : {v1::LAYOUT_C, v1::LAYOUT_F}) {
+    const std::string name = layout == v1::LAYOUT_C ? "ga_C" : "ga_F";
+    ASSIGN_OR_FAIL(auto ba, UploadArray(c(), ToMemory<double>(a, kRows, kCols, layout),
+                                        {kRows, kCols}, layout, name));
+    for (const Case& k : cases) {
+      if (k.only != v1::LAYOUT_UNSPECIFIED && k.only != layout) continue;
+      const std::string what = absl::StrCat(name, k.a_view, " x=", k.x,
+                                            k.transpose ? " transposed" : "");
+      SCOPED_TRACE(what);
+      ASSIGN_OR_FAIL(ArrayRef av, ArrayRef::Parse(name + k.a_view));
+      ASSIGN_OR_FAIL(ArrayRef xv, ArrayRef::Parse(k.x));
+      const std::vector<double> dense = Dense(a, kCols, k.matrix);
+      const size_t k_len = k.transpose ? k.matrix.rows : k.matrix.cols;
+      const size_t p_len = k.transpose ? k.matrix.cols : k.matrix.rows;
+      std::vector<double> x;
+      for (size_t i = 0; i < k_len; ++i) x.push_back(v[k.x_at(i)]);
+      ASSIGN_OR_FAIL(auto op, RunOp(c(), Gemv(av, xv, NewOutput(), k.transpose, 1.5, 0)));
+      EXPECT_EQ(op.timing().bytes_read(), (k.matrix.rows * k.matrix.cols + k_len) * 8);
+      ASSIGN_OR_FAIL(auto y, DownloadArray<double>(c(), op.outputs(0).id()));
+      ExpectGemvClose(y, ReferenceGemv(dense, k.matrix.rows, k.matrix.cols, k.transpose, 1.5, x,
+                                       0, nullptr),
+                      0x1.0p-53, k_len, what);
+      // Into an existing y, with beta.
+      const std::vector<double> y0 = RandomDoubles(p_len, -3, 3, 52);
+      ASSIGN_OR_FAIL(auto by, UploadArray(c(), y0));
+      ASSERT_OK(RunOp(c(), Gemv(av, xv, ExistingOutput(by.id()), k.transpose, -0.5, 2.0)));
+      ASSIGN_OR_FAIL(auto y_acc, DownloadArray<double>(c(), by.id()));
+      ExpectGemvClose(y_acc, ReferenceGemv(dense, k.matrix.rows, k.matrix.cols, k.transpose,
+                                           -0.5, x, 2.0, &y0),
+                      0x1.0p-53, k_len, what + ", existing y");
+    }
+  }
+}
+
+// Views BLAS cannot read are refused, asking for a copy, and change nothing.
+TEST_F(ServerOpsTest, GemvRefusesViewsWithoutAUnitStride) {
+  ASSIGN_OR_FAIL(auto ba, UploadArray(c(), RandomDoubles(12, -1, 1, 60), {3, 4}, v1::LAYOUT_C,
+                                      "gr_a"));
+  ASSIGN_OR_FAIL(auto bx, UploadArray(c(), RandomDoubles(8, -1, 1, 61), {}, v1::LAYOUT_C,
+                                      "gr_x"));
+  ASSIGN_OR_FAIL(auto by, UploadArray(c(), RandomDoubles(3, -1, 1, 62), {}, v1::LAYOUT_C,
+                                      "gr_y"));
+  const std::vector<std::string> watched = {ba.id(), bx.id(), by.id()};
+  for (const auto& [a, x, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"gr_a[:, ::2]", "gr_x[0:2]", "BLAS needs a unit stride on one of their two axes"},
+           {"gr_a[::-1]", "gr_x[0:4]", "BLAS needs a unit stride on one of their two axes"},
+           {"gr_x[0:4].broadcast_to(3, 4)", "gr_x[0:4]", "a broadcast view, stride 0"},
+           {"gr_a", "gr_x[0:1].broadcast_to(4)", "a broadcast view, stride 0"}}) {
+    SCOPED_TRACE(a + " " + x);
+    ASSIGN_OR_FAIL(ArrayRef av, ArrayRef::Parse(a));
+    ASSIGN_OR_FAIL(ArrayRef xv, ArrayRef::Parse(x));
+    ExpectRejected(c(), Gemv(av, xv, ExistingOutput(by.id())), absl::StatusCode::kInvalidArgument,
+                   says, watched);
+    ExpectRejected(c(), Gemv(av, xv, NewOutput("gr_never")), absl::StatusCode::kInvalidArgument,
+                   says, watched);
+  }
 }
 
 }  // namespace

@@ -1180,10 +1180,13 @@ void BadInputMatrixTest::AddOperationCases() {
      "elementwise { expression: \"s + 1\" inputs { key: \"s\" value { scalar { float_value: 1 } "
      "view { transpose {} } } } }",
      StatusCode::INVALID_ARGUMENT, "input 's' is a scalar; a view applies to a buffer");
-  op(kWrongType, "a gemv through a view", kAlice,
-     "gemv { a: \"m\" x: \"v\" a_view { transpose {} } }", StatusCode::UNIMPLEMENTED,
-     "gemv does not read through views yet (a_view, x_view); copy the view into a new buffer "
-     "first (an elementwise 'x') and pass that");
+  op(kWrongType, "a gemv matrix view with no unit stride", kAlice,
+     "gemv { a: \"m\" a_view { index { items { slice { step: 2 } } items { slice { step: 2 } } "
+     "} } x: \"v\" x_view { index { items { slice { stop: 2 } } } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "gemv matrix 'a' 'm' (float64(3,4)) viewed as (2,2) has matrices with strides (2, 6) in "
+     "elements; BLAS needs a unit stride on one of their two axes and a positive stride on the "
+     "other, at least the first's extent: copy it first (an elementwise 'x' into a new buffer)");
   op(kWrongType, "a shift by a float", kAlice, ElementwiseText("x << 1.5", "a"),
      StatusCode::INVALID_ARGUMENT,
      "at position 2: ufunc 'left_shift' not supported for the input types (int32, float); "
@@ -1378,6 +1381,18 @@ void BadInputMatrixTest::AddOperationCases() {
      StatusCode::INVALID_ARGUMENT,
      "index() is not supported in a reduction's expression: compute the expression into a "
      "buffer with ElementwiseOp (and its shape) and reduce that");
+  op(kWrongType, "a gemv matrix read backwards along its leading dimension", kAlice,
+     "gemv { a: \"m\" a_view { index { items { slice { step: -1 } } } } x: \"v\" }",
+     StatusCode::INVALID_ARGUMENT,
+     "gemv matrix 'a' 'm' (float64(3,4)) has matrices with strides (-1, 3) in elements; BLAS "
+     "needs a unit stride on one of their two axes and a positive stride on the other, at "
+     "least the first's extent: copy it first (an elementwise 'x' into a new buffer)");
+  op(kWrongType, "a broadcast gemv vector", kAlice,
+     "gemv { a: \"m\" x: \"v\" x_view { index { items { slice { stop: 1 } } } } "
+     "x_view { broadcast_to { extents: 4 } } }",
+     StatusCode::INVALID_ARGUMENT,
+     "gemv vector x 'v' (float64(4,)) repeats one element (a broadcast view, stride 0), which "
+     "BLAS cannot read: copy it first (an elementwise 'x' into a new buffer)");
   op(kWrongType, "index() of a scalar input's axis", kAlice,
      "elementwise { expression: \"index(k)\" inputs { key: \"k\" value { scalar { "
      "int_value: 0 } } } shape { extents: [2] } }",

@@ -107,8 +107,6 @@ def test_shapes_that_do_not_match_are_refused_and_create_nothing(client):
     assert {buffer.id for buffer in client.buffers()} == before
 
 
-@pytest.mark.xfail(raises=gpucompute.Error, strict=True,
-                   reason="the server refuses gemv's a_view and x_view as UNIMPLEMENTED for now")
 def test_gemv_reads_views(client):
     rng = np.random.default_rng(SEED + 2)
     a_host = rng.uniform(-1, 1, (8, 6))

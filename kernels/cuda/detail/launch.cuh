@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 // Evaluates a CUDA runtime call (or an entry point of this library) and returns its
 // cudaError_t from the enclosing function when it is not cudaSuccess. Dispatch code is a
 // straight line of such calls, so "the first error met" is the one returned. The device
@@ -28,6 +30,12 @@ namespace gpucompute::cuda::detail {
 inline constexpr int kBlockThreads = 256;
 
 inline constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The dtype with the size of T, whose fill writes T's bits (FillAsync of a value's bits).
+template <typename T>
+constexpr DType SameSizeDType() {
+  return sizeof(T) == 1 ? DType::kBool : sizeof(T) == 4 ? DType::kInt32 : DType::kInt64;
+}
 
 // The current device's SM count, looked up once per device (the attribute query is a
 // driver round trip, too slow for every launch). Racing first calls store the same value.
