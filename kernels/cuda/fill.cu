@@ -1,5 +1,6 @@
 // FillAsync: the entry point and its dispatch; the kernel is in detail/fill_kernels.cuh.
-// Only the element size matters, so three instantiations serve every dtype.
+// Only the element size matters, so three instantiations serve every dtype. IotaAsync:
+// 0, 1, ..., count - 1 as int64.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,14 @@ cudaError_t FillDispatch(void* dst_bytes, uint64_t value_bits, int64_t count, cu
   return cudaGetLastError();
 }
 
+__global__ void __launch_bounds__(kBlockThreads) IotaKernel(int64_t* dst, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] = i;
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -55,6 +64,15 @@ cudaError_t FillAsync(void* dst, DType dtype, uint64_t value_bits, int64_t count
       return detail::FillDispatch<uint64_t>(dst, value_bits, count, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t IotaAsync(int64_t* dst, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  unsigned grid = 0;
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(detail::GridStrideBlocks(
+      detail::CeilDiv(count, detail::kBlockThreads), detail::kFillBlocksPerSm, &grid));
+  detail::IotaKernel<<<grid, detail::kBlockThreads, 0, stream>>>(dst, count);
+  return cudaGetLastError();
 }
 
 }  // namespace gpucompute::cuda

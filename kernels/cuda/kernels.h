@@ -27,6 +27,9 @@ namespace gpucompute::cuda {
 cudaError_t FillAsync(void* dst, DType dtype, uint64_t value_bits, int64_t count,
                       cudaStream_t stream);
 
+// dst[i] = i for i < count (the coordinates that index(k) reads).
+cudaError_t IotaAsync(int64_t* dst, int64_t count, cudaStream_t stream);
+
 // The reduction of server/cpu/kernels.h (cpu::Reduce), same semantics and result dtype:
 // out[o * inner + i] = reduce_{r < extent} in[(o * extent + r) * inner + i].
 // shape.f_order_rows must be 0 (the backend handles that case).

@@ -294,20 +294,21 @@ absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
   if (const std::vector<int64_t> index_axes = expr::IndexAxes(program.ir()); !index_axes.empty()) {
     // index(k) reads the coordinates along axis k from an int64 array in device memory
     // (expr::IndexAsInputs), so the kernels' templates, and the kernels of expressions
-    // without index(), stay as they are. One allocation holds every axis's coordinates.
-    std::vector<int64_t> coordinates;
+    // without index(), stay as they are. One allocation holds every axis's coordinates,
+    // written on the device.
     std::vector<std::pair<int, int64_t>> axis_offsets;
+    int64_t total = 0;
     for (int64_t k : index_axes) {
       const int axis = expr::ResolveIndexAxis(k, out_layout.ndim());
       if (axis < 0 || axis >= out_layout.ndim()) {
         return absl::InvalidArgumentError(absl::StrCat("index(", k, ") names no axis of a rank ",
                                                        out_layout.ndim(), " result"));
       }
-      axis_offsets.push_back({axis, static_cast<int64_t>(coordinates.size())});
-      for (int64_t i = 0; i < out_layout.shape[axis]; ++i) coordinates.push_back(i);
+      axis_offsets.push_back({axis, total});
+      total += out_layout.shape[axis];  // each at most the result's element count
     }
     cudaStream_t cuda_stream = AsCuda(stream).get();
-    const uint64_t bytes = std::max<uint64_t>(coordinates.size(), 1) * sizeof(int64_t);
+    const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(total, 1)) * sizeof(int64_t);
     void* p = nullptr;
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check,
                                         cudaMallocFromPoolAsync(&p, bytes, d.pool, cuda_stream));
@@ -315,10 +316,10 @@ absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
     const DeviceMemory memory(p, bytes, stream.device(), [cuda_stream](void* ptr, uint64_t) {
       LogIfFailed(cudaFreeAsync(ptr, cuda_stream), "cudaFreeAsync(coordinates)");
     });
-    // From pageable memory, the copy has taken the values when it returns.
-    GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
-        Check, cudaMemcpyAsync(p, coordinates.data(), coordinates.size() * sizeof(int64_t),
-                               cudaMemcpyHostToDevice, cuda_stream));
+    for (const auto& [axis, offset] : axis_offsets) {
+      GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(
+          Check, IotaAsync(static_cast<int64_t*>(p) + offset, out_layout.shape[axis], cuda_stream));
+    }
     std::vector<StridedInput> all(inputs.begin(), inputs.end());
     for (const auto& [axis, offset] : axis_offsets) {
       StridedLayout layout = CoordinatesLayout(out_layout.shape, axis);
