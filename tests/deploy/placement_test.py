@@ -503,11 +503,14 @@ class ProxyTest(unittest.TestCase):
         uploader = threading.Thread(target=run_upload, daemon=True)
         uploader.start()
 
-        # Matmuls queued on one stream of a one-thread server outlast the wait.
+        # Matmuls queued on one stream of a one-thread server outlast the wait: about a
+        # minute of them, as long as one takes here.
         a = create("proxy", "alice", "a", shape=(2048, 2048)).id
         c = create("proxy", "alice", "c", shape=(2048, 2048)).id
         submit = method("proxy", "OperationService", "Submit", v1.Operation)
-        for _ in range(200):
+        first = submit(v1.SubmitRequest(matmul=v1.MatmulOp(a=a, b=a, c=v1.Output(buffer=c)), wait=True),
+                       metadata=metadata("alice"), timeout=60)
+        for _ in range(min(2000, int(60 / max(first.timing.device_seconds, 0.01)) + 1)):
             last = submit(v1.SubmitRequest(matmul=v1.MatmulOp(a=a, b=a, c=v1.Output(buffer=c))),
                           metadata=metadata("alice"), timeout=30)
         wait = {}
