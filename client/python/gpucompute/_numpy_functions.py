@@ -54,7 +54,6 @@ FUNCTIONS = {
     np.where: _functions.where,
     np.dot: _functions.dot,
     np.clip: _functions.clip,
-    np.round_: _functions.round_,
     np.around: _functions.round_,
     np.transpose: _transpose,
     np.reshape: _reshape,
@@ -63,8 +62,10 @@ FUNCTIONS = {
     np.broadcast_to: _broadcast_to,
     np.matmul: _matmul,
 }
-if hasattr(np, "round"):
-    FUNCTIONS[np.round] = _functions.round_
+# np.round_ went in NumPy 2.0, np.round came in 1.17 as another name of around.
+for _name in ("round", "round_"):
+    if hasattr(np, _name):
+        FUNCTIONS[getattr(np, _name)] = _functions.round_
 for _kind in ("sum", "mean", "prod", "min", "max", "argmin", "argmax", "any", "all"):
     FUNCTIONS[getattr(np, _kind)] = _reduction(_kind)
 for _kind in ("std", "var"):

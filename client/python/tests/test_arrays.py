@@ -2,6 +2,7 @@
 
 import time
 
+import conftest
 import gpucompute
 import grpc
 
@@ -151,6 +152,6 @@ def test_names_and_listings_are_per_client(server_address, client):
 
 def test_server_info(client):
     info = client.info()
-    assert info.backend == "cpu"
+    assert info.backend == conftest.BACKEND
     assert info.api == "gpucompute.v1"
     assert info.limits.max_message_bytes >= 4 << 20

@@ -3,6 +3,7 @@
 import asyncio
 import concurrent.futures
 
+import conftest
 import gpucompute
 import gpucompute.aio
 import grpc
@@ -65,6 +66,8 @@ def test_a_failing_future_holds_the_error(client):
     assert client.reduce("sum", x, wait=False).result(timeout=60).value == 6.0
 
 
+@pytest.mark.skipif(conftest.BACKEND != "cpu",
+                    reason="times operations that take a while only on the CPU backend")
 def test_futures_wait_past_the_call_timeout(server_address, client):
     # A Future waits for its operation however long it takes: it repeats WaitOperation
     # within the per-call timeout.

@@ -2,6 +2,7 @@
 
 import socket
 
+import conftest
 import gpucompute
 import grpc
 import numpy as np
@@ -132,6 +133,8 @@ def test_unreachable_server():
             c.put(np.zeros(3))
 
 
+@pytest.mark.skipif(conftest.BACKEND != "cpu",
+                    reason="times operations that take a while only on the CPU backend")
 def test_timeout_bounds_an_operation(server_address, client):
     x = client.rand.normal(1 << 22, seed=1)
     with gpucompute.connect(server_address, client_name=client.options.client_name,

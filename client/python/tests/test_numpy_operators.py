@@ -135,6 +135,9 @@ def test_every_ufunc_matches_numpy(client, name):
         remote = [client.put(arg) for arg in args]
         with np.errstate(all="ignore"):
             expected = ufunc(*args)
+        if name in ("floor", "ceil", "trunc") and expected.dtype.kind == "i":
+            # The server's rule (docs/expressions.md): float64, as NumPy before 2.3.
+            expected = expected.astype(np.float64)
         _close(np.asarray(ufunc(*remote)), expected)
 
 

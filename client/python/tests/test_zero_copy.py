@@ -658,7 +658,8 @@ _CPU_MESSAGE = ("FAILED_PRECONDITION: zero-copy needs the server's CUDA backend,
 
 @pytest.mark.parametrize("flags", [(), ("--allow-cuda-ipc",)])
 def test_the_cpu_backend_refuses_every_zero_copy_path_and_changes_nothing(flags, request):
-    with start_server(*flags, memory_limit=64 << 20, cpu_threads=1) as address, \
+    # The last --backend wins: this one runs the CPU backend whatever the suite's is.
+    with start_server(*flags, "--backend=cpu", memory_limit=64 << 20, cpu_threads=1) as address, \
             gpucompute.connect(address, client_name=client_name_for(request),
                                progress=False) as client:
         x = client.put(np.arange(6.0).reshape(2, 3))
