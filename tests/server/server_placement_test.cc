@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <span>
@@ -517,8 +518,12 @@ struct CliResult {
 CliResult RunCli(const TempDir& dir, const std::string& env, const std::string& args) {
   const std::string out = dir.Write("cli.out", "");
   const std::string err = dir.Write("cli.err", "");
+  // The build's program, unless the environment names another (as on a machine the
+  // tests were copied to).
+  const char* named = std::getenv("GPUCOMPUTE_CLI_BIN");
+  const std::string cli = named != nullptr && *named != '\0' ? named : GPUCOMPUTE_CLI_BIN;
   const std::string command = absl::StrCat("env -u GPUCOMPUTE_TENANT -u GPUCOMPUTE_TOKEN ", env,
-                                           " '", GPUCOMPUTE_CLI_BIN, "' ", args, " >'", out,
+                                           " '", cli, "' ", args, " >'", out,
                                            "' 2>'", err, "'");
   const int status = std::system(command.c_str());
   CliResult result;
