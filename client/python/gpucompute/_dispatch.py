@@ -143,6 +143,12 @@ def close(client):
 
 
 def flush(client):
-    """Deletes the released outputs now (those whose operations are answered)."""
+    """Deletes the released outputs now (those whose operations are answered), and waits
+    until the server has answered those deletes."""
     wait_idle(client)
     _flush_released(client)
+    for call in list(client._deleting):
+        try:
+            call.result()
+        except Exception:  # pylint: disable=broad-except
+            pass  # failed, already deleted, or the server gone: nothing is left to free
