@@ -214,28 +214,38 @@ void SetServing(grpc::HealthCheckServiceInterface& health, bool serving) {
 
 // Where the backend's failure listener reaches the health service: attached while the gRPC
 // server lives. Shared with the listener, which may run on a backend thread at any time.
+// It also keeps why the server is not ready, for the metrics port's /readyz.
 class HealthSink {
  public:
-  // From now on, reports go to `health`, which starts at `serving`.
-  void Attach(grpc::HealthCheckServiceInterface* health, bool serving) {
+  // From now on, reports go to `health`, which starts serving when `status` is OK.
+  void Attach(grpc::HealthCheckServiceInterface* health, absl::Status status) {
     absl::MutexLock lock(&mu_);
     health_ = health;
-    SetServing(*health_, serving);
+    ready_ = std::move(status);
+    SetServing(*health_, ready_.ok());
   }
   // A failure reported from now on is only logged.
   void Detach() {
     absl::MutexLock lock(&mu_);
     health_ = nullptr;
+    ready_ = absl::UnavailableError("the server has stopped");
   }
-  // Sets the attached health service's status; nothing when none is attached.
-  void Report(bool serving) {
+  // Not serving from now on, for `why`; the attached health service says so too.
+  void Report(absl::Status why) {
     absl::MutexLock lock(&mu_);
-    if (health_ != nullptr) SetServing(*health_, serving);
+    ready_ = std::move(why);
+    if (health_ != nullptr) SetServing(*health_, false);
+  }
+  // OK while the gRPC server serves; otherwise why not.
+  absl::Status Ready() const {
+    absl::MutexLock lock(&mu_);
+    return ready_;
   }
 
  private:
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Status ready_ ABSL_GUARDED_BY(mu_) = absl::UnavailableError("the server is starting");
 };
 
 // The calls in flight, counted by an interceptor that lives as long as its call: the
@@ -487,7 +497,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       [sink = impl->health_sink, name = impl->backend_name](const absl::Status& status) {
         Log(LogLevel::kError, "the backend failed; refusing work until the server is restarted",
             {{"backend", name}, {"error", status.ToString()}});
-        sink->Report(false);
+        sink->Report(absl::UnavailableError(
+            absl::StrCat("the backend failed: ", status.message())));
       });
   const uint64_t limit = options.memory_limit_bytes != 0 ? options.memory_limit_bytes
                                                          : DefaultMemoryLimit(*impl->backend);
@@ -587,7 +598,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->sessions = std::make_unique<SessionServiceImpl>(*impl->ctx);
   if (!options.metrics_listen.empty()) {
     impl->metrics = std::make_unique<metrics::ServerMetrics>(*impl->ctx);
-    RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen));
+    RETURN_IF_ERROR(impl->metrics->Serve(options.metrics_listen,
+                                         [sink = impl->health_sink] { return sink->Ready(); }));
     impl->executor->SetObserver(impl->metrics.get());
   }
 
@@ -617,7 +629,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // A failure reported before this point found no health service to update.
   impl->health_sink->Attach(impl->grpc_server->GetHealthCheckService(),
-                            impl->backend->health().ok());
+                            impl->backend->health());
   if (impl->persister != nullptr && options.snapshot_interval > absl::ZeroDuration()) {
     impl->persister->StartPeriodic(options.snapshot_interval);
   }
@@ -674,7 +686,7 @@ void Server::Shutdown() {
   impl_->shut_down = true;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + impl_->shutdown_grace;
-  impl_->health_sink->Report(false);
+  impl_->health_sink->Report(absl::UnavailableError("the server is shutting down"));
   // New calls and connections are refused from here on. gRPC's own Shutdown(deadline)
   // would also wait for every connection to close, and an idle channel or a connection
   // that never sends the HTTP/2 preface holds it to the deadline: the grace is counted

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -77,13 +78,14 @@ void Poke(int family, const std::string& host, int port) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::string& listen,
-                                                                  Render render) {
+                                                                  Render render,
+                                                                  Readiness ready) {
   absl::StatusOr<ListenAddress> address = ParseListen(listen);
   if (!address.ok()) return address.status();
   static std::once_flag init;
   std::call_once(init, [] { mg_init_library(0); });
 
-  std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint(std::move(render)));
+  std::unique_ptr<HttpEndpoint> endpoint(new HttpEndpoint(std::move(render), std::move(ready)));
   endpoint->self_family_ = address->family;
   endpoint->self_host_ = address->self;
   // Whoever reaches the port can open connections and send nothing, or part of a request
@@ -123,6 +125,10 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
                      error_text[0] != '\0' ? error_text : "civetweb failed to start"));
   }
   mg_set_request_handler(endpoint->context_, "/metrics$", &HttpEndpoint::Handle, endpoint.get());
+  if (endpoint->ready_ != nullptr) {
+    mg_set_request_handler(endpoint->context_, "/readyz$", &HttpEndpoint::HandleReady,
+                           endpoint.get());
+  }
   mg_server_port server_ports[4] = {};
   if (mg_get_server_ports(endpoint->context_, 4, server_ports) > 0)
     endpoint->port_ = server_ports[0].port;
@@ -146,17 +152,42 @@ HttpEndpoint::~HttpEndpoint() {
   poke.join();
 }
 
-int HttpEndpoint::Handle(mg_connection* conn, void* self) {
+namespace {
+
+// GET or HEAD: whether the body is to be sent; anything else is answered 405 here.
+std::optional<bool> SendsBody(mg_connection* conn) {
   const mg_request_info* request = mg_get_request_info(conn);
-  const bool head = std::strcmp(request->request_method, "HEAD") == 0;
-  if (!head && std::strcmp(request->request_method, "GET") != 0) {
-    mg_send_http_error(conn, 405, "only GET and HEAD are served here\n");
-    return 405;
-  }
+  if (std::strcmp(request->request_method, "HEAD") == 0) return false;
+  if (std::strcmp(request->request_method, "GET") == 0) return true;
+  mg_send_http_error(conn, 405, "only GET and HEAD are served here\n");
+  return std::nullopt;
+}
+
+}  // namespace
+
+int HttpEndpoint::Handle(mg_connection* conn, void* self) {
+  const std::optional<bool> body_wanted = SendsBody(conn);
+  if (!body_wanted.has_value()) return 405;
   const std::string body = static_cast<HttpEndpoint*>(self)->render_();
   mg_send_http_ok(conn, kContentType, static_cast<long long>(body.size()));
-  if (!head) mg_write(conn, body.data(), body.size());
+  if (*body_wanted) mg_write(conn, body.data(), body.size());
   return 200;
+}
+
+int HttpEndpoint::HandleReady(mg_connection* conn, void* self) {
+  const std::optional<bool> body_wanted = SendsBody(conn);
+  if (!body_wanted.has_value()) return 405;
+  const absl::Status ready = static_cast<HttpEndpoint*>(self)->ready_();
+  const int code = ready.ok() ? 200 : 503;
+  const std::string body =
+      ready.ok() ? std::string("ready\n") : absl::StrCat(ready.message(), "\n");
+  mg_response_header_start(conn, code);
+  mg_response_header_add(conn, "Content-Type", "text/plain; charset=utf-8", -1);
+  mg_response_header_add(conn, "Content-Length", absl::StrCat(body.size()).c_str(), -1);
+  mg_response_header_add(conn, "Cache-Control", "no-store", -1);
+  mg_response_header_send(conn);
+  if (*body_wanted) mg_write(conn, body.data(), body.size());
+  return code;
 }
 
 }  // namespace gpucompute::metrics

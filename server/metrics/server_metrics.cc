@@ -54,9 +54,9 @@ ServerMetrics::ServerMetrics(ServiceContext& ctx, Options options) : ctx_(ctx) {
   }
 }
 
-absl::Status ServerMetrics::Serve(const std::string& listen) {
+absl::Status ServerMetrics::Serve(const std::string& listen, HttpEndpoint::Readiness ready) {
   absl::StatusOr<std::unique_ptr<HttpEndpoint>> http =
-      HttpEndpoint::Start(listen, [this] { return Render(); });
+      HttpEndpoint::Start(listen, [this] { return Render(); }, std::move(ready));
   if (!http.ok()) return http.status();
   http_ = *std::move(http);
   return absl::OkStatus();

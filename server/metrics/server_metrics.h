@@ -61,9 +61,9 @@ class ServerMetrics final : public OperationObserver {
   // Reads the server `ctx` describes; serves nothing until Serve.
   ServerMetrics(ServiceContext& ctx, Options options);
   explicit ServerMetrics(ServiceContext& ctx) : ServerMetrics(ctx, Options()) {}
-  // Serves /metrics on `listen` (see HttpEndpoint::Start) until StopServing or
-  // destruction.
-  absl::Status Serve(const std::string& listen);
+  // Serves /metrics, and /readyz from `ready` when set, on `listen` (see
+  // HttpEndpoint::Start) until StopServing or destruction.
+  absl::Status Serve(const std::string& listen, HttpEndpoint::Readiness ready = nullptr);
   void StopServing();
   int port() const { return http_ == nullptr ? 0 : http_->port(); }
 

@@ -208,9 +208,24 @@ def check_workload(workload, gpu, scraped=True):
             if probe not in c:
                 errors.append(f"{where}: no {probe}")
         ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+        tls = any(str(a).startswith("--tls-cert") for a in c.get("args", []))
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            if probe in c and probe_ports(c[probe]) not in ports.values():
+            if probe not in c:
+                continue
+            port = probe_ports(c[probe])
+            if port not in ports.values() and port not in ports:
                 errors.append(f"{where}: {probe} probes a port the container does not expose")
+            if tls and c["name"] == "server" and "httpGet" not in c[probe]:
+                errors.append(f"{where}: {probe} of a TLS server must ask the metrics port's "
+                              "/readyz (a TCP probe passes while the server shuts down or "
+                              "has a failed device)")
+            if tls and "grpc" in c[probe]:
+                errors.append(f"{where}: {probe} is a gRPC probe of a TLS server (the kubelet's "
+                              "gRPC probe speaks plaintext)")
+            http_path = c[probe].get("httpGet", {}).get("path")
+            if c["name"] == "server" and http_path is not None and http_path != "/readyz":
+                errors.append(f"{where}: {probe} asks {http_path}; the server answers readiness "
+                              "on the metrics port's /readyz")
         metrics_port = ports.get("metrics", metrics_port)
         resources = c.get("resources", {})
         for r in ("cpu", "memory"):

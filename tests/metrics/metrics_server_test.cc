@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cpp/client.h"
+#include "client/cpp/session.h"
 #include "server/metrics/http_endpoint.h"
 #include "server/server.h"
 #include "tests/metrics/metrics_scrape.h"
@@ -253,6 +255,57 @@ TEST_F(MetricsServerTest, OnlyGetAndHeadOfMetrics) {
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/").status, 404);
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/etc/passwd").status, 404);
   EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/metrics/x").status, 404);
+}
+
+TEST_F(MetricsServerTest, ReadyzSaysServingUntilShutdownBegins) {
+  const HttpResponse ready = HttpRequest(server_->metrics_port(), "GET", "/readyz");
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_EQ(ready.body, "ready\n");
+  const HttpResponse head = HttpRequest(server_->metrics_port(), "HEAD", "/readyz");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.body, "");
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "POST", "/readyz").status, 405);
+  EXPECT_EQ(HttpRequest(server_->metrics_port(), "GET", "/readyz/x").status, 404);
+
+  // An open session holds the shutdown in its grace, while which the server takes no new
+  // calls: a readiness probe must say so, so that traffic goes elsewhere.
+  std::unique_ptr<Client> client = Connect("alice");
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(*client);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::thread shutdown([this] { server_->Shutdown(); });
+  HttpResponse during;
+  for (const Clock::time_point start = Clock::now(); SecondsSince(start) < 5;) {
+    during = HttpRequest(server_->metrics_port(), "GET", "/readyz");
+    if (during.status != 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(during.status, 503);
+  EXPECT_EQ(during.body, "the server is shutting down\n");
+  (*session)->Cancel();
+  shutdown.join();
+}
+
+TEST(HttpEndpointTest, ReadyzAnswersWhatTheCallbackSays) {
+  std::atomic<bool> started{false};
+  absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> endpoint = metrics::HttpEndpoint::Start(
+      "127.0.0.1:0", [] { return std::string("up 1\n"); },
+      [&started] {
+        return started.load() ? absl::OkStatus() : absl::UnavailableError("the server is starting");
+      });
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const HttpResponse starting = HttpRequest((*endpoint)->port(), "GET", "/readyz");
+  EXPECT_EQ(starting.status, 503);
+  EXPECT_EQ(starting.body, "the server is starting\n");
+  started = true;
+  EXPECT_EQ(HttpRequest((*endpoint)->port(), "GET", "/readyz").status, 200);
+  EXPECT_EQ(HttpRequest((*endpoint)->port(), "GET", "/metrics").body, "up 1\n");
+
+  // Without a readiness callback there is no /readyz.
+  absl::StatusOr<std::unique_ptr<metrics::HttpEndpoint>> plain =
+      metrics::HttpEndpoint::Start("127.0.0.1:0", [] { return std::string("up 1\n"); });
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(HttpRequest((*plain)->port(), "GET", "/readyz").status, 404);
 }
 
 TEST(HttpEndpointTest, StopsAtOnce) {
