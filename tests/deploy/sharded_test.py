@@ -25,7 +25,8 @@ with certificates made by openssl for *.SUFFIX:
      with its TLS server name set to TENANT.SUFFIX, land on its owner, checked with
      NumPy: the proxy routes on the server name, so each client sends it as SNI;
   8. a server name the table does not route (an unknown tenant, another suffix, none)
-     is refused with UNAVAILABLE and changes nothing;
+     is refused with UNAVAILABLE and changes nothing; an upload a replica refuses while
+     it is being sent reaches the client with the server's code and message;
   9. a tenant reaching another tenant's replica through the route is redirected, and
      the clients follow to its owner;
  10. kill -9 of a replica: UNAVAILABLE for its tenants only, through the SNI route too.
@@ -510,6 +511,9 @@ def run_steps(cluster, f, gpucompute):
 
 SNI_SUFFIX = "gpu.test"
 SNI_TENANTS = ("alpha", "bravo", "charlie")
+# An upload of more than half of it is refused at its header (the default
+# --max-reserved-fraction-per-tenant) while the client is still sending.
+SNI_MEMORY_LIMIT = 64 << 20
 
 
 class SniCluster(Cluster):
@@ -523,7 +527,8 @@ class SniCluster(Cluster):
         flags = ["--backend=cpu", "--cpu-threads=1", f"--tokens-file={self.tokens}",
                  f"--placement-file={self.placement.table}",
                  "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items()),
-                 f"--tls-cert={self.certs.cert}", f"--tls-key={self.certs.key}"]
+                 f"--tls-cert={self.certs.cert}", f"--tls-key={self.certs.key}",
+                 f"--memory-limit={SNI_MEMORY_LIMIT}"]
         self.replicas = {name: loopback.Replica(server_bin, name, port, workdir, flags, persist=False)
                          for name, port in ports.items()}
         self.proxy_port = loopback.free_port()
@@ -616,6 +621,23 @@ def run_sni_steps(cluster, f, gpucompute):
                 error.details.endswith("Socket closed"),
                 f"server name {name or '(none)'} is refused through the SNI route with UNAVAILABLE: {error}")
     f.check(cluster.listings() == listed, "the refused connections changed no replica's buffers")
+
+    # An upload the server refuses while it is still being sent: through the SNI route
+    # the client hears the server's own code and message, as directly (the header
+    # route's HAProxy turns them into CANCELLED).
+    answers = []
+    for address in (cluster.sni_address, cluster.replicas[rows["alpha"]].address):
+        with cluster.connect("alpha", address) as client:
+            try:
+                client.put(np.zeros(SNI_MEMORY_LIMIT // 8 * 3 // 4), name="too-large")
+                answers.append(None)
+            except gpucompute.Error as error:
+                answers.append((error.code, error.details))
+    f.check(answers[0] is not None and answers[0][0] == grpc.StatusCode.RESOURCE_EXHAUSTED and
+            answers[0] == answers[1],
+            f"an upload refused mid-stream has the server's code and message through the SNI route: "
+            f"{answers}")
+    f.check(cluster.listings() == listed, "the refused upload changed no replica's buffers")
 
     # 9. bravo under alpha's name reaches alpha's replica, which redirects it to bravo's.
     assert rows["alpha"] != rows["bravo"]
