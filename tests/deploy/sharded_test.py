@@ -125,24 +125,29 @@ class Cluster:
         ports = {name: loopback.free_port() for name in names}
         # Every replica knows the fourth's address from the start: adding it needs no
         # restart of the others.
-        addresses = ",".join(f"{name}=127.0.0.1:{ports[name]}" for name in names)
+        self.make_replicas(server_bin, ports, ["--memory-limit=5GiB",
+                                                f"--snapshot-interval={SNAPSHOT_INTERVAL}"])
+
+    def make_replicas(self, server_bin, ports, flags, persist=True):
+        """The replicas ({name: port}), on $GPUCOMPUTE_TEST_BACKEND (default cpu), with
+        `flags` beside those every replica has, and the proxy in front of them."""
         backend = os.environ.get("GPUCOMPUTE_TEST_BACKEND") or "cpu"
         gpus = (os.environ.get("GPUCOMPUTE_TEST_GPUS") or "0,1").split(",")
-        flags = [f"--backend={backend}", "--cpu-threads=1", "--memory-limit=5GiB",
-                 f"--tokens-file={self.tokens}", f"--placement-file={self.placement.table}",
-                 f"--replica-addresses={addresses}",
-                 f"--snapshot-interval={SNAPSHOT_INTERVAL}"]
+        flags = [f"--backend={backend}", "--cpu-threads=1", f"--tokens-file={self.tokens}",
+                 f"--placement-file={self.placement.table}",
+                 "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items()),
+                 *flags]
         self.replicas = {}
-        for i, name in enumerate(names):
+        for i, (name, port) in enumerate(ports.items()):
             env = dict(os.environ)
             if backend == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-            self.replicas[name] = loopback.Replica(server_bin, name, ports[name], workdir, flags,
-                                                   env=env)
+            self.replicas[name] = loopback.Replica(server_bin, name, port, self.workdir, flags,
+                                                   env=env, persist=persist)
         self.proxy_port = loopback.free_port()
         self.proxy_address = f"127.0.0.1:{self.proxy_port}"
-        self.haproxy = loopback.HAProxy(os.path.join(workdir, "haproxy.cfg"), self.proxy_port,
-                                       os.path.join(workdir, "haproxy.log"))
+        self.haproxy = loopback.HAProxy(os.path.join(self.workdir, "haproxy.cfg"),
+                                       self.proxy_port, os.path.join(self.workdir, "haproxy.log"))
 
     def begin(self, cli_bin, source_dir, workdir, tenants):
         """The tokens file of `tenants` and the table's path, in `workdir`."""
@@ -524,18 +529,10 @@ class SniCluster(Cluster):
         self.begin(cli_bin, source_dir, workdir, SNI_TENANTS)
         self.certs = loopback.Certificates(workdir, SNI_SUFFIX)
         ports = {f"gpucompute-{i}": loopback.free_port() for i in range(2)}
-        flags = ["--backend=cpu", "--cpu-threads=1", f"--tokens-file={self.tokens}",
-                 f"--placement-file={self.placement.table}",
-                 "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items()),
-                 f"--tls-cert={self.certs.cert}", f"--tls-key={self.certs.key}",
-                 f"--memory-limit={SNI_MEMORY_LIMIT}"]
-        self.replicas = {name: loopback.Replica(server_bin, name, port, workdir, flags, persist=False)
-                         for name, port in ports.items()}
-        self.proxy_port = loopback.free_port()
-        self.proxy_address = f"127.0.0.1:{self.proxy_port}"
+        self.make_replicas(server_bin, ports, [f"--tls-cert={self.certs.cert}",
+                                               f"--tls-key={self.certs.key}",
+                                               f"--memory-limit={SNI_MEMORY_LIMIT}"], persist=False)
         self.sni_address = f"127.0.0.1:{loopback.free_port()}"
-        self.haproxy = loopback.HAProxy(os.path.join(workdir, "haproxy.cfg"), self.proxy_port,
-                                       os.path.join(workdir, "haproxy.log"))
 
     def start(self):
         self.placement.generate(self.tokens, list(self.replicas))
