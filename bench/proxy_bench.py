@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What HAProxy in front of the replicas costs: the same measurements directly and through
-the proxy, in one run.
+the proxy, in one run, for each of its two routes.
 
 Two replicas (gpucompute-0 and gpucompute-1), each on its own device when --gpus names
 them (CUDA_VISIBLE_DEVICES), each holding one tenant, placed by deploy/placement.py,
@@ -12,12 +12,22 @@ calls of the smallest operation. The table puts the two side by side: throughput
 proxy/direct (target: at least 0.90) and latency as proxy minus direct (target: at most
 50 us).
 
+The routes (--route, default both, one after the other on replicas of their own):
+  h2   plaintext replicas; HAProxy terminates HTTP/2 and routes each call on its
+       gpucompute-tenant header.
+  sni  TLS replicas (a test CA and a certificate for *.gpu.test made by openssl); the
+       client connects with TLS under the server name TENANT.gpu.test, directly and
+       through HAProxy, which passes the connection through to the replica untouched.
+--haproxy-global LINE (repeatable) adds LINE to the global section of the generated
+configuration, after placement.py's own lines (a later tune line wins), for tuning
+experiments, e.g. --haproxy-global 'tune.bufsize 262144'.
+
 Usage, from the source directory with the build in build/:
   On a 2-GPU machine:
     bench/proxy_bench.py --backend cuda --gpus 0,1
   Anywhere, a dry run on CPU servers (the figures say little about a GPU's):
     bench/proxy_bench.py --backend cpu --sizes 16MiB,64MiB --repeat 3 --latency 500
-Needs haproxy (deploy/install-deps.sh).
+Exit status 1 when a target is missed. Needs haproxy (deploy/install-deps.sh).
 """
 import argparse
 import json
@@ -32,6 +42,8 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "deploy"))
 import cluster  # noqa: E402  (tests/deploy/cluster.py: replicas and HAProxy on loopback)
 
 REPLICAS = ("gpucompute-0", "gpucompute-1")
+ROUTES = ("h2", "sni")
+SNI_SUFFIX = "gpu.test"
 THROUGHPUT_TARGET = 0.90
 LATENCY_TARGET_US = 50.0
 
@@ -51,16 +63,33 @@ def parse_args():
     parser.add_argument("--transport", default="grpc,grpc-parallel")
     parser.add_argument("--memory-limit", default="",
                         help="each server's --memory-limit (default: the server's)")
+    parser.add_argument("--route", default="both", choices=ROUTES + ("both",),
+                        help="the proxy's route measured (default: both, one after the other)")
+    parser.add_argument("--haproxy-global", action="append", default=[], metavar="LINE",
+                        help="a line added to the generated configuration's global section "
+                             "(repeatable), e.g. 'tune.bufsize 262144'")
     args = parser.parse_args()
     args.gpus = args.gpus.split(",") if args.gpus else []
     if args.gpus and len(args.gpus) != len(REPLICAS):
         parser.error(f"--gpus needs {len(REPLICAS)} devices, one a replica")
+    if any("\n" in line or not line.strip() for line in args.haproxy_global):
+        parser.error("--haproxy-global takes one non-empty configuration line")
+    args.routes = ROUTES if args.route == "both" else (args.route,)
     return args
 
 
-def start(args, workdir):
-    """The replicas and HAProxy, started; (replicas, proxy, proxy address, tenant of
-    each replica)."""
+def with_global_lines(config, lines):
+    """`config` with `lines` added at the end of its global section."""
+    head, sep, tail = config.partition("\ndefaults\n")
+    if not sep:
+        raise RuntimeError("the generated configuration has no defaults section")
+    return head.rstrip("\n") + "".join(f"\n    {line.strip()}" for line in lines) + "\n" + sep + tail
+
+
+def start(args, workdir, route):
+    """The replicas and HAProxy for `route`, started; (replicas, proxy, the route's
+    address on the proxy, tenant of each replica, the client's TLS arguments of each
+    tenant)."""
     tokens = os.path.join(workdir, "tokens")
     tenants = {name: f"tenant{i}" for i, name in enumerate(REPLICAS)}
     with open(tokens, "w") as f:
@@ -78,6 +107,17 @@ def start(args, workdir):
              "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items())]
     if args.memory_limit:
         flags.append(f"--memory-limit={args.memory_limit}")
+    proxy_port = cluster.free_port()
+    proxy_address = f"127.0.0.1:{proxy_port}"
+    extra, tls = [], {tenant: [] for tenant in tenants.values()}
+    route_address = proxy_address
+    if route == "sni":
+        certs = cluster.Certificates(workdir, SNI_SUFFIX)
+        flags += [f"--tls-cert={certs.cert}", f"--tls-key={certs.key}"]
+        route_address = f"127.0.0.1:{cluster.free_port()}"
+        extra = ["--tls-cert", certs.cert, "--tls-ca", certs.ca, "--sni-listen", route_address,
+                 "--sni-suffix", SNI_SUFFIX]
+        tls = {t: ["--tls-ca", certs.ca, "--tls-server-name", f"{t}.{SNI_SUFFIX}"] for t in tls}
     replicas = []
     for i, name in enumerate(REPLICAS):
         env = dict(os.environ)
@@ -87,22 +127,22 @@ def start(args, workdir):
                                   persist=False)
         replicas.append(replica)
         replica.start(timeout=120)
-    proxy_port = cluster.free_port()
-    proxy_address = f"127.0.0.1:{proxy_port}"
     config = os.path.join(workdir, "haproxy.cfg")
     with open(config, "w") as f:
-        f.write(placement.haproxy_config({r.name: r.address for r in replicas}, proxy_address))
+        f.write(with_global_lines(placement.haproxy_config(
+            {r.name: r.address for r in replicas}, proxy_address, *extra), args.haproxy_global))
     proxy = cluster.HAProxy(config, proxy_port, os.path.join(workdir, "haproxy.log"))
     proxy.start()
-    return replicas, proxy, proxy_address, tenants
+    return replicas, proxy, route_address, tenants, tls
 
 
-def bench(args, target, tenant):
-    """`gpucompute --json bench` at `target` as `tenant`: its JSON document."""
+def bench(args, target, tenant, tls):
+    """`gpucompute --json bench` at `target` as `tenant`, with the CLI's TLS arguments
+    `tls`: its JSON document."""
     env = dict(os.environ, GPUCOMPUTE_TOKEN=f"bench-token-of-{tenant}",
                GPUCOMPUTE_TENANT=tenant)
     result = subprocess.run(
-        [args.cli_bin, "--server", target, "--json", "bench", "--sizes", args.sizes,
+        [args.cli_bin, "--server", target, *tls, "--json", "bench", "--sizes", args.sizes,
          "--repeat", args.repeat, "--transport", args.transport, "--latency", args.latency],
         capture_output=True, text=True, env=env)
     if result.returncode != 0:
@@ -149,33 +189,51 @@ def report(results):
     return met
 
 
-def main():
-    args = parse_args()
-    if cluster.find_haproxy() is None:
-        sys.exit("haproxy is not installed (deploy/install-deps.sh installs it)")
+ROUTE_TITLES = {
+    "h2": "h2 route (HTTP/2 terminated, routed on the gpucompute-tenant header; plaintext)",
+    "sni": "sni route (TLS passed through, routed on the server name TENANT.gpu.test; TLS "
+           "directly too)",
+}
+
+
+def measure(args, route):
+    """Every replica's figures directly and through `route`, printed; whether every
+    target is met."""
     workdir = tempfile.mkdtemp(prefix="gpucompute_proxy_bench_")
     replicas, proxy = [], None
     try:
-        replicas, proxy, proxy_address, tenants = start(args, workdir)
+        replicas, proxy, address, tenants, tls = start(args, workdir, route)
         results = {}
         for replica in replicas:
             tenant = tenants[replica.name]
-            results[replica.name] = (bench(args, replica.address, tenant),
-                                     bench(args, proxy_address, tenant))
+            results[replica.name] = (bench(args, replica.address, tenant, tls[tenant]),
+                                     bench(args, address, tenant, tls[tenant]))
         backend = next(iter(results.values()))[0]["backend"]
-        print(f"{backend} backend, {len(replicas)} replicas"
+        print(f"== {ROUTE_TITLES[route]}\n"
+              f"{backend} backend, {len(replicas)} replicas"
               + (f" on devices {','.join(args.gpus)}" if args.gpus else "")
               + f"; median of {args.repeat} after one warm-up; Submit(wait) of x + 1 on one "
-              f"element, {args.latency} calls; HAProxy at {proxy_address}\n")
+              f"element, {args.latency} calls; HAProxy at {address}"
+              + "".join(f"; global {line}" for line in args.haproxy_global) + "\n")
         met = report(results)
-        print("\nevery target met" if met else "\nsome target MISSED")
-        return 0 if met else 1
+        print()
+        return met
     finally:
         if proxy is not None:
             proxy.stop()
         for replica in replicas:
             replica.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main():
+    args = parse_args()
+    if cluster.find_haproxy() is None:
+        sys.exit("haproxy is not installed (deploy/install-deps.sh installs it)")
+    missed = [route for route in args.routes if not measure(args, route)]
+    print(f"some target MISSED on the {' and '.join(missed)} route{'s' * (len(missed) > 1)}"
+          if missed else "every target met")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

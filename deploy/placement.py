@@ -10,17 +10,23 @@ start of a line (HAProxy would take it as part of the replica's name).
       Keeps every row the table has and gives each tenant of the tokens file without one
       the replica with the fewest tenants (ties: the lowest ordinal). A tenant is never
       moved: its buffers are on the replica its row names.
-  placement.py check --tokens FILE --replicas ... --table FILE
+  placement.py check --tokens FILE --replicas ... --table FILE [--sni-suffix SUFFIX]
       Exit status 1, with a message a line, when a tenant has no row, a row names a
-      replica not in --replicas, a tenant has two rows or a row is malformed. A row for
-      a tenant the tokens file does not list is a warning only (a tenant leaving, or
-      one that authenticates with a client certificate).
+      replica not in --replicas, a tenant has two rows or a row is malformed; with
+      --sni-suffix, also when a tenant's name is not a DNS label (it could not be
+      reached as TENANT.SUFFIX on the SNI route). A row for a tenant the tokens file
+      does not list is a warning only (a tenant leaving, or one that authenticates
+      with a client certificate).
   placement.py move TENANT REPLICA --table FILE [--replicas ...]
       Rewrites that tenant's row. Move its buffers first (docs/operations.md).
   placement.py haproxy --replicas NAME=HOST:PORT,... --map PATH --listen ADDR:PORT
                        [--tls-cert PEM --tls-ca PEM] [--health-listen ADDR:PORT]
+                       [--sni-listen ADDR:PORT --sni-suffix SUFFIX]
       Writes a complete HAProxy configuration to stdout: one backend per replica with
       exactly one server, calls routed on the gpucompute-tenant header through the map.
+      With --sni-listen, a second route beside it: TLS connections passed through
+      untouched to the replica that the server name TENANT.SUFFIX of their ClientHello
+      names, through the same map (the replicas then serve TLS, so --tls-ca is needed).
 
 The tokens file is read as the server reads it (server/tenancy/auth.cc): what the server
 refuses, this refuses, with the same line number. Debian's python3, nothing else.
@@ -35,6 +41,10 @@ TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # Replica names become HAProxy backend names and map values: a pod name fits.
 REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
 TENANT_HEADER = "gpucompute-tenant"
+# A tenant reached on the SNI route as TENANT.SUFFIX: its name must be one DNS label as
+# HAProxy sees it, lowercased (a server name is case-insensitive).
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+DNS_LABEL_PATTERN = DNS_LABEL.pattern
 
 
 class Error(Exception):
@@ -219,10 +229,31 @@ def command_generate(args):
     return 0
 
 
+def parse_sni_suffix(value):
+    """The DNS name the SNI route's server names end in, lowercased."""
+    suffix = value.lower()
+    labels = suffix.split(".")
+    if not all(DNS_LABEL.fullmatch(label) for label in labels) or len(suffix) > 253 - 64:
+        raise Error(f"--sni-suffix: '{value}' is not a DNS name (labels of a-z 0-9 -, not starting "
+                    "or ending with -, joined by dots, leaving room for a tenant's label)")
+    return suffix
+
+
+def sni_problems(table, suffix):
+    """The rows whose tenant cannot be named TENANT.SUFFIX on the SNI route."""
+    return [f"{table.path}, line {index + 1}: tenant {tenant} is not a DNS label (1 to 63 characters "
+            "of a-z 0-9 -, not starting or ending with -), so the SNI route cannot reach it as "
+            f"{tenant}.{suffix}; it can use the header route only"
+            for tenant, (_, index) in table.rows.items() if not DNS_LABEL.fullmatch(tenant)]
+
+
 def command_check(args):
     tenants = load_tokens(args.tokens)
     replicas = parse_replica_names(args.replicas)
-    errors, warnings = problems(Table.load(args.table), tenants, replicas)
+    table = Table.load(args.table)
+    errors, warnings = problems(table, tenants, replicas)
+    if args.sni_suffix is not None:
+        errors += sni_problems(table, parse_sni_suffix(args.sni_suffix))
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     for e in errors:
@@ -275,6 +306,11 @@ def is_ip(host):
     return re.fullmatch(r"[0-9.]+|\[[0-9a-fA-F:.]+\]", host) is not None
 
 
+def resolver_options(host):
+    """A server line's options finding `host` by name, at the start and while running."""
+    return "" if is_ip(host) else " resolvers system init-addr last,libc,none"
+
+
 def grpc_error(status, message):
     """An http-request return answering a gRPC call with an error and no body: HTTP 200
     with grpc-status and grpc-message as headers (gRPC's Trailers-Only response). The
@@ -283,9 +319,15 @@ def grpc_error(status, message):
     return f"http-request return status 200 hdr grpc-status {status} hdr grpc-message \"{message}\""
 
 
-def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, health_listen=None):
+def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, health_listen=None,
+                   sni_listen=None, sni_suffix=None):
     if (tls_cert is None) != (tls_ca is None):
         raise Error("--tls-cert and --tls-ca go together: TLS is served to clients and spoken to the servers")
+    if (sni_listen is None) != (sni_suffix is None):
+        raise Error("--sni-listen and --sni-suffix go together: the SNI route routes TENANT.SUFFIX")
+    if sni_listen is not None and tls_ca is None:
+        raise Error("--sni-listen needs --tls-cert and --tls-ca: the SNI route passes TLS through to the "
+                    "replicas, so they serve TLS and the header route must speak TLS to them too")
     if any(c.isspace() or c == '"' for c in map_path):
         raise Error("--map: the path may not hold white space or quotes")
     tenant = f"req.fhdr({TENANT_HEADER})"
@@ -360,7 +402,7 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
             "    hold valid 10s",
         ]
     for (name, address), host in zip(replicas, names):
-        resolve = "" if is_ip(host) else " resolvers system init-addr last,libc,none"
+        resolve = resolver_options(host)
         sni = f" sni str({host}) verifyhost {host}" if tls_ca else ""
         out += [
             "",
@@ -371,6 +413,8 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
                                "tenants' calls fail until it is back, other tenants' go on") + " if !{ nbsrv gt 0 }",
             f"    server {name} {address}{server_tls}{sni}{resolve} check inter 2s fall 2 rise 1",
         ]
+    if sni_listen is not None:
+        out += sni_route(replicas, names, map_path, sni_listen, parse_sni_suffix(sni_suffix))
     if health_listen:
         out += [
             "",
@@ -382,13 +426,60 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
     return "\n".join(out) + "\n"
 
 
+def sni_route(replicas, hosts, map_path, listen, suffix):
+    """The TLS-passthrough route: a tcp frontend choosing the replica from the ClientHello's
+    server name TENANT.SUFFIX through the same map, and a tcp backend per replica."""
+    sni = "req.ssl_sni,lower"
+    pattern = f"^{DNS_LABEL_PATTERN}[.]{suffix.replace('.', '[.]')}$"
+    out = [
+        "",
+        "# The SNI route: TLS from client to replica, passed through as bytes. A connection",
+        f"# whose ClientHello names TENANT.{suffix} goes to TENANT's replica (the same map);",
+        "# any other is closed without an answer, before it reaches a replica.",
+        "frontend grpc-sni",
+        f"    bind {listen}",
+        "    mode tcp",
+        "    option tcplog",
+        "    # Bytes are moved by the kernel (splice) where that is cheaper than copying.",
+        "    option splice-auto",
+        "    # The ClientHello is waited for this long; a connection without one is closed.",
+        "    tcp-request inspect-delay 5s",
+        f"    acl sni_tenant {sni} -m reg {pattern}",
+        f"    acl sni_placed {sni},field(1,.),map_str({map_path}) -m found",
+        "    tcp-request content accept if { req.ssl_hello_type 1 } sni_tenant sni_placed",
+        "    tcp-request content reject",
+        f"    use_backend sni:%[{sni},field(1,.),map_str({map_path})]",
+        "    # A row naming a replica this configuration has no backend for: closed.",
+        "    default_backend sni:unknown-replica",
+        "",
+        "backend sni:unknown-replica",
+        "    mode tcp",
+        "    tcp-request content reject",
+    ]
+    for (name, address), host in zip(replicas, hosts):
+        out += [
+            "",
+            f"backend sni:{name}",
+            "    mode tcp",
+            "    # A connection carries many calls, some silent for long, as on the header",
+            "    # route: only a day without a byte either way closes it.",
+            "    timeout tunnel 24h",
+            "    # The header route's checks say whether the replica is up: while it is down,",
+            "    # its tenants' connections are closed at once.",
+            f"    server {name} {address}{resolver_options(host)} track {name}/{name}",
+        ]
+    return out
+
+
 def command_haproxy(args):
     replicas = parse_replica_addresses(args.replicas)
     parse_address(args.listen, "--listen", any_host=True)
     if args.health_listen:
         parse_address(args.health_listen, "--health-listen", any_host=True)
+    if args.sni_listen:
+        parse_address(args.sni_listen, "--sni-listen", any_host=True)
     sys.stdout.write(haproxy_config(replicas, args.map, args.listen, args.tls_cert, args.tls_ca,
-                                    args.health_listen))
+                                    args.health_listen, args.sni_listen, args.sni_suffix))
     return 0
 
 
@@ -400,6 +491,8 @@ def main(argv=None):
         p.add_argument("--tokens", required=True, help="the servers' --tokens-file")
         p.add_argument("--replicas", required=True, help="replica names, comma-separated")
         p.add_argument("--table", required=True, help="the placement table")
+    commands.choices["check"].add_argument(
+        "--sni-suffix", help="also require tenant names that the SNI route can reach as TENANT.SUFFIX")
     p = commands.add_parser("move")
     p.add_argument("tenant")
     p.add_argument("replica")
@@ -412,6 +505,8 @@ def main(argv=None):
     p.add_argument("--tls-cert", help="PEM with the certificate and key served to clients")
     p.add_argument("--tls-ca", help="PEM of the CA that verifies the servers")
     p.add_argument("--health-listen", help="ADDR:PORT of an HTTP /healthz for probes")
+    p.add_argument("--sni-listen", help="ADDR:PORT of the TLS-passthrough route (with --sni-suffix)")
+    p.add_argument("--sni-suffix", help="DNS name that TENANT.SUFFIX names a tenant under on the SNI route")
     args = parser.parse_args(argv)
     handler = {"generate": command_generate, "check": command_check, "move": command_move,
                "haproxy": command_haproxy}[args.command]

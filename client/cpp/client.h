@@ -77,7 +77,8 @@ struct ClientOptions {
   // TLS, used when `tls` is set or any tls_* file is given. PEM files: the CA that
   // verifies the server (empty: the system's roots), and for mutual TLS the client's
   // certificate chain and private key. tls_server_name, when set, is the name the
-  // server's certificate must carry instead of the target's host.
+  // server's certificate must carry instead of the target's host, and the name sent
+  // as SNI: a proxy's SNI route routes TENANT.SUFFIX to the tenant's replica.
   bool tls = false;
   std::string tls_ca_file;
   std::string tls_cert_file;

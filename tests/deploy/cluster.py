@@ -120,11 +120,40 @@ class Placement:
                     rows[fields[0]] = fields[1]
         return rows
 
-    def haproxy_config(self, replicas, listen):
-        """The configuration for `replicas` ({name: address}) listening on `listen`."""
+    def haproxy_config(self, replicas, listen, *extra):
+        """The configuration for `replicas` ({name: address}) listening on `listen`;
+        `extra` are more arguments of placement.py haproxy (TLS, the SNI route)."""
         return self.run("haproxy", "--replicas",
                         ",".join(f"{name}={address}" for name, address in replicas.items()),
-                        "--map", self.table, "--listen", listen)
+                        "--map", self.table, "--listen", listen, *extra)
+
+
+class Certificates:
+    """A test CA and one certificate, signed by it, for every replica and the proxy: valid
+    for *.SUFFIX (the SNI route's names), localhost and 127.0.0.1. Made by openssl in
+    `directory`, as tests/testdata/tls/generate.sh makes the committed ones. The key is
+    also written as CERT.key, where HAProxy looks for it. 127.0.0.1 is a DNS name too:
+    HAProxy 2.6's verifyhost, which checks the replicas on the header route, reads DNS
+    names only."""
+
+    def __init__(self, directory, suffix):
+        self.ca = os.path.join(directory, "ca.pem")
+        self.cert = os.path.join(directory, "replica.pem")
+        self.key = os.path.join(directory, "replica.key")
+        ca_key, csr, extensions = (os.path.join(directory, n) for n in ("ca.key", "replica.csr",
+                                                                         "replica.ext"))
+        with open(extensions, "w") as f:
+            f.write(f"subjectAltName=DNS:*.{suffix},DNS:localhost,DNS:127.0.0.1,IP:127.0.0.1\n"
+                    "extendedKeyUsage=serverAuth\n")
+        for argv in (
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                 "-subj", "/CN=gpucompute test CA", "-keyout", ca_key, "-out", self.ca],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=*.{suffix}",
+                 "-keyout", self.key, "-out", csr],
+                ["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", ca_key, "-CAcreateserial",
+                 "-days", "2", "-extfile", extensions, "-out", self.cert]):
+            subprocess.run(["openssl", *argv], check=True, capture_output=True)
+        shutil.copy(self.key, self.cert + ".key")
 
 
 def find_haproxy():

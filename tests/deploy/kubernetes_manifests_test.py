@@ -20,7 +20,9 @@
   placement row names a pod of the StatefulSet; HAProxy's backends are those pods at
   their headless Service names; the committed haproxy.cfg is what deploy/placement.py
   writes for them and the proxy's mounts; `haproxy -c` accepts it (where haproxy is
-  installed). Mistakes made in a copy of the rendered overlay must be caught.
+  installed). Its SNI route listens on the proxy's port grpc-sni, which a Service
+  publishes, and every tenant of the table is a DNS label it can name. Mistakes made
+  in a copy of the rendered overlay must be caught.
 - yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml), and
   docker-compose (where installed) checks deploy/compose.yaml against the Compose schema.
 - A deliberately broken manifest must be rejected, so the checks themselves are tested.
@@ -509,20 +511,45 @@ def check_placement(objects, sts, proxy, flags, grpc_port, run_haproxy):
                     f".svc.cluster.local:{grpc_port}" for p in pods}
     backends = haproxy_backends(config)
     backends.pop("placement:unknown-replica", None)
-    expected = {p: [f"{p} {a}"] for p, a in addresses.items()}
+    backends.pop("sni:unknown-replica", None)
+    expected = {name: [f"{p} {a}"] for p, a in addresses.items() for name in (p, f"sni:{p}")}
     if backends != expected:
         errors.append(f"HAProxy: backends {backends} are not the StatefulSet's pods {expected}")
     ports = {p.get("name"): p["containerPort"] for p in haproxy.get("ports", [])}
+    errors += check_sni_route(objects, proxy, ports, config, table)
     tls_secret = next((v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v and
                        mounted(pod, server, flag(flags, "tls-cert") or "", "secret")[0] is v), None)
-    generated = placement.haproxy_config(
-        list(addresses.items()), map_path or "", f":{ports.get('grpc')}",
-        secret_path(proxy_pod, haproxy, tls_secret, "tls.crt"), secret_path(proxy_pod, haproxy, tls_secret, "ca.crt"),
-        f":{probe_ports(haproxy.get('livenessProbe', {}))}")
+    try:
+        generated = placement.haproxy_config(
+            list(addresses.items()), map_path or "", f":{ports.get('grpc')}",
+            secret_path(proxy_pod, haproxy, tls_secret, "tls.crt"), secret_path(proxy_pod, haproxy, tls_secret, "ca.crt"),
+            f":{probe_ports(haproxy.get('livenessProbe', {}))}", f":{ports.get('grpc-sni')}", sni_suffix(config))
+    except placement.Error as e:
+        generated = f"placement.py haproxy refused: {e}"
     if config != generated:
         errors.append("HAProxy: the committed haproxy.cfg is not what `deploy/placement.py haproxy` writes for "
                       "the StatefulSet's pods and the proxy's mounts (docs/operations.md, \"Scaling out\")")
     return errors + (check_haproxy(config, table_text) if run_haproxy else [])
+
+
+def sni_suffix(config):
+    """The suffix of the SNI route's server names in an HAProxy configuration, or None."""
+    match = re.search(r"^    acl sni_tenant \S+ -m reg \S*?\)\?\[\.\](\S+)\$$", config, re.MULTILINE)
+    return match.group(1).replace("[.]", ".") if match else None
+
+
+def check_sni_route(objects, proxy, ports, config, table):
+    """The TLS-passthrough route: a container port grpc-sni that a Service publishes and
+    the configuration listens on, and tenants it can name."""
+    suffix = sni_suffix(config)
+    if "grpc-sni" not in ports or suffix is None:
+        return ["HAProxy: no SNI route (a container port grpc-sni and placement.py haproxy --sni-listen on it)"]
+    errors = placement.sni_problems(table, suffix)
+    if not any(selects(s["spec"].get("selector", {}), proxy) and
+               any(p.get("targetPort") in ("grpc-sni", ports["grpc-sni"]) for p in s["spec"]["ports"])
+               for s in objects_of(objects, "Service")):
+        errors.append("no Service publishes HAProxy's port grpc-sni (the SNI route)")
+    return errors
 
 
 def check_haproxy(config, table_text):
@@ -617,6 +644,13 @@ def mutations_caught(objects, gpu):
         server = find(copy, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
         server["args"] = [a for a in server["args"] if not a.startswith("--tokens-file=")]
 
+    def sni_unpublished(copy):
+        service = find(copy, "Service", "gpucompute")
+        service["spec"]["ports"] = [p for p in service["spec"]["ports"] if p["name"] != "grpc-sni"]
+
+    def sni_unreachable_tenant(copy):
+        find(copy, "ConfigMap", "gpucompute-placement")["data"]["placement"] += "Team_C gpucompute-0\n"
+
     def other_namespace(copy):
         for o in copy:
             o["metadata"]["namespace"] = "elsewhere"
@@ -627,6 +661,8 @@ def mutations_caught(objects, gpu):
         (unknown_row, ["tenant zed is placed on gpucompute-9"]),
         (not_published, ["publishNotReadyAddresses"]),
         (no_tokens, ["without authentication"]),
+        (sni_unpublished, ["no Service publishes HAProxy's port grpc-sni"]),
+        (sni_unreachable_tenant, ["tenant Team_C is not a DNS label"]),
         (other_namespace, ["--replica-address-template", "are not the StatefulSet's pods"]),
     ]
     missed = []

@@ -212,6 +212,27 @@ class CheckTest(unittest.TestCase):
                 self.assertIn(f"error: {message}", err)
                 self.assertEqual(out, "")
 
+    def test_sni_suffix_requires_tenants_that_are_dns_labels(self):
+        tokens = self.files.write("tokens", "t1 alice\nt2 Bob\nt3 c.d\nt4 e_f\nt5 -g\nt6 h-9\n")
+        table = self.files.write("table", "alice gpucompute-0\nBob gpucompute-1\nc.d gpucompute-0\n"
+                                          "e_f gpucompute-1\n-g gpucompute-0\nh-9 gpucompute-1\n")
+        status, _, err = run_tool("check", "--tokens", tokens, "--replicas", REPLICAS, "--table", table)
+        self.assertEqual(status, 0, err)
+        status, out, err = run_tool("check", "--tokens", tokens, "--replicas", REPLICAS, "--table", table,
+                                    "--sni-suffix", "GPU.example.test")
+        self.assertEqual(status, 1)
+        self.assertEqual(out, "")
+        refused = [line for line in err.splitlines() if "is not a DNS label" in line]
+        self.assertEqual(len(refused), 4, err)
+        for line, (number, tenant) in zip(refused, [(2, "Bob"), (3, "c.d"), (4, "e_f"), (5, "-g")]):
+            self.assertEqual(line, f"error: {table}, line {number}: tenant {tenant} is not a DNS label (1 to 63 "
+                             "characters of a-z 0-9 -, not starting or ending with -), so the SNI route cannot "
+                             f"reach it as {tenant}.gpu.example.test; it can use the header route only")
+        status, _, err = run_tool("check", "--tokens", tokens, "--replicas", REPLICAS, "--table", table,
+                                  "--sni-suffix", "gpu..test")
+        self.assertEqual(status, 1)
+        self.assertIn("error: --sni-suffix: 'gpu..test' is not a DNS name", err)
+
     def test_a_tenant_not_in_the_tokens_file_is_a_warning(self):
         status, _, err = self.check("alice gpucompute-0\nbob gpucompute-1\ncarol gpucompute-1\n")
         self.assertEqual(status, 0)
@@ -313,6 +334,32 @@ class HaproxyConfigTest(unittest.TestCase):
                          "sni str(host-1) verifyhost host-1 resolvers system init-addr last,libc,none "
                          "check inter 2s fall 2 rise 1")
 
+    def test_sni_route(self):
+        tls = ("--tls-cert", "/tls/proxy.pem", "--tls-ca", "/tls/ca.pem")
+        default = haproxy_config(*tls)
+        self.assertNotIn("mode tcp", default)
+        config = haproxy_config(*tls, "--sni-listen", ":50052", "--sni-suffix", "Gpu.Example.test")
+        # The header route is as it was without the SNI route.
+        self.assertTrue(config.startswith(default))
+        s = sections(config)
+        lookup = "req.ssl_sni,lower,field(1,.),map_str(/etc/haproxy/placement)"
+        self.assertEqual(s["frontend grpc-sni"], [
+            "bind :50052", "mode tcp", "option tcplog", "option splice-auto", "tcp-request inspect-delay 5s",
+            "acl sni_tenant req.ssl_sni,lower -m reg "
+            "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?[.]gpu[.]example[.]test$",
+            f"acl sni_placed {lookup} -m found",
+            "tcp-request content accept if { req.ssl_hello_type 1 } sni_tenant sni_placed",
+            "tcp-request content reject",
+            f"use_backend sni:%[{lookup}]",
+            "default_backend sni:unknown-replica"])
+        self.assertEqual(s["backend sni:unknown-replica"], ["mode tcp", "tcp-request content reject"])
+        self.assertEqual(s["backend sni:gpucompute-0"], [
+            "mode tcp", "timeout tunnel 24h", "server gpucompute-0 10.0.0.1:50051 track gpucompute-0/gpucompute-0"])
+        self.assertEqual(s["backend sni:gpucompute-1"], [
+            "mode tcp", "timeout tunnel 24h",
+            "server gpucompute-1 host-1:50051 resolvers system init-addr last,libc,none "
+            "track gpucompute-1/gpucompute-1"])
+
     def test_bad_arguments(self):
         cases = [
             (["--replicas", "gpucompute-0", "--map", "m", "--listen", ":1"], "'gpucompute-0' is not NAME=HOST:PORT"),
@@ -322,6 +369,14 @@ class HaproxyConfigTest(unittest.TestCase):
             (["--replicas", "a=h:1", "--map", "m m", "--listen", ":1"], "--map: the path may not hold"),
             (["--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--tls-cert", "c"],
              "--tls-cert and --tls-ca go together"),
+            (["--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--sni-listen", ":2"],
+             "--sni-listen and --sni-suffix go together"),
+            (["--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--sni-listen", ":2", "--sni-suffix", "s"],
+             "--sni-listen needs --tls-cert and --tls-ca: the SNI route passes TLS through"),
+            (["--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--tls-cert", "c", "--tls-ca", "a",
+              "--sni-listen", "2", "--sni-suffix", "s"], "--sni-listen: '2' is not HOST:PORT"),
+            (["--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--tls-cert", "c", "--tls-ca", "a",
+              "--sni-listen", ":2", "--sni-suffix", "s_t"], "--sni-suffix: 's_t' is not a DNS name"),
         ]
         for argv, message in cases:
             with self.subTest(argv=argv):

@@ -18,8 +18,21 @@ otherwise:
      reloaded: every existing id still works, the new tenant lands on the new replica;
   6. a tenant moved to the new replica as docs/operations.md says keeps its named
      buffers, and the CLI's memory stays below the moved bytes (the export streams).
+Then the SNI route (TLS passed through to the replicas, routed on the ClientHello's
+server name TENANT.SUFFIX), on two TLS replicas of their own behind a second HAProxy,
+with certificates made by openssl for *.SUFFIX:
+  7. each tenant's upload, submit and download by the Python client and the CLI, each
+     with its TLS server name set to TENANT.SUFFIX, land on its owner, checked with
+     NumPy: the proxy routes on the server name, so each client sends it as SNI;
+  8. a server name the table does not route (an unknown tenant, another suffix, none)
+     is refused with UNAVAILABLE and changes nothing; an upload a replica refuses while
+     it is being sent reaches the client with the server's code and message;
+  9. a tenant reaching another tenant's replica through the route is redirected, and
+     the clients follow to its owner;
+ 10. kill -9 of a replica: UNAVAILABLE for its tenants only, through the SNI route too.
 
-Usage: sharded_test.py SERVER_BIN CLI_BIN SOURCE_DIR
+Usage: sharded_test.py SERVER_BIN CLI_BIN SOURCE_DIR [--sni-only]
+(--sni-only runs steps 7-10 alone.)
 With GPUCOMPUTE_TEST_BACKEND=cuda the servers run the CUDA backend, replica i on device
 i modulo the devices $GPUCOMPUTE_TEST_GPUS lists (default 0,1; CUDA_VISIBLE_DEVICES).
 Exit 0 when every check passes, 1 when one fails, 77 (skipped, with the reason) where
@@ -107,35 +120,44 @@ class Cluster:
     """The replicas, the table, HAProxy and the clients' ways in."""
 
     def __init__(self, server_bin, cli_bin, source_dir, workdir):
-        self.cli_bin = cli_bin
-        self.workdir = workdir
-        self.tokens = os.path.join(workdir, "tokens")
-        self.tenants = list(TENANTS)
-        self.write_tokens()
-        self.placement = loopback.Placement(os.path.join(source_dir, "deploy"),
-                                           os.path.join(workdir, "placement.map"))
+        self.begin(cli_bin, source_dir, workdir, TENANTS)
         names = [f"gpucompute-{i}" for i in range(4)]
         ports = {name: loopback.free_port() for name in names}
         # Every replica knows the fourth's address from the start: adding it needs no
         # restart of the others.
-        addresses = ",".join(f"{name}=127.0.0.1:{ports[name]}" for name in names)
+        self.make_replicas(server_bin, ports, ["--memory-limit=5GiB",
+                                                f"--snapshot-interval={SNAPSHOT_INTERVAL}"])
+
+    def make_replicas(self, server_bin, ports, flags, persist=True):
+        """The replicas ({name: port}), on $GPUCOMPUTE_TEST_BACKEND (default cpu), with
+        `flags` beside those every replica has, and the proxy in front of them."""
         backend = os.environ.get("GPUCOMPUTE_TEST_BACKEND") or "cpu"
         gpus = (os.environ.get("GPUCOMPUTE_TEST_GPUS") or "0,1").split(",")
-        flags = [f"--backend={backend}", "--cpu-threads=1", "--memory-limit=5GiB",
-                 f"--tokens-file={self.tokens}", f"--placement-file={self.placement.table}",
-                 f"--replica-addresses={addresses}",
-                 f"--snapshot-interval={SNAPSHOT_INTERVAL}"]
+        flags = [f"--backend={backend}", "--cpu-threads=1", f"--tokens-file={self.tokens}",
+                 f"--placement-file={self.placement.table}",
+                 "--replica-addresses=" + ",".join(f"{n}=127.0.0.1:{p}" for n, p in ports.items()),
+                 *flags]
         self.replicas = {}
-        for i, name in enumerate(names):
+        for i, (name, port) in enumerate(ports.items()):
             env = dict(os.environ)
             if backend == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-            self.replicas[name] = loopback.Replica(server_bin, name, ports[name], workdir, flags,
-                                                   env=env)
+            self.replicas[name] = loopback.Replica(server_bin, name, port, self.workdir, flags,
+                                                   env=env, persist=persist)
         self.proxy_port = loopback.free_port()
         self.proxy_address = f"127.0.0.1:{self.proxy_port}"
-        self.haproxy = loopback.HAProxy(os.path.join(workdir, "haproxy.cfg"), self.proxy_port,
-                                       os.path.join(workdir, "haproxy.log"))
+        self.haproxy = loopback.HAProxy(os.path.join(self.workdir, "haproxy.cfg"),
+                                       self.proxy_port, os.path.join(self.workdir, "haproxy.log"))
+
+    def begin(self, cli_bin, source_dir, workdir, tenants):
+        """The tokens file of `tenants` and the table's path, in `workdir`."""
+        self.cli_bin = cli_bin
+        self.workdir = workdir
+        self.tokens = os.path.join(workdir, "tokens")
+        self.tenants = list(tenants)
+        self.write_tokens()
+        self.placement = loopback.Placement(os.path.join(source_dir, "deploy"),
+                                           os.path.join(workdir, "placement.map"))
 
     def write_tokens(self):
         with open(self.tokens, "w") as f:
@@ -200,11 +222,16 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def raw_list(address, tenant, *, token_tenant=None):
-    """ListBuffers over a bare channel, following nothing: the response, or the
-    RpcError."""
+def raw_list(address, tenant, *, token_tenant=None, ca=None):
+    """ListBuffers over a bare channel, following nothing (with TLS verified by the PEM
+    file `ca` when given): the response, or the RpcError."""
     from gpucompute._proto import v1
-    with grpc.insecure_channel(address) as channel:
+    if ca is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        with open(ca, "rb") as f:
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+    with channel:
         call = channel.unary_unary("/gpucompute.v1.BufferService/ListBuffers",
                                    request_serializer=v1.ListBuffersRequest.SerializeToString,
                                    response_deserializer=v1.ListBuffersResponse.FromString)
@@ -234,10 +261,10 @@ def named_ids(response):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["--sni-only"]):
         print(__doc__)
         return 2
-    server_bin, cli_bin, source_dir = sys.argv[1:]
+    server_bin, cli_bin, source_dir = sys.argv[1:4]
     if loopback.find_haproxy() is None:
         skip("haproxy is not installed (deploy/install-deps.sh installs it)")
     sys.path.insert(0, os.path.join(source_dir, "client", "python"))
@@ -247,19 +274,23 @@ def main():
     signal.alarm(TIME_LIMIT_SECONDS)
 
     f = Checks()
-    workdir = tempfile.mkdtemp(prefix="gpucompute_sharded_")
-    cluster = Cluster(server_bin, cli_bin, source_dir, workdir)
-    try:
-        cluster.start()
-        run_steps(cluster, f, gpucompute)
-    except Exception as error:  # a step that cannot go on fails the test, with why
-        f.check(False, f"the steps ran to the end ({type(error).__name__}: {error})")
-        for name, replica in cluster.replicas.items():
-            if replica.process is not None:
-                print(f"--- {name}'s log (last lines)\n" + replica.read_log()[-3000:])
-    finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    clusters = [(Cluster, run_steps), (SniCluster, run_sni_steps)]
+    for make, steps in clusters[1:] if sys.argv[4:] else clusters:
+        workdir = tempfile.mkdtemp(prefix="gpucompute_sharded_")
+        cluster = make(server_bin, cli_bin, source_dir, workdir)
+        try:
+            cluster.start()
+            steps(cluster, f, gpucompute)
+        except Exception as error:  # a step that cannot go on fails the test, with why
+            f.check(False, f"the steps ran to the end ({type(error).__name__}: {error})")
+            for name, replica in cluster.replicas.items():
+                if replica.process is not None:
+                    print(f"--- {name}'s log (last lines)\n" + replica.read_log()[-3000:])
+            if os.path.exists(cluster.haproxy.log):
+                print("--- HAProxy's log (last lines)\n" + cluster.haproxy.read_log()[-3000:])
+        finally:
+            cluster.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
     failed = f.failed()
     print(f"{len(f.results) - len(failed)} checks passed, {len(failed)} failed")
     for what in failed:
@@ -481,6 +512,159 @@ def run_steps(cluster, f, gpucompute):
     f.check(isinstance(answer, grpc.RpcError) and
             answer.code() == grpc.StatusCode.FAILED_PRECONDITION,
             f"{moved}: {old.name} now redirects it to {fourth.name}")
+
+
+SNI_SUFFIX = "gpu.test"
+SNI_TENANTS = ("alpha", "bravo", "charlie")
+# An upload of more than half of it is refused at its header (the default
+# --max-reserved-fraction-per-tenant) while the client is still sending.
+SNI_MEMORY_LIMIT = 64 << 20
+
+
+class SniCluster(Cluster):
+    """Two TLS replicas behind an HAProxy with both routes: the header route (TLS to the
+    proxy and from it to the replicas) and the SNI route, passing TLS through."""
+
+    def __init__(self, server_bin, cli_bin, source_dir, workdir):
+        self.begin(cli_bin, source_dir, workdir, SNI_TENANTS)
+        self.certs = loopback.Certificates(workdir, SNI_SUFFIX)
+        ports = {f"gpucompute-{i}": loopback.free_port() for i in range(2)}
+        self.make_replicas(server_bin, ports, [f"--tls-cert={self.certs.cert}",
+                                               f"--tls-key={self.certs.key}",
+                                               f"--memory-limit={SNI_MEMORY_LIMIT}"], persist=False)
+        self.sni_address = f"127.0.0.1:{loopback.free_port()}"
+
+    def start(self):
+        self.placement.generate(self.tokens, list(self.replicas))
+        self.placement.run("check", "--tokens", self.tokens, "--replicas", ",".join(self.replicas),
+                           "--table", self.placement.table, "--sni-suffix", SNI_SUFFIX)
+        for replica in self.replicas.values():
+            replica.start()
+        with open(self.haproxy.config_path, "w") as f:
+            f.write(self.placement.haproxy_config(
+                {name: r.address for name, r in self.replicas.items()}, self.proxy_address,
+                "--tls-cert", self.certs.cert, "--tls-ca", self.certs.ca,
+                "--sni-listen", self.sni_address, "--sni-suffix", SNI_SUFFIX))
+        self.haproxy.start()
+        # The SNI route follows the header route's checks: wait for their first.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                not isinstance(raw_list(self.proxy_address, t, ca=self.certs.ca), grpc.RpcError)
+                for t in self.tenants):
+            time.sleep(0.2)
+
+    def connect(self, tenant, address=None, *, server_name=None, token_tenant=None):
+        """The Python client as `tenant`, by default through the SNI route as
+        TENANT.SUFFIX; server_name="" sends the address's host (no SNI for an IP)."""
+        import gpucompute
+        name = f"{tenant}.{SNI_SUFFIX}" if server_name is None else server_name
+        return gpucompute.connect(address or self.sni_address, token=token_of(token_tenant or tenant),
+                                  tenant=tenant, transport="grpc", timeout=30, tls_ca=self.certs.ca,
+                                  tls_server_name=name or None)
+
+    def cli(self, tenant, *args, address=None, server_name=None):
+        name = f"{tenant}.{SNI_SUFFIX}" if server_name is None else server_name
+        return Cluster.cli(self, tenant, "--tls-ca", self.certs.ca, "--tls-server-name", name, *args,
+                           address=address or self.sni_address)
+
+    def listings(self):
+        """{(replica, tenant): its buffers' {name: id}} of every replica, asked directly."""
+        return {(name, t): named_ids(listed) if not isinstance(listed, grpc.RpcError) else listed.code()
+                for name, r in self.replicas.items() for t in self.tenants
+                for listed in [raw_list(r.address, t, ca=self.certs.ca)]}
+
+
+def run_sni_steps(cluster, f, gpucompute):
+    rows = cluster.placement.rows()
+    rng = np.random.default_rng(7)
+    expected = {}
+    # 7. Upload, submit and download through the SNI route, by both clients.
+    for index, tenant in enumerate(SNI_TENANTS):
+        x = rng.uniform(-3, 3, 500 + index)
+        with cluster.connect(tenant) as client:
+            client.put(x, name="x")
+            client.eval("x * 3 - 1", {"x": "x"}, name="y")
+            top = client.reduce("max", "x").value
+            got = {name: client.download(name) for name in ("x", "y")}
+        f.check(top == x.max() and np.array_equal(got["x"], x) and np.array_equal(got["y"], x * 3 - 1),
+                f"{tenant}: upload, submit and download by the Python client through the SNI route "
+                "equal NumPy's")
+        source = os.path.join(cluster.workdir, f"{tenant}-c.npy")
+        c = np.arange(7 * (index + 1), dtype=np.int32).reshape(7, index + 1)
+        np.save(source, c)
+        code, _, err, _ = cluster.cli(tenant, "put", source, "--name", "c")
+        code2, _, err2, _ = cluster.cli(tenant, "eval", "c * 2", "c=c", "--name", "d")
+        code3, _, err3, _ = cluster.cli(tenant, "get", "d", "-o", source)
+        f.check(code == code2 == code3 == 0 and np.array_equal(np.load(source), c * 2),
+                f"{tenant}: upload, submit and download by the CLI through the SNI route equal NumPy's "
+                f"({(err + err2 + err3).strip()})")
+        expected[tenant] = {"c", "d", "x", "y"}
+    listed = cluster.listings()
+    for tenant in SNI_TENANTS:
+        owner = rows[tenant]
+        f.check(sorted(listed[(owner, tenant)]) == sorted(expected[tenant]),
+                f"{tenant}: its buffers are on its owner {owner}: {listed[(owner, tenant)]}")
+
+    # 8. Names the route does not know: the connection is closed, nothing changes.
+    for name in (f"zulu.{SNI_SUFFIX}", "alpha.other.test", f"alpha.x.{SNI_SUFFIX}", ""):
+        with cluster.connect("alpha", server_name=name) as client:
+            try:
+                client.create((2,), "float64", name="refused")
+                error = None
+            except gpucompute.Error as e:
+                error = e
+        f.check(error is not None and error.code == grpc.StatusCode.UNAVAILABLE and
+                error.details.startswith("failed to connect to all addresses") and
+                error.details.endswith("Socket closed"),
+                f"server name {name or '(none)'} is refused through the SNI route with UNAVAILABLE: {error}")
+    f.check(cluster.listings() == listed, "the refused connections changed no replica's buffers")
+
+    # An upload the server refuses while it is still being sent: through the SNI route
+    # the client hears the server's own code and message, as directly (the header
+    # route's HAProxy turns them into CANCELLED).
+    answers = []
+    for address in (cluster.sni_address, cluster.replicas[rows["alpha"]].address):
+        with cluster.connect("alpha", address) as client:
+            try:
+                client.put(np.zeros(SNI_MEMORY_LIMIT // 8 * 3 // 4), name="too-large")
+                answers.append(None)
+            except gpucompute.Error as error:
+                answers.append((error.code, error.details))
+    f.check(answers[0] is not None and answers[0][0] == grpc.StatusCode.RESOURCE_EXHAUSTED and
+            answers[0] == answers[1],
+            f"an upload refused mid-stream has the server's code and message through the SNI route: "
+            f"{answers}")
+    f.check(cluster.listings() == listed, "the refused upload changed no replica's buffers")
+
+    # 9. bravo under alpha's name reaches alpha's replica, which redirects it to bravo's.
+    assert rows["alpha"] != rows["bravo"]
+    with cluster.connect("bravo", server_name=f"alpha.{SNI_SUFFIX}") as client:
+        try:
+            got, error = client.download("x"), ""
+        except gpucompute.Error as e:
+            got, error = None, e
+    f.check(got is not None and got.size == 501,
+            f"bravo: the Python client followed the redirect from {rows['alpha']} reached through "
+            f"the SNI route {error}")
+    code, out, err, _ = cluster.cli("bravo", "ls", server_name=f"alpha.{SNI_SUFFIX}")
+    f.check(code == 0 and " d " in f" {out} ".replace("\n", " "),
+            f"bravo: the CLI followed the redirect from {rows['alpha']} ({err.strip()})")
+
+    # 10. kill -9 of bravo's replica, which holds bravo alone.
+    victim = cluster.replicas[rows["bravo"]]
+    f.check(list(rows.values()).count(victim.name) == 1, f"{victim.name} holds bravo alone: {rows}")
+    victim.kill9()
+    for tenant in SNI_TENANTS:
+        with cluster.connect(tenant) as client:
+            try:
+                ok, code = client.download("x").size == 500 + SNI_TENANTS.index(tenant), None
+            except gpucompute.Error as error:
+                ok, code = False, error.code
+        if tenant == "bravo":
+            f.check(code == grpc.StatusCode.UNAVAILABLE,
+                    f"bravo: UNAVAILABLE through the SNI route while {victim.name} is down ({code})")
+        else:
+            f.check(ok, f"{tenant}: unaffected through the SNI route while {victim.name} is down")
 
 
 if __name__ == "__main__":

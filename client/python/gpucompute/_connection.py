@@ -69,7 +69,8 @@ class Options:
       that verifies the server; the client's certificate chain and its private key
       for mutual TLS (both or neither). Files are read once, here.
     tls_server_name: the name the server's certificate must carry, instead of the
-      host of `target`.
+      host of `target`, and the name sent as SNI: a proxy's SNI route routes
+      "TENANT.SUFFIX" to the tenant's replica (docs/operations.md, "Scaling out").
     tenant: sent as the "gpucompute-tenant" metadata with every call when not empty:
       the tenant the token or certificate names, which a proxy in front of several
       replicas routes on (a server refuses any other name with PermissionDeniedError).
