@@ -234,6 +234,7 @@ class Client(_operations.Operations):
 
     def _download(self, buffer, progress, transport):
         """The array and the download's TransferStats."""
+        _dispatch.refuse_in_trace("a download (np.asarray(), get(), download())")
         transport = _views.download_transport(buffer, self.options.transport_for(transport))
         self._submissions.wait_idle()
         _dispatch.wait_idle(self)
@@ -335,6 +336,12 @@ class Client(_operations.Operations):
         """A new, empty Chain (gpucompute._chain.Chain) of operations that run
         together in one RunChain call, on `stream` where they name none."""
         return _chain.Chain(self, stream)
+
+    def program(self, fn):
+        """gpucompute.program(fn, client=self): `fn` traced into a chain of this client
+        and run on its server as one RunChain call (gpucompute._program)."""
+        from . import _program  # pylint: disable=import-outside-toplevel
+        return _program.Program(fn, self)
 
     def _limits(self):
         """The server's Limits, asked for once."""
