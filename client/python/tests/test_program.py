@@ -275,3 +275,12 @@ def test_arguments_sharing_a_buffer_and_captured_arrays(client):
     np.testing.assert_array_equal(first.get(), b + 2)
     np.testing.assert_array_equal(copied.get(), np.full(6, 2.0))
     assert copied.id != offset.id
+
+
+def test_keyword_arguments_are_arrays_or_constants_too(client):
+    x, y = client.put(np.arange(4.0)), client.put(np.ones(4))
+    scaled = client.program(lambda a, *, b, k=2: a * k + b)
+    np.testing.assert_array_equal(scaled(x, b=y).get(), np.arange(4.0) * 2 + 1)
+    np.testing.assert_array_equal(scaled(b=x, a=y, k=3).get(), np.ones(4) * 3 + np.arange(4.0))
+    scaled(b=x, a=y, k=3)
+    assert scaled.prepared and scaled.traces == 2
