@@ -15,6 +15,9 @@ Five ways, each --ops operations and each checked against NumPy at the end:
                kernel (gpucompute._lazy.MAX_DEPTH) and sends it through its session
   numpy-eager  the same, each line forced with .compute(): one kernel per operation,
                through the session
+  program      `y = step(y)` with step = gpucompute.program(lambda v: v + 1): one
+               RunChain call a run, in place in the program's output, prepared from the
+               third run on (the first reads x)
 The first two write x in place (a new buffer per operation would pile up on the
 server). "ops/s" counts operations over the loop and the wait for the last answer.
 
@@ -96,8 +99,17 @@ def by_numpy_eager(client, x, ops):
     return y.get()
 
 
+def by_program(client, x, ops):
+    step = gpucompute.program(lambda v: v + 1)
+    y = x
+    for _ in range(ops):
+        y = step(y)
+    return y.get()
+
+
 WAYS = {"submit": by_submit, "futures": by_futures, "session": by_session, "chain": by_chain,
-        "aio-session": by_aio_session, "numpy": by_numpy, "numpy-eager": by_numpy_eager}
+        "aio-session": by_aio_session, "numpy": by_numpy, "numpy-eager": by_numpy_eager,
+        "program": by_program}
 
 
 def main():

@@ -12,7 +12,8 @@ CPU) backend.
     c.reduce("var", v, axis=1, ddof=1)  # views stand wherever a buffer is read
 
 `c.session()` sends many small operations without a round trip each, and `c.chain()`
-runs a list of them in one call (prepared when run again). `gpucompute.aio` has the
+runs a list of them in one call (prepared when run again); `gpucompute.program(fn)`
+traces a function of arrays into such a chain. `gpucompute.aio` has the
 same client for asyncio. The message classes of the API are
 in `gpucompute.v1` (e.g. gpucompute.v1.SubmitRequest), built at import from the
 shipped descriptor.
@@ -28,6 +29,7 @@ from ._creation import (arange, empty, empty_like, eye, full, full_like, integer
                         normal, ones, ones_like, rand, randn, random, seed, uniform, zeros,
                         zeros_like)
 from ._lazy import evaluate
+from ._program import Program, program
 from . import array_api
 from .errors import (AlreadyExistsError, DeadlineExceededError, Error,
                      FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -39,9 +41,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError", "Chain", "ChainResult", "Client", "DeadlineExceededError", "Error",
     "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "Pending",
-    "PermissionDeniedError", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
+    "PermissionDeniedError", "Program", "RemoteArray", "ResourceExhaustedError", "Session", "Step",
     "UnauthenticatedError", "UnavailableError", "View", "ZeroCopyError", "arange", "array_api",
     "connect", "empty", "empty_like", "evaluate", "eye", "from_dlpack", "full", "full_like",
-    "integers", "linspace", "normal", "ones", "ones_like", "rand", "randn", "random", "seed",
-    "uniform", "v1", "zeros", "zeros_like",
+    "integers", "linspace", "normal", "ones", "ones_like", "program", "rand", "randn",
+    "random", "seed", "uniform", "v1", "zeros", "zeros_like",
 ]

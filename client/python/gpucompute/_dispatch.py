@@ -29,6 +29,27 @@ observers = []
 
 _lock = threading.Lock()
 
+# `program`: the gpucompute._program trace this thread is recording, if any. While it is
+# set, submit() records operations into the trace's chain instead of sending them.
+tracing = threading.local()
+
+
+def refuse_in_trace(what):
+    """Raises the trace's TypeError naming `what` while this thread traces a program."""
+    trace = getattr(tracing, "program", None)
+    if trace is not None:
+        raise trace.refusal(what)
+
+
+def reference(pending):
+    """The reference of `pending`'s output in the array layer's next request: while a
+    program is traced, a session's output is named by its buffer id (a chain does not
+    know the session's tags)."""
+    if getattr(tracing, "program", None) is not None and not getattr(pending, "traced", False) \
+            and pending.ref.startswith("tag:"):
+        return pending.buffer_id()
+    return pending.ref
+
 
 class Done:
     """A buffer the server made at once (CreateBuffer), with the Pending's interface."""
@@ -64,6 +85,9 @@ def _session(client):
 
 def submit(client, request):
     """Sends a SubmitRequest through the client's session; returns its Pending."""
+    trace = getattr(tracing, "program", None)
+    if trace is not None:
+        return trace.record(client, request)
     _flush_released(client)
     # Operations sent through the client's own futures reach the server first.
     client._submissions.wait_idle()
@@ -76,6 +100,7 @@ def submit(client, request):
 
 def call(client, method, request):
     """Makes a unary call of the array layer (CreateBuffer)."""
+    refuse_in_trace("creating an array (zeros, ones, full, arange, ...)")
     _flush_released(client)
     return client._call(method, request)
 
@@ -91,7 +116,7 @@ def release(client_ref, pending):
     """Queues the output of `pending` for deletion with a later call through this
     module. Runs in finalizers, so it never blocks and never calls the server."""
     client = client_ref()
-    if client is not None:
+    if client is not None and not getattr(pending, "traced", False):
         # Operations already sent may still read the buffer; nothing sent later can
         # (the array is gone). The session runs on one stream, in order, so the buffer
         # is free once the last operation sent by now is answered.

@@ -191,6 +191,9 @@ def round_(a, decimals=0, out=None):
 def scalar(x, convert):
     """convert(the value of a one-element remote array): a reduction's value comes with
     its operation; anything else is downloaded."""
+    _dispatch.refuse_in_trace(f"{convert.__name__}() of an array" + (
+        " (Python control flow on an array's values: if, while, and, or)"
+        if convert is bool else ""))
     if x.size != 1:
         raise TypeError("only arrays of one element can be converted to Python scalars")
     pending = _lazy.pending_of(x)

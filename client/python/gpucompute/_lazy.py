@@ -201,7 +201,7 @@ class LazyArray(RemoteArray):
     def _ref(self):
         """The reference to the buffer in the array layer's requests (sends, never
         waits)."""
-        return self._materialize().ref
+        return _dispatch.reference(self._materialize())
 
     def _materialize(self, name=None):
         """Sends the expression, if not yet sent; returns the Pending."""
@@ -281,6 +281,7 @@ class LazyArray(RemoteArray):
         return _dispatch.info_of(self._pending).device
 
     def get(self, *, progress=None, transport=None):
+        _dispatch.refuse_in_trace("a download (np.asarray(), get())")
         self._materialize().result()
         return super().get(progress=progress, transport=transport)
 

@@ -1,5 +1,6 @@
 """The blocking client, and futures for operations that should not block."""
 
+import abc
 import collections
 import concurrent.futures
 import threading
@@ -34,7 +35,7 @@ def connect(target, *, channel_options=(), **options):
 
 
 class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo,
-                  _protocols.ZeroCopyMethods):
+                  _protocols.ZeroCopyMethods, metaclass=abc.ABCMeta):
     """A handle to an array resident on the server.
 
     get() downloads it as a NumPy array, and so does np.asarray(handle). It takes
@@ -75,6 +76,12 @@ class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo,
             self.delete()
         except NotFoundError:
             pass  # already deleted
+
+
+# A view of a remote array is a remote array, as NumPy's views are ndarrays: x[1, 2] is a
+# 0-d RemoteArray. It stays a View underneath (a virtual subclass, inheriting nothing), so
+# that writing through it (x[1, 2] += 1, out=x[k]) keeps writing the viewed buffer.
+RemoteArray.register(_views.View)
 
 
 class Client(_operations.Operations):
@@ -227,6 +234,7 @@ class Client(_operations.Operations):
 
     def _download(self, buffer, progress, transport):
         """The array and the download's TransferStats."""
+        _dispatch.refuse_in_trace("a download (np.asarray(), get(), download())")
         transport = _views.download_transport(buffer, self.options.transport_for(transport))
         self._submissions.wait_idle()
         _dispatch.wait_idle(self)
@@ -328,6 +336,12 @@ class Client(_operations.Operations):
         """A new, empty Chain (gpucompute._chain.Chain) of operations that run
         together in one RunChain call, on `stream` where they name none."""
         return _chain.Chain(self, stream)
+
+    def program(self, fn):
+        """gpucompute.program(fn, client=self): `fn` traced into a chain of this client
+        and run on its server as one RunChain call (gpucompute._program)."""
+        from . import _program  # pylint: disable=import-outside-toplevel
+        return _program.Program(fn, self)
 
     def _limits(self):
         """The server's Limits, asked for once."""

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import gpucompute
-from gpucompute import _ufuncs
+from gpucompute import _dispatch, _ufuncs
+from gpucompute.client import Client
 
 RNG_SEED = 31
 
@@ -218,3 +219,54 @@ def test_float_int_bool_of_one_element(client):
     with pytest.raises(TypeError, match="only arrays of one element"):
         float(x)
     assert isinstance(2 * x, gpucompute.RemoteArray)
+
+
+def test_one_element_is_a_0d_remote_array_read_and_written_in_place(client, monkeypatch):
+    a = np.arange(12, dtype=np.float64).reshape(3, 4) / 4
+    x = client.put(a)
+    element = x[1, 2]
+    assert isinstance(element, gpucompute.RemoteArray)
+    assert isinstance(x[-1, ...][0], gpucompute.RemoteArray)
+    assert element.shape == () and element.ndim == 0 and element.dtype == np.float64
+    assert float(element) == a[1, 2] and int(x[2, 3] * 4) == 11 and bool(x[0, 0]) is False
+    host = np.asarray(element)
+    assert host.shape == () and host.dtype == np.float64 and host[()] == a[1, 2]
+
+    # An operand read through its view: one elementwise operation, no download, no copy.
+    sent = []
+
+    def observe(client_, request, pending):
+        sent.append(request)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("downloaded")
+
+    _dispatch.observers.append(observe)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(Client, "_download", refuse)
+            y = (x * x[1, 2] + x[0, 3]).compute()
+            y.operation  # waits for it
+    finally:
+        _dispatch.observers.remove(observe)
+    assert [request.WhichOneof("op") for request in sent] == ["elementwise"]
+    operands = sent[0].elementwise.inputs.values()
+    assert sorted(len(operand.view) for operand in operands) == [0, 1, 1]
+    assert {operand.buffer for operand in operands} == {x.id}
+    _close(y.get(), a * a[1, 2] + a[0, 3])
+
+    # Writes through a single element.
+    expected = a.copy()
+    x[1, 2] = 7.0
+    expected[1, 2] = 7.0
+    x[0, 1] += 1
+    expected[0, 1] += 1
+    element = x[2, 0]
+    element *= 3
+    expected[2, 0] *= 3
+    client.eval("2 * a", a=client.put(np.float64(5.0)), out=x[2, 3])
+    expected[2, 3] = 10.0
+    np.add(x[0, 0], 0.5, out=x[0, 0])
+    expected[0, 0] += 0.5
+    _close(x.get(), expected)
+    assert float(x[1, 2]) == 7.0

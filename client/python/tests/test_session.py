@@ -316,7 +316,7 @@ def test_the_small_operations_bench_checks_its_values(server_address):
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.stdout.splitlines()[2:]
     assert [row.split()[0] for row in rows] == ["submit", "futures", "session", "chain",
-                                                 "aio-session", "numpy", "numpy-eager"]
+                                                 "aio-session", "numpy", "numpy-eager", "program"]
     assert "WRONG" not in run.stdout
 
 
