@@ -1,5 +1,6 @@
 """The public API is typed: every parameter and return of every public callable has an
-annotation, and every public callable a docstring.
+annotation, every public callable a docstring, and a type checker (mypy, where it is
+installed) accepts a typical program in strict mode.
 
 "Public" is what a user reaches: the names gpucompute, gpucompute.aio and
 gpucompute.array_api export, and the methods and properties of the classes they export
@@ -7,14 +8,23 @@ or return (Client.rand's Random, the NumPy layer's arrays, the asyncio session),
 the ones they inherit from the package's own classes. Dunder methods (operators, the
 NumPy protocols, context managers) need annotations but no docstring."""
 
+import importlib.util
 import inspect
 import os
+import subprocess
+import sys
+import tempfile
 import types
+
+import pytest
 
 import gpucompute
 import gpucompute.aio
 import gpucompute.array_api
 from gpucompute import _aio_session, _lazy, _operations
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "typing_example.py")
 
 # Classes the exported names return, besides those exported.
 RETURNED_CLASSES = [_operations.Random, _lazy.LazyArray, _aio_session.AsyncSession,
@@ -137,3 +147,29 @@ def test_every_public_callable_is_annotated_and_documented():
 
 def test_the_package_says_it_is_typed():
     assert os.path.isfile(os.path.join(os.path.dirname(gpucompute.__file__), "py.typed"))
+
+
+def test_the_typed_example_runs(server_address):
+    # What mypy checks below is a real program: it runs against the server.
+    spec = importlib.util.spec_from_file_location("typing_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(server_address) > 0
+
+
+def _mypy_available():
+    return importlib.util.find_spec("mypy") is not None
+
+
+@pytest.mark.skipif(not _mypy_available(), reason="mypy is not installed "
+                    "(deploy/install-deps.sh installs python3-mypy)")
+def test_mypy_strict_accepts_a_typical_program():
+    package_root = os.path.dirname(HERE)
+    with tempfile.TemporaryDirectory() as cache:
+        result = subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
+             "--cache-dir", cache, "--config-file", os.path.join(HERE, "mypy.ini"),
+             EXAMPLE],
+            cwd=package_root, env=dict(os.environ, MYPYPATH=package_root),
+            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
