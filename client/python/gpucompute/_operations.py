@@ -101,10 +101,10 @@ class Operations:
                *, transpose_a: bool = False, transpose_b: bool = False, alpha: float = 1.0,
                beta: float = 0.0, allow_tf32: bool = False, name: Optional[str] = None,
                stream: StreamRef = None, wait: bool = True) -> _Result:
-        """On the server: c = alpha * op(a) @ op(b) + beta * c, as numpy.matmul (2-D matrices, 3-D
-        batches over the first axis, 1-D vectors), into `c` or a new buffer. float32 or
-        float64; a and b may be Views (a.T, b[:, ::2]). allow_tf32: float32 on CUDA may
-        use TF32 tensor cores."""
+        """c = alpha * op(a) @ op(b) + beta * c on the server, as numpy.matmul (2-D
+        matrices, 3-D batches over the first axis, 1-D vectors), into `c` or a new
+        buffer. float32 or float64; a and b may be Views (a.T, b[:, ::2]). allow_tf32:
+        float32 on CUDA may use TF32 tensor cores."""
         request = matmul_request(a, b, c, transpose_a, transpose_b, alpha, beta, allow_tf32,
                                  name, stream)
         return self.submit(request, wait=wait)
@@ -113,7 +113,7 @@ class Operations:
              *, transpose: bool = False, alpha: float = 1.0, beta: float = 0.0,
              name: Optional[str] = None, stream: StreamRef = None,
              wait: bool = True) -> _Result:
-        """On the server: y = alpha * op(a) @ x + beta * y, into `y` or a new buffer."""
+        """y = alpha * op(a) @ x + beta * y on the server, into `y` or a new buffer."""
         return self.submit(gemv_request(a, x, y, transpose, alpha, beta, name, stream),
                            wait=wait)
 

@@ -41,7 +41,8 @@ class RemoteArray(_arrays.RemoteArrayInfo):
 
     async def get(self, *, progress: Progress = None,
                   transport: Optional[str] = None) -> npt.NDArray[Any]:
-        """Downloads the array (as Client.download)."""
+        """Downloads the array (shape, dtype and memory order as on the server);
+        `transport` as for Client.put."""
         array, self.transfer = await self._client._download(self, progress, transport)
         return array
 
@@ -220,7 +221,8 @@ class Client(_operations.Operations):
         return list((await self._call("ListRegions", v1.ListRegionsRequest())).regions)
 
     async def delete(self, buffer: ArrayRef) -> None:
-        """As Client.delete."""
+        """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
+        its memory is freed when queued work using it is done."""
         await self._call("DeleteBuffer", v1.DeleteBufferRequest(buffer=_arrays.buffer_ref(buffer)))
 
     async def synchronize(self, stream: StreamRef = None, timeout: float = 0.0) -> bool:

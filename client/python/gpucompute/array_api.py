@@ -6,7 +6,7 @@ also an AttributeError, so hasattr() is False). The deviations are listed in the
 client's README ("The array API namespace").
 
 As for the operators: elementwise functions return a pending expression, sent when
-needed; reductions, matmul and where are sent at once, without waiting; the creation
+needed; reductions and matmul are sent at once, without waiting; the creation
 functions are those of gpucompute (zeros and full block on a CreateBuffer call); the
 shape functions make Views, with no call; result_type and isdtype run here.
 """
