@@ -25,8 +25,8 @@ test=(
   # The sanitize, tsan and thread-safety presets build with clang; sanitize links
   # libFuzzer and the sanitizers from compiler-rt.
   clang libclang-rt-dev
-  # The Python client and its pytest suite.
-  python3-numpy python3-grpcio python3-protobuf python3-pytest
+  # The Python client and its pytest suite; mypy checks a program against its annotations.
+  python3-numpy python3-grpcio python3-protobuf python3-pytest python3-mypy
   # The metrics test scrapes the server with a real Prometheus; promtool lints the text.
   prometheus
   # The Kubernetes manifests are rendered with kubectl kustomize, checked against the

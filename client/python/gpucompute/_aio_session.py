@@ -7,25 +7,30 @@ protocol (_session) on grpc.aio, in the event loop that uses it.
         print(await (await z.array()).get())
 """
 
+from __future__ import annotations
+
 import asyncio
 import collections
 import itertools
+from types import TracebackType
+from typing import Any, Optional, Type
 
 import grpc
 
 from . import _operations
 from ._session import MAX_BATCH_BYTES, Pending, SessionState, session_op_bytes, stream_suffix
+from ._types import Message, StreamRef
 from .errors import Error, error_for, from_rpc_error
 
 
 class AsyncPending(Pending):
     """A Pending of the asyncio session: result(), exception(), buffer_id() and array()
     are coroutines (their `timeout` as asyncio.wait_for's); done() and ref as in
-    Pending."""
+    Pending. They send nothing: they wait for the session's reader."""
 
     __slots__ = ("_waiter",)
 
-    def __init__(self, session, seq, tag):
+    def __init__(self, session: Any, seq: int, tag: str) -> None:
         super().__init__(session, seq, tag)
         self._waiter = None  # a Future, once something awaits the answer
 
@@ -39,24 +44,28 @@ class AsyncPending(Pending):
                 self._waiter = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._waiter)
 
-    async def result(self, timeout=None):
+    async def result(self, timeout: Optional[float] = None) -> Message:  # type: ignore[override]
+        """As Pending.result, awaited."""
         await asyncio.wait_for(self._until_answered(), timeout)
         self._observed = True
         if self._error is not None:
             raise self._error
         return self._operation
 
-    async def exception(self, timeout=None):
+    async def exception(  # type: ignore[override]
+            self, timeout: Optional[float] = None) -> Optional[Error]:
+        """As Pending.exception, awaited."""
         try:
             await self.result(timeout)
         except Error as error:
             return error
         return None
 
-    async def buffer_id(self, timeout=None):
+    async def buffer_id(self, timeout: Optional[float] = None) -> str:  # type: ignore[override]
+        """As Pending.buffer_id, awaited."""
         return _operations.output_of(await self.result(timeout)).id
 
-    async def array(self, timeout=None):
+    async def array(self, timeout: Optional[float] = None) -> Any:  # type: ignore[override]
         """The output as a RemoteArray of the asyncio client."""
         return self._session._client._result(await self.result(timeout))
 
@@ -68,9 +77,10 @@ class AsyncSession(SessionState, _operations.Operations):
     message (Limits.max_session_in_flight operations) waits to be sent. Leaving the
     block (close()) waits for every answer and raises the first failure nobody looked
     at; an exception inside it cancels the session. Temporaries die with the session.
+    Creating it sends nothing.
     """
 
-    def __init__(self, client, stream=None):
+    def __init__(self, client: Any, stream: StreamRef = None) -> None:
         super().__init__()
         self._client = client
         self._suffix = stream_suffix(stream)
@@ -83,8 +93,9 @@ class AsyncSession(SessionState, _operations.Operations):
         self._call = None
         self._reader = None
 
-    async def open(self):
-        """Opens the call; the first submit does too."""
+    async def open(self) -> AsyncSession:
+        """Opens the call (asking the server's limits once per client); the first
+        submit does too."""
         if self._call is None:
             self._max_ops = max(1, (await self._client._limits()).max_session_in_flight)
             if self._call is None:
@@ -93,7 +104,8 @@ class AsyncSession(SessionState, _operations.Operations):
                 self._reader = asyncio.ensure_future(self._read())
         return self
 
-    async def submit(self, request, *, wait=False, tag=None):
+    async def submit(self, request: Message, *, wait: bool = False,
+                     tag: Optional[str] = None) -> AsyncPending:
         """As Session.submit; awaits only while a full message waits."""
         del wait  # a session never waits; AsyncPending.result() does
         if self._closing:
@@ -157,13 +169,13 @@ class AsyncSession(SessionState, _operations.Operations):
         self._queued.clear()
         self._changed.set()
 
-    async def wait(self, timeout=None):
+    async def wait(self, timeout: Optional[float] = None) -> None:
         """Waits until every operation submitted so far is answered."""
         pendings = list(self._unanswered.values())
         await asyncio.wait_for(asyncio.gather(*(p._until_answered() for p in pendings)),
                                timeout)
 
-    async def close(self, timeout=None):
+    async def close(self, timeout: Optional[float] = None) -> None:
         """As Session.close."""
         self._closing = True
         self._changed.set()
@@ -173,7 +185,7 @@ class AsyncSession(SessionState, _operations.Operations):
         if error is not None:
             raise error
 
-    async def cancel(self):
+    async def cancel(self) -> None:
         """As Session.cancel."""
         self._closing = True
         self._cancelled = True
@@ -182,10 +194,12 @@ class AsyncSession(SessionState, _operations.Operations):
             self._call.cancel()
             await self._reader
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> AsyncSession:
         return await self.open()
 
-    async def __aexit__(self, exc_type, exc, traceback):
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]],
+                        exc: Optional[BaseException],
+                        traceback: Optional[TracebackType]) -> None:
         if exc_type is None:
             await self.close()
         else:

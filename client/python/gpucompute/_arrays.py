@@ -3,11 +3,15 @@ bytes as they are sent, references to remote arrays and streams, and what a hand
 of its remote array (RemoteArrayInfo).
 """
 
+from __future__ import annotations
+
 import numbers
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ._proto import enum_name, v1
+from ._types import Message
 from ._views import View, ViewMethods
 
 _DTYPES = {
@@ -57,6 +61,7 @@ class TaggedOutput:
     understand (_session.Pending, _chain.Step)."""
 
     __slots__ = ("ref",)
+    ref: str
 
 
 def buffer_ref(value):
@@ -140,10 +145,12 @@ class RemoteArrayInfo(ViewMethods):
     as the server returned it inline (a NumPy scalar, or an array along an axis).
 
     Indexing and NumPy's shape functions (x[0:10, ::2], x.T, x.reshape(2, -1), ...)
-    make Views of it (gpucompute._views), without a server call.
+    make Views of it (gpucompute._views), without a server call. Every property here is
+    read from what the handle holds: none calls the server.
     """
 
-    def __init__(self, client, info, operation=None, transfer=None):
+    def __init__(self, client: Any, info: Message, operation: Optional[Message] = None,
+                 transfer: Optional[Message] = None) -> None:
         self._client = client
         self.info = info
         self.operation = operation
@@ -153,50 +160,61 @@ class RemoteArrayInfo(ViewMethods):
         return self, (), self.shape, self._client
 
     @property
-    def id(self):
+    def id(self) -> str:
+        """The buffer's id on the server."""
         return self.info.id
 
     @property
-    def name(self):
+    def name(self) -> Optional[str]:
+        """The buffer's name, or None."""
         return self.info.name or None
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
+        """The array's shape."""
         return tuple(self.info.shape)
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
+        """The number of axes."""
         return len(self.info.shape)
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype."""
         return numpy_dtype(self.info.dtype)
 
     @property
-    def layout(self):
+    def layout(self) -> str:
+        """"C" or "F": the memory order on the server."""
         return "F" if self.info.layout == v1.LAYOUT_F else "C"
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
+        """The size of the buffer in bytes."""
         return self.info.size_bytes
 
     @property
-    def device(self):
+    def device(self) -> int:
+        """The server's device that holds the buffer."""
         return self.info.device
 
     @property
-    def timing(self):
+    def timing(self) -> Optional[Message]:
         """The operation's Timing (device and queued seconds, bytes, GB/s, GFLOP/s)."""
         if self.operation is None or not self.operation.HasField("timing"):
             return None
         return self.operation.timing
 
     @property
-    def value(self):
+    def value(self) -> Any:
+        """A reduction's result, sent back with the operation (no download): a NumPy
+        scalar, or an array for a reduction along axes; None for other arrays."""
         if self.operation is None or not self.operation.values:
             return None
         values = np.array([scalar_value(s) for s in self.operation.values], dtype=self.dtype)
@@ -220,5 +238,5 @@ class RemoteArrayInfo(ViewMethods):
             text += f" transferred in {self.transfer.seconds:.3f} s {self.transfer.gbps:.2f} GB/s"
         return text
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._describe()}>"

@@ -4,6 +4,13 @@ returns a RemoteArray freed when it is garbage collected.
 
 Module-level functions take `client=`; without it they use the client that
 gpucompute.connect() opened last.
+
+What is sent when: full, zeros, ones, empty and their *_like are one CreateBuffer call
+each, which blocks until the buffer exists; the others (random fills, arange, linspace,
+eye) are operations sent through the client's session at once, without waiting (the
+first index() expression of a client waits once, to learn whether the server has it).
+Nothing is uploaded, except arange's and linspace's few integers on a server without
+index().
 """
 
 from __future__ import annotations
@@ -13,21 +20,18 @@ import numbers
 import secrets
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 
 from . import _dispatch, _lazy
 from ._requests import create_request, elementwise_request, random_request
+from ._types import DTypeLike, Scalar, ShapeLike
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._lazy import LazyArray
     from .client import Client
-
-ShapeLike = Union[int, Sequence[int]]
-DTypeLike = Any
-Scalar = Union[bool, int, float, np.generic]
 
 _default = None
 
@@ -57,7 +61,8 @@ def _shape(shape):
 
 def full(shape: ShapeLike, fill_value: Scalar, dtype: DTypeLike = None, *,
          client: Optional[Client] = None) -> LazyArray:
-    """An array of `shape` filled with `fill_value` (dtype: NumPy's for the value)."""
+    """An array of `shape` filled with `fill_value` (dtype: NumPy's for the value),
+    made on the server (a blocking call)."""
     client = _client(client)
     dtype = np.dtype(dtype) if dtype is not None else np.array(fill_value).dtype
     if dtype == np.dtype(np.int64) and isinstance(fill_value, float):
@@ -69,17 +74,19 @@ def full(shape: ShapeLike, fill_value: Scalar, dtype: DTypeLike = None, *,
 
 def zeros(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
           client: Optional[Client] = None) -> LazyArray:
+    """NumPy's zeros, made on the server (a blocking call; nothing is uploaded)."""
     return full(shape, 0, dtype, client=client)
 
 
 def ones(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
          client: Optional[Client] = None) -> LazyArray:
+    """NumPy's ones, made on the server (a blocking call; nothing is uploaded)."""
     return full(shape, 1, dtype, client=client)
 
 
 def empty(shape: ShapeLike, dtype: DTypeLike = np.float64, *,
           client: Optional[Client] = None) -> LazyArray:
-    """As zeros: the server fills every new buffer."""
+    """As zeros (a blocking call): the server fills every new buffer."""
     return zeros(shape, dtype, client=client)
 
 
@@ -90,21 +97,25 @@ def _like(function, x, dtype, shape, *args):
 
 def zeros_like(x: Any, dtype: DTypeLike = None, *,
                shape: Optional[ShapeLike] = None) -> LazyArray:
+    """zeros of x's shape and dtype (or those given), on x's client."""
     return _like(zeros, x, dtype, shape)
 
 
 def ones_like(x: Any, dtype: DTypeLike = None, *,
               shape: Optional[ShapeLike] = None) -> LazyArray:
+    """ones of x's shape and dtype (or those given), on x's client."""
     return _like(ones, x, dtype, shape)
 
 
 def empty_like(x: Any, dtype: DTypeLike = None, *,
                shape: Optional[ShapeLike] = None) -> LazyArray:
+    """empty of x's shape and dtype (or those given), on x's client."""
     return _like(empty, x, dtype, shape)
 
 
 def full_like(x: Any, fill_value: Scalar, dtype: DTypeLike = None, *,
               shape: Optional[ShapeLike] = None) -> LazyArray:
+    """full of x's shape and dtype (or those given), on x's client."""
     return _like(full, x, dtype, shape, fill_value)
 
 
@@ -160,8 +171,8 @@ def eye(n: int, m: Optional[int] = None, k: int = 0, dtype: DTypeLike = np.float
 
 def arange(start: Union[int, float], stop: Union[int, float, None] = None,
            step: Union[int, float] = 1, dtype: DTypeLike = None, *,
-           client: Optional[Client] = None) -> Any:
-    """NumPy's arange: start + i * step, computed on the server."""
+           client: Optional[Client] = None) -> LazyArray:
+    """NumPy's arange: start + i * step, computed on the server (a pending array)."""
     client = _client(client)
     if stop is None:
         start, stop = 0, start
@@ -183,8 +194,9 @@ def arange(start: Union[int, float], stop: Union[int, float, None] = None,
 
 
 def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True,
-             dtype: DTypeLike = None, *, client: Optional[Client] = None) -> Any:
-    """NumPy's linspace, computed on the server in float64 as NumPy does."""
+             dtype: DTypeLike = None, *, client: Optional[Client] = None) -> LazyArray:
+    """NumPy's linspace, computed on the server in float64 as NumPy does (a pending
+    array)."""
     client = _client(client)
     num = int(num)
     if num < 0:
@@ -226,7 +238,7 @@ _streams = weakref.WeakKeyDictionary()
 
 def seed(value: int, *, client: Optional[Client] = None) -> None:
     """Restarts `client`'s default random stream at key `value`, counter 0, so that
-    the fills that follow are reproducible."""
+    the fills that follow are reproducible. The stream is kept here: no call."""
     client = _client(client)
     stream = _streams.setdefault(client, _Stream())
     with stream.lock:
@@ -252,23 +264,28 @@ def _random(client, distribution, shape, dtype, seed_value, **parameters):
 def random(size: ShapeLike = (), dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
            client: Optional[Client] = None) -> LazyArray:
     """Uniform on [0, 1): Philox4x32-10 keyed by `seed` (None: the client's stream,
-    see gpucompute.seed); the same seed gives the same numbers on every backend."""
+    see gpucompute.seed); the same seed gives the same numbers on every backend. Filled
+    on the server, sent at once without waiting."""
     return _random(client, "uniform", size, dtype, seed)
 
 
 def rand(*shape: int, dtype: DTypeLike = np.float64, seed: Optional[int] = None,
          client: Optional[Client] = None) -> LazyArray:
+    """NumPy's rand: random(shape), the extents given as arguments."""
     return random(shape, dtype, seed=seed, client=client)
 
 
 def randn(*shape: int, dtype: DTypeLike = np.float64, seed: Optional[int] = None,
           client: Optional[Client] = None) -> LazyArray:
+    """NumPy's randn: standard normals of the shape given as arguments."""
     return normal(0.0, 1.0, shape, dtype, seed=seed, client=client)
 
 
 def normal(loc: float = 0.0, scale: float = 1.0, size: ShapeLike = (),
            dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
            client: Optional[Client] = None) -> LazyArray:
+    """Normal(loc, scale) of shape `size`, as random (Philox, filled on the server;
+    the same seed gives the same numbers on every backend)."""
     return _random(client, "normal", size, dtype, seed, mean=float(loc), stddev=float(scale),
                    normal_transform=2)
 
@@ -276,6 +293,7 @@ def normal(loc: float = 0.0, scale: float = 1.0, size: ShapeLike = (),
 def uniform(low: float = 0.0, high: float = 1.0, size: ShapeLike = (),
             dtype: DTypeLike = np.float64, *, seed: Optional[int] = None,
             client: Optional[Client] = None) -> LazyArray:
+    """Uniform on [low, high) of shape `size`, as random (scaled on the server)."""
     values = random(size, dtype, seed=seed, client=client)
     return values * (high - low) + low if (low, high) != (0.0, 1.0) else values
 

@@ -19,9 +19,12 @@ import waits for the producer's work itself. client/python/README.md states thes
 rules, and the lifetimes, for users.
 """
 
+from __future__ import annotations
+
 import socket
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any, Optional
 
 import grpc
 import numpy as np
@@ -30,13 +33,16 @@ from . import _arrays, _cuda, _dlpack, _shm, _strides
 from ._proto import v1
 from .errors import Error, FailedPreconditionError, from_rpc_error
 
+if TYPE_CHECKING:
+    from .client import Client, RemoteArray
+
 
 class ZeroCopyError(FailedPreconditionError, BufferError):
     """The memory cannot be shared without a copy: the server does not allow CUDA IPC,
     runs the CPU backend or on another host, or the buffer was not created exportable
     (and the protocol may not copy it)."""
 
-    def __init__(self, details):
+    def __init__(self, details: str) -> None:
         super().__init__(grpc.StatusCode.FAILED_PRECONDITION, details)
 
 
@@ -276,10 +282,12 @@ def dlpack_device(value):
     return _dlpack.KDL_CUDA, local_device(client, handle.device)
 
 
-def from_dlpack(value, client, *, name=None, device=None):
+def from_dlpack(value: Any, client: Client, *, name: Optional[str] = None,
+                device: Optional[int] = None) -> RemoteArray:
     """A new buffer on `client`'s server holding a copy of `value`: a CUDA array of
     another library (anything with __dlpack__ or __cuda_array_interface__) is copied on
-    the device through CUDA IPC, with no host round trip; host memory is uploaded."""
+    the device through CUDA IPC, with no host round trip; host memory is uploaded. Blocks
+    until the buffer holds the copy (Client.put)."""
     if not is_device_array(value):
         return client.put(np.from_dlpack(value), name=name, device=device)
     return client.put(value, name=name, device=device)

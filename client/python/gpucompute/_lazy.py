@@ -24,13 +24,15 @@ import math
 import numbers
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _dispatch, _ufuncs
 from ._arrays import RemoteArrayInfo, numpy_dtype
 from ._requests import elementwise_request
+from ._types import Progress
 from ._views import View
 from .client import Client, RemoteArray
 
@@ -173,12 +175,14 @@ class LazyArray(RemoteArray):
     Its shape and dtype are known without asking the server. Its buffer is freed when
     the array is garbage collected, unless it was named (x.compute(name="y")). Reading
     `id`, `info` or `operation` sends the expression; `operation` also waits for it.
+    The other properties are known here, without a call.
     """
 
     __array_priority__ = 100
 
-    def __init__(self, client, *, node=None, pending=None, shape=None, dtype=None,
-                 owned=True):  # pylint: disable=super-init-not-called
+    def __init__(self, client: Client, *, node: Optional[Node] = None, pending: Any = None,
+                 shape: Optional[Iterable[int]] = None, dtype: npt.DTypeLike = None,
+                 owned: bool = True) -> None:  # pylint: disable=super-init-not-called
         self._client = client
         self._node = node
         self._pending = None
@@ -217,8 +221,9 @@ class LazyArray(RemoteArray):
         return self._pending
 
     def compute(self, name: Optional[str] = None) -> LazyArray:
-        """Sends the pending expression now (as one operation), into a new buffer named
-        `name` if given (a named result outlives the array); returns self."""
+        """Sends the pending expression now (as one operation, without waiting for it),
+        into a new buffer named `name` if given (a named result outlives the array);
+        returns self."""
         if self._node is None and name is not None:
             raise ValueError("the array is already computed; name it with "
                              "client.eval('x', x=array, name=...)")
@@ -231,62 +236,78 @@ class LazyArray(RemoteArray):
         return self._node is not None or not self._pending.done()
 
     @property
-    def info(self):
+    def info(self) -> Any:
+        """The BufferInfo message: sends a pending expression and waits for its
+        answer."""
         return _dispatch.info_of(self._materialize())
 
     @property
-    def operation(self):
+    def operation(self) -> Any:
+        """The Operation message: sends a pending expression and blocks until it is
+        done."""
         return self._materialize().result()
 
     @property
-    def id(self):
+    def id(self) -> str:
+        """The buffer's id: sends a pending expression and waits for the server's
+        answer."""
         pending = self._materialize()
         if self._visible is None:
             self._visible = pending.buffer_id()
         return self._visible
 
     @property
-    def name(self):
+    def name(self) -> Optional[str]:
+        """The name given to compute(name=...), else None."""
         return self._name
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> Tuple[int, ...]:
+        """The shape, known here."""
         return self._shape
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
+        """The number of axes."""
         return len(self._shape)
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype, known here."""
         return self._dtype
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """The number of elements."""
         return math.prod(self._shape)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
+        """The size in bytes."""
         return self.size * self._dtype.itemsize
 
     @property
-    def layout(self):
+    def layout(self) -> str:
+        """"C" (an expression's result is C-ordered), or the buffer's."""
         return "C" if self._node is not None else super().layout
 
     @property
-    def device(self):
+    def device(self) -> Optional[int]:  # type: ignore[override]
         """The device of the buffer: None until the operation has been answered."""
         if self._node is not None or not self._pending.done():
             return None
         return _dispatch.info_of(self._pending).device
 
-    def get(self, *, progress=None, transport=None):
+    def get(self, *, progress: Progress = None,
+            transport: Optional[str] = None) -> npt.NDArray[Any]:
+        """Sends a pending expression, waits for it and downloads the result."""
         _dispatch.refuse_in_trace("a download (np.asarray(), get())")
         self._materialize().result()
         return super().get(progress=progress, transport=transport)
 
-    def delete(self):
-        """Frees the buffer now (an unsent expression is dropped)."""
+    def delete(self) -> None:
+        """Frees the buffer now, a blocking call (an unsent expression is dropped,
+        with no call)."""
         if self._node is not None:
             self._node = None
             _untrack(self._client, self)
@@ -303,7 +324,7 @@ class LazyArray(RemoteArray):
             where += f" {self.device}"
         return f"shape={self._shape} dtype={self._dtype} {where} {state}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<RemoteArray {self._describe()}>"
 
     def _repr_html_(self):
@@ -436,7 +457,8 @@ def created(client, info):
 
 
 def evaluate(*arrays: Any) -> Any:
-    """Sends the pending expressions of `arrays` now, each as one operation."""
+    """Sends the pending expressions of `arrays` now, each as one operation, without
+    waiting for them; returns the array (or the arrays) given."""
     for array in arrays:
         if isinstance(array, LazyArray):
             array._materialize()

@@ -9,9 +9,18 @@ from __future__ import annotations
 import html
 import numbers
 from types import ModuleType
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._lazy import LazyArray
+    from ._types import Axis, DTypeLike
+
+# The operators' methods: (self, other) -> the result. A binary operator gives a
+# pending expression (a LazyArray), or NotImplemented; an in-place one the array written.
+_Operator = Callable[[Any, Any], "LazyArray"]
+_InPlace = Callable[[Any, Any], Any]
 
 
 def _impl():
@@ -27,54 +36,63 @@ def _foreign(value):
         and not hasattr(value, "__array_ufunc__")
 
 
-def _binary(fn):
-    def forward(self, other):
+def _binary(fn: str) -> Tuple[_Operator, _Operator, _InPlace]:
+    def forward(self: Any, other: Any) -> LazyArray:
         if _foreign(other):
             return NotImplemented
         lazy, _ = _impl()
         return lazy.apply(fn, [self, other])
 
-    def reverse(self, other):
+    def reverse(self: Any, other: Any) -> LazyArray:
         if _foreign(other):
             return NotImplemented
         lazy, _ = _impl()
         return lazy.apply(fn, [other, self])
 
-    def in_place(self, other):
+    def in_place(self: Any, other: Any) -> Any:
         _, functions = _impl()
         return functions.write(self, fn, [self, other])
 
     return forward, reverse, in_place
 
 
-def _unary(fn):
-    def method(self):
+def _unary(fn: str) -> Callable[[Any], LazyArray]:
+    def method(self: Any) -> LazyArray:
         lazy, _ = _impl()
         return lazy.apply(fn, [self])
     return method
 
 
-def _reduction(kind):
-    def method(self, axis=None, *, keepdims=False, **unsupported):
+def _reduction(kind: str) -> Callable[..., LazyArray]:
+    def method(self: Any, axis: Axis = None, *, keepdims: bool = False,
+               **unsupported: Any) -> LazyArray:
         _, functions = _impl()
         return functions.reduce(kind, self, axis, keepdims, **unsupported)
     method.__name__ = kind
     method.__doc__ = (f"{kind} over `axis` (None: every axis; an int or a tuple), on the "
-                      "server; of a pending expression, fused into one pass.")
+                      "server; of a pending expression, fused into one pass. Sent at once, "
+                      "without waiting; the value comes back with the operation.")
     return method
 
 
-def _statistic(kind):
-    def method(self, axis=None, *, ddof=0, keepdims=False, **unsupported):
+def _statistic(kind: str) -> Callable[..., LazyArray]:
+    def method(self: Any, axis: Axis = None, *, ddof: int = 0, keepdims: bool = False,
+               **unsupported: Any) -> LazyArray:
         _, functions = _impl()
         return functions.reduce(kind, self, axis, keepdims, ddof, **unsupported)
     method.__name__ = kind
-    method.__doc__ = f"{kind} over `axis`, dividing by N - ddof, on the server."
+    method.__doc__ = (f"{kind} over `axis`, dividing by N - ddof, on the server. Sent at "
+                      "once, without waiting; the value comes back with the operation.")
     return method
 
 
 class ArrayOperators:
-    """The NumPy-like part of RemoteArray and View."""
+    """The NumPy-like part of RemoteArray and View.
+
+    Elementwise operators and ufuncs run on the server but are sent later: they return
+    a pending expression (gpucompute._lazy) at once. Reductions and matmul are sent at
+    once and do not wait; float(), int(), bool() and np.asarray() block and download.
+    """
 
     __array_priority__ = 100
     # Arrays compare elementwise, but stay hashable by identity, as handles always were.
@@ -103,13 +121,13 @@ class ArrayOperators:
     __invert__ = _unary("invert")
     __abs__ = _unary("absolute")
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: Any) -> LazyArray:
         return _impl()[1].matmul(self, other)
 
-    def __rmatmul__(self, other):
+    def __rmatmul__(self, other: Any) -> LazyArray:
         return _impl()[1].matmul(other, self)
 
-    def __imatmul__(self, other):
+    def __imatmul__(self, other: Any) -> NoReturn:
         raise TypeError("in-place matrix multiplication (@=) is not supported on remote "
                         "arrays: write c = a @ b")
 
@@ -125,7 +143,8 @@ class ArrayOperators:
     std = _statistic("std")
     var = _statistic("var")
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
+                        **kwargs: Any) -> Any:
         from . import _ufuncs  # pylint: disable=import-outside-toplevel
         lazy, functions = _impl()
         name = ufunc.__name__
@@ -147,7 +166,8 @@ class ArrayOperators:
             return functions.write(out[0], name, list(inputs))
         return lazy.apply(name, list(inputs))
 
-    def __array_function__(self, func, types, args, kwargs):
+    def __array_function__(self, func: Callable[..., Any], types: Any, args: Any,
+                           kwargs: Any) -> Any:
         from . import _numpy_functions  # pylint: disable=import-outside-toplevel
         implementation = _numpy_functions.FUNCTIONS.get(func)
         if implementation is None:
@@ -156,15 +176,15 @@ class ArrayOperators:
                             "host")
         return implementation(*args, **kwargs)
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: Any, value: Any) -> None:
         _impl()[1].assign(self, key, value)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(self.shape[0]))
@@ -178,13 +198,14 @@ class ArrayOperators:
     def __bool__(self) -> bool:
         return _impl()[1].scalar(self, bool)
 
-    def __index__(self):
+    def __index__(self) -> int:
         if np.dtype(self.dtype).kind not in "iu":
             raise TypeError("only integer arrays can be used as an index")
         return _impl()[1].scalar(self, int)
 
-    def astype(self, dtype: Any, copy: bool = True) -> Any:
-        """The array as `dtype` (a lazy cast, fused with what follows)."""
+    def astype(self, dtype: DTypeLike, copy: bool = True) -> Any:
+        """The array as `dtype`: a cast on the server, pending (fused with what follows),
+        or the array itself for its own dtype without `copy`."""
         from ._arrays import dtype_enum  # pylint: disable=import-outside-toplevel
         dtype_enum(dtype)
         dtype = np.dtype(dtype)
@@ -192,12 +213,14 @@ class ArrayOperators:
             return self
         return _impl()[0].apply(dtype.name, [self], type_=dtype, what="astype")
 
-    def copy(self) -> Any:
-        """A new buffer with the array's values (lazy)."""
+    def copy(self) -> LazyArray:
+        """A new buffer with the array's values, copied on the server (pending: sent
+        when needed)."""
         return _impl()[0].apply("", [self], what="copy")
 
     def compute(self, name: Optional[str] = None) -> Any:
-        """The array's value in a buffer of its own: pending work is sent now."""
+        """The array's value in a buffer of its own: pending work is sent now, without
+        waiting for it. A handle is that already, and is returned as it is."""
         if name is not None:
             raise ValueError("name a copy: x.copy().compute(name=...)")
         return self
@@ -207,6 +230,7 @@ class ArrayOperators:
         return f"<code>{html.escape(repr(self))}</code>"
 
     def __array_namespace__(self, *, api_version: Optional[str] = None) -> ModuleType:
+        """gpucompute.array_api (no server call)."""
         if api_version not in (None, "2023.12"):
             raise ValueError(f"array API version {api_version!r} is not supported; 2023.12 is")
         from . import array_api  # pylint: disable=import-outside-toplevel

@@ -205,7 +205,7 @@ class Program:
     argument shapes, dtypes and constants, each with its own output buffers). Not for
     concurrent calls from several threads."""
 
-    def __init__(self, fn: Callable[..., Any], client: Any = None):
+    def __init__(self, fn: Callable[..., Any], client: Any = None) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._client = client

@@ -18,9 +18,13 @@ its temporaries, deleted when the session ends; named outputs, and outputs writt
 existing buffers, stay.
 """
 
+from __future__ import annotations
+
 import collections
 import itertools
 import threading
+from types import TracebackType
+from typing import Any, Optional, Type
 
 import grpc
 
@@ -28,6 +32,7 @@ from . import _operations
 from ._arrays import TaggedOutput, stream_ref
 from ._proto import v1
 from ._transfers import _varint
+from ._types import Message, StreamRef
 from .errors import Error, error_for, from_rpc_error
 
 # The most serialized bytes in one message (an operation larger than this goes alone),
@@ -72,12 +77,13 @@ class Pending(TaggedOutput):
     `ref` ("tag:<t>") names its output in later operations of the same session (pass
     the Pending itself wherever a buffer is read or written); outside the session use
     buffer_id() or array(). Every wait takes an optional `timeout` in seconds and
-    raises TimeoutError when it passes.
+    raises TimeoutError when it passes. Nothing here sends anything: the waits block
+    until the session's reader has the answer.
     """
 
     __slots__ = ("tag", "_session", "_seq", "_operation", "_error", "_observed")
 
-    def __init__(self, session, seq, tag):
+    def __init__(self, session: Any, seq: int, tag: str) -> None:
         self.ref = "tag:" + tag
         self.tag = tag
         self._session = session
@@ -86,17 +92,17 @@ class Pending(TaggedOutput):
         self._error = None
         self._observed = False
 
-    def done(self):
+    def done(self) -> bool:
         """Whether the answer came (the operation finished or failed, or the session
-        ended without running it)."""
+        ended without running it); never waits."""
         return self._operation is not None or self._error is not None
 
     def _answered(self):
         """Called once the answer is set (the blocking session wakes its waiters
         itself)."""
 
-    def result(self, timeout=None):
-        """The finished Operation message. Raises the operation's error as a
+    def result(self, timeout: Optional[float] = None) -> Message:
+        """The finished Operation message, once answered (blocks). Raises the operation's error as a
         gpucompute.Error (FailedPreconditionError naming the tag for an operation that
         used the output of a failed one), or the error that ended the session."""
         self._session._wait_for(self, timeout)
@@ -105,26 +111,26 @@ class Pending(TaggedOutput):
             raise self._error
         return self._operation
 
-    def exception(self, timeout=None):
-        """The error result() would raise, or None."""
+    def exception(self, timeout: Optional[float] = None) -> Optional[Error]:
+        """The error result() would raise, or None (blocks until answered)."""
         try:
             self.result(timeout)
         except Error as error:
             return error
         return None
 
-    def buffer_id(self, timeout=None):
+    def buffer_id(self, timeout: Optional[float] = None) -> str:
         """The output buffer's id (waits for the answer): the buffer stands for the
         output in other calls of the client, for as long as the session lasts unless
         it is named or existed before."""
         return _operations.output_of(self.result(timeout)).id
 
-    def array(self, timeout=None):
-        """The output as a RemoteArray of the client (waits for the answer); a
-        reduction's `value` is in it."""
+    def array(self, timeout: Optional[float] = None) -> Any:
+        """The output as a RemoteArray of the client (waits for the answer; downloads
+        nothing); a reduction's `value` is in it."""
         return self._session._client._result(self.result(timeout))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "pending"
         if self._error is not None:
             state = f"failed ({self._error.code.name})"
@@ -185,9 +191,9 @@ class SessionState:
             self._end_reported = True
             pending._answered()
 
-    def failures(self):
+    def failures(self) -> list[Pending]:
         """The Pendings of failed operations whose result nobody asked for, in
-        submission order (close() raises the first)."""
+        submission order (close() raises the first); no call."""
         return sorted((p for p in self._failed if not p._observed), key=lambda p: p._seq)
 
     def _error_at_close(self):
@@ -232,9 +238,11 @@ class Session(SessionState, _operations.Operations):
     every later submit; close() raises it where no operation did. The session's
     temporaries (new unnamed outputs) are deleted when it ends, however it ends: use
     their ids (Pending.buffer_id()) in the client's other calls only meanwhile.
+
+    Creating it opens the call (and asks the server's limits once per client).
     """
 
-    def __init__(self, client, stream=None):
+    def __init__(self, client: Any, stream: StreamRef = None) -> None:
         super().__init__()
         self._client = client
         self._suffix = stream_suffix(stream)
@@ -260,12 +268,14 @@ class Session(SessionState, _operations.Operations):
 
     # Submitting -----------------------------------------------------------
 
-    def submit(self, request, *, wait=False, tag=None):
+    def submit(self, request: Message, *, wait: bool = False,
+               tag: Optional[str] = None) -> Pending:
         """Queues a SubmitRequest (its wait fields are ignored) tagged `tag`, or "#<n>"
         with n counting the session's operations from 1, and returns its Pending. A tag
         of your own must not start with "#" and is used once in the session (else
         ValueError: answers are matched by tag). Runs on the session's stream where
-        the request names none."""
+        the request names none. gRPC's sending thread sends it with the others queued
+        meanwhile; this blocks only while a full message waits."""
         del wait  # a session never waits; Pending.result() does
         if self._closing:
             raise ValueError("the session is closed")
@@ -360,19 +370,19 @@ class Session(SessionState, _operations.Operations):
 
     # Ending ---------------------------------------------------------------
 
-    def wait(self, timeout=None):
-        """Waits until every operation submitted so far is answered."""
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Blocks until every operation submitted so far is answered."""
         self._wait_until(lambda: not self._unanswered, timeout,
                          lambda: f"{len(self._unanswered)} operations were not answered")
 
-    def failures(self):
+    def failures(self) -> list[Pending]:
         with self._condition:
             return super().failures()
 
     failures.__doc__ = SessionState.failures.__doc__
 
-    def close(self, timeout=None):
-        """Ends the submissions, waits for every answer and the end of the call, and
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Ends the submissions, waits (blocking) for every answer and the end of the call, and
         raises the first unobserved failure (see the class). Closing twice is
         harmless."""
         with self._condition:
@@ -386,7 +396,7 @@ class Session(SessionState, _operations.Operations):
         if error is not None:
             raise error
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Cancels the call: unanswered operations fail with CANCELLED at once; the
         server still runs those it queued, and deletes the session's temporaries once
         it sees the cancellation (a moment later; after close(), they are gone)."""
@@ -397,10 +407,11 @@ class Session(SessionState, _operations.Operations):
         self._call.cancel()
         self._reader.join()
 
-    def __enter__(self):
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, exc_type, exc, traceback):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -9,14 +9,22 @@ raises at once (IndexError or ValueError, as NumPy's). A View of a plain id or n
 (View("x")) has no known shape: the server checks it.
 """
 
+from __future__ import annotations
+
 import numbers
 import operator
+from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ._operators import ArrayOperators
 from ._proto import v1
 from ._protocols import ZeroCopyMethods
+from ._types import Progress
+
+# What a view-making method takes as axes or extents: f(1, 2) or f((1, 2)).
+_Ints = Any
 
 
 def _integer(value, what):
@@ -177,7 +185,7 @@ class ViewMethods:
             shape = view_shape(shape, (step,))
         return View(base, steps, shape=shape, dtype=getattr(self, "dtype", None), client=client)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> View:
         step = v1.ViewStep()
         step.index.SetInParent()
         keys = key if isinstance(key, tuple) else (key,)
@@ -185,37 +193,44 @@ class ViewMethods:
         return self._with_step(step)
 
     @property
-    def T(self):
+    def T(self) -> View:
+        """The transpose (axes reversed): a View, made here without a server call."""
         step = v1.ViewStep()
         step.transpose.SetInParent()
         return self._with_step(step)
 
-    def transpose(self, *axes):
+    def transpose(self, *axes: _Ints) -> View:
+        """NumPy's transpose, as a View made here without a server call."""
         step = v1.ViewStep()
         step.transpose.axes.extend(_int_list(axes, "an axis") if axes else [])
         step.transpose.SetInParent()
         return self._with_step(step)
 
-    def reshape(self, *shape):
+    def reshape(self, *shape: _Ints) -> View:
+        """NumPy's reshape where the strides allow it, as a View made here without a
+        server call (the server checks the strides when the view is used)."""
         step = v1.ViewStep()
         step.reshape.extents.extend(_int_list(shape, "an extent"))
         step.reshape.SetInParent()
         return self._with_step(step)
 
-    def squeeze(self, axis=None):
+    def squeeze(self, axis: Optional[_Ints] = None) -> View:
+        """NumPy's squeeze, as a View made here without a server call."""
         step = v1.ViewStep()
         if axis is not None:
             step.squeeze.axes.extend(_int_list((axis,), "an axis"))
         step.squeeze.SetInParent()
         return self._with_step(step)
 
-    def expand_dims(self, axis):
+    def expand_dims(self, axis: _Ints) -> View:
+        """NumPy's expand_dims, as a View made here without a server call."""
         step = v1.ViewStep()
         step.expand_dims.axes.extend(_int_list((axis,), "an axis"))
         step.expand_dims.SetInParent()
         return self._with_step(step)
 
-    def broadcast_to(self, *shape):
+    def broadcast_to(self, *shape: _Ints) -> View:
+        """NumPy's broadcast_to, as a read-only View made here without a server call."""
         step = v1.ViewStep()
         extents = _int_list(shape, "an extent")
         if any(extent < 0 for extent in extents):
@@ -233,42 +248,49 @@ class View(ViewMethods, ArrayOperators, ZeroCopyMethods):
     np.asarray() download it, from a view of a handle. View("x") views the buffer named
     "x" (any id or name), its shape unknown here. A view of a handle takes NumPy's
     operators and functions as the handle does (gpucompute._operators); a view of one
-    element converts with float(), int() and bool() (a download).
+    element converts with float(), int() and bool() (a download). Making one, and
+    reading its shape, dtype, ndim and size, never calls the server.
     """
 
-    def __init__(self, base, steps=(), *, shape=None, dtype=None, client=None):
+    def __init__(self, base: Any, steps: Iterable[Any] = (), *,
+                 shape: Optional[Iterable[int]] = None, dtype: npt.DTypeLike = None,
+                 client: Any = None) -> None:
         self.base = base
-        self.steps = tuple(steps)
-        self.shape = None if shape is None else tuple(shape)
-        self.dtype = dtype
+        self.steps: Tuple[Any, ...] = tuple(steps)
+        self.shape: Optional[Tuple[int, ...]] = None if shape is None else tuple(shape)
+        self.dtype: Any = dtype
         self._client = client
 
     def _view_parts(self):
         return self.base, self.steps, self.shape, self._client
 
     @property
-    def ndim(self):
+    def ndim(self) -> Optional[int]:
+        """The number of axes; None for a View of an id or name."""
         return None if self.shape is None else len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> Optional[int]:
+        """The number of elements; None for a View of an id or name."""
         return None if self.shape is None else int(np.prod(self.shape, dtype=np.int64))
 
-    def get(self, *, progress=None, transport=None):
-        """Downloads the view (with the asyncio client: a coroutine)."""
+    def get(self, *, progress: Progress = None, transport: Optional[str] = None) -> Any:
+        """Downloads the view as a NumPy array, blocking until it is here, once the
+        operations sent before have run (with the asyncio client: a coroutine of it)."""
         if self._client is None:
             raise TypeError("a view of an id or name has no client: pass it to "
                             "client.download()")
         return self._client.download(self, progress=progress, transport=transport)
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: npt.DTypeLike = None,
+                  copy: Optional[bool] = None) -> npt.NDArray[Any]:
         if copy is False:
             raise ValueError("a View has no host memory to view: converting it downloads a "
                              "copy (use copy=None or True, or get())")
         array = self.get()
         return array if dtype is None else array.astype(dtype, copy=False)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         base = getattr(self.base, "id", self.base)
         shape = "" if self.shape is None else f" shape={self.shape}"
         return f"<View of {base}{shape} steps={len(self.steps)}>"

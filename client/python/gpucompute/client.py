@@ -1,20 +1,33 @@
 """The blocking client, and futures for operations that should not block."""
 
+from __future__ import annotations
+
 import abc
 import collections
 import concurrent.futures
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 import grpc
+import numpy.typing as npt
 
 from . import (_arrays, _chain, _connection, _dispatch, _interop, _operations, _operators,
                _protocols, _requests, _session, _shm, _transfers, _views)
 from ._proto import v1
+from ._types import ArrayLike, ArrayRef, DTypeLike, Message, Progress, ShapeLike, StreamRef
 from .errors import Error, NotFoundError, error_for, from_rpc_error
 
+if TYPE_CHECKING:
+    from ._lazy import LazyArray
+    from ._program import Program
 
-def connect(target, *, channel_options=(), **options):
-    """Returns a Client of the server at `target` ("host:port").
+# gRPC channel arguments: (name, value) pairs.
+ChannelOptions = Sequence[Tuple[str, Any]]
+
+
+def connect(target: str, *, channel_options: ChannelOptions = (), **options: Any) -> Client:
+    """Returns a Client of the server at `target` ("host:port"), and makes it the one
+    the module functions (gpucompute.zeros, ...) use by default.
 
     No RPC is made, so an unreachable server shows up as UnavailableError on the
     first call. The options are those of _connection.Options: client_name, chunk_bytes,
@@ -48,17 +61,21 @@ class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo,
     (__cuda_array_interface__, __dlpack__: see gpucompute._interop).
     """
 
-    def get(self, *, progress=None, transport=None):
-        """Downloads the array (shape, dtype and memory order as on the server);
-        `transport` as for Client.put."""
+    def get(self, *, progress: Progress = None,
+            transport: Optional[str] = None) -> npt.NDArray[Any]:
+        """Downloads the array (shape, dtype and memory order as on the server), once
+        the operations sent before have run; blocks until it is here. `transport` as
+        for Client.put."""
         array, self.transfer = self._client._download(self, progress, transport)
         return array
 
-    def delete(self):
-        """Frees the buffer once its pending work is done."""
+    def delete(self) -> None:
+        """Deletes the buffer on the server (a blocking call): its memory is freed once
+        its pending work is done."""
         self._client.delete(self)
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: DTypeLike = None,
+                  copy: Optional[bool] = None) -> npt.NDArray[Any]:
         # NumPy 2 passes copy=False to ask for a view, which a download cannot be.
         if copy is False:
             raise ValueError("a RemoteArray has no host memory to view: converting it "
@@ -68,10 +85,10 @@ class RemoteArray(_operators.ArrayOperators, _arrays.RemoteArrayInfo,
             array = array.astype(dtype, copy=False)
         return array
 
-    def __enter__(self):
+    def __enter__(self) -> RemoteArray:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         try:
             self.delete()
         except NotFoundError:
@@ -96,9 +113,20 @@ class Client(_operations.Operations):
     Submissions reach the server in the order they were made, so a chain of dependent
     operations runs in order; downloads, deletes and uploads into existing buffers wait
     until earlier submissions have reached the server.
+
+    Creating it opens the channel and sends nothing; each method says what it sends
+    and whether it blocks. The creation methods (zeros ones full empty eye arange
+    linspace random randn normal uniform integers) are gpucompute's functions of the
+    same names on this client.
     """
 
-    def __init__(self, target, *, channel_options=(), **options):
+    if TYPE_CHECKING:
+        # Set after the class, for the names listed there.
+        zeros = ones = full = empty = eye = arange = linspace = random = randn = normal = \
+            uniform = integers = _creation_method("")
+
+    def __init__(self, target: str, *, channel_options: ChannelOptions = (),
+                 **options: Any) -> None:
         self.options = _connection.Options(target, **options)
         self._channel_options = channel_options
         self._channel = self.options.open_channel(grpc, channel_options)
@@ -117,9 +145,9 @@ class Client(_operations.Operations):
         self._array_last = None  # the last operation it sent
         self._has_index = None  # whether the server's expressions have index(k)
 
-    def close(self):
-        """Unregisters the shared-memory region, if any, and closes the channel; calls
-        and futures still in flight fail with CANCELLED."""
+    def close(self) -> None:
+        """Unregisters the shared-memory region, if any, and closes the channel (blocking
+        calls); calls and futures still in flight fail with CANCELLED."""
         # A transfer still using the segment keeps it: its region then idles out.
         if self._shm_lock.acquire(blocking=False):
             try:
@@ -133,10 +161,10 @@ class Client(_operations.Operations):
             channel.close()
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _routed(self, call):
@@ -163,15 +191,21 @@ class Client(_operations.Operations):
 
     # Server ---------------------------------------------------------------
 
-    def info(self):
-        """The ServerInfo message: backend, devices, memory, limits, version."""
+    def info(self) -> Message:
+        """The ServerInfo message: backend, devices, memory, limits, version (a blocking
+        call)."""
         return self._call("GetServerInfo", v1.GetServerInfoRequest())
 
-    def stats(self):
-        """The Stats message: per-kind counts, device time and traffic; pools."""
+    def stats(self) -> Message:
+        """The Stats message: per-kind counts, device time and traffic; pools (a
+        blocking call)."""
         return self._call("GetStats", v1.GetStatsRequest())
 
-    def trim_memory_pool(self, device=None, keep_bytes=0):
+    def trim_memory_pool(self, device: Optional[int] = None, keep_bytes: int = 0) -> Message:
+        """Asks the server to give its memory pool's unused memory back, down to
+        `keep_bytes`, on `device` or every device (a blocking call; a server with tokens
+        takes it from an admin token only).
+        Returns the TrimMemoryPoolResponse."""
         request = v1.TrimMemoryPoolRequest(keep_bytes=keep_bytes)
         if device is not None:
             request.device = device
@@ -179,9 +213,12 @@ class Client(_operations.Operations):
 
     # Buffers --------------------------------------------------------------
 
-    def put(self, array, *, name=None, device=None, into=None, offset_bytes=0, progress=None,
-            transport=None):
-        """Uploads a NumPy array (or anything np.asarray takes) and returns its handle.
+    def put(self, array: ArrayLike, *, name: Optional[str] = None, device: Optional[int] = None,
+            into: Optional[ArrayRef] = None, offset_bytes: int = 0, progress: Progress = None,
+            transport: Optional[str] = None) -> RemoteArray:
+        """Uploads a NumPy array (or anything np.asarray takes) and returns its handle;
+        blocks until the server has the bytes. An upload `into` a buffer first waits
+        for the operations sent before.
 
         A new buffer, optionally named, gets the array's dtype, shape and memory order
         (Fortran-ordered arrays stay so). With `into`, the bytes overwrite
@@ -227,9 +264,11 @@ class Client(_operations.Operations):
         response = self._routed(upload)
         return RemoteArray(self, response.buffer, transfer=response.transfer)
 
-    def download(self, buffer, *, progress=None, transport=None):
-        """Downloads a buffer (handle, id or name) into a new NumPy array; `transport` as
-        for put. A View downloads as a C-ordered array of its shape, over gRPC."""
+    def download(self, buffer: ArrayRef, *, progress: Progress = None,
+                 transport: Optional[str] = None) -> npt.NDArray[Any]:
+        """Downloads a buffer (handle, id or name) into a new NumPy array, once the
+        operations sent before have run; blocks until it is here. `transport` as for
+        put. A View downloads as a C-ordered array of its shape, over gRPC."""
         return self._download(buffer, progress, transport)[0]
 
     def _download(self, buffer, progress, transport):
@@ -256,9 +295,11 @@ class Client(_operations.Operations):
                 return assembler.result(), assembler.transfer
         return self._routed(download)
 
-    def create(self, shape, dtype, *, fill=None, name=None, layout="C", device=None,
-               exportable=False):
-        """Allocates a buffer, filled with `fill` if given, else with zeros. An
+    def create(self, shape: ShapeLike, dtype: DTypeLike, *, fill: Optional[Any] = None,
+               name: Optional[str] = None, layout: str = "C", device: Optional[int] = None,
+               exportable: bool = False) -> RemoteArray:
+        """Allocates a buffer on the server (a blocking call; nothing is uploaded),
+        filled with `fill` if given, else with zeros. An
         `exportable` one (CUDA backend, --allow-cuda-ipc) can be mapped by CuPy, PyTorch
         and Numba on the server's host without a copy."""
         request = _requests.create_request(shape, dtype, fill, name, layout, device)
@@ -266,29 +307,33 @@ class Client(_operations.Operations):
             return _interop.create_exportable(self, request, RemoteArray)
         return RemoteArray(self, self._call("CreateBuffer", request).buffer)
 
-    def buffer(self, buffer):
-        """A handle to an existing buffer, by id or name."""
+    def buffer(self, buffer: ArrayRef) -> RemoteArray:
+        """A handle to an existing buffer, by id or name (a blocking call, which fails
+        with NotFoundError for an unknown one)."""
         return RemoteArray(self, self._call("GetBuffer",
                                             v1.GetBufferRequest(buffer=_arrays.buffer_ref(buffer))))
 
-    def buffers(self):
-        """Handles to this client's buffers, oldest first."""
+    def buffers(self) -> list[RemoteArray]:
+        """Handles to this client's buffers, oldest first (a blocking call)."""
         response = self._call("ListBuffers", v1.ListBuffersRequest())
         return [RemoteArray(self, info) for info in response.buffers]
 
-    def renew(self, buffer, ttl=None):
-        """Renews a buffer's lease now (see BufferService.RenewLease): `ttl` None keeps its
-        time-to-live, 0 ends the lease, else sets a new one in seconds. Returns a fresh
-        handle, whose info has the lease's ttl_seconds and expire time."""
+    def renew(self, buffer: ArrayRef, ttl: Optional[float] = None) -> RemoteArray:
+        """Renews a buffer's lease now, a blocking call (see BufferService.RenewLease):
+        `ttl` None keeps its time-to-live, 0 ends the lease, else sets a new one in
+        seconds. Returns a fresh handle, whose info has the lease's ttl_seconds and
+        expire time."""
         response = self._call("RenewLease", _requests.renew_request(buffer, ttl))
         return RemoteArray(self, response.buffer)
 
-    def regions(self):
-        """This client's shared-memory regions (RegionInfo messages), oldest first."""
+    def regions(self) -> list[Message]:
+        """This client's shared-memory regions (RegionInfo messages), oldest first (a
+        blocking call)."""
         return list(self._call("ListRegions", v1.ListRegionsRequest()).regions)
 
-    def delete(self, buffer):
-        """Deletes a buffer (handle, id or name): its id and name stop resolving at once;
+    def delete(self, buffer: ArrayRef) -> None:
+        """Deletes a buffer (handle, id or name) in a blocking call, after waiting for
+        the operations sent so far: its id and name stop resolving at once;
         its memory is freed when queued work using it is done."""
         self._before_write(buffer)
         self._submissions.wait_idle()
@@ -302,21 +347,24 @@ class Client(_operations.Operations):
 
     # Streams --------------------------------------------------------------
 
-    def create_stream(self, device=None):
-        """A new stream (a StreamInfo; pass it, or its id, as `stream=`)."""
+    def create_stream(self, device: Optional[int] = None) -> Message:
+        """A new stream on the server (a StreamInfo; pass it, or its id, as `stream=`);
+        a blocking call."""
         request = v1.CreateStreamRequest()
         if device is not None:
             request.device = device
         return self._call("CreateStream", request)
 
-    def delete_stream(self, stream):
+    def delete_stream(self, stream: StreamRef) -> None:
+        """Deletes a stream on the server (a blocking call)."""
         self._call("DeleteStream", v1.DeleteStreamRequest(stream_id=_arrays.stream_ref(stream)))
 
-    def streams(self):
+    def streams(self) -> list[Message]:
+        """This client's streams (StreamInfo messages; a blocking call)."""
         return list(self._call("ListStreams", v1.ListStreamsRequest()).streams)
 
-    def synchronize(self, stream=None, timeout=0.0):
-        """Waits until the work submitted to `stream` (None: the default stream) is done,
+    def synchronize(self, stream: StreamRef = None, timeout: float = 0.0) -> bool:
+        """Blocks until the work submitted to `stream` (None: the default stream) is done,
         or `timeout` seconds pass (0: no limit but the call's); True if it went idle."""
         self._submissions.wait_idle()
         _dispatch.wait_idle(self)
@@ -326,18 +374,20 @@ class Client(_operations.Operations):
 
     # Sessions and chains ---------------------------------------------------
 
-    def session(self, stream=None):
-        """Opens a session (gpucompute._session.Session): operations sent without a
+    def session(self, stream: StreamRef = None) -> _session.Session:
+        """Opens a session (gpucompute._session.Session), a call to the server that
+        stays open until it is closed: operations sent without a
         round trip each, whose Pendings resolve as the server answers; a context
         manager. Its operations run on `stream` where they name none."""
         return _session.Session(self, stream)
 
-    def chain(self, stream=None):
+    def chain(self, stream: StreamRef = None) -> _chain.Chain:
         """A new, empty Chain (gpucompute._chain.Chain) of operations that run
-        together in one RunChain call, on `stream` where they name none."""
+        together in one RunChain call, on `stream` where they name none. Made here:
+        nothing is sent until its run()."""
         return _chain.Chain(self, stream)
 
-    def program(self, fn):
+    def program(self, fn: Callable[..., Any]) -> Program:
         """gpucompute.program(fn, client=self): `fn` traced into a chain of this client
         and run on its server as one RunChain call (gpucompute._program)."""
         from . import _program  # pylint: disable=import-outside-toplevel
@@ -351,12 +401,14 @@ class Client(_operations.Operations):
 
     # Operations -----------------------------------------------------------
 
-    def submit(self, request, *, wait=True):
+    def submit(self, request: Message, *, wait: bool = True) -> Any:
         """Submits a SubmitRequest (the builders in _requests make them; eval, reduce,
         gemv and rand.* call this). With wait, returns the result's RemoteArray when
         the operation is done; without, a concurrent.futures.Future of it, resolved
         from gRPC's threads (many can be in flight from one thread). A failed
         operation raises (or the future holds) an Error with its code and message.
+        Either way it first waits for the NumPy layer's operations sent so far, and
+        sends the request at once.
         """
         # The array layer's operations sent so far write what this may read.
         _dispatch.wait_idle(self)
@@ -369,16 +421,17 @@ class Client(_operations.Operations):
         # The call's deadline bounds the wait, as for every unary call.
         return self._result(self._call("Submit", sync_request))
 
-    def operation(self, operation_id):
-        """The Operation message (state, timing, outputs) of an operation id."""
+    def operation(self, operation_id: str) -> Message:
+        """The Operation message (state, timing, outputs) of an operation id (a blocking
+        call)."""
         return self._call("GetOperation", v1.GetOperationRequest(operation_id=operation_id))
 
     def _result(self, operation):
         return RemoteArray(self, _operations.output_of(operation), operation)
 
 
-def _creation_method(name):
-    def method(self, *args, **kwargs):
+def _creation_method(name: str) -> Callable[..., LazyArray]:
+    def method(self: Client, *args: Any, **kwargs: Any) -> LazyArray:
         from . import _creation  # pylint: disable=import-outside-toplevel
         return getattr(_creation, name)(*args, client=self, **kwargs)
     method.__name__ = name

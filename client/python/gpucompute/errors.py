@@ -1,6 +1,14 @@
-"""Exceptions: every failure the server reports carries its gRPC code and message."""
+"""Exceptions: every failure the server reports carries its gRPC code and message.
+They are made here, in the client, from the call's status; nothing here calls the
+server."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
 
 import grpc
+
+from ._types import Message
 
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -12,7 +20,12 @@ class Error(Exception):
     raises this too, with the code and message the operation carries.
     """
 
-    def __init__(self, code, details, operation=None):
+    # Set on the errors of calls (from_rpc_error): the replica that serves the tenant,
+    # where a replica refused the call for that reason, else None.
+    redirect_address: Optional[str]
+
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 operation: Optional[Message] = None) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
@@ -72,14 +85,16 @@ _CLASSES = {
 }
 
 
-def error_for(code, details, operation=None):
-    """The exception for a grpc.StatusCode (or its number) and message."""
+def error_for(code: Union[grpc.StatusCode, int], details: str,
+              operation: Optional[Message] = None) -> Error:
+    """The exception for a grpc.StatusCode (or its number) and message (made here, not
+    raised)."""
     if not isinstance(code, grpc.StatusCode):
         code = _CODES_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
     return _CLASSES.get(code, Error)(code, details, operation)
 
 
-def from_rpc_error(error):
+def from_rpc_error(error: grpc.RpcError) -> Error:
     """Converts a grpc.RpcError (sync or grpc.aio) to an Error. A replica's refusal of
     a call for a tenant it does not serve carries the address of the one that does, as
     redirect_address (else None), which the clients follow."""
