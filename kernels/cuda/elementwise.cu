@@ -55,6 +55,38 @@ int64_t EvenGrid(int64_t work, int64_t limit) {
 // the same time, so that a sector fetched for one row serves the others from cache.
 constexpr int kGatherBlockX = 32;
 
+// Args of strided.cuh.in, word by word.
+std::vector<int64_t> StridedArgs(size_t num_arrays, int dims, const int64_t* shape, int64_t rows,
+                                 const StridedArray* arrays, const StridedArray& out) {
+  std::vector<int64_t> words;
+  words.reserve(3 * dims + 1 + (num_arrays + 1) * (dims + 1));
+  words.insert(words.end(), shape, shape + dims);
+  std::vector<FastDivisor> divisors;
+  for (int d = 0; d < dims; ++d) divisors.push_back(MakeFastDivisor(shape[d]));
+  for (const FastDivisor& f : divisors) words.push_back(static_cast<int64_t>(f.magic));
+  for (const FastDivisor& f : divisors) words.push_back(f.shift);
+  words.push_back(rows);
+  auto append_layout = [&](const StridedArray& array) {
+    words.insert(words.end(), array.strides, array.strides + dims);
+    words.push_back(array.offset);
+  };
+  for (size_t a = 0; a < num_arrays; ++a) append_layout(arrays[a]);
+  append_layout(out);
+  return words;
+}
+
+// Args of rows.cuh.in, word by word: rows, packs per row, then each layout's row stride
+// and offset.
+std::vector<int64_t> RowsArgs(const ElementwiseSignature& sig, const int64_t* shape,
+                              const StridedArray* arrays, const StridedArray& out) {
+  std::vector<int64_t> words = {shape[0], shape[1] / sig.elements_per_pack};
+  for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
+    words.insert(words.end(), {arrays[a].strides[0], arrays[a].offset});
+  }
+  words.insert(words.end(), {out.strides[0], out.offset});
+  return words;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -78,8 +110,12 @@ cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
   const ElementwiseSignature& sig = signature;
   const size_t num_arrays = sig.array_inputs.size();
   const size_t num_parameters = sig.parameter_dtypes.size();
+  // A constant array's one element is read as a scalar, so its alignment does not matter.
   bool aligned = detail::Aligned16(out);
-  for (size_t a = 0; a < num_arrays; ++a) aligned = aligned && detail::Aligned16(arrays[a]);
+  for (size_t a = 0; a < num_arrays; ++a) {
+    const bool constant = a < sig.array_constant.size() && sig.array_constant[a];
+    aligned = aligned && (constant || detail::Aligned16(arrays[a]));
+  }
   // Thread-iterations of work: a thread of the vectorised kernel handles packs_per_thread
   // packs of elements_per_pack elements per iteration.
   const int64_t per_thread =
@@ -133,24 +169,19 @@ cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
   const ElementwiseSignature& sig = signature;
   const size_t num_arrays = sig.array_inputs.size();
   const size_t num_parameters = sig.parameter_dtypes.size();
+  const bool rows_kernel = specialization.rows;
+  // The rows kernel has no tail or alignment path: it must never see layouts it cannot read.
+  if (rows_kernel &&
+      (specialization.in_steps.size() != num_arrays ||
+       !RowsLayoutsFit(specialization, shape, sig.array_dtypes, arrays, sig.out_dtype, out))) {
+    return cudaErrorInvalidValue;
+  }
 
-  // Args of strided.cuh.in, word by word.
-  std::vector<int64_t> words;
-  words.reserve(3 * dims + 1 + (num_arrays + 1) * (dims + 1));
-  words.insert(words.end(), shape, shape + dims);
-  std::vector<FastDivisor> divisors;
-  for (int d = 0; d < dims; ++d) divisors.push_back(MakeFastDivisor(shape[d]));
-  for (const FastDivisor& f : divisors) words.push_back(static_cast<int64_t>(f.magic));
-  for (const FastDivisor& f : divisors) words.push_back(f.shift);
   int64_t rows = 1;
   for (int d = 0; d + 1 < dims; ++d) rows *= shape[d];
-  words.push_back(rows);
-  auto append_layout = [&](const StridedArray& array) {
-    words.insert(words.end(), array.strides, array.strides + dims);
-    words.push_back(array.offset);
-  };
-  for (size_t a = 0; a < num_arrays; ++a) append_layout(arrays[a]);
-  append_layout(out);
+  std::vector<int64_t> words =
+      rows_kernel ? detail::RowsArgs(sig, shape, arrays, out)
+                  : detail::StridedArgs(num_arrays, dims, shape, rows, arrays, out);
 
   // The grid: every pack of every row, at most kWaves waves of resident blocks; the
   // kernel's loops cover the rest. Rows beyond the grid's y limit loop too.

@@ -229,6 +229,10 @@ inline constexpr char kElementwiseScalarKernel[] = "gpucompute_elementwise_scala
 struct ElementwiseSignature {
   std::vector<int32_t> array_inputs;  // indices into the expression's inputs, ascending
   std::vector<DType> array_dtypes;    // parallel to array_inputs
+  // Parallel to array_inputs, or empty for none: the inputs that are one element (a 0-d
+  // array) rather than n, passed as a pointer to it and read once per thread, as cheaply
+  // as a parameter. The kernels' source depends on it (another cache entry).
+  std::vector<bool> array_constant;
   DType out_dtype = DType::kFloat64;
   std::vector<DType> parameter_dtypes;  // indexed by parameter number
   // The vectorised kernel's shape.
@@ -280,7 +284,8 @@ int ElementwiseBlocksPerSm(cudaKernel_t kernel, int threads);
 // out[i] = Element(arrays...[i], parameters...) for i < n: `arrays` holds the
 // signature.array_inputs.size() device pointers in signature order, `parameters` the
 // signature.parameter_dtypes.size() values, each in the low bytes of a uint64 as its
-// storage type. Runs the vectorised kernel when every pointer is 16-byte aligned, else the
+// storage type (a constant array, signature.array_constant, points to its one element).
+// Runs the vectorised kernel when every pointer of n elements is 16-byte aligned, else the
 // scalar one, on a grid of a few waves of resident blocks for `sm_count` SMs (the current
 // device's). `out` may equal an input of the same element size (in place); other overlaps
 // are the caller's to avoid. cudaErrorInvalidValue for n < 0 or sm_count <= 0.
@@ -296,11 +301,16 @@ cudaError_t ElementwiseAsync(const ElementwiseSignature& signature,
 // ElementwiseStridedKernelSource; the dispatch in ElementwiseStridedAsync (the grid, the
 // divisors); the entry point ElementwiseStridedAsync. A kernel is specialised on what a
 // launch's layouts have in common with others (StridedSpecialization), never on sizes.
+// The common 2-D broadcasts (x - m with m a column, a row or 0-d) whose rows are aligned
+// whole packs take rows.cuh.in instead, from the same generator and entry point: the
+// contiguous kernel's loop per row, without the general kernel's per-pack checks.
 
 // Axes of a strided iteration space, at most.
 inline constexpr int kElementwiseMaxDims = 8;
 // extern "C" name of the kernel of every generated strided source.
 inline constexpr char kElementwiseStridedKernel[] = "gpucompute_elementwise_strided";
+// extern "C" name of the kernel of every generated rows source (StridedSpecialization::rows).
+inline constexpr char kElementwiseRowsKernel[] = "gpucompute_elementwise_rows";
 
 // How an array steps along the innermost axis (the row).
 enum class RowStep : uint8_t {
@@ -322,6 +332,11 @@ struct StridedSpecialization {
   int dims = 1;                    // 1 to kElementwiseMaxDims
   std::vector<RowStep> in_steps;   // parallel to ElementwiseSignature::array_inputs
   RowStep out_step = RowStep::kUnit;  // kUnit or kGather
+  // The rows kernel (kernels/cuda/elementwise/rows.cuh.in) instead of the strided one:
+  // two axes, inputs kUnit, kBroadcast or kConstant, the output kUnit, every kUnit row
+  // start 16-byte aligned and the row a whole number of packs (RowsLayoutsFit). Its
+  // threads walk a row's packs with vector loads and stores and no per-pack checks.
+  bool rows = false;
   // A short text naming the specialisation, for cache keys and generated comments.
   std::string Name() const;
 };
@@ -331,7 +346,7 @@ struct StridedSpecialization {
 RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output);
 
 // Bytes of kernel arguments a strided launch passes: the pointers, the layouts (Args in
-// strided.cuh.in) and the parameters.
+// strided.cuh.in or rows.cuh.in) and the parameters.
 int64_t StridedArgumentBytes(const ElementwiseSignature& signature,
                              const StridedSpecialization& specialization);
 
@@ -367,6 +382,13 @@ struct StridedArray {
   int64_t offset = 0;
   int64_t strides[kElementwiseMaxDims] = {};
 };
+
+// Whether layouts of two axes with the row steps of `specialization` (whose `rows` is
+// ignored) can take the rows kernel: the conditions StridedSpecialization::rows lists.
+// `array_dtypes` and `arrays` are parallel to its in_steps, `shape` has two extents.
+bool RowsLayoutsFit(const StridedSpecialization& specialization, const int64_t* shape,
+                    const std::vector<DType>& array_dtypes, const StridedArray* arrays,
+                    DType out_dtype, const StridedArray& out);
 
 // out[idx] = Element(arrays...[idx], parameters...) for every index idx of `shape`
 // (specialization.dims extents, whose product fits int64; an empty shape writes nothing), with

@@ -386,15 +386,23 @@ absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
     return info;
   };
 
-  // Every array unit-stride along one axis: the contiguous kernels, from each array's
-  // first element.
+  // Every array unit-stride along one axis, or an input of one element (stride 0, a 0-d
+  // array): the contiguous kernels, from each array's first element, the 0-d ones read
+  // once per thread as a parameter is.
   const bool contiguous =
-      dims == 1 && std::all_of(arrays_layouts.begin(), arrays_layouts.end(),
-                               [](const StridedLayout* l) { return l->strides[0] == 1; });
+      dims == 1 && layouts.back().strides[0] == 1 &&
+      std::all_of(arrays_layouts.begin(), arrays_layouts.end(),
+                  [](const StridedLayout* l) { return l->strides[0] == 1 || l->strides[0] == 0; });
   if (contiguous) {
-    ASSIGN_OR_RETURN(
-        const CompiledElementwise* kernel,
-        elementwise_->Get(program, out_dtype, d.compute_capability, &info.compile_seconds));
+    std::vector<bool> constant_arrays;  // parallel to the program's array inputs
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (std::holds_alternative<expr::ArrayInput>(program.input_types()[k])) {
+        constant_arrays.push_back(inputs[k].memory != nullptr && layouts[k].strides[0] == 0);
+      }
+    }
+    ASSIGN_OR_RETURN(const CompiledElementwise* kernel,
+                     elementwise_->Get(program, out_dtype, d.compute_capability,
+                                       &info.compile_seconds, constant_arrays));
     std::vector<const void*> pointers;
     for (size_t k = 0; k < inputs.size(); ++k) {
       const auto* array = std::get_if<expr::ArrayInput>(&program.input_types()[k]);
@@ -406,7 +414,7 @@ absl::StatusOr<LaunchInfo> CudaBackend::ElementwiseStrided(Stream& stream,
                                       Bytes(out) + out_array.offset * DTypeSize(out_dtype),
                                       shape[0], d.sm_count, AsCuda(stream).get()));
   }
-  const StridedSpecialization spec = SpecializationOf(program, arrays, out_array, dims);
+  const StridedSpecialization spec = SpecializationOf(program, arrays, out_array, shape, out_dtype);
   ASSIGN_OR_RETURN(const CompiledStridedElementwise* kernel,
                    elementwise_->GetStrided(program, out_dtype, spec, d.compute_capability,
                                             &info.compile_seconds));

@@ -368,11 +368,15 @@ namespace {
 
 // The signature of a kernel of `element` writing `out_dtype`, planned as
 // PlanElementwiseKernel plans it.
-ElementwiseSignature PlannedSignature(ElementFunction& element, DType out_dtype) {
+ElementwiseSignature PlannedSignature(ElementFunction& element, DType out_dtype,
+                                      std::vector<bool> constant_arrays = {}) {
   ElementwiseSignature sig;
   sig.out_dtype = out_dtype;
   sig.array_inputs = std::move(element.array_inputs);
   sig.array_dtypes = std::move(element.array_dtypes);
+  if (std::find(constant_arrays.begin(), constant_arrays.end(), true) != constant_arrays.end()) {
+    sig.array_constant = std::move(constant_arrays);
+  }
   sig.parameter_dtypes = std::move(element.parameter_dtypes);
   PlanElementwiseKernel(element.calls_math_library, &sig);
   return sig;
@@ -380,12 +384,13 @@ ElementwiseSignature PlannedSignature(ElementFunction& element, DType out_dtype)
 
 }  // namespace
 
-ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype) {
+ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype,
+                                      const std::vector<bool>& constant_arrays) {
   ElementFunction element = GenerateElementFunction(program, out_dtype);
   ElementwiseSource result;
   result.vector_kernel = std::string(kElementwiseVectorKernel);
   result.scalar_kernel = std::string(kElementwiseScalarKernel);
-  result.signature = PlannedSignature(element, out_dtype);
+  result.signature = PlannedSignature(element, out_dtype, constant_arrays);
   result.source = ElementwiseKernelSource(result.signature, element.header, element.body);
   return result;
 }
@@ -396,7 +401,8 @@ StridedElementwiseSource GenerateElementwiseStrided(const expr::Program& program
   ElementFunction element = GenerateElementFunction(
       program, out_dtype, absl::StrCat(", strided ", specialization.Name()));
   StridedElementwiseSource result;
-  result.kernel = std::string(kElementwiseStridedKernel);
+  result.kernel =
+      std::string(specialization.rows ? kElementwiseRowsKernel : kElementwiseStridedKernel);
   result.signature = PlannedSignature(element, out_dtype);
   result.source = ElementwiseStridedKernelSource(result.signature, specialization,
                                                  element.header, element.body);

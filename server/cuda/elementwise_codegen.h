@@ -41,7 +41,7 @@ struct ElementwiseSource {
 
 struct StridedElementwiseSource {
   std::string source;  // CUDA C++ for NVRTC; includes no headers
-  std::string kernel;  // kElementwiseStridedKernel
+  std::string kernel;  // kElementwiseStridedKernel, or kElementwiseRowsKernel
   ElementwiseSignature signature;
   StridedSpecialization specialization;
 };
@@ -62,15 +62,18 @@ struct ElementFunction {
 ElementFunction GenerateElementFunction(const expr::Program& program, DType out_dtype,
                                         absl::string_view kernel = "");
 
-// The source is a function of program.canonical() and out_dtype alone (never of parameter
-// values or of the IR's node numbering), so it may be cached under those. `out_dtype` may differ
-// from program.result_dtype(); the caller has checked that casting is allowed.
-ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype);
+// The source is a function of program.canonical(), out_dtype and `constant_arrays` alone
+// (never of parameter values or of the IR's node numbering), so it may be cached under
+// those. `out_dtype` may differ from program.result_dtype(); the caller has checked that
+// casting is allowed. `constant_arrays`: ElementwiseSignature::array_constant, parallel to
+// the program's array inputs, or empty for none.
+ElementwiseSource GenerateElementwise(const expr::Program& program, DType out_dtype,
+                                      const std::vector<bool>& constant_arrays = {});
 
 // The strided kernel of the same per-element function (kernels/cuda/elementwise/
-// strided.cuh.in), specialised as `specialization` says (its in_steps parallel to the
-// signature's array inputs, which are the program's array inputs in order). A function of
-// program.canonical(), out_dtype and the specialisation alone.
+// strided.cuh.in, or rows.cuh.in where specialization.rows), specialised as `specialization` says
+// (its in_steps parallel to the signature's array inputs, which are the program's array inputs in
+// order). A function of program.canonical(), out_dtype and the specialisation alone.
 StridedElementwiseSource GenerateElementwiseStrided(const expr::Program& program,
                                                     DType out_dtype,
                                                     const StridedSpecialization& specialization);

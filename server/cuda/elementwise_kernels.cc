@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -219,12 +220,12 @@ absl::Status ElementwiseKernels::Load(const std::string& source, int arch,
   return absl::OkStatus();
 }
 
-absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::Program& program,
-                                                                   DType out_dtype, int arch,
-                                                                   double* compile_seconds) {
+absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(
+    const expr::Program& program, DType out_dtype, int arch, double* compile_seconds,
+    const std::vector<bool>& constant_arrays) {
   auto build = [&](Slot& slot) -> absl::Status {
     auto kernel = std::make_unique<CompiledElementwise>();
-    ElementwiseSource generated = GenerateElementwise(program, out_dtype);
+    ElementwiseSource generated = GenerateElementwise(program, out_dtype, constant_arrays);
     RETURN_IF_ERROR(CheckArgumentBytes(generated.signature, generated.signature.argument_bytes));
     RETURN_IF_ERROR(Load(generated.source, arch, &kernel->library));
     kernel->canonical = program.canonical();
@@ -249,8 +250,14 @@ absl::StatusOr<const CompiledElementwise*> ElementwiseKernels::Get(const expr::P
     slot.kernel = std::move(kernel);
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(const Slot* slot,
-                   FindOrBuild({program.canonical(), out_dtype, arch, ""}, build, compile_seconds));
+  // Kernels without constant arrays keep the empty name (no allocation per launch).
+  std::string name;
+  if (std::find(constant_arrays.begin(), constant_arrays.end(), true) != constant_arrays.end()) {
+    name = "constant:";
+    for (bool constant : constant_arrays) name += constant ? '1' : '0';
+  }
+  ASSIGN_OR_RETURN(const Slot* slot, FindOrBuild({program.canonical(), out_dtype, arch, name},
+                                                 build, compile_seconds));
   return slot->kernel.get();
 }
 
@@ -323,15 +330,17 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
 
   // Every element is read and written by the same thread, reads first, so out == input
   // with equal element sizes is safe. Any other overlap (a different element size, or an
-  // offset) would let one thread overwrite what another has yet to read: compute into a
-  // temporary and copy, in stream order.
+  // offset, or a constant array, which every thread reads) would let one thread overwrite
+  // what another has yet to read: compute into a temporary and copy, in stream order.
   const uint64_t out_size = DTypeSize(sig.out_dtype);
   const uint64_t out_bytes = static_cast<uint64_t>(n) * out_size;
   bool needs_temp = false;
   for (size_t a = 0; a < arrays.size(); ++a) {
     const uint64_t size = DTypeSize(sig.array_dtypes[a]);
-    if (Overlaps(arrays[a], static_cast<uint64_t>(n) * size, out, out_bytes) &&
-        !(arrays[a] == out && size == out_size)) {
+    const bool constant = a < sig.array_constant.size() && sig.array_constant[a];
+    const uint64_t elements = constant ? 1 : static_cast<uint64_t>(n);
+    if (Overlaps(arrays[a], elements * size, out, out_bytes) &&
+        !(arrays[a] == out && size == out_size && (!constant || n == 1))) {
       needs_temp = true;
     }
   }
@@ -355,17 +364,25 @@ absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Pr
 
 StridedSpecialization SpecializationOf(const expr::Program& program,
                                        std::span<const StridedArray> inputs,
-                                       const StridedArray& out, int dims) {
+                                       const StridedArray& out, std::span<const int64_t> shape,
+                                       DType out_dtype) {
   StridedSpecialization spec;
+  const int dims = static_cast<int>(shape.size());
   spec.dims = dims;
   int tiled = 0;
+  std::vector<DType> dtypes;
+  std::vector<StridedArray> arrays;
   for (size_t k = 0; k < inputs.size() && k < program.input_types().size(); ++k) {
-    if (!std::holds_alternative<expr::ArrayInput>(program.input_types()[k])) continue;
+    const auto* array = std::get_if<expr::ArrayInput>(&program.input_types()[k]);
+    if (array == nullptr) continue;
     RowStep step = ClassifyRowStep(inputs[k].strides, dims, /*is_output=*/false);
     if (step == RowStep::kTransposed && ++tiled > kMaxTiledInputs) step = RowStep::kGather;
     spec.in_steps.push_back(step);
+    dtypes.push_back(array->dtype);
+    arrays.push_back(inputs[k]);
   }
   spec.out_step = ClassifyRowStep(out.strides, dims, /*is_output=*/true);
+  spec.rows = RowsLayoutsFit(spec, shape.data(), dtypes, arrays.data(), out_dtype, out);
   return spec;
 }
 
@@ -389,10 +406,13 @@ absl::Status LaunchElementwiseStrided(const CompiledStridedElementwise& kernel,
   }
   if (out.data == nullptr) return absl::InvalidArgumentError("the output pointer is null");
   // A layout of another specialisation would be read wrongly (a broadcast row read as
-  // unit stride, say): the caller must ask for the kernel of these very layouts.
+  // unit stride, say): the caller must ask for the kernel of these very layouts. Layouts
+  // that fit the rows kernel also run on the strided kernel of their row steps, not the
+  // other way round.
   const StridedSpecialization given =
-      SpecializationOf(program, inputs, out, static_cast<int>(shape.size()));
-  if (given.in_steps != spec.in_steps || given.out_step != spec.out_step) {
+      SpecializationOf(program, inputs, out, shape, kernel.out_dtype);
+  if (given.in_steps != spec.in_steps || given.out_step != spec.out_step ||
+      (spec.rows && !given.rows)) {
     return absl::InvalidArgumentError(absl::StrCat("the layouts are of the strided specialisation ",
                                                    given.Name(), ", the kernel of ", spec.Name()));
   }

@@ -72,8 +72,11 @@ class ElementwiseKernels {
   ElementwiseKernels(const ElementwiseKernels&) = delete;
   ElementwiseKernels& operator=(const ElementwiseKernels&) = delete;
 
-  // Thread-safe. Finds or builds the kernel of (program.canonical(), out_dtype) for compute
-  // capability `arch` (e.g. 90). Programs that differ only in scalar values share one.
+  // Thread-safe. Finds or builds the kernel of (program.canonical(), out_dtype,
+  // constant_arrays) for compute capability `arch` (e.g. 90). Programs that differ only in
+  // scalar values share one. `constant_arrays` (ElementwiseSignature::array_constant):
+  // parallel to the program's array inputs, true for those of one element (0-d arrays)
+  // read once per thread; empty for none.
   // *compile_seconds (if given): wall seconds this call spent compiling, loading, or
   // waiting for another call building the same kernel; 0 on a memory-cache hit.
   // Concurrent calls for one key compile once (the others wait for it). A failed build is
@@ -83,7 +86,8 @@ class ElementwiseKernels {
   // target `arch`; INTERNAL for compilation failures; CUDA load failures as statuses
   // (RESOURCE_EXHAUSTED for out-of-memory).
   absl::StatusOr<const CompiledElementwise*> Get(const expr::Program& program, DType out_dtype,
-                                                 int arch, double* compile_seconds);
+                                                 int arch, double* compile_seconds,
+                                                 const std::vector<bool>& constant_arrays = {});
 
   // As Get, for the strided kernel of `specialization` (SpecializationOf). One kernel
   // serves every size and offset of layouts with that specialisation. Errors as Get's.
@@ -96,10 +100,10 @@ class ElementwiseKernels {
 
  private:
   struct Slot;
-  // What a kernel is built for: `specialization` is empty for the contiguous pair, else
-  // the strided kernel's StridedSpecialization::Name(). Looked up as a KeyView, so that a
-  // call that finds its kernel built (every launch, and the planning before it) allocates
-  // nothing.
+  // What a kernel is built for: `specialization` is empty for the contiguous pair (or
+  // names its constant arrays), else the strided kernel's StridedSpecialization::Name(). Looked up
+  // as a KeyView, so that a call that finds its kernel built (every launch, and the planning before
+  // it) allocates nothing.
   struct Key {
     std::string canonical;
     DType out_dtype;
@@ -155,23 +159,25 @@ absl::StatusOr<std::vector<uint64_t>> KernelParameters(const expr::Program& prog
 
 // Enqueues out[i] = program(inputs...[i]) for i < n on `stream` (on the current device,
 // which must have the kernel's architecture), converted to the kernel's out_dtype.
-// `inputs` is parallel to program.inputs(): device pointers for arrays, nullptr (ignored)
-// for scalar inputs, whose values come from the program's parameter constants, so one
-// compiled kernel serves every Program with the same canonical(). `sm_count` sizes the
-// grid. `out` may be one of the inputs (in place); any other overlap between `out` and an
-// input is handled through a temporary device buffer (cudaMallocAsync on `stream`).
-// Returns without waiting. Errors: INVALID_ARGUMENT for arguments that do not match the
-// kernel (another canonical(), a null array pointer, n < 0); CUDA errors as statuses.
+// `inputs` is parallel to program.inputs(): device pointers for arrays (to the one element
+// of those the kernel was built constant for), nullptr (ignored) for scalar inputs, whose values
+// come from the program's parameter constants, so one compiled kernel serves every Program with the
+// same canonical(). `sm_count` sizes the grid. `out` may be one of the inputs (in place); any other
+// overlap between `out` and an input is handled through a temporary device buffer (cudaMallocAsync
+// on `stream`). Returns without waiting. Errors: INVALID_ARGUMENT for arguments that do not match
+// the kernel (another canonical(), a null array pointer, n < 0); CUDA errors as statuses.
 absl::Status LaunchElementwise(const CompiledElementwise& kernel, const expr::Program& program,
                                std::span<const void* const> inputs, void* out, int64_t n,
                                int sm_count, cudaStream_t stream);
 
-// The specialisation that layouts of `dims` axes (strides of each array over those axes)
-// need: `inputs` parallel to program.inputs() (data null for scalar inputs, which are
-// skipped).
+// The specialisation that layouts over `shape` (strides of each array over its axes) need
+// for a result of `out_dtype`: `inputs` parallel to program.inputs() (data null for scalar
+// inputs, which are skipped). The rows kernel where the layouts fit it (RowsLayoutsFit),
+// else the strided kernel.
 StridedSpecialization SpecializationOf(const expr::Program& program,
                                        std::span<const StridedArray> inputs,
-                                       const StridedArray& out, int dims);
+                                       const StridedArray& out, std::span<const int64_t> shape,
+                                       DType out_dtype);
 
 // Enqueues out[idx] = program(inputs...[idx]) for every index idx of `shape` on `stream`
 // (the current device, of the kernel's architecture), as LaunchElementwise does for
@@ -180,7 +186,8 @@ StridedSpecialization SpecializationOf(const expr::Program& program,
 // memory (the caller has checked the spans). `out` may be an input with the same layout;
 // any other overlap is the caller's to avoid. Returns without waiting. Errors:
 // INVALID_ARGUMENT for arguments that do not match the kernel (another canonical(), a
-// layout of another specialisation, a null array pointer, a negative extent); CUDA errors
+// layout of another specialisation or, for a rows kernel, layouts that do not fit it, a
+// null array pointer, a negative extent); CUDA errors
 // as statuses.
 absl::Status LaunchElementwiseStrided(const CompiledStridedElementwise& kernel,
                                       const expr::Program& program,

@@ -955,8 +955,9 @@ class CudaStridedTest : public CudaElementwiseTest {
       out_array.data = out;
       out_array.offset = run.out.offset;
       std::copy(run.out.strides.begin(), run.out.strides.end(), out_array.strides);
-      const StridedSpecialization spec = SpecializationOf(
-          program, arrays, out_array, static_cast<int>(run.shape.size()));
+      const StridedSpecialization spec =
+          SpecializationOf(program, arrays, out_array, run.shape, out_dtype);
+      last_specialization_ = spec;
       double seconds = -1;
       absl::StatusOr<const CompiledStridedElementwise*> kernel =
           Kernels().GetStrided(program, out_dtype, spec, arch_, &seconds);
@@ -976,7 +977,142 @@ class CudaStridedTest : public CudaElementwiseTest {
     if (!run.shape.empty()) RunStrided(program, out_dtype, run, /*through_backend=*/false, ulps);
     RunStrided(program, out_dtype, run, /*through_backend=*/true, ulps);
   }
+
+  // What the kernel library's path of the last RunStrided launched.
+  StridedSpecialization last_specialization_;
 };
+
+// The rows kernel (kernels/cuda/elementwise/rows.cuh.in): x - m with m a column (n, 1),
+// a row (1, m) or 0-d, on either side, mixed with a contiguous operand and a literal,
+// rows of whole packs from aligned starts, views of whole rows as an input and as the
+// output, in place. Beside them, layouts that miss its conditions by a little (a row of
+// an odd length, a misaligned start or row stride) take the strided kernel; both give
+// the CPU's results.
+TEST_F(CudaStridedTest, RowsKernel) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  const Program mixed = MustCompile("f * 0.5 - g + d", Only(MixedInputs(), {"d", "f", "g"}));
+  for (int64_t cols : {4, 64, 1024, 4100}) {
+    SCOPED_TRACE(cols);
+    const std::vector<int64_t> shape = {37, cols};
+    const StridedOperand x = Dense(shape);
+    const StridedOperand column{37, 0, {1, 0}};
+    const StridedOperand row{cols, 0, {0, 1}};
+    const StridedOperand zero_dim{8, 4, {0, 0}};
+    for (const StridedOperand& m : {column, row, zero_dim}) {
+      RunBoth(program, DType::kFloat32, {shape, {x, m}, x});
+      EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+      RunBoth(program, DType::kFloat32, {shape, {m, x}, x});
+      EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+    }
+    RunBoth(mixed, DType::kFloat64, {shape, {x, row, column}, x});
+    EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+    RunBoth(mixed, DType::kFloat64, {shape, {x, zero_dim, row}, x});
+    EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+    // Whole rows of a wider array, 16 bytes in: an input, the output, and both (in place).
+    const StridedOperand view{37 * (cols + 8), 4, {cols + 8, 1}};
+    RunBoth(program, DType::kFloat32, {shape, {view, column}, x});
+    EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+    RunBoth(program, DType::kFloat32, {shape, {x, row}, view});
+    EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+    RunBoth(program, DType::kFloat32, {shape, {view, zero_dim}, view, 0});
+    EXPECT_TRUE(last_specialization_.rows) << last_specialization_.Name();
+
+    // Misaligned: the first row (4 bytes in), the row stride (cols + 1 elements).
+    const StridedOperand shifted{37 * (cols + 8), 1, {cols + 8, 1}};
+    const StridedOperand odd_rows{37 * (cols + 1), 0, {cols + 1, 1}};
+    for (const StridedOperand& y : {shifted, odd_rows}) {
+      RunBoth(program, DType::kFloat32, {shape, {y, column}, x});
+      EXPECT_FALSE(last_specialization_.rows) << last_specialization_.Name();
+      RunBoth(program, DType::kFloat32, {shape, {x, row}, y});
+      EXPECT_FALSE(last_specialization_.rows) << last_specialization_.Name();
+    }
+  }
+  // Rows not a whole number of packs of 4.
+  for (int64_t cols : {1, 3, 1001}) {
+    SCOPED_TRACE(cols);
+    const std::vector<int64_t> shape = {37, cols};
+    RunBoth(program, DType::kFloat32, {shape, {Dense(shape), {37, 0, {1, 0}}}, Dense(shape)});
+    EXPECT_FALSE(last_specialization_.rows) << last_specialization_.Name();
+    RunBoth(mixed, DType::kFloat64,
+            {shape, {Dense(shape), {cols, 0, {0, 1}}, {8, 4, {0, 0}}}, Dense(shape)});
+    EXPECT_FALSE(last_specialization_.rows) << last_specialization_.Name();
+  }
+}
+
+// A rows kernel launched over layouts it cannot read (a misaligned row start) is refused
+// before anything runs; the strided kernel of the same row steps takes layouts that would
+// fit the rows kernel.
+TEST_F(CudaStridedTest, RowsKernelRefusesLayoutsThatDoNotFit) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  const StridedSpecialization rows{2, {RowStep::kUnit, RowStep::kBroadcast}, RowStep::kUnit, true};
+  absl::StatusOr<const CompiledStridedElementwise*> k =
+      Kernels().GetStrided(program, DType::kFloat32, rows, arch_, nullptr);
+  ASSERT_OK(k);
+  DeviceBuffer a(256), b(64), out(256);
+  ASSERT_EQ(cudaMemset(out.data(), 0x5a, 256), cudaSuccess);
+  const std::vector<int64_t> shape = {4, 8};
+  const StridedArray y{out.data(), 0, {8, 1}};
+  const std::vector<StridedArray> good = {StridedArray{a.data(), 0, {8, 1}},
+                                          StridedArray{b.data(), 0, {1, 0}}};
+  const std::vector<StridedArray> shifted = {StridedArray{a.data(), 1, {8, 1}},
+                                             StridedArray{b.data(), 0, {1, 0}}};
+  absl::Status wrong =
+      LaunchElementwiseStrided(**k, program, shifted, y, shape, sm_count_, stream_);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wrong.message(),
+            "the layouts are of the strided specialisation 2d:ub>u, the kernel of rows:ub>u");
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  std::vector<uint8_t> bytes(256);
+  ASSERT_EQ(cudaMemcpy(bytes.data(), out.data(), bytes.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x5a), 256);
+  EXPECT_OK(LaunchElementwiseStrided(**k, program, good, y, shape, sm_count_, stream_));
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// A 0-d operand of a one-axis operation takes the contiguous kernels as a pointer to its
+// one element (through the backend): on either side, with a literal, over lengths that
+// are and are not whole packs, aligned (the vector kernel) or not (the scalar one), in
+// place. Through the kernel library, an output over the 0-d element itself (x -= x[5])
+// goes through a temporary, so that every element sees the value from before.
+TEST_F(CudaStridedTest, ZeroDimOperandOnTheContiguousKernel) {
+  const Program program = MustCompile("f - g", Only(MixedInputs(), {"f", "g"}));
+  const Program literal = MustCompile("f * 0.5 - g", Only(MixedInputs(), {"f", "g"}));
+  const StridedOperand zero_dim{8, 5, {0}};
+  for (int64_t n : {1, 3, 4, 1003, 100000}) {
+    SCOPED_TRACE(n);
+    const std::vector<int64_t> line = {n};
+    RunBoth(program, DType::kFloat32, {line, {Dense(line), zero_dim}, Dense(line)});
+    RunBoth(program, DType::kFloat32, {line, {zero_dim, Dense(line)}, Dense(line)});
+    RunBoth(literal, DType::kFloat32, {line, {zero_dim, Dense(line)}, Dense(line)});
+    RunBoth(literal, DType::kFloat32, {line, {{n + 1, 1, {1}}, zero_dim}, {n + 3, 3, {1}}});
+    RunBoth(program, DType::kFloat32, {line, {Dense(line), zero_dim}, Dense(line), 0});
+  }
+
+  const std::vector<bool> constant = {false, true};
+  double seconds = -1;
+  absl::StatusOr<const CompiledElementwise*> k =
+      Kernels().Get(program, DType::kFloat32, arch_, &seconds, constant);
+  ASSERT_OK(k);
+  EXPECT_EQ((*k)->signature.array_constant, constant);
+  absl::StatusOr<const CompiledElementwise*> plain =
+      Kernels().Get(program, DType::kFloat32, arch_, &seconds);
+  ASSERT_OK(plain);
+  EXPECT_NE(*k, *plain);
+  const int64_t n = 100003;
+  std::vector<float> host(n);
+  for (int64_t i = 0; i < n; ++i) host[i] = 0.25f * static_cast<float>(i % 1000) - 7;
+  DeviceBuffer x(n * sizeof(float));
+  ASSERT_EQ(cudaMemcpy(x.data(), host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  auto* xp = reinterpret_cast<float*>(x.data());
+  const std::vector<const void*> pointers = {xp, xp + 5};
+  ASSERT_OK(LaunchElementwise(**k, program, pointers, xp, n, sm_count_, stream_));
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  std::vector<float> got(n);
+  ASSERT_EQ(cudaMemcpy(got.data(), xp, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], host[i] - host[5]) << i;
+}
 
 // x - m with m of shape (n, 1), (1, m) and (), over rows with and without a tail, from
 // aligned and misaligned row starts.

@@ -878,6 +878,35 @@ TEST(NvrtcCompilerTest, ScalarValuesShareOneCacheEntry) {
   std::filesystem::remove_all(dir);
 }
 
+// A 0-d array input of the contiguous kernels is a pointer to its one element, read once
+// per thread before the loop (as a parameter is), never loaded in packs; it does not
+// narrow the pack. The kernels of programs without one keep their text (the digest test).
+TEST(CodegenSourceTest, ConstantArrayIsReadOncePerThread) {
+  const Program program = MustCompile("f - b * g");  // arrays b, f, g
+  const ElementwiseSource plain = GenerateElementwise(program, DType::kFloat32);
+  EXPECT_EQ(plain.signature.elements_per_pack, 16);  // the bools' 16 bytes
+  EXPECT_EQ(plain.source,
+            GenerateElementwise(program, DType::kFloat32, {false, false, false}).source);
+  const ElementwiseSource constant =
+      GenerateElementwise(program, DType::kFloat32, {true, false, true});
+  EXPECT_EQ(constant.signature.array_constant, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(constant.signature.elements_per_pack, 4);  // f's packs alone
+  const std::string& src = constant.source;
+  for (const char* read : {"const gc::u8 c0 = *in0;", "const float c2 = *in2;"}) {
+    size_t first = src.find(read);
+    ASSERT_NE(first, std::string::npos) << read << "\n" << src;
+    EXPECT_NE(src.find(read, first + 1), std::string::npos) << read;  // in both kernels
+  }
+  EXPECT_EQ(src.find("a0["), std::string::npos) << src;
+  EXPECT_EQ(src.find("a2["), std::string::npos) << src;
+  EXPECT_EQ(src.find("in0[i]"), std::string::npos) << src;
+  EXPECT_NE(src.find("Element((c0 != 0), a1[j].e[e], c2)"), std::string::npos) << src;
+  EXPECT_NE(src.find("Element((c0 != 0), in1[i], c2)"), std::string::npos) << src;
+  EXPECT_NE(src, plain.source);
+  absl::StatusOr<std::string> cubin = SharedCompiler().Compile(src, kArch);
+  ASSERT_OK(cubin) << "\n" << src;
+}
+
 // ---- strided kernels (kernels/cuda/elementwise/strided.cuh.in) ----
 
 struct StridedCase {
@@ -919,6 +948,11 @@ std::vector<StridedCase> StridedCases() {
       {"TransposedTilesMixed", "where(b, d, e) > l", kBool, {3, {kT, kT, kU, kC}, kG}},
       {"TransposedTilesEightAxes", "d * f - i", -1, {8, {kT, kB, kT}, kG}},
       {"FourTiles", "b + d + e + f + l", -1, {2, {kT, kT, kT, kT, kU}, kU}},
+      {"RowsColumn", "f - g", -1, {2, {kU, kB}, kU, true}},
+      {"RowsRowVector", "f - g", -1, {2, {kU, kU}, kU, true}},
+      {"RowsZeroDim", "f - g", -1, {2, {kC, kU}, kU, true}},
+      {"RowsMixedBoolOut", "where(b, d, e) > l", kBool, {2, {kB, kU, kC, kU}, kU, true}},
+      {"RowsMath", "sin(d) * f + exp(f)", -1, {2, {kB, kU}, kU, true}},
   };
 }
 
@@ -930,11 +964,12 @@ TEST_P(StridedCompileTest, GeneratesSourceThatNvrtcCompiles) {
   const DType out = c.out < 0 ? program.result_dtype() : static_cast<DType>(c.out);
   const StridedElementwiseSource generated = GenerateElementwiseStrided(program, out, c.spec);
   ASSERT_EQ(generated.signature.array_inputs.size(), c.spec.in_steps.size()) << c.text;
-  EXPECT_EQ(generated.kernel, kElementwiseStridedKernel);
+  EXPECT_EQ(generated.kernel, c.spec.rows ? kElementwiseRowsKernel : kElementwiseStridedKernel);
   EXPECT_EQ(generated.source.find("#include"), std::string::npos);
   EXPECT_EQ(generated.source.find('@'), std::string::npos) << generated.source;
-  EXPECT_NE(generated.source.find(absl::StrCat("constexpr int kDims = ", c.spec.dims, ";")),
-            std::string::npos);
+  EXPECT_EQ(generated.source.find(absl::StrCat("constexpr int kDims = ", c.spec.dims, ";")) !=
+                std::string::npos,
+            !c.spec.rows);
   EXPECT_NE(generated.source.find(absl::StrCat("strided ", c.spec.Name())), std::string::npos);
   EXPECT_NE(generated.source.find(
                 absl::StrCat("void __launch_bounds__(256)\n", generated.kernel, "(")),
@@ -977,6 +1012,106 @@ TEST(StridedSourceTest, SpecializationNames) {
   EXPECT_EQ((StridedSpecialization{2, {kU, kB}, kU}.Name()), "2d:ub>u");
   EXPECT_EQ((StridedSpecialization{8, {kG, kC, kU, kT}, kG}.Name()), "8d:gcut>g");
   EXPECT_EQ((StridedSpecialization{1, {}, kU}.Name()), "1d:>u");
+  EXPECT_EQ((StridedSpecialization{2, {kU, kB, kC}, kU, true}.Name()), "rows:ubc>u");
+}
+
+// The rows kernel is chosen for two axes of whole rows, row vectors, column vectors and
+// 0-d arrays whose rows start 16-byte aligned and hold whole packs; anything else takes
+// the strided kernel. No GPU: the pointers are only looked at.
+TEST(StridedSourceTest, RowsKernelOnlyForAlignedRowsOfWholePacks) {
+  const Program program = MustCompile("f - g + d");  // arrays d, f, g; packs of 4
+  const auto* base = reinterpret_cast<const char*>(uintptr_t{1} << 20);
+  auto array = [&](int64_t offset, int64_t row_stride, int64_t stride) {
+    return StridedArray{base, offset, {row_stride, stride}};
+  };
+  struct Case {
+    std::string what;
+    std::vector<int64_t> shape;
+    StridedArray d, f, g, out;
+    bool rows;
+  };
+  const std::vector<Case> cases = {
+      {"column, row, whole rows",
+       {37, 64},
+       array(0, 64, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 64, 1),
+       true},
+      {"0-d and views of wider rows",
+       {3, 8},
+       array(2, 10, 1),
+       array(5, 0, 0),
+       array(4, 12, 1),
+       array(4, 12, 1),
+       true},
+      {"a row not a whole number of packs",
+       {37, 66},
+       array(0, 66, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 66, 1),
+       false},
+      {"a misaligned first row",
+       {37, 64},
+       array(1, 64, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 64, 1),
+       false},
+      {"a misaligned output row stride",
+       {37, 64},
+       array(0, 64, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 65, 1),
+       false},
+      {"a float64 row stride of 8 bytes' multiple only",
+       {37, 64},
+       array(0, 65, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 64, 1),
+       false},
+      {"a gathered input",
+       {37, 64},
+       array(0, 128, 2),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 64, 1),
+       false},
+      {"a transposed input",
+       {64, 64},
+       array(0, 1, 64),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 64, 1),
+       false},
+      {"a gathered output",
+       {37, 64},
+       array(0, 64, 1),
+       array(0, 1, 0),
+       array(0, 0, 1),
+       array(0, 128, 2),
+       false},
+  };
+  for (const Case& c : cases) {
+    const std::vector<StridedArray> inputs = {c.d, c.f, c.g};
+    const StridedSpecialization spec =
+        SpecializationOf(program, inputs, c.out, c.shape, DType::kFloat64);
+    EXPECT_EQ(spec.rows, c.rows) << c.what << ": " << spec.Name();
+  }
+  // One axis or three: never.
+  const std::vector<StridedArray> line = {StridedArray{base, 0, {1}}, StridedArray{base, 0, {0}},
+                                          StridedArray{base, 0, {1}}};
+  EXPECT_FALSE(
+      SpecializationOf(program, line, line[0], std::vector<int64_t>{64}, DType::kFloat64).rows);
+  const std::vector<StridedArray> cube = {StridedArray{base, 0, {64, 8, 1}},
+                                          StridedArray{base, 0, {8, 1, 0}},
+                                          StridedArray{base, 0, {0, 0, 1}}};
+  EXPECT_FALSE(
+      SpecializationOf(program, cube, cube[0], std::vector<int64_t>{8, 8, 8}, DType::kFloat64)
+          .rows);
 }
 
 TEST(StridedSourceTest, RowSteps) {

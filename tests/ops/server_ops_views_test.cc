@@ -39,12 +39,13 @@ std::vector<uint64_t> ShapeOf(const v1::BufferInfo& info) {
   return {info.shape().begin(), info.shape().end()};
 }
 
-// A 0-d float64 buffer holding `value`.
-absl::StatusOr<v1::BufferInfo> UploadScalar(Client& client, double value) {
+// A 0-d buffer holding `value` (float64 unless said otherwise).
+template <typename T = double>
+absl::StatusOr<v1::BufferInfo> UploadScalar(Client& client, T value) {
   v1::UploadHeader header;
-  header.mutable_create()->set_dtype(v1::DTYPE_FLOAT64);
+  header.mutable_create()->set_dtype(ProtoDType<T>());
   absl::StatusOr<v1::UploadResponse> response =
-      client.Upload(header, std::as_bytes(std::span<const double>(&value, 1)));
+      client.Upload(header, std::as_bytes(std::span<const T>(&value, 1)));
   if (!response.ok()) return response.status();
   return response->buffer();
 }
@@ -122,6 +123,64 @@ TEST_F(ViewsTest, OperandsBroadcastAgainstColumnsRowsAndZeroDimensionalBuffers) 
   ASSIGN_OR_FAIL(Result zero_d, Evaluate(c(), Elementwise("a * 2", {{"a", BufferOperand(b0.id())}})));
   EXPECT_TRUE(zero_d.op.outputs(0).shape().empty());
   EXPECT_EQ(zero_d.values, std::vector<double>{1.5});
+}
+
+// In float32, the layouts that the CUDA backend runs on its broadcast paths
+// (kernels/PERFORMANCE.md): x - m over rows of whole 16-byte packs, m a column, a row or
+// a 0-d buffer, written through a view of whole rows of a wider buffer (the elements
+// around it keep their values); and x - m over one axis with m 0-d, at a length of no
+// whole number of packs, into a new buffer and in place.
+TEST_F(ViewsTest, Float32BroadcastsOverWholeRowsAndZeroDimOperands) {
+  constexpr size_t kRows = 37, kCols = 64, kWide = 72, kFirst = 4;
+  const std::vector<float> x = Cast<float>(RandomDoubles(kRows * kCols, -5, 5, 4));
+  const std::vector<float> col = Cast<float>(RandomDoubles(kRows, -5, 5, 5));
+  const std::vector<float> row = Cast<float>(RandomDoubles(kCols, -5, 5, 6));
+  ASSIGN_OR_FAIL(auto bx, UploadArray(c(), x, {kRows, kCols}));
+  ASSIGN_OR_FAIL(auto bcol, UploadArray(c(), col, {kRows, 1}));
+  ASSIGN_OR_FAIL(auto brow, UploadArray(c(), row, {1, kCols}));
+  ASSIGN_OR_FAIL(auto b0, UploadScalar(c(), 0.75f));
+  ASSIGN_OR_FAIL(auto by, UploadArray(c(), std::vector<float>(kRows * kWide, -1), {kRows, kWide}));
+  // y[:, 4:68]: rows of 64 elements, 16 bytes into rows of 72.
+  v1::Output into = ExistingOutput(by.id());
+  *into.mutable_view() =
+      ViewOf(by.id(), "view { index { items { slice {} } items { slice { start: 4 stop: 68 } } } }")
+          .view();
+  const auto check = [&](const std::string& m, auto ref_m, const std::string& what) {
+    ASSERT_OK(RunOp(
+        c(), Elementwise("x - m", {{"x", BufferOperand(bx.id())}, {"m", BufferOperand(m)}}, into)))
+        << what;
+    ASSIGN_OR_FAIL(std::vector<float> y, DownloadArray<float>(c(), by.id()));
+    std::vector<float> want(kRows * kWide, -1);
+    for (size_t i = 0; i < kRows; ++i) {
+      for (size_t j = 0; j < kCols; ++j)
+        want[i * kWide + kFirst + j] = x[i * kCols + j] - ref_m(i, j);
+    }
+    EXPECT_EQ(y, want) << what;  // one float32 subtraction each: exact
+  };
+  check(
+      bcol.id(), [&](size_t i, size_t) { return col[i]; }, "(n,1)");
+  check(
+      brow.id(), [&](size_t, size_t j) { return row[j]; }, "(1,m)");
+  check(
+      b0.id(), [&](size_t, size_t) { return 0.75f; }, "0-d");
+
+  constexpr size_t kLength = 1003;
+  const std::vector<float> line = Cast<float>(RandomDoubles(kLength, -5, 5, 7));
+  ASSIGN_OR_FAIL(auto bline, UploadArray(c(), line));
+  ASSIGN_OR_FAIL(v1::Operation op,
+                 RunOp(c(), Elementwise("x - m", {{"x", BufferOperand(bline.id())},
+                                                  {"m", BufferOperand(b0.id())}})));
+  ASSIGN_OR_FAIL(std::vector<float> got, DownloadArray<float>(c(), op.outputs(0).id()));
+  std::vector<float> want(kLength);
+  for (size_t i = 0; i < kLength; ++i) want[i] = line[i] - 0.75f;
+  EXPECT_EQ(got, want);
+
+  // x -= m, in place.
+  ASSERT_OK(RunOp(
+      c(), Elementwise("x - m", {{"x", BufferOperand(bline.id())}, {"m", BufferOperand(b0.id())}},
+                       ExistingOutput(bline.id()))));
+  ASSIGN_OR_FAIL(got, DownloadArray<float>(c(), bline.id()));
+  EXPECT_EQ(got, want);
 }
 
 TEST_F(ViewsTest, AnF_LayoutBufferMixesWithC_LayoutOperandsIntoAC_OrderedResult) {

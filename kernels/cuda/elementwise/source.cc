@@ -1,6 +1,6 @@
 // ElementwiseKernelSource and PlanElementwiseKernel: the generated kernels' source and the
-// shape baked into it. Host code (plain C++); the device code is in prelude.cuh and
-// contiguous.cuh.in beside this file, embedded at build time (embed.cmake).
+// shape baked into it. Host code (plain C++); the device code is in prelude.cuh and the
+// templates (*.cuh.in) beside this file, embedded at build time (embed.cmake).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -27,8 +27,16 @@ constexpr char kStridedTemplate[] =
 #include "kernels/cuda/elementwise/strided.cuh.inc"
     ;
 
-// The template's lines between these markers repeat once per array input.
+constexpr char kRowsTemplate[] =
+#include "kernels/cuda/elementwise/rows.cuh.inc"
+    ;
+
+// The template's lines between one of the first three markers and kEnd repeat once per
+// array input: every one, those of n elements (in_constant false or absent), or the
+// constant ones (in_constant true).
 constexpr std::string_view kForEachArray = "//@for each array";
+constexpr std::string_view kForEachLoadedArray = "//@for each loaded array";
+constexpr std::string_view kForEachConstantArray = "//@for each constant array";
 constexpr std::string_view kEnd = "//@end";
 
 using Values = std::vector<std::pair<std::string_view, std::string>>;
@@ -61,17 +69,28 @@ void AppendFilled(std::string_view line, const Values& values, std::string* out)
 // blocks once for each of `arrays` (a block sees `values` and the array's own).
 void AppendTemplate(std::string_view text, const Values& values, const std::vector<Values>& arrays,
                     std::string* out) {
+  auto is_constant = [](const Values& array) {
+    return std::find(array.begin(), array.end(),
+                     std::pair<std::string_view, std::string>("in_constant", "true")) !=
+           array.end();
+  };
   std::vector<std::string_view> block;
   bool in_block = false;
+  std::string_view marker;
   while (!text.empty()) {
     const size_t end = text.find('\n');
     const std::string_view line = text.substr(0, end);
     text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
-    if (line == kForEachArray) {
+    if (line == kForEachArray || line == kForEachLoadedArray || line == kForEachConstantArray) {
       in_block = true;
+      marker = line;
     } else if (line == kEnd) {
       in_block = false;
       for (const Values& array : arrays) {
+        if ((marker == kForEachLoadedArray && is_constant(array)) ||
+            (marker == kForEachConstantArray && !is_constant(array))) {
+          continue;
+        }
         Values both = values;
         both.insert(both.end(), array.begin(), array.end());
         for (std::string_view l : block) AppendFilled(l, both, out);
@@ -119,12 +138,28 @@ const char* ElementwiseValueType(DType dtype) {
   return "?";
 }
 
+namespace {
+
+// Elements of a pack of the arrays of these dtypes, constant ones aside.
+int ElementsPerPack(const std::vector<DType>& array_dtypes, const std::vector<bool>& array_constant,
+                    DType out_dtype) {
+  // A pack is 16 bytes of the narrowest array, so every array moves in whole 16-byte words.
+  // Constant arrays are not loaded in packs.
+  size_t min_size = DTypeSize(out_dtype);
+  for (size_t a = 0; a < array_dtypes.size(); ++a) {
+    if (a < array_constant.size() && array_constant[a]) continue;
+    min_size = std::min(min_size, DTypeSize(array_dtypes[a]));
+  }
+  return static_cast<int>(16 / min_size);
+}
+
+}  // namespace
+
 void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signature) {
   ElementwiseSignature& sig = *signature;
-  // A pack is 16 bytes of the narrowest array, so every array moves in whole 16-byte words.
-  size_t min_size = DTypeSize(sig.out_dtype);
-  for (DType t : sig.array_dtypes) min_size = std::min(min_size, DTypeSize(t));
-  const int v = static_cast<int>(16 / min_size);
+  std::vector<bool> constant = sig.array_constant;
+  constant.resize(sig.array_dtypes.size(), false);
+  const int v = ElementsPerPack(sig.array_dtypes, constant, sig.out_dtype);
   sig.elements_per_pack = v;
   // Two packs in flight per thread give each thread more independent loads (latency
   // hiding when registers limit occupancy), but wide mixes (float64 arrays with a bool
@@ -132,7 +167,10 @@ void PlanElementwiseKernel(bool calls_math_library, ElementwiseSignature* signat
   // math-library calls, which make an expression compute-bound: a pack already holds
   // enough independent work, and the second pack's registers cost occupancy.
   int64_t load_bytes = 0;
-  for (DType t : sig.array_dtypes) load_bytes += int64_t{v} * static_cast<int64_t>(DTypeSize(t));
+  for (size_t a = 0; a < sig.array_dtypes.size(); ++a) {
+    if (!constant[a])
+      load_bytes += int64_t{v} * static_cast<int64_t>(DTypeSize(sig.array_dtypes[a]));
+  }
   if (calls_math_library) {
     sig.packs_per_thread = 1;
   } else if (load_bytes == 0) {
@@ -218,12 +256,14 @@ struct ElementCall {
         {"out_words", Words(sig.out_dtype)},
     };
   }
+  bool Constant(size_t a) const { return a < sig.array_constant.size() && sig.array_constant[a]; }
   std::vector<Values> Arrays() const {
     std::vector<Values> arrays;
     for (size_t a = 0; a < sig.array_inputs.size(); ++a) {
       arrays.push_back({{"in", std::to_string(sig.array_inputs[a])},
                         {"in_type", StorageType(sig.array_dtypes[a])},
-                        {"in_words", Words(sig.array_dtypes[a])}});
+                        {"in_words", Words(sig.array_dtypes[a])},
+                        {"in_constant", Constant(a) ? "true" : "false"}});
     }
     return arrays;
   }
@@ -246,9 +286,12 @@ const char* RowStepName(RowStep step) {
 }
 
 // Int64 words of the strided kernel's Args: shape, magic and shift per axis, rows, then
-// strides per axis and the offset of each array and of the output.
-int64_t ArgsWords(size_t num_arrays, int dims) {
-  return 3 * int64_t{dims} + 1 + static_cast<int64_t>(num_arrays + 1) * (dims + 1);
+// strides per axis and the offset of each array and of the output; of the rows kernel's:
+// rows and packs, then a row stride and an offset per array and for the output.
+int64_t ArgsWords(size_t num_arrays, const StridedSpecialization& spec) {
+  const auto layouts = static_cast<int64_t>(num_arrays + 1);
+  if (spec.rows) return 2 + 2 * layouts;
+  return 3 * int64_t{spec.dims} + 1 + layouts * (spec.dims + 1);
 }
 
 }  // namespace
@@ -258,18 +301,20 @@ std::string ElementwiseKernelSource(const ElementwiseSignature& signature, std::
   const ElementwiseSignature& sig = signature;
   const ElementCall call{sig};
   Values values = call.Common(element_body, call.KernelParameters({"gc::i64 n"}));
-  values.insert(
-      values.end(),
-      {
-          {"vector_kernel", kElementwiseVectorKernel},
-          {"scalar_kernel", kElementwiseScalarKernel},
-          {"packs_per_thread", std::to_string(sig.packs_per_thread)},
-          {"pack_element", call([&](size_t a) {
-             return "a" + std::to_string(sig.array_inputs[a]) + "[j].e[e]";
-           })},
-          {"element",
-           call([&](size_t a) { return "in" + std::to_string(sig.array_inputs[a]) + "[i]"; })},
-      });
+  // A constant array's value is c<k>, read once per thread; the others' come from their
+  // pack (`packed`) or from memory.
+  auto value = [&](size_t a, bool packed) {
+    const std::string k = std::to_string(sig.array_inputs[a]);
+    if (call.Constant(a)) return "c" + k;
+    return packed ? "a" + k + "[j].e[e]" : "in" + k + "[i]";
+  };
+  values.insert(values.end(), {
+                                  {"vector_kernel", kElementwiseVectorKernel},
+                                  {"scalar_kernel", kElementwiseScalarKernel},
+                                  {"packs_per_thread", std::to_string(sig.packs_per_thread)},
+                                  {"pack_element", call([&](size_t a) { return value(a, true); })},
+                                  {"element", call([&](size_t a) { return value(a, false); })},
+                              });
   std::string source(header);
   source += kPrelude;
   source += '\n';
@@ -281,7 +326,7 @@ std::string StridedSpecialization::Name() const {
   // One letter per array, the output's after '>': u(nit), b(roadcast), g(ather),
   // c(onstant), t(ransposed).
   constexpr char kLetters[] = "ubgct";
-  std::string name = std::to_string(dims) + "d:";
+  std::string name = rows ? std::string("rows:") : std::to_string(dims) + "d:";
   for (RowStep step : in_steps) name += kLetters[static_cast<int>(step)];
   name += '>';
   name += kLetters[static_cast<int>(out_step)];
@@ -302,7 +347,7 @@ RowStep ClassifyRowStep(const int64_t* strides, int dims, bool is_output) {
 int64_t StridedArgumentBytes(const ElementwiseSignature& signature,
                              const StridedSpecialization& specialization) {
   int64_t bytes = 8 * (static_cast<int64_t>(signature.array_inputs.size()) + 1);  // pointers
-  bytes += 8 * ArgsWords(signature.array_inputs.size(), specialization.dims);
+  bytes += 8 * ArgsWords(signature.array_inputs.size(), specialization);
   for (DType t : signature.parameter_dtypes) {
     const auto size = static_cast<int64_t>(DTypeSize(t));
     bytes = AlignUp(bytes, size) + size;
@@ -328,14 +373,14 @@ std::string ElementwiseStridedKernelSource(const ElementwiseSignature& signature
   values.insert(values.end(),
                 {
                     {"strided_kernel", kElementwiseStridedKernel},
+                    {"rows_kernel", kElementwiseRowsKernel},
                     {"dims", std::to_string(spec.dims)},
                     {"packs_per_thread", std::to_string(sig.packs_per_thread)},
                     {"tiled", tiled ? "true" : "false"},
-                    {"tiled_element", call([&](size_t a) {
-                       return "v" + std::to_string(sig.array_inputs[a]);
-                     })},
+                    {"tiled_element",
+                     call([&](size_t a) { return "v" + std::to_string(sig.array_inputs[a]); })},
                     {"out_step", RowStepName(spec.out_step)},
-                    {"args_words", std::to_string(ArgsWords(sig.array_inputs.size(), spec.dims))},
+                    {"args_words", std::to_string(ArgsWords(sig.array_inputs.size(), spec))},
                     {"pack_element", call([&](size_t a) {
                        const std::string k = std::to_string(sig.array_inputs[a]);
                        return from_value(a) ? "v" + k : "a" + k + "[j].e[e]";
@@ -352,8 +397,36 @@ std::string ElementwiseStridedKernelSource(const ElementwiseSignature& signature
   std::string source(header);
   source += kPrelude;
   source += '\n';
-  AppendTemplate(kStridedTemplate, values, arrays, &source);
+  AppendTemplate(spec.rows ? kRowsTemplate : kStridedTemplate, values, arrays, &source);
   return source;
+}
+
+bool RowsLayoutsFit(const StridedSpecialization& specialization, const int64_t* shape,
+                    const std::vector<DType>& array_dtypes, const StridedArray* arrays,
+                    DType out_dtype, const StridedArray& out) {
+  const StridedSpecialization& spec = specialization;
+  if (spec.dims != 2 || spec.out_step != RowStep::kUnit ||
+      spec.in_steps.size() != array_dtypes.size()) {
+    return false;
+  }
+  const int v = ElementsPerPack(array_dtypes, {}, out_dtype);
+  if (shape[1] % v != 0) return false;
+  // A row start is 16-byte aligned when the first one is and the row stride is a multiple
+  // of 16 bytes.
+  auto aligned_rows = [](const StridedArray& array, DType dtype) {
+    const auto size = static_cast<int64_t>(DTypeSize(dtype));
+    const auto first =
+        reinterpret_cast<uintptr_t>(array.data) + static_cast<uintptr_t>(array.offset * size);
+    return first % 16 == 0 && (array.strides[0] * size) % 16 == 0;
+  };
+  for (size_t a = 0; a < array_dtypes.size(); ++a) {
+    const RowStep step = spec.in_steps[a];
+    if (step == RowStep::kUnit ? !aligned_rows(arrays[a], array_dtypes[a])
+                               : step != RowStep::kBroadcast && step != RowStep::kConstant) {
+      return false;
+    }
+  }
+  return aligned_rows(out, out_dtype);
 }
 
 }  // namespace gpucompute::cuda
