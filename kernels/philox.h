@@ -299,6 +299,28 @@ GPUCOMPUTE_HD T ExactSqrt(T a) {
 #endif
 }
 
+// sqrt(a) correctly rounded, as ExactSqrt, for a = +0 or a normal float of at least
+// 2^-101: every argument NormalRadiusFloat32V2 takes (+0, or about -2 ln(1 - 2^-24),
+// 2^-23, and up). A GPU computes it as __fsqrt_rn's own fast path does, with the
+// instructions ptxas emits for that path (an approximate reciprocal square root y, then
+// s = a y and one Newton step fma(fma(-s, s, a), y / 2, s)), so the bits are sqrtf's. It
+// leaves out the range check, the branch and the slow-path call around them, more than
+// half of __fsqrt_rn's instructions, which only an argument below 2^-101, an infinity
+// or a NaN needs. y is clamped to 2^24 (it is below 2^12 for every nonzero argument
+// here), so that a = +0 gives 0 * 2^24 = +0, not 0 * inf = NaN.
+// cuda_kernels_test checks every radius on a GPU against the CPU's sqrtf.
+GPUCOMPUTE_HD float RadiusSqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(a));
+  y = fminf(y, 0x1.0p+24f);
+  const float s = __fmul_rn(a, y);
+  return __fmaf_rn(__fmaf_rn(-s, s, a), __fmul_rn(0.5f, y), s);
+#else
+  return sqrtf(a);
+#endif
+}
+
 // c[0] + x * (c[1] + x * (... + x * c[N-1])), one fma a step.
 template <typename T, int N>
 GPUCOMPUTE_HD T Horner(const T (&c)[N], T x) {
@@ -393,7 +415,7 @@ GPUCOMPUTE_HD float NormalRadiusFloat32V2(uint32_t wa) {
   const float f = BitsToFloat(bits - (e << 23)) - 1.0f;
   const float minus2_log1p = ExactFma(ExactMul(f, f), Minus2Log1pTail(f), -2.0f * f);
   const float scale = static_cast<float>(static_cast<int32_t>(e) - 24);
-  return ExactSqrt(
+  return RadiusSqrt(
       ExactFma(scale, kMinus2Ln2HiFloat32, ExactFma(scale, kMinus2Ln2LoFloat32, minus2_log1p)));
 }
 
