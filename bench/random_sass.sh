@@ -6,9 +6,11 @@
 #
 #   bench/random_sass.sh [ARCH]        ARCH defaults to sm_90
 #
-# Needs nvcc and cuobjdump (CUDA_HOME/bin or PATH); no GPU. For every RandomKernel it
-# finds the loop that holds the vector store (a backward branch and its target), counts
-# the instructions in it (NOPs aside), and divides by the bytes that loop stores.
+# Needs nvcc (CUDA_HOME/bin or PATH), and cuobjdump where there is one; no GPU. For
+# every RandomKernel it finds the loop that holds the vector store (a backward branch and
+# its target), counts the instructions in it (NOPs aside), and divides by the bytes that
+# loop stores. Of them it counts the FP64 ones (half rate on an H100 or H200) and the
+# MUFU and conversions (an eighth).
 set -euo pipefail
 
 arch="${1:-sm_90}"
@@ -16,19 +18,54 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cuda_bin="${CUDA_HOME:-/usr/local/cuda}/bin"
 nvcc="$(command -v nvcc || echo "$cuda_bin/nvcc")"
 cuobjdump="$(command -v cuobjdump || echo "$cuda_bin/cuobjdump")"
-for tool in "$nvcc" "$cuobjdump"; do
-  if [[ ! -x "$tool" ]]; then
-    echo "random_sass.sh: $(basename "$tool") not found (set CUDA_HOME or PATH)" >&2
-    exit 1
-  fi
-done
+if [[ ! -x "$nvcc" ]]; then
+  echo "random_sass.sh: nvcc not found (set CUDA_HOME or PATH)" >&2
+  exit 1
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # The flags of the library build (kernels/CMakeLists.txt), for one architecture.
 "$nvcc" -O2 -DNDEBUG -std=c++17 --expt-relaxed-constexpr -arch="$arch" -cubin \
   -I"$root" "$root/kernels/cuda/random.cu" -o "$work/random.cubin"
-"$cuobjdump" -sass "$work/random.cubin" >"$work/random.sass"
+if [[ -x "$cuobjdump" ]]; then
+  "$cuobjdump" -sass "$work/random.cubin" >"$work/random.sass"
+else
+  # Without cuobjdump (nvcc's Python wheels ship none), read the cubin directly: just the
+  # opcodes this script counts, named from the low 9 bits of each 128-bit sm_90
+  # instruction, and branch targets. Checked against cuobjdump's counts for every kernel.
+  echo "random_sass.sh: no cuobjdump; decoding the cubin's opcodes ($arch only)" >&2
+  python3 - "$work/random.cubin" >"$work/random.sass" <<'CUBIN'
+import struct
+import sys
+
+data = open(sys.argv[1], "rb").read()
+(shoff,) = struct.unpack_from("<Q", data, 0x28)
+shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+names = headers[shstrndx][4]
+NAMES = {0x118: "NOP", 0x147: "BRA", 0x186: "STG", 0x28: "DMUL", 0x29: "DADD", 0x2B: "DFMA",
+         0x108: "MUFU", 0x45: "I2FP", 0x105: "F2I", 0x106: "I2F", 0x110: "F2F", 0x111: "F2I",
+         0x112: "I2F"}
+for h in headers:
+    name = data[names + h[0]:data.index(b"\0", names + h[0])].decode()
+    if not name.startswith(".text."):
+        continue
+    print("\t\tFunction : " + name[len(".text."):])
+    body = data[h[4]:h[4] + h[5]]
+    for at in range(0, len(body), 16):
+        lo, hi = struct.unpack_from("<QQ", body, at)
+        op = lo & 0x1FF
+        text = NAMES.get(op, "OP_%03x" % op)
+        if op == 0x147:  # signed offset in 4-byte units: bits 16-23, then 34-81
+            offset = ((hi << 64 | lo) >> 34) & ((1 << 48) - 1)
+            offset = (offset - (1 << 48) if offset >> 47 else offset) << 8 | (lo >> 16 & 0xFF)
+            text += " 0x%04x" % (at + 16 + 4 * offset)
+        elif op == 0x186:  # the store's width: 64 or 128 bits
+            text += {5: ".E.64", 6: ".E.128"}.get(hi >> 9 & 7, ".E")
+        print("        /*%04x*/                   %s ;" % (at, text))
+CUBIN
+fi
 
 python3 - "$work/random.sass" <<'EOF'
 import re
@@ -72,19 +109,21 @@ for name, code in kernels.items():
         if stores and (best is None or len(body) < len(best[0])):
             best = (body, stores)
     if best is None:
-        rows.append((dtype, label, None, 0, 0, 0))
+        rows.append((dtype, label, None, 0, 0, 0, 0))
         continue
     body, stores = best
     body = [t for t in body if not t.startswith("NOP")]
     stored = width * len(stores)
     fp64 = sum(1 for t in body if re.match(r"(@!?U?P\d+\s+)?D(FMA|MUL|ADD)\b", t))
-    rows.append((dtype, label, len(body), stored, fp64, len(body) / stored))
+    slow = sum(1 for t in body if re.match(r"(@!?U?P\d+\s+)?(MUFU|I2F|F2I|F2F|I2FP)\b", t))
+    rows.append((dtype, label, len(body), stored, fp64, slow, len(body) / stored))
 
 print(f"{'kernel':<22} {'loop instructions':>17} {'bytes stored':>12} {'of them FP64':>12}"
-      f" {'instructions/byte':>17}")
-for dtype, label, count, stored, fp64, per_byte in sorted(rows):
+      f" {'MUFU/convert':>12} {'instructions/byte':>17}")
+for dtype, label, count, stored, fp64, slow, per_byte in sorted(rows):
     if count is None:
         print(f"{label + ' ' + dtype:<22} {'(no vector-store loop found)':>17}")
         continue
-    print(f"{label + ' ' + dtype:<22} {count:>17} {stored:>12} {fp64:>12} {per_byte:>17.2f}")
+    print(f"{label + ' ' + dtype:<22} {count:>17} {stored:>12} {fp64:>12} {slow:>12}"
+          f" {per_byte:>17.2f}")
 EOF

@@ -299,6 +299,28 @@ GPUCOMPUTE_HD T ExactSqrt(T a) {
 #endif
 }
 
+// sqrt(a) correctly rounded, as ExactSqrt, for a = +0 or a normal float of at least
+// 2^-101: every argument NormalRadiusFloat32V2 takes (+0, or about -2 ln(1 - 2^-24),
+// 2^-23, and up). A GPU computes it as __fsqrt_rn's own fast path does, with the
+// instructions ptxas emits for that path (an approximate reciprocal square root y, then
+// s = a y and one Newton step fma(fma(-s, s, a), y / 2, s)), so the bits are sqrtf's. It
+// leaves out the range check, the branch and the slow-path call around them, more than
+// half of __fsqrt_rn's instructions, which only an argument below 2^-101, an infinity
+// or a NaN needs. y is clamped to 2^24 (it is below 2^12 for every nonzero argument
+// here), so that a = +0 gives 0 * 2^24 = +0, not 0 * inf = NaN.
+// cuda_kernels_test checks every radius on a GPU against the CPU's sqrtf.
+GPUCOMPUTE_HD float RadiusSqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(a));
+  y = fminf(y, 0x1.0p+24f);
+  const float s = __fmul_rn(a, y);
+  return __fmaf_rn(__fmaf_rn(-s, s, a), __fmul_rn(0.5f, y), s);
+#else
+  return sqrtf(a);
+#endif
+}
+
 // c[0] + x * (c[1] + x * (... + x * c[N-1])), one fma a step.
 template <typename T, int N>
 GPUCOMPUTE_HD T Horner(const T (&c)[N], T x) {
@@ -311,10 +333,30 @@ GPUCOMPUTE_HD T Horner(const T (&c)[N], T x) {
 }
 
 // The polynomials, coefficients low degree first: Chebyshev fits (near-minimax) rounded
-// to the type, kept in local arrays so that device code folds them into immediates.
+// to the type.
 // With f = m - 1 for m in [sqrt(1/2), sqrt(2)), -2 log1p(f) = -2 f + f^2 * Minus2Log1pTail(f);
 // with y in [-1/2, 1/2] and s = y^2, sin(pi y / 2) = y * SinHalfPiOverY(s) and
 // cos(pi y / 2) = CosHalfPi(s).
+//
+// Float32 coefficients are local arrays, folded into immediates that an FFMA takes as
+// an operand. A DFMA takes
+// none, so as immediates each float64 coefficient costs two uniform moves per use (66
+// instructions per Philox block, which the fill loop cannot hoist: they would need more
+// uniform registers than there are). Device code therefore reads them from a
+// __constant__ copy, one 64-bit constant load each; the values are the same.
+#if defined(__CUDACC__)
+#define GPUCOMPUTE_F64_COEFFICIENTS(name, ...)          \
+  inline constexpr double name##Host[] = {__VA_ARGS__}; \
+  static __constant__ double name##Device[] = {__VA_ARGS__}
+#else
+#define GPUCOMPUTE_F64_COEFFICIENTS(name, ...) inline constexpr double name##Host[] = {__VA_ARGS__}
+#endif
+#if defined(__CUDA_ARCH__)
+#define GPUCOMPUTE_F64_COEFFICIENTS_OF(name) name##Device
+#else
+#define GPUCOMPUTE_F64_COEFFICIENTS_OF(name) name##Host
+#endif
+
 GPUCOMPUTE_HD float Minus2Log1pTail(float f) {
   const float c[] = {0x1.0p+0f,      -0x1.55554ep-1f, 0x1.000008p-1f, -0x1.99a13p-2f,
                      0x1.5559e6p-2f, -0x1.237a56p-2f, 0x1.fcc1aep-3f, -0x1.e3d33ap-3f,
@@ -322,29 +364,16 @@ GPUCOMPUTE_HD float Minus2Log1pTail(float f) {
   return Horner(c, f);
 }
 
+GPUCOMPUTE_F64_COEFFICIENTS(kMinus2Log1pTailF64, 0x1.0p+0, -0x1.555555555555cp-1,
+                            0x1.fffffffffff34p-2, -0x1.999999999772bp-2, 0x1.5555555561dddp-2,
+                            -0x1.249249261f2ccp-2, 0x1.fffffff7e955cp-3, -0x1.c71c70c1303cbp-3,
+                            0x1.99999a6364b62p-3, -0x1.745d460eacbc4p-3, 0x1.55556c388aeddp-3,
+                            -0x1.3b0eda8f5d75cp-3, 0x1.248b2a78bff2p-3, -0x1.115b4daceee38p-3,
+                            0x1.00b0e81fd59f4p-3, -0x1.dd3093b701211p-4, 0x1.b635ac30a3dacp-4,
+                            -0x1.bb08e0be73d94p-4, 0x1.fc84a09888c57p-4, -0x1.ceab3eecb74d9p-4,
+                            0x1.8e8f5f6d78efbp-5);
 GPUCOMPUTE_HD double Minus2Log1pTail(double f) {
-  const double c[] = {0x1.0p+0,
-                      -0x1.555555555555cp-1,
-                      0x1.fffffffffff34p-2,
-                      -0x1.999999999772bp-2,
-                      0x1.5555555561dddp-2,
-                      -0x1.249249261f2ccp-2,
-                      0x1.fffffff7e955cp-3,
-                      -0x1.c71c70c1303cbp-3,
-                      0x1.99999a6364b62p-3,
-                      -0x1.745d460eacbc4p-3,
-                      0x1.55556c388aeddp-3,
-                      -0x1.3b0eda8f5d75cp-3,
-                      0x1.248b2a78bff2p-3,
-                      -0x1.115b4daceee38p-3,
-                      0x1.00b0e81fd59f4p-3,
-                      -0x1.dd3093b701211p-4,
-                      0x1.b635ac30a3dacp-4,
-                      -0x1.bb08e0be73d94p-4,
-                      0x1.fc84a09888c57p-4,
-                      -0x1.ceab3eecb74d9p-4,
-                      0x1.8e8f5f6d78efbp-5};
-  return Horner(c, f);
+  return Horner(GPUCOMPUTE_F64_COEFFICIENTS_OF(kMinus2Log1pTailF64), f);
 }
 
 GPUCOMPUTE_HD float SinHalfPiOverY(float s) {
@@ -352,11 +381,11 @@ GPUCOMPUTE_HD float SinHalfPiOverY(float s) {
   return Horner(c, s);
 }
 
+GPUCOMPUTE_F64_COEFFICIENTS(kSinHalfPiOverYF64, 0x1.921fb54442d18p+0, -0x1.4abbce625be41p-1,
+                            0x1.466bc677587f8p-4, -0x1.32d2cce2e5b19p-8, 0x1.50782fda12d96p-13,
+                            -0x1.e30071afc3e59p-19, 0x1.e3f38399551bfp-25);
 GPUCOMPUTE_HD double SinHalfPiOverY(double s) {
-  const double c[] = {0x1.921fb54442d18p+0,  -0x1.4abbce625be41p-1, 0x1.466bc677587f8p-4,
-                      -0x1.32d2cce2e5b19p-8, 0x1.50782fda12d96p-13, -0x1.e30071afc3e59p-19,
-                      0x1.e3f38399551bfp-25};
-  return Horner(c, s);
+  return Horner(GPUCOMPUTE_F64_COEFFICIENTS_OF(kSinHalfPiOverYF64), s);
 }
 
 GPUCOMPUTE_HD float CosHalfPi(float s) {
@@ -364,16 +393,11 @@ GPUCOMPUTE_HD float CosHalfPi(float s) {
   return Horner(c, s);
 }
 
+GPUCOMPUTE_F64_COEFFICIENTS(kCosHalfPiF64, 0x1.0p+0, -0x1.3bd3cc9be45dep+0, 0x1.03c1f081b5aacp-2,
+                            -0x1.55d3c7e3c90f8p-6, 0x1.e1f5068355e15p-11, -0x1.a6d1ec7906c2p-16,
+                            0x1.f9cc41140bb6p-22, -0x1.b264ba152378ap-28);
 GPUCOMPUTE_HD double CosHalfPi(double s) {
-  const double c[] = {0x1.0p+0,
-                      -0x1.3bd3cc9be45dep+0,
-                      0x1.03c1f081b5aacp-2,
-                      -0x1.55d3c7e3c90f8p-6,
-                      0x1.e1f5068355e15p-11,
-                      -0x1.a6d1ec7906c2p-16,
-                      0x1.f9cc41140bb6p-22,
-                      -0x1.b264ba152378ap-28};
-  return Horner(c, s);
+  return Horner(GPUCOMPUTE_F64_COEFFICIENTS_OF(kCosHalfPiF64), s);
 }
 
 // -2 ln 2 = hi + lo, with hi short enough that e * hi is exact for every exponent e used.
@@ -391,7 +415,7 @@ GPUCOMPUTE_HD float NormalRadiusFloat32V2(uint32_t wa) {
   const float f = BitsToFloat(bits - (e << 23)) - 1.0f;
   const float minus2_log1p = ExactFma(ExactMul(f, f), Minus2Log1pTail(f), -2.0f * f);
   const float scale = static_cast<float>(static_cast<int32_t>(e) - 24);
-  return ExactSqrt(
+  return RadiusSqrt(
       ExactFma(scale, kMinus2Ln2HiFloat32, ExactFma(scale, kMinus2Ln2LoFloat32, minus2_log1p)));
 }
 

@@ -193,6 +193,17 @@ GemvStatus GemvAsync(cublasHandle_t cublas, DType dtype, const GemvShape& shape,
 cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int64_t n,
                         cudaStream_t stream);
 
+// The values a fill with `params` writes for Philox blocks whose words the caller
+// chooses: block b's four words are words[4b, 4b + 4), and its k values (kernels/philox.h)
+// go to out[k b, k b + k), k = ElementsPerCounter(params.distribution, dtype). A fill's
+// words come from counters, so only this reaches every input of a transform (every
+// float32 radius and angle of normal v2): for tests that hold the device's transforms to
+// the CPU's bit for bit. Uniform and normal float32/float64 only, else
+// cudaErrorInvalidValue.
+cudaError_t RandomLanesForTestingAsync(const RandomParams& params, DType dtype,
+                                       const uint32_t* words, int64_t blocks, void* out,
+                                       cudaStream_t stream);
+
 // ---- Elementwise expressions (kernels/cuda/elementwise.cu, kernels/cuda/elementwise/) ----
 //
 // One fused kernel per expression, generated and compiled with NVRTC at run time, in the

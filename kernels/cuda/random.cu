@@ -1,6 +1,7 @@
 // RandomAsync: the entry point and its dispatch; the kernel is in
 // detail/random_kernels.cuh. One kernel per (dtype, distribution, normal transform) the
-// fill defines: eight.
+// fill defines: eight. RandomLanesForTestingAsync runs the same per-block code on words a
+// test chooses.
 //
 // Determinism: element i depends only on (params, dtype, i), never on the launch, so the
 // fill is bitwise identical run to run; uniforms, integers and normal v2 are also bitwise
@@ -51,6 +52,41 @@ cudaError_t NormalDispatch(const RandomParams& params, void* out, int64_t n, cud
   return cudaErrorInvalidValue;  // a transform this build does not know
 }
 
+// RandomLanesForTestingAsync: a thread per block of caller-chosen words, through the
+// fill kernel's own BlockElements, so the values are the ones a fill writes.
+template <typename T, NormalTransform kTransform>
+__global__ void __launch_bounds__(kBlockThreads)
+    RandomLanesKernel(RandomParams params, const PhiloxWords* __restrict__ words, int64_t blocks,
+                      BlockValues<T, ElementsPerCounter(Distribution::kNormal,
+                                                        DTypeOf<T>::value)>* __restrict__ out) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  params.normal_transform = kTransform;
+  if (params.distribution == Distribution::kNormal) {
+    out[b] = BlockElements<T, Distribution::kNormal, kTransform>(words[b], params);
+  } else {
+    out[b] = BlockElements<T, Distribution::kUniform, kTransform>(words[b], params);
+  }
+}
+
+template <typename T>
+cudaError_t RandomLanesDispatch(const RandomParams& params, const uint32_t* words, int64_t blocks,
+                                void* out, cudaStream_t stream) {
+  const auto* w = reinterpret_cast<const PhiloxWords*>(words);
+  using Block = BlockValues<T, ElementsPerCounter(Distribution::kNormal, DTypeOf<T>::value)>;
+  auto* o = static_cast<Block*>(out);
+  const int64_t grid = CeilDiv(blocks, kBlockThreads);
+  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
+  if (params.normal_transform == NormalTransform::kBoxMullerV2) {
+    RandomLanesKernel<T, NormalTransform::kBoxMullerV2>
+        <<<static_cast<unsigned>(grid), kBlockThreads, 0, stream>>>(params, w, blocks, o);
+  } else {
+    RandomLanesKernel<T, NormalTransform::kBoxMullerV1>
+        <<<static_cast<unsigned>(grid), kBlockThreads, 0, stream>>>(params, w, blocks, o);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -82,6 +118,23 @@ cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int6
   }
   // Combinations the fill does not define (ElementsPerCounter == 0); the caller rejects
   // them before getting here.
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t RandomLanesForTestingAsync(const RandomParams& params, DType dtype,
+                                       const uint32_t* words, int64_t blocks, void* out,
+                                       cudaStream_t stream) {
+  if (blocks <= 0) return cudaSuccess;
+  if (params.distribution != Distribution::kUniform &&
+      params.distribution != Distribution::kNormal) {
+    return cudaErrorInvalidValue;
+  }
+  if (dtype == DType::kFloat32) {
+    return detail::RandomLanesDispatch<float>(params, words, blocks, out, stream);
+  }
+  if (dtype == DType::kFloat64) {
+    return detail::RandomLanesDispatch<double>(params, words, blocks, out, stream);
+  }
   return cudaErrorInvalidValue;
 }
 
