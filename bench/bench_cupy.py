@@ -4,11 +4,17 @@
 Run on a GPU machine with CuPy installed:  python3 bench/bench_cupy.py [log2n]
 Prints device time (median of 10, CUDA events) and the ratio to CuPy's own
 device-to-device copy in the same run, bytes counted as gpucompute-bench counts them.
+Where PyTorch is installed, its random fills (Philox and Box-Muller) get rows too.
 """
 import sys
 
 import cupy as cp
 import numpy as np
+
+try:
+    import torch  # only for its random rows, where installed
+except ImportError:
+    torch = None
 
 
 def median_ms(f, repeat=10):
@@ -57,6 +63,14 @@ def main():
         row("uniform (RandomState)", lambda: legacy.uniform(size=n, dtype=dtype), n * item)
         row("normal (RandomState)", lambda: legacy.standard_normal(size=n, dtype=dtype), n * item)
         row("normal (default_rng)", lambda: generator.standard_normal(size=n, dtype=dtype), n * item)
+        if torch is not None:
+            # PyTorch's CUDA generator: Philox4x32-10 and Box-Muller, as gpucompute's.
+            out = torch.as_tensor(z, device="cuda")
+            row("normal (torch.randn)", lambda: torch.randn(n, dtype=out.dtype, device="cuda", out=out),
+                n * item)
+            row("uniform (torch.rand)", lambda: torch.rand(n, dtype=out.dtype, device="cuda", out=out),
+                n * item)
+            del out
         del x, y, z
         for m in (16384, 32768):
             a = cp.random.uniform(size=(m, m)).astype(dtype)
