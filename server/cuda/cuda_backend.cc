@@ -43,6 +43,8 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
         "no CUDA device is usable here (",
         error == cudaSuccess ? "none found" : cudaGetErrorName(error), "); use --backend=cpu"));
   }
+  int caller_device = 0;
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaGetDevice(&caller_device));
   for (int d = 0; d < count; ++d) {
     GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, SwitchDevice(d));
     cudaDeviceProp prop{};
@@ -105,9 +107,13 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     pollers_.push_back(std::make_unique<CompletionPoller>(
         [this](CompletionPoller::Callback c, cudaError_t e) { FinishCallback(std::move(c), e); }));
   }
+  // Setting up and warming each device makes it current in turn: leave the caller's
+  // current device as it found it (raw runtime calls on that thread, such as a test's
+  // cudaMemcpy, go to the current device).
   for (const auto& device : devices_) {
     RETURN_IF_ERROR(WarmUp(device->index));
   }
+  GPUCOMPUTE_CUDA_RETURN_IF_ERROR_VIA(Check, cudaSetDevice(caller_device));
   return absl::OkStatus();
 }
 
