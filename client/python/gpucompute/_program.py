@@ -124,6 +124,14 @@ def _stand_in(index):
     return f"<program argument {index}>"
 
 
+def _is_repeated(field):
+    """Whether a field is repeated: `is_repeated` in newer protobuf, which dropped
+    `label`; `label` in older ones (Debian's 3.21), which lack `is_repeated`."""
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == FieldDescriptor.LABEL_REPEATED
+
+
 def _substitute(message, refs):
     """Replaces, in place, every string field of `message` (at any depth) found in
     `refs` with its value there."""
@@ -131,7 +139,7 @@ def _substitute(message, refs):
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             if field.message_type.GetOptions().map_entry:
                 values = value.values()
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
+            elif _is_repeated(field):
                 values = value
             else:
                 values = (value,)
@@ -139,7 +147,7 @@ def _substitute(message, refs):
                 if hasattr(item, "ListFields"):
                     _substitute(item, refs)
         elif field.type == FieldDescriptor.TYPE_STRING and \
-                field.label != FieldDescriptor.LABEL_REPEATED and value in refs:
+                not _is_repeated(field) and value in refs:
             setattr(message, field.name, refs[value])
 
 
