@@ -390,6 +390,10 @@ def operand(value):
 
 
 def _broadcast(what, shapes):
+    # Most operands have one shape, or are scalars: no need for NumPy's general rule.
+    arrays = [shape for shape in shapes if shape != ()]
+    if all(shape == arrays[0] for shape in arrays[1:]):
+        return tuple(arrays[0]) if arrays else ()
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:

@@ -6,6 +6,8 @@ A type is a NumPy dtype (a strong value: an array, a NumPy scalar, a 0-d array) 
 "bool", "int", "float" (a weak Python scalar, which takes an array's dtype of its kind).
 """
 
+import functools
+
 import numpy as np
 
 _WEAK = ("bool", "int", "float")
@@ -90,6 +92,12 @@ def _unsupported(name, types):
 def result_type(name, types):
     """The dtype (or weak kind) of ufunc `name` of arguments of `types`, as the server
     gives it; TypeError where the server refuses the types."""
+    return _result_type(name, tuple(types))
+
+
+# Every operator of the array layer asks this; a loop asks the same few questions.
+@functools.lru_cache(maxsize=4096)
+def _result_type(name, types):
     _, _, rule = UFUNCS[name]
     promoted = promote(*types)
     kind = _kind(promoted)
