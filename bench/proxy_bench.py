@@ -19,8 +19,9 @@ The routes (--route, default both, one after the other on replicas of their own)
        client connects with TLS under the server name TENANT.gpu.test, directly and
        through HAProxy, which passes the connection through to the replica untouched.
 --haproxy-global LINE (repeatable) adds LINE to the global section of the generated
-configuration, after placement.py's own lines (a later tune line wins), for tuning
-experiments, e.g. --haproxy-global 'tune.bufsize 262144'.
+configuration, after placement.py's own lines (a later tune line wins), and
+--haproxy-defaults LINE to its defaults section, for tuning experiments, e.g.
+--haproxy-global 'tune.bufsize 262144' --haproxy-defaults 'http-reuse never'.
 
 Usage, from the source directory with the build in build/:
   On a 2-GPU machine:
@@ -68,22 +69,29 @@ def parse_args():
     parser.add_argument("--haproxy-global", action="append", default=[], metavar="LINE",
                         help="a line added to the generated configuration's global section "
                              "(repeatable), e.g. 'tune.bufsize 262144'")
+    parser.add_argument("--haproxy-defaults", action="append", default=[], metavar="LINE",
+                        help="a line added to the generated configuration's defaults section "
+                             "(repeatable), e.g. 'http-reuse never'")
     args = parser.parse_args()
     args.gpus = args.gpus.split(",") if args.gpus else []
     if args.gpus and len(args.gpus) != len(REPLICAS):
         parser.error(f"--gpus needs {len(REPLICAS)} devices, one a replica")
-    if any("\n" in line or not line.strip() for line in args.haproxy_global):
-        parser.error("--haproxy-global takes one non-empty configuration line")
+    for flag in ("global", "defaults"):
+        if any("\n" in line or not line.strip() for line in getattr(args, "haproxy_" + flag)):
+            parser.error(f"--haproxy-{flag} takes one non-empty configuration line")
     args.routes = ROUTES if args.route == "both" else (args.route,)
     return args
 
 
-def with_global_lines(config, lines):
-    """`config` with `lines` added at the end of its global section."""
-    head, sep, tail = config.partition("\ndefaults\n")
+def with_section_lines(config, section, lines):
+    """`config` with `lines` added at the end of its `section` ("global" or "defaults",
+    each followed by another section)."""
+    follows = {"global": "\ndefaults\n", "defaults": "\nfrontend "}[section]
+    head, sep, tail = config.partition(follows)
     if not sep:
-        raise RuntimeError("the generated configuration has no defaults section")
-    return head.rstrip("\n") + "".join(f"\n    {line.strip()}" for line in lines) + "\n" + sep + tail
+        raise RuntimeError(f"the generated configuration has no section after {section}")
+    return head.rstrip("\n") + "".join(f"\n    {line.strip()}" for line in lines) + "\n\n" + \
+        sep.lstrip("\n") + tail
 
 
 def start(args, workdir, route):
@@ -129,8 +137,10 @@ def start(args, workdir, route):
         replica.start(timeout=120)
     config = os.path.join(workdir, "haproxy.cfg")
     with open(config, "w") as f:
-        f.write(with_global_lines(placement.haproxy_config(
-            {r.name: r.address for r in replicas}, proxy_address, *extra), args.haproxy_global))
+        generated = placement.haproxy_config(
+            {r.name: r.address for r in replicas}, proxy_address, *extra)
+        f.write(with_section_lines(with_section_lines(generated, "global", args.haproxy_global),
+                                   "defaults", args.haproxy_defaults))
     proxy = cluster.HAProxy(config, proxy_port, os.path.join(workdir, "haproxy.log"))
     proxy.start()
     return replicas, proxy, route_address, tenants, tls
@@ -214,7 +224,8 @@ def measure(args, route):
               + (f" on devices {','.join(args.gpus)}" if args.gpus else "")
               + f"; median of {args.repeat} after one warm-up; Submit(wait) of x + 1 on one "
               f"element, {args.latency} calls; HAProxy at {address}"
-              + "".join(f"; global {line}" for line in args.haproxy_global) + "\n")
+              + "".join(f"; global {line}" for line in args.haproxy_global)
+              + "".join(f"; defaults {line}" for line in args.haproxy_defaults) + "\n")
         met = report(results)
         print()
         return met
