@@ -36,6 +36,7 @@ waited for, as the client's own calls do.
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Callable, Optional
 
@@ -206,6 +207,10 @@ def _drop_unsent(client, refusal):
             _lazy._untrack(client, array)
 
 
+# Traces a Program keeps, most recently used first.
+MAX_TRACES = 8
+
+
 class Program:
     """A function of remote arrays, traced into a chain and run as it (see the module's
     documentation). `prepared` tells whether the last run ran prepared, `steps` how
@@ -217,13 +222,15 @@ class Program:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._client = client
-        self._traces = {}
+        self._traces = collections.OrderedDict()
         self._last = None
         self.prepared = False
 
     @property
     def traces(self) -> int:
-        """How many traces the program keeps (no server call)."""
+        """How many traces the program keeps (no server call): the MAX_TRACES most
+        recently used; an older one's output buffers are freed once nothing else holds
+        them."""
         return len(self._traces)
 
     @property
@@ -252,6 +259,12 @@ class Program:
         if trace is None:
             trace = self._trace(name, args, kwargs, arrays, aliases)
             self._traces[key] = trace
+            # Each trace owns output buffers on the server: a constant that changes at
+            # every call must not keep one set of them per value it took.
+            while len(self._traces) > MAX_TRACES:
+                self._traces.popitem(last=False)
+        else:
+            self._traces.move_to_end(key)
         return self._run(trace, ids)
 
     def _trace(self, name, args, kwargs, arrays, aliases):

@@ -2,11 +2,14 @@
 run again as it and prepared by the server; outputs in buffers the program owns,
 overwritten by each run; what cannot be traced raises at the trace."""
 
+import gc
+
 import numpy as np
 import pytest
 
 import gpucompute
 from gpucompute import _dispatch
+from gpucompute._program import MAX_TRACES
 from gpucompute.client import Client
 
 SEED = 5150
@@ -152,6 +155,26 @@ def test_other_shapes_dtypes_and_constants_trace_again(client):
                                   np.arange(4.0) * 5)
     scaled(client.put(np.arange(4.0)), 5)
     assert calls == [3, 3, 3, 5] and scaled.traces == 4
+
+
+def test_a_program_keeps_its_recent_traces_and_frees_the_others_outputs(client):
+    x = client.put(np.arange(4.0))
+    before = len(client.buffers())
+
+    @gpucompute.program
+    def scaled(v, factor):
+        return v * factor
+
+    for factor in range(3 * MAX_TRACES):
+        np.testing.assert_array_equal(scaled(x, factor).get(), np.arange(4.0) * factor)
+    assert scaled.traces == MAX_TRACES
+    gc.collect()
+    _dispatch.flush(client)  # the collected outputs' deletes, sent and answered
+    assert len(client.buffers()) == before + MAX_TRACES
+    # The most recent traces are kept: no new trace, no new buffer.
+    scaled(x, 3 * MAX_TRACES - 1)
+    assert scaled.traces == MAX_TRACES
+    assert len(client.buffers()) == before + MAX_TRACES
 
 
 @pytest.mark.parametrize("body, what", [
