@@ -339,11 +339,11 @@ GPUCOMPUTE_HD T Horner(const T (&c)[N], T x) {
 // cos(pi y / 2) = CosHalfPi(s).
 //
 // Float32 coefficients are local arrays, folded into immediates that an FFMA takes as
-// an operand. A DFMA takes
-// none, so as immediates each float64 coefficient costs two uniform moves per use (66
-// instructions per Philox block, which the fill loop cannot hoist: they would need more
-// uniform registers than there are). Device code therefore reads them from a
-// __constant__ copy, one 64-bit constant load each; the values are the same.
+// an operand. A DFMA takes none, so as immediates each float64 coefficient costs two
+// uniform moves per use (66 instructions per Philox block, which the fill loop cannot
+// hoist: they would need more uniform registers than there are). Device code therefore
+// reads them from a __constant__ copy, one 64-bit constant load each; the values are the
+// same.
 #if defined(__CUDACC__)
 #define GPUCOMPUTE_F64_COEFFICIENTS(name, ...)          \
   inline constexpr double name##Host[] = {__VA_ARGS__}; \
