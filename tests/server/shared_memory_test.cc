@@ -806,11 +806,15 @@ TEST_F(SharedMemoryTest, ASigbusOutsideARegionCopyStillEndsTheProcess) {
   const auto fault = [&](bool sent) {
     RawShm raw(*server_, "shm-test");
     Segment segment(2 * 4096);
+    const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
+    if (fd < 0) std::_Exit(2);
     // A registration installs the handler.
     if (!raw.Register(segment.name(), 0, segment.size()).ok()) std::_Exit(1);
+    // This process ends before the segment's destructor runs: unlink the name now, or
+    // it stays behind, and a later test process that gets this pid cannot make its own.
+    shm_unlink(segment.name().c_str());
     if (sent) raise(SIGBUS);
-    const int fd = shm_open(segment.name().c_str(), O_RDWR, 0);
-    if (fd < 0 || ftruncate(fd, 0) != 0) std::_Exit(2);
+    if (ftruncate(fd, 0) != 0) std::_Exit(2);
     std::printf("%d\n", *static_cast<volatile char*>(segment.data() + 4096));
     std::_Exit(0);
   };
