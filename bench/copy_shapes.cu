@@ -215,15 +215,13 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
 }
 
 __device__ __forceinline__ void MbarrierInit(uint32_t barrier, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(barrier), "r"(arrivals)
-               : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(barrier), "r"(arrivals) : "memory");
 }
 
 // The barrier's one arrival for this phase, which also expects `bytes` of transactions:
 // the phase completes when the bulk load has written them.
 __device__ __forceinline__ void MbarrierArriveExpectTx(uint32_t barrier, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
-               "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes)
                : "memory");
 }
 
@@ -254,8 +252,8 @@ __device__ __forceinline__ void BulkLoad(uint32_t to, const void* from, uint32_t
 }
 
 __device__ __forceinline__ void BulkStore(void* to, uint32_t from, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(to),
-               "r"(from), "r"(bytes)
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(to), "r"(from),
+               "r"(bytes)
                : "memory");
 }
 #endif  // __CUDA_ARCH__ >= 900
@@ -295,8 +293,8 @@ __global__ void __launch_bounds__(kBulkBlock)
     const int s = static_cast<int>(k % kStages);
     const uint32_t barrier = SharedAddress(&full[s]);
     MbarrierArriveExpectTx(barrier, kTileBytes);
-    BulkLoad(SharedAddress(stages + s * kTileBytes),
-             from + (blockIdx.x + k * step) * kTileBytes, kTileBytes, barrier);
+    BulkLoad(SharedAddress(stages + s * kTileBytes), from + (blockIdx.x + k * step) * kTileBytes,
+             kTileBytes, barrier);
   };
   if (leader) {
     for (int64_t k = 0; k < count && k < kStages; ++k) load(k);
@@ -316,8 +314,8 @@ __global__ void __launch_bounds__(kBulkBlock)
       __syncthreads();
     }
     if (leader) {
-      BulkStore(to + (blockIdx.x + k * step) * kTileBytes,
-                SharedAddress(stages + s * kTileBytes), kTileBytes);
+      BulkStore(to + (blockIdx.x + k * step) * kTileBytes, SharedAddress(stages + s * kTileBytes),
+                kTileBytes);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       if (k >= 1 && k - 1 + kStages < count) {
         asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
@@ -418,18 +416,17 @@ std::vector<Variant> Variants(int64_t n) {
   v.push_back(GridStride<kC, 256, 2>("copy, grid-stride 2 x 16 B, persistent", kP, n));
   v.push_back(OneShot<kC, 256, 4>("copy, one-shot 4 x 16 B", n));
   GridStrideSweep<kS, 2, 128, 256, 512, 1024>(v, "x - c, grid-stride 2 x 16 B", kW, n);
-  GridStrideSweep<kS, 2, 128, 256, 512, 1024>(v, "x - c, grid-stride 2 x 16 B, persistent", kP,
-                                              n);
+  GridStrideSweep<kS, 2, 128, 256, 512, 1024>(v, "x - c, grid-stride 2 x 16 B, persistent", kP, n);
   OneShotSweep<kS, 4, 128, 256, 512, 1024>(v, "x - c, one-shot 4 x 16 B", n);
   OneShotSweep<kS, 8, 128, 256, 512, 1024>(v, "x - c, one-shot 8 x 16 B", n);
   v.push_back(GridStride<kC, 256, 2, L::kNoAllocate256B, S::kEvictFirst>(
       "copy, grid-stride 2 x 16 B" + ld + ef, kW, n));
-  v.push_back(GridStride<kS, 256, 2, L::kNoAllocate256B>("x - c, grid-stride 2 x 16 B" + ld, kW,
-                                                         n));
-  v.push_back(GridStride<kS, 256, 2, L::kPlain, S::kNoAllocate>(
-      "x - c, grid-stride 2 x 16 B" + na, kW, n));
-  v.push_back(GridStride<kS, 256, 2, L::kPlain, S::kEvictFirst>(
-      "x - c, grid-stride 2 x 16 B" + ef, kW, n));
+  v.push_back(
+      GridStride<kS, 256, 2, L::kNoAllocate256B>("x - c, grid-stride 2 x 16 B" + ld, kW, n));
+  v.push_back(
+      GridStride<kS, 256, 2, L::kPlain, S::kNoAllocate>("x - c, grid-stride 2 x 16 B" + na, kW, n));
+  v.push_back(
+      GridStride<kS, 256, 2, L::kPlain, S::kEvictFirst>("x - c, grid-stride 2 x 16 B" + ef, kW, n));
   v.push_back(GridStride<kS, 256, 2, L::kNoAllocate256B, S::kNoAllocate>(
       "x - c, grid-stride 2 x 16 B" + ld + na, kW, n));
   v.push_back(GridStride<kS, 256, 2, L::kNoAllocate256B, S::kEvictFirst>(
@@ -492,7 +489,7 @@ void Launch(const Variant& v, const float* x, float* y, int64_t n, cudaStream_t 
     return;
   }
   v.kernel<<<static_cast<unsigned>(v.grid), v.block, v.shared_bytes, stream>>>(x, y, v.count,
-                                                                              kSubtrahend);
+                                                                               kSubtrahend);
   COPY_SHAPES_CHECK(cudaGetLastError());
 }
 
@@ -503,19 +500,17 @@ void Check(Variant& v, const float* x, float* y, int64_t n, unsigned long long* 
   const int64_t total = n + kGuard;
   COPY_SHAPES_CHECK(cudaMemsetAsync(y, 0xFF, total * sizeof(float), stream));
   const unsigned long long init[2] = {0, ~0ull};
-  COPY_SHAPES_CHECK(
-      cudaMemcpyAsync(counters, init, sizeof(init), cudaMemcpyHostToDevice, stream));
+  COPY_SHAPES_CHECK(cudaMemcpyAsync(counters, init, sizeof(init), cudaMemcpyHostToDevice, stream));
   Launch(v, x, y, n, stream);
-  CheckKernel<<<4096, 256, 0, stream>>>(y, n, total, v.op, kSubtrahend, counters,
-                                        counters + 1);
+  CheckKernel<<<4096, 256, 0, stream>>>(y, n, total, v.op, kSubtrahend, counters, counters + 1);
   COPY_SHAPES_CHECK(cudaGetLastError());
   unsigned long long result[2] = {0, 0};
   COPY_SHAPES_CHECK(
       cudaMemcpyAsync(result, counters, sizeof(result), cudaMemcpyDeviceToHost, stream));
   COPY_SHAPES_CHECK(cudaStreamSynchronize(stream));
   if (result[0] != 0) {
-    v.failed = "FAILED: " + std::to_string(result[0]) + " wrong, first at " +
-               std::to_string(result[1]);
+    v.failed =
+        "FAILED: " + std::to_string(result[0]) + " wrong, first at " + std::to_string(result[1]);
   }
 }
 
@@ -614,11 +609,12 @@ int main(int argc, char** argv) {
   // Bytes read plus bytes written, as docs/performance.md counts the copy.
   const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
   const double copy_ms = Median(variants.front().ms);
-  std::printf("%s, %d SMs, compute capability %d.%d\n", device.name,
-              device.multiProcessorCount, device.major, device.minor);
-  std::printf("n = 2^%d float32 (%.2f GiB in, %.2f GiB out); median of %d runs after %d "
-              "warm-ups, variants interleaved\n",
-              log2n, n * 4.0 / (1 << 30), n * 4.0 / (1 << 30), runs, warmups);
+  std::printf("%s, %d SMs, compute capability %d.%d\n", device.name, device.multiProcessorCount,
+              device.major, device.minor);
+  std::printf(
+      "n = 2^%d float32 (%.2f GiB in, %.2f GiB out); median of %d runs after %d "
+      "warm-ups, variants interleaved\n",
+      log2n, n * 4.0 / (1 << 30), n * 4.0 / (1 << 30), runs, warmups);
   std::printf("copy engine: %.1f GB/s (bytes read + written)\n\n", bytes / copy_ms / 1e6);
   int width = 0;
   for (const Variant& v : variants) width = std::max(width, static_cast<int>(v.name.size()));

@@ -17,7 +17,10 @@ set -euo pipefail
 arch="${1:-sm_90}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 nvcc="$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")"
-[[ -x "$nvcc" ]] || { echo "copy_shapes_sass.sh: nvcc not found (set CUDA_HOME or PATH)" >&2; exit 1; }
+if [[ ! -x "$nvcc" ]]; then
+  echo "copy_shapes_sass.sh: nvcc not found (set CUDA_HOME or PATH)" >&2
+  exit 1
+fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cat >"$work/probes.cu" <<'PROBES'
@@ -97,7 +100,8 @@ def kernels(path):
 # Opcodes: the low 9 bits name the instruction (the bits above them select operand
 # forms), except where 12 bits are needed to tell two apart. Values as nvcc 13.0 emits
 # them for sm_90.
-LDG, STG, LDS, STS, ULDC, BRA, UBLKCP, DEPBAR = 0x181, 0x186, 0x184, 0x188, 0x0B9, 0x147, 0x1BA, 0x11A
+LDG, STG, LDS, STS, ULDC, BRA = 0x181, 0x186, 0x184, 0x188, 0x0B9, 0x147
+UBLKCP, DEPBAR = 0x1BA, 0x11A
 POLICY_MOVE = 0xC82  # (12 bits) writes createpolicy's result to the store's descriptor
 OTHER = {  # 12 bits
     0x5B2: "SYNCS.EXCH.64 (mbarrier.init)",
