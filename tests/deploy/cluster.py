@@ -4,7 +4,8 @@ bench/proxy_bench.py start.
 Replica i is a gpucompute-server program started with --replica-name, the placement
 file and every replica's address; HAProxy runs the configuration that
 deploy/placement.py writes, in the foreground, and reloads as an operator would (a new
-process taking over with -sf).
+process taking over with -sf). Either may be pinned to CPUs (cpus=, a taskset list such
+as "0-3,8"), as bench/proxy_bench.py does to give each process cores of its own.
 """
 import os
 import shutil
@@ -36,6 +37,18 @@ def wait_for_port(port, timeout, process=None):
     return False
 
 
+def pinned(argv, cpus):
+    """`argv`, run on the CPUs `cpus` (a taskset list, e.g. "0-3,8") when that is not
+    None. taskset execs the program, so the process started is the program itself and
+    its signals reach it."""
+    if cpus is None:
+        return list(argv)
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise RuntimeError("pinning to CPUs needs taskset (util-linux)")
+    return [taskset, "-c", cpus, *argv]
+
+
 def stop_process(process, timeout):
     """SIGTERM, then SIGKILL if `process` is still there after `timeout` seconds."""
     if process is not None and process.poll() is None:
@@ -48,9 +61,10 @@ def stop_process(process, timeout):
 
 
 class Replica:
-    """One gpucompute-server: `name`, its port, its persist directory and its flags."""
+    """One gpucompute-server: `name`, its port, its persist directory and its flags; on
+    the CPUs `cpus` (a taskset list) when given."""
 
-    def __init__(self, server_bin, name, port, workdir, flags, env=None, persist=True):
+    def __init__(self, server_bin, name, port, workdir, flags, env=None, persist=True, cpus=None):
         self.server_bin = server_bin
         self.name = name
         self.port = port
@@ -59,14 +73,15 @@ class Replica:
         self.log = os.path.join(workdir, f"{name}.log")
         self.flags = list(flags)
         self.env = env
+        self.cpus = cpus
         self.process = None
 
     def start(self, timeout=60):
         with open(self.log, "ab") as log:
             persist = [f"--persist-dir={self.persist_dir}"] if self.persist_dir else []
             self.process = subprocess.Popen(
-                [self.server_bin, f"--listen={self.address}", f"--replica-name={self.name}"] +
-                persist + self.flags, stdout=log, stderr=log, env=self.env)
+                pinned([self.server_bin, f"--listen={self.address}", f"--replica-name={self.name}"] +
+                       persist + self.flags, self.cpus), stdout=log, stderr=log, env=self.env)
         if not wait_for_port(self.port, timeout, self.process):
             raise RuntimeError(f"{self.name} did not start; its log:\n{self.read_log()}")
 
@@ -163,20 +178,22 @@ def find_haproxy():
 
 
 class HAProxy:
-    """haproxy in the foreground (-db) on a configuration file; reload() starts a new
-    process on the file's current contents that takes over from the old one (-sf)."""
+    """haproxy in the foreground (-db) on a configuration file, on the CPUs `cpus` (a
+    taskset list) when given; reload() starts a new process on the file's current
+    contents that takes over from the old one (-sf)."""
 
-    def __init__(self, config_path, port, log):
+    def __init__(self, config_path, port, log, cpus=None):
         self.program = find_haproxy()
         self.config_path = config_path
         self.port = port
         self.log = log
+        self.cpus = cpus
         self.process = None
 
     def _spawn(self, extra):
         with open(self.log, "ab") as log:
-            return subprocess.Popen([self.program, "-db", "-f", self.config_path] + extra,
-                                    stdout=log, stderr=log)
+            return subprocess.Popen(pinned([self.program, "-db", "-f", self.config_path] + extra,
+                                           self.cpus), stdout=log, stderr=log)
 
     def start(self, timeout=30):
         check = subprocess.run([self.program, "-c", "-f", self.config_path], capture_output=True,

@@ -21,8 +21,10 @@
   their headless Service names; the committed haproxy.cfg is what deploy/placement.py
   writes for them and the proxy's mounts; `haproxy -c` accepts it (where haproxy is
   installed). Its SNI route listens on the proxy's port grpc-sni, which a Service
-  publishes, and every tenant of the table is a DNS label it can name. Mistakes made
-  in a copy of the rendered overlay must be caught.
+  publishes, and every tenant of the table is a DNS label it can name. HAProxy's pods
+  are in the Guaranteed QoS class with whole CPUs, so that under the static CPU manager
+  policy they get cores of their own. Mistakes made in a copy of the rendered overlay
+  must be caught.
 - yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml), and
   docker-compose (where installed) checks deploy/compose.yaml against the Compose schema.
 - A deliberately broken manifest must be rejected, so the checks themselves are tested.
@@ -380,6 +382,33 @@ def spread_over_hosts(workload):
                for c in pod.get("topologySpreadConstraints", []))
 
 
+def whole_cpus(quantity):
+    """Whether a CPU quantity is a whole number of CPUs ("4", 4, "4000m")."""
+    text = str(quantity)
+    if text.endswith("m"):
+        return text[:-1].isdigit() and int(text[:-1]) > 0 and int(text[:-1]) % 1000 == 0
+    return text.isdigit() and int(text) > 0
+
+
+def exclusive_cores(workload):
+    """Errors where a pod of `workload` could not get cores of its own: the static CPU
+    manager policy gives them only to a Guaranteed pod (every container's CPU and memory
+    requests equal to its limits) asking for whole CPUs."""
+    errors = []
+    for c in workload["spec"]["template"]["spec"]["containers"]:
+        resources = c.get("resources", {})
+        requests, limits = resources.get("requests", {}), resources.get("limits", {})
+        where = f"{workload['kind']} {workload['metadata']['name']}, container {c['name']}"
+        for r in ("cpu", "memory"):
+            if r not in limits or str(requests.get(r, limits[r])) != str(limits[r]):
+                errors.append(f"{where}: {r} request {requests.get(r, 'none')} and limit {limits.get(r, 'none')} must be "
+                              "equal (the Guaranteed QoS class)")
+        if "cpu" in limits and not whole_cpus(limits["cpu"]):
+            errors.append(f"{where}: cpu {limits['cpu']} is not a whole number of CPUs (the static CPU "
+                          "manager gives exclusive cores only for whole CPUs)")
+    return errors
+
+
 def haproxy_backends(config):
     """{backend: its server lines' "NAME ADDRESS"} of an HAProxy configuration."""
     backends, current = {}, None
@@ -430,6 +459,7 @@ def validate_sharded(objects, gpu, run_haproxy=True):
         if not spread_over_hosts(w):
             errors.append(f"{w['kind']} {w['metadata']['name']}: no topologySpreadConstraint over "
                           "kubernetes.io/hostname selecting its pods")
+    errors += exclusive_cores(proxy)
     services = {s["metadata"]["name"]: s for s in objects_of(objects, "Service")}
     headless = services.get(spec.get("serviceName"), {}).get("spec", {})
     if headless.get("clusterIP") != "None" or headless.get("publishNotReadyAddresses") is not True:
@@ -651,6 +681,11 @@ def mutations_caught(objects, gpu):
     def sni_unreachable_tenant(copy):
         find(copy, "ConfigMap", "gpucompute-placement")["data"]["placement"] += "Team_C gpucompute-0\n"
 
+    def proxy_burstable(copy):
+        resources = find(copy, "Deployment")["spec"]["template"]["spec"]["containers"][0]["resources"]
+        resources["requests"]["cpu"] = "1500m"
+        resources["limits"].pop("cpu", None)
+
     def other_namespace(copy):
         for o in copy:
             o["metadata"]["namespace"] = "elsewhere"
@@ -664,6 +699,7 @@ def mutations_caught(objects, gpu):
         (sni_unpublished, ["no Service publishes HAProxy's port grpc-sni"]),
         (sni_unreachable_tenant, ["tenant Team_C is not a DNS label"]),
         (other_namespace, ["--replica-address-template", "are not the StatefulSet's pods"]),
+        (proxy_burstable, ["cpu request 1500m and limit none must be equal"]),
     ]
     missed = []
     for mutate, expected in cases:
