@@ -18,17 +18,20 @@ namespace {
 // Resident blocks per SM when the runtime cannot say: 8 blocks of 256 threads fill an
 // SM's 2048 thread slots on sm_80/sm_90.
 constexpr int kFallbackBlocksPerSm = 8;
-// The grid is this many times the resident blocks: blocks that finish early take the next
-// from the hardware's queue, which evens out SMs that run slower (math-bound expressions
-// diverge in their slow paths), as the grids of the other kernels here do.
-constexpr int64_t kWaves = 4;
+// The grid is at most this many times the resident blocks: blocks that finish early take
+// the next from the hardware's queue, which evens out SMs that run slower (math-bound
+// expressions diverge in their slow paths). 16 rather than 4 waves: shorter loops per
+// block ran both memory-bound and math-bound contiguous kernels faster
+// (kernels/PERFORMANCE.md). The rows kernel is the exception (below).
+constexpr int64_t kWaves = 16;
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Blocks of the launch: enough for every thread-iteration of work, at most kWaves waves.
 unsigned ElementwiseGrid(int64_t work, int64_t threads, int64_t blocks_per_sm, int sm_count) {
-  const int64_t blocks = std::max<int64_t>(
-      1, std::min(CeilDiv(work, threads), int64_t{sm_count} * blocks_per_sm * kWaves));
+  const int64_t blocks = std::clamp<int64_t>(
+      std::min(CeilDiv(work, threads), int64_t{sm_count} * blocks_per_sm * kWaves), 1,
+      0x7fffffff);
   return static_cast<unsigned>(blocks);
 }
 
@@ -194,7 +197,12 @@ cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
                 RowStep::kTransposed) != specialization.in_steps.end();
   dim3 block = detail::StridedBlock(iterations_per_row, sig.threads_per_block,
                                     gathers ? detail::kGatherBlockX : sig.threads_per_block);
-  const int64_t max_blocks = int64_t{sm_count} * blocks_per_sm * detail::kWaves;
+  // The rows kernel (broadcasts such as x - m, light per element) gets a block for every
+  // tile of every row, one pass: it then keeps pace with the device copy, which a grid of
+  // waves looping over the tiles does not. A contiguous kernel with no loop at all lost
+  // time on math-bound expressions, so the others keep kWaves (kernels/PERFORMANCE.md).
+  const int64_t max_blocks =
+      rows_kernel ? int64_t{0x7fffffff} : int64_t{sm_count} * blocks_per_sm * detail::kWaves;
   int64_t grid_x = detail::EvenGrid(detail::CeilDiv(iterations_per_row, block.x), max_blocks);
   int64_t grid_y = detail::EvenGrid(detail::CeilDiv(rows, block.y),
                                     std::clamp<int64_t>(max_blocks / grid_x, 1, 65535));
