@@ -21,12 +21,16 @@ start of a line (HAProxy would take it as part of the replica's name).
       Rewrites that tenant's row. Move its buffers first (docs/operations.md).
   placement.py haproxy --replicas NAME=HOST:PORT,... --map PATH --listen ADDR:PORT
                        [--tls-cert PEM --tls-ca PEM] [--health-listen ADDR:PORT]
-                       [--sni-listen ADDR:PORT --sni-suffix SUFFIX]
+                       [--sni-listen ADDR:PORT --sni-suffix SUFFIX] [--threads N [--busy-poll]]
       Writes a complete HAProxy configuration to stdout: one backend per replica with
       exactly one server, calls routed on the gpucompute-tenant header through the map.
       With --sni-listen, a second route beside it: TLS connections passed through
       untouched to the replica that the server name TENANT.SUFFIX of their ClientHello
       names, through the same map (the replicas then serve TLS, so --tls-ca is needed).
+      --threads N runs N threads (nbthread; 1 to 64); --busy-poll makes them spin on
+      their CPUs instead of sleeping (busy-polling), which is only sensible on cores of
+      their own: give the proxy N exclusive CPUs. Which cores is left to the process's
+      CPU set (in Kubernetes, the static CPU manager's), so there is no cpu-map.
 
 The tokens file is read as the server reads it (server/tenancy/auth.cc): what the server
 refuses, this refuses, with the same line number. Debian's python3, nothing else.
@@ -45,6 +49,8 @@ TENANT_HEADER = "gpucompute-tenant"
 # HAProxy sees it, lowercased (a server name is case-insensitive).
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 DNS_LABEL_PATTERN = DNS_LABEL.pattern
+# HAProxy 2.6 runs at most 64 threads (MAX_THREADS on 64-bit builds).
+MAX_HAPROXY_THREADS = 64
 
 
 class Error(Exception):
@@ -319,8 +325,17 @@ def grpc_error(status, message):
     return f"http-request return status 200 hdr grpc-status {status} hdr grpc-message \"{message}\""
 
 
+def parse_threads(value):
+    """--threads: a number of HAProxy threads, as argparse's type (a usage error naming
+    the flag otherwise)."""
+    if not re.fullmatch(r"[0-9]{1,3}", value) or not 1 <= int(value) <= MAX_HAPROXY_THREADS:
+        raise argparse.ArgumentTypeError(
+            f"'{value}' is not a number of threads from 1 to {MAX_HAPROXY_THREADS}")
+    return int(value)
+
+
 def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, health_listen=None,
-                   sni_listen=None, sni_suffix=None):
+                   sni_listen=None, sni_suffix=None, threads=None, busy_poll=False):
     if (tls_cert is None) != (tls_ca is None):
         raise Error("--tls-cert and --tls-ca go together: TLS is served to clients and spoken to the servers")
     if (sni_listen is None) != (sni_suffix is None):
@@ -328,6 +343,10 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
     if sni_listen is not None and tls_ca is None:
         raise Error("--sni-listen needs --tls-cert and --tls-ca: the SNI route passes TLS through to the "
                     "replicas, so they serve TLS and the header route must speak TLS to them too")
+    if busy_poll and threads is None:
+        raise Error("--busy-poll needs --threads: busy-polling needs threads on cores of their own, since "
+                    "they spin on their CPUs at all times; give HAProxy exclusive CPUs and --threads equal to "
+                    "their number")
     if any(c.isspace() or c == '"' for c in map_path):
         raise Error("--map: the path may not hold white space or quotes")
     tenant = f"req.fhdr({TENANT_HEADER})"
@@ -346,6 +365,20 @@ def haproxy_config(replicas, map_path, listen, tls_cert=None, tls_ca=None, healt
         "    # Larger HTTP/2 windows and buffers keep uploads and downloads at the servers' pace.",
         "    tune.bufsize 65536",
         "    tune.h2.initial-window-size 1048576",
+    ]
+    if threads is not None:
+        out += [
+            "    # One thread for each CPU of the proxy's own; the process's CPU set (in",
+            "    # Kubernetes, the container's exclusive cores) decides which.",
+            f"    nbthread {threads}",
+        ]
+    if busy_poll:
+        out += [
+            "    # Threads spin waiting for events instead of sleeping, answering sooner but",
+            "    # keeping their cores busy at all times: for cores of the proxy's own only.",
+            "    busy-polling",
+        ]
+    out += [
         "",
         "defaults",
         "    mode http",
@@ -479,7 +512,8 @@ def command_haproxy(args):
     if args.sni_listen:
         parse_address(args.sni_listen, "--sni-listen", any_host=True)
     sys.stdout.write(haproxy_config(replicas, args.map, args.listen, args.tls_cert, args.tls_ca,
-                                    args.health_listen, args.sni_listen, args.sni_suffix))
+                                    args.health_listen, args.sni_listen, args.sni_suffix, args.threads,
+                                    args.busy_poll))
     return 0
 
 
@@ -507,6 +541,10 @@ def main(argv=None):
     p.add_argument("--health-listen", help="ADDR:PORT of an HTTP /healthz for probes")
     p.add_argument("--sni-listen", help="ADDR:PORT of the TLS-passthrough route (with --sni-suffix)")
     p.add_argument("--sni-suffix", help="DNS name that TENANT.SUFFIX names a tenant under on the SNI route")
+    p.add_argument("--threads", type=parse_threads, metavar="N",
+                   help=f"HAProxy's threads (nbthread, 1 to {MAX_HAPROXY_THREADS}): the CPUs it is given")
+    p.add_argument("--busy-poll", action="store_true",
+                   help="threads spin instead of sleeping (busy-polling); needs --threads, on cores of their own")
     args = parser.parse_args(argv)
     handler = {"generate": command_generate, "check": command_check, "move": command_move,
                "haproxy": command_haproxy}[args.command]

@@ -23,8 +23,10 @@
   installed). Its SNI route listens on the proxy's port grpc-sni, which a Service
   publishes, and every tenant of the table is a DNS label it can name. HAProxy's pods
   are in the Guaranteed QoS class with whole CPUs, so that under the static CPU manager
-  policy they get cores of their own. Mistakes made in a copy of the rendered overlay
-  must be caught.
+  policy they get cores of their own; haproxy.cfg is generated with --threads equal to
+  those CPUs and --busy-poll, and wherever it has busy-polling, the container's CPU
+  request equals its limit, is whole and equals nbthread (a spinning thread needs a core
+  of its own). Mistakes made in a copy of the rendered overlay must be caught.
 - yamllint checks the sources (deploy/kubernetes, deploy/compose.yaml), and
   docker-compose (where installed) checks deploy/compose.yaml against the Compose schema.
 - A deliberately broken manifest must be rejected, so the checks themselves are tested.
@@ -382,12 +384,19 @@ def spread_over_hosts(workload):
                for c in pod.get("topologySpreadConstraints", []))
 
 
-def whole_cpus(quantity):
-    """Whether a CPU quantity is a whole number of CPUs ("4", 4, "4000m")."""
+def cpu_count(quantity):
+    """The number of CPUs of a quantity that is a whole number of them ("4", 4, "4000m"),
+    else None."""
     text = str(quantity)
     if text.endswith("m"):
-        return text[:-1].isdigit() and int(text[:-1]) > 0 and int(text[:-1]) % 1000 == 0
-    return text.isdigit() and int(text) > 0
+        whole = text[:-1].isdigit() and int(text[:-1]) > 0 and int(text[:-1]) % 1000 == 0
+        return int(text[:-1]) // 1000 if whole else None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def whole_cpus(quantity):
+    """Whether a CPU quantity is a whole number of CPUs ("4", 4, "4000m")."""
+    return cpu_count(quantity) is not None
 
 
 def exclusive_cores(workload):
@@ -409,20 +418,54 @@ def exclusive_cores(workload):
     return errors
 
 
-def haproxy_backends(config):
-    """{backend: its server lines' "NAME ADDRESS"} of an HAProxy configuration."""
-    backends, current = {}, None
+def config_sections(config):
+    """[(a section's header words, [its lines' words])] of an HAProxy configuration,
+    comments left out."""
+    sections = []
     for line in config.splitlines():
         words = line.split()
         if not words or words[0].startswith("#"):
             continue
         if not line[0].isspace():
-            current = words[1] if words[0] == "backend" and len(words) > 1 else None
-            if current:
-                backends[current] = []
-        elif current and words[0] == "server":
-            backends[current].append(" ".join(words[1:3]))
-    return backends
+            sections.append((words, []))
+        elif sections:
+            sections[-1][1].append(words)
+    return sections
+
+
+def global_settings(config):
+    """{keyword: its arguments} of an HAProxy configuration's global section."""
+    return {words[0]: " ".join(words[1:]) for header, lines in config_sections(config) if header == ["global"]
+            for words in lines}
+
+
+def busy_polling_cores(config, container):
+    """Errors where haproxy.cfg has busy-polling but its threads would not each have a core
+    of their own: a spinning thread keeps its CPU busy, and on a shared one it takes turns
+    with everything else. The container's CPU request must equal its limit, be whole, and
+    equal nbthread."""
+    settings = global_settings(config)
+    if "busy-polling" not in settings:
+        return []
+    if not settings.get("nbthread", "").isdigit():
+        return ["HAProxy: haproxy.cfg has busy-polling without nbthread (placement.py haproxy --threads N "
+                "--busy-poll, N the container's CPUs)"]
+    threads = int(settings["nbthread"])
+    resources = container.get("resources", {})
+    limit = resources.get("limits", {}).get("cpu")
+    # A request left out is the limit (as the API server defaults it).
+    request = resources.get("requests", {}).get("cpu", limit)
+    if limit is None or cpu_count(request) != threads or cpu_count(limit) != threads:
+        return [f"HAProxy: haproxy.cfg has busy-polling and nbthread {threads}, so its container needs a cpu "
+                f"request and limit of {threads} whole CPUs (a core of its own for each spinning thread), not "
+                f"request {request} and limit {limit}"]
+    return []
+
+
+def haproxy_backends(config):
+    """{backend: its server lines' "NAME ADDRESS"} of an HAProxy configuration."""
+    return {header[1]: [" ".join(words[1:3]) for words in lines if words[0] == "server"]
+            for header, lines in config_sections(config) if header[0] == "backend" and len(header) > 1}
 
 
 def secret_path(pod, container, secret, key):
@@ -547,13 +590,18 @@ def check_placement(objects, sts, proxy, flags, grpc_port, run_haproxy):
         errors.append(f"HAProxy: backends {backends} are not the StatefulSet's pods {expected}")
     ports = {p.get("name"): p["containerPort"] for p in haproxy.get("ports", [])}
     errors += check_sni_route(objects, proxy, ports, config, table)
+    errors += busy_polling_cores(config, haproxy)
     tls_secret = next((v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v and
                        mounted(pod, server, flag(flags, "tls-cert") or "", "secret")[0] is v), None)
+    # As docs/operations.md generates it: a thread on each of the proxy's exclusive CPUs,
+    # busy-polling.
+    threads = cpu_count(haproxy.get("resources", {}).get("limits", {}).get("cpu", 0))
     try:
         generated = placement.haproxy_config(
             list(addresses.items()), map_path or "", f":{ports.get('grpc')}",
             secret_path(proxy_pod, haproxy, tls_secret, "tls.crt"), secret_path(proxy_pod, haproxy, tls_secret, "ca.crt"),
-            f":{probe_ports(haproxy.get('livenessProbe', {}))}", f":{ports.get('grpc-sni')}", sni_suffix(config))
+            f":{probe_ports(haproxy.get('livenessProbe', {}))}", f":{ports.get('grpc-sni')}", sni_suffix(config),
+            threads, busy_poll=True)
     except placement.Error as e:
         generated = f"placement.py haproxy refused: {e}"
     if config != generated:
@@ -686,6 +734,22 @@ def mutations_caught(objects, gpu):
         resources["requests"]["cpu"] = "1500m"
         resources["limits"].pop("cpu", None)
 
+    def haproxy_config(copy):
+        return next(o for o in copy if o["kind"] == "ConfigMap" and
+                    o["metadata"]["name"].startswith("gpucompute-haproxy"))["data"]
+
+    def proxy_fewer_cpus(copy):
+        resources = find(copy, "Deployment")["spec"]["template"]["spec"]["containers"][0]["resources"]
+        resources["requests"]["cpu"] = resources["limits"]["cpu"] = "2"
+
+    def more_threads_than_cpus(copy):
+        data = haproxy_config(copy)
+        data["haproxy.cfg"] = re.sub(r"(?m)^    nbthread \d+$", "    nbthread 8", data["haproxy.cfg"])
+
+    def busy_polling_without_threads(copy):
+        data = haproxy_config(copy)
+        data["haproxy.cfg"] = re.sub(r"(?m)^    nbthread \d+\n", "", data["haproxy.cfg"])
+
     def other_namespace(copy):
         for o in copy:
             o["metadata"]["namespace"] = "elsewhere"
@@ -700,6 +764,12 @@ def mutations_caught(objects, gpu):
         (sni_unreachable_tenant, ["tenant Team_C is not a DNS label"]),
         (other_namespace, ["--replica-address-template", "are not the StatefulSet's pods"]),
         (proxy_burstable, ["cpu request 1500m and limit none must be equal"]),
+        (proxy_fewer_cpus, ["haproxy.cfg has busy-polling and nbthread 4, so its container needs a cpu request "
+                            "and limit of 4 whole CPUs (a core of its own for each spinning thread), not "
+                            "request 2 and limit 2", "the committed haproxy.cfg"]),
+        (more_threads_than_cpus, ["busy-polling and nbthread 8, so its container needs a cpu request and limit "
+                                  "of 8 whole CPUs", "the committed haproxy.cfg"]),
+        (busy_polling_without_threads, ["haproxy.cfg has busy-polling without nbthread"]),
     ]
     missed = []
     for mutate, expected in cases:

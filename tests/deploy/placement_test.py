@@ -360,6 +360,54 @@ class HaproxyConfigTest(unittest.TestCase):
             "server gpucompute-1 host-1:50051 resolvers system init-addr last,libc,none "
             "track gpucompute-1/gpucompute-1"])
 
+    def test_threads_and_busy_polling(self):
+        default = sections(haproxy_config())["global"]
+        self.assertFalse(any(line.startswith(("nbthread", "busy-polling", "cpu-map")) for line in default))
+        # The lines come after the global section's own, which stay as they were.
+        self.assertEqual(sections(haproxy_config("--threads", "1"))["global"], default + ["nbthread 1"])
+        self.assertEqual(sections(haproxy_config("--threads", "64", "--busy-poll"))["global"],
+                         default + ["nbthread 64", "busy-polling"])
+        # No cpu-map: the process's CPU set decides the cores.
+        self.assertNotIn("cpu-map", haproxy_config("--threads", "4", "--busy-poll"))
+
+    def test_bad_threads_are_a_usage_error(self):
+        for value in ("0", "65", "-1", "four", "4.0", "", "\u00b2"):
+            with self.subTest(value=value):
+                status, out, err = run_tool("haproxy", "--replicas", "a=h:1", "--map", "m", "--listen", ":1",
+                                            "--threads", value)
+                self.assertEqual(status, 2)
+                # argparse's usage error, after the program's name.
+                self.assertEqual(err.splitlines()[-1].split(" ", 1)[1], f"haproxy: error: argument --threads: "
+                                                                         f"'{value}' is not a number of threads "
+                                                                         "from 1 to 64")
+                self.assertEqual(out, "")
+
+    def test_busy_poll_needs_threads(self):
+        status, out, err = run_tool("haproxy", "--replicas", "a=h:1", "--map", "m", "--listen", ":1", "--busy-poll")
+        self.assertEqual(status, 1)
+        self.assertEqual(err, "error: --busy-poll needs --threads: busy-polling needs threads on cores of their "
+                              "own, since they spin on their CPUs at all times; give HAProxy exclusive CPUs and "
+                              "--threads equal to their number\n")
+        self.assertEqual(out, "")
+
+    def test_haproxy_accepts_threads_and_busy_polling(self):
+        haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+        if haproxy is None:
+            self.skipTest("haproxy is not installed (deploy/install-deps.sh installs it)")
+        files = Files(self)
+        table = files.write("placement", "alice gpucompute-0\n")
+        for extra in (["--threads", "4", "--busy-poll"], ["--threads", "64"]):
+            with self.subTest(extra=extra):
+                status, config, err = run_tool("haproxy", "--replicas", "gpucompute-0=127.0.0.1:1", "--map", table,
+                                               "--listen", "127.0.0.1:2", *extra)
+                self.assertEqual(status, 0, err)
+                checked = subprocess.run([haproxy, "-c", "-f", files.write("haproxy.cfg", config)],
+                                         capture_output=True, text=True)
+                output = checked.stdout + checked.stderr
+                self.assertEqual(checked.returncode, 0, output)
+                self.assertNotIn("[WARNING]", output)
+                self.assertNotIn("[ALERT]", output)
+
     def test_bad_arguments(self):
         cases = [
             (["--replicas", "gpucompute-0", "--map", "m", "--listen", ":1"], "'gpucompute-0' is not NAME=HOST:PORT"),
