@@ -173,10 +173,19 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::Status parsed = wire::ParseUploadRequest(slot.message, &slot.parsed);
     slot.message.Clear();  // the parsed slices keep the bytes
     if (!parsed.ok()) return parsed;
-    // Per message, header and chunk alike (one atomic load): a stream outlives the reload
-    // that revokes its token, and the upload it belongs to fails with it.
-    if (s->credential.revoked()) return TokenRevokedError();
     const wire::UploadMessage& msg = slot.parsed;
+    // Per message, header and chunk alike (one atomic load): a stream outlives the reload
+    // that revokes its token, and the upload it belongs to fails with it. A range stream
+    // whose header is read only after the reload fails the upload it names as well.
+    if (s->credential.revoked()) {
+      if (!s->have_header && msg.kind == wire::UploadMessage::Kind::kHeader &&
+          !msg.header.transfer_id().empty()) {
+        absl::StatusOr<std::shared_ptr<UploadTransfer>> named =
+            s->table->Lookup(s->client, msg.header.transfer_id());
+        if (named.ok()) (*named)->Fail(TokenRevokedError());
+      }
+      return TokenRevokedError();
+    }
     if (!s->have_header) {
       if (msg.kind != wire::UploadMessage::Kind::kHeader) {
         return absl::InvalidArgumentError("the first upload message must be the header");

@@ -1130,8 +1130,12 @@ TEST_F(TokenTest, AReloadThatDropsATokenFailsTheMultiRangeUploadsItsRangeStreams
   HeldUpload range_stream(server_->RawChannel(), kAliceToken, range);
   ASSERT_TRUE(range_stream.ok());
   ASSERT_TRUE(range_stream.Send({1, 2}));
+  // The upload holds its 16 bytes from BeginUpload on; the range stream has been let in
+  // once it counts among alice's calls in flight, beside the GetServerInfo that asks. A
+  // stream refused at the door (its call started after the reload) names no upload.
   ASSERT_TRUE(InfoBecomes(*alice_, [&](const v1::ServerInfo& info) {
-    return info.tenant_memory_used_bytes() == alice_before + 16;
+    return info.tenant_memory_used_bytes() == alice_before + 16 &&
+           info.tenant_calls_in_flight() == 2;
   }));
 
   dir_.Write("tokens", kTokensWithoutAlicesFirst);
