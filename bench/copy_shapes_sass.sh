@@ -72,29 +72,12 @@ PROBES
 "$nvcc" -O3 -std=c++17 -Xptxas=-O3 -arch="$arch" -cubin "$root/bench/copy_shapes.cu" \
   -o "$work/copy_shapes.cubin"
 
-python3 - "$work/probes.cubin" "$work/copy_shapes.cubin" <<'EOF'
+PYTHONPATH="$root/bench" python3 - "$work/probes.cubin" "$work/copy_shapes.cubin" <<'EOF'
 import collections
 import re
-import struct
 import sys
 
-
-def kernels(path):
-    """Kernel name -> [(address, low 64 bits, high 64 bits)] from a cubin's .text sections."""
-    data = open(path, "rb").read()
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-               for i in range(shnum)]
-    names = headers[shstrndx][4]
-    result = {}
-    for h in headers:
-        name = data[names + h[0]:data.index(b"\0", names + h[0])].decode()
-        if name.startswith(".text."):
-            body = data[h[4]:h[4] + h[5]]
-            result[name[len(".text."):]] = [
-                (at,) + struct.unpack_from("<QQ", body, at) for at in range(0, len(body), 16)]
-    return result
+from cubin_text import kernels
 
 
 # Opcodes: the low 9 bits name the instruction (the bits above them select operand

@@ -35,26 +35,17 @@ else
   # opcodes this script counts, named from the low 9 bits of each 128-bit sm_90
   # instruction, and branch targets. Checked against cuobjdump's counts for every kernel.
   echo "random_sass.sh: no cuobjdump; decoding the cubin's opcodes ($arch only)" >&2
-  python3 - "$work/random.cubin" >"$work/random.sass" <<'CUBIN'
-import struct
+  PYTHONPATH="$root/bench" python3 - "$work/random.cubin" >"$work/random.sass" <<'CUBIN'
 import sys
 
-data = open(sys.argv[1], "rb").read()
-(shoff,) = struct.unpack_from("<Q", data, 0x28)
-shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-names = headers[shstrndx][4]
+from cubin_text import kernels
+
 NAMES = {0x118: "NOP", 0x147: "BRA", 0x186: "STG", 0x28: "DMUL", 0x29: "DADD", 0x2B: "DFMA",
          0x108: "MUFU", 0x45: "I2FP", 0x105: "F2I", 0x106: "I2F", 0x110: "F2F", 0x111: "F2I",
          0x112: "I2F"}
-for h in headers:
-    name = data[names + h[0]:data.index(b"\0", names + h[0])].decode()
-    if not name.startswith(".text."):
-        continue
-    print("\t\tFunction : " + name[len(".text."):])
-    body = data[h[4]:h[4] + h[5]]
-    for at in range(0, len(body), 16):
-        lo, hi = struct.unpack_from("<QQ", body, at)
+for name, code in kernels(sys.argv[1]).items():
+    print("\t\tFunction : " + name)
+    for at, lo, hi in code:
         op = lo & 0x1FF
         text = NAMES.get(op, "OP_%03x" % op)
         if op == 0x147:  # signed offset in 4-byte units: bits 16-23, then 34-81
