@@ -25,13 +25,16 @@ constexpr int kFallbackBlocksPerSm = 8;
 // (kernels/PERFORMANCE.md). The rows kernel is the exception (below).
 constexpr int64_t kWaves = 16;
 
+// The most blocks a grid's x dimension takes.
+constexpr int64_t kMaxGridX = 0x7fffffff;
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Blocks of the launch: enough for every thread-iteration of work, at most kWaves waves.
 unsigned ElementwiseGrid(int64_t work, int64_t threads, int64_t blocks_per_sm, int sm_count) {
   const int64_t blocks = std::clamp<int64_t>(
       std::min(CeilDiv(work, threads), int64_t{sm_count} * blocks_per_sm * kWaves), 1,
-      0x7fffffff);
+      kMaxGridX);
   return static_cast<unsigned>(blocks);
 }
 
@@ -202,7 +205,7 @@ cudaError_t ElementwiseStridedAsync(const ElementwiseSignature& signature,
   // waves looping over the tiles does not. A contiguous kernel with no loop at all lost
   // time on math-bound expressions, so the others keep kWaves (kernels/PERFORMANCE.md).
   const int64_t max_blocks =
-      rows_kernel ? int64_t{0x7fffffff} : int64_t{sm_count} * blocks_per_sm * detail::kWaves;
+      rows_kernel ? detail::kMaxGridX : int64_t{sm_count} * blocks_per_sm * detail::kWaves;
   int64_t grid_x = detail::EvenGrid(detail::CeilDiv(iterations_per_row, block.x), max_blocks);
   int64_t grid_y = detail::EvenGrid(detail::CeilDiv(rows, block.y),
                                     std::clamp<int64_t>(max_blocks / grid_x, 1, 65535));
