@@ -394,11 +394,6 @@ def cpu_count(quantity):
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def whole_cpus(quantity):
-    """Whether a CPU quantity is a whole number of CPUs ("4", 4, "4000m")."""
-    return cpu_count(quantity) is not None
-
-
 def exclusive_cores(workload):
     """Errors where a pod of `workload` could not get cores of its own: the static CPU
     manager policy gives them only to a Guaranteed pod (every container's CPU and memory
@@ -412,7 +407,7 @@ def exclusive_cores(workload):
             if r not in limits or str(requests.get(r, limits[r])) != str(limits[r]):
                 errors.append(f"{where}: {r} request {requests.get(r, 'none')} and limit {limits.get(r, 'none')} must be "
                               "equal (the Guaranteed QoS class)")
-        if "cpu" in limits and not whole_cpus(limits["cpu"]):
+        if "cpu" in limits and cpu_count(limits["cpu"]) is None:
             errors.append(f"{where}: cpu {limits['cpu']} is not a whole number of CPUs (the static CPU "
                           "manager gives exclusive cores only for whole CPUs)")
     return errors
