@@ -1162,6 +1162,14 @@ Expected ReduceReference(ReduceKind kind, const Stored<T>* base, int64_t count, 
       }
       break;
     }
+    case ReduceKind::kVar:
+    case ReduceKind::kStd:
+    case ReduceKind::kAny:
+    case ReduceKind::kAll:
+      // Their references live in reduce_strided_property_test.cc, with ddof and NaN rules.
+      ADD_FAILURE() << "ReduceReference has no reference for reduction kind "
+                    << static_cast<int>(kind);
+      break;
   }
   if (e.is_float && kind != ReduceKind::kMin && kind != ReduceKind::kMax) {
     // Results below the smallest normal number may be flushed to zero (GPUs do so in

@@ -350,8 +350,12 @@ TEST(PhiloxTest, NormalV2Edges) {
     EXPECT_LE(UlpsFrom(even, want_even), kNormalV2MaxUlps) << std::hex << wb;
     EXPECT_LE(UlpsFrom(odd, want_odd), kNormalV2MaxUlps) << std::hex << wb;
     // Exact zeros of cos and sin come out as zeros, not as rounding noise.
-    if (want_even == 0) EXPECT_EQ(even, 0.0f) << std::hex << wb;
-    if (want_odd == 0) EXPECT_EQ(odd, 0.0f) << std::hex << wb;
+    if (want_even == 0) {
+      EXPECT_EQ(even, 0.0f) << std::hex << wb;
+    }
+    if (want_odd == 0) {
+      EXPECT_EQ(odd, 0.0f) << std::hex << wb;
+    }
   }
   EXPECT_NEAR(NormalRadiusFloat32V2(0), std::sqrt(48 * std::log(2.0)), 1e-6);
   EXPECT_NEAR(NormalRadiusFloat64V2(0, 0), std::sqrt(106 * std::log(2.0)), 1e-14);

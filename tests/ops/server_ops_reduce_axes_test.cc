@@ -268,7 +268,9 @@ TEST_F(ServerOpsTest, ReduceEveryKindOverEveryAxisSetOfA3DArray) {
           const double want = Reference(kind, groups[o], ddof);
           if (std::isnan(want) || std::isinf(want)) {
             EXPECT_EQ(std::isnan(got[o]), std::isnan(want)) << o;
-            if (std::isinf(want)) EXPECT_EQ(got[o], want) << o;
+            if (std::isinf(want)) {
+              EXPECT_EQ(got[o], want) << o;
+            }
             continue;
           }
           // float32 products round in float32 after every factor (kernels/reduce_ops.h).

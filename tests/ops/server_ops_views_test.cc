@@ -215,24 +215,24 @@ TEST_F(ViewsTest, ViewsOfEveryKindReadTheElementsNumPyWould) {
   {
     Case k{"x[::-1, 1::2]", "view { index { items { slice { step: -1 } } items { slice { start: 1 "
                             "step: 2 } } } }",
-           {4, 3}};
+           {4, 3}, {}};
     for (int i = 3; i >= 0; --i) {
       for (int j = 1; j < 6; j += 2) k.want.push_back(at(i, j));
     }
     cases.push_back(k);
   }
   {
-    Case k{"x[2]", "view { index { items { index: 2 } } }", {6}};
+    Case k{"x[2]", "view { index { items { index: 2 } } }", {6}, {}};
     for (int j = 0; j < 6; ++j) k.want.push_back(at(2, j));
     cases.push_back(k);
   }
   {
-    Case k{"x[:, -1]", "view { index { items { slice {} } items { index: -1 } } }", {4}};
+    Case k{"x[:, -1]", "view { index { items { slice {} } items { index: -1 } } }", {4}, {}};
     for (int i = 0; i < 4; ++i) k.want.push_back(at(i, 5));
     cases.push_back(k);
   }
   {
-    Case k{"x.T", "view { transpose {} }", {6, 4}};
+    Case k{"x.T", "view { transpose {} }", {6, 4}, {}};
     for (int j = 0; j < 6; ++j) {
       for (int i = 0; i < 4; ++i) k.want.push_back(at(i, j));
     }
@@ -245,14 +245,14 @@ TEST_F(ViewsTest, ViewsOfEveryKindReadTheElementsNumPyWould) {
   {
     Case k{"squeeze(x[1:2])", "view { index { items { slice { start: 1 stop: 2 } } } } "
                               "view { squeeze {} }",
-           {6}};
+           {6}, {}};
     for (int j = 0; j < 6; ++j) k.want.push_back(at(1, j));
     cases.push_back(k);
   }
   {
     Case k{"broadcast_to(x[0], (3, 6))", "view { index { items { index: 0 } } } "
                                           "view { broadcast_to { extents: [3, 6] } }",
-           {3, 6}};
+           {3, 6}, {}};
     for (int r = 0; r < 3; ++r) {
       for (int j = 0; j < 6; ++j) k.want.push_back(at(0, j));
     }
@@ -266,7 +266,7 @@ TEST_F(ViewsTest, ViewsOfEveryKindReadTheElementsNumPyWould) {
     // A view of a view of a view: x.T[::-2][1], i.e. column 3 of x.
     Case k{"x.T[::-2][1]", "view { transpose {} } view { index { items { slice { step: -2 } } } } "
                            "view { index { items { index: 1 } } }",
-           {4}};
+           {4}, {}};
     for (int i = 0; i < 4; ++i) k.want.push_back(at(i, 3));
     cases.push_back(k);
   }
@@ -514,7 +514,9 @@ TEST_F(ViewsTest, AReplayedChainReadsAndWritesThroughItsViews) {
       ASSERT_EQ(step.operation().state(), v1::Operation::STATE_SUCCEEDED)
           << step.tag() << ": " << step.operation().error_message();
     }
-    if (run >= 1) EXPECT_EQ(response.steps(0).operation().id(), response.steps(2).operation().id());
+    if (run >= 1) {
+      EXPECT_EQ(response.steps(0).operation().id(), response.steps(2).operation().id());
+    }
     std::vector<double> want_y(kRows * kCols, 0);
     for (size_t i = 0; i < kCols; ++i) {      // t is (kCols, kRows)
       for (size_t j = 0; j < kRows; j += 2) {  // t[i, j] = x[j, kCols - 1 - i] - m[j]

@@ -1844,7 +1844,7 @@ void BadInputMatrixTest::AddUnparsableCases() {
 // valid request of every type, and an Upload's first message must be a header).
 void BadInputMatrixTest::AddTenantHeaderCases() {
   for (const std::string& rpc : AllRpcs()) {
-    for (const std::string& claimed : {"bob", "ops", "nobody"}) {
+    for (const char* claimed : {"bob", "ops", "nobody"}) {
       Add(
           rpc, kOtherTenant, absl::StrCat("alice's token naming tenant ", claimed),
           [this, rpc, claimed] { return RawCall(channel_, rpc, kAlice, {""}, claimed).status; },

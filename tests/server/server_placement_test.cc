@@ -304,7 +304,7 @@ TEST_F(PlacementTest, ASpoofedTenantHeaderIsRefusedBeforeAnythingElse) {
     SCOPED_TRACE(name);
     // Alice claiming to be bob (placed elsewhere) and carol (placed nowhere): refused
     // before any redirect, which would tell her where bob lives.
-    for (const std::string& claimed : {"bob", "carol", "Alice"}) {
+    for (const char* claimed : {"bob", "carol", "Alice"}) {
       std::unique_ptr<grpc::ClientContext> context = Context(kAliceToken, claimed);
       const grpc::Status status = call(*context);
       EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -329,7 +329,7 @@ TEST_F(PlacementTest, ASpoofedTenantHeaderIsRefusedBeforeAnythingElse) {
 TEST_F(PlacementTest, HealthIsExempt) {
   // A probe carries whatever credentials it has, here another replica's tenant and one
   // without a row: the health service answers SERVING all the same.
-  for (const std::string& token : {kBobToken, kCarolToken}) {
+  for (const char* token : {kBobToken, kCarolToken}) {
     SCOPED_TRACE(token);
     std::unique_ptr<grpc::ClientContext> context = Context(token, "bob");
     grpc::GenericStub stub(r0_->RawChannel());
