@@ -20,13 +20,26 @@ using ::testing::HasSubstr;
 
 constexpr int kMaxDims = 8;
 
-IndexItem Idx(int64_t i) { return {.kind = IndexItem::Kind::kIndex, .index = i}; }
+IndexItem Item(IndexItem::Kind kind) {
+  IndexItem item;
+  item.kind = kind;
+  return item;
+}
+IndexItem Idx(int64_t i) {
+  IndexItem item = Item(IndexItem::Kind::kIndex);
+  item.index = i;
+  return item;
+}
 IndexItem Sl(std::optional<int64_t> start, std::optional<int64_t> stop,
              std::optional<int64_t> step = std::nullopt) {
-  return {.kind = IndexItem::Kind::kSlice, .start = start, .stop = stop, .step = step};
+  IndexItem item = Item(IndexItem::Kind::kSlice);
+  item.start = start;
+  item.stop = stop;
+  item.step = step;
+  return item;
 }
-IndexItem NewAxis() { return {.kind = IndexItem::Kind::kNewAxis}; }
-IndexItem Ellipsis() { return {.kind = IndexItem::Kind::kEllipsis}; }
+IndexItem NewAxis() { return Item(IndexItem::Kind::kNewAxis); }
+IndexItem Ellipsis() { return Item(IndexItem::Kind::kEllipsis); }
 
 // The element offsets of a layout, in C order of its index space.
 std::vector<int64_t> Offsets(const StridedLayout& l) {
