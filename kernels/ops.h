@@ -135,6 +135,7 @@ enum class Distribution : uint8_t { kUniform, kNormal, kIntegers };
 enum class NormalTransform : uint8_t {
   kBoxMullerV1 = 1,  // the original: libm's logf/sqrtf/cosf/sinf, equal to a few ulp
   kBoxMullerV2 = 2,  // fused polynomials: bitwise equal on every backend, cheaper on GPUs
+  kInverseCdfV3 = 3,  // float32: the normal CDF inverted by table; float64: v2's values
 };
 
 // A counter-based random fill. Element i of the output is drawn from Philox4x32-10 with

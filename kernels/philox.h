@@ -48,6 +48,21 @@
 //                          checks every float32 radius and angle, and samples of pairs:
 //                          the worst seen are 3.4 ulp for float32 and 3.3 for float64).
 //
+//   normal   float32  k=4  transform v3 (NormalTransform::kInverseCdfV3): the normal CDF
+//                          inverted, one word w_j a lane. With B = ~(2 w_j) mod 2^32 (odd),
+//                          t = B 2^-33 in (0, 1/2) is a tail probability and
+//                          z = -Phi^-1(t), negated where w_j's top bit is set. It is
+//                          computed by NormalFloat32V3 below: B's float32 rounded toward
+//                          zero names one of 512 segments (its exponent and next four
+//                          bits), X = float32(((2 w_j + 1) << (clz(B) + 5)) mod 2^32) is
+//                          the offset from the segment's edge nearer the centre, and
+//                          |z| = c0 + X (c1 + X (c2 + X c3)) in three correctly rounded
+//                          fmas, c the segment's row of kernels/normal_v3_table.h. Then
+//                          out = fma(stddev, z, mean) in float32. Each standard normal is
+//                          within 2 ulp of -Phi^-1(t) (tests/cpu/normal_v3_test.cc).
+//   normal   float64  k=2  transform v3: exactly v2's float64 values (v3 changes float32
+//                          only).
+//
 // Versions: a transform, once published, never changes a bit; a different one is a new
 // version. RandomParams (and the API's RandomOp) default to v1, so requests from before
 // v2 existed keep their numbers; the clients ask for the newest.
@@ -69,8 +84,8 @@
 // advances offset by that amount never reuses a block.
 //
 // Determinism: uniforms and integers are exact integer arithmetic plus multiplications
-// by powers of two, and normal v2 is exact operations only, so every backend produces
-// them bit-identically. Normal v1 goes through logf/sqrtf/cosf/sinf (log/sqrt/cos/sin for
+// by powers of two, and normals v2 and v3 are exact operations only, so every backend
+// produces them bit-identically. Normal v1 goes through logf/sqrtf/cosf/sinf (log/sqrt/cos/sin for
 // float64), whose last-bit rounding differs between math libraries (glibc vs CUDA's
 // libdevice, which document errors of 1-2 ulp), and a compiler may contract mean +
 // stddev * z into a fused multiply-add; v1 normals are therefore identical across runs
@@ -85,6 +100,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/host_device.h"
+#include "kernels/normal_v3_table.h"
 #include "kernels/ops.h"
 
 namespace gpucompute {
@@ -480,12 +496,99 @@ GPUCOMPUTE_HD void NormalPairFloat64V2(const PhiloxWords& b, double mean, double
   *odd = ExactFma(radius, s, mean);
 }
 
+// ---- Normal transform v3 (float32): the normal CDF inverted, one word a value. ----
+//
+// As v2, every step is exact integer arithmetic, an exact or explicitly rounded
+// conversion, or a correctly rounded fma, so the CPU and a GPU compute the same bits.
+
+// The rows of kernels/normal_v3_table.h. Device code reads a __device__ copy (the fill
+// kernel stages it in shared memory; kernels/cuda/detail/normal_v3_kernel.cuh).
+inline constexpr NormalV3Row kNormalV3Float32[kNormalV3Segments] = {GPUCOMPUTE_NORMAL_V3_ROWS};
+#if defined(__CUDACC__)
+static __device__ const NormalV3Row kNormalV3Float32Device[kNormalV3Segments] = {
+    GPUCOMPUTE_NORMAL_V3_ROWS};
+#endif
+
+GPUCOMPUTE_HD const NormalV3Row& NormalV3RowOf(uint32_t row) {
+#if defined(__CUDA_ARCH__)
+  return kNormalV3Float32Device[row];
+#else
+  return kNormalV3Float32[row];
+#endif
+}
+
+// The number of leading zero bits of x != 0.
+GPUCOMPUTE_HD uint32_t LeadingZeros(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__clz(x));
+#else
+  return static_cast<uint32_t>(__builtin_clz(x));
+#endif
+}
+
+// x as a float32 rounded toward zero, and to nearest (ties to even).
+GPUCOMPUTE_HD float Uint32ToFloatTowardZero(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint2float_rz(x);
+#else
+  // Bits past the 24 a float32 holds are dropped first; the conversion is then exact.
+  const uint32_t zeros = LeadingZeros(x | 1u);
+  const uint32_t extra = zeros < 8 ? 8 - zeros : 0;
+  return static_cast<float>(x >> extra << extra);
+#endif
+}
+
+GPUCOMPUTE_HD float Uint32ToFloatNearest(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint2float_rn(x);
+#else
+  return static_cast<float>(x);  // the default rounding mode: to nearest, ties to even
+#endif
+}
+
+// Where word w falls: the table row of its segment and its offset X in the segment.
+struct NormalV3Point {
+  uint32_t row;
+  float x;
+};
+
+//
+// b = ~(2w) and (2w + 1) << 5 are written as multiply-adds modulo 2^32 (the same values):
+// a GPU runs those on its FMA pipe, while shifts and logic ops share the integer pipe
+// with Philox's xors, which is the fill's busiest.
+GPUCOMPUTE_HD NormalV3Point NormalV3Locate(uint32_t w) {
+  const uint32_t b = w * 0xfffffffeu + 0xffffffffu;  // ~(2w) = 2 b' + 1, b' the low 31 bits of ~w
+  // The exponent and the next four bits of float32(b) toward zero: (e << 4) | m, e >= 127.
+  const uint32_t row = (FloatBits(Uint32ToFloatTowardZero(b)) >> 19) - (127u << 4);
+  // (2w + 1) << (clz(b) + 5), as ((2w + 1) << 5) << clz(b): two shifts of at most 31 bits,
+  // 0 where their sum reaches 32, i.e. for segments of a single b.
+  const uint32_t from_edge = (w * 64u + 32u) << LeadingZeros(b);
+  return {row, Uint32ToFloatNearest(from_edge)};
+}
+
+// The standard normal of word w, given its segment's row and offset.
+GPUCOMPUTE_HD float NormalFloat32V3(uint32_t w, const NormalV3Row& r, float x) {
+  const float magnitude =
+      ExactFma(ExactFma(ExactFma(r.c[3], x, r.c[2]), x, r.c[1]), x, r.c[0]);  // > 0
+  return BitsToFloat(FloatBits(magnitude) | (w & 0x80000000u));
+}
+
+GPUCOMPUTE_HD float NormalFloat32V3(uint32_t w) {
+  const NormalV3Point at = NormalV3Locate(w);
+  return NormalFloat32V3(w, NormalV3RowOf(at.row), at.x);
+}
+
 // ---- Whole blocks: every lane of one Philox block, as the fill writes them. ----
 
 // The 4 float32 values of block `b` (uniform or normal).
 GPUCOMPUTE_HD void Float32Lanes(const PhiloxWords& b, const RandomParams& p, float out[4]) {
   if (p.distribution == Distribution::kNormal &&
-      p.normal_transform == NormalTransform::kBoxMullerV2) {
+      p.normal_transform == NormalTransform::kInverseCdfV3) {
+    const float mean = static_cast<float>(p.mean);
+    const float stddev = static_cast<float>(p.stddev);
+    for (int j = 0; j < 4; ++j) out[j] = ExactFma(stddev, NormalFloat32V3(b.w[j]), mean);
+  } else if (p.distribution == Distribution::kNormal &&
+             p.normal_transform == NormalTransform::kBoxMullerV2) {
     const float mean = static_cast<float>(p.mean);
     const float stddev = static_cast<float>(p.stddev);
     NormalPairFloat32V2(b.w[0], b.w[1], mean, stddev, &out[0], &out[1]);
@@ -505,7 +608,8 @@ GPUCOMPUTE_HD void Float32Lanes(const PhiloxWords& b, const RandomParams& p, flo
 // The 2 float64 values of block `b` (uniform or normal).
 GPUCOMPUTE_HD void Float64Lanes(const PhiloxWords& b, const RandomParams& p, double out[2]) {
   if (p.distribution == Distribution::kNormal &&
-      p.normal_transform == NormalTransform::kBoxMullerV2) {
+      (p.normal_transform == NormalTransform::kBoxMullerV2 ||
+       p.normal_transform == NormalTransform::kInverseCdfV3)) {
     NormalPairFloat64V2(b, p.mean, p.stddev, &out[0], &out[1]);
   } else if (p.distribution == Distribution::kNormal) {
     double z0, z1;

@@ -188,8 +188,8 @@ struct GemvStatus {
 GemvStatus GemvAsync(cublasHandle_t cublas, DType dtype, const GemvShape& shape, double alpha,
                      const void* a, const void* x, double beta, void* y, cudaStream_t stream);
 
-// out[0, n) as RandomParams and kernels/philox.h define: integers and uniforms
-// bit-identical to the CPU backend.
+// out[0, n) as RandomParams and kernels/philox.h define: integers, uniforms and normals
+// v2 and v3 bit-identical to the CPU backend.
 cudaError_t RandomAsync(const RandomParams& params, DType dtype, void* out, int64_t n,
                         cudaStream_t stream);
 

@@ -1,14 +1,16 @@
-// RandomAsync: the entry point and its dispatch; the kernel is in
-// detail/random_kernels.cuh. One kernel per (dtype, distribution, normal transform) the
-// fill defines: eight. RandomLanesForTestingAsync runs the same per-block code on words a
+// RandomAsync: the entry point and its dispatch; the kernels are in
+// detail/random_kernels.cuh and, for float32 normals of transform v3, in
+// detail/normal_v3_kernel.cuh. One kernel per (dtype, distribution, normal transform) the
+// fill defines, float64 v3 sharing v2's. RandomLanesForTestingAsync runs the same per-block code on words a
 // test chooses.
 //
 // Determinism: element i depends only on (params, dtype, i), never on the launch, so the
 // fill is bitwise identical run to run; uniforms, integers and normal v2 are also bitwise
-// identical to the CPU backend (see kernels/philox.h).
+// identical to the CPU backend (see kernels/philox.h), as are normals v3.
 #include <cstdint>
 
 #include "kernels/cuda/detail/launch.cuh"
+#include "kernels/cuda/detail/normal_v3_kernel.cuh"
 #include "kernels/cuda/detail/random_kernels.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/dtype.h"
@@ -48,6 +50,13 @@ cudaError_t NormalDispatch(const RandomParams& params, void* out, int64_t n, cud
     case NormalTransform::kBoxMullerV2:
       return RandomDispatch<T, Distribution::kNormal, NormalTransform::kBoxMullerV2>(params, out, n,
                                                                                      stream);
+    case NormalTransform::kInverseCdfV3:
+      if constexpr (DTypeOf<T>::value == DType::kFloat32) {
+        return LaunchNormalV3(params, static_cast<float*>(out), n, stream);
+      } else {  // float64 v3 is v2's values
+        return RandomDispatch<T, Distribution::kNormal, NormalTransform::kBoxMullerV2>(params, out,
+                                                                                       n, stream);
+      }
   }
   return cudaErrorInvalidValue;  // a transform this build does not know
 }
@@ -77,7 +86,10 @@ cudaError_t RandomLanesDispatch(const RandomParams& params, const uint32_t* word
   auto* o = static_cast<Block*>(out);
   const int64_t grid = CeilDiv(blocks, kBlockThreads);
   if (grid > 0x7fffffff) return cudaErrorInvalidValue;
-  if (params.normal_transform == NormalTransform::kBoxMullerV2) {
+  if (params.normal_transform == NormalTransform::kInverseCdfV3) {
+    RandomLanesKernel<T, NormalTransform::kInverseCdfV3>
+        <<<static_cast<unsigned>(grid), kBlockThreads, 0, stream>>>(params, w, blocks, o);
+  } else if (params.normal_transform == NormalTransform::kBoxMullerV2) {
     RandomLanesKernel<T, NormalTransform::kBoxMullerV2>
         <<<static_cast<unsigned>(grid), kBlockThreads, 0, stream>>>(params, w, blocks, o);
   } else {

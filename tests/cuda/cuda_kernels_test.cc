@@ -482,6 +482,8 @@ TEST_F(CudaKernelsTest, RandomMatchesCpu) {
       {Distribution::kNormal, DType::kFloat64},
       {Distribution::kNormal, DType::kFloat32, 0, 0, NormalTransform::kBoxMullerV2},
       {Distribution::kNormal, DType::kFloat64, 0, 0, NormalTransform::kBoxMullerV2},
+      {Distribution::kNormal, DType::kFloat32, 0, 0, NormalTransform::kInverseCdfV3},
+      {Distribution::kNormal, DType::kFloat64, 0, 0, NormalTransform::kInverseCdfV3},
       {Distribution::kIntegers, DType::kInt32, -1000, 1001},
       {Distribution::kIntegers, DType::kInt32, std::numeric_limits<int32_t>::min(),
        std::numeric_limits<int32_t>::max()},
@@ -516,7 +518,7 @@ TEST_F(CudaKernelsTest, RandomMatchesCpu) {
                                    std::to_string(static_cast<int>(c.dist)) + " n " +
                                    std::to_string(n) + " misalign " + std::to_string(misalign) +
                                    " transform v" + std::to_string(static_cast<int>(c.transform));
-          if (c.dist != Distribution::kNormal || c.transform == NormalTransform::kBoxMullerV2) {
+          if (c.dist != Distribution::kNormal || c.transform != NormalTransform::kBoxMullerV1) {
             ASSERT_EQ(cpu, gpu) << what;  // bitwise
             continue;
           }
@@ -601,6 +603,79 @@ TEST_F(CudaKernelsTest, RandomNormalV2MatchesCpuOnEveryFloat32InputAndFloat64Sam
           << DTypeName(c.dtype) << " block " << b << " words " << std::hex << c.words[4 * b] << " "
           << c.words[4 * b + 1] << " " << c.words[4 * b + 2] << " " << c.words[4 * b + 3];
     }
+  }
+}
+
+// Normal v3's fill kernel (its table staged in shared memory, eight copies) against the
+// CPU, bit for bit: a standard fill (the kernel that leaves out the final fma) and a
+// scaled one, 2^26 values each, at an offset whose counters carry into the high word.
+TEST_F(CudaKernelsTest, RandomNormalV3FillMatchesCpuStandardAndScaled) {
+  const int64_t n = int64_t{1} << 26;
+  for (const auto& [mean, stddev] : {std::pair{0.0, 1.0}, std::pair{-1.5, 0.25}}) {
+    RandomParams p;
+    p.distribution = Distribution::kNormal;
+    p.normal_transform = NormalTransform::kInverseCdfV3;
+    p.seed = 20261128;
+    p.offset = 0xFFFFFFFFull - 1000;
+    p.mean = mean;
+    p.stddev = stddev;
+    std::vector<char> cpu(static_cast<size_t>(n) * sizeof(float));
+    cpu::Random(p, DType::kFloat32, cpu.data(), n, Pool());
+    DeviceBuffer buf(static_cast<size_t>(n) * sizeof(float));
+    ASSERT_CUDA_OK(RandomAsync(p, DType::kFloat32, buf.get(), n, stream_));
+    const std::vector<char> gpu = Download(buf.get(), static_cast<size_t>(n) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(memcmp(cpu.data() + 4 * i, gpu.data() + 4 * i, 4), 0)
+          << "mean " << mean << " stddev " << stddev << " element " << i << ": cpu "
+          << Load<float>(cpu, i) << " gpu " << Load<float>(gpu, i);
+    }
+  }
+}
+
+// Normal v3's float32 transform on the device against the CPU's, bit for bit, on words a
+// fill's counters cannot choose: every 64th word of all 2^32, and the first and last 64
+// words of every segment's b (both signs).
+TEST_F(CudaKernelsTest, RandomNormalV3MatchesCpuOnEverySegmentsEdgesAndAStrideOfWords) {
+  RandomParams p;
+  p.distribution = Distribution::kNormal;
+  p.normal_transform = NormalTransform::kInverseCdfV3;
+  p.mean = 0.25;
+  p.stddev = 3.0;
+  std::vector<uint32_t> words;
+  for (uint64_t w = 0; w < (uint64_t{1} << 32); w += 64) words.push_back(static_cast<uint32_t>(w));
+  // b = ~(2w) is odd; w = ~b >> 1 (with either top bit) names the word of a given b.
+  for (uint32_t e = 0; e < 32; ++e) {
+    const uint64_t step = e >= 4 ? uint64_t{1} << (e - 4) : 1;
+    for (uint64_t lo = uint64_t{1} << e; lo < (uint64_t{2} << e); lo += step) {
+      for (uint64_t d = 1; d < 128 && d < 2 * step; d += 2) {
+        for (uint64_t b : {lo + d, lo + step - d}) {
+          if (b % 2 == 0 || b < lo || b >= lo + step) continue;
+          const uint32_t w = ~static_cast<uint32_t>(b) >> 1;
+          words.push_back(w);
+          words.push_back(w | 0x80000000u);
+        }
+      }
+    }
+  }
+  while (words.size() % 4 != 0) words.push_back(0);
+  const int64_t blocks = static_cast<int64_t>(words.size() / 4);
+  std::vector<float> cpu(words.size());
+  for (int64_t b = 0; b < blocks; ++b) {
+    const PhiloxWords w = {{words[4 * b], words[4 * b + 1], words[4 * b + 2], words[4 * b + 3]}};
+    Float32Lanes(w, p, cpu.data() + 4 * b);
+  }
+  DeviceBuffer dwords(words.size() * sizeof(uint32_t));
+  ASSERT_CUDA_OK(cudaMemcpy(dwords.get(), words.data(), words.size() * sizeof(uint32_t),
+                            cudaMemcpyHostToDevice));
+  DeviceBuffer out(words.size() * sizeof(float));
+  ASSERT_CUDA_OK(RandomLanesForTestingAsync(p, DType::kFloat32,
+                                            reinterpret_cast<const uint32_t*>(dwords.get()),
+                                            blocks, out.get(), stream_));
+  const std::vector<char> gpu = Download(out.get(), words.size() * sizeof(float));
+  for (size_t i = 0; i < words.size(); ++i) {
+    ASSERT_EQ(memcmp(&cpu[i], gpu.data() + 4 * i, 4), 0)
+        << "word " << std::hex << words[i] << ": cpu " << cpu[i] << " gpu "
+        << Load<float>(gpu, static_cast<int64_t>(i));
   }
 }
 
