@@ -498,12 +498,15 @@ absl::Status RunKernelsForDType(const Options& options, Backend& backend, Stream
     }
   }
 
-  // Normals with the newest transform, which the clients ask for, and with v1, which
-  // requests that name no transform still get (no target: kept for its bits, not speed).
+  // Normals with the newest transform, v3, which holds the target, and with v2 (the
+  // clients' default) and v1 (what requests that name none get), kept for their bits.
+  RandomParams normal_v3 = normal;
+  normal_v3.normal_transform = NormalTransform::kInverseCdfV3;
   RandomParams normal_v2 = normal;
   normal_v2.normal_transform = NormalTransform::kBoxMullerV2;
   for (const auto& [params, op, target] :
-       {std::tuple{uniform, "random uniform", 0.95}, std::tuple{normal_v2, "random normal", 0.85},
+       {std::tuple{uniform, "random uniform", 0.95}, std::tuple{normal_v3, "random normal", 0.85},
+        std::tuple{normal_v2, "random normal v2", 0.0},
         std::tuple{normal, "random normal v1", 0.0}}) {
     ASSIGN_OR_RETURN(double s, time([&, params = params] {
                        return backend.Random(stream, params, dtype, out, n);

@@ -82,11 +82,15 @@ rows = []
 for name, code in kernels.items():
     m = re.search(r"RandomKernelI([fdil])LNS_12DistributionE(\d)E(?:LNS_15NormalTransformE(\d)E)?",
                   name)
-    if not m:
+    v3 = re.search(r"NormalV3KernelILb([01])E", name)
+    if m:
+        # Builds before the transform was a template argument had v1 only.
+        dtype, dist, transform = TYPES[m.group(1)], DISTRIBUTIONS[m.group(2)], m.group(3) or "1"
+        label = f"{dist} v{transform}" if dist == "normal" else dist
+    elif v3:  # normal v3's own float32 kernel, with and without the final fma
+        dtype, label = "float32", "normal v3" + (" (0, 1)" if v3.group(1) == "1" else "")
+    else:
         continue
-    # Builds before the transform was a template argument had v1 only.
-    dtype, dist, transform = TYPES[m.group(1)], DISTRIBUTIONS[m.group(2)], m.group(3) or "1"
-    label = f"{dist} v{transform}" if dist == "normal" else dist
     # One Philox block is 16 bytes, 8 for int32: its store is STG.E.128 or STG.E.64.
     width = 8 if dtype == "int32" else 16
     store = re.compile(r"\bSTG\.E\.%d\b" % (8 * width))
@@ -109,12 +113,12 @@ for name, code in kernels.items():
     slow = sum(1 for t in body if re.match(r"(@!?U?P\d+\s+)?(MUFU|I2F|F2I|F2F|I2FP)\b", t))
     rows.append((dtype, label, len(body), stored, fp64, slow, len(body) / stored))
 
-print(f"{'kernel':<22} {'loop instructions':>17} {'bytes stored':>12} {'of them FP64':>12}"
+print(f"{'kernel':<24} {'loop instructions':>17} {'bytes stored':>12} {'of them FP64':>12}"
       f" {'MUFU/convert':>12} {'instructions/byte':>17}")
 for dtype, label, count, stored, fp64, slow, per_byte in sorted(rows):
     if count is None:
-        print(f"{label + ' ' + dtype:<22} {'(no vector-store loop found)':>17}")
+        print(f"{label + ' ' + dtype:<24} {'(no vector-store loop found)':>17}")
         continue
-    print(f"{label + ' ' + dtype:<22} {count:>17} {stored:>12} {fp64:>12} {slow:>12}"
+    print(f"{label + ' ' + dtype:<24} {count:>17} {stored:>12} {fp64:>12} {slow:>12}"
           f" {per_byte:>17.2f}")
 EOF

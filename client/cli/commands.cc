@@ -685,12 +685,16 @@ Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request) {
   if (auto usage = CheckPositional(args, 1, 1)) return *usage;
   const std::string& distribution = args.positional()[0];
   v1::RandomOp* op = request->mutable_random();
-  // "normal" is the newest transform; "normal-v1" reproduces fills made before v2.
+  // "normal" is transform v2, "normal-v3" the newest; "normal-v1" reproduces fills made
+  // before v2.
   if (distribution == "uniform") {
     op->set_distribution(v1::DISTRIBUTION_UNIFORM);
   } else if (distribution == "normal" || distribution == "normal-v2") {
     op->set_distribution(v1::DISTRIBUTION_NORMAL);
     op->set_normal_transform(v1::NORMAL_TRANSFORM_V2);
+  } else if (distribution == "normal-v3") {
+    op->set_distribution(v1::DISTRIBUTION_NORMAL);
+    op->set_normal_transform(v1::NORMAL_TRANSFORM_V3);
   } else if (distribution == "normal-v1") {
     op->set_distribution(v1::DISTRIBUTION_NORMAL);
     op->set_normal_transform(v1::NORMAL_TRANSFORM_V1);
@@ -698,7 +702,7 @@ Outcome BuildRandom(const ParsedArgs& args, v1::SubmitRequest* request) {
     op->set_distribution(v1::DISTRIBUTION_INTEGERS);
   } else {
     return Outcome::Usage(absl::StrCat("unknown distribution '", distribution,
-                                       "' (uniform normal normal-v1 normal-v2 integers)"));
+                                       "' (uniform normal normal-v1 normal-v2 normal-v3 integers)"));
   }
   const bool normal = op->distribution() == v1::DISTRIBUTION_NORMAL;
   for (std::string_view flag : {"--mean", "--std"}) {

@@ -206,12 +206,15 @@ const std::vector<Command>& Commands() {
        RunMatmul,
        BuildMatmul},
       {"rand",
-       "uniform|normal|normal-v1|integers --shape S --dtype D [--seed N] [--offset N] [FLAGS]",
+       "uniform|normal|normal-v1|normal-v2|normal-v3|integers --shape S --dtype D [--seed N] "
+       "[--offset N] [FLAGS]",
        "fill a buffer with counter-based random numbers (Philox4x32-10)",
        absl::StrCat("The same seed and offset give the same numbers on every backend and run; the\n"
                     "result's next_offset continues the sequence. `normal` uses the second\n"
-                    "normal transform (NORMAL_TRANSFORM_V2, also `normal-v2`); `normal-v1` gives\n"
-                    "the first one's numbers, as requests without a transform get.\n"
+                    "normal transform (NORMAL_TRANSFORM_V2, also `normal-v2`); `normal-v3`\n"
+                    "the third (float32 by the inverse CDF, faster on GPUs; float64 as v2);\n"
+                    "`normal-v1` gives the first one's numbers, as requests without a\n"
+                    "transform get.\n"
                     "  --shape S      shape of a new buffer (not needed with --out)\n"
                     "  --dtype D      float32/float64 (uniform, normal) or int32/int64 (integers)\n"
                     "  --seed N, --offset N   Philox key and first counter (default 0)\n"

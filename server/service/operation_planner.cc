@@ -241,10 +241,14 @@ absl::StatusOr<Plan> PlanRandom(ServiceContext& ctx, absl::string_view client,
     case v1::NORMAL_TRANSFORM_V2:
       params.normal_transform = NormalTransform::kBoxMullerV2;
       break;
+    case v1::NORMAL_TRANSFORM_V3:
+      params.normal_transform = NormalTransform::kInverseCdfV3;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown normal_transform ", static_cast<int>(op.normal_transform()),
-          "; there are NORMAL_TRANSFORM_V1 (1, also the default 0) and NORMAL_TRANSFORM_V2 (2)"));
+          "; there are NORMAL_TRANSFORM_V1 (1, also the default 0), NORMAL_TRANSFORM_V2 (2) "
+          "and NORMAL_TRANSFORM_V3 (3)"));
   }
 
   // The target: an existing buffer decides shape and dtype; a new one takes them from the request.

@@ -1584,14 +1584,21 @@ TEST_P(BackendConformance, GemvThroughViewsFloat64) {
 // only the Philox block itself (PhiloxBlock, checked against Random123's known answers
 // in tests/cpu/philox_test.cc) comes from the header. Normal v2 is defined by the
 // header's arithmetic itself (tests/cpu/philox_test.cc holds it to 4 ulp of the exact
-// Box-Muller value), so its definition here is the header's RandomElement.
+// Box-Muller value), so its definition here is the header's RandomElement. Normal v3
+// takes lane j from word j through the header's NormalFloat32V3 (tests/cpu/normal_v3_test.cc
+// holds it to 2.1 ulp of the exact inverse CDF) in float32, and is v2 in float64.
 template <typename T>
 T DefinedRandomElement(const RandomParams& p, uint64_t i) {
   constexpr DType kT = DTypeOf<T>::value;
+  const bool v3 = p.distribution == Distribution::kNormal &&
+                  p.normal_transform == NormalTransform::kInverseCdfV3;
   if constexpr (!std::is_integral_v<T>) {
-    if (p.distribution == Distribution::kNormal &&
-        p.normal_transform == NormalTransform::kBoxMullerV2) {
-      return RandomElement<T>(p, i);
+    if ((p.distribution == Distribution::kNormal &&
+         p.normal_transform == NormalTransform::kBoxMullerV2) ||
+        (v3 && kT == DType::kFloat64)) {
+      RandomParams v2 = p;
+      v2.normal_transform = NormalTransform::kBoxMullerV2;
+      return RandomElement<T>(v2, i);
     }
   }
   const int k = kT == DType::kFloat32 ? 4 : 2;
@@ -1607,6 +1614,10 @@ T DefinedRandomElement(const RandomParams& p, uint64_t i) {
   } else if constexpr (kT == DType::kFloat32) {
     if (p.distribution == Distribution::kUniform) {
       return static_cast<float>(b.w[j] >> 8) * 0x1.0p-24f;
+    }
+    if (v3) {
+      return std::fma(static_cast<float>(p.stddev), NormalFloat32V3(b.w[j]),
+                      static_cast<float>(p.mean));
     }
     const uint32_t wa = b.w[j < 2 ? 0 : 2];
     const uint32_t wb = b.w[j < 2 ? 1 : 3];
@@ -1630,7 +1641,7 @@ T DefinedRandomElement(const RandomParams& p, uint64_t i) {
 }
 
 // Whether `got` matches the defined value `want` of a fill: bit for bit for integers,
-// uniforms and normal v2 (exact operations only, the same on every backend); for normal
+// uniforms and normals v2 and v3 (exact operations only, the same on every backend); for normal
 // v1, which goes through log/sqrt/cos/sin whose last bits differ between math libraries,
 // within 4 float32 ulp or 1e-12 (float64) of |mean| + |stddev * z|.
 template <typename T>
@@ -1639,7 +1650,7 @@ bool RandomMatches(const RandomParams& p, T got, T want) {
     return got == want;
   } else {
     if (p.distribution == Distribution::kUniform ||
-        p.normal_transform == NormalTransform::kBoxMullerV2) {
+        p.normal_transform != NormalTransform::kBoxMullerV1) {
       return SameBits(got, want);
     }
     const double scale = std::fabs(p.mean) + std::fabs(static_cast<double>(want) - p.mean);
@@ -1717,6 +1728,12 @@ RandomParams NormalV2(uint64_t seed, uint64_t offset, double mean, double stddev
   return p;
 }
 
+RandomParams NormalV3(uint64_t seed, uint64_t offset, double mean, double stddev) {
+  RandomParams p = Normal(seed, offset, mean, stddev);
+  p.normal_transform = NormalTransform::kInverseCdfV3;
+  return p;
+}
+
 RandomParams Integers(uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
   RandomParams p = Uniform(seed, offset);
   p.distribution = Distribution::kIntegers;
@@ -1744,10 +1761,10 @@ TEST_P(BackendConformance, RandomUniformMatchesPhilox) {
   CheckRandom<double>(backend(), stream(), Uniform(7, 0), 1000003);
 }
 
-// v1 to a few ulp of the definition, v2 bit for bit (an agreement bound of 0 ulp between
-// backends).
+// v1 to a few ulp of the definition, v2 and v3 bit for bit (an agreement bound of 0 ulp
+// between backends).
 TEST_P(BackendConformance, RandomNormalMatchesPhilox) {
-  for (auto normal : {Normal, NormalV2}) {
+  for (auto normal : {Normal, NormalV2, NormalV3}) {
     for (uint64_t seed : kSeeds) {
       for (uint64_t offset : kOffsets) {
         for (int64_t n : kRandomSizes) {

@@ -387,9 +387,9 @@ TEST_F(CliTest, RandIsReproducibleAndContinues) {
   EXPECT_EQ(ReadNpyDoubles(Path("u3.npy")), std::vector<double>(u.begin() + 500, u.end()));
 }
 
-// "rand normal" is the newest transform, v2, bit for bit as kernels/philox.h defines it;
-// "rand normal-v1" reproduces the original one.
-TEST_F(CliTest, RandNormalUsesV2AndCanAskForV1) {
+// "rand normal" is transform v2 and "rand normal-v3" the newest, v3, bit for bit as
+// kernels/philox.h defines them; "rand normal-v1" reproduces the original one.
+TEST_F(CliTest, RandNormalUsesV2AndCanAskForV3AndV1) {
   const auto fill = [&](const std::string& distribution, const std::string& name) {
     EXPECT_EQ(Run("rand " + distribution + " --shape 64 --dtype float64 --seed 5 --name " + name)
                   .exit_code,
@@ -398,23 +398,43 @@ TEST_F(CliTest, RandNormalUsesV2AndCanAskForV1) {
     return ReadNpyDoubles(Path(name + ".npy"));
   };
   const std::vector<double> v2 = fill("normal", "n2");
+  const std::vector<double> v2_named = fill("normal-v2", "n2n");
+  const std::vector<double> v3 = fill("normal-v3", "n3");
+  const std::vector<float> v3_float32 = [&] {
+    EXPECT_EQ(Run("rand normal-v3 --shape 64 --dtype float32 --seed 5 --name n3f").exit_code, 0);
+    EXPECT_EQ(Run("get n3f -o " + ShellQuote(Path("n3f.npy"))).exit_code, 0);
+    const std::string file = ReadFile(Path("n3f.npy"));
+    absl::StatusOr<NpyView> view = ParseNpy(std::string_view(file));
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return std::vector<float>();
+    EXPECT_EQ(view->parsed.header.dtype, DType::kFloat32);
+    std::vector<float> values(view->data.size() / sizeof(float));
+    std::memcpy(values.data(), view->data.data(), values.size() * sizeof(float));
+    return values;
+  }();
   const std::vector<double> v1_values = fill("normal-v1", "n1");
+  ASSERT_EQ(v3.size(), 64u);
   ASSERT_EQ(v2.size(), 64u);
   ASSERT_EQ(v1_values.size(), 64u);
+  EXPECT_EQ(v2, v2_named);
+  ASSERT_EQ(v3_float32.size(), 64u);
   RandomParams p;
   p.distribution = Distribution::kNormal;
   p.seed = 5;
   for (uint64_t i = 0; i < 64; ++i) {
+    p.normal_transform = NormalTransform::kInverseCdfV3;
+    EXPECT_EQ(v3[i], RandomElement<double>(p, i)) << i;  // float64 v3: v2's values
+    EXPECT_EQ(v3_float32[i], RandomElement<float>(p, i)) << i;
     p.normal_transform = NormalTransform::kBoxMullerV2;
     EXPECT_EQ(v2[i], RandomElement<double>(p, i)) << i;
     p.normal_transform = NormalTransform::kBoxMullerV1;
     EXPECT_NEAR(v1_values[i], RandomElement<double>(p, i), 1e-12) << i;
   }
   EXPECT_NE(v2, v1_values);
-  Result unknown = Run("rand normal-v3 --shape 4 --dtype float64");
+  Result unknown = Run("rand normal-v4 --shape 4 --dtype float64");
   EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
-  EXPECT_NE(unknown.err.find("unknown distribution 'normal-v3' (uniform normal normal-v1 "
-                             "normal-v2 integers)"),
+  EXPECT_NE(unknown.err.find("unknown distribution 'normal-v4' (uniform normal normal-v1 "
+                             "normal-v2 normal-v3 integers)"),
             std::string::npos)
       << unknown.err;
   Result mean_of_uniform = Run("rand uniform --shape 4 --dtype float64 --mean 1");

@@ -13,6 +13,7 @@
 
 #include "kernels/ops.h"
 #include "kernels/philox.h"
+#include "tests/support/normal_v3_words.h"
 
 namespace gpucompute {
 namespace {
@@ -47,31 +48,11 @@ double UlpsFrom(float got, long double want) {
   return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
 }
 
-// The words of b's whose segment (b's float32 exponent and next four bits) begins or ends
-// within `span` of them, both signs.
-std::vector<uint32_t> SegmentEdgeWords(uint64_t span) {
-  std::vector<uint32_t> words;
-  for (uint32_t e = 0; e < 32; ++e) {
-    const uint64_t width = e >= 4 ? uint64_t{1} << (e - 4) : 1;
-    for (uint64_t lo = uint64_t{1} << e; lo < (uint64_t{2} << e); lo += width) {
-      for (uint64_t d = 0; d < span && d < width; ++d) {
-        for (uint64_t b : {lo + d, lo + width - 1 - d}) {
-          if (b % 2 == 0) continue;  // b is odd
-          const uint32_t w = ~static_cast<uint32_t>(b) >> 1;
-          words.push_back(w);
-          words.push_back(w | 0x80000000u);
-        }
-      }
-    }
-  }
-  return words;
-}
-
 constexpr double kMaxUlps = 2.1;
 
 TEST(NormalV3Test, WithinItsBoundOfTheExactInverseAtEverySegmentsEdges) {
   double worst = 0;
-  for (uint32_t w : SegmentEdgeWords(64)) {
+  for (uint32_t w : testing::NormalV3SegmentEdgeWords(64)) {
     const float z = NormalFloat32V3(w);
     const double ulps = UlpsFrom(z, ExactNormal(w));
     worst = std::max(worst, ulps);

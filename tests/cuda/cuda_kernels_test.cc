@@ -28,6 +28,7 @@
 #include "kernels/philox.h"
 #include "server/cpu/kernels.h"
 #include "server/cpu/thread_pool.h"
+#include "tests/support/normal_v3_words.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -633,8 +634,8 @@ TEST_F(CudaKernelsTest, RandomNormalV3FillMatchesCpuStandardAndScaled) {
 }
 
 // Normal v3's float32 transform on the device against the CPU's, bit for bit, on words a
-// fill's counters cannot choose: every 64th word of all 2^32, and the first and last 64
-// words of every segment's b (both signs).
+// fill's counters cannot choose: every 64th word of all 2^32, and the words of the first
+// and last 64 b's of every segment (both signs).
 TEST_F(CudaKernelsTest, RandomNormalV3MatchesCpuOnEverySegmentsEdgesAndAStrideOfWords) {
   RandomParams p;
   p.distribution = Distribution::kNormal;
@@ -643,20 +644,7 @@ TEST_F(CudaKernelsTest, RandomNormalV3MatchesCpuOnEverySegmentsEdgesAndAStrideOf
   p.stddev = 3.0;
   std::vector<uint32_t> words;
   for (uint64_t w = 0; w < (uint64_t{1} << 32); w += 64) words.push_back(static_cast<uint32_t>(w));
-  // b = ~(2w) is odd; w = ~b >> 1 (with either top bit) names the word of a given b.
-  for (uint32_t e = 0; e < 32; ++e) {
-    const uint64_t step = e >= 4 ? uint64_t{1} << (e - 4) : 1;
-    for (uint64_t lo = uint64_t{1} << e; lo < (uint64_t{2} << e); lo += step) {
-      for (uint64_t d = 1; d < 128 && d < 2 * step; d += 2) {
-        for (uint64_t b : {lo + d, lo + step - d}) {
-          if (b % 2 == 0 || b < lo || b >= lo + step) continue;
-          const uint32_t w = ~static_cast<uint32_t>(b) >> 1;
-          words.push_back(w);
-          words.push_back(w | 0x80000000u);
-        }
-      }
-    }
-  }
+  for (uint32_t w : testing::NormalV3SegmentEdgeWords(64)) words.push_back(w);
   while (words.size() % 4 != 0) words.push_back(0);
   const int64_t blocks = static_cast<int64_t>(words.size() / 4);
   std::vector<float> cpu(words.size());

@@ -34,9 +34,16 @@ T ReferenceRandom(const RandomParams& p, uint64_t i) {
   const int k = ElementsPerCounter(p.distribution, kDType);
   const PhiloxWords b = PhiloxBlock(p.seed, p.offset + i / static_cast<uint64_t>(k));
   const int lane = static_cast<int>(i % static_cast<uint64_t>(k));
-  const bool v2 = p.normal_transform == NormalTransform::kBoxMullerV2;
+  const bool v3 = p.normal_transform == NormalTransform::kInverseCdfV3;
+  // Float64 v3 is v2's values.
+  const bool v2 = p.normal_transform == NormalTransform::kBoxMullerV2 ||
+                  (v3 && std::is_same_v<T, double>);
   if constexpr (std::is_same_v<T, float>) {
     if (p.distribution == Distribution::kUniform) return UniformFloat32(b.w[lane]);
+    if (v3) {  // a word a lane (tests/cpu/normal_v3_test.cc holds the transform to the CDF)
+      return std::fma(static_cast<float>(p.stddev), NormalFloat32V3(b.w[lane]),
+                      static_cast<float>(p.mean));
+    }
     if (v2) {
       float v[2];
       NormalPairFloat32V2(b.w[lane & 2], b.w[(lane & 2) + 1], static_cast<float>(p.mean),
@@ -85,9 +92,7 @@ v1::SubmitRequest RandomRequest(v1::Distribution dist, uint64_t n, v1::DType dty
   op->set_low(p.low);
   op->set_high(p.high);
   if (dist == v1::DISTRIBUTION_NORMAL) {
-    op->set_normal_transform(p.normal_transform == NormalTransform::kBoxMullerV2
-                                 ? v1::NORMAL_TRANSFORM_V2
-                                 : v1::NORMAL_TRANSFORM_V1);
+    op->set_normal_transform(static_cast<v1::NormalTransform>(p.normal_transform));
   }
   return r;
 }
@@ -125,7 +130,8 @@ void CheckRandomFill(Client& client, v1::Distribution dist, const RandomParams& 
     if constexpr (std::is_floating_point_v<T>) {
       if (dist == v1::DISTRIBUTION_NORMAL && p.normal_transform == NormalTransform::kBoxMullerV1) {
         // Box-Muller v1 goes through log/sqrt/cos/sin, whose last bit may differ between
-        // builds (see philox.h): a few ulp of the scale. v2 is bit-exact, like uniforms.
+        // builds (see philox.h): a few ulp of the scale. v2 and v3 are bit-exact, like
+        // uniforms.
         const double ulp = std::is_same_v<T, float> ? 0x1.0p-23 : 0x1.0p-52;
         const double scale = std::max(std::fabs(static_cast<double>(want)), p.stddev);
         ok = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want)) <= 8 * ulp * scale;
@@ -180,7 +186,8 @@ TEST_F(ServerOpsTest, RandomMatchesPhiloxDefinition) {
     SCOPED_TRACE("uniform float64");
     CheckRandomFill<double>(c(), v1::DISTRIBUTION_UNIFORM, p, n);
   }
-  for (NormalTransform transform : {NormalTransform::kBoxMullerV1, NormalTransform::kBoxMullerV2}) {
+  for (NormalTransform transform : {NormalTransform::kBoxMullerV1, NormalTransform::kBoxMullerV2,
+                                    NormalTransform::kInverseCdfV3}) {
     SCOPED_TRACE(absl::StrCat("normal transform v", static_cast<int>(transform)));
     p.normal_transform = transform;
     {
@@ -385,7 +392,7 @@ TEST_F(ServerOpsTest, RandomRejectionsChangeNothing) {
   p.mean = 0;
   reject("normal with an unknown transform", [&] {
     v1::SubmitRequest r = RandomRequest(v1::DISTRIBUTION_NORMAL, 10, v1::DTYPE_FLOAT32, p);
-    r.mutable_random()->set_normal_transform(static_cast<v1::NormalTransform>(3));
+    r.mutable_random()->set_normal_transform(static_cast<v1::NormalTransform>(4));
     return r;
   }());
   reject("no distribution", RandomRequest(v1::DISTRIBUTION_UNSPECIFIED, 10, v1::DTYPE_FLOAT32, p));

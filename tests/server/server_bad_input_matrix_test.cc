@@ -1199,12 +1199,12 @@ void BadInputMatrixTest::AddOperationCases() {
      ElementwiseText("round(x, 0.5)", "a"), StatusCode::INVALID_ARGUMENT,
      "at position 9: the decimals of round() must be an integer literal or an integer scalar "
      "input");
-  op(kWrongType, "normal transform 3", kAlice,
+  op(kWrongType, "normal transform 4", kAlice,
      "random { output { dtype: DTYPE_FLOAT64 } distribution: DISTRIBUTION_NORMAL shape: 4 "
-     "normal_transform: 3 }",
+     "normal_transform: 4 }",
      StatusCode::INVALID_ARGUMENT,
-     "unknown normal_transform 3; there are NORMAL_TRANSFORM_V1 (1, also the default 0) and "
-     "NORMAL_TRANSFORM_V2 (2)");
+     "unknown normal_transform 4; there are NORMAL_TRANSFORM_V1 (1, also the default 0), "
+     "NORMAL_TRANSFORM_V2 (2) and NORMAL_TRANSFORM_V3 (3)");
   const auto bob_op = [this, submit](const std::string& what, const std::string& id,
                                      const std::string& unknown, const std::string& text) {
     OtherTenantUnary(submit, what, id, unknown, "wait: true " + text, "not found");

@@ -147,10 +147,11 @@ class Random:
                out: Optional[ArrayRef] = None, name: Optional[str] = None, layout: str = "C",
                stream: StreamRef = None, wait: bool = True) -> Any:
         """Normal(mean, stddev), float32 or float64. `transform` picks how Philox bits
-        become normals: "v2" (the default; bitwise equal on every backend) or "v1" (the
-        original, for numbers made before v2 existed)."""
-        if transform not in ("v1", "v2"):
-            raise ValueError(f"transform must be 'v1' or 'v2', not {transform!r}")
+        become normals: "v2" (the default, Box-Muller in fixed polynomials) or "v3"
+        (float32 by the inverse CDF, faster on GPUs; float64 as v2), both bitwise equal on
+        every backend, or "v1" (the original, for numbers made before v2 existed)."""
+        if transform not in ("v1", "v2", "v3"):
+            raise ValueError(f"transform must be 'v1', 'v2' or 'v3', not {transform!r}")
         return self._fill("normal", shape, dtype, seed, offset, out, name, layout, stream, wait,
                           mean=float(mean), stddev=float(stddev),
                           normal_transform=getattr(v1, f"NORMAL_TRANSFORM_{transform.upper()}"))

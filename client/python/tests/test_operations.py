@@ -142,17 +142,22 @@ def test_rand_normal_is_reproducible_and_continues(client):
     assert abs(values.mean() - 3.0) < 0.05 and abs(values.std() - 2.0) < 0.05
 
 
-def test_rand_normal_defaults_to_v2_and_can_ask_for_v1(client):
+def test_rand_normal_defaults_to_v2_and_can_ask_for_v3_and_v1(client):
     default = client.rand.normal((256,), "float32", seed=11).get()
+    v3 = client.rand.normal((256,), "float32", seed=11, transform="v3").get()
     v2 = client.rand.normal((256,), "float32", seed=11, transform="v2").get()
     v1 = client.rand.normal((256,), "float32", seed=11, transform="v1").get()
     np.testing.assert_array_equal(default, v2)
+    # float64 v3 is v2's values
+    np.testing.assert_array_equal(client.rand.normal((64,), "float64", seed=3, transform="v3").get(),
+                                  client.rand.normal((64,), "float64", seed=3).get())
+    # v3 is a different transform of the same words; v1 and v2 are both Box-Muller, to
+    # float32 rounding apart from the last bits of the math.
+    assert np.count_nonzero(v3 == v2) < 8
     assert not np.array_equal(v1, v2)
-    # Both are Box-Muller on the same Philox words, to float32 rounding apart from the
-    # last bits of the math: the same numbers within a few ulp.
     np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="transform must be 'v1' or 'v2'"):
-        client.rand.normal((4,), "float32", transform="v3")
+    with pytest.raises(ValueError, match="transform must be 'v1', 'v2' or 'v3'"):
+        client.rand.normal((4,), "float32", transform="v4")
 
 
 def test_rand_uniform_and_integers(client):
