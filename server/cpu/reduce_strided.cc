@@ -282,12 +282,10 @@ Geometry MakeGeometry(const expr::Program* program, DType dtype,
       g.outputs *= shape[d];
     }
   }
+  g.inputs.resize(inputs.size());  // each walk is filled in place
   for (size_t k = 0; k < inputs.size(); ++k) {
-    InputWalk w;
-    if (inputs[k].data == nullptr) {
-      g.inputs.push_back(std::move(w));
-      continue;
-    }
+    InputWalk& w = g.inputs[k];
+    if (inputs[k].data == nullptr) continue;
     const StridedLayout& l = inputs[k].layout;
     DType in_dtype = dtype;
     if (program != nullptr) {
@@ -314,7 +312,6 @@ Geometry MakeGeometry(const expr::Program* program, DType dtype,
       w.strides = {1};
     }
     w.contiguous = w.extents.size() == 1 && (w.strides[0] == 1 || w.extents[0] <= 1);
-    g.inputs.push_back(std::move(w));
   }
   return g;
 }
