@@ -66,10 +66,15 @@ const absl::StatusOr<OpenBlas>& Loaded() {
 
 // The largest tile edge, and the smallest: tiles shrink from the largest until the batch
 // has kMinTiles of them, so that a product of a few large matrices still spreads over
-// many threads, while each BLAS call stays large enough to run at its full speed.
+// several threads, while each BLAS call stays large enough to run at its full speed.
+// Every tile packs its rows of A and its columns of B again, so halving the edge doubles
+// that work (docs/performance.md has what it cost at 1024²). The tiles depend on the
+// shape alone, never on the thread count (their edges could change OpenBLAS's rounding),
+// so a host of many cores runs a 1024² product on 4 of them; from 2048² on there are 16
+// tiles or more.
 constexpr int64_t kMaxTileEdge = 512;
 constexpr int64_t kMinTileEdge = 128;
-constexpr int64_t kMinTiles = 64;
+constexpr int64_t kMinTiles = 4;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
