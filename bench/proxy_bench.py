@@ -26,8 +26,9 @@ configuration, after placement.py's own lines (a later tune line wins), and
 Cores of their own (--cpus PLAN): each process runs on its own CPUs (taskset, from
 util-linux), so that HAProxy's threads do not take turns with the servers' and the
 client's on the same cores; the direct measurements run with the same pinning, so
-direct and proxy stay comparable. HAProxy gets `nbthread N` and `cpu-map auto:1/1-N
-CPUS` (one thread on each of its N CPUs) before the --haproxy-global lines. PLAN is
+direct and proxy stay comparable. HAProxy gets `nbthread N` (placement.py's --threads)
+and `cpu-map auto:1/1-N CPUS` (one thread on each of its N CPUs) before the
+--haproxy-global lines. PLAN is
   auto  the CPUs this process may run on (os.sched_getaffinity), split into four
         disjoint sets in this order: replica0 (gpucompute-0), replica1 (gpucompute-1),
         haproxy and client (the `gpucompute bench` CLI), whole physical cores each
@@ -39,9 +40,11 @@ CPUS` (one thread on each of its N CPUs) before the --haproxy-global lines. PLAN
         each set as a taskset list (commas within a set too: replica0=0-3,16-19,...).
         Sets may overlap (with a warning); HAProxy takes at most 64 CPUs.
 In Kubernetes the same comes from the Guaranteed QoS class under the static CPU manager
-policy (docs/operations.md). --busy-poll adds `busy-polling` to the global section:
-HAProxy's threads then spin instead of sleeping, which only makes sense on cores of
-their own (with --cpus); unpinned, it slowed every call (docs/performance.md).
+policy (docs/operations.md). --busy-poll adds `busy-polling` (placement.py's
+--busy-poll): HAProxy's threads then spin instead of sleeping, which only makes sense on
+cores of their own, so it needs --cpus, as placement.py needs --threads; unpinned
+(`--haproxy-global busy-polling`, as an experiment), it slowed every call
+(docs/performance.md).
 The pinning used heads each route's table.
 
 Usage, from the source directory with the build in build/:
@@ -221,8 +224,8 @@ def parse_args():
                              "HAProxy gets nbthread and cpu-map for its set (default: not "
                              "pinned)")
     parser.add_argument("--busy-poll", action="store_true",
-                        help="add 'busy-polling' to HAProxy's global section: its threads "
-                             "spin on their CPUs, which is only sensible with --cpus")
+                        help="HAProxy's threads spin on their CPUs (busy-polling); needs "
+                             "--cpus, which gives them CPUs of their own")
     args = parser.parse_args()
     args.gpus = args.gpus.split(",") if args.gpus else []
     if args.gpus and len(args.gpus) != len(REPLICAS):
@@ -233,6 +236,10 @@ def parse_args():
     args.routes = ROUTES if args.route == "both" else (args.route,)
     args.online = sorted(os.sched_getaffinity(0))
     args.plan, args.plan_warning = {}, None
+    if args.busy_poll and args.cpus is None:
+        parser.error("--busy-poll needs --cpus: HAProxy's threads spin on their CPUs at all "
+                     "times, and without CPUs of their own they take turns with the servers "
+                     "and the client")
     if args.cpus is not None:
         if shutil.which("taskset") is None:
             parser.error("--cpus needs taskset (util-linux), which is not installed")
@@ -243,17 +250,22 @@ def parse_args():
     return args
 
 
+def placement_flags(args):
+    """The flags of `placement.py haproxy` for --cpus and --busy-poll: one thread for each
+    of HAProxy's CPUs, spinning with --busy-poll."""
+    if not args.plan:
+        return []
+    return ["--threads", str(len(args.plan["haproxy"]))] + (["--busy-poll"] if args.busy_poll else [])
+
+
 def haproxy_global_lines(args):
-    """The lines --cpus and --busy-poll add to HAProxy's global section."""
-    lines = []
-    if args.plan:
-        cpus = args.plan["haproxy"]
-        # One thread a CPU: cpu-map's auto: binds thread i to the i-th CPU of the set,
-        # and HAProxy requires the two sets to be of one size.
-        lines += [f"nbthread {len(cpus)}", f"cpu-map auto:1/1-{len(cpus)} {' '.join(cpu_ranges(cpus))}"]
-    if args.busy_poll:
-        lines.append("busy-polling")
-    return lines
+    """The line --cpus adds to HAProxy's global section beside placement.py's: cpu-map's
+    auto: binds thread i to the i-th CPU of the set (HAProxy requires the two sets to be
+    of one size)."""
+    if not args.plan:
+        return []
+    cpus = args.plan["haproxy"]
+    return [f"cpu-map auto:1/1-{len(cpus)} {' '.join(cpu_ranges(cpus))}"]
 
 
 def pinning(args):
@@ -264,7 +276,8 @@ def pinning(args):
         plan = args.plan
         pinned = (f"pinned with taskset: {REPLICAS[0]} on CPUs {cpu_list(plan['replica0'])}, "
                   f"{REPLICAS[1]} on {cpu_list(plan['replica1'])}, HAProxy on "
-                  f"{cpu_list(plan['haproxy'])} ({'; '.join(haproxy_global_lines(args)[:2])}), "
+                  f"{cpu_list(plan['haproxy'])} (nbthread {len(plan['haproxy'])}; "
+                  f"{haproxy_global_lines(args)[0]}), "
                   f"the bench client on {cpu_list(plan['client'])}")
         if args.plan_warning:
             pinned += f" (warning: {args.plan_warning})"
@@ -331,7 +344,7 @@ def start(args, workdir, route):
     config = os.path.join(workdir, "haproxy.cfg")
     with open(config, "w") as f:
         generated = placement.haproxy_config(
-            {r.name: r.address for r in replicas}, proxy_address, *extra)
+            {r.name: r.address for r in replicas}, proxy_address, *extra, *placement_flags(args))
         global_lines = haproxy_global_lines(args) + args.haproxy_global
         f.write(with_section_lines(with_section_lines(generated, "global", global_lines),
                                    "defaults", args.haproxy_defaults))
@@ -440,9 +453,6 @@ def main():
         sys.exit("haproxy is not installed (deploy/install-deps.sh installs it)")
     if args.plan_warning:
         print(f"warning: --cpus {args.cpus}: {args.plan_warning}", file=sys.stderr)
-    if args.busy_poll and not args.plan:
-        print("warning: --busy-poll without --cpus: HAProxy's spinning threads take turns with "
-              "the servers and the client on the same cores", file=sys.stderr)
     missed = [route for route in args.routes if not measure(args, route)]
     print(f"some target MISSED on the {' and '.join(missed)} route{'s' * (len(missed) > 1)}"
           if missed else "every target met")

@@ -151,14 +151,21 @@ class Args:
 
 
 class HAProxyLinesTest(unittest.TestCase):
-    def test_lines_for_the_haproxy_set(self):
+    def test_lines_and_flags_for_the_haproxy_set(self):
         plan = {"replica0": [0], "replica1": [1], "haproxy": [2, 3, 8], "client": [9]}
         self.assertEqual(proxy_bench.haproxy_global_lines(Args(plan, False)),
-                         ["nbthread 3", "cpu-map auto:1/1-3 2-3 8"])
-        self.assertEqual(proxy_bench.haproxy_global_lines(Args(plan, True)),
-                         ["nbthread 3", "cpu-map auto:1/1-3 2-3 8", "busy-polling"])
-        self.assertEqual(proxy_bench.haproxy_global_lines(Args({}, True)), ["busy-polling"])
+                         ["cpu-map auto:1/1-3 2-3 8"])
+        self.assertEqual(proxy_bench.placement_flags(Args(plan, False)), ["--threads", "3"])
+        self.assertEqual(proxy_bench.placement_flags(Args(plan, True)),
+                         ["--threads", "3", "--busy-poll"])
         self.assertEqual(proxy_bench.haproxy_global_lines(Args({}, False)), [])
+        self.assertEqual(proxy_bench.placement_flags(Args({}, False)), [])
+
+    def test_busy_polling_needs_cpus_of_its_own(self):
+        result = subprocess.run([sys.executable, proxy_bench.__file__, "--busy-poll"],
+                                capture_output=True, text=True)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("error: --busy-poll needs --cpus", result.stderr)
 
     def test_pinning_described(self):
         plan = {"replica0": [0, 1], "replica1": [2, 3], "haproxy": [4], "client": [5]}
@@ -179,10 +186,13 @@ class HAProxyLinesTest(unittest.TestCase):
         table = os.path.join(work, "placement")
         with open(table, "w") as f:
             f.write("tenant0 gpucompute-0\n")
-        generated = placement.haproxy_config([("gpucompute-0", "127.0.0.1:1")], table, "127.0.0.1:2")
         for cpus in (online[:1], online):
             with self.subTest(cpus=cpus):
                 plan = {role: cpus for role in ROLES}
+                # What placement.py writes for placement_flags(): nbthread and busy-polling.
+                generated = placement.haproxy_config([("gpucompute-0", "127.0.0.1:1")], table,
+                                                     "127.0.0.1:2", threads=len(cpus),
+                                                     busy_poll=True)
                 config = os.path.join(work, "haproxy.cfg")
                 with open(config, "w") as f:
                     f.write(proxy_bench.with_section_lines(
