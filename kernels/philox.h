@@ -59,7 +59,7 @@
 //                          |z| = c0 + X (c1 + X (c2 + X c3)) in three correctly rounded
 //                          fmas, c the segment's row of kernels/normal_v3_table.h. Then
 //                          out = fma(stddev, z, mean) in float32. Each standard normal is
-//                          within 2 ulp of -Phi^-1(t) (tests/cpu/normal_v3_test.cc).
+//                          within 2.1 ulp of -Phi^-1(t) (tests/cpu/normal_v3_test.cc).
 //   normal   float64  k=2  transform v3: exactly v2's float64 values (v3 changes float32
 //                          only).
 //
