@@ -390,8 +390,8 @@ v1::SubmitRequest Matmul(const ArrayRef& a, const ArrayRef& b, v1::Output c = {}
 v1::DownloadRequest DownloadOf(const ArrayRef& array);
 // A fill of a new buffer with `shape` and `dtype`; distribution parameters (mean,
 // stddev, low, high, offset) can be set on the returned request's random op. Normals use
-// the newest transform, NORMAL_TRANSFORM_V2; set_normal_transform(NORMAL_TRANSFORM_V1) on
-// the op reproduces fills made before it existed.
+// NORMAL_TRANSFORM_V2; set_normal_transform on the op picks NORMAL_TRANSFORM_V3 (float32
+// by the inverse CDF, faster on GPUs) or NORMAL_TRANSFORM_V1 (fills made before v2).
 v1::SubmitRequest Random(v1::Distribution distribution, const std::vector<uint64_t>& shape,
                          v1::DType dtype, uint64_t seed, v1::Output output = {});
 
