@@ -85,12 +85,13 @@
 //
 // Determinism: uniforms and integers are exact integer arithmetic plus multiplications
 // by powers of two, and normals v2 and v3 are exact operations only, so every backend
-// produces them bit-identically. Normal v1 goes through logf/sqrtf/cosf/sinf (log/sqrt/cos/sin for
-// float64), whose last-bit rounding differs between math libraries (glibc vs CUDA's
-// libdevice, which document errors of 1-2 ulp), and a compiler may contract mean +
-// stddev * z into a fused multiply-add; v1 normals are therefore identical across runs
-// and thread counts of one build, and agree across backends to a few ulp only (the
-// conformance suite bounds the difference, and holds the others to bitwise equality).
+// produces them bit-identically. Normal v1 goes through logf/sqrtf/cosf/sinf
+// (log/sqrt/cos/sin for float64), whose last-bit rounding differs between math libraries
+// (glibc vs CUDA's libdevice, which document errors of 1-2 ulp), and a compiler may
+// contract mean + stddev * z into a fused multiply-add; v1 normals are therefore
+// identical across runs and thread counts of one build, and agree across backends to a
+// few ulp only (the conformance suite bounds the difference, and holds the others to
+// bitwise equality).
 #ifndef GPUCOMPUTE_KERNELS_PHILOX_H_
 #define GPUCOMPUTE_KERNELS_PHILOX_H_
 
@@ -552,12 +553,12 @@ struct NormalV3Point {
   float x;
 };
 
-//
 // b = ~(2w) and (2w + 1) << 5 are written as multiply-adds modulo 2^32 (the same values):
 // a GPU runs those on its FMA pipe, while shifts and logic ops share the integer pipe
 // with Philox's xors, which is the fill's busiest.
 GPUCOMPUTE_HD NormalV3Point NormalV3Locate(uint32_t w) {
-  const uint32_t b = w * 0xfffffffeu + 0xffffffffu;  // ~(2w) = 2 b' + 1, b' the low 31 bits of ~w
+  // ~(2w) = 2 b' + 1, b' the low 31 bits of ~w: odd, never 0.
+  const uint32_t b = w * 0xfffffffeu + 0xffffffffu;
   // The exponent and the next four bits of float32(b) toward zero: (e << 4) | m, e >= 127.
   const uint32_t row = (FloatBits(Uint32ToFloatTowardZero(b)) >> 19) - (127u << 4);
   // (2w + 1) << (clz(b) + 5), as ((2w + 1) << 5) << clz(b): two shifts of at most 31 bits,
@@ -582,20 +583,16 @@ GPUCOMPUTE_HD float NormalFloat32V3(uint32_t w) {
 
 // The 4 float32 values of block `b` (uniform or normal).
 GPUCOMPUTE_HD void Float32Lanes(const PhiloxWords& b, const RandomParams& p, float out[4]) {
+  const float mean = static_cast<float>(p.mean);  // normals
+  const float stddev = static_cast<float>(p.stddev);
   if (p.distribution == Distribution::kNormal &&
       p.normal_transform == NormalTransform::kInverseCdfV3) {
-    const float mean = static_cast<float>(p.mean);
-    const float stddev = static_cast<float>(p.stddev);
     for (int j = 0; j < 4; ++j) out[j] = ExactFma(stddev, NormalFloat32V3(b.w[j]), mean);
   } else if (p.distribution == Distribution::kNormal &&
              p.normal_transform == NormalTransform::kBoxMullerV2) {
-    const float mean = static_cast<float>(p.mean);
-    const float stddev = static_cast<float>(p.stddev);
     NormalPairFloat32V2(b.w[0], b.w[1], mean, stddev, &out[0], &out[1]);
     NormalPairFloat32V2(b.w[2], b.w[3], mean, stddev, &out[2], &out[3]);
   } else if (p.distribution == Distribution::kNormal) {
-    const float mean = static_cast<float>(p.mean);
-    const float stddev = static_cast<float>(p.stddev);
     float z[4];
     BoxMullerFloat32(b.w[0], b.w[1], &z[0], &z[1]);
     BoxMullerFloat32(b.w[2], b.w[3], &z[2], &z[3]);

@@ -1,8 +1,8 @@
 // RandomAsync: the entry point and its dispatch; the kernels are in
 // detail/random_kernels.cuh and, for float32 normals of transform v3, in
 // detail/normal_v3_kernel.cuh. One kernel per (dtype, distribution, normal transform) the
-// fill defines, float64 v3 sharing v2's. RandomLanesForTestingAsync runs the same per-block code on words a
-// test chooses.
+// fill defines, float64 v3 sharing v2's. RandomLanesForTestingAsync runs the same
+// per-block code on words a test chooses.
 //
 // Determinism: element i depends only on (params, dtype, i), never on the launch, so the
 // fill is bitwise identical run to run; uniforms, integers and normal v2 are also bitwise
