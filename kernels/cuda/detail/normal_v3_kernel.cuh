@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/detail/launch.cuh"
+#include "kernels/cuda/detail/random_kernels.cuh"
 #include "kernels/ops.h"
 #include "kernels/philox.h"
 
@@ -45,17 +46,16 @@ __device__ __forceinline__ float NormalV3Value(uint32_t w, uint32_t lane_rows, f
 }
 
 template <bool kStandard>
-__device__ __forceinline__ float4 NormalV3Block(const PhiloxWords& w, uint32_t lane_rows,
-                                                float mean, float stddev) {
-  return make_float4(NormalV3Value<kStandard>(w.w[0], lane_rows, mean, stddev),
-                     NormalV3Value<kStandard>(w.w[1], lane_rows, mean, stddev),
-                     NormalV3Value<kStandard>(w.w[2], lane_rows, mean, stddev),
-                     NormalV3Value<kStandard>(w.w[3], lane_rows, mean, stddev));
+__device__ __forceinline__ BlockValues<float, 4> NormalV3Block(const PhiloxWords& w,
+                                                               uint32_t lane_rows, float mean,
+                                                               float stddev) {
+  return {{NormalV3Value<kStandard>(w.w[0], lane_rows, mean, stddev),
+           NormalV3Value<kStandard>(w.w[1], lane_rows, mean, stddev),
+           NormalV3Value<kStandard>(w.w[2], lane_rows, mean, stddev),
+           NormalV3Value<kStandard>(w.w[3], lane_rows, mean, stddev)}};
 }
 
-// Thread g computes Philox blocks g, g + stride, ... as RandomKernel does: whole blocks of
-// an aligned `out` with one 16-byte store each, then the last, partial block (or every
-// block of an unaligned `out`) element by element.
+// The table staged, then RandomKernel's loop (FillBlocks) over the blocks.
 template <bool kStandard>
 __global__ void __launch_bounds__(kNormalV3Threads, kNormalV3BlocksPerSm)
     NormalV3Kernel(RandomParams params, PhiloxRoundKeys keys, float* __restrict__ out, int64_t n,
@@ -69,25 +69,10 @@ __global__ void __launch_bounds__(kNormalV3Threads, kNormalV3BlocksPerSm)
                              (threadIdx.x % kNormalV3Copies) * sizeof(NormalV3Row);
   const float mean = static_cast<float>(params.mean);
   const float stddev = static_cast<float>(params.stddev);
-  const uint64_t blocks = static_cast<uint64_t>(n / 4 + (n % 4 != 0 ? 1 : 0));
-  const uint64_t whole = vector_store ? static_cast<uint64_t>(n / 4) : 0;
-  const uint32_t stride = gridDim.x * kNormalV3Threads;
-  uint64_t b = static_cast<uint64_t>(blockIdx.x) * kNormalV3Threads + threadIdx.x;
-  uint64_t q = params.offset + b;  // wraps modulo 2^64, as the definition says
-  float4* dst = reinterpret_cast<float4*>(out) + b;
-  for (; b < whole; b += stride, q += stride, dst += stride) {
-    *dst = NormalV3Block<kStandard>(PhiloxBlock(keys, q), lane_rows, mean, stddev);
-  }
-  for (; b < blocks; b += stride, q += stride) {
-    const float4 v = NormalV3Block<kStandard>(PhiloxBlock(keys, q), lane_rows, mean, stddev);
-    const float e[4] = {v.x, v.y, v.z, v.w};
-    const int64_t first = static_cast<int64_t>(b) * 4;
-    const int count = n - first < 4 ? static_cast<int>(n - first) : 4;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (j < count) out[first + j] = e[j];
-    }
-  }
+  FillBlocks<float, 4>(keys, params.offset, out, n, vector_store, kNormalV3Threads,
+                       [&](const PhiloxWords& w) {
+                         return NormalV3Block<kStandard>(w, lane_rows, mean, stddev);
+                       });
 }
 
 // Launches the fill of n > 0 float32 normals (v3) on `stream`.
@@ -101,7 +86,7 @@ inline cudaError_t LaunchNormalV3(const RandomParams& params, float* out, int64_
   unsigned grid = 0;
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(CeilDiv(n, 4), kNormalV3Threads), kNormalV3BlocksPerSm, &grid));
-  const bool vector_store = reinterpret_cast<uintptr_t>(out) % sizeof(float4) == 0;
+  const bool vector_store = reinterpret_cast<uintptr_t>(out) % sizeof(BlockValues<float, 4>) == 0;
   kernel<<<grid, kNormalV3Threads, kNormalV3SharedBytes, stream>>>(
       params, PhiloxRoundKeysFor(PhiloxKeyFromSeed(params.seed)), out, n, vector_store);
   return cudaGetLastError();

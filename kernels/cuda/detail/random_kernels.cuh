@@ -99,12 +99,38 @@ BlockElements(const PhiloxWords& w, const RandomParams& p) {
   return v;
 }
 
-// Thread g computes blocks g, g + stride, ... of the fill (block b holds elements
-// [b * k, b * k + k)). Whole blocks of an aligned `out` go through the first loop, one
-// 16-byte store each (8 for int32), with the counter and the destination advanced in
-// place so that no index is multiplied inside it; the last, partial block, or every
-// block of an unaligned `out`, goes element by element through the second.
-//
+// The loop of every fill kernel. Thread g (of `threads` a block) computes Philox blocks
+// g, g + stride, ... of a fill of n elements, k to a block (block b holds elements
+// [b * k, b * k + k)); values(words) gives a block's k elements. Whole blocks of an
+// aligned `out` go through the first loop, one 16-byte store each (8 for int32), with the
+// counter and the destination advanced in place so that no index is multiplied inside
+// it; the last, partial block, or every block of an unaligned `out`, goes element by
+// element through the second.
+template <typename T, int k, typename Values>
+__device__ __forceinline__ void FillBlocks(const PhiloxRoundKeys& keys, uint64_t offset,
+                                           T* __restrict__ out, int64_t n, bool vector_store,
+                                           uint32_t threads, const Values& values) {
+  using Block = BlockValues<T, k>;
+  const uint64_t blocks = static_cast<uint64_t>(n / k + (n % k != 0 ? 1 : 0));
+  const uint64_t whole = vector_store ? static_cast<uint64_t>(n / k) : 0;
+  const uint32_t stride = gridDim.x * threads;
+  uint64_t b = static_cast<uint64_t>(blockIdx.x) * threads + threadIdx.x;
+  uint64_t q = offset + b;  // wraps modulo 2^64, as the definition says
+  Block* dst = reinterpret_cast<Block*>(out) + b;
+  for (; b < whole; b += stride, q += stride, dst += stride) {
+    *dst = values(PhiloxBlock(keys, q));
+  }
+  for (; b < blocks; b += stride, q += stride) {
+    const Block v = values(PhiloxBlock(keys, q));
+    const int64_t first = static_cast<int64_t>(b) * k;
+    const int count = n - first < k ? static_cast<int>(n - first) : k;
+#pragma unroll
+    for (int j = 0; j < k; ++j) {
+      if (j < count) out[first + j] = v.e[j];
+    }
+  }
+}
+
 // The key schedule comes precomputed in `keys` (kernel parameters live in the constant
 // bank, which the xors read directly), and the distribution and transform are template
 // parameters, so the Lanes functions' branches fold away and the uniform kernels carry
@@ -115,27 +141,10 @@ __global__ void __launch_bounds__(kBlockThreads)
                  bool vector_store) {
   constexpr int k = ElementsPerCounter(kDist, DTypeOf<T>::value);
   static_assert(k > 0, "unsupported distribution and dtype");
-  using Block = BlockValues<T, k>;
   params.distribution = kDist;
   params.normal_transform = kTransform;
-  const uint64_t blocks = static_cast<uint64_t>(n / k + (n % k != 0 ? 1 : 0));
-  const uint64_t whole = vector_store ? static_cast<uint64_t>(n / k) : 0;
-  const uint32_t stride = gridDim.x * blockDim.x;
-  uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  uint64_t q = params.offset + b;  // wraps modulo 2^64, as the definition says
-  Block* dst = reinterpret_cast<Block*>(out) + b;
-  for (; b < whole; b += stride, q += stride, dst += stride) {
-    *dst = BlockElements<T, kDist, kTransform>(PhiloxBlock(keys, q), params);
-  }
-  for (; b < blocks; b += stride, q += stride) {
-    const Block v = BlockElements<T, kDist, kTransform>(PhiloxBlock(keys, q), params);
-    const int64_t first = static_cast<int64_t>(b) * k;
-    const int count = n - first < k ? static_cast<int>(n - first) : k;
-#pragma unroll
-    for (int j = 0; j < k; ++j) {
-      if (j < count) out[first + j] = v.e[j];
-    }
-  }
+  FillBlocks<T, k>(keys, params.offset, out, n, vector_store, blockDim.x,
+                   [&](const PhiloxWords& w) { return BlockElements<T, kDist, kTransform>(w, params); });
 }
 
 }  // namespace gpucompute::cuda::detail
