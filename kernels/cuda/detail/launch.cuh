@@ -37,10 +37,13 @@ constexpr DType SameSizeDType() {
   return sizeof(T) == 1 ? DType::kBool : sizeof(T) == 4 ? DType::kInt32 : DType::kInt64;
 }
 
+// Devices whose per-device settings are looked up or made once and remembered; beyond
+// these, every call asks again.
+inline constexpr int kMaxDevices = 64;
+
 // The current device's SM count, looked up once per device (the attribute query is a
 // driver round trip, too slow for every launch). Racing first calls store the same value.
 inline cudaError_t SmCount(int* sm_count) {
-  constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices] = {};
   int device = 0;
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetDevice(&device));

@@ -16,6 +16,7 @@
 #ifndef GPUCOMPUTE_KERNELS_CUDA_DETAIL_NORMAL_V3_KERNEL_CUH_
 #define GPUCOMPUTE_KERNELS_CUDA_DETAIL_NORMAL_V3_KERNEL_CUH_
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/detail/launch.cuh"
@@ -75,14 +76,31 @@ __global__ void __launch_bounds__(kNormalV3Threads, kNormalV3BlocksPerSm)
                        });
 }
 
+// Lets NormalV3Kernel<kStandard> have its shared memory, above the 48 KiB a block gets
+// unasked. The setting belongs to the function on the current device and lasts, so it is
+// made once per device, as SmCount's lookup is (a driver call, too slow for every
+// launch); racing first calls both make it, which is harmless.
+template <bool kStandard>
+cudaError_t AllowNormalV3SharedMemory() {
+  static std::atomic<bool> allowed[kMaxDevices] = {};
+  int device = 0;
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const bool remembered = device >= 0 && device < kMaxDevices;
+  if (remembered && allowed[device].load(std::memory_order_relaxed)) return cudaSuccess;
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      NormalV3Kernel<kStandard>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      kNormalV3SharedBytes));
+  if (remembered) allowed[device].store(true, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
 // Launches the fill of n > 0 float32 normals (v3) on `stream`.
 inline cudaError_t LaunchNormalV3(const RandomParams& params, float* out, int64_t n,
                                   cudaStream_t stream) {
   const bool standard = params.mean == 0.0 && params.stddev == 1.0;
   const auto kernel = standard ? NormalV3Kernel<true> : NormalV3Kernel<false>;
-  // Above the 48 KiB a block gets unasked; a property of the function on this device.
-  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kNormalV3SharedBytes));
+  GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(standard ? AllowNormalV3SharedMemory<true>()
+                                             : AllowNormalV3SharedMemory<false>());
   unsigned grid = 0;
   GPUCOMPUTE_KERNEL_RETURN_IF_ERROR(
       GridStrideBlocks(CeilDiv(CeilDiv(n, 4), kNormalV3Threads), kNormalV3BlocksPerSm, &grid));
