@@ -38,7 +38,8 @@ def pi():
     return +((a + b) ** 2 / (4 * t))
 
 
-SQRT_2PI = (2 * pi()).sqrt()
+PI = pi()
+SQRT_2PI = (2 * PI).sqrt()
 
 
 def density(x):
@@ -107,7 +108,7 @@ def chebyshev_nodes(lo, hi, count):
     """count Chebyshev points of the first kind in [lo, hi] (cosines from the series)."""
     nodes = []
     for i in range(count):
-        angle = pi() * (2 * i + 1) / (2 * count)
+        angle = PI * (2 * i + 1) / (2 * count)
         getcontext().prec += 10
         cos, term, k = Decimal(1), Decimal(1), 0
         while abs(term) > Decimal("1e-110"):
@@ -139,15 +140,14 @@ def segment(octave, top):
     def t_of(u):
         return (lo + (1 << width_bits) - u * Decimal(2) ** width_bits) / Decimal(2) ** 33
 
-    count = (1 << width_bits) // 2                # odd members
-    if count <= DEGREE + 1:
+    # At the centre Q vanishes at u = 0: there the cubic interpolates Q / u, and c0 = 0.
+    centre = lo + (1 << width_bits) == 1 << 32
+    if len(members) <= DEGREE + 1:                # through the members themselves
         us = [Decimal(lo + (1 << width_bits) - b) / Decimal(2) ** width_bits for b in members]
     else:
         step = Decimal(1) / Decimal(2) ** (width_bits - 1)   # members' spacing in u
-        us = chebyshev_nodes(step / 2, 1 - step / 2, DEGREE + 1)
-    centre = lo + (1 << width_bits) == 1 << 32
-    if centre:  # Q vanishes at u = 0: interpolate Q / u, and c0 = 0
-        us = chebyshev_nodes(step / 2, 1 - step / 2, DEGREE)
+        us = chebyshev_nodes(step / 2, 1 - step / 2, DEGREE if centre else DEGREE + 1)
+    if centre:
         coefficients = [Decimal(0)] + interpolate(us, [magnitude(t_of(u)) / u for u in us])
     else:
         coefficients = interpolate(us, [magnitude(t_of(u)) for u in us])
