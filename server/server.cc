@@ -607,6 +607,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ASSIGN_OR_RETURN(const GrpcIntArgs grpc_args, GrpcArgsFromEnvironment());
+  // gRPC lets a second server bind a port that one already listens on (SO_REUSEPORT),
+  // and the kernel then splits connections between them: a stale replica would serve
+  // half the calls. Off, the second server is refused at start. The environment may
+  // turn it back on.
+  if (std::none_of(grpc_args.begin(), grpc_args.end(),
+                   [](const auto& arg) { return arg.first == GRPC_ARG_ALLOW_REUSEPORT; })) {
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  }
   for (const auto& [name, value] : grpc_args) builder.AddChannelArgument(name, value);
   builder.AddListeningPort(options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));

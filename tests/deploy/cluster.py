@@ -16,10 +16,20 @@ import sys
 import time
 
 
+_handed_out = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, and never one this process was given
+    before: the kernel may hand a just-closed port out again, and the replicas' ports
+    are all chosen before any of them starts."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_for_port(port, timeout, process=None):
@@ -78,15 +88,25 @@ class Replica:
 
     def start(self, timeout=60):
         with open(self.log, "ab") as log:
+            start_of_run = log.tell()  # a restart appends to the log of the run before
             persist = [f"--persist-dir={self.persist_dir}"] if self.persist_dir else []
             self.process = subprocess.Popen(
                 pinned([self.server_bin, f"--listen={self.address}", f"--replica-name={self.name}"] +
                        persist + self.flags, self.cpus), stdout=log, stderr=log, env=self.env)
-        if not wait_for_port(self.port, timeout, self.process):
-            raise RuntimeError(f"{self.name} did not start; its log:\n{self.read_log()}")
+        # Its log says when it listens: a port that accepts could be another program's.
+        deadline = time.monotonic() + timeout
+        while f"listening on port {self.port}".encode() not in self._log_bytes(start_of_run):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start; its log:\n{self.read_log()}")
+            time.sleep(0.05)
 
     def read_log(self):
         with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def _log_bytes(self, start):
+        with open(self.log, "rb") as f:
+            f.seek(start)
             return f.read()
 
     def kill9(self):
@@ -217,6 +237,11 @@ class HAProxy:
 
     def read_log(self):
         with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def _log_bytes(self, start):
+        with open(self.log, "rb") as f:
+            f.seek(start)
             return f.read()
 
     def stop(self):

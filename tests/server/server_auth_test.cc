@@ -174,6 +174,28 @@ TEST(StartTest, AnAddressWithoutAPortIsRefused) {
       << server.status();
 }
 
+// Two servers on one port would split its connections between them; the second is
+// refused at start instead, and the first keeps serving.
+TEST(StartTest, APortAnotherServerListensOnIsRefused) {
+  absl::StatusOr<std::unique_ptr<Server>> first =
+      StartServer([](ServerOptions& o) { o.listen = "127.0.0.1:0"; });
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*first)->port());
+  absl::StatusOr<std::unique_ptr<Server>> second =
+      StartServer([&](ServerOptions& o) { o.listen = address; });
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_NE(second.status().message().find("cannot listen on " + address), std::string::npos)
+      << second.status();
+
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::ServerService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::GetServerInfoRequest request;
+  v1::ServerInfo response;
+  const grpc::Status status = stub->GetServerInfo(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST(InsecureRemoteTest, RefusesANonLoopbackAddressWithoutAuthentication) {
   absl::StatusOr<std::unique_ptr<Server>> server =
       StartServer([](ServerOptions& o) { o.listen = "0.0.0.0:0"; });
