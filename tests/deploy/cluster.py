@@ -239,10 +239,5 @@ class HAProxy:
         with open(self.log, errors="replace") as f:
             return f.read()
 
-    def _log_bytes(self, start):
-        with open(self.log, "rb") as f:
-            f.seek(start)
-            return f.read()
-
     def stop(self):
         stop_process(self.process, 10)
