@@ -107,6 +107,9 @@ bool StridedLayout::IsCContiguous() const { return IsContiguous(*this, true); }
 bool StridedLayout::IsFContiguous() const { return IsContiguous(*this, false); }
 
 bool StridedLayout::HasBroadcast() const {
+  // An empty array has no element to reach twice, whatever its strides: a dense (3,0)
+  // has stride 0 on its axis of 3.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return false;
   for (int d = 0; d < ndim(); ++d) {
     if (shape[d] > 1 && strides[d] == 0) return true;
   }

@@ -40,8 +40,8 @@ struct StridedLayout {
   // extents.
   bool IsCContiguous() const;
   bool IsFContiguous() const;
-  // Whether an axis of extent above 1 has stride 0: its elements repeat, so the layout
-  // may be read but not written.
+  // Whether an axis of extent above 1 has stride 0 in a layout with elements: they
+  // repeat, so the layout may be read but not written. Never for an empty layout.
   bool HasBroadcast() const;
 
   bool operator==(const StridedLayout& other) const = default;

@@ -158,6 +158,9 @@ TEST(StridedLayoutTest, BroadcastTo) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_THAT(Offsets(*b), ElementsAre(0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2));
   EXPECT_TRUE(b->HasBroadcast());
+  // An empty array reaches no element twice, though its dense strides have zeros.
+  EXPECT_FALSE(DenseLayout({3, 0}, false).HasBroadcast());
+  EXPECT_FALSE(DenseLayout({4, 5, 0}, true).HasBroadcast());
   EXPECT_EQ(BroadcastToView(row, std::vector<int64_t>{2, 4}, kMaxDims).status().message(),
             "cannot broadcast an array of shape (1,3) to shape (2,4)");
   const int64_t kBig = int64_t{1} << 40;
