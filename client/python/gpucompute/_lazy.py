@@ -189,8 +189,11 @@ class LazyArray(RemoteArray):
         self._name = None
         self._visible = None  # the buffer id, once found outside the session
         self.transfer = None
+        # The layout the server gives the buffer, known without a call (see layout).
+        self._layout = "C"
         if node is not None:
             self._shape, self._dtype = node.shape, node.type
+            self._layout = _new_output_layout(node)
             _track(client, self)
         else:
             self._shape, self._dtype = tuple(shape), np.dtype(dtype)
@@ -288,8 +291,10 @@ class LazyArray(RemoteArray):
 
     @property
     def layout(self) -> str:
-        """"C" (an expression's result is C-ordered), or the buffer's."""
-        return "C" if self._node is not None else super().layout
+        """"C" or "F", without a call: an expression's result is C-ordered unless every
+        array it reads is a whole buffer of its shape in F order (the server's rule);
+        results of reductions and matmul, and created buffers, are C-ordered."""
+        return self._layout
 
     @property
     def device(self) -> Optional[int]:  # type: ignore[override]
@@ -329,6 +334,25 @@ class LazyArray(RemoteArray):
 
     def _repr_html_(self):
         return f"<b>RemoteArray</b> <code>{html.escape(self._describe())}</code>"
+
+
+def _new_output_layout(node):
+    """The layout the server gives an expression's new output (server/service/
+    plan_elementwise.cc, NewOutputLayout): that of its buffer operands where every one is
+    a whole buffer of the result's shape in one layout, else C."""
+    from . import _strides  # pylint: disable=import-outside-toplevel
+    layouts = set()
+    for leaf in node.leaves.values():
+        base = leaf.owner.base if isinstance(leaf.owner, View) else leaf.owner
+        if not isinstance(base, RemoteArrayInfo) or tuple(base.shape) != tuple(node.shape):
+            return "C"
+        layout = base.layout
+        whole = _strides.dense_layout(base.shape, layout)
+        offset, shape, strides = _strides.view_layout(base.shape, layout, leaf.steps)
+        if (offset, tuple(shape), tuple(strides)) != whole:
+            return "C"
+        layouts.add(layout)
+    return layouts.pop() if len(layouts) == 1 else "C"
 
 
 def client_of(*values):

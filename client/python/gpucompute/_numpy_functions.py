@@ -1,13 +1,14 @@
 """NumPy's functions that __array_function__ runs on the server for remote arrays:
 np.where; np.sum, mean, prod, min, max, std, var, argmin, argmax, any, all (axis,
 keepdims, ddof); np.dot, np.matmul, np.clip, np.round; np.transpose, reshape, squeeze,
-expand_dims, broadcast_to. Any other NumPy function given a remote array raises
-TypeError naming it.
+expand_dims, broadcast_to; and those gpucompute._composed builds from these (flip,
+concatenate, isclose, linalg.norm, the nan reductions, ...). Any other NumPy function
+given a remote array raises TypeError naming it.
 """
 
 import numpy as np
 
-from . import _functions
+from . import _composed, _functions
 
 
 def _reduction(kind, statistic=False):
@@ -71,4 +72,5 @@ for _kind in ("sum", "mean", "prod", "min", "max", "argmin", "argmax", "any", "a
 for _kind in ("std", "var"):
     FUNCTIONS[getattr(np, _kind)] = _reduction(_kind, statistic=True)
 FUNCTIONS[np.amin] = FUNCTIONS[np.min]
+FUNCTIONS.update(_composed.FUNCTIONS)
 FUNCTIONS[np.amax] = FUNCTIONS[np.max]

@@ -171,7 +171,8 @@ class ArrayOperators:
         from . import _numpy_functions  # pylint: disable=import-outside-toplevel
         implementation = _numpy_functions.FUNCTIONS.get(func)
         if implementation is None:
-            raise TypeError(f"numpy.{func.__name__} is not supported on remote arrays; "
+            module = getattr(func, "__module__", None) or "numpy"
+            raise TypeError(f"{module}.{func.__name__} is not supported on remote arrays; "
                             "download first (np.asarray(x) or x.get()) to use NumPy on the "
                             "host")
         return implementation(*args, **kwargs)

@@ -170,6 +170,35 @@ def _index_item(key):
     return item
 
 
+def _needs_copy(view):
+    """Whether `view` is a reshape that its strides do not allow, of an array of the
+    blocking client whose buffer's shape and layout are known without a call."""
+    # pylint: disable=import-outside-toplevel
+    from . import _strides
+    from ._arrays import RemoteArrayInfo
+    from .client import Client
+    base = view.base
+    if not isinstance(view._client, Client) or not isinstance(base, RemoteArrayInfo):
+        return False
+    try:
+        _strides.view_layout(base.shape, base.layout, view.steps)
+    except ValueError:
+        return True
+    return False
+
+
+def _c_ordered_copy(array):
+    """A C-ordered copy of a remote array of the blocking client: pending, unless the
+    server would keep an F buffer's order, then written into a new C buffer."""
+    # pylint: disable=import-outside-toplevel
+    from . import _creation, _functions
+    copy = array.copy()
+    if copy.layout == "C":
+        return copy
+    out = _creation.empty(array.shape, array.dtype, client=array._client)
+    return _functions.write(out, "", [array], what="reshape")
+
+
 class ViewMethods:
     """NumPy's view-making methods, for handles and views alike. A class using it has
     `_view_parts()`: the buffer reference, the steps so far, the shape (or None when
@@ -206,13 +235,45 @@ class ViewMethods:
         step.transpose.SetInParent()
         return self._with_step(step)
 
-    def reshape(self, *shape: _Ints) -> View:
-        """NumPy's reshape where the strides allow it, as a View made here without a
-        server call (the server checks the strides when the view is used)."""
+    def reshape(self, *shape: _Ints) -> Any:
+        """NumPy's reshape: a View made here without a server call where the strides
+        allow it. Where they do not, as NumPy, a reshaped copy (a pending copy on the
+        server), for an array of the blocking client whose buffer's shape and layout are
+        known here; a View of an id or name is checked by the server when used."""
+        view = self._reshaped(shape)
+        if _needs_copy(view):
+            return _c_ordered_copy(self).reshape(*shape)
+        return view
+
+    def reshape_view(self, *shape: _Ints) -> View:
+        """The reshape as a View, never a copy: where the strides do not allow it,
+        ValueError for an array whose buffer's shape and layout are known here, else
+        the server's INVALID_ARGUMENT when the view is used."""
+        view = self._reshaped(shape)
+        if _needs_copy(view):
+            raise ValueError(f"cannot reshape a view of shape {self._view_parts()[2]} into "
+                             f"shape {view.shape} without copying its elements")
+        return view
+
+    def _reshaped(self, shape):
         step = v1.ViewStep()
         step.reshape.extents.extend(_int_list(shape, "an extent"))
         step.reshape.SetInParent()
         return self._with_step(step)
+
+    def ravel(self) -> Any:
+        """NumPy's ravel: reshape(-1), a View where the strides allow it, else a copy."""
+        return self.reshape(-1)
+
+    def swapaxes(self, axis1: int, axis2: int) -> View:
+        """NumPy's swapaxes, as a View made here without a server call."""
+        base, steps, shape, client = self._view_parts()
+        if shape is None:
+            raise TypeError("swapaxes: a View of an id or name has no known shape")
+        axes = list(range(len(shape)))
+        a, b = (_normalize_axis(int(axis), len(shape)) for axis in (axis1, axis2))
+        axes[a], axes[b] = axes[b], axes[a]
+        return self.transpose(axes)
 
     def squeeze(self, axis: Optional[_Ints] = None) -> View:
         """NumPy's squeeze, as a View made here without a server call."""

@@ -14,11 +14,11 @@ shape functions make Views, with no call; result_type and isdtype run here.
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _creation, _functions, _lazy, _ufuncs
+from . import _composed, _creation, _functions, _lazy, _ufuncs
 from ._types import Array, Axis, DTypeLike, Scalar, ShapeLike
 from ._views import View
 
@@ -235,10 +235,13 @@ def where(condition: Array, x1: _Operand, x2: _Operand, /) -> LazyArray:
 # Manipulation and linear algebra ----------------------------------------------
 
 
-def reshape(x: Array, /, shape: Tuple[int, ...], *, copy: Optional[bool] = None) -> View:
-    """x.reshape(shape): a View, no call (with `copy`, a View of a pending copy)."""
+def reshape(x: Array, /, shape: Tuple[int, ...], *, copy: Optional[bool] = None) -> Any:
+    """x.reshape(shape): a View, no call, where the strides allow it, else a pending copy
+    (with copy=True, always a copy; with copy=False, ValueError where one is needed)."""
     if copy:
         return x.copy().reshape(shape)
+    if copy is False:
+        return x.reshape_view(shape)
     return x.reshape(shape)
 
 
@@ -269,6 +272,51 @@ def matrix_transpose(x: Array, /) -> View:
     axes = list(range(len(x.shape)))
     axes[-2], axes[-1] = axes[-1], axes[-2]
     return x.transpose(axes)
+
+
+def concat(arrays: Union[Tuple[Array, ...], List[Array]], /, *,
+           axis: Optional[int] = 0) -> LazyArray:
+    """A new buffer (one CreateBuffer call), each array written into it."""
+    return _composed.concatenate(arrays, axis=axis)
+
+
+def stack(arrays: Union[Tuple[Array, ...], List[Array]], /, *, axis: int = 0) -> LazyArray:
+    """A new buffer (one CreateBuffer call), each array written into it."""
+    return _composed.stack(arrays, axis=axis)
+
+
+def flip(x: Array, /, *, axis: Optional[Union[int, Tuple[int, ...]]] = None) -> View:
+    """x reversed along `axis` (every axis by default): a View, no call."""
+    return _composed.flip(x, axis)
+
+
+def roll(x: Array, /, shift: Union[int, Tuple[int, ...]], *,
+         axis: Optional[Union[int, Tuple[int, ...]]] = None) -> Any:
+    """x rolled: a new buffer per rolled axis, each written in two parts."""
+    return _composed.roll(x, shift, axis)
+
+
+def moveaxis(x: Array, source: Union[int, Tuple[int, ...]],
+             destination: Union[int, Tuple[int, ...]], /) -> View:
+    """x with axes moved: a View, no call."""
+    return _composed.moveaxis(x, source, destination)
+
+
+def repeat(x: Array, repeats: int, /, *, axis: Optional[int] = None) -> Any:
+    """x repeated along `axis` (of the flattened x by default); `repeats` one integer:
+    one copy on the server."""
+    return _composed.repeat(x, repeats, axis)
+
+
+def tile(x: Array, repetitions: Tuple[int, ...], /) -> Any:
+    """x tiled: one copy on the server."""
+    return _composed.tile(x, repetitions)
+
+
+def count_nonzero(x: Array, /, *, axis: Axis = None, keepdims: builtins.bool = False
+                  ) -> LazyArray:
+    """The number of nonzero elements: one fused map-reduce, sent at once."""
+    return _composed.count_nonzero(x, axis=axis, keepdims=keepdims)
 
 
 def matmul(x1: Array, x2: Array, /) -> LazyArray:

@@ -1,0 +1,479 @@
+"""NumPy functions that the server has no operation of their own for, built from the ones
+it has: views, elementwise expressions (fused lazily), reductions and writes through
+`out`. Nothing is downloaded; each function says what it sends.
+
+  views, no call:      flip, fliplr, flipud, swapaxes, moveaxis, ravel, ndim, shape, size
+  one expression:      diff, outer, isclose, triu, tril (with two small index vectors)
+  reductions:          count_nonzero, linalg.norm, nansum, nanprod, nanmean, nanmin,
+                       nanmax, nanvar, nanstd (each a fused map-reduce or two, and an
+                       expression over their results)
+  a new buffer:        concatenate, stack, vstack, hstack, roll (one CreateBuffer, then
+                       one write per part), repeat, tile (one copy of a broadcast view)
+  a Python bool:       allclose, array_equal (one reduction, its value read inline)
+  creation:            zeros_like, ones_like, empty_like, full_like
+
+Results follow NumPy's values, shapes and dtypes (NEP 50), with the summation order of
+the server's reductions. Where NumPy returns a Python or NumPy scalar (count_nonzero
+over every axis, norm), these return a 0-d remote array, as np.sum does here.
+"""
+
+import numbers
+
+import numpy as np
+
+from . import _creation, _functions, _lazy, _ufuncs
+from ._arrays import RemoteArrayInfo
+from ._views import View, _axes, _normalize_axis
+
+
+def _check(x, what):
+    _functions._check_array(x, what)  # pylint: disable=protected-access
+    return x
+
+
+def _refuse(what, **keywords):
+    _functions._refuse(what, keywords)  # pylint: disable=protected-access
+
+
+def _refuse_order(what, order, allowed=("K", "C", "A")):
+    if order not in allowed:
+        raise TypeError(f"{what}: order={order!r} is not supported on remote arrays")
+
+
+def _axis_tuple(axis, ndim, what):
+    if axis is None:
+        return tuple(range(ndim))
+    listed = axis if isinstance(axis, tuple) else (axis,)
+    axes = tuple(_normalize_axis(int(a), ndim) for a in listed)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{what}: repeated axis")
+    return axes
+
+
+def _along(ndim, axis, item):
+    """An index tuple with `item` at `axis` and whole slices elsewhere."""
+    key = [slice(None)] * ndim
+    key[axis] = item
+    return tuple(key)
+
+
+def _is_float(x):
+    return np.dtype(x.dtype).kind == "f"
+
+
+# ---- Views: no server call. ----
+
+def flip(m, axis=None):
+    _check(m, "flip")
+    return m[tuple(slice(None, None, -1) if i in _axis_tuple(axis, m.ndim, "flip")
+                   else slice(None) for i in range(m.ndim))]
+
+
+def fliplr(m):
+    if _check(m, "fliplr").ndim < 2:
+        raise ValueError("Input must be >= 2-d.")
+    return m[:, ::-1]
+
+
+def flipud(m):
+    if _check(m, "flipud").ndim < 1:
+        raise ValueError("Input must be >= 1-d.")
+    return m[::-1]
+
+
+def swapaxes(a, axis1, axis2):
+    return _check(a, "swapaxes").swapaxes(axis1, axis2)
+
+
+def moveaxis(a, source, destination):
+    ndim = _check(a, "moveaxis").ndim
+    source = _axes(source if isinstance(source, (tuple, list)) else (source,), ndim)
+    destination = _axes(
+        destination if isinstance(destination, (tuple, list)) else (destination,), ndim)
+    if len(source) != len(destination):
+        raise ValueError("`source` and `destination` arguments must have the same number of "
+                         "elements")
+    order = [n for n in range(ndim) if n not in source]
+    for dest, src in sorted(zip(destination, source)):
+        order.insert(dest, src)
+    return a.transpose(order)
+
+
+def ravel(a, order="C"):
+    _refuse_order("ravel", order, ("C",))
+    return _check(a, "ravel").ravel()
+
+
+def ndim(a):
+    return len(_check(a, "ndim").shape)
+
+
+def shape(a):
+    return tuple(_check(a, "shape").shape)
+
+
+def size(a, axis=None):
+    _check(a, "size")
+    return a.size if axis is None else a.shape[_normalize_axis(int(axis), a.ndim)]
+
+
+# ---- Creation, on the array's client. ----
+
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None):
+    _refuse_order("zeros_like", order)
+    return _creation.zeros_like(_check(a, "zeros_like"), dtype, shape=shape)
+
+
+def ones_like(a, dtype=None, order="K", subok=True, shape=None):
+    _refuse_order("ones_like", order)
+    return _creation.ones_like(_check(a, "ones_like"), dtype, shape=shape)
+
+
+def empty_like(a, dtype=None, order="K", subok=True, shape=None):
+    _refuse_order("empty_like", order)
+    return _creation.empty_like(_check(a, "empty_like"), dtype, shape=shape)
+
+
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None):
+    _refuse_order("full_like", order)
+    return _creation.full_like(_check(a, "full_like"), fill_value, dtype, shape=shape)
+
+
+# ---- One expression. ----
+
+def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
+    _refuse("diff", prepend=prepend, append=append)
+    _check(a, "diff")
+    if n < 0:
+        raise ValueError(f"order must be non-negative but got {n!r}")
+    if a.ndim == 0:
+        raise ValueError("diff requires input that is at least one dimensional")
+    axis = _normalize_axis(int(axis), a.ndim)
+    for _ in range(n):
+        later, earlier = a[_along(a.ndim, axis, slice(1, None))], \
+            a[_along(a.ndim, axis, slice(None, -1))]
+        a = later != earlier if a.dtype == _ufuncs.BOOL else later - earlier
+    return a
+
+
+def outer(a, b, out=None):
+    _refuse("outer", out=out)
+    return _check(a, "outer").ravel()[:, None] * _check(b, "outer").ravel()[None, :]
+
+
+def _operand(value, what, float_only=False):
+    """A remote array as it is; a host scalar as NumPy's asanyarray makes it (a strong
+    0-d value: float64 for a Python float, int64 for an int)."""
+    if isinstance(value, (RemoteArrayInfo, View)):
+        return _check(value, what)
+    if isinstance(value, (bool, np.bool_, numbers.Number, np.generic)):
+        value = np.asarray(value)[()]
+        if float_only and value.dtype.kind != "f":
+            value = np.float64(value)
+        return value
+    raise TypeError(f"{what}: host data cannot be combined with a remote array; upload it "
+                    "first (client.put)")
+
+
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    x = _operand(a, "isclose")
+    y = _operand(b, "isclose", float_only=True)
+    if isinstance(y, (RemoteArrayInfo, View)) and not _is_float(y):
+        y = y.astype(np.float64)
+    # ufuncs, not operators: a NumPy scalar's operator would not defer to a remote array.
+    finite = np.logical_and(np.isfinite(x), np.isfinite(y))
+    within = np.less_equal(np.abs(np.subtract(x, y)), atol + rtol * np.abs(y))
+    close = np.where(finite, within, np.equal(x, y))
+    if equal_nan:
+        close = np.logical_or(close, np.logical_and(np.isnan(x), np.isnan(y)))
+    return close
+
+
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return bool(isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan).all())
+
+
+def array_equal(a1, a2, equal_nan=False):
+    x, y = _operand(a1, "array_equal"), _operand(a2, "array_equal")
+    if np.shape(x) != np.shape(y):
+        return False
+    equal = np.equal(x, y)
+    if equal_nan:
+        equal = np.logical_or(equal, np.logical_and(np.isnan(x), np.isnan(y)))
+    return bool(equal.all())
+
+
+def _triangle(m, k, upper):
+    what = "triu" if upper else "tril"
+    _check(m, what)
+    if m.ndim < 2:
+        raise ValueError(f"{what}: input must be at least 2-d (NumPy's 1-d case makes a "
+                         "matrix; use broadcast_to first)")
+    client = _lazy.client_of(m)
+    rows = _creation.arange(m.shape[-2], client=client)[:, None]
+    columns = _creation.arange(m.shape[-1], client=client)[None, :]
+    offset = columns - rows
+    keep = offset >= int(k) if upper else offset <= int(k)
+    return np.where(keep, m, np.dtype(m.dtype).type(0))
+
+
+def triu(m, k=0):
+    return _triangle(m, k, upper=True)
+
+
+def tril(m, k=0):
+    return _triangle(m, k, upper=False)
+
+
+# ---- Reductions. ----
+
+def count_nonzero(a, axis=None, *, keepdims=False):
+    return np.sum(_check(a, "count_nonzero") != 0, axis=axis, keepdims=keepdims)
+
+
+def _divide_by_count(total, count, dtype):
+    """total / count in `dtype`, as NumPy's nan functions divide: in float64, rounded
+    once to `dtype`."""
+    quotient = total.astype(np.float64) / count
+    return quotient if dtype == np.float64 else quotient.astype(dtype)
+
+
+def _nan_reduction(kind, fill):
+    def function(a, axis=None, dtype=None, out=None, keepdims=False):
+        _refuse(f"nan{kind}", dtype=dtype, out=out)
+        if not _is_float(_check(a, f"nan{kind}")):
+            return getattr(np, kind)(a, axis=axis, keepdims=keepdims)
+        values = np.where(np.isnan(a), fill, a)
+        result = getattr(np, kind)(values, axis=axis, keepdims=keepdims)
+        if kind in ("min", "max"):  # an all-NaN slice is NaN, as NumPy has it
+            count = np.sum(~np.isnan(a), axis=axis, keepdims=keepdims)
+            result = np.where(count == 0, np.nan, result)
+        return result
+    function.__name__ = f"nan{kind}"
+    return function
+
+
+def nanmean(a, axis=None, dtype=None, out=None, keepdims=False):
+    _refuse("nanmean", dtype=dtype, out=out)
+    if not _is_float(_check(a, "nanmean")):
+        return np.mean(a, axis=axis, keepdims=keepdims)
+    total = np.sum(np.where(np.isnan(a), 0, a), axis=axis, keepdims=keepdims)
+    count = np.sum(~np.isnan(a), axis=axis, keepdims=keepdims)
+    return _divide_by_count(total, count, np.dtype(a.dtype))
+
+
+def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+    _refuse("nanvar", dtype=dtype, out=out)
+    if not _is_float(_check(a, "nanvar")):
+        return np.var(a, axis=axis, ddof=ddof, keepdims=keepdims)
+    dtype = np.dtype(a.dtype)
+    missing = np.isnan(a)
+    count = np.sum(~missing, axis=axis, keepdims=True)
+    mean = _divide_by_count(np.sum(np.where(missing, 0, a), axis=axis, keepdims=True), count,
+                            dtype)
+    deviation = np.where(missing, 0, a - mean)
+    squares = np.sum(deviation * deviation, axis=axis, keepdims=keepdims)
+    freedom = count - ddof
+    if not keepdims:
+        freedom = freedom.reshape(squares.shape)
+    return np.where(freedom <= 0, np.nan, _divide_by_count(squares, freedom, dtype))
+
+
+def nanstd(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+    return np.sqrt(nanvar(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims))
+
+
+_INF = float("inf")
+
+
+def norm(x, ord=None, axis=None, keepdims=False):  # pylint: disable=redefined-builtin
+    """numpy.linalg.norm, but for the norms that need singular values (matrix ord 2,
+    -2 and 'nuc'), which raise TypeError."""
+    _check(x, "norm")
+    if not _is_float(x):
+        x = x.astype(np.float64)
+    if axis is None and (ord is None or (ord in ("f", "fro") and x.ndim == 2)
+                         or (ord == 2 and x.ndim == 1)):
+        return np.sqrt(np.sum(x * x, keepdims=keepdims))
+    axes = _axis_tuple(axis, x.ndim, "norm")
+    if len(axes) == 1:
+        (axis,) = axes
+        if ord == _INF:
+            return np.max(np.abs(x), axis=axis, keepdims=keepdims)
+        if ord == -_INF:
+            return np.min(np.abs(x), axis=axis, keepdims=keepdims)
+        if ord == 0:
+            return np.sum(x != 0, axis=axis, keepdims=keepdims).astype(x.dtype)
+        if ord == 1:
+            return np.sum(np.abs(x), axis=axis, keepdims=keepdims)
+        if ord is None or ord == 2:
+            return np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims))
+        if isinstance(ord, str):
+            raise ValueError(f"Invalid norm order '{ord}' for vectors")
+        return np.sum(np.abs(x) ** ord, axis=axis, keepdims=keepdims) ** (1.0 / ord)
+    if len(axes) != 2:
+        raise ValueError("Improper number of dimensions to norm.")
+    row, column = axes
+    if ord in (2, -2, "nuc"):
+        raise TypeError(f"norm: ord={ord!r} needs singular values, which the server does "
+                        "not compute")
+    if ord in (None, "f", "fro"):
+        result = np.sqrt(np.sum(x * x, axis=axes, keepdims=keepdims))
+    elif ord in (1, -1, _INF, -_INF):
+        extreme = np.max if ord > 0 else np.min
+        summed, across = (row, column) if abs(ord) == 1 else (column, row)
+        sums = np.sum(np.abs(x), axis=summed, keepdims=keepdims)
+        result = extreme(sums, axis=across if keepdims or across < summed else across - 1,
+                         keepdims=keepdims)
+    else:
+        raise ValueError("Invalid norm order for matrices.")
+    return result
+
+
+# ---- New buffers. ----
+
+def _parts(arrays, what):
+    parts = list(arrays)
+    if not parts:
+        raise ValueError("need at least one array to concatenate")
+    for part in parts:
+        if not isinstance(part, (RemoteArrayInfo, View)):
+            raise TypeError(f"{what}: every array must be a remote array (client.put "
+                            f"uploads), not {type(part).__name__}")
+        _check(part, what)
+    return parts
+
+
+def concatenate(arrays, axis=0, out=None, *, dtype=None, casting=None):
+    """One CreateBuffer, then one write of each part (sent through the session)."""
+    _refuse("concatenate", out=out, casting=casting)
+    parts = _parts(arrays, "concatenate")
+    if axis is None:
+        parts, axis = [part.ravel() for part in parts], 0
+    first = parts[0]
+    if first.ndim == 0:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
+    axis = _normalize_axis(int(axis), first.ndim)
+    for i, part in enumerate(parts[1:], 1):
+        if part.ndim != first.ndim:
+            raise ValueError(
+                "all the input array dimensions except for the concatenation axis must match "
+                f"exactly, but along dimension 0, the array at index 0 has {first.ndim} "
+                f"dimension(s) and the array at index {i} has {part.ndim} dimension(s)")
+        for d in range(first.ndim):
+            if d != axis and part.shape[d] != first.shape[d]:
+                raise ValueError(
+                    "all the input array dimensions except for the concatenation axis must "
+                    f"match exactly, but along dimension {d}, the array at index 0 has size "
+                    f"{first.shape[d]} and the array at index {i} has size {part.shape[d]}")
+    result_dtype = np.dtype(dtype) if dtype is not None else _ufuncs.promote(
+        *(np.dtype(part.dtype) for part in parts))
+    shape = list(first.shape)
+    shape[axis] = sum(part.shape[axis] for part in parts)
+    result = _creation.empty(tuple(shape), result_dtype, client=_lazy.client_of(*parts))
+    start = 0
+    for part in parts:
+        stop = start + part.shape[axis]
+        if stop > start:
+            values = part if part.dtype == result_dtype else part.astype(result_dtype)
+            _functions.write(result[_along(len(shape), axis, slice(start, stop))], "",
+                             [values], what="concatenate")
+        start = stop
+    return result
+
+
+def stack(arrays, axis=0, out=None, *, dtype=None, casting=None):
+    parts = _parts(arrays, "stack")
+    if len({tuple(part.shape) for part in parts}) != 1:
+        raise ValueError("all input arrays must have the same shape")
+    axis = _normalize_axis(int(axis), parts[0].ndim + 1)
+    return concatenate([part.expand_dims(axis) for part in parts], axis=axis, out=out,
+                       dtype=dtype, casting=casting)
+
+
+def vstack(tup, *, dtype=None, casting=None):
+    parts = [part if part.ndim >= 2 else part.reshape(1, -1) if part.ndim == 1
+             else part.reshape(1, 1) for part in _parts(tup, "vstack")]
+    return concatenate(parts, axis=0, dtype=dtype, casting=casting)
+
+
+def hstack(tup, *, dtype=None, casting=None):
+    parts = [part if part.ndim >= 1 else part.reshape(1) for part in _parts(tup, "hstack")]
+    return concatenate(parts, axis=0 if parts[0].ndim == 1 else 1, dtype=dtype,
+                       casting=casting)
+
+
+def roll(a, shift, axis=None):
+    _check(a, "roll")
+    if axis is None:
+        return roll(a.ravel(), shift, 0).reshape(a.shape)
+    shifts = shift if isinstance(shift, tuple) else (shift,)
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    if len(shifts) == 1:
+        shifts = shifts * len(axes)
+    if len(axes) == 1:
+        axes = axes * len(shifts)
+    if len(shifts) != len(axes):
+        raise ValueError("'shift' and 'axis' should be scalars or 1D sequences")
+    amounts = [0] * a.ndim
+    for s, ax in zip(shifts, axes):
+        amounts[_normalize_axis(int(ax), a.ndim)] += int(s)
+    for ax, amount in enumerate(amounts):
+        extent = a.shape[ax]
+        if extent == 0 or amount % extent == 0:
+            continue
+        amount %= extent
+        moved = _creation.empty(a.shape, a.dtype, client=_lazy.client_of(a))
+        for target, source in ((slice(amount, None), slice(None, extent - amount)),
+                               (slice(None, amount), slice(extent - amount, None))):
+            _functions.write(moved[_along(a.ndim, ax, target)], "",
+                             [a[_along(a.ndim, ax, source)]], what="roll")
+        a = moved
+    return a
+
+
+def repeat(a, repeats, axis=None):
+    """One copy of a broadcast view of `a`, reshaped (repeats: one integer)."""
+    _check(a, "repeat")
+    if not isinstance(repeats, (numbers.Integral, np.integer)):
+        raise TypeError("repeat: repeats must be one integer on remote arrays")
+    if repeats < 0:
+        raise ValueError("negative dimensions are not allowed")
+    if axis is None:
+        a, axis = a.ravel(), 0
+    axis = _normalize_axis(int(axis), a.ndim)
+    spread = a.shape[:axis + 1] + (int(repeats),) + a.shape[axis + 1:]
+    result = a.shape[:axis] + (a.shape[axis] * int(repeats),) + a.shape[axis + 1:]
+    return a.expand_dims(axis + 1).broadcast_to(spread).copy().reshape(result)
+
+
+def tile(A, reps):  # pylint: disable=invalid-name
+    """One copy of a broadcast view of A, reshaped."""
+    _check(A, "tile")
+    reps = tuple(int(r) for r in (reps if isinstance(reps, (tuple, list)) else (reps,)))
+    if any(r < 0 for r in reps):
+        raise ValueError("negative dimensions are not allowed")
+    ndim = max(A.ndim, len(reps))
+    shape = (1,) * (ndim - A.ndim) + tuple(A.shape)
+    reps = (1,) * (ndim - len(reps)) + reps
+    a = A.reshape(shape) if ndim != A.ndim else A
+    interleaved = a.reshape(tuple(x for n in shape for x in (1, n)))
+    spread = tuple(x for r, n in zip(reps, shape) for x in (r, n))
+    return interleaved.broadcast_to(spread).copy().reshape(
+        tuple(r * n for r, n in zip(reps, shape)))
+
+
+FUNCTIONS = {
+    np.flip: flip, np.fliplr: fliplr, np.flipud: flipud, np.swapaxes: swapaxes,
+    np.moveaxis: moveaxis, np.ravel: ravel, np.ndim: ndim, np.shape: shape, np.size: size,
+    np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
+    np.full_like: full_like,
+    np.diff: diff, np.outer: outer, np.isclose: isclose, np.allclose: allclose,
+    np.array_equal: array_equal, np.triu: triu, np.tril: tril,
+    np.count_nonzero: count_nonzero, np.linalg.norm: norm,
+    np.nansum: _nan_reduction("sum", 0), np.nanprod: _nan_reduction("prod", 1),
+    np.nanmin: _nan_reduction("min", _INF), np.nanmax: _nan_reduction("max", -_INF),
+    np.nanmean: nanmean, np.nanvar: nanvar, np.nanstd: nanstd,
+    np.concatenate: concatenate, np.stack: stack, np.vstack: vstack, np.hstack: hstack,
+    np.roll: roll, np.repeat: repeat, np.tile: tile,
+}
