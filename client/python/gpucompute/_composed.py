@@ -5,8 +5,12 @@ it has: views, elementwise expressions (fused lazily), reductions and writes thr
   views, no call:      flip, fliplr, flipud, swapaxes, moveaxis, ravel, ndim, shape, size
   one expression:      diff, outer, isclose, triu, tril (with two small index vectors)
   reductions:          count_nonzero, linalg.norm, nansum, nanprod, nanmean, nanmin,
-                       nanmax, nanvar, nanstd (each a fused map-reduce or two, and an
-                       expression over their results)
+                       nanmax, nanvar, nanstd, ptp, average (each a fused map-reduce or
+                       two, and an expression over their results)
+  diagonals:           diagonal, trace (a flat view of a C-ordered matrix: a copy first
+                       where it is not one), diag (also a new matrix from a vector)
+  matmul:              tensordot, inner (transposed, reshaped, one matmul), vdot, cov,
+                       corrcoef (centred rows times their transpose)
   a new buffer:        concatenate, stack, vstack, hstack, roll (one CreateBuffer, then
                        one write per part), repeat, tile (one copy of a broadcast view)
   a Python bool:       allclose, array_equal (one reduction, its value read inline)
@@ -330,6 +334,151 @@ def norm(x, ord=None, axis=None, keepdims=False):  # pylint: disable=redefined-b
     return result
 
 
+def ptp(a, axis=None, out=None, keepdims=False):
+    _refuse("ptp", out=out)
+    _check(a, "ptp")
+    return np.subtract(np.max(a, axis=axis, keepdims=keepdims),
+                       np.min(a, axis=axis, keepdims=keepdims))
+
+
+def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
+    """mean, or sum(a * w) / sum(w). With weights, a weight sum of zero raises
+    ZeroDivisionError as NumPy's does, which reads one reduction's value."""
+    _check(a, "average")
+    if weights is None:
+        result = np.mean(a, axis=axis, keepdims=keepdims)
+        scale = result.dtype.type(a.size / max(result.size, 1))
+        return (result, np.full_like(result, scale) if result.ndim else scale) \
+            if returned else result
+    w = _check(weights, "average")
+    if tuple(w.shape) != tuple(a.shape):
+        if axis is None:
+            raise TypeError("Axis must be specified when shapes of a and weights differ.")
+        if w.ndim != 1:
+            raise TypeError("1D weights expected when shapes of a and weights differ.")
+        along = _normalize_axis(int(axis), a.ndim)
+        if w.shape[0] != a.shape[along]:
+            raise ValueError("Length of weights not compatible with specified axis.")
+        w = w.reshape((1,) * along + (-1,) + (1,) * (a.ndim - along - 1))
+    floats = _ufuncs.promote(np.dtype(a.dtype), np.dtype(w.dtype))
+    if np.dtype(a.dtype).kind in "biu":
+        floats = _ufuncs.promote(floats, np.dtype(np.float64))
+    total = np.sum(np.broadcast_to(w, a.shape).astype(floats), axis=axis, keepdims=keepdims)
+    if bool(np.any(total == 0)):
+        raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+    result = np.sum(np.multiply(a.astype(floats), w.astype(floats)), axis=axis,
+                    keepdims=keepdims) / total
+    return (result, total) if returned else result
+
+
+# ---- Diagonals, through the flat view of a C-ordered matrix (a copy where needed). ----
+
+def diagonal(a, offset=0, axis1=0, axis2=1):
+    _check(a, "diagonal")
+    if a.ndim != 2 or {_normalize_axis(axis1, 2), _normalize_axis(axis2, 2)} != {0, 1}:
+        raise TypeError("diagonal: remote arrays take the diagonal of a 2-d array only")
+    if _normalize_axis(axis1, 2) == 1:
+        a = a.T
+    rows, columns = a.shape
+    offset = int(offset)
+    start, count = (offset, min(rows, columns - offset)) if offset >= 0 else \
+        (-offset * columns, min(rows + offset, columns))
+    if count <= 0:
+        return a.reshape(-1)[:0]
+    return a.reshape(-1)[start:start + (count - 1) * (columns + 1) + 1:columns + 1]
+
+
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    _refuse("trace", dtype=dtype, out=out)
+    return np.sum(diagonal(a, offset, axis1, axis2))
+
+
+def diag(v, k=0):
+    """A 2-d array's diagonal (a View), or a new matrix with a 1-d array on one."""
+    _check(v, "diag")
+    if v.ndim == 2:
+        return diagonal(v, k)
+    if v.ndim != 1:
+        raise ValueError("Input must be 1- or 2-d.")
+    n = v.shape[0] + abs(int(k))
+    result = _creation.zeros((n, n), v.dtype, client=_lazy.client_of(v))
+    if v.shape[0]:
+        _functions.write(diagonal(result, k), "", [v], what="diag")
+    return result
+
+
+# ---- Products, through matmul (float32 and float64). ----
+
+def tensordot(a, b, axes=2):
+    """NumPy's: both operands' summed axes moved last and first, reshaped (copied where
+    the strides need it), one matmul, reshaped."""
+    _check(a, "tensordot")
+    _check(b, "tensordot")
+    if isinstance(axes, (numbers.Integral, np.integer)):
+        axes_a, axes_b = list(range(-int(axes), 0)), list(range(int(axes)))
+    else:
+        axes_a, axes_b = ([x] if isinstance(x, (numbers.Integral, np.integer)) else list(x)
+                          for x in axes)
+    if len(axes_a) != len(axes_b):
+        raise ValueError("shape-mismatch for sum")
+    axes_a = [_normalize_axis(int(x), a.ndim) for x in axes_a]
+    axes_b = [_normalize_axis(int(x), b.ndim) for x in axes_b]
+    if any(a.shape[i] != b.shape[j] for i, j in zip(axes_a, axes_b)):
+        raise ValueError("shape-mismatch for sum")
+    kept_a = [k for k in range(a.ndim) if k not in axes_a]
+    kept_b = [k for k in range(b.ndim) if k not in axes_b]
+    def extent(x, axes):
+        return int(np.prod([x.shape[i] for i in axes], dtype=np.int64))
+    summed = extent(a, axes_a)
+    left = a.transpose(kept_a + axes_a).reshape(extent(a, kept_a), summed)
+    right = b.transpose(axes_b + kept_b).reshape(summed, extent(b, kept_b))
+    return np.matmul(left, right).reshape(
+        tuple(a.shape[i] for i in kept_a) + tuple(b.shape[j] for j in kept_b))
+
+
+def inner(a, b):
+    _check(a, "inner")
+    _check(b, "inner")
+    if a.ndim == 0 or b.ndim == 0:
+        return np.multiply(a, b)
+    return tensordot(a, b, ([-1], [-1]))
+
+
+def vdot(a, b):
+    return np.sum(np.multiply(_check(a, "vdot").ravel(), _check(b, "vdot").ravel()))
+
+
+def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None, *,
+        dtype=None):
+    """NumPy's cov without weights: centred rows, one matmul, in float64."""
+    _refuse("cov", fweights=fweights, aweights=aweights, dtype=dtype)
+
+    def rows(x):
+        x = _check(x, "cov").astype(np.float64)
+        if x.ndim > 2:
+            raise ValueError("m has more than 2 dimensions")
+        x = x.reshape(1, -1) if x.ndim < 2 else x
+        return x.T if not rowvar and x.shape[0] != 1 else x
+    x = rows(m)
+    if y is not None:
+        x = concatenate([x, rows(y)], axis=0)
+    if ddof is None:
+        ddof = 0 if bias else 1
+    with np.errstate(divide="ignore"):
+        factor = np.true_divide(1, max(x.shape[1] - ddof, 0))
+    centred = np.subtract(x, np.mean(x, axis=1, keepdims=True))
+    return np.multiply(np.matmul(centred, centred.T), factor).squeeze()
+
+
+def corrcoef(x, y=None, rowvar=True, *, dtype=None):
+    _refuse("corrcoef", dtype=dtype)
+    c = cov(x, y, rowvar)
+    if c.ndim == 0:
+        return np.true_divide(c, c)
+    stddev = np.sqrt(diagonal(c))
+    return np.clip(np.true_divide(np.true_divide(c, stddev[:, None]), stddev[None, :]), -1, 1)
+
+
 # ---- New buffers. ----
 
 def _parts(arrays, what):
@@ -475,5 +624,7 @@ FUNCTIONS = {
     np.nanmin: _nan_reduction("min", _INF), np.nanmax: _nan_reduction("max", -_INF),
     np.nanmean: nanmean, np.nanvar: nanvar, np.nanstd: nanstd,
     np.concatenate: concatenate, np.stack: stack, np.vstack: vstack, np.hstack: hstack,
-    np.roll: roll, np.repeat: repeat, np.tile: tile,
+    np.roll: roll, np.repeat: repeat, np.tile: tile, np.ptp: ptp, np.average: average,
+    np.diagonal: diagonal, np.trace: trace, np.diag: diag, np.tensordot: tensordot,
+    np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef,
 }

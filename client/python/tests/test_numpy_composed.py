@@ -278,6 +278,78 @@ def test_roll_repeat_and_tile(client):
         np.repeat(x, [1, 2, 3, 4], axis=0)
 
 
+def test_ptp_and_average(client):
+    rng = np.random.default_rng(SEED)
+    for a, x in _arrays(client, rng, (4, 5)):
+        for axis in (None, 0, -1):
+            _close(np.ptp(x, axis=axis), np.ptp(a, axis=axis))
+            _close(np.average(x, axis=axis), np.average(a, axis=axis))
+        w = np.abs(rng.standard_normal((4, 5))) + 0.1
+        for axis in (None, 0, 1):
+            _close(np.average(x, axis=axis, weights=client.put(w)),
+                   np.average(a, axis=axis, weights=w))
+        for axis in (None, 1):
+            for remote, expected in zip(np.average(x, axis=axis, returned=True),
+                                        np.average(a, axis=axis, returned=True)):
+                np.testing.assert_allclose(np.asarray(remote), expected, rtol=1e-12)
+        row = np.arange(1.0, 6.0)
+        result, total = np.average(x, axis=1, weights=client.put(row), returned=True)
+        expected, expected_total = np.average(a, axis=1, weights=row, returned=True)
+        _close(result, expected)
+        _close(total, expected_total)
+    i = rng.integers(0, 9, (3, 4)).astype(np.int32)
+    _close(np.average(client.put(i), axis=0, weights=client.put(np.arange(1, 4))),
+           np.average(i, axis=0, weights=np.arange(1, 4)))
+    with pytest.raises(ZeroDivisionError, match="Weights sum to zero"):
+        np.average(client.put(i), axis=0, weights=client.put(np.array([1.0, -1.0, 0.0])))
+    with pytest.raises(TypeError, match="Axis must be specified"):
+        np.average(client.put(i), weights=client.put(np.ones(4)))
+
+
+def test_diagonal_trace_and_diag(client):
+    rng = np.random.default_rng(SEED)
+    for shape in ((4, 6), (6, 4), (5, 5)):
+        for a, x in _arrays(client, rng, shape):
+            for k in (-7, -2, 0, 1, 3, 8):
+                _close(np.diagonal(x, k), np.diagonal(a, k))
+                _close(np.trace(x, k), np.trace(a, k))
+                _close(np.diag(x, k), np.diag(a, k))
+            _close(np.diagonal(x, 1, 1, 0), np.diagonal(a, 1, 1, 0))
+    v = rng.standard_normal(4).astype(np.float32)
+    for k in (-2, 0, 3):
+        _close(np.diag(client.put(v), k), np.diag(v, k))
+        _close(np.diag(client.put(v)[::-1], k), np.diag(v[::-1], k))
+
+
+def test_tensordot_inner_vdot_cov_and_corrcoef(client):
+    rng = np.random.default_rng(SEED)
+    a = rng.standard_normal((3, 4, 5))
+    b = rng.standard_normal((4, 5, 2))
+    x, y = client.put(a), client.put(b)
+    _close(np.tensordot(x, y), np.tensordot(a, b))
+    _close(np.tensordot(x[..., :4], y, 1), np.tensordot(a[..., :4], b, 1))
+    _close(np.tensordot(x, y, ([1, 2], [0, 1])), np.tensordot(a, b, ([1, 2], [0, 1])))
+    _close(np.tensordot(x, y.transpose(2, 1, 0), ([2, 1], [1, 2])),
+           np.tensordot(a, b.transpose(2, 1, 0), ([2, 1], [1, 2])))
+    _close(np.tensordot(x[0, 0], x[1, 1], 0), np.tensordot(a[0, 0], a[1, 1], 0))
+    with pytest.raises(ValueError, match="shape-mismatch for sum"):
+        np.tensordot(x, y, ([0], [0]))
+    _close(np.inner(x, x[1]), np.inner(a, a[1]))
+    _close(np.inner(x[:, 0], x[:, 1].T.T), np.inner(a[:, 0], a[:, 1]))
+    _close(np.vdot(x[0], x[1]), np.vdot(a[0], a[1]))
+    m = rng.standard_normal((3, 7)).astype(np.float32)
+    z = client.put(m)
+    for kwargs in ({}, {"bias": True}, {"ddof": 2}, {"rowvar": False}):
+        _close(np.cov(z, **kwargs), np.cov(m, **kwargs))
+        _close(np.corrcoef(z, rowvar=kwargs.get("rowvar", True)),
+               np.corrcoef(m, rowvar=kwargs.get("rowvar", True)))
+    _close(np.cov(z[0], z[1]), np.cov(m[0], m[1]))
+    _close(np.cov(z[0]), np.cov(m[0]))
+    _close(np.corrcoef(z[0], z[2]), np.corrcoef(m[0], m[2]))
+    with pytest.raises(TypeError, match="keyword 'aweights' is not supported"):
+        np.cov(z, aweights=z[0])
+
+
 def test_functions_it_cannot_build_still_name_themselves(client):
     x = client.put(np.zeros((2, 2)))
     for function, name in ((np.sort, "numpy.sort"), (np.linalg.solve, "numpy.linalg.solve"),
