@@ -10,7 +10,9 @@ it has: views, elementwise expressions (fused lazily), reductions and writes thr
   diagonals:           diagonal, trace (a flat view of a C-ordered matrix: a copy first
                        where it is not one), diag (also a new matrix from a vector)
   matmul:              tensordot, inner (transposed, reshaped, one matmul), vdot, cov,
-                       corrcoef (centred rows times their transpose)
+                       corrcoef (centred rows times their transpose), einsum (a
+                       contraction of two operands; anything else is one fused
+                       map-reduce of the operands broadcast together)
   a new buffer:        concatenate, stack, vstack, hstack, roll (one CreateBuffer, then
                        one write per part), repeat, tile (one copy of a broadcast view)
   a Python bool:       allclose, array_equal (one reduction, its value read inline)
@@ -448,6 +450,96 @@ def vdot(a, b):
     return np.sum(np.multiply(_check(a, "vdot").ravel(), _check(b, "vdot").ravel()))
 
 
+def _einsum_parse(subscripts, count):
+    if not isinstance(subscripts, str):
+        raise TypeError("einsum: remote arrays take the subscripts as a string")
+    text = subscripts.replace(" ", "")
+    if "." in text:
+        raise TypeError("einsum: '...' is not supported on remote arrays; name every axis")
+    inputs, arrow, output = text.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != count:
+        raise ValueError("more operands provided to einstein sum function than specified "
+                         "in the subscripts string" if count > len(terms) else
+                         "fewer operands provided to einstein sum function than specified "
+                         "in the subscripts string")
+    letters = "".join(terms)
+    if not arrow:
+        output = "".join(sorted(label for label in set(letters) if letters.count(label) == 1))
+    for label in letters + output:
+        if not label.isalpha():
+            raise ValueError(f"invalid subscript '{label}' in einstein sum subscripts "
+                             "string, subscripts must be letters")
+    for label in output:
+        if label not in letters:
+            raise ValueError(f"einstein sum subscripts string included output subscript "
+                             f"'{label}' which never appeared in an input")
+        if output.count(label) > 1:
+            raise ValueError(f"einstein sum subscripts string includes output subscript "
+                             f"'{label}' multiple times")
+    return terms, output
+
+
+def einsum(*operands, out=None, optimize=False, **unsupported):
+    """NumPy's einsum without '...': a contraction of two operands (each label in exactly
+    two of the operands and the output) is tensordot, one matmul; anything else is one
+    fused map-reduce of the operands broadcast against each other, with no temporary.
+    A label repeated within an operand takes its diagonal (2-d operands)."""
+    _refuse("einsum", out=out, **unsupported)
+    subscripts, arrays = operands[0], list(operands[1:])
+    terms, output = _einsum_parse(subscripts, len(arrays))
+    for i, (term, array) in enumerate(zip(terms, arrays)):
+        _check(array, "einsum")
+        if len(term) != array.ndim:
+            raise ValueError(f"operand has more dimensions than subscripts given in einstein "
+                             f"sum, but no '...' ellipsis provided to broadcast the extra "
+                             f"dimensions." if array.ndim > len(term) else
+                             f"einstein sum subscripts string contains too many subscripts "
+                             f"for operand {i}")
+        if len(set(term)) != len(term):
+            if array.ndim != 2:
+                raise TypeError("einsum: a label repeated within an operand takes a 2-d "
+                                "operand's diagonal only")
+            terms[i], arrays[i] = term[0], diagonal(array)
+    dtype = _ufuncs.promote(*(np.dtype(array.dtype) for array in arrays))
+    if dtype.kind not in "iuf":
+        raise TypeError(f"einsum of {dtype}: remote arrays take integer and float operands")
+    extents = {}
+    for term, array in zip(terms, arrays):
+        for label, n in zip(term, array.shape):
+            if extents.setdefault(label, n) != n and n != 1 and extents[label] != 1:
+                raise ValueError(f"operands could not be broadcast together with remapped "
+                                 f"shapes: label '{label}' has extents {extents[label]} "
+                                 f"and {n}")
+            extents[label] = max(extents[label], n)
+    if (len(arrays) == 2 and dtype.kind == "f" and all(
+            sum(label in t for t in (terms[0], terms[1], output)) == 2
+            for label in set(terms[0] + terms[1]))
+            and all(extents[label] == n for term, array in zip(terms, arrays)
+                    for label, n in zip(term, array.shape))):
+        shared = [label for label in terms[0] if label in terms[1]]
+        product = tensordot(arrays[0], arrays[1], ([terms[0].index(label) for label in shared],
+                                                   [terms[1].index(label) for label in shared]))
+        labels = [label for label in terms[0] + terms[1] if label not in shared]
+        return product.transpose([labels.index(label) for label in output]) \
+            if labels != list(output) else product
+    # The output's labels, then the summed ones: every operand's axes put in that order,
+    # with an axis of 1 where it has no label, so that the operands broadcast together.
+    order = output + "".join(sorted(set("".join(terms)) - set(output)))
+    product = None
+    for term, array in zip(terms, arrays):
+        present = [label for label in order if label in term]
+        if list(term) != present:
+            array = array.transpose([term.index(label) for label in present])
+        if len(present) != len(order):
+            array = array.reshape(tuple(array.shape[present.index(label)] if label in term
+                                        else 1 for label in order))
+        product = array if product is None else np.multiply(product, array)
+    summed = tuple(range(len(output), len(order)))
+    result = np.sum(product, axis=summed) if summed else product
+    return result if np.dtype(result.dtype) == dtype else result.astype(dtype)
+
+
 def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None, *,
         dtype=None):
     """NumPy's cov without weights: centred rows, one matmul, in float64."""
@@ -626,5 +718,5 @@ FUNCTIONS = {
     np.concatenate: concatenate, np.stack: stack, np.vstack: vstack, np.hstack: hstack,
     np.roll: roll, np.repeat: repeat, np.tile: tile, np.ptp: ptp, np.average: average,
     np.diagonal: diagonal, np.trace: trace, np.diag: diag, np.tensordot: tensordot,
-    np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef,
+    np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef, np.einsum: einsum,
 }

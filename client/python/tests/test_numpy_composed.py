@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpucompute._arrays import RemoteArrayInfo
+from gpucompute._proto import v1
 from gpucompute._views import View
 
 SEED = 4711
@@ -348,6 +349,39 @@ def test_tensordot_inner_vdot_cov_and_corrcoef(client):
     _close(np.corrcoef(z[0], z[2]), np.corrcoef(m[0], m[2]))
     with pytest.raises(TypeError, match="keyword 'aweights' is not supported"):
         np.cov(z, aweights=z[0])
+
+
+def test_einsum(client):
+    rng = np.random.default_rng(SEED)
+    a = rng.standard_normal((3, 4))
+    b = rng.standard_normal((4, 5))
+    c = rng.standard_normal((3, 5))
+    t = rng.standard_normal((2, 3, 4))
+    i = rng.integers(-50, 50, (3, 4)).astype(np.int32)
+    x, y, z, u, j = (client.put(v) for v in (a, b, c, t, i))
+    cases = [("ij,jk->ik", (x, y), (a, b)), ("ij,jk", (x, y), (a, b)),
+             ("ij,jk->ki", (x, y), (a, b)), ("ij,ij->i", (x, x * 2), (a, a * 2)),
+             ("ij,ij->", (x, x), (a, a)), ("ij,ij", (x, x), (a, a)), ("ij->ji", (x,), (a,)),
+             ("ij->", (x,), (a,)), ("ij->j", (x.T.T,), (a,)), ("i,j->ij", (x[0], y[1]),
+                                                               (a[0], b[1])),
+             ("bij,jk->bik", (u, y), (t, b)), ("bij,bij->b", (u, u), (t, t)),
+             ("ij,jk,ik->i", (x, y, z), (a, b, c)), ("ii->i", (x[:3, :3],), (a[:3, :3],)),
+             ("ii", (x[:, :3].T,), (a[:, :3].T,)), ("ij,kj->ik", (x, x[:2]), (a, a[:2])),
+             ("ij,j->i", (j, j[0]), (i, i[0])), ("ij->i", (j,), (i,)),
+             ("ji,jk->ik", (x.T, y), (a.T, b))]
+    for subscripts, remote, local in cases:
+        _close(np.einsum(subscripts, *remote), np.einsum(subscripts, *local))
+    # A contraction is one matmul; anything else one fused map-reduce, no temporary.
+    assert np.einsum("ij,jk->ik", x, y).base.operation.kind == v1.OPERATION_KIND_MATMUL
+    assert np.einsum("ij,ij->i", x, x).operation.kind == v1.OPERATION_KIND_REDUCE
+    for subscripts, message in (("ij,jk->il", "output subscript 'l' which never appeared"),
+                                ("ij,jk->ii", "output subscript 'i' multiple times"),
+                                ("ijk,jk->i", "too many subscripts for operand 0"),
+                                ("ij,ij,ij->i", "fewer operands provided")):
+        with pytest.raises(ValueError, match=message):
+            np.einsum(subscripts, x, y if "jk" in subscripts else x)
+    with pytest.raises(TypeError, match="'...' is not supported"):
+        np.einsum("...j,jk->...k", x, y)
 
 
 def test_functions_it_cannot_build_still_name_themselves(client):
