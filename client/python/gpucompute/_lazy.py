@@ -293,7 +293,10 @@ class LazyArray(RemoteArray):
     def layout(self) -> str:
         """"C" or "F", without a call: an expression's result is C-ordered unless every
         array it reads is a whole buffer of its shape in F order (the server's rule);
-        results of reductions and matmul, and created buffers, are C-ordered."""
+        results of reductions and matmul, and created buffers, are C-ordered. Once the
+        operation is answered, the buffer's own."""
+        if self._node is None and self._pending.done():
+            return super().layout
         return self._layout
 
     @property

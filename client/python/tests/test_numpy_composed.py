@@ -77,6 +77,13 @@ def test_reshape_copies_where_the_strides_allow_no_view(client):
             refused()
     _close(xp.reshape(x.T, (24,)), a.T.reshape(24))
     _close(xp.reshape(x, (24,), copy=True), a.reshape(24))
+    # A pending expression's layout is the server's before it is sent: F where every
+    # operand is a whole F buffer of its shape.
+    for expression, layout in ((f + 1, "F"), (f * f[:, ::-1][:, ::-1], "F"), (f + x, "C"),
+                               (f[1:] * 2, "C"), (f + f.sum(), "C")):
+        assert expression.layout == layout
+        expression.compute()
+        assert expression.info.layout == (v1.LAYOUT_F if layout == "F" else v1.LAYOUT_C)
     # The copy is NumPy's: writing through it leaves the array as it was.
     y = client.put(a.copy())
     copy = y.T.reshape(-1)
