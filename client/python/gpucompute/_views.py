@@ -148,6 +148,20 @@ def view_shape(shape, steps):
     return shape
 
 
+def _advanced_hint(key):
+    """What NumPy's advanced indexing would have been, and what to use instead."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is None and isinstance(key, (list, tuple)) and key:
+        dtype = np.asarray(key).dtype
+    if dtype is None:
+        return ""
+    if np.dtype(dtype).kind == "b":
+        return ("; a boolean mask's result has a shape that depends on the values, which "
+                "remote arrays do not compute: np.where(mask, x, 0) keeps the shape")
+    return ("; integer-array indexing is not supported on remote arrays: slices, or "
+            "np.concatenate of the rows, select on the server")
+
+
 def _index_item(key):
     item = v1.IndexItem()
     if key is None:
@@ -164,7 +178,7 @@ def _index_item(key):
         item.slice.SetInParent()
     elif isinstance(key, (bool, np.bool_)) or not isinstance(key, (numbers.Integral, np.integer)):
         raise IndexError("views take basic indexing only: integers, slices, None and "
-                         f"'...', not {type(key).__name__}")
+                         f"'...', not {type(key).__name__}{_advanced_hint(key)}")
     else:
         item.index = int(key)
     return item

@@ -393,6 +393,12 @@ def test_einsum(client):
 
 def test_functions_it_cannot_build_still_name_themselves(client):
     x = client.put(np.zeros((2, 2)))
+    for key, message in ((x > 0, "a boolean mask's result has a shape"),
+                         (np.array([True, False]), "np.where\\(mask, x, 0\\)"),
+                         ([0, 1], "integer-array indexing is not supported"),
+                         (np.arange(2), "integer-array indexing is not supported")):
+        with pytest.raises(IndexError, match=message):
+            x[key]
     for function, name in ((np.sort, "numpy.sort"), (np.linalg.solve, "numpy.linalg.solve"),
                            (np.cumsum, "numpy.cumsum"), (np.median, "numpy.median")):
         with pytest.raises(TypeError, match=f"{name} is not supported on remote arrays"):
