@@ -14,7 +14,9 @@ it has: views, elementwise expressions (fused lazily), reductions and writes thr
                        contraction of two operands; anything else is one fused
                        map-reduce of the operands broadcast together)
   a new buffer:        concatenate, stack, vstack, hstack, roll (one CreateBuffer, then
-                       one write per part), repeat, tile (one copy of a broadcast view)
+                       one write per part), take and x[host integers] (one write per
+                       run of evenly spaced indices), repeat, tile (one copy of a
+                       broadcast view)
   a Python bool:       allclose, array_equal (one reduction, its value read inline)
   creation:            zeros_like, ones_like, empty_like, full_like
 
@@ -673,6 +675,60 @@ def roll(a, shift, axis=None):
     return a
 
 
+def _runs(indices):
+    """(start, stop, step, count) slices covering `indices` in order: runs of one
+    nonzero step, or single indices."""
+    runs, i, n = [], 0, len(indices)
+    while i < n:
+        j = i
+        step = int(indices[i + 1] - indices[i]) if i + 1 < n else 1
+        if step != 0:
+            while j + 1 < n and indices[j + 1] - indices[j] == step:
+                j += 1
+        else:
+            step = 1
+        start, last = int(indices[i]), int(indices[j])
+        stop = last + step
+        runs.append((start, None if stop < 0 else stop, step, j - i + 1))
+        i = j + 1
+    return runs
+
+
+def take(a, indices, axis=None, out=None, mode="raise"):
+    """Elements at host `indices` along `axis` (of the flattened array by default): a new
+    buffer (one CreateBuffer call) and one write per run of evenly spaced indices."""
+    _refuse("take", out=out)
+    if mode != "raise":
+        raise TypeError(f"take: mode={mode!r} is not supported on remote arrays")
+    _check(a, "take")
+    if isinstance(indices, (RemoteArrayInfo, View)):
+        raise TypeError("take: the indices must be host integers; remote arrays do not "
+                        "index remote arrays")
+    positions = np.asarray(indices)
+    if positions.dtype.kind not in "iu" and positions.size:
+        raise IndexError("arrays used as indices must be of integer (or boolean) type")
+    if axis is None:
+        a, axis = a.ravel(), 0
+    axis = _normalize_axis(int(axis), a.ndim)
+    extent = a.shape[axis]
+    flat = positions.astype(np.int64).reshape(-1)
+    wrong = flat[(flat < -extent) | (flat >= extent)]
+    if wrong.size:
+        raise IndexError(f"index {int(wrong[0])} is out of bounds for axis {axis} with size "
+                         f"{extent}")
+    flat = flat % extent if extent else flat
+    shape = a.shape[:axis] + (len(flat),) + a.shape[axis + 1:]
+    result = _creation.empty(shape, a.dtype, client=_lazy.client_of(a))
+    at = 0
+    for start, stop, step, count in _runs(flat):
+        _functions.write(result[_along(a.ndim, axis, slice(at, at + count))], "",
+                         [a[_along(a.ndim, axis, slice(start, stop, step))]], what="take")
+        at += count
+    if positions.ndim == 1:
+        return result
+    return result.reshape(a.shape[:axis] + positions.shape + a.shape[axis + 1:])
+
+
 def repeat(a, repeats, axis=None):
     """One copy of a broadcast view of `a`, reshaped (repeats: one integer)."""
     _check(a, "repeat")
@@ -716,7 +772,8 @@ FUNCTIONS = {
     np.nanmin: _nan_reduction("min", _INF), np.nanmax: _nan_reduction("max", -_INF),
     np.nanmean: nanmean, np.nanvar: nanvar, np.nanstd: nanstd,
     np.concatenate: concatenate, np.stack: stack, np.vstack: vstack, np.hstack: hstack,
-    np.roll: roll, np.repeat: repeat, np.tile: tile, np.ptp: ptp, np.average: average,
+    np.roll: roll, np.repeat: repeat, np.tile: tile, np.take: take, np.ptp: ptp,
+    np.average: average,
     np.diagonal: diagonal, np.trace: trace, np.diag: diag, np.tensordot: tensordot,
     np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef, np.einsum: einsum,
 }

@@ -148,6 +148,20 @@ def view_shape(shape, steps):
     return shape
 
 
+def _host_integers(key):
+    if isinstance(key, np.ndarray):
+        return key.dtype.kind in "iu"
+    if isinstance(key, list):
+        return bool(key) and all(isinstance(k, (numbers.Integral, np.integer))
+                                 and not isinstance(k, (bool, np.bool_)) for k in key)
+    return False
+
+
+def _is_blocking(array):
+    from .client import Client  # pylint: disable=import-outside-toplevel
+    return isinstance(array._view_parts()[3], Client) and array._view_parts()[2] is not None
+
+
 def _advanced_hint(key):
     """What NumPy's advanced indexing would have been, and what to use instead."""
     dtype = getattr(key, "dtype", None)
@@ -158,8 +172,8 @@ def _advanced_hint(key):
     if np.dtype(dtype).kind == "b":
         return ("; a boolean mask's result has a shape that depends on the values, which "
                 "remote arrays do not compute: np.where(mask, x, 0) keeps the shape")
-    return ("; integer-array indexing is not supported on remote arrays: slices, or "
-            "np.concatenate of the rows, select on the server")
+    return ("; integer arrays index only alone (x[[0, 2]], as np.take along the first "
+            "axis), not within a tuple")
 
 
 def _index_item(key):
@@ -228,7 +242,12 @@ class ViewMethods:
             shape = view_shape(shape, (step,))
         return View(base, steps, shape=shape, dtype=getattr(self, "dtype", None), client=client)
 
-    def __getitem__(self, key: Any) -> View:
+    def __getitem__(self, key: Any) -> Any:
+        """Basic indexing gives a View, with no call; host integers (a list or an array)
+        select along the first axis as np.take does, into a new buffer."""
+        if _host_integers(key) and _is_blocking(self):
+            from . import _composed  # pylint: disable=import-outside-toplevel
+            return _composed.take(self, key, axis=0)
         step = v1.ViewStep()
         step.index.SetInParent()
         keys = key if isinstance(key, tuple) else (key,)

@@ -391,12 +391,36 @@ def test_einsum(client):
         np.einsum("...j,jk->...k", x, y)
 
 
+def test_take_and_host_integer_indexing(client):
+    rng = np.random.default_rng(SEED)
+    for a, x in _arrays(client, rng, (6, 5)):
+        for indices in ([0, 2, 5], [5, 4, 3, 0], [1, 1, 1], [-1, 0, -6], [3], [],
+                        np.array([[0, 1], [5, 3]]), list(rng.integers(0, 6, 20))):
+            for axis in (0, 1, None):
+                if axis == 1:
+                    indices = [i % 5 for i in np.ravel(indices)]
+                _close(np.take(x, indices, axis=axis), np.take(a, indices, axis=axis))
+            _close(x[np.asarray(indices, dtype=np.int64)], a[np.asarray(indices,
+                                                                        dtype=np.int64)])
+        # Runs of evenly spaced indices are one write each.
+        _close(x[[0, 2, 4, 5, 4, 3]], a[[0, 2, 4, 5, 4, 3]])
+    remote_indices = client.put(np.arange(2))
+    before = {buffer.id for buffer in client.buffers()}
+    with pytest.raises(IndexError, match="index 6 is out of bounds for axis 0 with size 6"):
+        x[[0, 6]]
+    with pytest.raises(IndexError, match="index -7 is out of bounds"):
+        np.take(x, [-7], axis=0)
+    with pytest.raises(TypeError, match="must be host integers"):
+        np.take(x, remote_indices)
+    assert {buffer.id for buffer in client.buffers()} <= before
+
+
 def test_functions_it_cannot_build_still_name_themselves(client):
     x = client.put(np.zeros((2, 2)))
     for key, message in ((x > 0, "a boolean mask's result has a shape"),
                          (np.array([True, False]), "np.where\\(mask, x, 0\\)"),
-                         ([0, 1], "integer-array indexing is not supported"),
-                         (np.arange(2), "integer-array indexing is not supported")):
+                         ((slice(None), [0, 1]), "integer arrays index only alone"),
+                         (x.astype(np.int64), "integer arrays index only alone")):
         with pytest.raises(IndexError, match=message):
             x[key]
     for function, name in ((np.sort, "numpy.sort"), (np.linalg.solve, "numpy.linalg.solve"),
