@@ -2,8 +2,10 @@
 it has: views, elementwise expressions (fused lazily), reductions and writes through
 `out`. Nothing is downloaded; each function says what it sends.
 
-  views, no call:      flip, fliplr, flipud, swapaxes, moveaxis, ravel, ndim, shape, size
-  one expression:      diff, outer, isclose, triu, tril (with two small index vectors)
+  views, no call:      flip, fliplr, flipud, swapaxes, moveaxis, ravel, ndim, shape, size,
+                       atleast_1d/2d/3d, broadcast_arrays, meshgrid(copy=False)
+  one expression:      diff, outer, isclose, triu, tril (with two small index vectors),
+                       nan_to_num, fix, copy, meshgrid (one copy a grid)
   reductions:          count_nonzero, linalg.norm, nansum, nanprod, nanmean, nanmin,
                        nanmax, nanvar, nanstd, ptp, average (each a fused map-reduce or
                        two, and an expression over their results)
@@ -123,6 +125,84 @@ def shape(a):
 def size(a, axis=None):
     _check(a, "size")
     return a.size if axis is None else a.shape[_normalize_axis(int(axis), a.ndim)]
+
+
+def _atleast(ndim, arrays, what):
+    """NumPy's atleast_Nd: Views with axes of 1 added (a 1-d array becomes a row, and in
+    3-d the middle of (1, n, 1); a 2-d one gains a last axis)."""
+    shapes = {1: {0: (1,)}, 2: {0: (1, 1), 1: (1, -1)}, 3: {0: (1, 1, 1), 1: (1, -1, 1)}}
+    results = []
+    for a in arrays:
+        _check(a, what)
+        if ndim == 3 and a.ndim == 2:
+            a = a.reshape(tuple(a.shape) + (1,))
+        elif a.ndim < ndim:
+            a = a.reshape(shapes[ndim][a.ndim])
+        results.append(a)
+    return results[0] if len(results) == 1 else results
+
+
+def atleast_1d(*arys):
+    return _atleast(1, arys, "atleast_1d")
+
+
+def atleast_2d(*arys):
+    return _atleast(2, arys, "atleast_2d")
+
+
+def atleast_3d(*arys):
+    return _atleast(3, arys, "atleast_3d")
+
+
+def broadcast_arrays(*args, subok=False):
+    """Read-only broadcast Views of each array, no call."""
+    _refuse("broadcast_arrays", subok=subok or None)
+    shape = np.broadcast_shapes(*(tuple(_check(a, "broadcast_arrays").shape) for a in args))
+    return [a if tuple(a.shape) == shape else a.broadcast_to(shape) for a in args]
+
+
+def meshgrid(*xi, copy=True, sparse=False, indexing="xy"):
+    """Views of the 1-d arrays broadcast to the grid (copy=False), else copies of them."""
+    if indexing not in ("xy", "ij"):
+        raise ValueError("Valid values for `indexing` are 'xy' and 'ij'.")
+    ndim = len(xi)
+    grids = []
+    for i, x in enumerate(xi):
+        shape = [1] * ndim
+        shape[i] = -1
+        grids.append(_check(x, "meshgrid").reshape(shape))
+    if indexing == "xy" and ndim > 1:
+        grids = [g.swapaxes(0, 1) for g in grids]
+    if not sparse:
+        grids = broadcast_arrays(*grids)
+    return [g.copy() for g in grids] if copy else grids
+
+
+def copy(a, order="K", subok=False):
+    _refuse_order("copy", order)
+    return _check(a, "copy").copy()
+
+
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):  # pylint: disable=redefined-outer-name
+    """One expression: NaN and the infinities replaced (by default with 0 and the
+    dtype's largest finite values)."""
+    if not copy:
+        raise TypeError("nan_to_num: copy=False is not supported on remote arrays")
+    _check(x, "nan_to_num")
+    if not _is_float(x):
+        return x.copy()
+    largest = float(np.finfo(x.dtype).max)
+    posinf = largest if posinf is None else posinf
+    neginf = -largest if neginf is None else neginf
+    typed = np.dtype(x.dtype).type  # so that the replacements keep x's dtype
+    return np.where(np.isnan(x), typed(nan), np.where(
+        np.isinf(x), np.where(np.signbit(x), typed(neginf), typed(posinf)), x))
+
+
+def fix(x, out=None):
+    if out is not None:
+        return _functions.write(out, "trunc", [x], what="fix")
+    return np.trunc(_check(x, "fix"))
 
 
 # ---- Creation, on the array's client. ----
@@ -776,4 +856,7 @@ FUNCTIONS = {
     np.average: average,
     np.diagonal: diagonal, np.trace: trace, np.diag: diag, np.tensordot: tensordot,
     np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef, np.einsum: einsum,
+    np.atleast_1d: atleast_1d, np.atleast_2d: atleast_2d, np.atleast_3d: atleast_3d,
+    np.broadcast_arrays: broadcast_arrays, np.meshgrid: meshgrid, np.copy: copy,
+    np.nan_to_num: nan_to_num, np.fix: fix,
 }

@@ -415,6 +415,38 @@ def test_take_and_host_integer_indexing(client):
     assert {buffer.id for buffer in client.buffers()} <= before
 
 
+def test_shape_helpers_meshgrid_copy_nan_to_num_and_fix(client):
+    rng = np.random.default_rng(SEED)
+    scalar, vector, matrix, cube = (rng.standard_normal(s) for s in ((), (3,), (2, 3),
+                                                                      (2, 3, 4)))
+    remote = [client.put(v) for v in (scalar, vector, matrix, cube)]
+    for function in (np.atleast_1d, np.atleast_2d, np.atleast_3d):
+        for r, a in zip(remote, (scalar, vector, matrix, cube)):
+            _close(function(r), function(a))
+        for r, a in zip(function(*remote[1:3]), function(vector, matrix)):
+            _close(r, a)
+    for r, a in zip(np.broadcast_arrays(remote[1], remote[2][:1].T[:1]),
+                    np.broadcast_arrays(vector, matrix[:1].T[:1])):
+        _close(r, a)
+    x, y = client.put(np.arange(3.0)), client.put(np.arange(4, dtype=np.int32))
+    for kwargs in ({}, {"indexing": "ij"}, {"sparse": True}, {"copy": False}):
+        for r, a in zip(np.meshgrid(x, y, **kwargs),
+                        np.meshgrid(np.arange(3.0), np.arange(4, dtype=np.int32), **kwargs)):
+            _close(r, a)
+    _close(np.copy(remote[2].T), matrix.T.copy())
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1.5, -2.5, 1e300])
+    for dtype in ("float64", "float32"):
+        with np.errstate(over="ignore"):
+            values = special.astype(dtype)  # 1e300 is inf in float32
+        z = client.put(values)
+        _close(np.nan_to_num(z), np.nan_to_num(values))
+        _close(np.nan_to_num(z, nan=-1.0, posinf=9.0, neginf=-9.0),
+               np.nan_to_num(values, nan=-1.0, posinf=9.0, neginf=-9.0))
+        _close(np.fix(z), np.fix(values))
+    i = client.put(np.arange(-2, 3, dtype=np.int32))
+    _close(np.nan_to_num(i), np.arange(-2, 3, dtype=np.int32))
+
+
 def test_functions_it_cannot_build_still_name_themselves(client):
     x = client.put(np.zeros((2, 2)))
     for key, message in ((x > 0, "a boolean mask's result has a shape"),
