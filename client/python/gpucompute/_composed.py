@@ -114,30 +114,30 @@ def ravel(a, order="C"):
     return _check(a, "ravel").ravel()
 
 
-def ndim(a):
+def array_ndim(a):
     return len(_check(a, "ndim").shape)
 
 
-def shape(a):
+def array_shape(a):
     return tuple(_check(a, "shape").shape)
 
 
-def size(a, axis=None):
+def array_size(a, axis=None):
     _check(a, "size")
     return a.size if axis is None else a.shape[_normalize_axis(int(axis), a.ndim)]
 
 
-def _atleast(ndim, arrays, what):
+def _atleast(least, arrays, what):
     """NumPy's atleast_Nd: Views with axes of 1 added (a 1-d array becomes a row, and in
     3-d the middle of (1, n, 1); a 2-d one gains a last axis)."""
     shapes = {1: {0: (1,)}, 2: {0: (1, 1), 1: (1, -1)}, 3: {0: (1, 1, 1), 1: (1, -1, 1)}}
     results = []
     for a in arrays:
         _check(a, what)
-        if ndim == 3 and a.ndim == 2:
+        if least == 3 and a.ndim == 2:
             a = a.reshape(tuple(a.shape) + (1,))
-        elif a.ndim < ndim:
-            a = a.reshape(shapes[ndim][a.ndim])
+        elif a.ndim < least:
+            a = a.reshape(shapes[least][a.ndim])
         results.append(a)
     return results[0] if len(results) == 1 else results
 
@@ -178,12 +178,12 @@ def meshgrid(*xi, copy=True, sparse=False, indexing="xy"):
     return [g.copy() for g in grids] if copy else grids
 
 
-def copy(a, order="K", subok=False):
+def copy_(a, order="K", subok=False):
     _refuse_order("copy", order)
     return _check(a, "copy").copy()
 
 
-def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):  # pylint: disable=redefined-outer-name
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     """One expression: NaN and the infinities replaced (by default with 0 and the
     dtype's largest finite values)."""
     if not copy:
@@ -842,7 +842,8 @@ def tile(A, reps):  # pylint: disable=invalid-name
 
 FUNCTIONS = {
     np.flip: flip, np.fliplr: fliplr, np.flipud: flipud, np.swapaxes: swapaxes,
-    np.moveaxis: moveaxis, np.ravel: ravel, np.ndim: ndim, np.shape: shape, np.size: size,
+    np.moveaxis: moveaxis, np.ravel: ravel, np.ndim: array_ndim, np.shape: array_shape,
+    np.size: array_size,
     np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
     np.full_like: full_like,
     np.diff: diff, np.outer: outer, np.isclose: isclose, np.allclose: allclose,
@@ -857,6 +858,6 @@ FUNCTIONS = {
     np.diagonal: diagonal, np.trace: trace, np.diag: diag, np.tensordot: tensordot,
     np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef, np.einsum: einsum,
     np.atleast_1d: atleast_1d, np.atleast_2d: atleast_2d, np.atleast_3d: atleast_3d,
-    np.broadcast_arrays: broadcast_arrays, np.meshgrid: meshgrid, np.copy: copy,
+    np.broadcast_arrays: broadcast_arrays, np.meshgrid: meshgrid, np.copy: copy_,
     np.nan_to_num: nan_to_num, np.fix: fix,
 }
