@@ -189,11 +189,11 @@ class LazyArray(RemoteArray):
         self._name = None
         self._visible = None  # the buffer id, once found outside the session
         self.transfer = None
-        # The layout the server gives the buffer, known without a call (see layout).
-        self._layout = "C"
+        # The layout the server gives the buffer, known without a call (see layout); an
+        # expression's is worked out when first asked for, or when it is sent.
+        self._layout = None if node is not None else "C"
         if node is not None:
             self._shape, self._dtype = node.shape, node.type
-            self._layout = _new_output_layout(node)
             _track(client, self)
         else:
             self._shape, self._dtype = tuple(shape), np.dtype(dtype)
@@ -214,6 +214,8 @@ class LazyArray(RemoteArray):
         """Sends the expression, if not yet sent; returns the Pending."""
         if self._node is not None:
             node = self._node
+            if self._layout is None:
+                self._layout = _new_output_layout(node)
             expression, inputs = emit(node)
             request = elementwise_request(expression, inputs, name=name)
             pending = _dispatch.submit(self._client, request)
@@ -297,6 +299,8 @@ class LazyArray(RemoteArray):
         operation is answered, the buffer's own."""
         if self._node is None and self._pending.done():
             return super().layout
+        if self._layout is None:
+            self._layout = _new_output_layout(self._node)
         return self._layout
 
     @property
@@ -350,6 +354,8 @@ def _new_output_layout(node):
         if not isinstance(base, RemoteArrayInfo) or tuple(base.shape) != tuple(node.shape):
             return "C"
         layout = base.layout
+        if layout == "C":
+            return "C"  # an operand of a C buffer: never all F; no strides to work out
         whole = _strides.dense_layout(base.shape, layout)
         offset, shape, strides = _strides.view_layout(base.shape, layout, leaf.steps)
         if (offset, tuple(shape), tuple(strides)) != whole:
