@@ -39,12 +39,31 @@ def _refuse(what, keywords):
             raise TypeError(f"{what}: keyword '{keyword}' is not supported on remote arrays")
 
 
-def reduce(kind, x, axis=None, keepdims=False, ddof=0, **unsupported):
+_DTYPE_KINDS = ("sum", "prod", "mean", "std", "var")
+
+
+def reduce(kind, x, axis=None, keepdims=False, ddof=0, dtype=None, out=None, **unsupported):
     """A reduction of a remote array, one ReduceOp; of a pending expression, one fused
     map-reduce over it. Returns a LazyArray (0-d for every axis: float() reads the
-    value the server returned with the operation, without a download)."""
+    value the server returned with the operation, without a download).
+
+    `dtype` (sum, prod, mean, std, var), as NumPy's: the elements are cast to it as they
+    are read (in the same pass) and the result is of that dtype. `out`: the result is
+    written into it (one more operation), and it is returned."""
     _check_array(x, kind)
     _refuse(kind, unsupported)
+    if dtype is not None:
+        if kind not in _DTYPE_KINDS:
+            raise TypeError(f"{kind}: keyword 'dtype' is not supported")
+        dtype = np.dtype(dtype)
+        if kind in ("std", "var") and dtype.kind != "f":
+            # NumPy truncates each square to an integer dtype: not worth mimicking.
+            raise TypeError(f"{kind}: dtype must be float32 or float64 on remote arrays")
+        result = reduce(kind, x.astype(dtype), axis, keepdims, ddof)
+        result = result if result.dtype == dtype else result.astype(dtype)
+        return result if out is None else write(out, "", [result], what=kind)
+    if out is not None:
+        return write(out, "", [reduce(kind, x, axis, keepdims, ddof)], what=kind)
     client = _lazy.client_of(x)
     shape = tuple(x.shape)
     if kind in ("argmin", "argmax") and axis is not None \

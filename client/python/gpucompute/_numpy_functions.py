@@ -14,8 +14,7 @@ from . import _composed, _functions
 def _reduction(kind, statistic=False):
     def function(a, axis=None, *args, keepdims=False, ddof=0, **unsupported):
         if args:
-            raise TypeError(f"{kind}: pass dtype, out and the others as keywords (which "
-                            "remote arrays do not support)")
+            raise TypeError(f"{kind}: pass dtype, out and the others as keywords")
         if not statistic and ddof:
             raise TypeError(f"{kind}: keyword 'ddof' is not supported")
         return _functions.reduce(kind, a, axis, keepdims, ddof, **unsupported)

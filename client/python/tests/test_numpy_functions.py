@@ -51,6 +51,37 @@ def test_reductions_with_axis_and_keepdims(client, kind):
             _close(function(x * 2 - 1, axis=-1), function(a * 2 - 1, axis=-1))
 
 
+def test_reductions_take_dtype_and_out(client):
+    rng = np.random.default_rng(SEED)
+    a = rng.standard_normal((4, 5)) * 1e3
+    i = rng.integers(-2**31, 2**31 - 1, (4, 5)).astype(np.int32)
+    x, j = client.put(a), client.put(i)
+    for kind in ("sum", "mean", "prod", "std", "var"):
+        function = getattr(np, kind)
+        source, remote = (i, j) if kind == "sum" else (a[:, :3] / 1e3, x[:, :3] / 1e3)
+        integer = (np.int64,) if kind in ("sum", "mean", "prod") else ()
+        for dtype in (np.float32, np.float64) + integer:
+            for axis in (None, 1):
+                expected = function(source, axis=axis, dtype=dtype)
+                _close(function(remote, axis=axis, dtype=dtype), expected)
+    # An int32 sum in int32 wraps as NumPy's does.
+    _close(np.sum(j, axis=0, dtype=np.int32), np.sum(i, axis=0, dtype=np.int32))
+    _close(x.sum(axis=0, dtype=np.float32), a.sum(axis=0, dtype=np.float32))
+    # out: written, and returned.
+    for kind in REDUCTIONS:
+        expected = getattr(np, kind)(a, axis=1)
+        out = client.put(np.zeros(4, expected.dtype))
+        assert getattr(np, kind)(x, axis=1, out=out) is out
+        _close(out, expected)
+    out = client.put(np.zeros((1, 5)))
+    np.max(x, axis=0, keepdims=True, out=out)
+    _close(out, a.max(axis=0, keepdims=True))
+    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+        np.var(x, dtype=np.int64)
+    with pytest.raises(ValueError, match="non-broadcastable output operand"):
+        np.sum(x, axis=0, out=client.put(np.zeros(4)))
+
+
 def test_std_and_var_take_ddof(client):
     a = np.random.default_rng(SEED).standard_normal((5, 6))
     x = client.put(a)
