@@ -71,5 +71,5 @@ for _kind in ("sum", "mean", "prod", "min", "max", "argmin", "argmax", "any", "a
 for _kind in ("std", "var"):
     FUNCTIONS[getattr(np, _kind)] = _reduction(_kind, statistic=True)
 FUNCTIONS[np.amin] = FUNCTIONS[np.min]
-FUNCTIONS.update(_composed.FUNCTIONS)
 FUNCTIONS[np.amax] = FUNCTIONS[np.max]
+FUNCTIONS.update(_composed.FUNCTIONS)

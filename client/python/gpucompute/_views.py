@@ -158,8 +158,10 @@ def _host_integers(key):
 
 
 def _is_blocking(array):
+    """Whether `array` is of the blocking client, its shape known here."""
     from .client import Client  # pylint: disable=import-outside-toplevel
-    return isinstance(array._view_parts()[3], Client) and array._view_parts()[2] is not None
+    _, _, shape, client = array._view_parts()
+    return isinstance(client, Client) and shape is not None
 
 
 def _advanced_hint(key):
@@ -300,7 +302,7 @@ class ViewMethods:
 
     def swapaxes(self, axis1: int, axis2: int) -> View:
         """NumPy's swapaxes, as a View made here without a server call."""
-        base, steps, shape, client = self._view_parts()
+        shape = self._view_parts()[2]
         if shape is None:
             raise TypeError("swapaxes: a View of an id or name has no known shape")
         axes = list(range(len(shape)))
