@@ -19,6 +19,9 @@ it has: views, elementwise expressions (fused lazily), reductions and writes thr
                        one write per part), take and x[host integers] (one write per
                        run of evenly spaced indices), repeat, tile (one copy of a
                        broadcast view)
+  numerical staples:   polyval (Horner), trapezoid, convolve and correlate (1-d, a sum
+                       of shifted products; full and same pad a copy), kron, cross,
+                       gradient (a new buffer written in three parts an axis)
   a Python bool:       allclose, array_equal (one reduction, its value read inline)
   creation:            zeros_like, ones_like, empty_like, full_like
 
@@ -203,6 +206,165 @@ def fix(x, out=None):
     if out is not None:
         return _functions.write(out, "trunc", [x], what="fix")
     return np.trunc(_check(x, "fix"))
+
+
+# ---- Numerical staples, each one fused expression or map-reduce. ----
+
+def _coefficients(p, what):
+    """Host numbers as the NumPy scalars of np.asarray(p) (strong, as NumPy's polyval
+    has them); a remote 1-d array as its 0-d element views."""
+    if isinstance(p, (RemoteArrayInfo, View)):
+        if _check(p, what).ndim != 1:
+            raise ValueError(f"{what}: the coefficients must be 1-d")
+        return [p[i] for i in range(p.shape[0])]
+    values = np.asarray(p)
+    if values.ndim != 1 or values.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: the coefficients must be a 1-d list of real numbers")
+    return list(values)
+
+
+def polyval(p, x):
+    """Horner's rule in one expression: p[0] x^(n-1) + ... + p[n-1]."""
+    coefficients = _coefficients(p, "polyval")
+    _check(x, "polyval")
+    if not coefficients:
+        return np.multiply(x, 0)
+    result = np.multiply(x, 0) + coefficients[0]
+    for c in coefficients[1:]:
+        result = np.add(np.multiply(result, x), c)
+    return result
+
+
+def trapezoid(y, x=None, dx=1.0, axis=-1):
+    """The trapezoidal rule along `axis`: one fused map-reduce."""
+    _check(y, "trapezoid")
+    axis = _normalize_axis(int(axis), y.ndim)
+    later = y[_along(y.ndim, axis, slice(1, None))]
+    earlier = y[_along(y.ndim, axis, slice(None, -1))]
+    if x is None:
+        widths = dx
+    else:
+        _check(x, "trapezoid")
+        if x.ndim == 1:
+            widths = diff(x).reshape((-1,) + (1,) * (y.ndim - axis - 1))
+        else:
+            widths = diff(x, axis=axis)
+    return np.sum(np.multiply(widths, np.add(later, earlier)) / 2.0, axis=axis)
+
+
+def gradient(f, *varargs, axis=None, edge_order=1):
+    """Central differences inside, one-sided at the edges (edge_order=1), each axis one
+    new buffer written in three parts; scalar spacings."""
+    _check(f, "gradient")
+    if edge_order != 1:
+        raise TypeError("gradient: edge_order=2 is not supported on remote arrays")
+    axes = _axis_tuple(axis, f.ndim, "gradient")
+    if not varargs:
+        spacings = [1.0] * len(axes)
+    elif len(varargs) == 1 and np.ndim(varargs[0]) == 0:
+        spacings = [float(varargs[0])] * len(axes)
+    elif len(varargs) == len(axes) and all(np.ndim(v) == 0 for v in varargs):
+        spacings = [float(v) for v in varargs]
+    else:
+        raise TypeError("gradient: remote arrays take scalar spacings only")
+    floats = np.dtype(f.dtype) if _is_float(f) else np.dtype(np.float64)
+    results = []
+    for ax, h in zip(axes, spacings):
+        n = f.shape[ax]
+        if n < 2:
+            raise ValueError("Shape of array too small to calculate a numerical gradient, "
+                             "at least (edge_order + 1) elements are required.")
+        result = _creation.empty(f.shape, floats, client=_lazy.client_of(f))
+
+        def part(item, f=f, ax=ax):
+            return f[_along(f.ndim, ax, item)].astype(floats)
+        for target, value in (
+                (slice(1, -1), np.subtract(part(slice(2, None)), part(slice(None, -2))) /
+                 (2.0 * h)),
+                (slice(0, 1), np.subtract(part(slice(1, 2)), part(slice(0, 1))) / h),
+                (slice(n - 1, n), np.subtract(part(slice(n - 1, n)), part(slice(n - 2, n - 1)))
+                 / h)):
+            if n > 2 or target != slice(1, -1):
+                _functions.write(result[_along(f.ndim, ax, target)], "", [value],
+                                 what="gradient")
+        results.append(result)
+    return results[0] if len(results) == 1 else results
+
+
+def _correlate_valid(a, v, reverse):
+    """sum_j a[j : j + n - k + 1] * v[j] (v reversed for a convolution): one expression."""
+    n, k = a.shape[0], v.shape[0]
+    terms = [np.multiply(a[j:j + n - k + 1], v[k - 1 - j if reverse else j]) for j in range(k)]
+    result = terms[0]
+    for term in terms[1:]:
+        result = np.add(result, term)
+    return result
+
+
+def _sliding(a, v, mode, reverse, what):
+    _check(a, what)
+    _check(v, what)
+    if a.ndim != 1 or v.ndim != 1:
+        raise ValueError(f"{what}: object too deep for desired array")
+    if not a.shape[0] or not v.shape[0]:
+        raise ValueError(f"{what}: v cannot be empty" if not v.shape[0]
+                         else f"{what}: a cannot be empty")
+    if mode not in ("full", "same", "valid"):
+        raise ValueError(f"{what}: mode must be one of 'valid', 'same', or 'full'")
+    if v.shape[0] > a.shape[0]:
+        # The longer one slides, as NumPy's: a convolution commutes, and a correlation
+        # of real arrays swapped is the same read backwards.
+        if what == "correlate":
+            return _sliding(v, a, mode, reverse, what)[::-1]
+        a, v = v, a
+    n, k = a.shape[0], v.shape[0]
+    if mode == "valid" and k <= n:
+        return _correlate_valid(a, v, reverse)
+    # Full: a padded with k - 1 zeros at each end, in a new buffer, then slid.
+    dtype = _ufuncs.promote(np.dtype(a.dtype), np.dtype(v.dtype))
+    padded = _creation.zeros((n + 2 * (k - 1),), dtype, client=_lazy.client_of(a, v))
+    _functions.write(padded[k - 1:k - 1 + n], "", [a], what=what)
+    full = _correlate_valid(padded, v, reverse)
+    if mode == "full":
+        return full
+    start = (min(n, k) - 1) // 2  # NumPy's centring, for both
+    return full[start:start + max(n, k)] if mode == "same" else full
+
+
+def convolve(a, v, mode="full"):
+    """NumPy's 1-d convolve: a sum of len(v) shifted products, fused (full and same read
+    a zero-padded copy of a)."""
+    return _sliding(a, v, mode, True, "convolve")
+
+
+def correlate(a, v, mode="valid"):
+    """NumPy's 1-d correlate of real arrays, as convolve without reversing v."""
+    return _sliding(a, v, mode, False, "correlate")
+
+
+def kron(a, b):
+    """The Kronecker product: a broadcast product of interleaved views, one copy."""
+    _check(a, "kron")
+    _check(b, "kron")
+    ndim = max(a.ndim, b.ndim)
+    sa = (1,) * (ndim - a.ndim) + tuple(a.shape)
+    sb = (1,) * (ndim - b.ndim) + tuple(b.shape)
+    spread_a = a.reshape(tuple(x for n in sa for x in (n, 1)))
+    spread_b = b.reshape(tuple(x for n in sb for x in (1, n)))
+    return np.multiply(spread_a, spread_b).reshape(tuple(x * y for x, y in zip(sa, sb)))
+
+
+def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
+    """The cross product of 3-vectors along the last axis: one expression a component."""
+    _check(a, "cross")
+    _check(b, "cross")
+    if axis is not None or (axisa, axisb, axisc) != (-1, -1, -1):
+        raise TypeError("cross: remote arrays take vectors along the last axis only")
+    if a.shape[-1] != 3 or b.shape[-1] != 3:
+        raise ValueError("cross: remote arrays take 3-vectors only")
+    x0, x1, x2 = (a[..., i] for i in range(3))
+    y0, y1, y2 = (b[..., i] for i in range(3))
+    return stack([x1 * y2 - x2 * y1, x2 * y0 - x0 * y2, x0 * y1 - x1 * y0], axis=-1)
 
 
 # ---- Creation, on the array's client. ----
@@ -859,5 +1021,9 @@ FUNCTIONS = {
     np.inner: inner, np.vdot: vdot, np.cov: cov, np.corrcoef: corrcoef, np.einsum: einsum,
     np.atleast_1d: atleast_1d, np.atleast_2d: atleast_2d, np.atleast_3d: atleast_3d,
     np.broadcast_arrays: broadcast_arrays, np.meshgrid: meshgrid, np.copy: copy_,
-    np.nan_to_num: nan_to_num, np.fix: fix,
+    np.nan_to_num: nan_to_num, np.fix: fix, np.polyval: polyval, np.gradient: gradient,
+    np.convolve: convolve, np.correlate: correlate, np.kron: kron, np.cross: cross,
 }
+for _name in ("trapezoid", "trapz"):  # NumPy 2 renamed trapz
+    if hasattr(np, _name):
+        FUNCTIONS[getattr(np, _name)] = trapezoid

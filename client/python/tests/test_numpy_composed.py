@@ -447,6 +447,55 @@ def test_shape_helpers_meshgrid_copy_nan_to_num_and_fix(client):
     _close(np.nan_to_num(i), np.arange(-2, 3, dtype=np.int32))
 
 
+def test_polyval_trapezoid_gradient(client):
+    rng = np.random.default_rng(SEED)
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz
+    for dtype in ("float64", "float32"):
+        for local, remote in _arrays(client, rng, (4, 6), dtype):
+            for p in ([2.0, -1.0, 0.5], [3], [1, 0, -2, 1], np.array([0.25, 1.5],
+                                                                     np.float32)):
+                _close(np.polyval(p, remote), np.polyval(p, local))
+            _close(np.polyval(client.put(np.array([1.0, 2.0, -3.0])), remote),
+                   np.polyval(np.array([1.0, 2.0, -3.0]), local))
+            for axis in (-1, 0):
+                _close(trapezoid(remote, axis=axis), trapezoid(local, axis=axis))
+                _close(trapezoid(remote, dx=0.5, axis=axis), trapezoid(local, dx=0.5,
+                                                                       axis=axis))
+            x = np.cumsum(np.abs(rng.standard_normal(6)))
+            _close(trapezoid(remote, client.put(x)), trapezoid(local, x))
+            _close(trapezoid(remote, client.put(x[:4]), axis=0), trapezoid(local, x[:4],
+                                                                            axis=0))
+            for remote_grad, local_grad in zip(np.gradient(remote), np.gradient(local)):
+                _close(remote_grad, local_grad)
+            _close(np.gradient(remote, 0.5, axis=1), np.gradient(local, 0.5, axis=1))
+            _close(np.gradient(remote[:2], axis=0), np.gradient(local[:2], axis=0))
+    i = rng.integers(-9, 9, 7).astype(np.int32)
+    _close(np.gradient(client.put(i)), np.gradient(i))
+    _close(np.polyval([2, 1], client.put(i)), np.polyval([2, 1], i))
+
+
+def test_convolve_correlate_kron_cross(client):
+    rng = np.random.default_rng(SEED)
+    for n, k in ((9, 3), (8, 4), (5, 5), (3, 7), (6, 1)):
+        a = rng.standard_normal(n)
+        v = rng.standard_normal(k)
+        x, w = client.put(a), client.put(v)
+        for mode in ("full", "same", "valid"):
+            _close(np.convolve(x, w, mode), np.convolve(a, v, mode))
+            _close(np.correlate(x, w, mode), np.correlate(a, v, mode))
+        _close(np.convolve(x[::-1], w * 2), np.convolve(a[::-1], v * 2))
+    with pytest.raises(ValueError, match="v cannot be empty"):
+        np.convolve(client.put(np.ones(3)), client.put(np.ones(0)))
+    for sa, sb in (((2, 3), (3, 2)), ((3,), (2,)), ((2, 2), (3,)), ((2, 1, 2), (2, 3))):
+        a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+        _close(np.kron(client.put(a), client.put(b)), np.kron(a, b))
+    a, b = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    _close(np.cross(client.put(a), client.put(b)), np.cross(a, b))
+    _close(np.cross(client.put(a), client.put(b[0])), np.cross(a, b[0]))
+    with pytest.raises(ValueError, match="3-vectors only"):
+        np.cross(client.put(a[:, :2]), client.put(b[:, :2]))
+
+
 def test_functions_it_cannot_build_still_name_themselves(client):
     x = client.put(np.zeros((2, 2)))
     for key, message in ((x > 0, "a boolean mask's result has a shape"),
