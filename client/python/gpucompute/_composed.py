@@ -360,8 +360,11 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     _check(b, "cross")
     if axis is not None or (axisa, axisb, axisc) != (-1, -1, -1):
         raise TypeError("cross: remote arrays take vectors along the last axis only")
+    if a.shape[-1] not in (2, 3) or b.shape[-1] not in (2, 3):
+        raise ValueError("incompatible dimensions for cross product\n(dimension must be 2 "
+                         "or 3)")
     if a.shape[-1] != 3 or b.shape[-1] != 3:
-        raise ValueError("cross: remote arrays take 3-vectors only")
+        raise TypeError("cross: remote arrays take 3-vectors only")
     x0, x1, x2 = (a[..., i] for i in range(3))
     y0, y1, y2 = (b[..., i] for i in range(3))
     return stack([x1 * y2 - x2 * y1, x2 * y0 - x0 * y2, x0 * y1 - x1 * y0], axis=-1)

@@ -492,8 +492,10 @@ def test_convolve_correlate_kron_cross(client):
     a, b = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
     _close(np.cross(client.put(a), client.put(b)), np.cross(a, b))
     _close(np.cross(client.put(a), client.put(b[0])), np.cross(a, b[0]))
-    with pytest.raises(ValueError, match="3-vectors only"):
+    with pytest.raises(TypeError, match="3-vectors only"):
         np.cross(client.put(a[:, :2]), client.put(b[:, :2]))
+    with pytest.raises(ValueError, match="dimension must be 2 or 3"):
+        np.cross(client.put(a[:1]), client.put(b[:1]).T)
 
 
 def test_functions_it_cannot_build_still_name_themselves(client):
