@@ -175,6 +175,23 @@ def eye(n_rows: int, n_cols: Optional[int] = None, /, *, k: int = 0, dtype: DTyp
     return _creation.eye(n_rows, n_cols, k, dtype or float64, client=_client(device))
 
 
+def tril(x: Array, /, *, k: int = 0) -> LazyArray:
+    """x with the elements above the k-th diagonal zeroed: one expression (and two small
+    index vectors) on the server."""
+    return _composed.tril(x, k)
+
+
+def triu(x: Array, /, *, k: int = 0) -> LazyArray:
+    """x with the elements below the k-th diagonal zeroed: one expression (and two small
+    index vectors) on the server."""
+    return _composed.triu(x, k)
+
+
+def meshgrid(*arrays: Array, indexing: str = "xy") -> List[Any]:
+    """Coordinate grids of 1-d arrays: a copy of each, on the server."""
+    return _composed.meshgrid(*arrays, indexing=indexing)
+
+
 def asarray(obj: Any, /, *, dtype: DTypeLike = None, device: Optional[Client] = None,
             copy: Optional[bool] = None) -> Array:
     """A remote array as is (or cast, or copied: pending expressions); host data is

@@ -526,3 +526,8 @@ def test_the_array_api_namespace_has_them_too(client):
     _close(xp.repeat(x, 2, axis=0), np.repeat(a, 2, axis=0))
     _close(xp.tile(x, (2, 2)), np.tile(a, (2, 2)))
     _close(xp.count_nonzero(x > 0, axis=0), np.count_nonzero(a > 0, axis=0))
+    _close(xp.tril(x, k=1), np.tril(a, 1))
+    _close(xp.triu(x), np.triu(a))
+    for r, e in zip(xp.meshgrid(x[0], x[1, :2], indexing="ij"),
+                    np.meshgrid(a[0], a[1, :2], indexing="ij")):
+        _close(r, e)
