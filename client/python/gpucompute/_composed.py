@@ -70,6 +70,15 @@ def _along(ndim, axis, item):
     return tuple(key)
 
 
+def _assembled(shape, dtype, client, axis, pieces, what):
+    """A new buffer of `shape` (one CreateBuffer call), written one piece at a time: each
+    piece is (a slice along `axis`, the values it takes)."""
+    result = _creation.empty(tuple(shape), dtype, client=client)
+    for target, values in pieces:
+        _functions.write(result[_along(len(shape), axis, target)], "", [values], what=what)
+    return result
+
+
 def _is_float(x):
     return np.dtype(x.dtype).kind == "f"
 
@@ -274,20 +283,16 @@ def gradient(f, *varargs, axis=None, edge_order=1):
         if n < 2:
             raise ValueError("Shape of array too small to calculate a numerical gradient, "
                              "at least (edge_order + 1) elements are required.")
-        result = _creation.empty(f.shape, floats, client=_lazy.client_of(f))
-
-        def part(item, f=f, ax=ax):
+        def part(item, ax=ax):
             return f[_along(f.ndim, ax, item)].astype(floats)
-        for target, value in (
-                (slice(1, -1), np.subtract(part(slice(2, None)), part(slice(None, -2))) /
-                 (2.0 * h)),
-                (slice(0, 1), np.subtract(part(slice(1, 2)), part(slice(0, 1))) / h),
-                (slice(n - 1, n), np.subtract(part(slice(n - 1, n)), part(slice(n - 2, n - 1)))
-                 / h)):
-            if n > 2 or target != slice(1, -1):
-                _functions.write(result[_along(f.ndim, ax, target)], "", [value],
-                                 what="gradient")
-        results.append(result)
+        pieces = [(slice(0, 1), np.subtract(part(slice(1, 2)), part(slice(0, 1))) / h),
+                  (slice(n - 1, n), np.subtract(part(slice(n - 1, n)),
+                                                part(slice(n - 2, n - 1))) / h)]
+        if n > 2:
+            pieces.append((slice(1, -1), np.subtract(part(slice(2, None)),
+                                                     part(slice(None, -2))) / (2.0 * h)))
+        results.append(_assembled(f.shape, floats, _lazy.client_of(f), ax, pieces,
+                                  "gradient"))
     return results[0] if len(results) == 1 else results
 
 
@@ -858,16 +863,12 @@ def concatenate(arrays, axis=0, out=None, *, dtype=None, casting=None):
         *(np.dtype(part.dtype) for part in parts))
     shape = list(first.shape)
     shape[axis] = sum(part.shape[axis] for part in parts)
-    result = _creation.empty(tuple(shape), result_dtype, client=_lazy.client_of(*parts))
-    start = 0
-    for part in parts:
-        stop = start + part.shape[axis]
-        if stop > start:
-            values = part if part.dtype == result_dtype else part.astype(result_dtype)
-            _functions.write(result[_along(len(shape), axis, slice(start, stop))], "",
-                             [values], what="concatenate")
-        start = stop
-    return result
+    starts = np.cumsum([0] + [part.shape[axis] for part in parts])
+    pieces = [(slice(int(start), int(start) + part.shape[axis]),
+               part if part.dtype == result_dtype else part.astype(result_dtype))
+              for start, part in zip(starts, parts) if part.shape[axis]]
+    return _assembled(shape, result_dtype, _lazy.client_of(*parts), axis, pieces,
+                      "concatenate")
 
 
 def stack(arrays, axis=0, out=None, *, dtype=None, casting=None):
@@ -911,12 +912,9 @@ def roll(a, shift, axis=None):
         if extent == 0 or amount % extent == 0:
             continue
         amount %= extent
-        moved = _creation.empty(a.shape, a.dtype, client=_lazy.client_of(a))
-        for target, source in ((slice(amount, None), slice(None, extent - amount)),
-                               (slice(None, amount), slice(extent - amount, None))):
-            _functions.write(moved[_along(a.ndim, ax, target)], "",
-                             [a[_along(a.ndim, ax, source)]], what="roll")
-        a = moved
+        pieces = [(slice(amount, None), a[_along(a.ndim, ax, slice(None, extent - amount))]),
+                  (slice(None, amount), a[_along(a.ndim, ax, slice(extent - amount, None))])]
+        a = _assembled(a.shape, a.dtype, _lazy.client_of(a), ax, pieces, "roll")
     return a
 
 
@@ -963,12 +961,11 @@ def take(a, indices, axis=None, out=None, mode="raise"):
                          f"{extent}")
     flat = flat % extent if extent else flat
     shape = a.shape[:axis] + (len(flat),) + a.shape[axis + 1:]
-    result = _creation.empty(shape, a.dtype, client=_lazy.client_of(a))
-    at = 0
+    pieces, at = [], 0
     for start, stop, step, count in _runs(flat):
-        _functions.write(result[_along(a.ndim, axis, slice(at, at + count))], "",
-                         [a[_along(a.ndim, axis, slice(start, stop, step))]], what="take")
+        pieces.append((slice(at, at + count), a[_along(a.ndim, axis, slice(start, stop, step))]))
         at += count
+    result = _assembled(shape, a.dtype, _lazy.client_of(a), axis, pieces, "take")
     if positions.ndim == 1:
         return result
     return result.reshape(a.shape[:axis] + positions.shape + a.shape[axis + 1:])
