@@ -511,13 +511,18 @@ def _nan_reduction(kind, fill):
     return function
 
 
+def _nan_mean_and_count(a, axis, keepdims):
+    """The mean of a's numbers along `axis`, in a's dtype, and how many there were."""
+    count = np.sum(~np.isnan(a), axis=axis, keepdims=keepdims)
+    total = np.sum(np.where(np.isnan(a), 0, a), axis=axis, keepdims=keepdims)
+    return _divide_by_count(total, count, np.dtype(a.dtype)), count
+
+
 def nanmean(a, axis=None, dtype=None, out=None, keepdims=False):
     _refuse("nanmean", dtype=dtype, out=out)
     if not _is_float(_check(a, "nanmean")):
         return np.mean(a, axis=axis, keepdims=keepdims)
-    total = np.sum(np.where(np.isnan(a), 0, a), axis=axis, keepdims=keepdims)
-    count = np.sum(~np.isnan(a), axis=axis, keepdims=keepdims)
-    return _divide_by_count(total, count, np.dtype(a.dtype))
+    return _nan_mean_and_count(a, axis, keepdims)[0]
 
 
 def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
@@ -525,11 +530,8 @@ def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
     if not _is_float(_check(a, "nanvar")):
         return np.var(a, axis=axis, ddof=ddof, keepdims=keepdims)
     dtype = np.dtype(a.dtype)
-    missing = np.isnan(a)
-    count = np.sum(~missing, axis=axis, keepdims=True)
-    mean = _divide_by_count(np.sum(np.where(missing, 0, a), axis=axis, keepdims=True), count,
-                            dtype)
-    deviation = np.where(missing, 0, a - mean)
+    mean, count = _nan_mean_and_count(a, axis, keepdims=True)
+    deviation = np.where(np.isnan(a), 0, a - mean)
     squares = np.sum(deviation * deviation, axis=axis, keepdims=keepdims)
     freedom = count - ddof
     if not keepdims:
