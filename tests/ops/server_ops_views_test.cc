@@ -200,6 +200,21 @@ TEST_F(ViewsTest, AnF_LayoutBufferMixesWithC_LayoutOperandsIntoAC_OrderedResult)
   EXPECT_EQ(f.op.outputs(0).layout(), v1::LAYOUT_F);
 }
 
+// A dense empty array can have stride 0 on an axis longer than 1 ((3, 0) has it on its
+// axis of 3); it is no broadcast, so an operation may write a new one, as NumPy's does.
+TEST_F(ViewsTest, EmptyArraysOfSeveralAxesTakeElementwiseOperations) {
+  const std::vector<std::vector<uint64_t>> shapes = {{3, 0}, {4, 5, 0}, {0, 5}, {2, 0, 3}};
+  for (const std::vector<uint64_t>& shape : shapes) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    ASSIGN_OR_FAIL(auto x, UploadArray(c(), std::vector<double>{}, shape));
+    ASSIGN_OR_FAIL(Result r, Evaluate(c(), Elementwise("x + 1", {{"x", BufferOperand(x.id())}})));
+    EXPECT_EQ(std::vector<uint64_t>(r.op.outputs(0).shape().begin(),
+                                    r.op.outputs(0).shape().end()),
+              shape);
+    EXPECT_TRUE(r.values.empty());
+  }
+}
+
 TEST_F(ViewsTest, ViewsOfEveryKindReadTheElementsNumPyWould) {
   constexpr size_t kRows = 4, kCols = 6;
   const std::vector<double> x = Positions(kRows, kCols);
