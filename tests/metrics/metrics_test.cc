@@ -352,7 +352,17 @@ TEST_F(ObserverTest, FailedOperationsAreCountedNotTimed) {
   std::promise<void> done;
   executor_->OnDone(*op, [&] { done.set_value(); });
   done.get_future().wait();
-  const Scrape s = Read();
+  // The observer counts a completion a moment after the operation's own done callbacks
+  // may have run (QueuedRunningAndDone says so too): wait for the count and the gauge.
+  Scrape s = Read();
+  for (int i = 0; i < 1000; ++i) {
+    if (s.at("gpucompute_operations_total{kind=\"reduce\",outcome=\"failed\"}") == 1 &&
+        s.at("gpucompute_operations_running{device=\"0\"}") == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    s = Read();
+  }
   EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"reduce\",outcome=\"failed\"}"), 1);
   EXPECT_EQ(s.at("gpucompute_operations_total{kind=\"reduce\",outcome=\"succeeded\"}"), 0);
   EXPECT_EQ(s.at("gpucompute_operation_device_seconds_count{kind=\"reduce\"}"), 0);
